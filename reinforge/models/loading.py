@@ -1,0 +1,177 @@
+"""Load and save policy models and tokenizers in Hugging Face format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from .transformer import CausalLM
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """'bf16' / 'bfloat16' / 'fp32' / ... -> torch dtype. Raises ValueError naming the choices."""
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+
+
+def load_hf_config(path: str | os.PathLike) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The folder's tokenizer with a pad token set (pad = eos when the tokenizer has none)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def is_native(model: nn.Module) -> bool:
+    return isinstance(model, CausalLM)
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [p.name for p in sorted(path.glob("*.safetensors"))]
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights found")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(path / f)))
+    return state
+
+
+def build_model(
+    path: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    random_init: bool = False,
+    max_positions: int | None = None,
+    seed: int = 0,
+) -> nn.Module:
+    """The causal LM stored in Hugging Face folder ``path``.
+
+    Llama / Qwen2 / Qwen3 load into reinforge's :class:`CausalLM` (shared by trainer and
+    engine); any other architecture loads as ``transformers.AutoModelForCausalLM`` with a
+    warning. ``random_init`` ignores the stored weights (benchmarks, tests).
+
+    Raises:
+        FileNotFoundError: no config.json or no safetensors weights in ``path``.
+        KeyError: the weights lack a parameter the architecture needs.
+    """
+    path = Path(path)
+    cfg = load_hf_config(path)
+    try:
+        with torch.device("meta"):
+            model = CausalLM(cfg, max_positions=max_positions)
+    except NotImplementedError as e:
+        log.warning("%s: %s is not implemented natively (%s); using transformers' model (slower rollout)",
+                    path, getattr(cfg, "model_type", "?"), e)
+        return _build_hf_model(path, cfg, dtype, device, random_init, seed)
+    if random_init:
+        model = model.to_empty(device=device).to(dtype)
+        if model.args.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
+    else:
+        state = _read_safetensors(path)
+        expected = set(model.state_dict())
+        if model.args.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+            expected.discard("lm_head.weight")
+        missing = sorted(expected - set(state))
+        if missing:
+            raise KeyError(f"{path}: weights lack {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        unexpected = sorted(set(state) - expected)
+        if unexpected:
+            log.warning("%s: ignoring %d unexpected tensors (e.g. %s)", path, len(unexpected), unexpected[0])
+        state = {k: v.to(device=device, dtype=dtype) for k, v in state.items() if k in expected}
+        model.load_state_dict(state, strict=False, assign=True)
+        if model.args.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+    model.init_rope(device)
+    return model
+
+
+def _build_hf_model(path, cfg, dtype, device, random_init, seed):
+    from transformers import AutoModelForCausalLM
+
+    if random_init:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.to(device)
+
+
+def model_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [B, T, V] for right-padded ``input_ids`` [B, T], native or transformers model."""
+    if is_native(model):
+        return model(input_ids)
+    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def named_weights(model: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) for every stored weight; a tied lm_head is not repeated."""
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        yield name, p.detach()
+
+
+def save_hf_folder(
+    model: nn.Module,
+    out: str | os.PathLike,
+    source: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write ``model``'s weights as a Hugging Face folder loadable by ``from_pretrained``.
+
+    Config, tokenizer, chat template and generation config are copied from ``source`` (the
+    folder the model was loaded from); weights are written with ``huggingface_hub``'s
+    ``save_torch_state_dict`` (sharded above 5 GB), cast to ``dtype`` when given. ``out`` must
+    be a fresh directory (callers write to a temporary one and rename).
+    """
+    from huggingface_hub import save_torch_state_dict
+
+    out, source = Path(out), Path(source)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {n: (t.to(dtype) if dtype is not None else t).contiguous().cpu() for n, t in named_weights(model)}
+    save_torch_state_dict(state, str(out), max_shard_size="5GB")
+    for f in source.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy2(f, out / f.name)
+    if dtype is not None:
+        cfg_path = out / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["dtype"] = str(dtype).removeprefix("torch.")
+        cfg.pop("torch_dtype", None)
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return out

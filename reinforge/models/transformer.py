@@ -1,0 +1,289 @@
+"""A compact decoder-only transformer shared by the trainer and the embedded rollout engine.
+
+One model code path serves both sides of RL post-training, so that the log-probs the engine
+reports for a sampled token and the log-probs the trainer recomputes for it come from the same
+arithmetic (in fp32 they agree to ~1e-6; see ``tests/test_engine.py``).
+
+Supported Hugging Face architectures (``config.json`` ``model_type``):
+
+* ``llama``   (Llama 2/3, SmolLM/SmolLM2, ...): RMSNorm, RoPE, SwiGLU MLP, GQA.
+* ``qwen2``   (Qwen2 / Qwen2.5): as Llama plus a bias on the q/k/v projections.
+* ``qwen3``   (Qwen3 dense): as Llama plus RMSNorm on each query and key head (``q_norm``/``k_norm``).
+
+Parameter names are exactly the Hugging Face ones (``model.layers.0.self_attn.q_proj.weight``...),
+so ``state_dict()`` is a Hugging Face checkpoint and weight sync needs no renaming.
+
+Attention is pluggable: ``forward(..., ctx=None)`` runs causal attention over the given tokens
+(training, scoring; right-padded batches are exact because padding only follows real tokens);
+an engine passes its own ``ctx`` whose ``attend(layer, q, k, v)`` reads and writes a KV cache.
+The formulas follow the reference implementation in ``transformers/models/llama/modeling_llama.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# RoPE variants whose frequencies are fixed at load time (so a precomputed table is exact).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class AttentionContext(Protocol):
+    """What an engine passes as ``ctx`` to run attention against its KV cache."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [B, T, H, D]; k, v: [B, T, KVH, D] (RoPE applied). Returns [B, T, H, D]."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Architecture hyper-parameters, read from a Hugging Face config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> "ModelArgs":
+        """Build from a ``transformers.PretrainedConfig``.
+
+        Raises:
+            NotImplementedError: the architecture or one of its options (sliding window,
+                dynamic RoPE, non-SiLU activation, MLP bias) is not implemented natively;
+                callers fall back to the Hugging Face model.
+        """
+        model_type = getattr(cfg, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (only 'silu')")
+        if getattr(cfg, "mlp_bias", False):
+            raise NotImplementedError("mlp_bias=True")
+        if getattr(cfg, "use_sliding_window", False) or any(
+            t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])
+        ):
+            raise NotImplementedError("sliding-window attention layers")
+        rope_type = rope_parameters(cfg).get("rope_type", "default")
+        if rope_type not in STATIC_ROPE_TYPES:
+            raise NotImplementedError(f"rope_type {rope_type!r}")
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        attention_bias = bool(getattr(cfg, "attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            qkv_bias=True if model_type == "qwen2" else attention_bias,
+            o_bias=False if model_type == "qwen2" else attention_bias,
+            qk_norm=model_type == "qwen3",
+        )
+
+
+def rope_parameters(cfg: Any) -> dict:
+    """The RoPE settings of a config as one dict (transformers 5 ``rope_parameters``)."""
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    params = dict(params)
+    if "rope_theta" not in params and hasattr(cfg, "rope_theta"):
+        params["rope_theta"] = cfg.rope_theta
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def rope_tables(cfg: Any, head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each [max_positions, head_dim] fp32, for positions 0..max_positions-1.
+
+    Inverse frequencies come from transformers' ``ROPE_INIT_FUNCTIONS`` (so every static RoPE
+    variant matches Hugging Face); the default variant is 1 / theta^(2i/d) (Su et al. 2021).
+    """
+    params = rope_parameters(cfg)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        theta = params.get("rope_theta", 10000.0)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scale = 1.0
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](cfg, torch.device("cpu"))
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float), inv_freq.float())
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scale, emb.sin() * scale
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32 as Llama does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, heads, D]; cos, sin: [B, T, D] in x's dtype."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x, cos, sin, ctx: AttentionContext | None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if ctx is None:
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            ).transpose(1, 2)
+        else:
+            o = ctx.attend(self.layer, q, k, v)
+        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.self_attn = Attention(args, layer)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Decoder-only language model with Hugging Face parameter names.
+
+    Build with :func:`reinforge.models.load_model` (from a folder) or directly from a
+    ``transformers`` config (random init is the caller's job: see ``init_weights``).
+    """
+
+    def __init__(self, hf_config: Any, max_positions: int | None = None):
+        super().__init__()
+        self.args = ModelArgs.from_hf_config(hf_config)
+        self.config = hf_config
+        self.model = Decoder(self.args)
+        self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.gradient_checkpointing = False
+        self._max_positions = max_positions or self.args.max_position_embeddings
+        self.rope_cos: torch.Tensor
+        self.rope_sin: torch.Tensor
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    def init_rope(self, device: torch.device | str | None = None) -> None:
+        """(Re)compute the RoPE tables on ``device`` (call after moving off the meta device)."""
+        cos, sin = rope_tables(self.config, self.args.head_dim, self._max_positions)
+        device = device if device is not None else self.model.embed_tokens.weight.device
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Random initialisation (normal(0, std) matrices, unit norms, zero biases)."""
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, std, generator=generator)
+
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        ctx: AttentionContext | None = None,
+    ) -> torch.Tensor:
+        """input_ids, position_ids: [B, T] int64 -> final hidden states [B, T, hidden] (after norm)."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        x = self.model.embed_tokens(input_ids)
+        cos = self.rope_cos[position_ids].to(x.dtype)
+        sin = self.rope_sin[position_ids].to(x.dtype)
+        for layer in self.model.layers:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, ctx, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, ctx)
+        return self.model.norm(x)
+
+    def forward(self, input_ids, position_ids=None, ctx=None) -> torch.Tensor:
+        """Logits [B, T, vocab] in the parameters' dtype."""
+        return self.lm_head(self.forward_hidden(input_ids, position_ids, ctx))

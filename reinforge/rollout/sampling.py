@@ -1,0 +1,60 @@
+"""Token sampling on the device, with no host round trip per token."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row and return its log-prob.
+
+    Args:
+        logits: [B, V] fp32.
+        temperature: [B] fp32; rows with temperature <= 0 are decoded greedily.
+        top_k: [B] int64, <= 0 disables (None: no row filters).
+        top_p: [B] fp32, >= 1 disables (None: no row filters).
+        generator: source of randomness (reproducible runs).
+
+    Returns:
+        tokens [B] int64 and log-probs [B] fp32 of those tokens under
+        ``log_softmax(logits / T)`` (T = 1 for greedy rows), i.e. the distribution the
+        trainer scores the same tokens with. Filters (top-k / top-p) shape what is sampled,
+        not the reported log-prob, as in vLLM's default ``logprobs`` mode.
+
+    Sampling uses the exponential race (argmax of p_i / E_i, E_i ~ Exp(1)), which draws
+    exactly from p without a CUDA sync (Gumbel-max in another form).
+    """
+    greedy = temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature)
+    scaled = logits / temp[:, None]
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    probs = log_probs.exp()
+    if top_k is not None or top_p is not None:
+        probs = _filter(probs, top_k, top_p)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    sampled = (probs / noise).argmax(dim=-1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+    return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k and top-p nucleus (Holtzman et al. 2020)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(sorted_p, dtype=torch.bool)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, probs.shape[-1])
+        keep &= rank < k[:, None]
+    if top_p is not None:
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it is kept)
+        before = sorted_p.cumsum(-1) - sorted_p
+        keep &= before < top_p[:, None]
+    keep[:, 0] = True
+    filtered = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
+    return filtered

@@ -1,0 +1,132 @@
+"""Records that flow through a rollout: sampling parameters, engine requests/results, samples."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one completion.
+
+    ``temperature`` 0 means greedy decoding. ``top_k`` <= 0 and ``top_p`` >= 1 disable those
+    filters. Generation stops at any id in ``stop_token_ids`` (the stop token is kept in the
+    output so the policy learns to stop), when the decoded text contains one of ``stop``
+    (tokens after the one that completes the string are dropped), or after ``max_new_tokens``.
+    ``ignore_eos`` disables every stop condition but the length (fixed-length benchmarks).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerateRequest:
+    """``n`` completions of one tokenized prompt (the engine prefills the prompt once)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    request_id: str | int | None = None
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # a stop token or stop string ended the completion
+    LENGTH = "length"  # max_new_tokens (or the engine's context limit) was reached
+    ABORT = "abort"  # the request was aborted
+
+
+@dataclass
+class GenerateResult:
+    """One completion: generated token ids, the log-prob of each under the sampling
+    distribution's temperature (fp32, ``log_softmax(logits / T)``; T=1 for greedy), and why it ended."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: FinishReason
+    weight_version: int = 0
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop needs from an inference engine (embedded, vLLM, SGLang)."""
+
+    weight_version: int
+
+    def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        """Results in request order; request i gets ``requests[i].n`` results."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new policy weights (Hugging Face names) in place; later results carry ``version``."""
+        ...
+
+    def sleep(self) -> None:
+        """Release the KV cache (and optionally weights) so a colocated trainer can use the memory."""
+        ...
+
+    def wake_up(self) -> None:
+        ...
+
+    def shutdown(self) -> None:
+        ...
+
+
+class Status(str, enum.Enum):
+    """Sample status, as slime's ``Sample.Status``."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@dataclass
+class Sample:
+    """One prompt + one sampled response, with everything the trainer needs.
+
+    ``tokens`` holds prompt and response token ids; the last ``response_length`` of them are
+    the response. ``loss_mask`` and ``rollout_log_probs`` have one entry per response token
+    (``loss_mask`` 0 for tokens not produced by the policy, e.g. tool outputs in a multi-turn
+    rollout). ``reward`` is the scalar the advantage estimator uses; ``reward_info`` keeps
+    the reward function's extra fields. Field names follow slime's ``Sample``.
+    """
+
+    prompt: str | list[dict[str, Any]]
+    tokens: list[int]
+    response_length: int
+    response: str = ""
+    label: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    index: int = 0  # position of the sample in its rollout
+    group_index: int = 0  # position of its prompt in the rollout
+    reward: float | None = None
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    status: Status = Status.PENDING
+    weight_version: int = 0
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.tokens[self.prompt_length:]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (for dumping rollouts)."""
+        d = dict(self.__dict__)
+        d["status"] = self.status.value
+        return d
