@@ -175,3 +175,25 @@ def save_hf_folder(
         cfg.pop("torch_dtype", None)
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out
+
+
+@torch.no_grad()
+def copy_weights_(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy (Hugging Face name, tensor) pairs into ``model``'s parameters in place (casting
+    dtype and device), so anything holding the parameters' storage (CUDA graphs) sees them.
+
+    A tied ``lm_head.weight`` is skipped (it is the embedding). Returns the number copied.
+
+    Raises:
+        KeyError: a name the model does not have.
+    """
+    params = dict(model.named_parameters())
+    copied = 0
+    for name, tensor in named_tensors:
+        if name not in params:
+            if name == "lm_head.weight" and "model.embed_tokens.weight" in params:
+                continue
+            raise KeyError(f"weight sync: the engine's model has no parameter {name!r}")
+        params[name].copy_(tensor)
+        copied += 1
+    return copied

@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..models.loading import copy_weights_
 from ..models.transformer import CausalLM
 from .sampling import sample_tokens
 from .types import FinishReason, GenerateRequest, GenerateResult
@@ -255,20 +256,13 @@ class EmbeddedEngine:
             self._len_bound[s] += steps
         self._collect(running)
 
-    @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy new weights (Hugging Face names) into the engine's model in place.
 
         Raises:
             KeyError: a name that the model does not have.
         """
-        params = dict(self.model.named_parameters())
-        for name, tensor in named_tensors:
-            if name not in params:
-                if name == "lm_head.weight" and self.model.args.tie_word_embeddings:
-                    continue
-                raise KeyError(f"weight sync: the engine's model has no parameter {name!r}")
-            params[name].copy_(tensor)
+        copy_weights_(self.model, named_tensors)
         self.weight_version = version
 
     def sleep(self, offload_weights: bool = False) -> None:

@@ -1,0 +1,103 @@
+"""Policy-gradient, KL and entropy terms, per token, and their aggregation.
+
+Every per-token function takes ``[B, T]`` tensors (micro-batch of right-padded responses)
+and returns ``[B, T]``; padding and tokens with loss mask 0 are removed by :func:`aggregate`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+
+
+def ppo_clip_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_high: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), negated to be minimised.
+
+    loss = -min(ratio * A, clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A),
+    ratio = exp(log_probs - old_log_probs). ``eps_clip_high`` defaults to ``eps_clip``;
+    a larger upper bound is DAPO's clip-higher (Yu et al. 2025).
+
+    Returns:
+        (loss [B, T], ratio [B, T], clipped [B, T] bool: where the clipped branch was taken).
+    """
+    hi = eps_clip if eps_clip_high is None else eps_clip_high
+    ratio = torch.exp(log_probs - old_log_probs)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - eps_clip, 1.0 + hi) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, ratio, clipped < unclipped
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
+    "Approximating KL Divergence"; names as verl's ``kl_penalty``):
+
+    * k1: log r, with log r = log pi - log pi_ref (unbiased, high variance, can be negative)
+    * k2: (log r)^2 / 2
+    * k3: exp(-log r) - 1 + log r (unbiased, non-negative; the GRPO paper's estimator)
+    * low_var_kl: k3 with log r clamped to [-20, 20] and the result to [-10, 10] (verl)
+
+    Raises:
+        ValueError: unknown ``kl_type``.
+    """
+    log_ratio = log_probs - ref_log_probs
+    if kl_type == "k1":
+        return log_ratio
+    if kl_type == "k2":
+        return 0.5 * log_ratio.square()
+    if kl_type == "k3":
+        return torch.exp(-log_ratio) - 1.0 + log_ratio
+    if kl_type == "low_var_kl":
+        lr = log_ratio.clamp(-20.0, 20.0)
+        return (torch.exp(-lr) - 1.0 + lr).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown kl type {kl_type!r}; choose one of {KL_TYPES}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim: [..., V] -> [...] (fp32)."""
+    logits = logits.float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values [B, T] to a scalar, counting only ``mask`` tokens.
+
+    Modes (verl's ``agg_loss`` in ``verl/trainer/ppo/core_algos.py``):
+
+    * ``token_mean``: sum over all tokens / number of tokens (DAPO's token-level loss).
+    * ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr. GRPO).
+    * ``seq_mean_token_mean``: mean over sequences of each sequence's token mean (GRPO paper).
+
+    ``num_tokens`` / ``num_seqs`` override the denominators, so that micro-batches of one
+    global batch each divide by the global batch's counts and their gradients add up to the
+    global batch's loss.
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token_mean":
+        denom = mask.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
+        return (values * mask).sum() / denom
+    seq_sum = (values * mask).sum(-1)
+    if mode == "seq_mean_token_sum":
+        per_seq = seq_sum
+    elif mode == "seq_mean_token_mean":
+        per_seq = seq_sum / mask.sum(-1).clamp(min=1.0)
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES}")
+    has_tokens = (mask.sum(-1) > 0).to(values.dtype)
+    denom = has_tokens.sum().clamp(min=1.0) if num_seqs is None else max(float(num_seqs), 1.0)
+    return (per_seq * has_tokens).sum() / denom

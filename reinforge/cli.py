@@ -1,0 +1,187 @@
+"""Command line: ``reinforge train | eval | generate | models | convert``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .config import ConfigError, load_config
+
+log = logging.getLogger("reinforge")
+
+USAGE_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
+
+
+def _train(args: argparse.Namespace) -> None:
+    overrides = list(args.overrides)
+    if args.load:
+        overrides.append(f"run.load={args.load}")
+    cfg = load_config(args.config, overrides)
+    from .loop import run_training
+
+    run_training(cfg)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    overrides = list(args.overrides)
+    if args.model:
+        overrides.append(f"model.path={args.model}")
+    if args.data:
+        overrides += [f"data.eval_prompt_data={args.data}", f"data.prompt_data={args.data}"]
+    if args.output_dir:
+        overrides.append(f"run.output_dir={args.output_dir}")
+    cfg = load_config(args.config, overrides + ["train.num_rollout=0"])
+    from .loop import Trainer
+
+    trainer = Trainer(cfg)
+    try:
+        from .utils.logging import MetricsLogger
+        from .eval.evaluate import format_table
+
+        if trainer.eval_data is None:
+            raise ValueError("no evaluation prompts: pass --data (a .jsonl file or reasoning_gym:<task>)")
+        logger = MetricsLogger(trainer.out, tensorboard=False)
+        metrics = trainer.run_eval("eval", 0, logger)
+        logger.close()
+        print(format_table([(Path(str(trainer.base_path)).name, metrics)]))
+        print(f"\ncompletions: {trainer.out / 'eval' / 'eval.jsonl'}")
+    finally:
+        trainer.close()
+
+
+def _generate(args: argparse.Namespace) -> None:
+    cfg = load_config(args.config, [f"model.path={args.model}"] if args.model else [])
+    import torch
+
+    from .data import render_prompt
+    from .loop import build_engine
+    from .models.hub import resolve_model_path
+    from .models.loading import build_model, load_tokenizer
+    from .rollout.generate import RolloutContext, model_stop_token_ids
+    from .rollout.types import GenerateRequest
+    from .train.actor import resolve_device
+
+    device = resolve_device(cfg.train.device)
+    path = resolve_model_path(cfg.model.path)
+    tok = load_tokenizer(path)
+    model = build_model(path, torch.float32, device)
+    text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    engine = build_engine(cfg, model, tok, device, len(ids) + args.max_new_tokens)
+    ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
+    params = ctx.sampling_params(greedy=args.temperature == 0)
+    params.max_new_tokens = args.max_new_tokens
+    if args.temperature > 0:
+        params.temperature = args.temperature
+    for i, r in enumerate(engine.generate([GenerateRequest(ids, params, n=args.n)])[0]):
+        print(f"--- sample {i} ({r.finish_reason.value}, {len(r.token_ids)} tokens)")
+        print(tok.decode(r.token_ids, skip_special_tokens=True))
+
+
+def _models(args: argparse.Namespace) -> None:
+    from .models.hub import KNOWN_MODELS, cache_dir, is_hf_folder, pull_model
+
+    if args.action == "list":
+        for name, spec in KNOWN_MODELS.items():
+            folder = cache_dir() / "models" / name
+            state = f"pulled: {folder}" if is_hf_folder(folder) else "not pulled"
+            print(f"{name:28s} {spec.description} ({state})")
+        return
+    if not args.name:
+        raise ValueError("usage: reinforge models pull <name>")
+    print(pull_model(args.name, force=args.force))
+
+
+def _convert(args: argparse.Namespace) -> None:
+    import os
+    import shutil
+    import tempfile
+
+    import torch
+
+    from .checkpoint import resolve_checkpoint
+    from .models.loading import build_model, parse_dtype, save_hf_folder
+
+    ckpt = resolve_checkpoint(args.checkpoint)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
+    dtype = parse_dtype(args.dtype)
+    model = build_model(ckpt / "model", dtype, "cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_hf_folder(model, tmp, ckpt / "model", dtype=dtype)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"wrote {out} ({args.dtype}) from {ckpt}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reinforge", description="RL post-training of language models")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run RL training (GRPO) from a YAML config")
+    t.add_argument("--config", "-c", help="YAML config file")
+    t.add_argument("--load", help="checkpoint (or run directory) to resume from")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="evaluate a model on held-out prompts")
+    e.add_argument("--model", help="HF folder, checkpoint model/ folder or known model name")
+    e.add_argument("--data", help="a .jsonl file or reasoning_gym:<task>")
+    e.add_argument("--config", "-c", help="YAML config (eval settings, task kwargs)")
+    e.add_argument("--output-dir", help="where to write eval results (default run.output_dir)")
+    e.add_argument("overrides", nargs="*")
+    e.set_defaults(func=_eval)
+
+    g = sub.add_parser("generate", help="sample completions for one prompt")
+    g.add_argument("--model")
+    g.add_argument("--config", "-c")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--system")
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.set_defaults(func=_generate)
+
+    m = sub.add_parser("models", help="list or pull known models")
+    m.add_argument("action", choices=["list", "pull"])
+    m.add_argument("name", nargs="?")
+    m.add_argument("--force", action="store_true")
+    m.set_defaults(func=_models)
+
+    c = sub.add_parser("convert", help="export a checkpoint as a Hugging Face folder")
+    c.add_argument("--checkpoint", required=True, help="checkpoint dir, checkpoints/ dir or run dir")
+    c.add_argument("--out", required=True)
+    c.add_argument("--dtype", default="bfloat16")
+    c.add_argument("--force", action="store_true")
+    c.set_defaults(func=_convert)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .utils.logging import setup_logging
+
+    args = build_parser().parse_args(argv)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        args.func(args)
+    except (*USAGE_ERRORS, FileExistsError) as e:
+        if args.verbose:
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

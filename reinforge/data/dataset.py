@@ -1,0 +1,104 @@
+"""Tokenized prompt datasets with resumable, seeded iteration."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .sources import PromptRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prompt:
+    """A prompt ready for the engine."""
+
+    prompt: str | list[dict[str, Any]]  # as in the source
+    text: str  # rendered (chat template applied)
+    prompt_ids: list[int]
+    label: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    index: int = 0  # position in the dataset
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict], apply_chat_template: bool,
+                  system_prompt: str | None) -> str:
+    """The text the model sees: the chat template with a generation prompt, or the raw string."""
+    if not apply_chat_template:
+        if not isinstance(prompt, str):
+            raise ValueError("data.apply_chat_template=false needs string prompts, got chat messages")
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+class PromptDataset:
+    """Prompts tokenized up front; prompts longer than ``max_prompt_len`` tokens are dropped.
+
+    Iteration is an endless sequence of epochs; each epoch is a permutation drawn from
+    ``seed + epoch`` (or the file order with ``shuffle=False``). ``state_dict()`` is the
+    position (epoch, offset), so a resumed run gets exactly the prompts it would have got.
+    """
+
+    def __init__(self, records: list[PromptRecord], tokenizer: Any, *, apply_chat_template: bool = True,
+                 system_prompt: str | None = None, max_prompt_len: int | None = None,
+                 shuffle: bool = True, seed: int = 0, name: str = "prompts"):
+        texts = [render_prompt(tokenizer, r.prompt, apply_chat_template, system_prompt) for r in records]
+        ids = tokenizer(texts, add_special_tokens=not apply_chat_template)["input_ids"]
+        self.prompts: list[Prompt] = []
+        self.num_dropped = 0
+        for i, (r, t, p) in enumerate(zip(records, texts, ids)):
+            if max_prompt_len is not None and len(p) > max_prompt_len:
+                self.num_dropped += 1
+                continue
+            self.prompts.append(Prompt(r.prompt, t, list(p), r.label, r.metadata, i))
+        if self.num_dropped:
+            log.warning("%s: dropped %d of %d prompts longer than %s tokens (data.rollout_max_prompt_len)",
+                        name, self.num_dropped, len(records), max_prompt_len)
+        if not self.prompts:
+            raise ValueError(f"{name}: no prompt is at most {max_prompt_len} tokens long "
+                             f"(raise data.rollout_max_prompt_len)")
+        self.shuffle, self.seed = shuffle, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._permutation(0)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return max(len(p.prompt_ids) for p in self.prompts)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.prompts))
+        return np.random.default_rng(self.seed + epoch).permutation(len(self.prompts))
+
+    def next_batch(self, n: int) -> list[Prompt]:
+        """The next ``n`` prompts, continuing into the next epoch when this one runs out."""
+        out = []
+        while len(out) < n:
+            if self.offset >= len(self._order):
+                self.epoch += 1
+                self.offset = 0
+                self._order = self._permutation(self.epoch)
+            take = min(n - len(out), len(self._order) - self.offset)
+            out.extend(self.prompts[i] for i in self._order[self.offset:self.offset + take])
+            self.offset += take
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset, "size": len(self.prompts)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("size", len(self.prompts)) != len(self.prompts):
+            raise ValueError(f"checkpoint's dataset had {state['size']} prompts, this one has {len(self.prompts)}: "
+                             f"resume with the same data settings")
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,1 @@
+"""Evaluation: greedy accuracy, pass@k."""

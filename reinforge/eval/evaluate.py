@@ -1,0 +1,90 @@
+"""Held-out evaluation: greedy accuracy, sampled pass@1 and unbiased pass@k, lengths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..algo.passk import pass_at_k
+from ..data import Prompt
+from ..rollout.generate import RolloutContext, generate_groups
+from ..rollout.types import Sample, Status
+
+
+def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, float], list[Sample]]:
+    """Evaluate the engine's current policy on ``prompts``.
+
+    One greedy completion per prompt gives ``eval/greedy_accuracy`` (share with reward >=
+    ``reward.correct_threshold``); ``eval.n_samples_per_eval_prompt`` sampled completions
+    give ``eval/pass@1`` (mean correctness) and ``eval/pass@k`` for each ``eval.pass_k``
+    (unbiased estimator, Chen et al. 2021). Lengths are in tokens; ``truncated`` is the share
+    of completions that hit the length limit.
+
+    Returns:
+        (metrics, all scored samples: greedy ones first).
+    """
+    cfg = ctx.config
+    n = cfg.eval.n_samples_per_eval_prompt
+    greedy = generate_groups(ctx, prompts, 1, ctx.sampling_params(evaluation=True, greedy=True))
+    sampled = generate_groups(ctx, prompts, n, ctx.sampling_params(evaluation=True)) if n > 0 else []
+    flat = [s for g in greedy + sampled for s in g]
+    counts = ctx.reward.score(flat)
+    thr = cfg.reward.correct_threshold
+
+    def correct(s: Sample) -> bool:
+        return s.reward is not None and s.reward >= thr
+
+    m: dict[str, float] = {
+        "eval/num_prompts": float(len(prompts)),
+        "eval/greedy_accuracy": _mean([correct(g[0]) for g in greedy]),
+        "eval/greedy_reward": _mean([g[0].reward for g in greedy]),
+        "eval/greedy_response_len": _mean([g[0].response_length for g in greedy]),
+        "eval/greedy_truncated": _mean([g[0].status == Status.TRUNCATED for g in greedy]),
+    }
+    if sampled:
+        m["eval/pass@1"] = _mean([correct(s) for g in sampled for s in g])
+        for k in cfg.eval.pass_k:
+            m[f"eval/pass@{k}"] = _mean([pass_at_k(n, sum(correct(s) for s in g), k) for g in sampled])
+        m["eval/sampled_reward"] = _mean([s.reward for g in sampled for s in g])
+        m["eval/sampled_response_len"] = _mean([s.response_length for g in sampled for s in g])
+        m["eval/sampled_truncated"] = _mean([s.status == Status.TRUNCATED for g in sampled for s in g])
+    m["eval/reward_errors"] = counts.get("reward/errors", 0.0) + counts.get("reward/timeouts", 0.0)
+    return m, flat
+
+
+def _mean(xs: list[Any]) -> float:
+    xs = [float(x) for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def format_table(rows: list[tuple[str, dict[str, float]]]) -> str:
+    """Eval results as a fixed-width text table: one row per (label, metrics)."""
+    if not rows:
+        return ""
+    keys = [k for k in rows[0][1] if k != "eval/num_prompts"]
+    headers = ["", *(k.removeprefix("eval/") for k in keys)]
+    body = [[label, *(_fmt(m.get(k)) for k in keys)] for label, m in rows]
+    widths = [max(len(str(r[i])) for r in [headers, *body]) for i in range(len(headers))]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [headers, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"
+
+
+def write_eval(out_dir: Path, label: str, metrics: dict[str, float], samples: list[Sample]) -> None:
+    """Append metrics to ``eval.jsonl`` and write the completions to ``eval/<label>.jsonl``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "eval.jsonl").open("a") as f:
+        f.write(json.dumps({"label": label, **metrics}) + "\n")
+    (out_dir / "eval").mkdir(exist_ok=True)
+    with (out_dir / "eval" / f"{label}.jsonl").open("w") as f:
+        for s in samples:
+            f.write(json.dumps({"prompt": s.prompt, "response": s.response, "label": s.label,
+                                "reward": s.reward, "status": s.status.value}) + "\n")

@@ -1,0 +1,316 @@
+"""The RL loop (single controller): rollout -> reward -> advantages -> train -> weight sync."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .algo.advantages import grpo_advantages
+from .config import Config, config_from_dict, dump_config
+from .data import PromptDataset, is_reasoning_gym, load_source
+from .eval.evaluate import evaluate, format_table, write_eval
+from .models.hub import resolve_model_path
+from .models.loading import is_native, load_tokenizer
+from .reward import RewardManager
+from .rollout.embedded import EmbeddedEngine, EngineConfig
+from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids
+from .rollout.hf_engine import HFEngine
+from .rollout.types import Sample, Status
+from .train.actor import Actor, TrainData, resolve_device
+from .utils.imports import load_function
+from .utils.logging import MetricsLogger
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def engine_dtype(cfg: Config, device: torch.device) -> torch.dtype:
+    d = cfg.rollout.dtype
+    if d == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if d == "bf16" else torch.float32
+
+
+def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer: Any, device: torch.device,
+                 max_model_len: int):
+    """The rollout engine with its own copy of ``policy`` in the inference dtype."""
+    r = cfg.rollout
+    model = copy.deepcopy(policy).to(engine_dtype(cfg, device))
+    if r.backend == "embedded" and is_native(model):
+        model.gradient_checkpointing = False
+        return EmbeddedEngine(model, EngineConfig(
+            max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
+            kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
+            cuda_graph=r.cuda_graph, seed=r.seed), tokenizer=tokenizer)
+    if r.backend == "embedded":
+        log.warning("rollout.backend=embedded needs a Llama/Qwen2/Qwen3 model; falling back to transformers' "
+                    "generate (rollout.backend=hf)")
+    return HFEngine(model, pad_token_id=tokenizer.pad_token_id, batch_size=r.max_num_seqs, seed=r.seed)
+
+
+def load_datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+    d = cfg.data
+    common = dict(apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt,
+                  max_prompt_len=d.rollout_max_prompt_len)
+    records = load_source(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+                          size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
+    train = PromptDataset(records, tokenizer, shuffle=d.rollout_shuffle, seed=d.seed, name=d.prompt_data, **common)
+    eval_source = d.eval_prompt_data or (d.prompt_data if is_reasoning_gym(d.prompt_data) else None)
+    evalset = None
+    if eval_source and d.n_eval_prompts > 0:
+        kwargs = d.task_kwargs if is_reasoning_gym(eval_source) else None
+        records = load_source(eval_source, input_key=d.input_key, label_key=d.label_key,
+                              metadata_key=d.metadata_key, size=d.n_eval_prompts, seed=d.eval_seed,
+                              task_kwargs=kwargs)[: d.n_eval_prompts]
+        evalset = PromptDataset(records, tokenizer, shuffle=False, name=eval_source, **common)
+    return train, evalset
+
+
+def compute_advantages(cfg: Config, groups: list[list[Sample]]) -> list[torch.Tensor]:
+    """Per-sample, per-token advantages (outcome estimators broadcast the sample's value)."""
+    rewards = torch.tensor([[s.reward for s in g] for g in groups], dtype=torch.float32)
+    adv = grpo_advantages(rewards, std_normalization=cfg.algo.grpo_std_normalization)
+    return [torch.full((s.response_length,), float(adv[i, j])) for i, g in enumerate(groups)
+            for j, s in enumerate(g)]
+
+
+def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[torch.Tensor]) -> dict[str, float]:
+    flat = [s for g in groups for s in g]
+    rewards = torch.tensor([s.reward for s in flat], dtype=torch.float32)
+    lens = torch.tensor([s.response_length for s in flat], dtype=torch.float32)
+    adv = torch.tensor([float(a[0]) if len(a) else 0.0 for a in advantages])
+    same = [len({s.reward for s in g}) == 1 for g in groups]
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0,
+        "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()),
+        "rollout/advantage_mean": float(adv.mean()),
+        "rollout/advantage_std": float(adv.std()) if len(flat) > 1 else 0.0,
+        "rollout/advantage_abs_mean": float(adv.abs().mean()),
+        "rollout/zero_std_groups": sum(same) / len(groups),
+        "rollout/response_len_mean": float(lens.mean()),
+        "rollout/response_len_max": float(lens.max()),
+        "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in flat) / len(flat),
+        "rollout/num_samples": float(len(flat)),
+    }
+
+
+@dataclass
+class RunResult:
+    """What a finished run reports (also used by tests)."""
+
+    output_dir: Path
+    last_rollout_id: int
+    evals: list[tuple[str, dict[str, float]]] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
+    prompts: list[list[str]] = field(default_factory=list)  # each rollout's prompts, in order
+
+
+class Trainer:
+    """Owns the components of one run and drives the loop (see ``DESIGN.md``)."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.out = Path(cfg.run.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        seed_everything(cfg.train.seed)
+        self.device = resolve_device(cfg.train.device)
+        self.base_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(self.base_path)
+        self.train_data, self.eval_data = load_datasets(cfg, self.tokenizer)
+        self.start_rollout = 0
+        self.weight_version = 0
+        resume = None
+        if cfg.run.load:
+            resume = ckpt.resolve_checkpoint(cfg.run.load)
+            log.info("resuming from %s", resume)
+        policy_path = resume / "model" if resume else self.base_path
+        self.actor = Actor(cfg, policy_path, self.device, ref_path=self.base_path)
+        self.actor.pad_id = self.tokenizer.pad_token_id or 0
+        r = cfg.rollout
+        max_prompt = self.train_data.max_prompt_tokens
+        if self.eval_data is not None:
+            max_prompt = max(max_prompt, self.eval_data.max_prompt_tokens)
+        max_new = max(r.rollout_max_response_len, cfg.eval.eval_max_response_len or 0)
+        self.engine = build_engine(cfg, self.actor.model, self.tokenizer, self.device, max_prompt + max_new)
+        self.reward = RewardManager(cfg.reward)
+        stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
+        self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
+        self.rollout_fn: RolloutFn = (load_function(r.rollout_function_path, "rollout.rollout_function_path")
+                                      if r.rollout_function_path else default_rollout)
+        self.history: list[dict[str, float]] = []
+        self.evals: list[tuple[str, dict[str, float]]] = []
+        if resume is not None:
+            self._restore(resume)
+        dump_config(cfg, self.out / "config.yaml")
+
+    # ------------------------------------------------------------------ state
+    def _restore(self, path: Path) -> None:
+        state, trainer_state, rng = ckpt.load_checkpoint_state(path)
+        saved = config_from_dict(state["config"])
+        for key in ("data", "rollout"):
+            if getattr(saved, key) != getattr(self.cfg, key):
+                log.warning("resuming with different %s settings than the checkpoint's: the run will not "
+                            "continue exactly", key)
+        self.actor.load_state_dict(trainer_state)
+        self.train_data.load_state_dict(state["data"])
+        ckpt.set_rng_state(rng)
+        self.start_rollout = state["rollout_id"] + 1
+        self.weight_version = state["weight_version"]
+        self.engine.weight_version = self.weight_version
+        self.history = state.get("history", [])
+        self.evals = [tuple(e) for e in state.get("evals", [])]
+
+    def save(self, rollout_id: int) -> Path:
+        state = {
+            "rollout_id": rollout_id,
+            "weight_version": self.weight_version,
+            "data": self.train_data.state_dict(),
+            "config": self.cfg.to_dict(),
+            "history": self.history,
+            "evals": self.evals,
+        }
+        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.actor.model, self.base_path,
+                                    self.actor.state_dict(), state, keep_last=self.cfg.run.keep_last_n_checkpoints)
+        log.info("saved checkpoint %s", path)
+        return path
+
+    # ------------------------------------------------------------------ phases
+    def sync_weights(self) -> float:
+        t = time.perf_counter()
+        self.weight_version += 1
+        self.engine.update_weights(self.actor.named_weights(), self.weight_version)
+        return time.perf_counter() - t
+
+    def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
+        if self.eval_data is None:
+            return None
+        t = time.perf_counter()
+        self._seed_engine(10_000_000 + step)
+        metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
+        metrics["time/eval"] = time.perf_counter() - t
+        write_eval(self.out, label, metrics, samples)
+        logger.log(step, metrics)
+        self.evals.append((label, metrics))
+        return metrics
+
+    def _seed_engine(self, value: int) -> None:
+        gen = getattr(self.engine, "generator", None)
+        if gen is not None:
+            gen.manual_seed(self.cfg.rollout.seed * 1_000_003 + value)
+        elif hasattr(self.engine, "seed"):
+            self.engine.seed = self.cfg.rollout.seed * 1_000_003 + value
+
+    def rollout_step(self, rollout_id: int) -> tuple[dict[str, float], list[list[Sample]]]:
+        cfg = self.cfg
+        timings = {}
+        t = time.perf_counter()
+        self._seed_engine(rollout_id)
+        groups = self.rollout_fn(self.ctx, rollout_id, self.train_data)
+        timings["time/generate"] = time.perf_counter() - t
+        t = time.perf_counter()
+        unscored = [s for g in groups for s in g if s.reward is None]
+        counts = self.reward.score(unscored) if unscored else {}
+        timings["time/reward"] = time.perf_counter() - t
+        advantages = compute_advantages(cfg, groups)
+        metrics = rollout_metrics(cfg, groups, advantages)
+        metrics.update(counts)
+        flat = [s for g in groups for s in g]
+        t = time.perf_counter()
+        metrics.update(self.actor.train(TrainData(flat, advantages), rollout_id))
+        timings["time/train"] = time.perf_counter() - t
+        timings["time/sync"] = self.sync_weights()
+        out_tokens = sum(s.response_length for s in flat)
+        metrics["perf/generate_tokens_per_s"] = out_tokens / max(timings["time/generate"], 1e-9)
+        metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
+        metrics["weight_version"] = float(self.weight_version)
+        metrics.update(timings)
+        metrics["time/rollout_step"] = sum(timings.values())
+        return metrics, groups
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> RunResult:
+        cfg = self.cfg
+        logger = MetricsLogger(self.out, cfg.run.tensorboard)
+        result = RunResult(self.out, self.start_rollout - 1)
+        try:
+            if cfg.eval.eval_before_train and self.start_rollout == 0:
+                self.run_eval("before", 0, logger)
+            bar = None
+            if cfg.run.progress:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=cfg.train.num_rollout, initial=self.start_rollout, desc="rollouts",
+                           unit="rollout", dynamic_ncols=True)
+            for rollout_id in range(self.start_rollout, cfg.train.num_rollout):
+                metrics, groups = self.rollout_step(rollout_id)
+                result.prompts.append([str(g[0].prompt) for g in groups])
+                metrics["rollout_id"] = float(rollout_id)
+                self.history.append({k: metrics[k] for k in ("rollout/reward_mean", "rollout/correct")})
+                logger.log(rollout_id + 1, metrics)
+                if cfg.run.dump_rollouts:
+                    self._dump(rollout_id, groups)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
+                                    len=f"{metrics['rollout/response_len_mean']:.0f}",
+                                    step_s=f"{metrics['time/rollout_step']:.1f}")
+                last = rollout_id == cfg.train.num_rollout - 1
+                e = cfg.eval.eval_interval
+                if e and (rollout_id + 1) % e == 0 and not last:
+                    self.run_eval(f"rollout_{rollout_id + 1}", rollout_id + 1, logger)
+                s = cfg.run.save_interval
+                if s and (rollout_id + 1) % s == 0 and not last:
+                    self.save(rollout_id)
+                result.last_rollout_id = rollout_id
+            if bar is not None:
+                bar.close()
+            if self.start_rollout < cfg.train.num_rollout:
+                self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
+                if cfg.run.save_final:
+                    self.save(cfg.train.num_rollout - 1)
+        finally:
+            logger.close()
+        result.evals = list(self.evals)
+        result.history = list(self.history)
+        if self.evals:
+            table = format_table(self.evals)
+            (self.out / "eval_table.txt").write_text(table + "\n")
+            print("\n" + table, flush=True)
+        return result
+
+    def _dump(self, rollout_id: int, groups: list[list[Sample]]) -> None:
+        import json
+
+        d = self.out / "rollouts"
+        d.mkdir(exist_ok=True)
+        with (d / f"{rollout_id:06d}.jsonl").open("w") as f:
+            for g in groups:
+                for s in g:
+                    f.write(json.dumps(s.to_dict(), default=str) + "\n")
+
+    def close(self) -> None:
+        self.reward.close()
+        self.engine.shutdown()
+
+
+def run_training(cfg: Config) -> RunResult:
+    trainer = Trainer(cfg)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()

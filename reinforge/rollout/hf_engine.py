@@ -1,0 +1,90 @@
+"""Fallback rollout engine on ``transformers``' ``generate`` (any causal LM, slow)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ..models.loading import copy_weights_
+from .types import FinishReason, GenerateRequest, GenerateResult
+
+
+class HFEngine:
+    """Implements ``RolloutEngine`` with batched ``model.generate`` (left padding).
+
+    For architectures the embedded engine does not implement; requests are run in batches
+    of ``batch_size`` sequences that share sampling parameters. Stop strings are not
+    supported (use stop token ids).
+    """
+
+    def __init__(self, model: nn.Module, pad_token_id: int, batch_size: int = 64, seed: int = 0):
+        self.model = model.eval().requires_grad_(False)
+        self.pad_id = pad_token_id
+        self.batch_size = batch_size
+        self.seed = seed
+        self.weight_version = 0
+        self.device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        rows = [(i, r) for i, r in enumerate(requests) for _ in range(r.n)]
+        out: list[list[GenerateResult]] = [[] for _ in requests]
+        torch.manual_seed(self.seed)
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start:start + self.batch_size]
+            by_params: dict[int, list[tuple[int, GenerateRequest]]] = {}
+            for i, r in chunk:
+                by_params.setdefault(id(r.params), []).append((i, r))
+            for group in by_params.values():
+                for (i, _), res in zip(group, self._run([r for _, r in group])):
+                    out[i].append(res)
+        return out
+
+    def _run(self, reqs: list[GenerateRequest]) -> list[GenerateResult]:
+        p = reqs[0].params
+        if p.stop:
+            raise ValueError("the hf backend does not support stop strings; use rollout_stop_token_ids")
+        width = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, r in enumerate(reqs):
+            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids):] = 1
+        stop = [] if p.ignore_eos else list(p.stop_token_ids)
+        greedy = p.temperature <= 0
+        gen = self.model.generate(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=p.max_new_tokens,
+            min_new_tokens=p.max_new_tokens if p.ignore_eos else None,
+            do_sample=not greedy, temperature=None if greedy else p.temperature,
+            top_p=p.top_p if p.top_p < 1 else None, top_k=p.top_k if p.top_k > 0 else None,
+            eos_token_id=stop or None, pad_token_id=self.pad_id,
+            return_dict_in_generate=True, output_logits=True)
+        seqs = gen.sequences[:, width:].cpu()
+        temp = 1.0 if greedy else p.temperature
+        logps = torch.stack([torch.log_softmax(l.float() / temp, -1) for l in gen.logits], 1).cpu()  # [B, T, V]
+        results = []
+        for row in range(len(reqs)):
+            toks = seqs[row].tolist()
+            n, reason = len(toks), FinishReason.LENGTH
+            for t, tok in enumerate(toks):
+                if tok in stop:
+                    n, reason = t + 1, FinishReason.STOP
+                    break
+            lp = logps[row, torch.arange(n), seqs[row, :n]].tolist()
+            results.append(GenerateResult(toks[:n], lp, reason, self.weight_version))
+        return results
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        copy_weights_(self.model, named_tensors)
+        self.weight_version = version
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Training: the Actor (policy, reference, optimizer) and micro-batching."""
