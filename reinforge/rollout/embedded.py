@@ -207,13 +207,13 @@ class EmbeddedEngine:
         if not self._allocated:
             raise RuntimeError("the engine is asleep: call wake_up() first")
         p = request.params
+        if not request.prompt_ids:
+            raise ValueError("empty prompt")
         need = len(request.prompt_ids) + p.max_new_tokens
         if need > self.config.max_model_len:
             raise ValueError(
                 f"prompt of {len(request.prompt_ids)} tokens + max_new_tokens={p.max_new_tokens} exceeds the "
                 f"engine's max_model_len={self.config.max_model_len}")
-        if not request.prompt_ids:
-            raise ValueError("empty prompt")
         if request.n > self.num_slots:
             raise ValueError(f"n={request.n} exceeds the engine's {self.num_slots} slots")
         if len(p.stop_token_ids) > MAX_STOP_IDS:

@@ -1,0 +1,50 @@
+"""Shared fixtures: the real SmolLM2 folder and tiny random models that use its tokenizer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from reinforge.models.hub import resolve_model_path
+
+    return resolve_model_path("smollm2-135m-instruct")
+
+
+def make_tiny_model(out: Path, tokenizer_src: Path, model_type: str = "llama", seed: int = 0, **overrides) -> Path:
+    """A randomly initialised 2-layer model of ``model_type`` with SmolLM2's tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    if model_type in ("qwen2", "qwen3"):
+        kwargs["head_dim"] = 16
+    kwargs.update(overrides)
+    cfg = AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # larger weights than the default init, so outputs vary with the input
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
+    model.save_pretrained(out)
+    for f in TOKENIZER_FILES:
+        if (tokenizer_src / f).exists():
+            shutil.copy2(tokenizer_src / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, smollm2_path) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), smollm2_path)

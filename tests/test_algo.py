@@ -1,0 +1,124 @@
+"""Advantages, losses, KL estimators, aggregation and pass@k against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from reinforge.algo.advantages import grpo_advantages
+from reinforge.algo.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss
+from reinforge.algo.passk import pass_at_k
+
+
+def test_grpo_advantages_std_normalised():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    adv = grpo_advantages(r, std_normalization=True, eps=0.0 + 1e-6)
+    # group 0: mean 0.5, unbiased std sqrt(1/3) = 0.57735
+    expected = 0.5 / math.sqrt(1 / 3)
+    assert adv[0].tolist() == pytest.approx([expected, -expected, -expected, expected], rel=1e-5)
+    assert adv[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # equal rewards: no signal
+
+
+def test_grpo_advantages_without_std():
+    r = torch.tensor([[3.0, 1.0, 2.0]])
+    assert grpo_advantages(r, std_normalization=False).tolist() == [[1.0, -1.0, 0.0]]
+
+
+def test_grpo_single_sample_group_is_zero():
+    assert grpo_advantages(torch.tensor([[5.0], [1.0]])).tolist() == [[0.0], [0.0]]
+
+
+def test_grpo_rejects_flat_rewards():
+    with pytest.raises(ValueError, match="num_groups"):
+        grpo_advantages(torch.tensor([1.0, 0.0]))
+
+
+def test_ppo_clip_loss_values():
+    old = torch.zeros(1, 4)
+    lp = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.7]]))
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, ratio, clipped = ppo_clip_loss(lp, old, adv, eps_clip=0.2, eps_clip_high=0.3)
+    # token 0: ratio 1.5, A>0 -> min(1.5, 1.3) = 1.3 -> loss -1.3, clipped
+    # token 1: ratio 0.5, A>0 -> min(0.5, 0.8) = 0.5 -> loss -0.5, not clipped
+    # token 2: ratio 1.1, A<0 -> min(-1.1, -1.1) -> loss 1.1, not clipped
+    # token 3: ratio 0.7, A<0 -> min(-0.7, -0.8) = -0.8 -> loss 0.8, clipped
+    assert loss[0].tolist() == pytest.approx([-1.3, -0.5, 1.1, 0.8], rel=1e-5)
+    assert ratio[0].tolist() == pytest.approx([1.5, 0.5, 1.1, 0.7], rel=1e-5)
+    assert clipped[0].tolist() == [True, False, False, True]
+
+
+def test_ppo_clip_symmetric_default():
+    lp = torch.log(torch.tensor([[1.25]]))
+    loss, _, _ = ppo_clip_loss(lp, torch.zeros(1, 1), torch.ones(1, 1), eps_clip=0.2)
+    assert loss.item() == pytest.approx(-1.2)
+
+
+def test_ppo_gradient_is_zero_when_clipped():
+    lp = torch.log(torch.tensor([[1.5]])).requires_grad_()
+    loss, _, _ = ppo_clip_loss(lp, torch.zeros(1, 1), torch.ones(1, 1), eps_clip=0.2)
+    loss.sum().backward()
+    assert lp.grad.item() == 0.0
+
+
+def test_kl_estimators():
+    lp = torch.tensor([math.log(0.5)])
+    ref = torch.tensor([math.log(0.25)])
+    log_r = math.log(2.0)
+    assert kl_penalty(lp, ref, "k1").item() == pytest.approx(log_r)
+    assert kl_penalty(lp, ref, "k2").item() == pytest.approx(0.5 * log_r ** 2)
+    assert kl_penalty(lp, ref, "k3").item() == pytest.approx(0.5 - 1 + log_r)
+    assert kl_penalty(lp, ref, "low_var_kl").item() == pytest.approx(0.5 - 1 + log_r)
+    assert kl_penalty(lp, lp, "k3").item() == 0.0
+    with pytest.raises(ValueError, match="unknown kl type"):
+        kl_penalty(lp, ref, "k9")
+
+
+def test_low_var_kl_is_clamped():
+    assert kl_penalty(torch.tensor([-30.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
+
+
+def test_k3_is_unbiased_kl():
+    torch.manual_seed(0)
+    p = torch.softmax(torch.randn(6), 0)
+    q = torch.softmax(torch.randn(6), 0)
+    exact = float((p * (p.log() - q.log())).sum())
+    x = torch.multinomial(p, 200_000, replacement=True)
+    est = kl_penalty(p.log()[x], q.log()[x], "k3").mean().item()
+    assert est == pytest.approx(exact, abs=0.01)
+
+
+def test_entropy():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    assert entropy_from_logits(logits).item() == pytest.approx(-(0.5 * math.log(0.5) + 0.5 * math.log(0.25)))
+
+
+def test_aggregation_modes():
+    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(v, m, "token_mean").item() == pytest.approx(10 / 4)
+    assert aggregate(v, m, "seq_mean_token_sum").item() == pytest.approx((6 + 4) / 2)
+    assert aggregate(v, m, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(v, m, "token_mean", num_tokens=8).item() == pytest.approx(10 / 8)
+    assert aggregate(v, m, "seq_mean_token_sum", num_seqs=4).item() == pytest.approx(10 / 4)
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        aggregate(v, m, "mean")
+
+
+def test_token_mean_micro_batches_add_up():
+    torch.manual_seed(0)
+    v, m = torch.randn(4, 5), (torch.rand(4, 5) > 0.3).float()
+    whole = aggregate(v, m, "token_mean")
+    parts = aggregate(v[:2], m[:2], "token_mean", num_tokens=m.sum()) + aggregate(
+        v[2:], m[2:], "token_mean", num_tokens=m.sum())
+    assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
+
+
+def test_pass_at_k():
+    assert pass_at_k(4, 0, 1) == 0.0
+    assert pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    # 1 - C(3, 2) / C(5, 2) = 1 - 3/10
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    assert pass_at_k(10, 3, 10) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)

@@ -1,0 +1,169 @@
+"""The embedded engine: scheduling, greedy parity with transformers, log-prob parity, weight sync."""
+
+import pytest
+import torch
+
+from reinforge.models.loading import build_model, load_tokenizer
+from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
+from reinforge.rollout.types import FinishReason, GenerateRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_path):
+    return load_tokenizer(smollm2_path)
+
+
+@pytest.fixture()
+def engine(tiny_model_path, tok):
+    model = build_model(tiny_model_path, torch.float32)
+    return EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=96, sync_interval=3), tokenizer=tok)
+
+
+def prompts(tok, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(10, 40000, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def trainer_log_probs(model, prompt, completion, temperature=1.0):
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids)[0, len(prompt) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_greedy_matches_transformers_generate(engine, tiny_model_path, tok):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    ps = prompts(tok, 5)
+    sp = SamplingParams(max_new_tokens=12, temperature=0.0)
+    results = engine.generate([GenerateRequest(p, sp) for p in ps])
+    for p, (r,) in zip(ps, results):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(p):].tolist()
+        assert r.token_ids == ref
+        assert r.finish_reason == FinishReason.LENGTH
+
+
+def test_log_probs_match_trainer_fp32(engine, tiny_model_path, tok):
+    trainer = build_model(tiny_model_path, torch.float32)
+    ps = prompts(tok, 4, seed=1)
+    sp = SamplingParams(max_new_tokens=20, temperature=0.7)
+    diffs = []
+    for p, group in zip(ps, engine.generate([GenerateRequest(p, sp, n=3) for p in ps])):
+        for r in group:
+            ref = trainer_log_probs(trainer, p, r.token_ids, temperature=0.7)
+            diffs.append((ref - torch.tensor(r.log_probs)).abs())
+    assert torch.cat(diffs).mean().item() < 1e-5
+
+
+def test_more_requests_than_slots_and_varied_lengths(engine, tok):
+    ps = prompts(tok, 6, seed=2)
+    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=3 + 4 * i, temperature=1.0), n=2)
+            for i, p in enumerate(ps)]  # 12 sequences, 8 slots
+    results = engine.generate(reqs)
+    for i, group in enumerate(results):
+        assert len(group) == 2
+        for r in group:
+            assert len(r.token_ids) == 3 + 4 * i == len(r.log_probs)
+            assert r.finish_reason == FinishReason.LENGTH
+    assert not engine.has_unfinished() and len(engine._free) == engine.num_slots
+
+
+def test_stop_token_ends_and_is_kept(engine, tok):
+    p = prompts(tok, 1, seed=3)[0]
+    (free,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0))])[0]
+    stop_at = free.token_ids[4]
+    first = free.token_ids.index(stop_at)
+    (r,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0,
+                                                              stop_token_ids=[stop_at]))])[0]
+    assert r.token_ids == free.token_ids[:first + 1] and r.finish_reason == FinishReason.STOP
+    (r2,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0,
+                                                               stop_token_ids=[stop_at], ignore_eos=True))])[0]
+    assert r2.token_ids == free.token_ids
+
+
+def test_stop_string(engine, tok):
+    p = prompts(tok, 1, seed=4)[0]
+    (free,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=0.0))])[0]
+    text = tok.decode(free.token_ids[:6])
+    stop = text[-3:] if len(text.strip()) >= 3 else text
+    (r,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=0.0, stop=[stop]))])[0]
+    assert stop in tok.decode(r.token_ids) and stop not in tok.decode(r.token_ids[:-1])
+    assert r.finish_reason == FinishReason.STOP and r.token_ids == free.token_ids[:len(r.token_ids)]
+
+
+def test_abort(engine, tok):
+    ps = prompts(tok, 3, seed=5)
+    sp = SamplingParams(max_new_tokens=60, temperature=1.0)
+    groups = [engine.add_request(GenerateRequest(p, sp, n=4, request_id=i)) for i, p in enumerate(ps)]
+    engine.step()  # requests 0 and 1 hold all 8 slots, request 2 waits
+    engine.abort(0)
+    engine.abort(2)
+    while engine.has_unfinished():
+        engine.step()
+    assert all(r.finish_reason == FinishReason.ABORT for r in groups[0].results)
+    assert all(r.finish_reason == FinishReason.ABORT and r.token_ids == [] for r in groups[2].results)
+    assert all(len(r.token_ids) == 60 for r in groups[1].results)
+
+
+def test_request_validation(engine, tok):
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request(GenerateRequest([1] * 90, SamplingParams(max_new_tokens=10)))
+    with pytest.raises(ValueError, match="slots"):
+        engine.add_request(GenerateRequest([1, 2], SamplingParams(max_new_tokens=4), n=9))
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add_request(GenerateRequest([], SamplingParams()))
+
+
+def test_prefix_sharing_samples_differ_but_share_prompt(engine, tok):
+    p = prompts(tok, 1, seed=6)[0]
+    (group,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=16, temperature=1.0), n=6)])
+    assert len({tuple(r.token_ids) for r in group}) > 1
+    (greedy,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=16, temperature=0.0), n=3)])
+    assert greedy[0].token_ids == greedy[1].token_ids == greedy[2].token_ids
+
+
+def test_seeded_sampling_is_reproducible(tiny_model_path, tok):
+    outs = []
+    for _ in range(2):
+        eng = EmbeddedEngine(build_model(tiny_model_path, torch.float32),
+                             EngineConfig(max_num_seqs=8, max_model_len=64, seed=7))
+        outs.append(eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=8), n=2)
+                                  for p in prompts(tok, 3)]))
+    assert [[r.token_ids for r in g] for g in outs[0]] == [[r.token_ids for r in g] for g in outs[1]]
+
+
+def test_top_k_one_is_greedy(engine, tok):
+    p = prompts(tok, 1, seed=8)[0]
+    (g,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0))])[0]
+    (k,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0, top_k=1))])[0]
+    (tp,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0,
+                                                               top_p=1e-6))])[0]
+    assert g.token_ids == k.token_ids == tp.token_ids
+
+
+def test_weight_update_changes_outputs(engine, tiny_model_path, tok):
+    p = prompts(tok, 1, seed=9)[0]
+    sp = SamplingParams(max_new_tokens=10, temperature=0.0)
+    (before,) = engine.generate([GenerateRequest(p, sp)])[0]
+    other = build_model(tiny_model_path, torch.float32, random_init=True, seed=123)
+    engine.update_weights(((n, t) for n, t in other.named_parameters()), version=5)
+    (after,) = engine.generate([GenerateRequest(p, sp)])[0]
+    assert after.token_ids != before.token_ids and after.weight_version == 5
+    with pytest.raises(KeyError, match="no parameter 'bogus'"):
+        engine.update_weights([("bogus", torch.zeros(1))], version=6)
+
+
+def test_sleep_and_wake_up(engine, tok):
+    p = prompts(tok, 1, seed=10)[0]
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0)
+    (a,) = engine.generate([GenerateRequest(p, sp)])[0]
+    engine.sleep()
+    assert engine.k_cache is None
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate([GenerateRequest(p, sp)])
+    engine.wake_up()
+    (b,) = engine.generate([GenerateRequest(p, sp)])[0]
+    assert a.token_ids == b.token_ids

@@ -1,0 +1,164 @@
+"""End-to-end runs: GRPO on a tiny random model, and on the real SmolLM2 with checkpoint/resume."""
+
+import json
+
+import pytest
+import torch
+
+from reinforge.checkpoint import resolve_checkpoint
+from reinforge.cli import main
+from reinforge.config import load_config
+from reinforge.loop import run_training
+
+TASK = ["data.prompt_data=reasoning_gym:basic_arithmetic",
+        "data.task_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"]
+
+
+def tiny_overrides(model_path, out, **extra):
+    o = TASK + [
+        f"model.path={model_path}", f"run.output_dir={out}", "data.num_prompts=64", "data.n_eval_prompts=4",
+        "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.rollout_max_response_len=12",
+        "rollout.max_num_seqs=16", "train.num_rollout=2", "train.lr=1e-3", "eval.n_samples_per_eval_prompt=2",
+        "eval.pass_k=[1,2]", "run.progress=false", "train.max_tokens_per_gpu=256",
+    ]
+    return o + [f"{k}={v}" for k, v in extra.items()]
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path):
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
+        "algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.01, "reward.type": "custom",
+        "reward.function_path": "tests.reward_fns:even_first_token"}))
+    before = {n: p.clone() for n, p in __import__("reinforge.models.loading", fromlist=["x"]).build_model(
+        tiny_model_path, torch.float32).named_parameters()}
+    result = run_training(cfg)
+    assert result.last_rollout_id == 1
+    metrics = read_metrics(out)
+    train_rows = [m for m in metrics if "train/loss" in m]
+    assert len(train_rows) == 2
+    for m in train_rows:
+        for key in ("rollout/reward_mean", "train/importance_weight", "train/clipfrac", "train/entropy",
+                    "train/kl", "time/generate", "time/train", "time/sync", "perf/generate_tokens_per_s",
+                    "rollout/truncated_ratio", "rollout/response_len_max", "train/grad_norm"):
+            assert key in m, key
+        # trainer and engine compute the same fp32 log-probs
+        assert m["train/logprob_abs_diff"] < 1e-4
+        assert abs(m["train/importance_weight"] - 1) < 1e-3
+    assert [m["weight_version"] for m in train_rows] == [1.0, 2.0]
+    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [e["label"] for e in evals] == ["before", "after"]
+    assert {"eval/greedy_accuracy", "eval/pass@1", "eval/pass@2", "eval/greedy_truncated"} <= set(evals[0])
+    assert (out / "eval_table.txt").read_text().count("\n") == 4
+    assert list((out / "tensorboard").glob("events.*"))
+    # the policy changed and the final checkpoint holds it
+    ckpt = resolve_checkpoint(out)
+    from reinforge.models.loading import build_model
+
+    after = dict(build_model(ckpt / "model", torch.float32).named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_grpo_learns_a_simple_preference(tmp_path, tiny_model_path):
+    """Reward = first response token id is even (about 50% at random init): GRPO must raise it."""
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "train.num_rollout": 12, "rollout.rollout_batch_size": 4, "rollout.n_samples_per_prompt": 8,
+        "rollout.rollout_max_response_len": 2, "rollout.rollout_top_k": 8, "train.lr": 3e-3,
+        "data.n_eval_prompts": 0,
+        "run.save_final": "false"}))
+    run_training(cfg)
+    rewards = [m["rollout/reward_mean"] for m in read_metrics(out) if "train/loss" in m]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
+
+
+def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
+    from reinforge.train import actor as actor_mod
+
+    real = actor_mod.aggregate
+    monkeypatch.setattr(actor_mod, "aggregate", lambda *a, **k: real(*a, **k) * float("nan"))
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{"eval.eval_before_train": "false",
+                                                                    "train.num_rollout": 1,
+                                                                    "run.save_final": "false"}))
+    from reinforge.loop import Trainer
+
+    trainer = Trainer(cfg)
+    before = {n: p.clone() for n, p in trainer.actor.model.named_parameters()}
+    trainer.train()
+    assert all(torch.equal(before[n], p) for n, p in trainer.actor.model.named_parameters())
+    (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    assert m["train/skipped_steps"] == 1.0
+
+
+def test_custom_rollout_function(tmp_path, tiny_model_path, monkeypatch):
+    (tmp_path / "my_rollout.py").write_text(
+        "from reinforge.rollout.generate import default_rollout\n"
+        "CALLS = []\n"
+        "def rollout(ctx, rollout_id, data_source):\n"
+        "    CALLS.append(rollout_id)\n"
+        "    groups = default_rollout(ctx, rollout_id, data_source)\n"
+        "    for g in groups:\n"
+        "        for s in g:\n"
+        "            s.reward = float(s.response_length % 2)\n"
+        "    return groups\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
+        "rollout.rollout_function_path": "my_rollout:rollout", "eval.eval_before_train": "false",
+        "run.save_final": "false"}))
+    run_training(cfg)
+    import my_rollout
+
+    assert my_rollout.CALLS == [0, 1]
+
+
+def test_cli_rejects_bad_config(tmp_path, capsys):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("rollout:\n  n_samples_per_promt: 4\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "n_samples_per_promt" in err and "did you mean" in err
+
+
+@pytest.mark.slow
+def test_smollm2_checkpoint_resume_continues_with_same_prompts(tmp_path, smollm2_path):
+    """1 rollout on the real model, checkpoint, resume: the resumed run's next prompts and
+    samples are those an uninterrupted run gets; the exported folder reloads with equal logits."""
+    common = TASK + [
+        "model.path=smollm2-135m-instruct", "data.num_prompts=50", "data.n_eval_prompts=0",
+        "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=16",
+        "train.lr=1e-5", "run.progress=false", "run.save_interval=1", "run.keep_last_n_checkpoints=null",
+        "train.max_tokens_per_gpu=512", "reward.type=custom",
+        "reward.function_path=tests.reward_fns:even_first_token"]  # a reward that varies: non-zero updates
+    full = run_training(load_config(None, common + [f"run.output_dir={tmp_path / 'full'}", "train.num_rollout=2"]))
+    first = run_training(load_config(None, common + [f"run.output_dir={tmp_path / 'a'}", "train.num_rollout=1"]))
+    assert first.prompts == full.prompts[:1]
+    resumed = run_training(load_config(None, common + [f"run.output_dir={tmp_path / 'a'}", "train.num_rollout=2",
+                                                       f"run.load={tmp_path / 'a'}"]))
+    assert resumed.prompts == full.prompts[1:]
+    rows_full = [m for m in read_metrics(tmp_path / "full") if "train/loss" in m]
+    rows_res = [m for m in read_metrics(tmp_path / "a") if "train/loss" in m]
+    assert rows_res[-1]["rollout/reward_mean"] == rows_full[-1]["rollout/reward_mean"]
+    assert rows_res[-1]["rollout/response_len_mean"] == rows_full[-1]["rollout/response_len_mean"]
+    assert rows_res[-1]["train/loss"] == pytest.approx(rows_full[-1]["train/loss"], rel=1e-4, abs=1e-6)
+
+    # export -> transformers reloads it with the same logits as the trainer's weights
+    out = tmp_path / "export"
+    assert main(["convert", "--checkpoint", str(tmp_path / "a"), "--out", str(out), "--dtype", "float32"]) == 0
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.models.loading import build_model
+
+    ckpt = resolve_checkpoint(tmp_path / "a")
+    ours = build_model(ckpt / "model", torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.randint(0, 49152, (2, 24))
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max().item() < 1e-4
+    base = build_model(smollm2_path, torch.float32)
+    assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), ours.parameters()))

@@ -1,0 +1,144 @@
+"""Answer extraction, built-in rewards and the reward manager's failure handling."""
+
+import asyncio
+import sys
+import textwrap
+import time
+
+import pytest
+
+from reinforge.config import RewardConfig
+from reinforge.data import load_source
+from reinforge.reward import RewardManager, extract_answer
+from reinforge.rollout.types import Sample
+
+
+def sample(response, label=None, metadata=None):
+    return Sample(prompt="p", tokens=[1, 2], response_length=1, response=response, label=label,
+                  metadata=metadata or {})
+
+
+@pytest.mark.parametrize("text,method,expected", [
+    ("so <answer> 42 </answer>", "tag", "42"),
+    ("<answer>1</answer> then <answer>2</answer>", "tag", "2"),
+    ("no tag, the result is 1,234.", "tag", None),
+    ("no tag, the result is 1,234.", "tag_or_last_number", "1234"),
+    ("x = -7 and then 12", "last_number", "12"),
+    ("value -3.5", "last_number", "-3.5"),
+    (r"thus \boxed{\frac{1}{2}} done", "boxed", r"\frac{1}{2}"),
+    (r"\boxed{a{b}c}", "boxed", "a{b}c"),
+    ("  raw  ", "none", "raw"),
+    ("nothing here", "last_number", None),
+])
+def test_extract_answer(text, method, expected):
+    assert extract_answer(text, method) == expected
+
+
+def test_extract_unknown_method():
+    with pytest.raises(ValueError, match="unknown answer extraction"):
+        extract_answer("x", "magic")
+
+
+def test_reasoning_gym_reward_uses_task_scorer():
+    (rec,) = load_source("reasoning_gym:basic_arithmetic", size=1, seed=0)
+    mgr = RewardManager(RewardConfig())
+    good = sample(f"<answer>{rec.label}</answer>", rec.label, rec.metadata)
+    bad = sample("<answer>nonsense</answer>", rec.label, rec.metadata)
+    fallback = sample(f"I think it is {rec.label}", rec.label, rec.metadata)
+    counts = mgr.score([good, bad, fallback])
+    assert (good.reward, bad.reward, fallback.reward) == (1.0, 0.0, 1.0)
+    assert counts == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+
+
+def test_math_reward():
+    mgr = RewardManager(RewardConfig(type="math"))
+    s = [sample(r"The answer is $\frac{1}{2}$", "0.5"), sample(r"\boxed{3}", "4"), sample("it is 12", "12")]
+    mgr.score(s)
+    assert [x.reward for x in s] == [1.0, 0.0, 1.0]
+
+
+def test_exact_match_reward():
+    mgr = RewardManager(RewardConfig(type="exact_match", answer_extraction="tag"))
+    s = [sample("<answer> Paris </answer>", "paris"), sample("<answer>Rome</answer>", "Paris")]
+    mgr.score(s)
+    assert [x.reward for x in s] == [1.0, 0.0]
+
+
+@pytest.fixture
+def custom_module(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+        import asyncio, time
+        def length(sample):
+            return {"reward": len(sample.response) / 10, "chars": len(sample.response)}
+        async def async_one(sample):
+            await asyncio.sleep(0)
+            return 1
+        def boom(sample):
+            if sample.response == "bad":
+                raise RuntimeError("scorer crashed")
+            return 0.5
+        def slow(sample):
+            time.sleep(5 if sample.response == "slow" else 0)
+            return 1.0
+        async def aslow(sample):
+            await asyncio.sleep(5)
+            return 1.0
+        def nan(sample):
+            return float("nan")
+        not_callable = 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_rewards"
+    sys.modules.pop("my_rewards", None)
+
+
+def test_custom_reward_dict_and_async(custom_module):
+    s = sample("hello")
+    RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:length")).score([s])
+    assert s.reward == 0.5 and s.reward_info == {"chars": 5}
+    s = sample("x")
+    RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:async_one")).score([s])
+    assert s.reward == 1.0
+
+
+def test_custom_reward_errors_are_counted_not_raised(custom_module):
+    mgr = RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:boom"))
+    s = [sample("ok"), sample("bad")]
+    counts = mgr.score(s)
+    assert [x.reward for x in s] == [0.5, 0.0]
+    assert counts["reward/errors"] == 1.0 and "scorer crashed" in s[1].reward_info["reward_failure"]
+    s = [sample("x")]
+    counts = RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:nan")).score(s)
+    assert counts["reward/errors"] == 1.0 and s[0].reward == 0.0
+
+
+def test_custom_reward_timeouts(custom_module):
+    for fn in ("slow", "aslow"):
+        mgr = RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:{fn}", timeout=0.2))
+        s = [sample("slow"), sample("fast")]
+        t = time.time()
+        counts = mgr.score(s)
+        assert time.time() - t < 3
+        assert counts["reward/timeouts"] >= 1.0 and s[0].reward == 0.0
+        mgr.close()
+
+
+def test_custom_reward_bad_path(custom_module):
+    with pytest.raises(ValueError, match="reward.function_path.*no attribute 'missing'"):
+        RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:missing"))
+    with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
+        RewardManager(RewardConfig(type="custom", function_path="no_such_mod:f"))
+    with pytest.raises(ValueError, match="not callable"):
+        RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:not_callable"))
+
+
+def test_score_inside_event_loop_points_to_ascore():
+    mgr = RewardManager(RewardConfig(type="exact_match"))
+
+    async def inner():
+        with pytest.raises(RuntimeError, match="ascore"):
+            mgr.score([sample("1", "1")])
+        await mgr.ascore([s := sample("<answer>1</answer>", "1")])
+        return s.reward
+
+    assert asyncio.run(inner()) == 1.0
