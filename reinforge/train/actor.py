@@ -193,9 +193,16 @@ class Actor:
                     ) -> dict[str, float]:
         a = self.cfg.algo
         self.model.train()
+        # Loss normalisers count every sample of the step ...
+        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
+        num_seqs = float(sum(any(samples[i].loss_mask) for i in idx))
+        # ... but a sample whose advantages are all zero adds nothing to the policy-gradient
+        # loss or its gradient, so without KL / entropy terms it is not run at all (early in
+        # training most GRPO groups have equal rewards: this skips most of the compute).
+        if self.ref is None and a.entropy_coef == 0:
+            idx = [i for i in idx if bool(per_token["advantages"][i].any())]
         mbs = self._micro_batches(samples, idx, per_token)
-        num_tokens = float(sum(mb.loss_mask.sum().item() for mb in mbs))
-        num_seqs = float(sum(int((mb.loss_mask.sum(-1) > 0).sum()) for mb in mbs))
+        trained_tokens = float(sum(mb.loss_mask.sum().item() for mb in mbs))
         sums = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clipfrac", "ratio", "importance_weight",
                                  "tis_truncated", "approx_kl", "logprob_abs_diff", "loss")}
         for mb in mbs:
@@ -233,11 +240,15 @@ class Actor:
             sums["logprob_abs_diff"] += tok_sum((old - f["rollout_log_probs"]).abs())
             if kl is not None:
                 sums["kl"] += tok_sum(kl)
+        if not mbs:  # every advantage was zero: the gradient is zero, and Adam still steps on it
+            for p in self.model.parameters():
+                p.grad = torch.zeros_like(p)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_grad)
         finite = math.isfinite(float(grad_norm)) and math.isfinite(sums["loss"])
-        metrics = {f"train/{k}": v / max(num_tokens, 1.0) for k, v in sums.items() if k != "loss"}
+        metrics = {f"train/{k}": v / max(trained_tokens, 1.0) for k, v in sums.items() if k != "loss"}
         metrics["train/loss"] = sums["loss"]
         metrics["train/grad_norm"] = float(grad_norm)
+        metrics["train/trained_token_fraction"] = trained_tokens / max(num_tokens, 1.0)
         metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
         if finite:
             self.optimizer.step()
