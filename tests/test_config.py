@@ -96,3 +96,20 @@ def test_round_trip():
     cfg = load_config(None, ["train.lr=2e-6", "eval.pass_k=[1]", "n_samples_per_eval_prompt=1"])
     assert config_from_dict(cfg.to_dict()) == cfg
     assert isinstance(cfg, Config)
+
+
+def test_every_key_is_documented():
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from reinforge.config import SECTIONS
+
+    doc = Path(__file__).resolve().parents[1].joinpath("docs", "config.md").read_text()
+    missing = []
+    for section, cls in SECTIONS.items():
+        part = doc.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+        for f in dataclasses.fields(cls):
+            if not re.search(rf"`{f.name}`", part):
+                missing.append(f"{section}.{f.name}")
+    assert not missing, f"undocumented config keys in docs/config.md: {missing}"
