@@ -82,9 +82,9 @@ def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
     real = actor_mod.aggregate
     monkeypatch.setattr(actor_mod, "aggregate", lambda *a, **k: real(*a, **k) * float("nan"))
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{"eval.eval_before_train": "false",
-                                                                    "train.num_rollout": 1,
-                                                                    "run.save_final": "false"}))
+    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
+        "eval.eval_before_train": "false", "train.num_rollout": 1, "run.save_final": "false",
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token"}))
     from reinforge.loop import Trainer
 
     trainer = Trainer(cfg)
