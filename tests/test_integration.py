@@ -84,7 +84,8 @@ def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
     out = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
         "eval.eval_before_train": "false", "train.num_rollout": 1, "run.save_final": "false",
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token"}))
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "rollout.rollout_batch_size": 4, "rollout.n_samples_per_prompt": 8, "rollout.rollout_top_k": 8}))
     from reinforge.loop import Trainer
 
     trainer = Trainer(cfg)
@@ -92,6 +93,7 @@ def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
     trainer.train()
     assert all(torch.equal(before[n], p) for n, p in trainer.actor.model.named_parameters())
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    assert m["rollout/zero_std_groups"] < 1.0  # some samples were trained on
     assert m["train/skipped_steps"] == 1.0
 
 
