@@ -209,11 +209,7 @@ class Trainer:
         return metrics
 
     def _seed_engine(self, value: int) -> None:
-        gen = getattr(self.engine, "generator", None)
-        if gen is not None:
-            gen.manual_seed(self.cfg.rollout.seed * 1_000_003 + value)
-        elif hasattr(self.engine, "seed"):
-            self.engine.seed = self.cfg.rollout.seed * 1_000_003 + value
+        self.engine.reseed(self.cfg.rollout.seed * 1_000_003 + value)
 
     def rollout_step(self, rollout_id: int) -> tuple[dict[str, float], list[list[Sample]]]:
         cfg = self.cfg

@@ -133,6 +133,9 @@ class EmbeddedEngine:
         self.dtype = next(model.parameters()).dtype
         self.weight_version = 0
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        self._graphs: dict[tuple[int, int, bool], Any] = {}
+        self._graph_pool = None
+        self._use_graphs = self.device.type == "cuda" and self.config.cuda_graph
         self._request_ids = itertools.count()
         self._waiting: collections.deque[_Group] = collections.deque()
         self._allocated = False
@@ -240,6 +243,10 @@ class EmbeddedEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting) or any(o is not None for o in self._owner)
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling random stream (the loop reseeds per rollout: resumable runs)."""
+        self.generator.manual_seed(seed)
+
     def step(self) -> None:
         """Admit waiting requests, run ``sync_interval`` decode steps, collect finished slots."""
         self._admit()
@@ -251,7 +258,7 @@ class EmbeddedEngine:
         Lk = _bucket(max(self._len_bound[s] for s in running) + steps, self.config.max_model_len, quantum=64)
         filters = any(self._filters[s] for s in running)
         for _ in range(steps):
-            self._decode(B, Lk, filters)
+            self._decode_step(B, Lk, filters)
         for s in running:
             self._len_bound[s] += steps
         self._collect(running)
@@ -270,6 +277,8 @@ class EmbeddedEngine:
         if self.has_unfinished():
             raise RuntimeError("sleep() with requests in flight")
         self._allocated = False
+        self._graphs.clear()  # they point into the buffers freed below
+        self._graph_pool = None
         for name in ("k_cache", "v_cache", "out_tokens", "out_logprobs"):
             setattr(self, name, None)
         if offload_weights and self.device.type != "cpu":
@@ -362,6 +371,28 @@ class EmbeddedEngine:
         hit_len = self.max_new[slot_t] <= 1
         self.finish_code[slot_t] = torch.where(is_stop, _STOP, torch.where(hit_len, _LENGTH, 0)).to(torch.int8)
         self.done[slot_t] = is_stop | hit_len
+
+    def _decode_step(self, B: int, Lk: int, filters: bool) -> None:
+        """One decode step over slots [0, B) with keys [0, Lk): a CUDA graph replay when
+        available. A shape seen for the first time runs eagerly (which also warms up the
+        kernels) and is captured for the next time; graphs share one memory pool."""
+        if not self._use_graphs:
+            self._decode(B, Lk, filters)
+            return
+        key = (B, Lk, filters)
+        graph = self._graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            return
+        self._decode(B, Lk, filters)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.generator)  # fresh random numbers at every replay
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._decode(B, Lk, filters)
+        self._graphs[key] = graph
 
     @torch.no_grad()
     def _decode(self, B: int, Lk: int, filters: bool) -> None:

@@ -80,6 +80,9 @@ class HFEngine:
         copy_weights_(self.model, named_tensors)
         self.weight_version = version
 
+    def reseed(self, seed: int) -> None:
+        self.seed = seed
+
     def sleep(self) -> None:
         pass
 

@@ -70,6 +70,10 @@ class RolloutEngine(Protocol):
         """Load new policy weights (Hugging Face names) in place; later results carry ``version``."""
         ...
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling random stream from ``seed``."""
+        ...
+
     def sleep(self) -> None:
         """Release the KV cache (and optionally weights) so a colocated trainer can use the memory."""
         ...
