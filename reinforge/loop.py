@@ -228,14 +228,14 @@ class Trainer:
         flat = [s for g in groups for s in g]
         t = time.perf_counter()
         metrics.update(self.actor.train(TrainData(flat, advantages), rollout_id))
-        timings["time/train"] = time.perf_counter() - t
+        timings["time/train"] = time.perf_counter() - t - metrics["time/logprob"]
         timings["time/sync"] = self.sync_weights()
         out_tokens = sum(s.response_length for s in flat)
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(timings["time/generate"], 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
         metrics.update(timings)
-        metrics["time/rollout_step"] = sum(timings.values())
+        metrics["time/rollout_step"] = sum(timings.values()) + metrics["time/logprob"]
         return metrics, groups
 
     # ------------------------------------------------------------------ loop
@@ -244,6 +244,9 @@ class Trainer:
         logger = MetricsLogger(self.out, cfg.run.tensorboard)
         result = RunResult(self.out, self.start_rollout - 1)
         try:
+            if self.start_rollout == 0:
+                logger.log(0, {"data/num_prompts": float(len(self.train_data)),
+                               "data/dropped_prompts": float(self.train_data.num_dropped)})
             if cfg.eval.eval_before_train and self.start_rollout == 0:
                 self.run_eval("before", 0, logger)
             bar = None

@@ -164,3 +164,19 @@ def test_smollm2_checkpoint_resume_continues_with_same_prompts(tmp_path, smollm2
         assert (ours(ids) - hf(ids).logits).abs().max().item() < 1e-4
     base = build_model(smollm2_path, torch.float32)
     assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), ours.parameters()))
+
+
+def test_cli_eval_and_generate(tmp_path, tiny_model_path, capsys):
+    out = tmp_path / "ev"
+    assert main(["eval", "--model", str(tiny_model_path), "--data", "reasoning_gym:basic_arithmetic",
+                 "--output-dir", str(out), "data.n_eval_prompts=3", "eval.n_samples_per_eval_prompt=2",
+                 "eval.pass_k=[1,2]", "rollout.rollout_max_response_len=8"]) == 0
+    printed = capsys.readouterr().out
+    assert "greedy_accuracy" in printed and "pass@2" in printed
+    lines = (out / "eval" / "eval.jsonl").read_text().splitlines()
+    assert len(lines) == 3 + 3 * 2
+    assert main(["generate", "--model", str(tiny_model_path), "--prompt", "hello", "--n", "2",
+                 "--max-new-tokens", "5", "--temperature", "1.0"]) == 0
+    assert capsys.readouterr().out.count("--- sample") == 2
+    assert main(["eval", "--model", str(tmp_path / "missing")]) == 2
+    assert "not a Hugging Face folder" in capsys.readouterr().err

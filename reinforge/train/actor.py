@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,10 +175,12 @@ class Actor:
             "rollout_log_probs": [torch.as_tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples],
         }
         steps = cfg.train.num_steps_per_rollout
+        t = time.perf_counter()
         if steps > 1:
             per_token["old_log_probs"] = self.compute_log_probs(samples)
         if self.ref is not None:
             per_token["ref_log_probs"] = self.compute_log_probs(samples, reference=True)
+        logprob_time = time.perf_counter() - t
         gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + rollout_id)
         order = torch.randperm(n, generator=gen).tolist()
         size = n // steps
@@ -187,6 +190,7 @@ class Actor:
             m = self._train_step(samples, idx, per_token)
             for k, v in m.items():
                 totals[k] = totals.get(k, 0.0) + v / steps
+        totals["time/logprob"] = logprob_time
         return totals
 
     def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
