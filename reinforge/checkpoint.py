@@ -3,7 +3,8 @@
 Layout of ``<output_dir>/checkpoints/rollout_000012/``::
 
     model/           Hugging Face folder of the policy (fp32 safetensors, config, tokenizer)
-    trainer.pt       optimizer, LR scheduler, skipped-step count
+    trainer.pt       optimizers, LR schedulers, skipped-step counts (actor, critic)
+    critic.safetensors  the value model (PPO with a critic only)
     rng.pt           Python, NumPy, torch CPU and CUDA generator states
     state.json       rollout_id, weight_version, data iterator position, config, metric history
 
@@ -60,7 +61,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root: Path, rollout_id: int, model: torch.nn.Module, model_source: Path,
-                    trainer_state: dict[str, Any], state: dict[str, Any], keep_last: int | None = None) -> Path:
+                    trainer_state: dict[str, Any], state: dict[str, Any], keep_last: int | None = None,
+                    extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
     """Write checkpoint ``root/rollout_<id>`` atomically and point ``root/latest`` at it.
 
     Args:
@@ -69,6 +71,7 @@ def save_checkpoint(root: Path, rollout_id: int, model: torch.nn.Module, model_s
         trainer_state: optimizer / scheduler state (``Actor.state_dict()``).
         state: JSON-serialisable loop state (rollout_id, data position, config...).
         keep_last: delete older checkpoints beyond this many (None keeps all).
+        extra_tensors: name -> state dict, each written as ``<name>.safetensors`` (the critic).
     Returns:
         the checkpoint directory.
     """
@@ -78,6 +81,11 @@ def save_checkpoint(root: Path, rollout_id: int, model: torch.nn.Module, model_s
     try:
         save_hf_folder(model, tmp / "model", model_source)
         torch.save(trainer_state, tmp / "trainer.pt")
+        if extra_tensors:
+            from safetensors.torch import save_file
+
+            for name, tensors in extra_tensors.items():
+                save_file({k: v.detach().cpu().clone() for k, v in tensors.items()}, str(tmp / f"{name}.safetensors"))
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         if final.exists():

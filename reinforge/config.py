@@ -1,7 +1,7 @@
 """Configuration: one dataclass per concern, composed into :class:`Config`.
 
-Sources, later ones winning: the dataclass defaults, a YAML file, ``key=value`` overrides
-from the command line. Keys are written ``section.key`` (``rollout.n_samples_per_prompt=8``);
+Sources, later ones winning: the dataclass defaults, a YAML file (and the file named by its
+top-level ``base:`` key, read first), ``key=value`` overrides from the command line. Keys are written ``section.key`` (``rollout.n_samples_per_prompt=8``);
 a key that exists in exactly one section may also be written bare (``n_samples_per_prompt=8``).
 Values of overrides are parsed as YAML (``8`` is an int, ``[1, 2]`` a list, ``null`` None).
 
@@ -92,19 +92,54 @@ class RewardConfig:
     correct_threshold: float = 1.0  # a sample is "correct" (accuracy, pass@k) when reward >= this
 
 
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
+
+
 @dataclass
 class AlgoConfig:
-    advantage_estimator: Literal["grpo"] = "grpo"
+    # grpo | dr_grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae (PPO with a critic)
+    advantage_estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus",
+                                 "reinforce_plus_plus_baseline", "gae"] = "grpo"
     grpo_std_normalization: bool = True
+    gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
+    lam: float = 0.95  # GAE lambda
+    policy_loss: Literal["ppo", "gspo"] = "ppo"  # token-level PPO clip, or GSPO's sequence-level ratio
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # null = eps_clip; larger = DAPO clip-higher
+    eps_clip_c: float | None = None  # dual-clip constant (> 1) for negative advantages
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    use_kl_in_reward: bool = False  # subtract kl_coef * KL (k1) from each token's reward
+    kl_coef: float = 0.0
     entropy_coef: float = 0.0
-    loss_agg_mode: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = "token_mean"
-    use_tis: bool = False  # truncated importance sampling between engine and trainer log-probs
-    tis_clip: float = 2.0
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean",
+                           "seq_mean_token_sum_norm"] = "token_mean"
+    use_tis: bool = False  # importance-sampling correction between engine and trainer log-probs
+    tis_mode: Literal["truncate", "mask"] = "truncate"  # truncate: TIS; mask: MIS
+    tis_clip: float = 2.0  # upper cap of the importance weight
+    tis_clip_low: float = 0.0  # lower bound (mask mode): tokens below it are masked too
+    # DAPO dynamic sampling: drop groups whose rewards are all equal, sample more prompts
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = 4  # generation rounds per rollout at most (then train on what was kept)
+    overlong_filter: bool = False  # mask truncated samples out of the loss
+    overlong_buffer_len: int | None = None  # DAPO soft over-long punishment: buffer length (tokens)
+    overlong_penalty_factor: float = 1.0  # ... and its maximum penalty
+    reward_clip: float | None = None  # clamp rewards to [-reward_clip, reward_clip]
+    normalize_rewards: bool = False  # standardise rewards over the rollout before advantages
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO (``algo.advantage_estimator: gae``)."""
+
+    path: str | None = None  # initial weights; null = model.path (a value head is added, zero-initialised)
+    lr: float = 1e-5
+    value_clip: float | None = 0.2  # clipped value loss range; null = unclipped
+    lr_warmup_iters: int = 0
+    clip_grad: float = 1.0
+    weight_decay: float = 0.0
+    num_warmup_rollouts: int = 0  # rollouts that train only the critic (verl's critic_warmup)
 
 
 @dataclass
@@ -154,6 +189,7 @@ SECTIONS: dict[str, type] = {
     "rollout": RolloutConfig,
     "reward": RewardConfig,
     "algo": AlgoConfig,
+    "critic": CriticConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
     "run": RunConfig,
@@ -167,6 +203,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -233,6 +270,31 @@ class Config:
             raise ConfigError("algo.kl_loss_coef > 0 has no effect unless algo.use_kl_loss=true")
         if a.use_tis and a.tis_clip < 1:
             raise ConfigError(f"algo.tis_clip must be >= 1, got {a.tis_clip}")
+        if a.use_tis and not 0 <= a.tis_clip_low < 1:
+            raise ConfigError(f"algo.tis_clip_low must be in [0, 1), got {a.tis_clip_low}")
+        if a.eps_clip_c is not None and a.eps_clip_c <= 1:
+            raise ConfigError(f"algo.eps_clip_c must be > 1 (dual clip), got {a.eps_clip_c}")
+        if a.use_kl_in_reward and a.kl_coef <= 0:
+            raise ConfigError("algo.use_kl_in_reward=true needs algo.kl_coef > 0")
+        if not a.use_kl_in_reward and a.kl_coef > 0:
+            raise ConfigError("algo.kl_coef > 0 has no effect unless algo.use_kl_in_reward=true "
+                              "(for a KL term in the loss use algo.use_kl_loss and algo.kl_loss_coef)")
+        if not 0 <= a.gamma <= 1 or not 0 <= a.lam <= 1:
+            raise ConfigError(f"algo.gamma and algo.lam must be in [0, 1], got {a.gamma}, {a.lam}")
+        if a.dynamic_sampling and a.dynamic_sampling_max_rounds < 1:
+            raise ConfigError("algo.dynamic_sampling_max_rounds must be >= 1")
+        if a.dynamic_sampling and r.n_samples_per_prompt < 2:
+            raise ConfigError("algo.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
+        if a.overlong_buffer_len is not None and not 0 < a.overlong_buffer_len < r.rollout_max_response_len:
+            raise ConfigError(f"algo.overlong_buffer_len must be in (0, rollout.rollout_max_response_len="
+                              f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}")
+        if a.reward_clip is not None and a.reward_clip <= 0:
+            raise ConfigError(f"algo.reward_clip must be > 0, got {a.reward_clip}")
+        if a.advantage_estimator in ("grpo", "dr_grpo", "rloo") and r.n_samples_per_prompt < 2:
+            raise ConfigError(f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
+                              f"it needs rollout.n_samples_per_prompt >= 2")
+        if self.critic.lr <= 0:
+            raise ConfigError(f"critic.lr must be > 0, got {self.critic.lr}")
         if rw.type == "custom" and not rw.function_path:
             raise ConfigError("reward.type=custom needs reward.function_path: 'module:function'")
         if rw.function_path and rw.type not in ("custom", "auto"):
@@ -397,20 +459,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """
     values: dict[tuple[str, str], tuple[Any, str]] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} not found")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        for key, value in _flatten(raw, str(path)):
-            try:
-                values[_locate(key)] = (value, str(path))
-            except ConfigError as e:
-                raise ConfigError(f"{path}: {e}") from None
+        _read_yaml(Path(path), values, seen=())
     for text in overrides or []:
         key, value = parse_override(text)
         try:
@@ -420,7 +469,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_values(values)
 
 
-def config_from_values(values: dict[tuple[str, str], tuple[Any, str]]) -> Config:
+def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen: tuple[Path, ...]) -> None:
+    """Add a YAML file's keys to ``values``; a top-level ``base: other.yaml`` (relative to the
+    file) is read first, so the file only states what differs from its base."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' files include each other")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = raw.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: base must be a path to another YAML file")
+        _read_yaml(path.parent / base, values, seen + (path.resolve(),))
+    for key, value in _flatten(raw, str(path)):
+        try:
+            values[_locate(key)] = (value, str(path))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+
+def config_from_values(values: dict[tuple[str, str], tuple[Any, str]], check_explicit: bool = True) -> Config:
     sections = {}
     for section, cls in SECTIONS.items():
         hints = _section_fields(section)
@@ -435,7 +509,25 @@ def config_from_values(values: dict[tuple[str, str], tuple[Any, str]]) -> Config
             except ConfigError as e:
                 raise ConfigError(f"{origin}: {e}") from None
         sections[section] = cls(**kwargs)
-    return Config(**sections).validate()
+    cfg = Config(**sections)
+    if check_explicit:
+        _check_explicit_keys(cfg, set(values))
+    return cfg.validate()
+
+
+def _check_explicit_keys(cfg: Config, given: set[tuple[str, str]]) -> None:
+    """Refuse settings that the chosen algorithm would silently ignore."""
+    est = cfg.algo.advantage_estimator
+    if est != "gae":
+        critic_keys = sorted(f"critic.{n}" for s, n in given if s == "critic")
+        if critic_keys or ("algo", "lam") in given:
+            keys = critic_keys + (["algo.lam"] if ("algo", "lam") in given else [])
+            raise ConfigError(f"{', '.join(keys)} set, but algo.advantage_estimator={est} uses no critic: "
+                              f"use advantage_estimator=gae (PPO with a critic) or remove them")
+    if ("algo", "gamma") in given and est not in ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        raise ConfigError(f"algo.gamma set, but algo.advantage_estimator={est} does not discount")
+    if ("algo", "grpo_std_normalization") in given and est != "grpo":
+        raise ConfigError(f"algo.grpo_std_normalization applies to advantage_estimator=grpo, not {est}")
 
 
 def config_from_dict(d: dict[str, Any]) -> Config:
@@ -443,7 +535,7 @@ def config_from_dict(d: dict[str, Any]) -> Config:
     values = {}
     for key, value in _flatten(d, "config"):
         values[_locate(key)] = (value, "saved config")
-    return config_from_values(values)
+    return config_from_values(values, check_explicit=False)
 
 
 def dump_config(cfg: Config, path: str | Path) -> None:

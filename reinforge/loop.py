@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
-from .algo.advantages import grpo_advantages
 from .config import Config, config_from_dict, dump_config
 from .data import PromptDataset, is_reasoning_gym, load_source
 from .eval.evaluate import evaluate, format_table, write_eval
@@ -26,6 +25,8 @@ from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_
 from .rollout.hf_engine import HFEngine
 from .rollout.types import Sample, Status
 from .train.actor import Actor, TrainData, resolve_device
+from .train.advantage import apply_overlong_filter, compute_advantages
+from .train.critic import Critic
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -80,26 +81,19 @@ def load_datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDat
     return train, evalset
 
 
-def compute_advantages(cfg: Config, groups: list[list[Sample]]) -> list[torch.Tensor]:
-    """Per-sample, per-token advantages (outcome estimators broadcast the sample's value)."""
-    rewards = torch.tensor([[s.reward for s in g] for g in groups], dtype=torch.float32)
-    adv = grpo_advantages(rewards, std_normalization=cfg.algo.grpo_std_normalization)
-    return [torch.full((s.response_length,), float(adv[i, j])) for i, g in enumerate(groups)
-            for j, s in enumerate(g)]
-
-
 def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[torch.Tensor]) -> dict[str, float]:
+    """Reward, advantage and length statistics of the groups trained on."""
     flat = [s for g in groups for s in g]
     rewards = torch.tensor([s.reward for s in flat], dtype=torch.float32)
     lens = torch.tensor([s.response_length for s in flat], dtype=torch.float32)
-    adv = torch.tensor([float(a[0]) if len(a) else 0.0 for a in advantages])
+    adv = torch.cat([a for a in advantages if len(a)]) if any(len(a) for a in advantages) else torch.zeros(1)
     same = [len({s.reward for s in g}) == 1 for g in groups]
     return {
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0,
         "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()),
         "rollout/advantage_mean": float(adv.mean()),
-        "rollout/advantage_std": float(adv.std()) if len(flat) > 1 else 0.0,
+        "rollout/advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
         "rollout/advantage_abs_mean": float(adv.abs().mean()),
         "rollout/zero_std_groups": sum(same) / len(groups),
         "rollout/response_len_mean": float(lens.mean()),
@@ -140,7 +134,13 @@ class Trainer:
             log.info("resuming from %s", resume)
         policy_path = resume / "model" if resume else self.base_path
         self.actor = Actor(cfg, policy_path, self.device, ref_path=self.base_path)
+        self.critic: Critic | None = None
+        if cfg.algo.advantage_estimator == "gae":
+            critic_path = resolve_model_path(cfg.critic.path) if cfg.critic.path else self.base_path
+            self.critic = Critic(cfg, critic_path, self.device)
         self.actor.pad_id = self.tokenizer.pad_token_id or 0
+        if self.critic is not None:
+            self.critic.pad_id = self.actor.pad_id
         r = cfg.rollout
         max_prompt = self.train_data.max_prompt_tokens
         if self.eval_data is not None:
@@ -166,7 +166,12 @@ class Trainer:
             if getattr(saved, key) != getattr(self.cfg, key):
                 log.warning("resuming with different %s settings than the checkpoint's: the run will not "
                             "continue exactly", key)
-        self.actor.load_state_dict(trainer_state)
+        self.actor.load_state_dict(trainer_state["actor"])
+        if self.critic is not None:
+            from safetensors.torch import load_file
+
+            self.critic.model.load_state_dict(load_file(str(path / "critic.safetensors"), device=str(self.device)))
+            self.critic.load_state_dict(trainer_state["critic"])
         self.train_data.load_state_dict(state["data"])
         ckpt.set_rng_state(rng)
         self.start_rollout = state["rollout_id"] + 1
@@ -184,8 +189,14 @@ class Trainer:
             "history": self.history,
             "evals": self.evals,
         }
+        trainer_state = {"actor": self.actor.state_dict()}
+        extra = {}
+        if self.critic is not None:
+            trainer_state["critic"] = self.critic.state_dict()
+            extra["critic"] = self.critic.model.state_dict()
         path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.actor.model, self.base_path,
-                                    self.actor.state_dict(), state, keep_last=self.cfg.run.keep_last_n_checkpoints)
+                                    trainer_state, state, keep_last=self.cfg.run.keep_last_n_checkpoints,
+                                    extra_tensors=extra)
         log.info("saved checkpoint %s", path)
         return path
 
@@ -211,32 +222,76 @@ class Trainer:
     def _seed_engine(self, value: int) -> None:
         self.engine.reseed(self.cfg.rollout.seed * 1_000_003 + value)
 
+    def generate(self, rollout_id: int) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
+        """Groups to train on, all groups generated, and counts. With ``algo.dynamic_sampling``
+        groups whose rewards are all equal are dropped and further prompts are sampled until
+        ``rollout_batch_size`` groups are kept or ``dynamic_sampling_max_rounds`` rounds ran
+        (DAPO, Yu et al. 2025); the rollout then trains on the groups it kept (all of the last
+        round if none was kept)."""
+        a, want = self.cfg.algo, self.cfg.rollout.rollout_batch_size
+        kept: list[list[Sample]] = []
+        generated: list[list[Sample]] = []
+        counts: dict[str, float] = {}
+        rounds = 0
+        while True:
+            groups = self.rollout_fn(self.ctx, rollout_id, self.train_data)
+            unscored = [s for g in groups for s in g if s.reward is None]
+            for k, v in (self.reward.score(unscored) if unscored else {}).items():
+                counts[k] = counts.get(k, 0.0) + v
+            generated += groups
+            rounds += 1
+            if not a.dynamic_sampling:
+                return groups, generated, counts
+            kept += [g for g in groups if len({s.reward for s in g}) > 1]
+            if len(kept) >= want or rounds >= a.dynamic_sampling_max_rounds:
+                break
+        counts["rollout/dynamic_sampling_rounds"] = float(rounds)
+        counts["rollout/kept_groups"] = float(min(len(kept), want))
+        return (kept[:want] or groups), generated, counts
+
     def rollout_step(self, rollout_id: int) -> tuple[dict[str, float], list[list[Sample]]]:
         cfg = self.cfg
+        a = cfg.algo
         timings = {}
         t = time.perf_counter()
         self._seed_engine(rollout_id)
-        groups = self.rollout_fn(self.ctx, rollout_id, self.train_data)
-        timings["time/generate"] = time.perf_counter() - t
-        t = time.perf_counter()
-        unscored = [s for g in groups for s in g if s.reward is None]
-        counts = self.reward.score(unscored) if unscored else {}
-        timings["time/reward"] = time.perf_counter() - t
-        advantages = compute_advantages(cfg, groups)
-        metrics = rollout_metrics(cfg, groups, advantages)
-        metrics.update(counts)
+        groups, generated, counts = self.generate(rollout_id)
+        timings["time/generate"] = time.perf_counter() - t  # includes reward scoring of extra rounds
         flat = [s for g in groups for s in g]
+        counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg, flat))
         t = time.perf_counter()
-        metrics.update(self.actor.train(TrainData(flat, advantages), rollout_id))
-        timings["time/train"] = time.perf_counter() - t - metrics["time/logprob"]
+        old_lp = ref_lp = values = None
+        if cfg.train.num_steps_per_rollout > 1 or a.use_kl_in_reward:
+            old_lp = self.actor.compute_log_probs(flat)
+        if self.actor.ref is not None:
+            ref_lp = self.actor.compute_log_probs(flat, reference=True)
+        if self.critic is not None:
+            values = self.critic.compute_values(flat)
+        timings["time/logprob"] = time.perf_counter() - t
+        adv = compute_advantages(cfg, groups, values=values, old_log_probs=old_lp, ref_log_probs=ref_lp)
+        metrics = rollout_metrics(cfg, groups, adv.advantages)
+        all_rewards = torch.tensor([s.reward for g in generated for s in g], dtype=torch.float32)
+        metrics["rollout/generated_reward_mean"] = float(all_rewards.mean())
+        metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
+        metrics.update(counts)
+        t = time.perf_counter()
+        if self.critic is not None:
+            metrics.update(self.critic.train(flat, adv.returns, values, rollout_id))
+        timings["time/train_critic"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if rollout_id >= cfg.critic.num_warmup_rollouts or self.critic is None:
+            metrics.update(self.actor.train(TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
+        timings["time/train"] = time.perf_counter() - t
         timings["time/sync"] = self.sync_weights()
-        out_tokens = sum(s.response_length for s in flat)
+        out_tokens = sum(s.response_length for g in generated for s in g)
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(timings["time/generate"], 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
+        if self.critic is None:
+            timings.pop("time/train_critic")
         metrics.update(timings)
-        metrics["time/rollout_step"] = sum(timings.values()) + metrics["time/logprob"]
-        return metrics, groups
+        metrics["time/rollout_step"] = sum(timings.values())
+        return metrics, generated
 
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:

@@ -122,3 +122,94 @@ def test_pass_at_k():
     assert pass_at_k(10, 3, 10) == 1.0
     with pytest.raises(ValueError):
         pass_at_k(3, 1, 4)
+
+
+# --------------------------------------------------------------------------- issue 4 estimators / losses
+from reinforge.algo.advantages import (gae_advantages, masked_whiten, reinforce_plus_plus_returns,  # noqa: E402
+                                       rloo_advantages)
+from reinforge.algo.losses import clipped_value_loss, gspo_ratio  # noqa: E402
+
+
+def test_rloo_leave_one_out():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    # sample 0: 1 - mean(0, 0, 1) = 2/3; sample 1: 0 - mean(1, 0, 1) = -2/3
+    assert rloo_advantages(r)[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert rloo_advantages(torch.tensor([[3.0]])).tolist() == [[0.0]]
+
+
+def test_gae_hand_computed():
+    # one sequence of 3 tokens, reward 1 at the end, values 0.5, 0.2, 0.4; gamma 0.9, lam 0.8
+    r = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    v = torch.tensor([[0.5, 0.2, 0.4, 9.0]])  # the 4th position is padding
+    m = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    adv, ret = gae_advantages(r, v, m, gamma=0.9, lam=0.8)
+    d2 = 1.0 - 0.4
+    d1 = 0.0 + 0.9 * 0.4 - 0.2
+    d0 = 0.0 + 0.9 * 0.2 - 0.5
+    a2, a1 = d2, d1 + 0.72 * d2
+    a0 = d0 + 0.72 * a1
+    assert adv[0].tolist() == pytest.approx([a0, a1, a2, 0.0], abs=1e-6)
+    assert ret[0].tolist() == pytest.approx([a0 + 0.5, a1 + 0.2, a2 + 0.4, 0.0], abs=1e-6)
+
+
+def test_gae_lambda_one_gamma_one_is_return_minus_value():
+    r = torch.tensor([[0.0, 0.0, 2.0]])
+    v = torch.tensor([[0.3, 0.1, 0.7]])
+    adv, ret = gae_advantages(r, v, torch.ones(1, 3), gamma=1.0, lam=1.0)
+    assert adv[0].tolist() == pytest.approx([1.7, 1.9, 1.3])
+    assert ret[0].tolist() == pytest.approx([2.0, 2.0, 2.0])
+
+
+def test_reinforce_plus_plus_returns_and_whiten():
+    r = torch.tensor([[0.1, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    g = reinforce_plus_plus_returns(r, m, gamma=0.5)
+    assert g[0].tolist() == pytest.approx([0.1 + 0.5 * 0.5, 0.5, 1.0])
+    assert g[1].tolist() == pytest.approx([1.0, 2.0, 0.0])
+    w = masked_whiten(g, m)
+    vals = torch.tensor([0.35, 0.5, 1.0, 1.0, 2.0])
+    expected = ((vals - vals.mean()) / vals.std()).tolist()
+    assert w[m.bool()].tolist() == pytest.approx(expected, rel=1e-5)
+    assert w[1, 2].item() == 0.0
+
+
+def test_dual_clip():
+    lp = torch.log(torch.tensor([[5.0, 5.0]]))
+    adv = torch.tensor([[-1.0, 1.0]])
+    loss, _, clipped = ppo_clip_loss(lp, torch.zeros(1, 2), adv, eps_clip=0.2, clip_c=3.0)
+    # A<0, ratio 5: PPO loss max(5, 1.2) = 5, bounded by clip_c * |A| = 3; A>0: -min(5, 1.2) = -1.2
+    assert loss[0].tolist() == pytest.approx([3.0, -1.2])
+    assert clipped[0].tolist() == [True, True]
+
+
+def test_gspo_ratio_is_sequence_level_with_token_gradients():
+    lp = torch.log(torch.tensor([[0.5, 0.2, 0.9]])).requires_grad_()
+    old = torch.log(torch.tensor([[0.25, 0.4, 0.9]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    ratio = gspo_ratio(lp, old, mask)
+    s = math.exp((math.log(2.0) + math.log(0.5)) / 2)  # geometric mean of 2 and 0.5 = 1
+    assert ratio[0, :2].tolist() == pytest.approx([s, s])
+    (ratio[0, 0]).backward()
+    assert lp.grad[0].tolist() == pytest.approx([s, 0.0, 0.0])
+
+
+def test_clipped_value_loss():
+    v = torch.tensor([[1.0, 0.0]])
+    old = torch.tensor([[0.5, 0.5]])
+    ret = torch.tensor([[0.0, 1.0]])
+    loss, clipped = clipped_value_loss(v, old, ret, value_clip=0.2)
+    # token 0: (1-0)^2=1 vs clip(1, 0.3, 0.7)=0.7 -> 0.49: max 1 -> 0.5
+    # token 1: (0-1)^2=1 vs clip(0 -> 0.3) -> 0.49: max 1 -> 0.5
+    assert loss[0].tolist() == pytest.approx([0.5, 0.5])
+    v2 = torch.tensor([[0.55]])
+    loss2, clipped2 = clipped_value_loss(v2, torch.tensor([[0.5]]), torch.tensor([[2.0]]), value_clip=0.01)
+    # unclipped (0.55-2)^2 = 2.1025, clipped value 0.51 -> (0.51-2)^2 = 2.2201 (larger, taken)
+    assert loss2.item() == pytest.approx(0.5 * 2.2201) and clipped2.item()
+
+
+def test_seq_mean_token_sum_norm():
+    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(v, m, "seq_mean_token_sum_norm", norm_length=10).item() == pytest.approx((0.6 + 0.4) / 2)
+    with pytest.raises(ValueError, match="norm_length"):
+        aggregate(v, m, "seq_mean_token_sum_norm")

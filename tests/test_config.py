@@ -30,8 +30,10 @@ def test_yaml_and_overrides(tmp_path):
 
 
 def test_bare_keys_in_yaml(tmp_path):
-    cfg = load_config(write(tmp_path, "n_samples_per_prompt: 2\nlr: 1.0e-4\n"))
-    assert cfg.rollout.n_samples_per_prompt == 2 and cfg.train.lr == 1e-4
+    cfg = load_config(write(tmp_path, "n_samples_per_prompt: 2\nnum_rollout: 3\n"))
+    assert cfg.rollout.n_samples_per_prompt == 2 and cfg.train.num_rollout == 3
+    with pytest.raises(ConfigError, match="'lr' is ambiguous: write one of critic.lr, train.lr"):
+        load_config(write(tmp_path, "lr: 1.0e-4\n"))
 
 
 def test_unknown_key_names_key_and_file(tmp_path):
@@ -71,6 +73,23 @@ def test_invalid_combinations():
         load_config(None, ["rollout.rollout_batch_size=0"])
     with pytest.raises(ConfigError, match="pass_k"):
         load_config(None, ["eval.n_samples_per_eval_prompt=2", "eval.pass_k=[1,4]"])
+    with pytest.raises(ConfigError, match="critic.lr set, but algo.advantage_estimator=grpo uses no critic"):
+        load_config(None, ["critic.lr=1e-5"])
+    with pytest.raises(ConfigError, match="algo.lam set"):
+        load_config(None, ["algo.lam=0.9", "algo.advantage_estimator=rloo"])
+    with pytest.raises(ConfigError, match="algo.gamma set"):
+        load_config(None, ["algo.gamma=0.9"])
+    with pytest.raises(ConfigError, match="grpo_std_normalization applies to advantage_estimator=grpo"):
+        load_config(None, ["algo.advantage_estimator=dr_grpo", "algo.grpo_std_normalization=false"])
+    with pytest.raises(ConfigError, match="eps_clip_c must be > 1"):
+        load_config(None, ["algo.eps_clip_c=0.5"])
+    with pytest.raises(ConfigError, match="kl_coef > 0 has no effect unless algo.use_kl_in_reward"):
+        load_config(None, ["algo.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match="overlong_buffer_len"):
+        load_config(None, ["algo.overlong_buffer_len=1000"])
+    with pytest.raises(ConfigError, match="needs rollout.n_samples_per_prompt >= 2"):
+        load_config(None, ["n_samples_per_prompt=1"])
+    assert load_config(None, ["algo.advantage_estimator=gae", "critic.lr=2e-5", "algo.lam=0.9"]).critic.lr == 2e-5
     with pytest.raises(ConfigError, match="'package.module:function'"):
         load_config(None, ["reward.type=custom", "reward.function_path=nocolon"])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 def ppo_clip_loss(
@@ -18,22 +18,64 @@ def ppo_clip_loss(
     advantages: torch.Tensor,
     eps_clip: float,
     eps_clip_high: float | None = None,
+    clip_c: float | None = None,
+    ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7), negated to be minimised.
 
     loss = -min(ratio * A, clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A),
     ratio = exp(log_probs - old_log_probs). ``eps_clip_high`` defaults to ``eps_clip``;
-    a larger upper bound is DAPO's clip-higher (Yu et al. 2025).
+    a larger upper bound is DAPO's clip-higher (Yu et al. 2025). ``clip_c`` (> 1) adds the
+    dual clip for negative advantages, loss <= -clip_c * A (Ye et al. 2020, "Mastering
+    Complex Control in MOBA Games"; verl's ``clip_ratio_c``). ``ratio`` overrides the
+    token ratio (GSPO passes its sequence-level ratio).
 
     Returns:
-        (loss [B, T], ratio [B, T], clipped [B, T] bool: where the clipped branch was taken).
+        (loss [B, T], ratio [B, T], clipped [B, T] bool: where a clipped branch was taken).
     """
     hi = eps_clip if eps_clip_high is None else eps_clip_high
-    ratio = torch.exp(log_probs - old_log_probs)
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - eps_clip, 1.0 + hi) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    return loss, ratio, clipped < unclipped
+    if ratio is None:
+        ratio = torch.exp(log_probs - old_log_probs)
+    loss_unclipped = -ratio * advantages
+    loss_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + hi) * advantages
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = loss_clipped > loss_unclipped
+    if clip_c is not None:
+        dual = -advantages * clip_c
+        use_dual = (advantages < 0) & (loss > dual)
+        loss = torch.where(use_dual, dual, loss)
+        clipped = clipped | use_dual
+    return loss, ratio, clipped
+
+
+def gspo_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence-level importance ratio, per token (Zheng et al. 2025, "Group Sequence
+    Policy Optimization", eq. 7-10; verl ``compute_policy_loss_gspo``).
+
+    s_i = exp(mean_t (log pi - log pi_old) over the sequence's loss tokens); each token gets
+    s_i' = sg(s_i) * exp(log pi_t - sg(log pi_t)): the value is s_i, the gradient that of
+    log pi_t scaled by s_i. Returns [B, T].
+    """
+    m = mask.to(log_probs.dtype)
+    seq_log_ratio = ((log_probs - old_log_probs) * m).sum(-1) / m.sum(-1).clamp(min=1)
+    token = seq_log_ratio.detach()[:, None] + log_probs - log_probs.detach()
+    return torch.exp(token.clamp(max=10.0))
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       value_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss, per token: 0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2)
+    (Schulman et al. 2017; OpenAI baselines ppo2, verl ``compute_value_loss``).
+
+    Returns:
+        (loss [B, T], clipped [B, T] bool).
+    """
+    unclipped = (values - returns) ** 2
+    if value_clip is None:
+        return 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    v_clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    clipped = (v_clipped - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped), clipped > unclipped
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3") -> torch.Tensor:
@@ -74,6 +116,7 @@ def aggregate(
     mode: str = "token_mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    norm_length: float | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values [B, T] to a scalar, counting only ``mask`` tokens.
 
@@ -82,6 +125,9 @@ def aggregate(
     * ``token_mean``: sum over all tokens / number of tokens (DAPO's token-level loss).
     * ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr. GRPO).
     * ``seq_mean_token_mean``: mean over sequences of each sequence's token mean (GRPO paper).
+    * ``seq_mean_token_sum_norm``: each sequence's token sum divided by the constant
+      ``norm_length`` (the max response length), averaged over sequences (Dr. GRPO's
+      length-unbiased form).
 
     ``num_tokens`` / ``num_seqs`` override the denominators, so that micro-batches of one
     global batch each divide by the global batch's counts and their gradients add up to the
@@ -96,6 +142,10 @@ def aggregate(
         per_seq = seq_sum
     elif mode == "seq_mean_token_mean":
         per_seq = seq_sum / mask.sum(-1).clamp(min=1.0)
+    elif mode == "seq_mean_token_sum_norm":
+        if not norm_length:
+            raise ValueError("seq_mean_token_sum_norm needs norm_length (the max response length)")
+        per_seq = seq_sum / norm_length
     else:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES}")
     has_tokens = (mask.sum(-1) > 0).to(values.dtype)

@@ -1,0 +1,96 @@
+"""The value model of PPO: the policy's architecture with a scalar head, trained on GAE returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..algo.losses import aggregate, clipped_value_loss
+from ..config import Config
+from ..models.loading import build_model, is_native
+from ..rollout.types import Sample
+from .batching import MicroBatch
+from .module import TrainModule, split_steps
+
+
+class ValueModel(nn.Module):
+    """A :class:`CausalLM` backbone whose final hidden state feeds ``value_head`` (hidden -> 1).
+
+    ``state_dict()`` keeps the backbone's Hugging Face names under ``backbone.`` plus
+    ``value_head.weight`` / ``value_head.bias``.
+    """
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        if not is_native(backbone):
+            raise ValueError("the critic needs a Llama / Qwen2 / Qwen3 model (critic.path)")
+        self.backbone = backbone
+        param = next(backbone.parameters())
+        self.value_head = nn.Linear(backbone.args.hidden_size, 1, device=param.device, dtype=param.dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Values [B, T] (fp32): V at position t estimates the return from token t + 1 on."""
+        return self.value_head(self.backbone.forward_hidden(input_ids)).squeeze(-1).float()
+
+
+class Critic(TrainModule):
+    """Value model, its AdamW optimizer and LR schedule (``critic.*`` settings)."""
+
+    def __init__(self, cfg: Config, path: str | Path, device: torch.device):
+        c = cfg.critic
+        backbone = build_model(path, torch.float32, device, random_init=cfg.model.random_init, seed=cfg.train.seed)
+        backbone.gradient_checkpointing = cfg.model.gradient_checkpointing
+        model = ValueModel(backbone).train()
+        super().__init__(cfg, model, device, lr=c.lr, warmup=c.lr_warmup_iters, clip_grad=c.clip_grad,
+                         weight_decay=c.weight_decay, name="critic")
+
+    def _values(self, mb: MicroBatch) -> torch.Tensor:
+        with self.autocast():
+            return self.model(mb.input_ids)[:, :-1].float()
+
+    @torch.no_grad()
+    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-sample values at the response positions (fp32, CPU), one per response token."""
+        self.model.eval()
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for mb in self.micro_batches(samples, list(range(len(samples)))):
+            self.split_rows(mb, self._values(mb) * mb.response_mask, out)
+        self.model.train()
+        return out  # type: ignore[return-value]
+
+    def train(self, samples: list[Sample], returns: list[torch.Tensor], old_values: list[torch.Tensor],
+              rollout_id: int) -> dict[str, float]:
+        """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean)."""
+        per_token = {"returns": returns, "old_values": old_values}
+        steps = self.cfg.train.num_steps_per_rollout
+        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_033 + rollout_id)
+        order = torch.randperm(len(samples), generator=gen).tolist()
+        totals: dict[str, float] = {}
+        for idx in split_steps(order, steps):
+            num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
+            sums = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
+            loss_sum = 0.0
+            mbs = self.micro_batches(samples, idx, per_token)
+            for mb in mbs:
+                values = self._values(mb)
+                f = mb.fields
+                loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"],
+                                                       self.cfg.critic.value_clip)
+                loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                m = mb.loss_mask
+                sums["value_loss"] += float((loss_tok.detach() * m).sum())
+                sums["value_clipfrac"] += float((clipped.float() * m).sum())
+                sums["values"] += float((values.detach() * m).sum())
+            grad_norm, _ = self.optimizer_step(loss_sum, bool(mbs))
+            step = {f"critic/{k}": v / max(num_tokens, 1.0) for k, v in sums.items()}
+            step["critic/grad_norm"] = grad_norm
+            step["critic/lr"] = self.optimizer.param_groups[0]["lr"]
+            for k, v in step.items():
+                totals[k] = totals.get(k, 0.0) + v / steps
+        return totals

@@ -1,0 +1,62 @@
+"""Every example config runs 2 rollouts end to end (tiny random model, CPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge.config import load_config
+from reinforge.loop import run_training
+from tests.test_integration import tiny_overrides
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ALGOS = ["arith_grpo", "arith_dr_grpo", "arith_rloo", "arith_reinforce_pp", "arith_ppo", "arith_dapo"]
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_model_path, out, **{
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "rollout.rollout_top_k": 8, "rollout.max_num_seqs": 64, "data.n_eval_prompts": 0,
+        "eval.n_samples_per_eval_prompt": 2, "eval.pass_k": "[1]", "run.save_final": "true",
+        "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 12, "train.num_rollout": 2})
+    if name == "arith_ppo":
+        overrides.append("critic.num_warmup_rollouts=1")
+    if name == "arith_dapo":
+        overrides.append("algo.overlong_buffer_len=4")
+    cfg = load_config(EXAMPLES / f"{name}.yaml", overrides)
+    result = run_training(cfg)
+    assert result.last_rollout_id == 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "rollout/reward_mean" in r]
+    assert len(rows) == 2
+    if name == "arith_ppo":
+        assert "critic/value_loss" in rows[0] and "train/loss" not in rows[0]  # critic warm-up rollout
+        assert "train/loss" in rows[1]
+        assert (result.output_dir / "checkpoints" / "rollout_000001" / "critic.safetensors").exists()
+    else:
+        assert "train/loss" in rows[0]
+    if name == "arith_dapo":
+        assert rows[0]["rollout/dynamic_sampling_rounds"] >= 1
+    if name == "arith_reinforce_pp":
+        assert "train/kl" in rows[1]
+    assert all(torch.isfinite(torch.tensor(r["rollout/advantage_abs_mean"])) for r in rows)
+
+
+def test_ppo_resume_restores_critic(tmp_path, tiny_model_path):
+    common = tiny_overrides(tiny_model_path, tmp_path / "a", **{
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "data.n_eval_prompts": 0, "run.save_interval": 1, "run.keep_last_n_checkpoints": "null"})
+    run_training(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=1"]))
+    from reinforge.loop import Trainer
+
+    t = Trainer(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=2",
+                                                                   f"run.load={tmp_path / 'a'}"]))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "a" / "checkpoints" / "rollout_000000" / "critic.safetensors"))
+    assert torch.equal(t.critic.model.state_dict()["value_head.weight"].cpu(), saved["value_head.weight"])
+    assert t.start_rollout == 1
+    t.close()
