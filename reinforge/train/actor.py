@@ -80,8 +80,8 @@ class Actor(TrainModule):
             return lp, None
         if entropy == "loss":
             return lp, entropy_from_logits(logits)
-        with torch.no_grad():
-            return lp, entropy_from_logits(logits)
+        with torch.no_grad():  # a metric only: in chunks, to bound the [N, V] temporaries
+            return lp, torch.cat([entropy_from_logits(c) for c in logits.split(2048)]) if len(logits) else lp * 0
 
     @torch.no_grad()
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
