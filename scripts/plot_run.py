@@ -12,6 +12,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--title", default="")
     ap.add_argument("--smooth", type=int, default=10, help="moving-average window over rollouts")
+    ap.add_argument("--reward-key", default="rollout/reward_mean",
+                    help="metric to plot (DAPO: rollout/generated_reward_mean, all generated samples)")
     args = ap.parse_args()
     import matplotlib
 
@@ -20,9 +22,9 @@ def main():
 
     run = Path(args.run_dir)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if "rollout/reward_mean" in r]
+    train = [r for r in rows if args.reward_key in r]
     x = [r["rollout_id"] + 1 for r in train]
-    y = [r["rollout/reward_mean"] for r in train]
+    y = [r[args.reward_key] for r in train]
     w = max(1, args.smooth)
     smooth = [sum(y[max(0, i - w + 1):i + 1]) / len(y[max(0, i - w + 1):i + 1]) for i in range(len(y))]
     evals = [r for r in rows if "eval/greedy_accuracy" in r]
