@@ -2,16 +2,18 @@
 
 Layout of ``<output_dir>/checkpoints/rollout_000012/``::
 
-    model/           Hugging Face folder of the policy (fp32 safetensors, config, tokenizer)
-    trainer.pt       optimizers, LR schedulers, skipped-step counts (actor, critic)
-    critic.safetensors  the value model (PPO with a critic only)
-    rng.pt           Python, NumPy, torch CPU and CUDA generator states
-    state.json       rollout_id, weight_version, data iterator position, config, metric history
+    model/              the policy as a Hugging Face folder (fp32 safetensors, config, tokenizer)
+    dcp/actor/          policy + optimizer, torch.distributed.checkpoint (sharded: loads on any
+                        number of trainer ranks)
+    dcp/critic/         the same for the critic (PPO with a critic only)
+    trainer_state.pt    LR schedulers and skipped-step counters
+    rng.pt              the driver's Python, NumPy, torch CPU and CUDA generator states
+    state.json          rollout_id, weight_version, data iterator position, config, metric history
 
-A checkpoint is written into a hidden temporary directory beside its final place and
-renamed into place only when complete, and ``checkpoints/latest`` (the name of the newest
-one) is replaced atomically afterwards, so an interrupted save never damages an existing
-checkpoint.
+A checkpoint is written into a hidden temporary directory beside its final place (every
+trainer rank writes its shards there: multi-node runs need a shared filesystem) and renamed
+into place only when complete; ``checkpoints/latest`` (the name of the newest one) is replaced
+atomically afterwards, so an interrupted save never damages an existing checkpoint.
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from .models.loading import save_hf_folder
 
 LATEST = "latest"
 
@@ -60,18 +61,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: Path, rollout_id: int, model: torch.nn.Module, model_source: Path,
-                    trainer_state: dict[str, Any], state: dict[str, Any], keep_last: int | None = None,
-                    extra_tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+def save_checkpoint(root: Path, rollout_id: int, write: Callable[[Path], None], state: dict[str, Any],
+                    keep_last: int | None = None) -> Path:
     """Write checkpoint ``root/rollout_<id>`` atomically and point ``root/latest`` at it.
 
     Args:
         root: the run's ``checkpoints`` directory.
-        model_source: folder whose config/tokenizer files accompany the weights.
-        trainer_state: optimizer / scheduler state (``Actor.state_dict()``).
+        write: fills the temporary directory with the trainers' part (model, dcp/, trainer_state.pt).
         state: JSON-serialisable loop state (rollout_id, data position, config...).
         keep_last: delete older checkpoints beyond this many (None keeps all).
-        extra_tensors: name -> state dict, each written as ``<name>.safetensors`` (the critic).
     Returns:
         the checkpoint directory.
     """
@@ -79,13 +77,7 @@ def save_checkpoint(root: Path, rollout_id: int, model: torch.nn.Module, model_s
     final = root / checkpoint_name(rollout_id)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        save_hf_folder(model, tmp / "model", model_source)
-        torch.save(trainer_state, tmp / "trainer.pt")
-        if extra_tensors:
-            from safetensors.torch import save_file
-
-            for name, tensors in extra_tensors.items():
-                save_file({k: v.detach().cpu().clone() for k, v in tensors.items()}, str(tmp / f"{name}.safetensors"))
+        write(tmp)
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         if final.exists():
@@ -127,9 +119,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
                             f"'latest' file naming one)")
 
 
-def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(state.json, trainer state, rng state) of a checkpoint directory."""
+def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state.json, driver rng state) of a checkpoint directory."""
     state = json.loads((ckpt / "state.json").read_text())
-    trainer = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
     rng = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=False)
-    return state, trainer, rng
+    return state, rng

@@ -53,12 +53,10 @@ def _eval(args: argparse.Namespace) -> None:
 
 def _generate(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, [f"model.path={args.model}"] if args.model else [])
-    import torch
-
     from .data import render_prompt
     from .loop import build_engine
     from .models.hub import resolve_model_path
-    from .models.loading import build_model, load_tokenizer
+    from .models.loading import load_tokenizer
     from .rollout.generate import RolloutContext, model_stop_token_ids
     from .rollout.types import GenerateRequest
     from .train.actor import resolve_device
@@ -66,10 +64,9 @@ def _generate(args: argparse.Namespace) -> None:
     device = resolve_device(cfg.train.device)
     path = resolve_model_path(cfg.model.path)
     tok = load_tokenizer(path)
-    model = build_model(path, torch.float32, device)
     text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    engine = build_engine(cfg, model, tok, device, len(ids) + args.max_new_tokens)
+    engine = build_engine(cfg, path, tok, device, len(ids) + args.max_new_tokens)
     ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
     params = ctx.sampling_params(greedy=args.temperature == 0)
     params.max_new_tokens = args.max_new_tokens

@@ -158,6 +158,7 @@ class TrainConfig:
     clip_grad: float = 1.0
     seed: int = 1234
     device: str = "auto"  # auto = cuda when available, else cpu
+    fsdp_cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy (parameters, gradients, optimizer state on CPU)
 
 
 @dataclass
@@ -169,6 +170,22 @@ class EvalConfig:
     eval_temperature: float = 1.0
     eval_top_p: float = 1.0
     pass_k: list[int] = field(default_factory=lambda: [1, 4])
+
+
+@dataclass
+class ClusterConfig:
+    """Placement (slime's flag names). On machines without GPUs "GPU" counts mean processes."""
+
+    mode: Literal["local", "ray"] = "local"  # local: one process; ray: trainer and engine actors
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 1  # trainer ranks per node (FSDP2 data parallel)
+    rollout_num_gpus: int = 1  # GPUs for rollout engines (in colocate mode: shared with trainers)
+    rollout_num_gpus_per_engine: int = 1
+    colocate: bool = False  # engines on the trainers' GPUs (sleep while training) or on their own
+    ray_address: str | None = None  # existing cluster ("auto", "ray://..."); null: start a local one
+    num_cpus_per_worker: float = 1.0
+    weight_sync_bucket_mb: int = 256  # weight sync sends tensors in buckets of about this size
+    offload_engine_weights: bool = False  # colocate: move engine weights to CPU while training
 
 
 @dataclass
@@ -192,6 +209,7 @@ SECTIONS: dict[str, type] = {
     "critic": CriticConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
+    "cluster": ClusterConfig,
     "run": RunConfig,
 }
 
@@ -206,6 +224,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     @property
@@ -293,6 +312,24 @@ class Config:
         if a.advantage_estimator in ("grpo", "dr_grpo", "rloo") and r.n_samples_per_prompt < 2:
             raise ConfigError(f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
                               f"it needs rollout.n_samples_per_prompt >= 2")
+        c = self.cluster
+        for key in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "rollout_num_gpus_per_engine",
+                    "weight_sync_bucket_mb"):
+            if getattr(c, key) < 1:
+                raise ConfigError(f"cluster.{key} must be >= 1, got {getattr(c, key)}")
+        if c.rollout_num_gpus % c.rollout_num_gpus_per_engine:
+            raise ConfigError(f"cluster.rollout_num_gpus={c.rollout_num_gpus} is not a multiple of "
+                              f"cluster.rollout_num_gpus_per_engine={c.rollout_num_gpus_per_engine}")
+        if c.mode == "ray" and r.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
+            raise ConfigError(f"rollout.backend={r.backend} runs one engine per GPU: cluster.rollout_num_gpus_per_engine "
+                              f"must be 1 (tensor parallelism needs rollout.backend=vllm)")
+        if c.mode == "ray" and c.colocate and c.rollout_num_gpus > c.actor_num_nodes * c.actor_num_gpus_per_node:
+            raise ConfigError(f"cluster.colocate=true puts engines on the trainers' GPUs: cluster.rollout_num_gpus="
+                              f"{c.rollout_num_gpus} exceeds actor_num_nodes * actor_num_gpus_per_node = "
+                              f"{c.actor_num_nodes * c.actor_num_gpus_per_node}")
+        if c.mode == "local" and (c.actor_num_nodes * c.actor_num_gpus_per_node > 1 or c.rollout_num_gpus > 1):
+            raise ConfigError("cluster.mode=local runs one trainer and one engine: set cluster.mode=ray for "
+                              "several GPUs or nodes")
         if self.critic.lr <= 0:
             raise ConfigError(f"critic.lr must be > 0, got {self.critic.lr}")
         if rw.type == "custom" and not rw.function_path:

@@ -18,15 +18,14 @@ from .config import Config, config_from_dict, dump_config
 from .data import PromptDataset, is_reasoning_gym, load_source
 from .eval.evaluate import evaluate, format_table, write_eval
 from .models.hub import resolve_model_path
-from .models.loading import is_native, load_tokenizer
+from .models.loading import build_model, is_native, load_tokenizer
 from .reward import RewardManager
 from .rollout.embedded import EmbeddedEngine, EngineConfig
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids
 from .rollout.hf_engine import HFEngine
 from .rollout.types import Sample, Status
-from .train.actor import Actor, TrainData, resolve_device
+from .train.actor import TrainData, resolve_device
 from .train.advantage import apply_overlong_filter, compute_advantages
-from .train.critic import Critic
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -46,17 +45,18 @@ def engine_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if d == "bf16" else torch.float32
 
 
-def build_engine(cfg: Config, policy: torch.nn.Module, tokenizer: Any, device: torch.device,
-                 max_model_len: int):
-    """The rollout engine with its own copy of ``policy`` in the inference dtype."""
+def build_engine(cfg: Config, model_path: Path, tokenizer: Any, device: torch.device, max_model_len: int,
+                 seed_offset: int = 0):
+    """The rollout engine with its own copy of the model in the inference dtype (the loop
+    syncs the trainer's weights into it before the first rollout)."""
     r = cfg.rollout
-    model = copy.deepcopy(policy).to(engine_dtype(cfg, device))
+    model = build_model(model_path, engine_dtype(cfg, device), device, random_init=cfg.model.random_init,
+                        seed=cfg.train.seed)
     if r.backend == "embedded" and is_native(model):
-        model.gradient_checkpointing = False
         return EmbeddedEngine(model, EngineConfig(
             max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
             kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
-            cuda_graph=r.cuda_graph, seed=r.seed), tokenizer=tokenizer)
+            cuda_graph=r.cuda_graph, seed=r.seed + seed_offset), tokenizer=tokenizer)
     if r.backend == "embedded":
         log.warning("rollout.backend=embedded needs a Llama/Qwen2/Qwen3 model; falling back to transformers' "
                     "generate (rollout.backend=hf)")
@@ -132,21 +132,27 @@ class Trainer:
         if cfg.run.load:
             resume = ckpt.resolve_checkpoint(cfg.run.load)
             log.info("resuming from %s", resume)
-        policy_path = resume / "model" if resume else self.base_path
-        self.actor = Actor(cfg, policy_path, self.device, ref_path=self.base_path)
-        self.critic: Critic | None = None
-        if cfg.algo.advantage_estimator == "gae":
-            critic_path = resolve_model_path(cfg.critic.path) if cfg.critic.path else self.base_path
-            self.critic = Critic(cfg, critic_path, self.device)
-        self.actor.pad_id = self.tokenizer.pad_token_id or 0
-        if self.critic is not None:
-            self.critic.pad_id = self.actor.pad_id
         r = cfg.rollout
         max_prompt = self.train_data.max_prompt_tokens
         if self.eval_data is not None:
             max_prompt = max(max_prompt, self.eval_data.max_prompt_tokens)
-        max_new = max(r.rollout_max_response_len, cfg.eval.eval_max_response_len or 0)
-        self.engine = build_engine(cfg, self.actor.model, self.tokenizer, self.device, max_prompt + max_new)
+        max_model_len = max_prompt + max(r.rollout_max_response_len, cfg.eval.eval_max_response_len or 0)
+        critic_path = resolve_model_path(cfg.critic.path) if cfg.critic.path else None
+        pad_id = self.tokenizer.pad_token_id or 0
+        if cfg.cluster.mode == "ray":
+            from .cluster.ray_cluster import RayCluster
+
+            self.cluster = RayCluster(cfg, self.base_path, critic_path, pad_id, self.tokenizer, max_model_len)
+            self.trainers, self.engine = self.cluster.trainers, self.cluster.engines
+        else:
+            from .cluster.local import LocalTrainGroup
+
+            self.cluster = None
+            self.trainers = LocalTrainGroup(cfg, self.base_path, critic_path, pad_id)
+            self.engine = build_engine(cfg, self.base_path, self.tokenizer, self.device, max_model_len)
+        if resume is not None:
+            self.trainers.load(resume)
+        self.trainers.sync_weights(self.engine, self.weight_version)
         self.reward = RewardManager(cfg.reward)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
@@ -160,18 +166,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def _restore(self, path: Path) -> None:
-        state, trainer_state, rng = ckpt.load_checkpoint_state(path)
+        state, rng = ckpt.load_checkpoint_state(path)
         saved = config_from_dict(state["config"])
         for key in ("data", "rollout"):
             if getattr(saved, key) != getattr(self.cfg, key):
                 log.warning("resuming with different %s settings than the checkpoint's: the run will not "
                             "continue exactly", key)
-        self.actor.load_state_dict(trainer_state["actor"])
-        if self.critic is not None:
-            from safetensors.torch import load_file
-
-            self.critic.model.load_state_dict(load_file(str(path / "critic.safetensors"), device=str(self.device)))
-            self.critic.load_state_dict(trainer_state["critic"])
         self.train_data.load_state_dict(state["data"])
         ckpt.set_rng_state(rng)
         self.start_rollout = state["rollout_id"] + 1
@@ -189,23 +189,15 @@ class Trainer:
             "history": self.history,
             "evals": self.evals,
         }
-        trainer_state = {"actor": self.actor.state_dict()}
-        extra = {}
-        if self.critic is not None:
-            trainer_state["critic"] = self.critic.state_dict()
-            extra["critic"] = self.critic.model.state_dict()
-        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.actor.model, self.base_path,
-                                    trainer_state, state, keep_last=self.cfg.run.keep_last_n_checkpoints,
-                                    extra_tensors=extra)
+        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.trainers.save, state,
+                                    keep_last=self.cfg.run.keep_last_n_checkpoints)
         log.info("saved checkpoint %s", path)
         return path
 
     # ------------------------------------------------------------------ phases
-    def sync_weights(self) -> float:
-        t = time.perf_counter()
+    def sync_weights(self) -> dict[str, float]:
         self.weight_version += 1
-        self.engine.update_weights(self.actor.named_weights(), self.weight_version)
-        return time.perf_counter() - t
+        return self.trainers.sync_weights(self.engine, self.weight_version)
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:
@@ -259,14 +251,17 @@ class Trainer:
         timings["time/generate"] = time.perf_counter() - t  # includes reward scoring of extra rounds
         flat = [s for g in groups for s in g]
         counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg, flat))
+        if self.cluster is not None:
+            self.cluster.before_train()
         t = time.perf_counter()
         old_lp = ref_lp = values = None
+        tr = self.trainers
         if cfg.train.num_steps_per_rollout > 1 or a.use_kl_in_reward:
-            old_lp = self.actor.compute_log_probs(flat)
-        if self.actor.ref is not None:
-            ref_lp = self.actor.compute_log_probs(flat, reference=True)
-        if self.critic is not None:
-            values = self.critic.compute_values(flat)
+            old_lp = tr.call("compute_log_probs", flat)
+        if tr.has_reference:
+            ref_lp = tr.call("compute_log_probs", flat, reference=True)
+        if tr.has_critic:
+            values = tr.call("compute_values", flat)
         timings["time/logprob"] = time.perf_counter() - t
         adv = compute_advantages(cfg, groups, values=values, old_log_probs=old_lp, ref_log_probs=ref_lp)
         metrics = rollout_metrics(cfg, groups, adv.advantages)
@@ -275,19 +270,23 @@ class Trainer:
         metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
         metrics.update(counts)
         t = time.perf_counter()
-        if self.critic is not None:
-            metrics.update(self.critic.train(flat, adv.returns, values, rollout_id))
+        if tr.has_critic:
+            metrics.update(tr.call("train_critic", flat, adv.returns, values, rollout_id))
         timings["time/train_critic"] = time.perf_counter() - t
         t = time.perf_counter()
-        if rollout_id >= cfg.critic.num_warmup_rollouts or self.critic is None:
-            metrics.update(self.actor.train(TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
+        if rollout_id >= cfg.critic.num_warmup_rollouts or not tr.has_critic:
+            metrics.update(tr.call("train_actor", TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
         timings["time/train"] = time.perf_counter() - t
-        timings["time/sync"] = self.sync_weights()
+        if self.cluster is not None:
+            self.cluster.after_train()
+        sync = self.sync_weights()
+        timings["time/sync"] = sync.pop("time/sync")
+        metrics.update(sync)
         out_tokens = sum(s.response_length for g in generated for s in g)
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(timings["time/generate"], 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
-        if self.critic is None:
+        if not tr.has_critic:
             timings.pop("time/train_critic")
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
@@ -360,6 +359,9 @@ class Trainer:
     def close(self) -> None:
         self.reward.close()
         self.engine.shutdown()
+        self.trainers.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
 
 
 def run_training(cfg: Config) -> RunResult:

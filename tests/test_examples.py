@@ -35,7 +35,7 @@ def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
     if name == "arith_ppo":
         assert "critic/value_loss" in rows[0] and "train/loss" not in rows[0]  # critic warm-up rollout
         assert "train/loss" in rows[1]
-        assert (result.output_dir / "checkpoints" / "rollout_000001" / "critic.safetensors").exists()
+        assert (result.output_dir / "checkpoints" / "rollout_000001" / "dcp" / "critic" / ".metadata").exists()
     else:
         assert "train/loss" in rows[0]
     if name == "arith_dapo":
@@ -46,17 +46,21 @@ def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
 
 
 def test_ppo_resume_restores_critic(tmp_path, tiny_model_path):
-    common = tiny_overrides(tiny_model_path, tmp_path / "a", **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "data.n_eval_prompts": 0, "run.save_interval": 1, "run.keep_last_n_checkpoints": "null"})
-    run_training(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=1"]))
     from reinforge.loop import Trainer
 
+    common = tiny_overrides(tiny_model_path, tmp_path / "a", **{
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "data.n_eval_prompts": 0, "run.keep_last_n_checkpoints": "null"})
+    first = Trainer(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=1"]))
+    first.train()
+    head = first.trainers.worker.critic.model.value_head.weight.detach().clone()
+    opt_steps = first.trainers.worker.critic.scheduler.last_epoch
+    first.close()
+    assert head.abs().sum() > 0  # the critic was trained
     t = Trainer(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=2",
                                                                    f"run.load={tmp_path / 'a'}"]))
-    from safetensors.torch import load_file
-
-    saved = load_file(str(tmp_path / "a" / "checkpoints" / "rollout_000000" / "critic.safetensors"))
-    assert torch.equal(t.critic.model.state_dict()["value_head.weight"].cpu(), saved["value_head.weight"])
+    critic = t.trainers.worker.critic
+    assert torch.equal(critic.model.value_head.weight.detach(), head)
+    assert critic.scheduler.last_epoch == opt_steps and len(critic.optimizer.state) > 0
     assert t.start_rollout == 1
     t.close()

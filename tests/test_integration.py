@@ -89,9 +89,9 @@ def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
     from reinforge.loop import Trainer
 
     trainer = Trainer(cfg)
-    before = {n: p.clone() for n, p in trainer.actor.model.named_parameters()}
+    before = {n: p.clone() for n, p in trainer.trainers.worker.actor.model.named_parameters()}
     trainer.train()
-    assert all(torch.equal(before[n], p) for n, p in trainer.actor.model.named_parameters())
+    assert all(torch.equal(before[n], p) for n, p in trainer.trainers.worker.actor.model.named_parameters())
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["rollout/zero_std_groups"] < 1.0  # some samples were trained on
     assert m["train/skipped_steps"] == 1.0

@@ -152,18 +152,31 @@ def save_hf_folder(
     source: str | os.PathLike,
     dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write ``model``'s weights as a Hugging Face folder loadable by ``from_pretrained``.
+    """Write ``model``'s weights as a Hugging Face folder (see :func:`save_hf_state_dict`)."""
+    return save_hf_state_dict(dict(named_weights(model)), out, source, dtype)
+
+
+def save_hf_state_dict(
+    state: dict[str, torch.Tensor],
+    out: str | os.PathLike,
+    source: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write (Hugging Face name -> tensor) weights as a folder loadable by ``from_pretrained``.
 
     Config, tokenizer, chat template and generation config are copied from ``source`` (the
     folder the model was loaded from); weights are written with ``huggingface_hub``'s
-    ``save_torch_state_dict`` (sharded above 5 GB), cast to ``dtype`` when given. ``out`` must
-    be a fresh directory (callers write to a temporary one and rename).
+    ``save_torch_state_dict`` (sharded above 5 GB, tied tensors stored once), cast to
+    ``dtype`` when given. ``out`` should be a fresh directory (callers write to a temporary
+    one and rename).
     """
     from huggingface_hub import save_torch_state_dict
 
     out, source = Path(out), Path(source)
     out.mkdir(parents=True, exist_ok=True)
-    state = {n: (t.to(dtype) if dtype is not None else t).contiguous().cpu() for n, t in named_weights(model)}
+    if json.loads((source / "config.json").read_text()).get("tie_word_embeddings") and "model.embed_tokens.weight" in state:
+        state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
+    state = {n: (t.to(dtype) if dtype is not None else t).detach().contiguous().cpu() for n, t in state.items()}
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":

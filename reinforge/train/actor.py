@@ -14,6 +14,7 @@ from ..models.loading import build_model, is_native, named_weights
 from ..rollout.types import Sample
 from .batching import MicroBatch
 from .module import TrainModule, resolve_device, split_steps
+from .parallel import ParallelContext, full_tensor
 
 __all__ = ["Actor", "TrainData", "resolve_device", "response_logits"]
 
@@ -36,8 +37,7 @@ class TrainData:
 def response_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Logits [N, V] at the N response positions of ``mb`` (row-major order)."""
     if is_native(model):
-        hidden = model.forward_hidden(mb.input_ids)[:, :-1]
-        return model.lm_head(hidden[mb.response_mask])
+        return model(mb.input_ids, logits_mask=torch.nn.functional.pad(mb.response_mask, (0, 1)))
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
     return out.logits[:, :-1][mb.response_mask]
 
@@ -46,7 +46,7 @@ class Actor(TrainModule):
     """Policy model (fp32 master weights), optional frozen reference model, AdamW, LR schedule."""
 
     def __init__(self, cfg: Config, model_path: str | Path, device: torch.device,
-                 ref_path: str | Path | None = None):
+                 ref_path: str | Path | None = None, parallel: ParallelContext | None = None):
         t, m, a = cfg.train, cfg.model, cfg.algo
         model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
         if m.gradient_checkpointing:
@@ -56,17 +56,20 @@ class Actor(TrainModule):
                 model.gradient_checkpointing_enable()
         model.train()
         super().__init__(cfg, model, device, lr=t.lr, warmup=t.lr_warmup_iters, clip_grad=t.clip_grad,
-                         weight_decay=t.weight_decay, name="actor")
+                         weight_decay=t.weight_decay, name="actor", parallel=parallel)
         self.model_path = Path(model_path)
         self.ref: nn.Module | None = None
         if a.use_kl_loss or a.use_kl_in_reward:
-            ref_dtype = torch.bfloat16 if self.autocast_dtype() is torch.bfloat16 else torch.float32
-            self.ref = build_model(ref_path or model_path, ref_dtype, device, random_init=m.random_init,
-                                   seed=t.seed).eval().requires_grad_(False)
+            sharded = self.parallel.distributed
+            ref_dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
+            ref = build_model(ref_path or model_path, ref_dtype, device, random_init=m.random_init, seed=t.seed)
+            self.ref = (self.shard(ref) if sharded else ref).eval().requires_grad_(False)
 
     def named_weights(self):
-        """(Hugging Face name, tensor) pairs of the current policy (for weight sync)."""
-        return named_weights(self.model)
+        """(Hugging Face name, full tensor) pairs of the current policy (for weight sync);
+        with FSDP every rank must iterate it (each tensor is an all-gather)."""
+        for name, t in named_weights(self.model):
+            yield name, full_tensor(t)
 
     def _token_log_probs(self, model: nn.Module, mb: MicroBatch, entropy: str = "none"
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -92,11 +95,12 @@ class Actor(TrainModule):
         was_training = model.training
         model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for mb in self.micro_batches(samples, list(range(len(samples)))):
+        mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
+        for mb in mbs:
             lp, _ = self._token_log_probs(model, mb)
             self.split_rows(mb, self.to_grid(mb, lp), out)
         model.train(was_training)
-        return out  # type: ignore[return-value]
+        return self.gather_rows(out)
 
     def train(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         """Run ``train.num_steps_per_rollout`` optimizer steps over the rollout's samples.
@@ -147,8 +151,7 @@ class Actor(TrainModule):
         # training most GRPO groups have equal rewards: this skips most of the compute).
         if not use_kl and a.entropy_coef == 0:
             idx = [i for i in idx if bool(per_token["advantages"][i].any())]
-        mbs = self.micro_batches(samples, idx, per_token)
-        trained_tokens = float(sum(mb.loss_mask.sum().item() for mb in mbs))
+        mbs, real = self.rank_micro_batches(samples, idx, per_token)
         sums = {k: 0.0 for k in ("pg_loss", "kl", "entropy", "clipfrac", "ratio", "importance_weight",
                                  "tis_truncated", "tis_masked", "approx_kl", "logprob_abs_diff")}
         loss_sum = 0.0
@@ -181,7 +184,7 @@ class Actor(TrainModule):
                 total = total - a.entropy_coef * ent_grid
             loss = aggregate(total, mask, a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                              norm_length=self.cfg.rollout.rollout_max_response_len)
-            loss.backward()
+            (loss * self.loss_scale).backward()
             loss_sum += float(loss.detach())
             m = mb.loss_mask
 
@@ -199,6 +202,10 @@ class Actor(TrainModule):
             if kl is not None:
                 sums["kl"] += tok_sum(kl)
         grad_norm, _ = self.optimizer_step(loss_sum, bool(mbs))
+        sums["trained_tokens"] = float(sum(mb.loss_mask.sum().item() for mb in mbs[:real]))
+        sums["loss"] = loss_sum
+        sums = self.parallel.sum_floats(sums)
+        trained_tokens, loss_sum = sums.pop("trained_tokens"), sums.pop("loss")
         metrics = {f"train/{k}": v / max(trained_tokens, 1.0) for k, v in sums.items()}
         metrics["train/loss"] = loss_sum
         metrics["train/grad_norm"] = grad_norm

@@ -13,6 +13,7 @@ from ..models.loading import build_model, is_native
 from ..rollout.types import Sample
 from .batching import MicroBatch
 from .module import TrainModule, split_steps
+from .parallel import ParallelContext
 
 
 class ValueModel(nn.Module):
@@ -40,13 +41,13 @@ class ValueModel(nn.Module):
 class Critic(TrainModule):
     """Value model, its AdamW optimizer and LR schedule (``critic.*`` settings)."""
 
-    def __init__(self, cfg: Config, path: str | Path, device: torch.device):
+    def __init__(self, cfg: Config, path: str | Path, device: torch.device, parallel: ParallelContext | None = None):
         c = cfg.critic
         backbone = build_model(path, torch.float32, device, random_init=cfg.model.random_init, seed=cfg.train.seed)
         backbone.gradient_checkpointing = cfg.model.gradient_checkpointing
         model = ValueModel(backbone).train()
         super().__init__(cfg, model, device, lr=c.lr, warmup=c.lr_warmup_iters, clip_grad=c.clip_grad,
-                         weight_decay=c.weight_decay, name="critic")
+                         weight_decay=c.weight_decay, name="critic", parallel=parallel)
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         with self.autocast():
@@ -57,10 +58,11 @@ class Critic(TrainModule):
         """Per-sample values at the response positions (fp32, CPU), one per response token."""
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
-        for mb in self.micro_batches(samples, list(range(len(samples)))):
+        mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
+        for mb in mbs:
             self.split_rows(mb, self._values(mb) * mb.response_mask, out)
         self.model.train()
-        return out  # type: ignore[return-value]
+        return self.gather_rows(out)
 
     def train(self, samples: list[Sample], returns: list[torch.Tensor], old_values: list[torch.Tensor],
               rollout_id: int) -> dict[str, float]:
@@ -74,20 +76,21 @@ class Critic(TrainModule):
             num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
             sums = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
             loss_sum = 0.0
-            mbs = self.micro_batches(samples, idx, per_token)
+            mbs, real = self.rank_micro_batches(samples, idx, per_token)
             for mb in mbs:
                 values = self._values(mb)
                 f = mb.fields
                 loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"],
                                                        self.cfg.critic.value_clip)
                 loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
-                loss.backward()
+                (loss * self.loss_scale).backward()
                 loss_sum += float(loss.detach())
                 m = mb.loss_mask
                 sums["value_loss"] += float((loss_tok.detach() * m).sum())
                 sums["value_clipfrac"] += float((clipped.float() * m).sum())
                 sums["values"] += float((values.detach() * m).sum())
             grad_norm, _ = self.optimizer_step(loss_sum, bool(mbs))
+            sums = self.parallel.sum_floats(sums)
             step = {f"critic/{k}": v / max(num_tokens, 1.0) for k, v in sums.items()}
             step["critic/grad_norm"] = grad_norm
             step["critic/lr"] = self.optimizer.param_groups[0]["lr"]

@@ -13,6 +13,7 @@ from torch import nn
 from ..config import Config
 from ..rollout.types import Sample
 from .batching import MicroBatch, collate, split_by_token_budget
+from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,14 @@ class TrainModule:
     """
 
     def __init__(self, cfg: Config, model: nn.Module, device: torch.device, *, lr: float, warmup: int,
-                 clip_grad: float, weight_decay: float, name: str):
-        self.cfg, self.model, self.device, self.name = cfg, model, device, name
+                 clip_grad: float, weight_decay: float, name: str, parallel: ParallelContext | None = None):
+        self.cfg, self.device, self.name = cfg, device, name
+        self.parallel = parallel or ParallelContext()
         self.clip_grad = clip_grad
         t = cfg.train
+        if self.parallel.distributed:
+            model = self.shard(model)
+        self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=weight_decay,
@@ -47,15 +52,22 @@ class TrainModule:
         self.pad_id = 0
         self.skipped_steps = 0
 
-    def autocast_dtype(self) -> torch.dtype | None:
+    def compute_dtype(self) -> torch.dtype | None:
+        """bf16 when the forward pass runs in bf16 (``model.train_dtype``), else None (fp32)."""
         mode = self.cfg.model.train_dtype
         if mode == "fp32" or (mode == "auto" and self.device.type != "cuda"):
             return None
         return torch.bfloat16
 
+    def shard(self, model: nn.Module) -> nn.Module:
+        """FSDP2-shard a model of this module (bf16 compute through FSDP's mixed precision)."""
+        return shard_model(model, self.device, mixed_precision=self.compute_dtype() is not None,
+                           cpu_offload=self.cfg.train.fsdp_cpu_offload)
+
     def autocast(self):
-        dtype = self.autocast_dtype()
-        if dtype is None:
+        """bf16 autocast for the unsharded model; FSDP's mixed precision does it when sharded."""
+        dtype = self.compute_dtype()
+        if dtype is None or self.parallel.distributed:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
@@ -69,6 +81,29 @@ class TrainModule:
         return [collate(tokens, rlen, masks, [indices[j] for j in g], self.pad_id, per_token).to(self.device)
                 for g in groups]
 
+    def rank_micro_batches(self, samples: list[Sample], indices: list[int],
+                           per_token: dict[str, list[torch.Tensor]] | None = None
+                           ) -> tuple[list[MicroBatch], int]:
+        """This rank's share of ``indices`` (token-balanced) as micro-batches, padded with
+        dummy micro-batches to the largest count of any rank. Returns (batches, real count)."""
+        p = self.parallel
+        if p.distributed:
+            parts = partition_by_tokens([len(samples[i].tokens) for i in indices], p.world_size)
+            indices = [indices[j] for j in parts[p.rank]]
+        mbs = self.micro_batches(samples, indices, per_token) if indices else []
+        real = len(mbs)
+        for _ in range(p.max_int(real) - real):
+            mbs.append(self.dummy_micro_batch(per_token))
+        return mbs, real
+
+    def dummy_micro_batch(self, per_token: dict[str, list[torch.Tensor]] | None) -> MicroBatch:
+        """Two pad tokens, one response position with loss mask 0: runs the collectives, adds nothing."""
+        dummy = Sample(prompt="", tokens=[self.pad_id, self.pad_id], response_length=1, loss_mask=[0])
+        fields = {k: [torch.zeros(1)] for k in (per_token or {})}
+        mb = collate([dummy.tokens], [1], [dummy.loss_mask], [0], self.pad_id, fields).to(self.device)
+        mb.indices = []
+        return mb
+
     def optimizer_step(self, loss_sum: float, had_batches: bool) -> tuple[float, bool]:
         """Clip, then apply the accumulated gradients unless the loss or gradient norm is
         NaN/Inf (then they are dropped and ``skipped_steps`` counts it). A step with no
@@ -81,7 +116,9 @@ class TrainModule:
             for p in self.model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        loss_sum = self.parallel.sum_floats({"loss": loss_sum})["loss"]
         applied = math.isfinite(grad_norm) and math.isfinite(loss_sum)
         if applied:
             self.optimizer.step()
@@ -100,20 +137,73 @@ class TrainModule:
         grid[mb.response_mask] = values
         return grid
 
+    @property
+    def loss_scale(self) -> float:
+        """FSDP averages gradients over ranks; losses are multiplied back to sums."""
+        return float(self.parallel.world_size)
+
+    def gather_rows(self, out: list[Any]) -> list[Any]:
+        """Merge the per-sample results each rank filled in (``None`` elsewhere)."""
+        if not self.parallel.distributed:
+            return out
+        merged = list(out)
+        for part in self.parallel.gather_objects(out):
+            for i, v in enumerate(part):
+                if v is not None:
+                    merged[i] = v
+        return merged
+
     @staticmethod
     def split_rows(mb: MicroBatch, grid: torch.Tensor, out: list[Any]) -> None:
         """Per-sample response vectors (fp32, CPU) from a grid, into ``out[sample index]``."""
         for row, i in enumerate(mb.indices):
             out[i] = grid[row][mb.response_mask[row]].detach().float().cpu()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "skipped_steps": self.skipped_steps}
+    def save(self, directory: str) -> dict[str, Any]:
+        """Model and optimizer state with ``torch.distributed.checkpoint`` into ``directory``
+        (each rank writes its shards; loadable on any number of ranks). Returns the small
+        replicated state (scheduler, counters) for the caller to store."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        with _single_process_dcp(self.parallel):
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+        return {"scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
+
+    def load(self, directory: str, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`save` (resharding to this run's number of ranks)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        loaded = {"model": model_sd, "optim": optim_sd}
+        with _single_process_dcp(self.parallel):
+            dcp.load(loaded, checkpoint_id=directory)
+        set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict=loaded["optim"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model state on CPU (rank 0 gets it; other ranks get {}); a collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if not self.parallel.distributed:
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+@contextlib.contextmanager
+def _single_process_dcp(parallel: ParallelContext):
+    """DCP warns that it assumes a single process when torch.distributed is not initialised:
+    that is intended here (local mode)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        if not parallel.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def split_steps(indices: list[int], steps: int) -> list[list[int]]:

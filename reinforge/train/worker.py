@@ -1,0 +1,120 @@
+"""One trainer process: the actor (with its reference model) and the critic, on one device.
+
+In local mode the driver holds one worker; in Ray mode each GPU (or CPU process) runs one
+inside a Ray actor and the workers form a torch process group (FSDP2). The driver calls the
+same method on every worker with the same arguments; each takes its share of the samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..config import Config
+from ..models.loading import save_hf_state_dict
+from ..rollout.types import Sample
+from .actor import Actor, TrainData
+from .critic import Critic
+from .module import resolve_device
+from .parallel import ParallelContext
+
+log = logging.getLogger(__name__)
+
+
+class TrainWorker:
+    """Actor (+ reference) and critic of one trainer rank.
+
+    Args:
+        cfg: the run's config.
+        base_path: Hugging Face folder of the initial policy (and of the reference model).
+        critic_path: initial critic weights (``gae`` only).
+        rank, world_size, master_addr, master_port: this process's place in the trainers'
+            process group (world size 1: no process group, no sharding).
+    """
+
+    def __init__(self, cfg: Config, base_path: str | Path, critic_path: str | Path | None = None, *,
+                 rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int = 0,
+                 pad_id: int = 0):
+        self.cfg = cfg
+        self.base_path = Path(base_path)
+        self.device = resolve_device(cfg.train.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)
+        self.parallel = ParallelContext.init(rank, world_size, master_addr, master_port, self.device)
+        torch.manual_seed(cfg.train.seed)
+        self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel)
+        self.actor.pad_id = pad_id
+        self.critic: Critic | None = None
+        if cfg.algo.advantage_estimator == "gae":
+            self.critic = Critic(cfg, critic_path or base_path, self.device, parallel=self.parallel)
+            self.critic.pad_id = pad_id
+
+    @property
+    def has_reference(self) -> bool:
+        return self.actor.ref is not None
+
+    # ------------------------------------------------------------------ compute
+    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
+        return self.actor.compute_log_probs(samples, reference=reference)
+
+    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        return self.critic.compute_values(samples)
+
+    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
+        return self.actor.train(data, rollout_id)
+
+    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
+                     rollout_id: int) -> dict[str, float]:
+        return self.critic.train(samples, returns, values, rollout_id)
+
+    # ------------------------------------------------------------------ weights
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full policy tensors; with FSDP every rank must consume it in step."""
+        return self.actor.named_weights()
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The policy's full tensors in groups of about ``bucket_bytes`` (at least one tensor each)."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, t in self.named_weights():
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str) -> None:
+        """Write this rank's part of a checkpoint into ``directory`` (shared by all ranks):
+        ``dcp/actor`` and ``dcp/critic`` (sharded, any-rank-count loadable), and from rank 0
+        ``model/`` (the policy as a Hugging Face folder) and ``trainer_state.json``."""
+        d = Path(directory)
+        state = {"actor": self.actor.save(str(d / "dcp" / "actor"))}
+        if self.critic is not None:
+            state["critic"] = self.critic.save(str(d / "dcp" / "critic"))
+        full = self.actor.full_state_dict()
+        if self.parallel.rank == 0:
+            save_hf_state_dict(full, d / "model", self.base_path)
+            torch.save(state, d / "trainer_state.pt")
+        self.parallel.barrier()
+
+    def load(self, directory: str) -> None:
+        d = Path(directory)
+        state = torch.load(d / "trainer_state.pt", map_location="cpu", weights_only=False)
+        self.actor.load(str(d / "dcp" / "actor"), state["actor"])
+        if self.critic is not None:
+            if "critic" not in state:
+                raise ValueError(f"{d}: the checkpoint has no critic (it was not a gae run)")
+            self.critic.load(str(d / "dcp" / "critic"), state["critic"])
+
+    def describe(self) -> dict[str, Any]:
+        info = {"rank": self.parallel.rank, "device": str(self.device)}
+        if self.device.type == "cuda":
+            info["gpu"] = torch.cuda.get_device_name(self.device)
+        return info
