@@ -83,7 +83,7 @@ class HFEngine:
     def reseed(self, seed: int) -> None:
         self.seed = seed
 
-    def sleep(self) -> None:
+    def sleep(self, offload_weights: bool = False) -> None:
         pass
 
     def wake_up(self) -> None:

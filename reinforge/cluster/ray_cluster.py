@@ -1,0 +1,383 @@
+"""Ray placement: trainer ranks and rollout engines as Ray actors in one placement group.
+
+* One **placement group** holds a bundle per trainer rank and, when disaggregated, a bundle per
+  engine. Before anything is placed, the resources asked for are checked against the cluster
+  and a shortfall is reported in words (no hanging at submission).
+* **Trainer actors** (one per GPU) each run a :class:`TrainWorker`; together they form the
+  torch process group (NCCL on GPUs, gloo on CPU) that FSDP2 shards over.
+* **Engine actors** each run an embedded engine. ``colocate: true`` places engine ``i`` on
+  trainer ``i``'s GPU (half a GPU each in Ray's accounting): engines ``sleep()`` while the
+  trainers train and ``wake_up()`` before the rollout. Otherwise engines have their own GPUs.
+* **Weight sync** after every optimizer phase, in buckets of ``cluster.weight_sync_bucket_mb``:
+  colocated, each trainer rank gathers the full tensors from the FSDP shards and hands them
+  to the engine on its own GPU (CUDA IPC handles on GPUs, by value on CPU); disaggregated,
+  trainer rank 0 broadcasts flat buckets over a dedicated process group to every engine.
+* **Multi-engine rollout** (:class:`EnginePool`): requests are spread over the engines by
+  expected tokens; a failing engine is reported with its node and GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from ..config import Config
+from ..rollout.types import GenerateRequest, GenerateResult
+
+log = logging.getLogger(__name__)
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot host the requested placement; the message says what is missing."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def plan(cfg: Config) -> dict[str, int]:
+    """Counts of the placement: trainer ranks, engines, GPUs needed."""
+    c = cfg.cluster
+    trainers = c.actor_num_nodes * c.actor_num_gpus_per_node
+    engines = c.rollout_num_gpus // c.rollout_num_gpus_per_engine
+    gpus = trainers if c.colocate else trainers + c.rollout_num_gpus
+    return {"trainers": trainers, "engines": engines, "gpus": gpus}
+
+
+def check_resources(cfg: Config, resources: dict[str, float]) -> bool:
+    """Whether the run uses GPUs; raises :class:`ClusterError` describing any shortfall."""
+    c, p = cfg.cluster, plan(cfg)
+    have_gpus = int(resources.get("GPU", 0))
+    split = (f"actor_num_nodes * actor_num_gpus_per_node = {p['trainers']}"
+             + ("" if c.colocate else f" + rollout_num_gpus = {c.rollout_num_gpus}"))
+    mode = "colocated (cluster.colocate=true)" if c.colocate else "disaggregated (cluster.colocate=false)"
+    if have_gpus:
+        if have_gpus < p["gpus"]:
+            raise ClusterError(f"the {mode} placement needs {p['gpus']} GPUs ({split}) but the Ray cluster has "
+                               f"{have_gpus}: lower those settings or add nodes")
+        return True
+    bundles = p["trainers"] if c.colocate else p["trainers"] + p["engines"]
+    need_cpus = bundles * c.num_cpus_per_worker
+    if resources.get("CPU", 0) < need_cpus:
+        raise ClusterError(f"the Ray cluster has no GPUs and {resources.get('CPU', 0):g} CPUs; the {mode} placement "
+                           f"runs {bundles} worker processes of cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} "
+                           f"CPUs ({split}), {need_cpus:g} CPUs in all")
+    return False
+
+
+# ---------------------------------------------------------------------------- actors
+
+class TrainerActor:
+    """Hosts one :class:`TrainWorker` (wrapped with ``ray.remote`` at run time)."""
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def setup(self, cfg: Config, base_path: str, critic_path: str | None, rank: int, world: int, addr: str,
+              port: int, pad_id: int) -> dict[str, Any]:
+        from ..train.worker import TrainWorker
+
+        self.worker = TrainWorker(cfg, base_path, critic_path, rank=rank, world_size=world, master_addr=addr,
+                                  master_port=port, pad_id=pad_id)
+        self.weight_group = None
+        return self.worker.describe()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def init_weight_group(self, addr: str, port: int, size: int) -> None:
+        self.weight_group = _stateless_group(addr, port, 0, size, self.worker.device)
+
+    def sync_colocated(self, engine: Any, version: int, bucket_bytes: int) -> None:
+        """Gather the full weights (all ranks must run this) and hand them to ``engine``."""
+        import ray
+
+        for bucket in self.worker.weight_buckets(bucket_bytes):
+            if engine is None:
+                continue
+            if bucket[0][1].is_cuda:
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                ray.get(engine.update_weights_ipc.remote([(n, reduce_tensor(t.detach())) for n, t in bucket],
+                                                         version))
+            else:
+                ray.get(engine.update_weights.remote([(n, t.detach()) for n, t in bucket], version))
+
+    def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
+        """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines."""
+        import ray
+
+        for bucket in self.worker.weight_buckets(bucket_bytes):
+            if not engines:
+                continue
+            meta = [(n, tuple(t.shape)) for n, t in bucket]
+            flat = torch.cat([t.detach().reshape(-1).float() for _, t in bucket])
+            refs = [e.receive_bucket.remote(meta, version) for e in engines]
+            opts = torch.distributed.BroadcastOptions()
+            opts.rootRank = 0
+            self.weight_group.broadcast([flat], opts).wait()
+            ray.get(refs)
+
+
+class EngineActor:
+    """Hosts one rollout engine (wrapped with ``ray.remote`` at run time)."""
+
+    def setup(self, cfg: Config, base_path: str, max_model_len: int, index: int) -> dict[str, Any]:
+        import ray
+
+        from ..loop import build_engine
+        from ..models.loading import load_tokenizer
+        from ..train.module import resolve_device
+
+        self.index = index
+        self.device = resolve_device(cfg.train.device)
+        self.engine = build_engine(cfg, Path(base_path), load_tokenizer(base_path), self.device, max_model_len,
+                                   seed_offset=index)
+        self.weight_group = None
+        return {"index": index, "node": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
+    def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        return self.engine.generate(requests)
+
+    def update_weights(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+        self.engine.update_weights(named, version)
+
+    def update_weights_ipc(self, handles: list[tuple[str, Any]], version: int) -> None:
+        self.engine.update_weights(((n, fn(*args)) for n, (fn, args) in handles), version)
+
+    def init_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
+        self.weight_group = _stateless_group(addr, port, rank, size, self.device)
+
+    def receive_bucket(self, meta: list[tuple[str, tuple[int, ...]]], version: int) -> None:
+        sizes = [int(torch.Size(shape).numel()) for _, shape in meta]
+        flat = torch.empty(sum(sizes), dtype=torch.float32, device=self.device)
+        opts = torch.distributed.BroadcastOptions()
+        opts.rootRank = 0
+        self.weight_group.broadcast([flat], opts).wait()
+        parts = flat.split(sizes)
+        self.engine.update_weights(((n, p.view(shape)) for (n, shape), p in zip(meta, parts)), version)
+
+    def reseed(self, seed: int) -> None:
+        self.engine.reseed(seed + 7919 * self.index)
+
+    def sleep(self, offload_weights: bool = False) -> None:
+        self.engine.sleep(offload_weights=offload_weights)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _stateless_group(addr: str, port: int, rank: int, size: int, device: torch.device):
+    """A process group outside the default one (trainer rank 0 + engines), for weight broadcast."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=600)
+    store = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(store, rank, size)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+# ---------------------------------------------------------------------------- driver side
+
+class EnginePool:
+    """Several engine actors behind the ``RolloutEngine`` interface."""
+
+    def __init__(self, handles: list[Any], infos: list[dict[str, Any]], offload_weights: bool = False):
+        self.handles, self.infos = handles, infos
+        self.weight_version = 0
+        self.offload_weights = offload_weights
+
+    def _get(self, refs: list[Any], engines: list[int] | None = None) -> list[Any]:
+        """Results of one call per engine; a failure names the engine, its node and GPU."""
+        import ray
+
+        out = []
+        for ref, e in zip(refs, engines if engines is not None else range(len(refs))):
+            try:
+                out.append(ray.get(ref))
+            except Exception as err:
+                info = self.infos[e]
+                raise RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
+                                   f"{','.join(info['gpus']) or 'none'}) failed: {err}") from err
+        return out
+
+    def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        """Spread requests over the engines by expected tokens (longest first to the least loaded)."""
+        load = [0] * len(self.handles)
+        assignment: list[list[int]] = [[] for _ in self.handles]
+        cost = [r.n * (len(r.prompt_ids) + r.params.max_new_tokens) for r in requests]
+        for i in sorted(range(len(requests)), key=lambda i: -cost[i]):
+            e = min(range(len(load)), key=lambda k: load[k])
+            assignment[e].append(i)
+            load[e] += cost[i]
+        busy = [e for e in range(len(self.handles)) if assignment[e]]
+        parts = self._get([self.handles[e].generate.remote([requests[i] for i in assignment[e]]) for e in busy], busy)
+        results: list[list[GenerateResult] | None] = [None] * len(requests)
+        for e, part in zip(busy, parts):
+            for i, res in zip(assignment[e], part):
+                results[i] = res
+        return results  # type: ignore[return-value]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        import ray
+
+        ref = ray.put(list(named_tensors))
+        self._get([h.update_weights.remote(ref, version) for h in self.handles])
+        self.weight_version = version
+
+    def reseed(self, seed: int) -> None:
+        self._get([h.reseed.remote(seed) for h in self.handles])
+
+    def sleep(self) -> None:
+        self._get([h.sleep.remote(self.offload_weights) for h in self.handles])
+
+    def wake_up(self) -> None:
+        self._get([h.wake_up.remote() for h in self.handles])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for h in self.handles:
+            try:
+                ray.get(h.shutdown.remote(), timeout=30)
+            except Exception:  # shutting down: nothing left to report to
+                pass
+
+
+class RayTrainGroup:
+    """The trainer actors; ``call`` runs a worker method on every rank and returns rank 0's result."""
+
+    def __init__(self, cfg: Config, workers: list[Any], engines: EnginePool, describe: list[dict[str, Any]],
+                 has_reference: bool, has_critic: bool):
+        self.cfg, self.workers, self.engines = cfg, workers, engines
+        self.describe = describe
+        self.has_reference, self.has_critic = has_reference, has_critic
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        refs = [w.call.remote(method, *args, **kwargs) for w in self.workers]
+        return ray.get(refs)[0]
+
+    def sync_weights(self, engines: EnginePool, version: int) -> dict[str, float]:
+        import ray
+
+        t = time.perf_counter()
+        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
+        if self.cfg.cluster.colocate:
+            targets = engines.handles + [None] * (len(self.workers) - len(engines.handles))
+            ray.get([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+        else:
+            ray.get([w.sync_broadcast.remote(engines.handles if i == 0 else None, version, bucket)
+                     for i, w in enumerate(self.workers)])
+        engines.weight_version = version
+        return {"time/sync": time.perf_counter() - t}
+
+    def save(self, directory: Path) -> None:
+        self.call("save", str(directory))
+
+    def load(self, directory: Path) -> None:
+        self.call("load", str(directory))
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RayCluster:
+    """Creates the placement group, trainer and engine actors; owns their lifetime."""
+
+    def __init__(self, cfg: Config, base_path: Path, critic_path: Path | None, pad_id: int, tokenizer: Any,
+                 max_model_len: int):
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.cfg = cfg
+        c, p = cfg.cluster, plan(cfg)
+        self._started_ray = False
+        if not ray.is_initialized():
+            if c.ray_address:
+                ray.init(address=c.ray_address, log_to_driver=True)
+            else:
+                bundles = p["trainers"] + (0 if c.colocate else p["engines"])
+                ray.init(num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
+                         include_dashboard=False, log_to_driver=True)
+            self._started_ray = True
+        self.use_gpu = check_resources(cfg, ray.cluster_resources())
+        gpu = 1 if self.use_gpu else 0
+        trainer_bundles = [{"CPU": c.num_cpus_per_worker, **({"GPU": 1} if gpu else {})}
+                           for _ in range(p["trainers"])]
+        engine_bundles = [] if c.colocate else [
+            {"CPU": c.num_cpus_per_worker, **({"GPU": c.rollout_num_gpus_per_engine} if gpu else {})}
+            for _ in range(p["engines"])]
+        self.pg = placement_group(trainer_bundles + engine_bundles, strategy="PACK")
+        if not self.pg.wait(timeout_seconds=120):
+            remove_placement_group(self.pg)
+            raise ClusterError(f"Ray could not place {len(trainer_bundles)} trainer and {len(engine_bundles)} engine "
+                               f"bundles within 120 s (each {trainer_bundles[0]}): check `ray status`")
+        share = 0.5 if (gpu and c.colocate) else float(gpu)
+
+        def on(bundle: int, num_gpus: float, cls):
+            return ray.remote(cls).options(
+                num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1), num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle))
+
+        self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
+        addr, port = ray.get(self.workers[0].address.remote())
+        describe = ray.get([w.setup.remote(cfg, str(base_path), str(critic_path) if critic_path else None, i,
+                                           p["trainers"], addr, port, pad_id) for i, w in enumerate(self.workers)])
+        engine_gpus = share if c.colocate else float(c.rollout_num_gpus_per_engine * gpu)
+        engine_bundle = (lambda j: j) if c.colocate else (lambda j: p["trainers"] + j)
+        handles = [on(engine_bundle(j), engine_gpus, EngineActor).remote() for j in range(p["engines"])]
+        infos = ray.get([h.setup.remote(cfg, str(base_path), max_model_len, j) for j, h in enumerate(handles)])
+        self.engines = EnginePool(handles, infos, offload_weights=c.offload_engine_weights)
+        if not c.colocate:
+            waddr, wport = ray.get(self.workers[0].address.remote())
+            size = 1 + len(handles)
+            ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
+                    + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
+        has_ref = cfg.algo.use_kl_loss or cfg.algo.use_kl_in_reward
+        self.trainers = RayTrainGroup(cfg, self.workers, self.engines, describe, has_ref,
+                                      cfg.algo.advantage_estimator == "gae")
+        log.info("ray placement: %d trainer ranks %s, %d engines %s (%s)", len(self.workers),
+                 [d.get("device") for d in describe], len(handles), infos,
+                 "colocated" if c.colocate else "disaggregated")
+
+    def before_train(self) -> None:
+        if self.cfg.cluster.colocate:
+            self.engines.sleep()
+
+    def after_train(self) -> None:
+        if self.cfg.cluster.colocate:
+            self.engines.wake_up()
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.workers + self.engines.handles:
+            try:
+                ray.kill(a)
+            except Exception:  # already gone
+                pass
+        try:
+            remove_placement_group(self.pg)
+        except Exception:  # already removed
+            pass
+        if self._started_ray:
+            ray.shutdown()
