@@ -66,5 +66,5 @@ def test_engine_failure_names_engine_node_and_gpu(ray_cluster):
 
     handle = ray.remote(_BrokenEngine).remote()
     pool = EnginePool([handle], [{"index": 0, "node": "10.0.0.7", "gpus": ["3"]}])
-    with pytest.raises(RuntimeError, match="rollout engine 0 on node 10.0.0.7 \\(GPU 3\\) failed:.*out of memory"):
+    with pytest.raises(RuntimeError, match="rollout engine 0 on node 10.0.0.7 \\(GPU 3\\) failed: RuntimeError: CUDA error: out of memory"):
         pool.generate([GenerateRequest([1, 2], SamplingParams(max_new_tokens=2))])

@@ -212,8 +212,10 @@ class EnginePool:
                 out.append(ray.get(ref))
             except Exception as err:
                 info = self.infos[e]
+                cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the engine's exception
                 raise RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
-                                   f"{','.join(info['gpus']) or 'none'}) failed: {err}") from err
+                                   f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: "
+                                   f"{cause}") from err
         return out
 
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
