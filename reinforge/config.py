@@ -102,7 +102,7 @@ class AlgoConfig:
                                  "reinforce_plus_plus_baseline", "gae"] = "grpo"
     grpo_std_normalization: bool = True
     gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
-    lam: float = 0.95  # GAE lambda
+    lambd: float = 0.95  # GAE lambda (slime: --lambd)
     policy_loss: Literal["ppo", "gspo"] = "ppo"  # token-level PPO clip, or GSPO's sequence-level ratio
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # null = eps_clip; larger = DAPO clip-higher
@@ -298,8 +298,8 @@ class Config:
         if not a.use_kl_in_reward and a.kl_coef > 0:
             raise ConfigError("algo.kl_coef > 0 has no effect unless algo.use_kl_in_reward=true "
                               "(for a KL term in the loss use algo.use_kl_loss and algo.kl_loss_coef)")
-        if not 0 <= a.gamma <= 1 or not 0 <= a.lam <= 1:
-            raise ConfigError(f"algo.gamma and algo.lam must be in [0, 1], got {a.gamma}, {a.lam}")
+        if not 0 <= a.gamma <= 1 or not 0 <= a.lambd <= 1:
+            raise ConfigError(f"algo.gamma and algo.lambd must be in [0, 1], got {a.gamma}, {a.lambd}")
         if a.dynamic_sampling and a.dynamic_sampling_max_rounds < 1:
             raise ConfigError("algo.dynamic_sampling_max_rounds must be >= 1")
         if a.dynamic_sampling and r.n_samples_per_prompt < 2:
@@ -557,8 +557,8 @@ def _check_explicit_keys(cfg: Config, given: set[tuple[str, str]]) -> None:
     est = cfg.algo.advantage_estimator
     if est != "gae":
         critic_keys = sorted(f"critic.{n}" for s, n in given if s == "critic")
-        if critic_keys or ("algo", "lam") in given:
-            keys = critic_keys + (["algo.lam"] if ("algo", "lam") in given else [])
+        if critic_keys or ("algo", "lambd") in given:
+            keys = critic_keys + (["algo.lambd"] if ("algo", "lambd") in given else [])
             raise ConfigError(f"{', '.join(keys)} set, but algo.advantage_estimator={est} uses no critic: "
                               f"use advantage_estimator=gae (PPO with a critic) or remove them")
     if ("algo", "gamma") in given and est not in ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):

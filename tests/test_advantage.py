@@ -80,7 +80,7 @@ def test_kl_in_reward_lowers_outcome():
 
 
 def test_gae_needs_values_and_returns_them():
-    cfg = load_config(None, ["algo.advantage_estimator=gae", "n_samples_per_prompt=2", "algo.lam=1.0"])
+    cfg = load_config(None, ["algo.advantage_estimator=gae", "n_samples_per_prompt=2", "algo.lambd=1.0"])
     g = groups_of([[1.0, 0.0]], [[2, 2]])
     with pytest.raises(ValueError, match="values"):
         compute_advantages(cfg, g)

@@ -75,8 +75,8 @@ def test_invalid_combinations():
         load_config(None, ["eval.n_samples_per_eval_prompt=2", "eval.pass_k=[1,4]"])
     with pytest.raises(ConfigError, match="critic.lr set, but algo.advantage_estimator=grpo uses no critic"):
         load_config(None, ["critic.lr=1e-5"])
-    with pytest.raises(ConfigError, match="algo.lam set"):
-        load_config(None, ["algo.lam=0.9", "algo.advantage_estimator=rloo"])
+    with pytest.raises(ConfigError, match="algo.lambd set"):
+        load_config(None, ["algo.lambd=0.9", "algo.advantage_estimator=rloo"])
     with pytest.raises(ConfigError, match="algo.gamma set"):
         load_config(None, ["algo.gamma=0.9"])
     with pytest.raises(ConfigError, match="grpo_std_normalization applies to advantage_estimator=grpo"):
@@ -89,7 +89,7 @@ def test_invalid_combinations():
         load_config(None, ["algo.overlong_buffer_len=1000"])
     with pytest.raises(ConfigError, match="needs rollout.n_samples_per_prompt >= 2"):
         load_config(None, ["n_samples_per_prompt=1"])
-    assert load_config(None, ["algo.advantage_estimator=gae", "critic.lr=2e-5", "algo.lam=0.9"]).critic.lr == 2e-5
+    assert load_config(None, ["algo.advantage_estimator=gae", "critic.lr=2e-5", "algo.lambd=0.9"]).critic.lr == 2e-5
     with pytest.raises(ConfigError, match="'package.module:function'"):
         load_config(None, ["reward.type=custom", "reward.function_path=nocolon"])
 

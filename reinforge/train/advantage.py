@@ -124,7 +124,7 @@ def compute_advantages(cfg: Config, groups: list[list[Sample]], *, values: list[
         if values is None:
             raise ValueError("advantage_estimator=gae needs the critic's values")
         v, _ = _grid(values)
-        adv, returns = gae_advantages(tr, v, mask, a.gamma, a.lam)
+        adv, returns = gae_advantages(tr, v, mask, a.gamma, a.lambd)
         adv = masked_whiten(adv, mask * loss_mask)
         return Advantages(_rows(adv, lengths), _rows(returns, lengths), rewards)
     raise ValueError(f"unknown advantage_estimator {est!r}")
