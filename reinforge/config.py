@@ -69,7 +69,7 @@ class RolloutConfig:
     rollout_top_k: int = -1
     rollout_stop: list[str] = field(default_factory=list)
     rollout_stop_token_ids: list[int] = field(default_factory=list)  # added to the model's EOS ids
-    backend: Literal["embedded", "hf"] = "embedded"
+    backend: Literal["embedded", "hf", "vllm", "sglang"] = "embedded"
     dtype: Literal["auto", "fp32", "bf16"] = "auto"  # engine weights/KV: auto = bf16 on GPU, fp32 on CPU
     max_num_seqs: int = 256  # engine slots (concurrent sequences)
     kv_cache_memory_fraction: float = 0.3  # GPU: share of free memory for the KV cache

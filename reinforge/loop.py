@@ -50,6 +50,17 @@ def build_engine(cfg: Config, model_path: Path, tokenizer: Any, device: torch.de
     """The rollout engine with its own copy of the model in the inference dtype (the loop
     syncs the trainer's weights into it before the first rollout)."""
     r = cfg.rollout
+    if r.backend == "vllm":
+        from .rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(str(model_path), engine_dtype(cfg, device), max_model_len, max_num_seqs=r.max_num_seqs,
+                          memory_fraction=r.kv_cache_memory_fraction,
+                          tensor_parallel_size=cfg.cluster.rollout_num_gpus_per_engine,
+                          enable_sleep_mode=cfg.cluster.colocate, cuda_graph=r.cuda_graph, seed=r.seed + seed_offset)
+    if r.backend == "sglang":
+        from .rollout.sglang_engine import SGLangEngine
+
+        return SGLangEngine.from_config(cfg, model_path, max_model_len, seed_offset=seed_offset)
     model = build_model(model_path, engine_dtype(cfg, device), device, random_init=cfg.model.random_init,
                         seed=cfg.train.seed)
     if r.backend == "embedded" and is_native(model):
