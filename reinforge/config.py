@@ -76,6 +76,14 @@ class RolloutConfig:
     max_prefill_tokens: int = 16384
     sync_interval: int = 8  # decode steps between host syncs
     cuda_graph: bool = True
+    # SGLang (backend: sglang): given servers, or launched by reinforge with these extra server flags
+    sglang_urls: list[str] = field(default_factory=list)
+    sglang_server_args: dict[str, Any] = field(default_factory=dict)  # {mem_fraction_static: 0.7} -> --mem-fraction-static 0.7
+    sglang_router: bool = False  # put sglang-router in front of several servers
+    sglang_weight_update: Literal["tensor", "distributed", "disk"] = "tensor"
+    sglang_host: str = "127.0.0.1"
+    sglang_port_base: int = 15000  # launched servers take free ports from here up
+    sglang_launch_timeout: float = 600.0  # seconds for a launched server to answer /health_generate
     rollout_function_path: str | None = None  # "module:function", replaces the default rollout
     custom_generate_function_path: str | None = None  # "module:function", per-sample generate
     seed: int = 1234
@@ -275,6 +283,8 @@ class Config:
         for key, value in {"rollout.rollout_top_p": r.rollout_top_p, "eval.eval_top_p": e.eval_top_p}.items():
             if not 0 < value <= 1:
                 raise ConfigError(f"{key} must be in (0, 1], got {value}")
+        if r.backend != "sglang" and (r.sglang_urls or r.sglang_server_args or r.sglang_router):
+            raise ConfigError(f"rollout.sglang_* settings need rollout.backend=sglang (it is {r.backend})")
         if not 0 < r.kv_cache_memory_fraction < 1:
             raise ConfigError(f"rollout.kv_cache_memory_fraction must be in (0, 1), got {r.kv_cache_memory_fraction}")
         if a.eps_clip <= 0:

@@ -167,3 +167,21 @@ def test_sleep_and_wake_up(engine, tok):
     engine.wake_up()
     (b,) = engine.generate([GenerateRequest(p, sp)])[0]
     assert a.token_ids == b.token_ids
+
+
+def test_missing_end_of_turn_stop_token_is_warned(tmp_path, smollm2_path, caplog):
+    import json
+    import shutil
+
+    from reinforge.rollout.generate import end_of_turn_token_id, model_stop_token_ids
+
+    folder = tmp_path / "m"
+    shutil.copytree(smollm2_path, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    tok = load_tokenizer(folder)
+    assert end_of_turn_token_id(tok) == 2  # SmolLM2 ends a turn with <|im_end|>
+    assert model_stop_token_ids(tok, str(folder), []) == [2] and "rollout_stop_token_ids" not in caplog.text
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    with caplog.at_level("WARNING"):
+        assert model_stop_token_ids(tok, str(folder), []) == [0]
+    assert "'<|im_end|>' (id 2)" in caplog.text and "rollout.rollout_stop_token_ids=[2]" in caplog.text
+    assert model_stop_token_ids(tok, str(folder), [2]) == [0, 2]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import Config
 from ..data import Prompt
 from .types import FinishReason, GenerateRequest, RolloutEngine, Sample, SamplingParams, Status
+
+log = logging.getLogger(__name__)
 
 _STATUS = {FinishReason.STOP: Status.COMPLETED, FinishReason.LENGTH: Status.TRUNCATED,
            FinishReason.ABORT: Status.ABORTED}
@@ -45,7 +48,12 @@ class RolloutContext:
 
 
 def model_stop_token_ids(tokenizer: Any, model_path: str, extra: list[int]) -> list[int]:
-    """EOS ids of the model's generation config and tokenizer, plus ``extra``, deduplicated."""
+    """EOS ids of the model's generation config, plus ``extra``, deduplicated (the
+    tokenizer's EOS only when the generation config names none).
+
+    Warns, naming ``rollout.rollout_stop_token_ids``, when the chat template's end-of-turn
+    token is not among them: generation would then run past the end of the answer.
+    """
     from transformers import GenerationConfig
 
     ids: list[int] = []
@@ -54,10 +62,31 @@ def model_stop_token_ids(tokenizer: Any, model_path: str, extra: list[int]) -> l
         ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
     except OSError:
         pass
-    if tokenizer.eos_token_id is not None:
+    if not ids and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
-    ids += extra
-    return list(dict.fromkeys(ids))
+    ids = list(dict.fromkeys(ids + list(extra)))
+    eot = end_of_turn_token_id(tokenizer)
+    if eot is not None and eot not in ids:
+        log.warning("%s: the chat template ends a turn with %r (id %d) but the model's generation config does "
+                    "not stop on it: add rollout.rollout_stop_token_ids=[%d]", model_path,
+                    tokenizer.convert_ids_to_tokens(eot), eot, eot)
+    return ids
+
+
+def end_of_turn_token_id(tokenizer: Any) -> int | None:
+    """The special token the chat template puts right after an assistant message, if any."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        marker = "reinforge-marker"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False)
+    except Exception:  # templates that refuse this conversation: no opinion
+        return None
+    after = text[text.rfind(marker) + len(marker):]
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    return next((i for i in ids if i in special), None)
 
 
 def generate_groups(ctx: RolloutContext, prompts: list[Prompt], n: int, params: SamplingParams,
