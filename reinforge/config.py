@@ -371,6 +371,14 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_SCALARS: dict[type, tuple[Any, str]] = {  # type -> (accepts value?, what the error says is expected)
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp`` (int -> float allowed); return the value."""
     origin = typing.get_origin(tp)
@@ -403,22 +411,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
+    if tp in _SCALARS:
+        accepts, expected = _SCALARS[tp]
+        if not accepts(value):
+            raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+        return float(value) if tp is float else value
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
