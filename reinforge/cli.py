@@ -96,7 +96,6 @@ def _convert(args: argparse.Namespace) -> None:
     import shutil
     import tempfile
 
-    import torch
 
     from .checkpoint import resolve_checkpoint
     from .models.loading import build_model, parse_dtype, save_hf_folder

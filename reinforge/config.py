@@ -1,7 +1,8 @@
 """Configuration: one dataclass per concern, composed into :class:`Config`.
 
 Sources, later ones winning: the dataclass defaults, a YAML file (and the file named by its
-top-level ``base:`` key, read first), ``key=value`` overrides from the command line. Keys are written ``section.key`` (``rollout.n_samples_per_prompt=8``);
+top-level ``base:`` key, read first), ``key=value`` overrides from the command line. Keys are
+written ``section.key`` (``rollout.n_samples_per_prompt=8``);
 a key that exists in exactly one section may also be written bare (``n_samples_per_prompt=8``).
 Values of overrides are parsed as YAML (``8`` is an int, ``[1, 2]`` a list, ``null`` None).
 
@@ -78,7 +79,8 @@ class RolloutConfig:
     cuda_graph: bool = True
     # SGLang (backend: sglang): given servers, or launched by reinforge with these extra server flags
     sglang_urls: list[str] = field(default_factory=list)
-    sglang_server_args: dict[str, Any] = field(default_factory=dict)  # {mem_fraction_static: 0.7} -> --mem-fraction-static 0.7
+    # extra server flags: {mem_fraction_static: 0.7} -> --mem-fraction-static 0.7
+    sglang_server_args: dict[str, Any] = field(default_factory=dict)
     sglang_router: bool = False  # put sglang-router in front of several servers
     sglang_weight_update: Literal["tensor", "distributed", "disk"] = "tensor"
     sglang_host: str = "127.0.0.1"
@@ -331,7 +333,8 @@ class Config:
             raise ConfigError(f"cluster.rollout_num_gpus={c.rollout_num_gpus} is not a multiple of "
                               f"cluster.rollout_num_gpus_per_engine={c.rollout_num_gpus_per_engine}")
         if c.mode == "ray" and r.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
-            raise ConfigError(f"rollout.backend={r.backend} runs one engine per GPU: cluster.rollout_num_gpus_per_engine "
+            raise ConfigError(f"rollout.backend={r.backend} runs one engine per GPU: "
+                              f"cluster.rollout_num_gpus_per_engine "
                               f"must be 1 (tensor parallelism needs rollout.backend=vllm)")
         if c.mode == "ray" and c.colocate and c.rollout_num_gpus > c.actor_num_nodes * c.actor_num_gpus_per_node:
             raise ConfigError(f"cluster.colocate=true puts engines on the trainers' GPUs: cluster.rollout_num_gpus="
@@ -546,8 +549,8 @@ def config_from_values(values: dict[tuple[str, str], tuple[Any, str]], check_exp
         for (s, name), (value, origin) in values.items():
             if s != section:
                 continue
-            if isinstance(value, str) and hints[name] in (float, int, float | None, int | None) and _looks_numeric(value):
-                value = float(value) if hints[name] in (float, float | None) else value
+            if isinstance(value, str) and hints[name] in (float, float | None) and _looks_numeric(value):
+                value = float(value)  # YAML reads 1e-6 (no dot) as a string
             try:
                 kwargs[name] = _coerce(value, hints[name], f"{section}.{name}")
             except ConfigError as e:

@@ -174,7 +174,8 @@ def save_hf_state_dict(
 
     out, source = Path(out), Path(source)
     out.mkdir(parents=True, exist_ok=True)
-    if json.loads((source / "config.json").read_text()).get("tie_word_embeddings") and "model.embed_tokens.weight" in state:
+    tied = json.loads((source / "config.json").read_text()).get("tie_word_embeddings")
+    if tied and "model.embed_tokens.weight" in state:
         state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
     state = {n: (t.to(dtype) if dtype is not None else t).detach().contiguous().cpu() for n, t in state.items()}
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
