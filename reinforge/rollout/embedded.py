@@ -63,14 +63,12 @@ class EngineConfig:
 class _Group:
     """A request and the slots of its ``n`` samples."""
 
-    __slots__ = ("request", "results", "slots", "pending", "stop_ids", "index")
+    __slots__ = ("request", "results", "slots")
 
-    def __init__(self, request: GenerateRequest, index: int):
+    def __init__(self, request: GenerateRequest):
         self.request = request
-        self.index = index
         self.results: list[GenerateResult | None] = [None] * request.n
         self.slots: list[int] = []
-        self.pending = request.n
 
 
 class _PrefillCtx:
@@ -225,7 +223,7 @@ class EmbeddedEngine:
             raise ValueError("stop strings need the engine to be built with a tokenizer")
         if request.request_id is None:
             request.request_id = next(self._request_ids)
-        group = _Group(request, len(self._waiting))
+        group = _Group(request)
         self._waiting.append(group)
         return group
 
@@ -235,7 +233,6 @@ class EmbeddedEngine:
             if g.request.request_id == request_id:
                 self._waiting.remove(g)
                 g.results = [GenerateResult([], [], FinishReason.ABORT, self.weight_version)] * g.request.n
-                g.pending = 0
         slots = [s for s, o in enumerate(self._owner) if o is not None and o[0].request.request_id == request_id]
         if slots:
             self._finish(slots, abort=True)
@@ -462,7 +459,6 @@ class EmbeddedEngine:
                 cut = _stop_string_cut(self.tokenizer, t[:n], g.request.params.stop)
                 n = cut if cut is not None else n
             g.results[j] = GenerateResult(t[:n], lp[:n], reason, self.weight_version)
-            g.pending -= 1
             self._owner[s] = None
             heapq.heappush(self._free, s)
         self.done[idx] = True
