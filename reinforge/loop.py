@@ -238,8 +238,10 @@ class Trainer:
         while True:
             groups = self.rollout_fn(self.ctx, rollout_id, self.train_data)
             unscored = [s for g in groups for s in g if s.reward is None]
+            t = time.perf_counter()
             for k, v in (self.reward.score(unscored) if unscored else {}).items():
                 counts[k] = counts.get(k, 0.0) + v
+            counts["time/reward"] = counts.get("time/reward", 0.0) + time.perf_counter() - t
             generated += groups
             rounds += 1
             if not a.dynamic_sampling:
@@ -258,7 +260,8 @@ class Trainer:
         t = time.perf_counter()
         self._seed_engine(rollout_id)
         groups, generated, counts = self.generate(rollout_id)
-        timings["time/generate"] = time.perf_counter() - t  # includes reward scoring of extra rounds
+        timings["time/reward"] = counts.pop("time/reward")
+        timings["time/generate"] = time.perf_counter() - t - timings["time/reward"]
         flat = [s for g in groups for s in g]
         counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg, flat))
         if self.cluster is not None:

@@ -41,7 +41,7 @@ def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path):
     train_rows = [m for m in metrics if "train/loss" in m]
     assert len(train_rows) == 2
     for m in train_rows:
-        for key in ("rollout/reward_mean", "train/importance_weight", "train/clipfrac", "train/entropy",
+        for key in ("rollout/reward_mean", "train/importance_weight", "train/clipfrac", "train/entropy", "time/reward",
                     "train/kl", "time/generate", "time/train", "time/sync", "perf/generate_tokens_per_s",
                     "rollout/truncated_ratio", "rollout/response_len_max", "train/grad_norm"):
             assert key in m, key
