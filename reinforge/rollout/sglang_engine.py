@@ -46,11 +46,10 @@ from typing import Any, Iterable
 
 import torch
 
+from ..models.loading import bucket_by_bytes
 from .types import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
-
-_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
 class SGLangError(RuntimeError):
@@ -210,7 +209,7 @@ def parse_generate(response: Any, n: int, version: int) -> list[GenerateResult]:
         tokens = [int(t[1]) for t in pairs] or list(item.get("output_ids", []))
         log_probs = [float(t[0]) for t in pairs]
         reason = (meta.get("finish_reason") or {}).get("type", "length")
-        out.append(GenerateResult(tokens, log_probs, _REASONS.get(reason, FinishReason.LENGTH), version))
+        out.append(GenerateResult(tokens, log_probs, FinishReason.parse(reason), version))
     return out
 
 
@@ -322,7 +321,7 @@ class SGLangEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         named = [(n, t.detach()) for n, t in named_tensors]
         if self.weight_update == "tensor":
-            for bucket in _buckets(named, self.bucket_bytes):
+            for bucket in bucket_by_bytes(named, self.bucket_bytes):
                 # one serialization per server and TP rank: a CPU tensor's shared-memory handle
                 # can be opened once only (CUDA IPC handles could be reused)
                 bodies = [{"serialized_named_tensors": [serialize_named_tensors(bucket) for _ in range(self.tp_size)],
@@ -364,7 +363,7 @@ class SGLangEngine:
             raise SGLangError("distributed weight update before init_weight_group()")
         opts = torch.distributed.BroadcastOptions()
         opts.rootRank = 0
-        for bucket in _buckets(named, self.bucket_bytes):
+        for bucket in bucket_by_bytes(named, self.bucket_bytes):
             body = distributed_update_payload(bucket, self.GROUP, version)
             futures = [self.pool.submit(self._post, s.url, "/update_weights_from_distributed", body)
                        for s in self.servers]
@@ -391,19 +390,6 @@ class SGLangEngine:
                 except subprocess.TimeoutExpired:
                     s.process.kill()
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    out, cur, size = [], [], 0
-    for n, t in named:
-        cur.append((n, t))
-        size += t.numel() * t.element_size()
-        if size >= bucket_bytes:
-            out.append(cur)
-            cur, size = [], 0
-    if cur:
-        out.append(cur)
-    return out
 
 
 def launch_router(servers: list[SGLangServer], host: str, port: int, log_dir: Path) -> str:

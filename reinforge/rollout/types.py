@@ -44,6 +44,11 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_new_tokens (or the engine's context limit) was reached
     ABORT = "abort"  # the request was aborted
 
+    @classmethod
+    def parse(cls, value: str | None) -> "FinishReason":
+        """An engine's finish reason ("stop" / "length" / "abort"); anything else counts as length."""
+        return cls._value2member_map_.get(value, cls.LENGTH)  # type: ignore[return-value]
+
 
 @dataclass
 class GenerateResult:

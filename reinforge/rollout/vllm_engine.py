@@ -30,8 +30,6 @@ from .types import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 
-_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
 
 class ReinforgeWorkerExtension:
     """Methods added to every vLLM worker (``worker_extension_cls``), called by ``collective_rpc``."""
@@ -118,7 +116,7 @@ class VLLMEngine:
             for c in out.outputs:
                 tokens = list(c.token_ids)
                 lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], tokens)]
-                group.append(GenerateResult(tokens, lps, _REASONS.get(c.finish_reason, FinishReason.LENGTH),
+                group.append(GenerateResult(tokens, lps, FinishReason.parse(c.finish_reason),
                                             self.weight_version))
             results.append(group)
         return results

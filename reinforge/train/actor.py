@@ -13,7 +13,7 @@ from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..rollout.types import Sample
 from .batching import MicroBatch
-from .module import TrainModule, resolve_device, split_steps
+from .module import TrainModule, mean_metrics, resolve_device, shuffled_steps
 from .parallel import ParallelContext, full_tensor
 
 __all__ = ["Actor", "TrainData", "resolve_device", "response_logits"]
@@ -57,7 +57,6 @@ class Actor(TrainModule):
         model.train()
         super().__init__(cfg, model, device, lr=t.lr, warmup=t.lr_warmup_iters, clip_grad=t.clip_grad,
                          weight_decay=t.weight_decay, name="actor", parallel=parallel)
-        self.model_path = Path(model_path)
         self.ref: nn.Module | None = None
         if a.use_kl_loss or a.use_kl_in_reward:
             sharded = self.parallel.distributed
@@ -130,13 +129,8 @@ class Actor(TrainModule):
         if self.ref is not None and cfg.algo.use_kl_loss:
             per_token["ref_log_probs"] = (data.ref_log_probs if data.ref_log_probs is not None
                                           else self.compute_log_probs(samples, reference=True))
-        gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + rollout_id)
-        order = torch.randperm(len(samples), generator=gen).tolist()
-        totals: dict[str, float] = {}
-        for idx in split_steps(order, steps):
-            for k, v in self._train_step(samples, idx, per_token).items():
-                totals[k] = totals.get(k, 0.0) + v / steps
-        return totals
+        batches = shuffled_steps(len(samples), steps, cfg.train.seed * 1_000_003 + rollout_id)
+        return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
 
     def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
                     ) -> dict[str, float]:

@@ -12,7 +12,7 @@ from ..config import Config
 from ..models.loading import build_model, is_native
 from ..rollout.types import Sample
 from .batching import MicroBatch
-from .module import TrainModule, split_steps
+from .module import TrainModule, mean_metrics, shuffled_steps
 from .parallel import ParallelContext
 
 
@@ -68,32 +68,31 @@ class Critic(TrainModule):
               rollout_id: int) -> dict[str, float]:
         """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean)."""
         per_token = {"returns": returns, "old_values": old_values}
-        steps = self.cfg.train.num_steps_per_rollout
-        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_033 + rollout_id)
-        order = torch.randperm(len(samples), generator=gen).tolist()
-        totals: dict[str, float] = {}
-        for idx in split_steps(order, steps):
-            num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
-            sums = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
-            loss_sum = 0.0
-            mbs, real = self.rank_micro_batches(samples, idx, per_token)
-            for mb in mbs:
-                values = self._values(mb)
-                f = mb.fields
-                loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"],
-                                                       self.cfg.critic.value_clip)
-                loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
-                (loss * self.loss_scale).backward()
-                loss_sum += float(loss.detach())
-                m = mb.loss_mask
-                sums["value_loss"] += float((loss_tok.detach() * m).sum())
-                sums["value_clipfrac"] += float((clipped.float() * m).sum())
-                sums["values"] += float((values.detach() * m).sum())
-            grad_norm, _ = self.optimizer_step(loss_sum, bool(mbs))
-            sums = self.parallel.sum_floats(sums)
-            step = {f"critic/{k}": v / max(num_tokens, 1.0) for k, v in sums.items()}
-            step["critic/grad_norm"] = grad_norm
-            step["critic/lr"] = self.optimizer.param_groups[0]["lr"]
-            for k, v in step.items():
-                totals[k] = totals.get(k, 0.0) + v / steps
-        return totals
+        batches = shuffled_steps(len(samples), self.cfg.train.num_steps_per_rollout,
+                                 self.cfg.train.seed * 1_000_033 + rollout_id)
+        return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
+
+    def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
+                    ) -> dict[str, float]:
+        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
+        sums = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
+        loss_sum = 0.0
+        mbs, _ = self.rank_micro_batches(samples, idx, per_token)
+        for mb in mbs:
+            values = self._values(mb)
+            f = mb.fields
+            loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"],
+                                                   self.cfg.critic.value_clip)
+            loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
+            (loss * self.loss_scale).backward()
+            loss_sum += float(loss.detach())
+            m = mb.loss_mask
+            sums["value_loss"] += float((loss_tok.detach() * m).sum())
+            sums["value_clipfrac"] += float((clipped.float() * m).sum())
+            sums["values"] += float((values.detach() * m).sum())
+        grad_norm, _ = self.optimizer_step(loss_sum, bool(mbs))
+        sums = self.parallel.sum_floats(sums)
+        step = {f"critic/{k}": v / max(num_tokens, 1.0) for k, v in sums.items()}
+        step["critic/grad_norm"] = grad_norm
+        step["critic/lr"] = self.optimizer.param_groups[0]["lr"]
+        return step

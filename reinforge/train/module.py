@@ -211,3 +211,18 @@ def split_steps(indices: list[int], steps: int) -> list[list[int]]:
     n = len(indices)
     bounds = [round(i * n / steps) for i in range(steps + 1)]
     return [indices[bounds[i]:bounds[i + 1]] for i in range(steps)]
+
+
+def shuffled_steps(n: int, steps: int, seed: int) -> list[list[int]]:
+    """Sample indices 0..n-1 shuffled by ``seed`` and cut into ``steps`` mini-batches."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return split_steps(order, steps)
+
+
+def mean_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Per-key mean of the optimizer steps' metrics."""
+    out: dict[str, float] = {}
+    for m in steps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0.0) + v / len(steps)
+    return out

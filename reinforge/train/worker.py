@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from ..config import Config
-from ..models.loading import save_hf_state_dict
+from ..models.loading import bucket_by_bytes, save_hf_state_dict
 from ..rollout.types import Sample
 from .actor import Actor, TrainData
 from .critic import Critic
@@ -78,16 +78,7 @@ class TrainWorker:
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The policy's full tensors in groups of about ``bucket_bytes`` (at least one tensor each)."""
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, t in self.named_weights():
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        return bucket_by_bytes(self.named_weights(), bucket_bytes)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str) -> None:
