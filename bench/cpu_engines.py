@@ -23,7 +23,8 @@ def main():
     args = ap.parse_args()
 
     from reinforge.config import load_config
-    from reinforge.loop import build_engine, load_datasets
+    from reinforge.data import load_datasets
+    from reinforge.rollout.backends import build_engine, engine_spec
     from reinforge.models.hub import resolve_model_path
     from reinforge.models.loading import load_tokenizer
     from reinforge.rollout.generate import model_stop_token_ids
@@ -35,10 +36,10 @@ def main():
                                                        f"rollout.max_num_seqs={args.prompts * args.n}"])
         path = resolve_model_path(cfg.model.path)
         tok = load_tokenizer(path)
-        train, _ = load_datasets(cfg, tok)
+        train, _ = load_datasets(cfg.data, tok)
         prompts = train.next_batch(args.prompts)
         stops = model_stop_token_ids(tok, str(path), [])
-        engine = build_engine(cfg, path, tok, torch.device("cpu"), 512)
+        engine = build_engine(engine_spec(cfg, path, tok, torch.device("cpu"), 512))
         sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, stop_token_ids=stops)
         reqs = [GenerateRequest(p.prompt_ids, sp, n=args.n) for p in prompts]
         engine.generate(reqs[:2])

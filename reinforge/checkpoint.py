@@ -19,31 +19,21 @@ atomically afterwards, so an interrupted save never damages an existing checkpoi
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from .utils.fs import atomic_directory, atomic_write_text
 
 LATEST = "latest"
 
 
 def checkpoint_name(rollout_id: int) -> str:
     return f"rollout_{rollout_id:06d}"
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict[str, Any]:
@@ -73,25 +63,12 @@ def save_checkpoint(root: Path, rollout_id: int, write: Callable[[Path], None], 
     Returns:
         the checkpoint directory.
     """
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(rollout_id)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    with atomic_directory(final) as tmp:
         write(tmp)
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
-        if final.exists():
-            old = root / f".old-{final.name}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _atomic_write_text(root / LATEST, final.name + "\n")
+    atomic_write_text(root / LATEST, final.name + "\n")
     if keep_last is not None:
         done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("rollout_"))
         for p in done[:-keep_last]:

@@ -33,40 +33,38 @@ def _eval(args: argparse.Namespace) -> None:
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
     cfg = load_config(args.config, overrides + ["train.num_rollout=0"])
-    from .loop import Trainer
+    from .eval.evaluate import format_table
+    from .loop import RLLoop
+    from .utils.logging import MetricsLogger
 
-    trainer = Trainer(cfg)
+    loop = RLLoop(cfg)
     try:
-        from .utils.logging import MetricsLogger
-        from .eval.evaluate import format_table
-
-        if trainer.eval_data is None:
+        if loop.eval_data is None:
             raise ValueError("no evaluation prompts: pass --data (a .jsonl file or reasoning_gym:<task>)")
-        logger = MetricsLogger(trainer.out, tensorboard=False)
-        metrics = trainer.run_eval("eval", 0, logger)
+        logger = MetricsLogger(loop.out, tensorboard=False)
+        metrics = loop.run_eval("eval", 0, logger)
         logger.close()
-        print(format_table([(Path(str(trainer.base_path)).name, metrics)]))
-        print(f"\ncompletions: {trainer.out / 'eval' / 'eval.jsonl'}")
+        print(format_table([(Path(str(loop.base_path)).name, metrics)]))
+        print(f"\ncompletions: {loop.out / 'eval' / 'eval.jsonl'}")
     finally:
-        trainer.close()
+        loop.close()
 
 
 def _generate(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, [f"model.path={args.model}"] if args.model else [])
     from .data import render_prompt
-    from .loop import build_engine
     from .models.hub import resolve_model_path
     from .models.loading import load_tokenizer
+    from .rollout.backends import build_engine, engine_spec
     from .rollout.generate import RolloutContext, model_stop_token_ids
     from .rollout.types import GenerateRequest
-    from .train.actor import resolve_device
+    from .utils.device import resolve_device
 
-    device = resolve_device(cfg.train.device)
     path = resolve_model_path(cfg.model.path)
     tok = load_tokenizer(path)
     text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    engine = build_engine(cfg, path, tok, device, len(ids) + args.max_new_tokens)
+    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens))
     ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
     params = ctx.sampling_params(greedy=args.temperature == 0)
     params.max_new_tokens = args.max_new_tokens
@@ -92,13 +90,9 @@ def _models(args: argparse.Namespace) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
-    import os
-    import shutil
-    import tempfile
-
-
     from .checkpoint import resolve_checkpoint
     from .models.loading import build_model, parse_dtype, save_hf_folder
+    from .utils.fs import atomic_directory
 
     ckpt = resolve_checkpoint(args.checkpoint)
     out = Path(args.out)
@@ -106,16 +100,8 @@ def _convert(args: argparse.Namespace) -> None:
         raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
     dtype = parse_dtype(args.dtype)
     model = build_model(ckpt / "model", dtype, "cpu")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         save_hf_folder(model, tmp, ckpt / "model", dtype=dtype)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     print(f"wrote {out} ({args.dtype}) from {ckpt}")
 
 

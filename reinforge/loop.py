@@ -1,4 +1,9 @@
-"""The RL loop (single controller): rollout -> reward -> advantages -> train -> weight sync."""
+"""The RL loop (single controller): rollout -> reward -> advantages -> train -> weight sync.
+
+:class:`RLLoop` owns one run's parts: the prompt datasets, the :class:`~reinforge.cluster.base.Cluster`
+(trainer ranks and rollout engine, local or Ray, behind one interface), the reward manager and
+the rollout function; :meth:`RLLoop.rollout_step` is one iteration, :meth:`RLLoop.train` the loop.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +18,18 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
+from .cluster.base import ClusterSpec, build_cluster
 from .config import Config, config_from_dict, dump_config
-from .data import PromptDataset, is_reasoning_gym, load_source
+from .data import load_datasets
 from .eval.evaluate import evaluate, format_table, write_eval
 from .models.hub import resolve_model_path
-from .models.loading import build_model, is_native, load_tokenizer
+from .models.loading import load_tokenizer
 from .reward import RewardManager
-from .rollout.embedded import EmbeddedEngine, EngineConfig
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids
-from .rollout.hf_engine import HFEngine
 from .rollout.types import Sample, Status
-from .train.actor import TrainData, resolve_device
-from .train.advantage import apply_overlong_filter, compute_advantages
+from .train.actor import TrainData
+from .train.rollout_advantages import apply_overlong_filter, compute_advantages
+from .utils import seeds
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -35,60 +40,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def engine_dtype(cfg: Config, device: torch.device) -> torch.dtype:
-    d = cfg.rollout.dtype
-    if d == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return torch.bfloat16 if d == "bf16" else torch.float32
-
-
-def build_engine(cfg: Config, model_path: Path, tokenizer: Any, device: torch.device, max_model_len: int,
-                 seed_offset: int = 0):
-    """The rollout engine with its own copy of the model in the inference dtype (the loop
-    syncs the trainer's weights into it before the first rollout)."""
-    r = cfg.rollout
-    if r.backend == "vllm":
-        from .rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(str(model_path), engine_dtype(cfg, device), max_model_len, max_num_seqs=r.max_num_seqs,
-                          memory_fraction=r.kv_cache_memory_fraction,
-                          tensor_parallel_size=cfg.cluster.rollout_num_gpus_per_engine,
-                          enable_sleep_mode=cfg.cluster.colocate, cuda_graph=r.cuda_graph, seed=r.seed + seed_offset)
-    if r.backend == "sglang":
-        from .rollout.sglang_engine import SGLangEngine
-
-        return SGLangEngine.from_config(cfg, model_path, max_model_len, seed_offset=seed_offset)
-    model = build_model(model_path, engine_dtype(cfg, device), device, random_init=cfg.model.random_init,
-                        seed=cfg.train.seed)
-    if r.backend == "embedded" and is_native(model):
-        return EmbeddedEngine(model, EngineConfig(
-            max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
-            kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
-            cuda_graph=r.cuda_graph, seed=r.seed + seed_offset), tokenizer=tokenizer)
-    if r.backend == "embedded":
-        log.warning("rollout.backend=embedded needs a Llama/Qwen2/Qwen3 model; falling back to transformers' "
-                    "generate (rollout.backend=hf)")
-    return HFEngine(model, pad_token_id=tokenizer.pad_token_id, batch_size=r.max_num_seqs, seed=r.seed)
-
-
-def load_datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
-    d = cfg.data
-    common = dict(apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt,
-                  max_prompt_len=d.rollout_max_prompt_len)
-    records = load_source(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
-                          size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
-    train = PromptDataset(records, tokenizer, shuffle=d.rollout_shuffle, seed=d.seed, name=d.prompt_data, **common)
-    eval_source = d.eval_prompt_data or (d.prompt_data if is_reasoning_gym(d.prompt_data) else None)
-    evalset = None
-    if eval_source and d.n_eval_prompts > 0:
-        kwargs = d.task_kwargs if is_reasoning_gym(eval_source) else None
-        records = load_source(eval_source, input_key=d.input_key, label_key=d.label_key,
-                              metadata_key=d.metadata_key, size=d.n_eval_prompts, seed=d.eval_seed,
-                              task_kwargs=kwargs)[: d.n_eval_prompts]
-        evalset = PromptDataset(records, tokenizer, shuffle=False, name=eval_source, **common)
-    return train, evalset
 
 
 def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[torch.Tensor]) -> dict[str, float]:
@@ -124,45 +75,30 @@ class RunResult:
     prompts: list[list[str]] = field(default_factory=list)  # each rollout's prompts, in order
 
 
-class Trainer:
-    """Owns the components of one run and drives the loop (see ``DESIGN.md``)."""
+class RLLoop:
+    """Owns the components of one run and drives the loop (docs/design.md)."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        r = cfg.rollout
         self.out = Path(cfg.run.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
-        self.device = resolve_device(cfg.train.device)
         self.base_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.base_path)
-        self.train_data, self.eval_data = load_datasets(cfg, self.tokenizer)
+        self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer)
         self.start_rollout = 0
         self.weight_version = 0
-        resume = None
-        if cfg.run.load:
-            resume = ckpt.resolve_checkpoint(cfg.run.load)
-            log.info("resuming from %s", resume)
-        r = cfg.rollout
-        max_prompt = self.train_data.max_prompt_tokens
-        if self.eval_data is not None:
-            max_prompt = max(max_prompt, self.eval_data.max_prompt_tokens)
-        max_model_len = max_prompt + max(r.rollout_max_response_len, cfg.eval.eval_max_response_len or 0)
-        critic_path = resolve_model_path(cfg.critic.path) if cfg.critic.path else None
-        pad_id = self.tokenizer.pad_token_id or 0
-        if cfg.cluster.mode == "ray":
-            from .cluster.ray_cluster import RayCluster
-
-            self.cluster = RayCluster(cfg, self.base_path, critic_path, pad_id, self.tokenizer, max_model_len)
-            self.trainers, self.engine = self.cluster.trainers, self.cluster.engines
-        else:
-            from .cluster.local import LocalTrainGroup
-
-            self.cluster = None
-            self.trainers = LocalTrainGroup(cfg, self.base_path, critic_path, pad_id)
-            self.engine = build_engine(cfg, self.base_path, self.tokenizer, self.device, max_model_len)
+        resume = ckpt.resolve_checkpoint(cfg.run.load) if cfg.run.load else None
         if resume is not None:
-            self.trainers.load(resume)
-        self.trainers.sync_weights(self.engine, self.weight_version)
+            log.info("resuming from %s", resume)
+        self.cluster = build_cluster(cfg, ClusterSpec(
+            base_path=self.base_path, critic_path=resolve_model_path(cfg.critic.path) if cfg.critic.path else None,
+            tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id or 0, max_model_len=self._max_model_len()))
+        self.engine = self.cluster.engine
+        if resume is not None:
+            self.cluster.load(resume)
+        self.cluster.sync_weights(self.weight_version)
         self.reward = RewardManager(cfg.reward)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
@@ -173,6 +109,13 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         dump_config(cfg, self.out / "config.yaml")
+
+    def _max_model_len(self) -> int:
+        """Longest prompt of the datasets plus the longest response of training or evaluation."""
+        max_prompt = self.train_data.max_prompt_tokens
+        if self.eval_data is not None:
+            max_prompt = max(max_prompt, self.eval_data.max_prompt_tokens)
+        return max_prompt + max(self.cfg.rollout.rollout_max_response_len, self.cfg.eval.eval_max_response_len or 0)
 
     # ------------------------------------------------------------------ state
     def _restore(self, path: Path) -> None:
@@ -199,7 +142,7 @@ class Trainer:
             "history": self.history,
             "evals": self.evals,
         }
-        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.trainers.save, state,
+        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.cluster.save, state,
                                     keep_last=self.cfg.run.keep_last_n_checkpoints)
         log.info("saved checkpoint %s", path)
         return path
@@ -207,13 +150,13 @@ class Trainer:
     # ------------------------------------------------------------------ phases
     def sync_weights(self) -> dict[str, float]:
         self.weight_version += 1
-        return self.trainers.sync_weights(self.engine, self.weight_version)
+        return self.cluster.sync_weights(self.weight_version)
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:
             return None
         t = time.perf_counter()
-        self._seed_engine(10_000_000 + step)
+        self._seed_engine(seeds.EVAL_OFFSET + step)
         metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
         metrics["time/eval"] = time.perf_counter() - t
         write_eval(self.out, label, metrics, samples)
@@ -222,7 +165,7 @@ class Trainer:
         return metrics
 
     def _seed_engine(self, value: int) -> None:
-        self.engine.reseed(self.cfg.rollout.seed * 1_000_003 + value)
+        self.engine.reseed(seeds.derive(self.cfg.rollout.seed, seeds.ENGINE_ROLLOUT, value))
 
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
         """Groups to train on, all groups generated, and counts. With ``algo.dynamic_sampling``
@@ -254,8 +197,9 @@ class Trainer:
         return (kept[:want] or groups), generated, counts
 
     def rollout_step(self, rollout_id: int) -> tuple[dict[str, float], list[list[Sample]]]:
-        cfg = self.cfg
-        a = cfg.algo
+        """One RL iteration: generate and score, advantages, train, sync. Returns the metrics and
+        every group generated (including those dynamic sampling dropped)."""
+        cfg, cl = self.cfg, self.cluster
         timings = {}
         t = time.perf_counter()
         self._seed_engine(rollout_id)
@@ -263,35 +207,33 @@ class Trainer:
         timings["time/reward"] = counts.pop("time/reward")
         timings["time/generate"] = time.perf_counter() - t - timings["time/reward"]
         flat = [s for g in groups for s in g]
-        counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg, flat))
-        if self.cluster is not None:
-            self.cluster.before_train()
+        counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg.algo, flat))
+        cl.before_train()
         t = time.perf_counter()
         old_lp = ref_lp = values = None
-        tr = self.trainers
-        if cfg.train.num_steps_per_rollout > 1 or a.use_kl_in_reward:
-            old_lp = tr.call("compute_log_probs", flat)
-        if tr.has_reference:
-            ref_lp = tr.call("compute_log_probs", flat, reference=True)
-        if tr.has_critic:
-            values = tr.call("compute_values", flat)
+        if cfg.train.num_steps_per_rollout > 1 or cfg.algo.use_kl_in_reward:
+            old_lp = cl.compute_log_probs(flat)
+        if cl.has_reference:
+            ref_lp = cl.compute_log_probs(flat, reference=True)
+        if cl.has_critic:
+            values = cl.compute_values(flat)
         timings["time/logprob"] = time.perf_counter() - t
-        adv = compute_advantages(cfg, groups, values=values, old_log_probs=old_lp, ref_log_probs=ref_lp)
+        adv = compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len, values=values,
+                                 old_log_probs=old_lp, ref_log_probs=ref_lp)
         metrics = rollout_metrics(cfg, groups, adv.advantages)
         all_rewards = torch.tensor([s.reward for g in generated for s in g], dtype=torch.float32)
         metrics["rollout/generated_reward_mean"] = float(all_rewards.mean())
         metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
         metrics.update(counts)
+        if cl.has_critic:
+            t = time.perf_counter()
+            metrics.update(cl.train_critic(flat, adv.returns, values, rollout_id))
+            timings["time/train_critic"] = time.perf_counter() - t
         t = time.perf_counter()
-        if tr.has_critic:
-            metrics.update(tr.call("train_critic", flat, adv.returns, values, rollout_id))
-        timings["time/train_critic"] = time.perf_counter() - t
-        t = time.perf_counter()
-        if rollout_id >= cfg.critic.num_warmup_rollouts or not tr.has_critic:
-            metrics.update(tr.call("train_actor", TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
+        if not cl.has_critic or rollout_id >= cfg.critic.num_warmup_rollouts:
+            metrics.update(cl.train_actor(TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
         timings["time/train"] = time.perf_counter() - t
-        if self.cluster is not None:
-            self.cluster.after_train()
+        cl.after_train()
         sync = self.sync_weights()
         timings["time/sync"] = sync.pop("time/sync")
         metrics.update(sync)
@@ -299,8 +241,6 @@ class Trainer:
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(timings["time/generate"], 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
-        if not tr.has_critic:
-            timings.pop("time/train_critic")
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
         return metrics, generated
@@ -308,7 +248,8 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:
         cfg = self.cfg
-        logger = MetricsLogger(self.out, cfg.run.tensorboard)
+        logger = MetricsLogger(self.out, cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
+                               wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict())
         result = RunResult(self.out, self.start_rollout - 1)
         try:
             if self.start_rollout == 0:
@@ -371,15 +312,13 @@ class Trainer:
 
     def close(self) -> None:
         self.reward.close()
-        self.engine.shutdown()
-        self.trainers.shutdown()
-        if self.cluster is not None:
-            self.cluster.shutdown()
+        self.cluster.shutdown()
 
 
 def run_training(cfg: Config) -> RunResult:
-    trainer = Trainer(cfg)
+    """Run the RL loop of ``cfg`` to the end (or from its checkpoint) and release everything."""
+    loop = RLLoop(cfg)
     try:
-        return trainer.train()
+        return loop.train()
     finally:
-        trainer.close()
+        loop.close()

@@ -46,20 +46,20 @@ def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
 
 
 def test_ppo_resume_restores_critic(tmp_path, tiny_model_path):
-    from reinforge.loop import Trainer
+    from reinforge.loop import RLLoop
 
     common = tiny_overrides(tiny_model_path, tmp_path / "a", **{
         "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
         "data.n_eval_prompts": 0, "run.keep_last_n_checkpoints": "null"})
-    first = Trainer(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=1"]))
+    first = RLLoop(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=1"]))
     first.train()
-    head = first.trainers.worker.critic.model.value_head.weight.detach().clone()
-    opt_steps = first.trainers.worker.critic.scheduler.last_epoch
+    head = first.cluster.worker.critic.model.value_head.weight.detach().clone()
+    opt_steps = first.cluster.worker.critic.scheduler.last_epoch
     first.close()
     assert head.abs().sum() > 0  # the critic was trained
-    t = Trainer(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=2",
+    t = RLLoop(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=2",
                                                                    f"run.load={tmp_path / 'a'}"]))
-    critic = t.trainers.worker.critic
+    critic = t.cluster.worker.critic
     assert torch.equal(critic.model.value_head.weight.detach(), head)
     assert critic.scheduler.last_epoch == opt_steps and len(critic.optimizer.state) > 0
     assert t.start_rollout == 1

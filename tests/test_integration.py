@@ -86,12 +86,12 @@ def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
         "eval.eval_before_train": "false", "train.num_rollout": 1, "run.save_final": "false",
         "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
         "rollout.rollout_batch_size": 4, "rollout.n_samples_per_prompt": 8, "rollout.rollout_top_k": 8}))
-    from reinforge.loop import Trainer
+    from reinforge.loop import RLLoop
 
-    trainer = Trainer(cfg)
-    before = {n: p.clone() for n, p in trainer.trainers.worker.actor.model.named_parameters()}
+    trainer = RLLoop(cfg)
+    before = {n: p.clone() for n, p in trainer.cluster.worker.actor.model.named_parameters()}
     trainer.train()
-    assert all(torch.equal(before[n], p) for n, p in trainer.trainers.worker.actor.model.named_parameters())
+    assert all(torch.equal(before[n], p) for n, p in trainer.cluster.worker.actor.model.named_parameters())
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["rollout/zero_std_groups"] < 1.0  # some samples were trained on
     assert m["train/skipped_steps"] == 1.0
@@ -180,3 +180,22 @@ def test_cli_eval_and_generate(tmp_path, tiny_model_path, capsys):
     assert capsys.readouterr().out.count("--- sample") == 2
     assert main(["eval", "--model", str(tmp_path / "missing")]) == 2
     assert "not a Hugging Face folder" in capsys.readouterr().err
+
+
+def test_wandb_offline_gets_the_same_metrics(tmp_path, tiny_model_path, monkeypatch):
+    """run.wandb_project with wandb_mode=offline: the W&B run under <output_dir>/wandb records every
+    metric name that metrics.jsonl has (no network)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "data.n_eval_prompts": 0, "run.save_final": "false", "run.wandb_project": "reinforge-test",
+        "run.wandb_mode": "offline"}))
+    run_training(cfg)
+    (record,) = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    data = record.read_bytes()
+    names = {k for row in read_metrics(out) for k in row if k not in ("step", "time")}
+    assert "rollout/reward_mean" in names and "train/loss" in names
+    missing = sorted(n for n in names if n.encode() not in data)
+    assert not missing, f"metrics not in the W&B run: {missing}"

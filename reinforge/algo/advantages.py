@@ -1,13 +1,73 @@
-"""Advantage estimators.
+"""Advantage estimators: pure tensor functions, and the registry the config chooses from.
 
-Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++) turn one scalar reward per sample
-into one advantage per sample (broadcast to its tokens); GAE turns per-token rewards and a
-critic's values into per-token advantages and returns. All are pure tensor functions.
+Outcome estimators (GRPO, Dr. GRPO, RLOO) turn one scalar reward per sample into one
+advantage per sample (broadcast to its tokens); token-level estimators (REINFORCE++, GAE)
+turn per-token rewards (the outcome at the last token, minus any KL penalty) and, for GAE, a
+critic's values into per-token advantages and returns.
+
+Every registered estimator has the signature ``fn(inputs: AdvantageInputs, algo) ->
+(advantages [N, T], returns [N, T] | None)`` where ``algo`` is the ``algo`` config section.
+Adding one (docs/design.md has a worked example)::
+
+    @ADV_ESTIMATORS.register("my_estimator", group_based=True, reads=("gamma",))
+    def my_estimator(inputs, algo):
+        ...
+
+Registration properties: ``group_based`` (needs ``n_samples_per_prompt >= 2``),
+``needs_critic`` (a value model is trained and its values are passed in ``inputs.values``),
+``reads`` (the ``algo.*`` keys it uses; setting one with another estimator is refused).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import torch
+
+from ..utils.registry import Registry
+
+Estimator = Callable[["AdvantageInputs", Any], "tuple[torch.Tensor, torch.Tensor | None]"]
+ADV_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", "algo.advantage_estimator")
+
+
+@dataclass
+class AdvantageInputs:
+    """What every estimator receives, for N = G * n samples flattened group-major.
+
+    Attributes:
+        rewards: [G, n] float32 scalar rewards after shaping (over-long penalty, clip, normalisation).
+        mask: [N, T] float32, 1 on response tokens (right-padded to the longest response T).
+        loss_mask: [N, T] float32, additionally 0 on tokens excluded from the loss.
+        token_kl: [N, T] float32 ``kl_coef * KL`` per token (KL in the reward), or None.
+        values: [N, T] float32 critic values, or None (estimators registered ``needs_critic`` get them).
+    """
+
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    loss_mask: torch.Tensor
+    token_kl: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    def outcome(self) -> torch.Tensor:
+        """[G, n] rewards minus each sequence's summed KL penalty (outcome estimators)."""
+        if self.token_kl is None:
+            return self.rewards
+        return self.rewards - (self.token_kl * self.mask).sum(-1).view_as(self.rewards)
+
+    def token_rewards(self, outcome: torch.Tensor) -> torch.Tensor:
+        """[N, T]: ``outcome`` ([G, n] or [N]) at each response's last token, minus the KL penalty."""
+        lengths = self.mask.sum(-1).long()
+        out = torch.zeros_like(self.mask)
+        rows = torch.nonzero(lengths > 0).flatten()
+        out[rows, lengths[rows] - 1] = outcome.flatten()[rows].to(out.dtype)
+        if self.token_kl is not None:
+            out = out - self.token_kl * self.mask
+        return out
+
+    def broadcast(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """[G, n] or [N] per-sample values -> [N, T] on the response tokens."""
+        return per_sample.flatten()[:, None].to(self.mask.dtype) * self.mask
 
 
 def _check_groups(rewards: torch.Tensor) -> None:
@@ -111,3 +171,52 @@ def gae_advantages(
         next_value = values[:, t] * m[:, t]
     returns = (adv + values) * m
     return adv, returns
+
+
+# ---------------------------------------------------------------------------- registered estimators
+
+@ADV_ESTIMATORS.register("grpo", group_based=True, reads=("grpo_std_normalization",))
+def grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    """GRPO (:func:`grpo_advantages`), optionally without the std (``algo.grpo_std_normalization``)."""
+    return inputs.broadcast(grpo_advantages(inputs.outcome(), std_normalization=algo.grpo_std_normalization)), None
+
+
+@ADV_ESTIMATORS.register("dr_grpo", group_based=True)
+def dr_grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    """Dr. GRPO: the group-mean baseline without std normalisation (Liu et al. 2025)."""
+    return inputs.broadcast(grpo_advantages(inputs.outcome(), std_normalization=False)), None
+
+
+@ADV_ESTIMATORS.register("rloo", group_based=True)
+def rloo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    """RLOO (:func:`rloo_advantages`)."""
+    return inputs.broadcast(rloo_advantages(inputs.outcome())), None
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus", reads=("gamma",))
+def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    """REINFORCE++: discounted token returns whitened over the batch (Hu 2025)."""
+    returns = reinforce_plus_plus_returns(inputs.token_rewards(inputs.rewards), inputs.mask, algo.gamma)
+    return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", reads=("gamma",))
+def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
+    """REINFORCE++ with the group-mean reward subtracted first (verl's ``reinforce_plus_plus_baseline``)."""
+    centered = inputs.rewards - inputs.rewards.mean(dim=1, keepdim=True)
+    returns = reinforce_plus_plus_returns(inputs.token_rewards(centered), inputs.mask, algo.gamma)
+    return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
+
+
+@ADV_ESTIMATORS.register("gae", needs_critic=True, reads=("gamma", "lambd"))
+def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's GAE (:func:`gae_advantages`), advantages whitened over the batch.
+
+    Raises:
+        ValueError: ``inputs.values`` is None.
+    """
+    if inputs.values is None:
+        raise ValueError("advantage_estimator=gae needs the critic's values")
+    adv, returns = gae_advantages(inputs.token_rewards(inputs.rewards), inputs.values, inputs.mask, algo.gamma,
+                                  algo.lambd)
+    return masked_whiten(adv, inputs.mask * inputs.loss_mask), returns

@@ -2,14 +2,26 @@
 
 Every per-token function takes ``[B, T]`` tensors (micro-batch of right-padded responses)
 and returns ``[B, T]``; padding and tokens with loss mask 0 are removed by :func:`aggregate`.
+
+Three registries hold the interchangeable parts the config names: :data:`POLICY_LOSSES`
+(``algo.policy_loss``), :data:`KL_ESTIMATORS` (``algo.kl_loss_type``) and
+:data:`LOSS_AGG_MODES` (``algo.loss_agg_mode``). A policy loss has the signature
+``fn(log_probs, old_log_probs, advantages, mask, algo) -> (loss, ratio, clipped)``, all [B, T]
+(``clipped`` bool), where ``algo`` is the ``algo`` config section.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from ..utils.registry import Registry
+
+PolicyLoss = Callable[..., "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "algo.policy_loss")
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator", "algo.kl_loss_type")
+LOSS_AGG_MODES: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation", "algo.loss_agg_mode")
 
 
 def ppo_clip_loss(
@@ -78,6 +90,13 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
     return 0.5 * torch.maximum(unclipped, clipped), clipped > unclipped
 
 
+KL_ESTIMATORS.register("k1", lambda log_ratio: log_ratio)
+KL_ESTIMATORS.register("k2", lambda log_ratio: 0.5 * log_ratio.square())
+KL_ESTIMATORS.register("k3", lambda log_ratio: torch.exp(-log_ratio) - 1.0 + log_ratio)
+KL_ESTIMATORS.register("low_var_kl", lambda log_ratio: (torch.exp(-log_ratio.clamp(-20.0, 20.0)) - 1.0
+                                                        + log_ratio.clamp(-20.0, 20.0)).clamp(-10.0, 10.0))
+
+
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
     "Approximating KL Divergence"; names as verl's ``kl_penalty``):
@@ -90,17 +109,9 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: st
     Raises:
         ValueError: unknown ``kl_type``.
     """
-    log_ratio = log_probs - ref_log_probs
-    if kl_type == "k1":
-        return log_ratio
-    if kl_type == "k2":
-        return 0.5 * log_ratio.square()
-    if kl_type == "k3":
-        return torch.exp(-log_ratio) - 1.0 + log_ratio
-    if kl_type == "low_var_kl":
-        lr = log_ratio.clamp(-20.0, 20.0)
-        return (torch.exp(-lr) - 1.0 + lr).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown kl type {kl_type!r}; choose one of {KL_TYPES}")
+    if kl_type not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl type {kl_type!r}; choose one of {KL_ESTIMATORS.names()}")
+    return KL_ESTIMATORS.get(kl_type)(log_probs - ref_log_probs)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -120,7 +131,8 @@ def aggregate(
 ) -> torch.Tensor:
     """Reduce per-token values [B, T] to a scalar, counting only ``mask`` tokens.
 
-    Modes (verl's ``agg_loss`` in ``verl/trainer/ppo/core_algos.py``):
+    Modes (verl's ``agg_loss`` in ``verl/trainer/ppo/core_algos.py``), registered in
+    :data:`LOSS_AGG_MODES`:
 
     * ``token_mean``: sum over all tokens / number of tokens (DAPO's token-level loss).
     * ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr. GRPO).
@@ -132,22 +144,49 @@ def aggregate(
     ``num_tokens`` / ``num_seqs`` override the denominators, so that micro-batches of one
     global batch each divide by the global batch's counts and their gradients add up to the
     global batch's loss.
+
+    Raises:
+        ValueError: unknown ``mode``, or ``seq_mean_token_sum_norm`` without ``norm_length``.
     """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES.names()}")
     mask = mask.to(values.dtype)
     if mode == "token_mean":
         denom = mask.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
         return (values * mask).sum() / denom
-    seq_sum = (values * mask).sum(-1)
-    if mode == "seq_mean_token_sum":
-        per_seq = seq_sum
-    elif mode == "seq_mean_token_mean":
-        per_seq = seq_sum / mask.sum(-1).clamp(min=1.0)
-    elif mode == "seq_mean_token_sum_norm":
-        if not norm_length:
-            raise ValueError("seq_mean_token_sum_norm needs norm_length (the max response length)")
-        per_seq = seq_sum / norm_length
-    else:
-        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES}")
+    per_seq = LOSS_AGG_MODES.get(mode)((values * mask).sum(-1), mask, norm_length)
     has_tokens = (mask.sum(-1) > 0).to(values.dtype)
     denom = has_tokens.sum().clamp(min=1.0) if num_seqs is None else max(float(num_seqs), 1.0)
     return (per_seq * has_tokens).sum() / denom
+
+
+# Each sequence mode maps (token sums [B], mask [B, T], norm_length) to per-sequence values [B], averaged
+# over sequences by aggregate(); token_mean is handled there directly (one global denominator).
+LOSS_AGG_MODES.register("token_mean", lambda seq_sum, mask, norm_length: seq_sum)
+LOSS_AGG_MODES.register("seq_mean_token_sum", lambda seq_sum, mask, norm_length: seq_sum)
+LOSS_AGG_MODES.register("seq_mean_token_mean", lambda seq_sum, mask, norm_length: seq_sum / mask.sum(-1).clamp(min=1.0))
+
+
+@LOSS_AGG_MODES.register("seq_mean_token_sum_norm")
+def _seq_sum_norm(seq_sum: torch.Tensor, mask: torch.Tensor, norm_length: float | None) -> torch.Tensor:
+    if not norm_length:
+        raise ValueError("seq_mean_token_sum_norm needs norm_length (the max response length)")
+    return seq_sum / norm_length
+
+
+# ---------------------------------------------------------------------------- registered policy losses
+
+@POLICY_LOSSES.register("ppo")
+def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor, algo: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-level PPO clip (:func:`ppo_clip_loss`) with ``algo.eps_clip``, ``eps_clip_high``, ``eps_clip_c``."""
+    return ppo_clip_loss(log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, algo: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO: the PPO clip applied to the sequence-level ratio (:func:`gspo_ratio`)."""
+    ratio = gspo_ratio(log_probs, old_log_probs, mask)
+    return ppo_clip_loss(log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c,
+                         ratio)

@@ -2,35 +2,53 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
+
+import torch
 
 from ..config import Config
-from ..rollout.types import RolloutEngine
+from ..rollout.backends import build_engine, engine_spec
+from ..rollout.types import Sample
+from ..train.actor import TrainData
 from ..train.worker import TrainWorker
+from ..utils.device import resolve_device
+from ..weights.tensor import sync_in_process
+from .base import ClusterSpec
 
 
-class LocalTrainGroup:
-    """A trainer group of one in-process :class:`TrainWorker` (no process group, no sharding).
+class LocalCluster:
+    """Implements :class:`~reinforge.cluster.base.Cluster` with one in-process
+    :class:`TrainWorker` (no process group, no sharding) and one engine; weight sync copies the
+    policy's tensors into the engine in place."""
 
-    Every trainer group offers ``call(method, *args)`` (run a worker method on every rank,
-    return rank 0's result), ``sync_weights(engine, version)``, ``save(dir)``, ``load(dir)``
-    and ``shutdown()``.
-    """
-
-    def __init__(self, cfg: Config, base_path: Path, critic_path: Path | None, pad_id: int):
-        self.worker = TrainWorker(cfg, base_path, critic_path, pad_id=pad_id)
+    def __init__(self, cfg: Config, spec: ClusterSpec):
+        self.worker = TrainWorker(cfg, spec.base_path, spec.critic_path, pad_id=spec.pad_id)
+        self.engine = build_engine(engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device),
+                                               spec.max_model_len))
         self.has_reference = self.worker.has_reference
         self.has_critic = self.worker.critic is not None
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
+        return self.worker.compute_log_probs(samples, reference=reference)
 
-    def sync_weights(self, engine: RolloutEngine, version: int) -> dict[str, float]:
-        t = time.perf_counter()
-        engine.update_weights(self.worker.named_weights(), version)
-        return {"time/sync": time.perf_counter() - t}
+    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        return self.worker.compute_values(samples)
+
+    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
+        return self.worker.train_actor(data, rollout_id)
+
+    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
+                     rollout_id: int) -> dict[str, float]:
+        return self.worker.train_critic(samples, returns, values, rollout_id)
+
+    def before_train(self) -> None:
+        pass  # the engine's KV cache stays: one process, its memory is not needed elsewhere
+
+    def after_train(self) -> None:
+        pass
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        return sync_in_process(self.worker.named_weights(), self.engine, version)
 
     def save(self, directory: Path) -> None:
         self.worker.save(str(directory))
@@ -39,4 +57,4 @@ class LocalTrainGroup:
         self.worker.load(str(directory))
 
     def shutdown(self) -> None:
-        pass
+        self.engine.shutdown()

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import socket
@@ -29,7 +28,13 @@ from typing import Any, Iterable
 import torch
 
 from ..config import Config
-from ..rollout.types import GenerateRequest, GenerateResult
+from ..rollout.types import GenerateRequest, GenerateResult, Sample
+from ..utils import seeds
+from ..weights import ipc
+from ..weights.broadcast import receive_flat, send_flat
+from ..weights.groups import backend_for, weight_sync_group
+from ..weights.tensor import by_value
+from .base import ClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -97,37 +102,30 @@ class TrainerActor:
         return getattr(self.worker, method)(*args, **kwargs)
 
     def init_weight_group(self, addr: str, port: int, size: int) -> None:
-        self.weight_group = _stateless_group(addr, port, 0, size, self.worker.device)
+        self.weight_group = weight_sync_group(addr, port, 0, size, backend_for(self.worker.device))
 
     def sync_colocated(self, engine: Any, version: int, bucket_bytes: int) -> None:
-        """Gather the full weights (all ranks must run this) and hand them to ``engine``."""
+        """Gather the full weights (all ranks must run this) and hand them to the engine on this
+        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU."""
         import ray
 
         for bucket in self.worker.weight_buckets(bucket_bytes):
             if engine is None:
                 continue
             if bucket[0][1].is_cuda:
-                from torch.multiprocessing.reductions import reduce_tensor
-
-                ray.get(engine.update_weights_ipc.remote([(n, reduce_tensor(t.detach())) for n, t in bucket],
-                                                         version))
+                ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
             else:
-                ray.get(engine.update_weights.remote([(n, t.detach()) for n, t in bucket], version))
+                ray.get(engine.update_weights.remote(by_value(bucket), version))
 
     def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
-        """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines."""
+        """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
+        (:mod:`reinforge.weights.broadcast`)."""
         import ray
 
         for bucket in self.worker.weight_buckets(bucket_bytes):
-            if not engines:
-                continue
-            meta = [(n, tuple(t.shape)) for n, t in bucket]
-            flat = torch.cat([t.detach().reshape(-1).float() for _, t in bucket])
-            refs = [e.receive_bucket.remote(meta, version) for e in engines]
-            opts = torch.distributed.BroadcastOptions()
-            opts.rootRank = 0
-            self.weight_group.broadcast([flat], opts).wait()
-            ray.get(refs)
+            if engines:
+                ray.get(send_flat(self.weight_group, bucket,
+                                  lambda meta: [e.receive_bucket.remote(meta, version) for e in engines]))
 
 
 class EngineActor:
@@ -136,14 +134,14 @@ class EngineActor:
     def setup(self, cfg: Config, base_path: str, max_model_len: int, index: int) -> dict[str, Any]:
         import ray
 
-        from ..loop import build_engine
         from ..models.loading import load_tokenizer
-        from ..train.module import resolve_device
+        from ..rollout.backends import build_engine, engine_spec
+        from ..utils.device import resolve_device
 
         self.index = index
         self.device = resolve_device(cfg.train.device)
-        self.engine = build_engine(cfg, Path(base_path), load_tokenizer(base_path), self.device, max_model_len,
-                                   seed_offset=index)
+        self.engine = build_engine(engine_spec(cfg, Path(base_path), load_tokenizer(base_path), self.device,
+                                               max_model_len, index=index))
         self.weight_group = None
         return {"index": index, "node": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
@@ -153,23 +151,17 @@ class EngineActor:
     def update_weights(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         self.engine.update_weights(named, version)
 
-    def update_weights_ipc(self, handles: list[tuple[str, Any]], version: int) -> None:
-        self.engine.update_weights(((n, fn(*args)) for n, (fn, args) in handles), version)
+    def update_weights_ipc(self, handles: ipc.Handles, version: int) -> None:
+        self.engine.update_weights(ipc.from_handles(handles), version)
 
     def init_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
-        self.weight_group = _stateless_group(addr, port, rank, size, self.device)
+        self.weight_group = weight_sync_group(addr, port, rank, size, backend_for(self.device))
 
     def receive_bucket(self, meta: list[tuple[str, tuple[int, ...]]], version: int) -> None:
-        sizes = [int(torch.Size(shape).numel()) for _, shape in meta]
-        flat = torch.empty(sum(sizes), dtype=torch.float32, device=self.device)
-        opts = torch.distributed.BroadcastOptions()
-        opts.rootRank = 0
-        self.weight_group.broadcast([flat], opts).wait()
-        parts = flat.split(sizes)
-        self.engine.update_weights(((n, p.view(shape)) for (n, shape), p in zip(meta, parts)), version)
+        self.engine.update_weights(receive_flat(self.weight_group, meta, self.device), version)
 
     def reseed(self, seed: int) -> None:
-        self.engine.reseed(seed + 7919 * self.index)
+        self.engine.reseed(seed + seeds.ENGINE_INDEX * self.index)
 
     def sleep(self, offload_weights: bool = False) -> None:
         self.engine.sleep(offload_weights=offload_weights)
@@ -179,17 +171,6 @@ class EngineActor:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-
-
-def _stateless_group(addr: str, port: int, rank: int, size: int, device: torch.device):
-    """A process group outside the default one (trainer rank 0 + engines), for weight broadcast."""
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=600)
-    store = dist.TCPStore(addr, port, size, rank == 0, timeout=timeout)
-    if device.type == "cuda":
-        return dist.ProcessGroupNCCL(store, rank, size)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
 # ---------------------------------------------------------------------------- driver side
@@ -261,50 +242,11 @@ class EnginePool:
                 pass
 
 
-class RayTrainGroup:
-    """The trainer actors; ``call`` runs a worker method on every rank and returns rank 0's result."""
-
-    def __init__(self, cfg: Config, workers: list[Any], engines: EnginePool, describe: list[dict[str, Any]],
-                 has_reference: bool, has_critic: bool):
-        self.cfg, self.workers, self.engines = cfg, workers, engines
-        self.describe = describe
-        self.has_reference, self.has_critic = has_reference, has_critic
-
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        import ray
-
-        refs = [w.call.remote(method, *args, **kwargs) for w in self.workers]
-        return ray.get(refs)[0]
-
-    def sync_weights(self, engines: EnginePool, version: int) -> dict[str, float]:
-        import ray
-
-        t = time.perf_counter()
-        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
-        if self.cfg.cluster.colocate:
-            targets = engines.handles + [None] * (len(self.workers) - len(engines.handles))
-            ray.get([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
-        else:
-            ray.get([w.sync_broadcast.remote(engines.handles if i == 0 else None, version, bucket)
-                     for i, w in enumerate(self.workers)])
-        engines.weight_version = version
-        return {"time/sync": time.perf_counter() - t}
-
-    def save(self, directory: Path) -> None:
-        self.call("save", str(directory))
-
-    def load(self, directory: Path) -> None:
-        self.call("load", str(directory))
-
-    def shutdown(self) -> None:
-        pass
-
-
 class RayCluster:
-    """Creates the placement group, trainer and engine actors; owns their lifetime."""
+    """Implements :class:`~reinforge.cluster.base.Cluster` with Ray actors: creates the placement
+    group, trainer and engine actors, and owns their lifetime."""
 
-    def __init__(self, cfg: Config, base_path: Path, critic_path: Path | None, pad_id: int, tokenizer: Any,
-                 max_model_len: int):
+    def __init__(self, cfg: Config, spec: ClusterSpec):
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -341,38 +283,83 @@ class RayCluster:
 
         self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
         addr, port = ray.get(self.workers[0].address.remote())
-        describe = ray.get([w.setup.remote(cfg, str(base_path), str(critic_path) if critic_path else None, i,
-                                           p["trainers"], addr, port, pad_id) for i, w in enumerate(self.workers)])
+        critic = str(spec.critic_path) if spec.critic_path else None
+        self.describe = ray.get([w.setup.remote(cfg, str(spec.base_path), critic, i, p["trainers"], addr, port,
+                                                spec.pad_id) for i, w in enumerate(self.workers)])
         engine_gpus = share if c.colocate else float(c.rollout_num_gpus_per_engine * gpu)
         engine_bundle = (lambda j: j) if c.colocate else (lambda j: p["trainers"] + j)
         handles = [on(engine_bundle(j), engine_gpus, EngineActor).remote() for j in range(p["engines"])]
-        infos = ray.get([h.setup.remote(cfg, str(base_path), max_model_len, j) for j, h in enumerate(handles)])
-        self.engines = EnginePool(handles, infos, offload_weights=c.offload_engine_weights)
+        infos = ray.get([h.setup.remote(cfg, str(spec.base_path), spec.max_model_len, j)
+                         for j, h in enumerate(handles)])
+        self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights)
         if not c.colocate:
             waddr, wport = ray.get(self.workers[0].address.remote())
             size = 1 + len(handles)
             ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
                     + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
-        has_ref = cfg.algo.use_kl_loss or cfg.algo.use_kl_in_reward
-        self.trainers = RayTrainGroup(cfg, self.workers, self.engines, describe, has_ref,
-                                      cfg.algo.advantage_estimator == "gae")
+        self.has_reference = cfg.algo.needs_reference
+        self.has_critic = cfg.algo.needs_critic
         log.info("ray placement: %d trainer ranks %s, %d engines %s (%s)", len(self.workers),
-                 [d.get("device") for d in describe], len(handles), infos,
+                 [d.get("device") for d in self.describe], len(handles), infos,
                  "colocated" if c.colocate else "disaggregated")
+
+    def _on_every_rank(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run a :class:`TrainWorker` method on every rank; rank 0's result."""
+        import ray
+
+        return ray.get([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
+
+    # ------------------------------------------------------------------ Cluster
+    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
+        return self._on_every_rank("compute_log_probs", samples, reference=reference)
+
+    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        return self._on_every_rank("compute_values", samples)
+
+    def train_actor(self, data: Any, rollout_id: int) -> dict[str, float]:
+        return self._on_every_rank("train_actor", data, rollout_id)
+
+    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
+                     rollout_id: int) -> dict[str, float]:
+        return self._on_every_rank("train_critic", samples, returns, values, rollout_id)
 
     def before_train(self) -> None:
         if self.cfg.cluster.colocate:
-            self.engines.sleep()
+            self.engine.sleep()
 
     def after_train(self) -> None:
         if self.cfg.cluster.colocate:
-            self.engines.wake_up()
+            self.engine.wake_up()
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
+        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers)."""
+        import ray
+
+        t = time.perf_counter()
+        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
+        handles = self.engine.handles
+        if self.cfg.cluster.colocate:
+            targets = handles + [None] * (len(self.workers) - len(handles))
+            ray.get([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+        else:
+            ray.get([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
+                     for i, w in enumerate(self.workers)])
+        self.engine.weight_version = version
+        return {"time/sync": time.perf_counter() - t}
+
+    def save(self, directory: Path) -> None:
+        self._on_every_rank("save", str(directory))
+
+    def load(self, directory: Path) -> None:
+        self._on_every_rank("load", str(directory))
 
     def shutdown(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for a in self.workers + self.engines.handles:
+        self.engine.shutdown()
+        for a in self.workers + self.engine.handles:
             try:
                 ray.kill(a)
             except Exception:  # already gone

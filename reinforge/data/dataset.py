@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .sources import PromptRecord
+from .sources import PromptRecord, is_reasoning_gym, load_source
+
+if TYPE_CHECKING:
+    from ..config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +105,22 @@ class PromptDataset:
                              f"resume with the same data settings")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         self._order = self._permutation(self.epoch)
+
+
+def load_datasets(d: "DataConfig", tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+    """The training prompts and the held-out prompts (None when there are none) of the ``data``
+    section: a reasoning-gym task's held-out split is drawn with ``eval_seed``."""
+    common = dict(apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt,
+                  max_prompt_len=d.rollout_max_prompt_len)
+    records = load_source(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+                          size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
+    train = PromptDataset(records, tokenizer, shuffle=d.rollout_shuffle, seed=d.seed, name=d.prompt_data, **common)
+    eval_source = d.eval_prompt_data or (d.prompt_data if is_reasoning_gym(d.prompt_data) else None)
+    evalset = None
+    if eval_source and d.n_eval_prompts > 0:
+        kwargs = d.task_kwargs if is_reasoning_gym(eval_source) else None
+        records = load_source(eval_source, input_key=d.input_key, label_key=d.label_key,
+                              metadata_key=d.metadata_key, size=d.n_eval_prompts, seed=d.eval_seed,
+                              task_kwargs=kwargs)[: d.n_eval_prompts]
+        evalset = PromptDataset(records, tokenizer, shuffle=False, name=eval_source, **common)
+    return train, evalset

@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..utils.fs import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +116,7 @@ def pull_model(name: str, force: bool = False) -> Path:
     model.tie_weights()
     model = model.to(torch.bfloat16)
     model.generation_config = quantised.generation_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if is_hf_folder(target):
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target

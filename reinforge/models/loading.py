@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -189,23 +189,6 @@ def save_hf_state_dict(
         cfg.pop("torch_dtype", None)
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out
-
-
-def bucket_by_bytes(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-                    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of (name, tensor) pairs of about ``bucket_bytes`` each (a group closes
-    once it reaches the size; every group holds at least one tensor). Lazy, so tensors
-    gathered on the fly are held one bucket at a time."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named:
-        bucket.append((name, t))
-        size += t.numel() * t.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
 
 
 @torch.no_grad()

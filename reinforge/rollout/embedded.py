@@ -1,6 +1,6 @@
 """The embedded rollout engine: continuous batching over a preallocated per-slot KV cache.
 
-Design (see docs/engine.md for the measurements behind it):
+Design (docs/design.md; measurements in docs/benchmarks.md):
 
 * **Slots.** The KV cache is two tensors ``[layers, slots, kv_heads, max_model_len, head_dim]``.
   A sequence owns one slot from admission to finish, so admission control is the only
@@ -29,7 +29,8 @@ from typing import Any, Iterable
 
 import torch
 
-from ..models.loading import copy_weights_
+from ..config.sections import RolloutConfig
+from ..models.loading import build_model, copy_weights_, is_native
 from ..models.transformer import CausalLM
 from .sampling import sample_tokens
 from .types import FinishReason, GenerateRequest, GenerateResult
@@ -49,15 +50,23 @@ class EngineConfig:
     ``max_model_len`` is the longest prompt + response a slot holds.
     ``max_prefill_tokens`` bounds the padded tokens of one prefill batch.
     ``sync_interval`` is the number of decode steps between host reads of finished slots.
+    Defaults are the ``rollout`` config section's (one default per knob).
     """
 
-    max_num_seqs: int = 256
+    max_num_seqs: int = RolloutConfig.max_num_seqs
     max_model_len: int = 1024
-    max_prefill_tokens: int = 16384
-    kv_cache_memory_fraction: float = 0.5
-    sync_interval: int = 8
-    cuda_graph: bool = True
+    max_prefill_tokens: int = RolloutConfig.max_prefill_tokens
+    kv_cache_memory_fraction: float = RolloutConfig.kv_cache_memory_fraction
+    sync_interval: int = RolloutConfig.sync_interval
+    cuda_graph: bool = RolloutConfig.cuda_graph
     seed: int = 0
+
+    @classmethod
+    def from_rollout(cls, r: RolloutConfig, max_model_len: int, seed: int) -> "EngineConfig":
+        """The engine's settings from the ``rollout`` config section."""
+        return cls(max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
+                   kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
+                   cuda_graph=r.cuda_graph, seed=seed)
 
 
 class _Group:
@@ -489,3 +498,19 @@ def _bucket(n: int, cap: int, quantum: int = 8) -> int:
     else:
         b = -(-n // 256) * 256
     return min(b, cap)
+
+
+def from_spec(spec) -> Any:
+    """The ``embedded`` backend's factory (:mod:`reinforge.rollout.backends`): the engine on its own
+    copy of the model; a model the engine does not implement (not Llama / Qwen2 / Qwen3) falls back
+    to transformers' ``generate`` with a warning."""
+    model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
+    if not is_native(model):
+        from .hf_engine import HFEngine
+
+        log.warning("rollout.backend=embedded needs a Llama/Qwen2/Qwen3 model; falling back to transformers' "
+                    "generate (rollout.backend=hf)")
+        return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.rollout.max_num_seqs,
+                        seed=spec.seed)
+    return EmbeddedEngine(model, EngineConfig.from_rollout(spec.rollout, spec.max_model_len, spec.seed),
+                          tokenizer=spec.tokenizer)

@@ -7,7 +7,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..models.loading import copy_weights_
+from ..models.loading import build_model, copy_weights_
 from .types import FinishReason, GenerateRequest, GenerateResult
 
 
@@ -91,3 +91,10 @@ class HFEngine:
 
     def shutdown(self) -> None:
         pass
+
+
+def from_spec(spec) -> HFEngine:
+    """The ``hf`` backend's factory (:mod:`reinforge.rollout.backends`)."""
+    model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
+    return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.rollout.max_num_seqs,
+                    seed=spec.seed)

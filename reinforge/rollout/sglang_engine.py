@@ -29,14 +29,11 @@ payloads are tested against a loopback fake server that follows SGLang's documen
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +43,12 @@ from typing import Any, Iterable
 
 import torch
 
-from ..models.loading import bucket_by_bytes
+from ..utils import seeds
+from ..weights.broadcast import send_each
+from ..weights.buckets import bucket_by_bytes
+from ..weights.disk import weights_folder
+from ..weights.groups import weight_sync_group
+from ..weights.ipc import serialize_named_tensors
 from .types import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -213,18 +215,6 @@ def parse_generate(response: Any, n: int, version: int) -> list[GenerateResult]:
     return out
 
 
-def serialize_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
-    """Pickle with torch's ``ForkingPickler`` (CUDA tensors become IPC handles), base64 text:
-    the ``serialized_named_tensors`` entry SGLang's ``/update_weights_from_tensor`` expects."""
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions with ForkingPickler)
-
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(named)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def distributed_update_payload(named: list[tuple[str, torch.Tensor]], group_name: str, version: int
                                ) -> dict[str, Any]:
     return {"names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
@@ -258,34 +248,6 @@ class SGLangEngine:
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sglang")
         self.group = None
 
-    @classmethod
-    def from_config(cls, cfg: Any, model_path: Path, max_model_len: int, seed_offset: int = 0) -> "SGLangEngine":
-        r, c = cfg.rollout, cfg.cluster
-        tp = c.rollout_num_gpus_per_engine
-        if r.sglang_urls:
-            servers = [SGLangServer(u.rstrip("/")) for u in r.sglang_urls]
-        else:
-            host = r.sglang_host
-            ports = PortAllocator(r.sglang_port_base)
-            n = 1 if c.mode == "ray" else max(1, c.rollout_num_gpus // tp)
-            servers = []
-            log_dir = Path(cfg.run.output_dir) / "sglang_logs"
-            for i in range(n):
-                port, nccl, dist_init = ports.take(1), ports.take(1), ports.take(31)
-                extra = {"context_length": max_model_len, **(r.sglang_server_args or {})}
-                cmd = launch_command(str(model_path), host, port, nccl, dist_init, tp_size=tp, base_gpu_id=i * tp,
-                                     mem_fraction_static=r.kv_cache_memory_fraction, seed=r.seed + seed_offset + i,
-                                     enable_memory_saver=c.colocate, extra_args=extra)
-                servers.append(start_server(cmd, f"http://{host}:{port}", log_dir))
-        for i, s in enumerate(servers):
-            wait_ready(s, r.sglang_launch_timeout, i)
-        router = None
-        if r.sglang_router and len(servers) > 1:
-            router = launch_router(servers, r.sglang_host, PortAllocator(r.sglang_port_base + 2000).take(1),
-                                   Path(cfg.run.output_dir) / "sglang_logs")
-        return cls(servers, router_url=router, weight_update=r.sglang_weight_update, model_source=str(model_path),
-                   tp_size=tp, seed=r.seed + seed_offset, bucket_bytes=c.weight_sync_bucket_mb << 20)
-
     # ------------------------------------------------------------------ http
     def _post(self, url: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         import requests
@@ -313,7 +275,7 @@ class SGLangEngine:
 
         def one(i: int) -> list[GenerateResult]:
             req = requests[i]
-            body = generate_payload(req, self.seed * 1_000_003 + i)
+            body = generate_payload(req, seeds.derive(self.seed, seeds.REQUEST, i))
             return parse_generate(self._post(urls[i % len(urls)], "/generate", body), req.n, self.weight_version)
 
         return list(self.pool.map(one, range(len(requests))))
@@ -331,44 +293,32 @@ class SGLangEngine:
         elif self.weight_update == "distributed":
             self._update_distributed(named, version)
         elif self.weight_update == "disk":
-            from ..models.loading import save_hf_state_dict
-
-            with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as d:
-                save_hf_state_dict(dict(named), d, self.model_source)
-                self._all("/update_weights_from_disk", {"model_path": d, "weight_version": str(version)})
+            with weights_folder(named, self.model_source) as d:
+                self._all("/update_weights_from_disk", {"model_path": str(d), "weight_version": str(version)})
         else:
             raise ValueError(f"unknown rollout.sglang_weight_update {self.weight_update!r}")
         self.weight_version = version
 
     def init_weight_group(self, master_address: str, master_port: int, backend: str = "nccl") -> None:
         """Form the broadcast group: this process is rank 0, server i's TP ranks follow."""
-        import torch.distributed as dist
-
         world = 1 + self.tp_size * len(self.servers)
         bodies = [{"master_address": master_address, "master_port": master_port, "rank_offset": 1 + i * self.tp_size,
                    "world_size": world, "group_name": self.GROUP, "backend": backend}
                   for i in range(len(self.servers))]
         futures = [self.pool.submit(self._post, s.url, "/init_weights_update_group", b)
                    for s, b in zip(self.servers, bodies)]
-        import datetime
-
-        store = dist.TCPStore(master_address, master_port, world, True, timeout=datetime.timedelta(seconds=600))
-        self.group = (dist.ProcessGroupNCCL(store, 0, world) if backend == "nccl"
-                      else dist.ProcessGroupGloo(store, 0, world, datetime.timedelta(seconds=600)))
+        self.group = weight_sync_group(master_address, master_port, 0, world, backend)
         for f in futures:
             f.result()
 
     def _update_distributed(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self.group is None:
             raise SGLangError("distributed weight update before init_weight_group()")
-        opts = torch.distributed.BroadcastOptions()
-        opts.rootRank = 0
         for bucket in bucket_by_bytes(named, self.bucket_bytes):
             body = distributed_update_payload(bucket, self.GROUP, version)
             futures = [self.pool.submit(self._post, s.url, "/update_weights_from_distributed", body)
                        for s in self.servers]
-            for _, t in bucket:  # in the order of the names: the servers receive them so
-                self.group.broadcast([t.contiguous()], opts).wait()
+            send_each(self.group, bucket)  # in the order of the names: the servers receive them so
             for f in futures:
                 f.result()
 
@@ -412,3 +362,29 @@ def launch_router(servers: list[SGLangServer], host: str, port: int, log_dir: Pa
         if r.status_code >= 300:
             raise SGLangError(f"sglang-router refused worker {s.url}: HTTP {r.status_code} {r.text[:300]}")
     return router.url
+
+
+def from_spec(spec) -> SGLangEngine:
+    """The ``sglang`` backend's factory (:mod:`reinforge.rollout.backends`): the given servers
+    (``rollout.sglang_urls``), or ``spec.num_engines`` launched ones, optionally behind a router."""
+    r, tp = spec.rollout, spec.tensor_parallel_size
+    log_dir = spec.log_dir / "sglang_logs"
+    if r.sglang_urls:
+        servers = [SGLangServer(u.rstrip("/")) for u in r.sglang_urls]
+    else:
+        ports = PortAllocator(r.sglang_port_base)
+        servers = []
+        for i in range(spec.num_engines):
+            port, nccl, dist_init = ports.take(1), ports.take(1), ports.take(31)
+            extra = {"context_length": spec.max_model_len, **(r.sglang_server_args or {})}
+            cmd = launch_command(str(spec.model_path), r.sglang_host, port, nccl, dist_init, tp_size=tp,
+                                 base_gpu_id=i * tp, mem_fraction_static=r.kv_cache_memory_fraction, seed=spec.seed + i,
+                                 enable_memory_saver=spec.colocate, extra_args=extra)
+            servers.append(start_server(cmd, f"http://{r.sglang_host}:{port}", log_dir))
+    for i, s in enumerate(servers):
+        wait_ready(s, r.sglang_launch_timeout, i)
+    router = None
+    if r.sglang_router and len(servers) > 1:
+        router = launch_router(servers, r.sglang_host, PortAllocator(r.sglang_port_base + 2000).take(1), log_dir)
+    return SGLangEngine(servers, router_url=router, weight_update=r.sglang_weight_update,
+                        model_source=str(spec.model_path), tp_size=tp, seed=spec.seed, bucket_bytes=spec.bucket_bytes)

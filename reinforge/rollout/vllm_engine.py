@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..utils import seeds
 from .types import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,9 @@ class ReinforgeWorkerExtension:
 
     def reinforge_load_ipc(self, handles: list[tuple[str, Any]]) -> None:
         """Rebuild CUDA tensors shared by the trainer process and load them in place."""
-        device = torch.device("cuda", torch.cuda.current_device())
-        named = []
-        for name, (rebuild, args) in handles:
-            args = list(args)
-            args[6] = device.index  # the device ordinal as this worker sees it
-            named.append((name, rebuild(*args)))
+        from ..weights.ipc import from_handles
+
+        named = from_handles(handles, device_index=torch.cuda.current_device())  # the ordinal as this worker sees it
         self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
 
 
@@ -106,7 +104,7 @@ class VLLMEngine:
                 n=r.n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
                 max_tokens=p.max_new_tokens, stop=list(p.stop) or None,
                 stop_token_ids=None if p.ignore_eos else (list(p.stop_token_ids) or None),
-                ignore_eos=p.ignore_eos, logprobs=0, seed=self.seed * 1_000_003 + i if self.per_request_seeds else None,
+                ignore_eos=p.ignore_eos, logprobs=0, seed=seeds.derive(self.seed, seeds.REQUEST, i) if self.per_request_seeds else None,
                 skip_special_tokens=False, detokenize=bool(p.stop)))
         outputs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params,
                                     use_tqdm=False)
@@ -133,11 +131,11 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named,
                                                               "is_checkpoint_format": True})
         else:
-            from torch.multiprocessing.reductions import reduce_tensor
+            from ..weights.ipc import to_handles
 
             if not all(t.is_cuda for _, t in named):
                 raise RuntimeError("a multi-process vLLM engine receives weights as CUDA tensors (IPC handles)")
-            self.llm.collective_rpc("reinforge_load_ipc", args=([(n, reduce_tensor(t)) for n, t in named],))
+            self.llm.collective_rpc("reinforge_load_ipc", args=(to_handles(named),))
         self.llm.reset_prefix_cache()
         self.weight_version = version
 
@@ -156,3 +154,11 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         del self.llm
+
+
+def from_spec(spec) -> VLLMEngine:
+    """The ``vllm`` backend's factory (:mod:`reinforge.rollout.backends`)."""
+    r = spec.rollout
+    return VLLMEngine(str(spec.model_path), spec.dtype, spec.max_model_len, max_num_seqs=r.max_num_seqs,
+                      memory_fraction=r.kv_cache_memory_fraction, tensor_parallel_size=spec.tensor_parallel_size,
+                      enable_sleep_mode=spec.colocate, cuda_graph=r.cuda_graph, seed=spec.seed)

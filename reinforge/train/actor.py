@@ -8,15 +8,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..algo.losses import aggregate, entropy_from_logits, gspo_ratio, kl_penalty, ppo_clip_loss
+from ..algo.losses import POLICY_LOSSES, aggregate, entropy_from_logits, kl_penalty
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..rollout.types import Sample
+from ..utils import seeds
 from .batching import MicroBatch
-from .module import TrainModule, mean_metrics, resolve_device, shuffled_steps
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
 
-__all__ = ["Actor", "TrainData", "resolve_device", "response_logits"]
+__all__ = ["Actor", "TrainData", "response_logits"]
 
 
 @dataclass
@@ -42,11 +43,15 @@ def response_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
     return out.logits[:, :-1][mb.response_mask]
 
 
-class Actor(TrainModule):
-    """Policy model (fp32 master weights), optional frozen reference model, AdamW, LR schedule."""
+class Actor(ModelTrainer):
+    """Policy model (fp32 master weights), optional frozen reference model, AdamW, LR schedule.
+
+    Reads ``cfg.algo`` (losses), ``cfg.train`` / ``cfg.model`` (optimizer, precision) and the
+    rollout temperature and response length (the distribution the engine sampled from).
+    """
 
     def __init__(self, cfg: Config, model_path: str | Path, device: torch.device,
-                 ref_path: str | Path | None = None, parallel: ParallelContext | None = None):
+                 ref_path: str | Path | None = None, parallel: ParallelContext | None = None, pad_id: int = 0):
         t, m, a = cfg.train, cfg.model, cfg.algo
         model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
         if m.gradient_checkpointing:
@@ -55,10 +60,11 @@ class Actor(TrainModule):
             else:
                 model.gradient_checkpointing_enable()
         model.train()
-        super().__init__(cfg, model, device, lr=t.lr, warmup=t.lr_warmup_iters, clip_grad=t.clip_grad,
-                         weight_decay=t.weight_decay, name="actor", parallel=parallel)
+        super().__init__(model, device, OptimizerSettings.for_actor(t), TrainSettings.from_config(m, t), name="actor",
+                         parallel=parallel, pad_id=pad_id)
+        self.cfg = cfg
         self.ref: nn.Module | None = None
-        if a.use_kl_loss or a.use_kl_in_reward:
+        if a.needs_reference:
             sharded = self.parallel.distributed
             ref_dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
             ref = build_model(ref_path or model_path, ref_dtype, device, random_init=m.random_init, seed=t.seed)
@@ -129,12 +135,13 @@ class Actor(TrainModule):
         if self.ref is not None and cfg.algo.use_kl_loss:
             per_token["ref_log_probs"] = (data.ref_log_probs if data.ref_log_probs is not None
                                           else self.compute_log_probs(samples, reference=True))
-        batches = shuffled_steps(len(samples), steps, cfg.train.seed * 1_000_003 + rollout_id)
+        batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
         return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
 
     def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
                     ) -> dict[str, float]:
         a = self.cfg.algo
+        policy_loss = POLICY_LOSSES.get(a.policy_loss)
         use_kl = "ref_log_probs" in per_token
         self.model.train()
         # Loss normalisers count every sample of the step ...
@@ -163,9 +170,7 @@ class Actor(TrainModule):
                 keep = ((iw >= a.tis_clip_low) & (iw <= a.tis_clip)).to(mask.dtype)
                 sums["tis_masked"] += float((mask * (1 - keep)).sum())
                 mask = mask * keep
-            ratio = gspo_ratio(lp_grid, old, mask) if a.policy_loss == "gspo" else None
-            pg, ratio, clipped = ppo_clip_loss(lp_grid, old, f["advantages"], a.eps_clip, a.eps_clip_high,
-                                               a.eps_clip_c, ratio)
+            pg, ratio, clipped = policy_loss(lp_grid, old, f["advantages"], mask, a)
             if weight is not None:
                 pg = pg * weight
             total = pg

@@ -12,7 +12,8 @@ from ..config import Config
 from ..models.loading import build_model, is_native
 from ..rollout.types import Sample
 from .batching import MicroBatch
-from .module import TrainModule, mean_metrics, shuffled_steps
+from ..utils import seeds
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext
 
 
@@ -38,16 +39,18 @@ class ValueModel(nn.Module):
         return self.value_head(self.backbone.forward_hidden(input_ids)).squeeze(-1).float()
 
 
-class Critic(TrainModule):
+class Critic(ModelTrainer):
     """Value model, its AdamW optimizer and LR schedule (``critic.*`` settings)."""
 
-    def __init__(self, cfg: Config, path: str | Path, device: torch.device, parallel: ParallelContext | None = None):
-        c = cfg.critic
-        backbone = build_model(path, torch.float32, device, random_init=cfg.model.random_init, seed=cfg.train.seed)
-        backbone.gradient_checkpointing = cfg.model.gradient_checkpointing
+    def __init__(self, cfg: Config, path: str | Path, device: torch.device, parallel: ParallelContext | None = None,
+                 pad_id: int = 0):
+        c, t, m = cfg.critic, cfg.train, cfg.model
+        backbone = build_model(path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+        backbone.gradient_checkpointing = m.gradient_checkpointing
         model = ValueModel(backbone).train()
-        super().__init__(cfg, model, device, lr=c.lr, warmup=c.lr_warmup_iters, clip_grad=c.clip_grad,
-                         weight_decay=c.weight_decay, name="critic", parallel=parallel)
+        super().__init__(model, device, OptimizerSettings.for_critic(c, t), TrainSettings.from_config(m, t),
+                         name="critic", parallel=parallel, pad_id=pad_id)
+        self.value_clip, self.num_steps, self.seed = c.value_clip, t.num_steps_per_rollout, t.seed
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         with self.autocast():
@@ -68,8 +71,7 @@ class Critic(TrainModule):
               rollout_id: int) -> dict[str, float]:
         """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean)."""
         per_token = {"returns": returns, "old_values": old_values}
-        batches = shuffled_steps(len(samples), self.cfg.train.num_steps_per_rollout,
-                                 self.cfg.train.seed * 1_000_033 + rollout_id)
+        batches = shuffled_steps(len(samples), self.num_steps, seeds.derive(self.seed, seeds.CRITIC_SHUFFLE, rollout_id))
         return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
 
     def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
@@ -81,8 +83,7 @@ class Critic(TrainModule):
         for mb in mbs:
             values = self._values(mb)
             f = mb.fields
-            loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"],
-                                                   self.cfg.critic.value_clip)
+            loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"], self.value_clip)
             loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
             (loss * self.loss_scale).backward()
             loss_sum += float(loss.detach())

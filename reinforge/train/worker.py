@@ -14,11 +14,12 @@ from typing import Any, Iterator
 import torch
 
 from ..config import Config
-from ..models.loading import bucket_by_bytes, save_hf_state_dict
+from ..models.loading import save_hf_state_dict
 from ..rollout.types import Sample
+from ..utils.device import resolve_device
+from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData
 from .critic import Critic
-from .module import resolve_device
 from .parallel import ParallelContext
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,10 @@ class TrainWorker:
             torch.cuda.set_device(self.device)
         self.parallel = ParallelContext.init(rank, world_size, master_addr, master_port, self.device)
         torch.manual_seed(cfg.train.seed)
-        self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel)
-        self.actor.pad_id = pad_id
+        self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel, pad_id=pad_id)
         self.critic: Critic | None = None
-        if cfg.algo.advantage_estimator == "gae":
-            self.critic = Critic(cfg, critic_path or base_path, self.device, parallel=self.parallel)
-            self.critic.pad_id = pad_id
+        if cfg.algo.needs_critic:
+            self.critic = Critic(cfg, critic_path or base_path, self.device, parallel=self.parallel, pad_id=pad_id)
 
     @property
     def has_reference(self) -> bool:

@@ -1,68 +1,117 @@
-"""What the actor and the critic share: optimizer, LR schedule, precision, micro-batches, guarded steps."""
+"""What every trained model shares (actor, critic): optimizer, LR schedule, precision,
+micro-batches, rank-balanced work, NaN-guarded steps and sharded checkpoints."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ..config import Config
 from ..rollout.types import Sample
 from .batching import MicroBatch, collate, split_by_token_budget
 from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
 
+if TYPE_CHECKING:
+    from ..config import CriticConfig, ModelConfig, TrainConfig
+
 log = logging.getLogger(__name__)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+@dataclass
+class OptimizerSettings:
+    """AdamW and its learning-rate schedule (warm-up, then constant / linear / cosine decay to
+    ``min_lr`` at ``total_steps``), and gradient-norm clipping."""
+
+    lr: float
+    total_steps: int
+    warmup_steps: int = 0
+    decay_style: str = "constant"
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+
+    @classmethod
+    def for_actor(cls, t: "TrainConfig") -> "OptimizerSettings":
+        """The policy's settings: ``train.*``."""
+        return cls(lr=t.lr, total_steps=t.num_rollout * t.num_steps_per_rollout, warmup_steps=t.lr_warmup_iters,
+                   decay_style=t.lr_decay_style, min_lr=t.min_lr, weight_decay=t.weight_decay,
+                   betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, clip_grad=t.clip_grad)
+
+    @classmethod
+    def for_critic(cls, c: "CriticConfig", t: "TrainConfig") -> "OptimizerSettings":
+        """The value model's settings: ``critic.*``; AdamW's betas and eps and the step count from ``train.*``."""
+        return cls(lr=c.lr, total_steps=t.num_rollout * t.num_steps_per_rollout, warmup_steps=c.lr_warmup_iters,
+                   decay_style=c.lr_decay_style, min_lr=c.min_lr, weight_decay=c.weight_decay,
+                   betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, clip_grad=c.clip_grad)
 
 
-class TrainModule:
-    """A model with its AdamW optimizer and LR schedule.
+@dataclass
+class TrainSettings:
+    """How a model is run: precision, micro-batch budget, FSDP offload (from ``model.*`` / ``train.*``)."""
+
+    train_dtype: str = "auto"
+    max_tokens_per_gpu: int = 8192
+    fsdp_cpu_offload: bool = False
+
+    @classmethod
+    def from_config(cls, m: "ModelConfig", t: "TrainConfig") -> "TrainSettings":
+        return cls(train_dtype=m.train_dtype, max_tokens_per_gpu=t.max_tokens_per_gpu,
+                   fsdp_cpu_offload=t.fsdp_cpu_offload)
+
+
+class ModelTrainer:
+    """A model (not an ``nn.Module`` itself) with its AdamW optimizer and LR schedule: the base of
+    :class:`~reinforge.train.actor.Actor` and :class:`~reinforge.train.critic.Critic`.
 
     Precision: fp32 parameters and optimizer state; on CUDA the forward pass runs under
     bf16 autocast (``model.train_dtype: auto | bf16``), on CPU in fp32.
+
+    Args:
+        model: the model to train (sharded here with FSDP2 when ``parallel`` has several ranks).
+        device: its device.
+        optim: optimizer and schedule (:class:`OptimizerSettings`: each model its own section).
+        settings: precision, micro-batch budget, offload.
+        name: for log messages ("actor", "critic").
+        parallel: this process's rank among the trainer ranks.
     """
 
-    def __init__(self, cfg: Config, model: nn.Module, device: torch.device, *, lr: float, warmup: int,
-                 clip_grad: float, weight_decay: float, name: str, parallel: ParallelContext | None = None):
-        self.cfg, self.device, self.name = cfg, device, name
+    def __init__(self, model: nn.Module, device: torch.device, optim: OptimizerSettings, settings: TrainSettings,
+                 *, name: str, parallel: ParallelContext | None = None, pad_id: int = 0):
+        self.device, self.name, self.optim, self.settings = device, name, optim, settings
         self.parallel = parallel or ParallelContext()
-        self.clip_grad = clip_grad
-        t = cfg.train
         if self.parallel.distributed:
             model = self.shard(model)
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=weight_decay,
+            params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
             **({"fused": True} if device.type == "cuda" else {}))
-        total = t.num_rollout * t.num_steps_per_rollout
-        min_ratio = t.min_lr / t.lr
+        min_ratio = optim.min_lr / optim.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_multiplier(step, warmup, total, t.lr_decay_style, min_ratio))
-        self.pad_id = 0
+            self.optimizer, lambda step: lr_multiplier(step, optim.warmup_steps, optim.total_steps, optim.decay_style,
+                                                       min_ratio))
+        self.pad_id = pad_id
         self.skipped_steps = 0
 
     def compute_dtype(self) -> torch.dtype | None:
         """bf16 when the forward pass runs in bf16 (``model.train_dtype``), else None (fp32)."""
-        mode = self.cfg.model.train_dtype
+        mode = self.settings.train_dtype
         if mode == "fp32" or (mode == "auto" and self.device.type != "cuda"):
             return None
         return torch.bfloat16
 
     def shard(self, model: nn.Module) -> nn.Module:
-        """FSDP2-shard a model of this module (bf16 compute through FSDP's mixed precision)."""
+        """FSDP2-shard a model of this trainer (bf16 compute through FSDP's mixed precision)."""
         return shard_model(model, self.device, mixed_precision=self.compute_dtype() is not None,
-                           cpu_offload=self.cfg.train.fsdp_cpu_offload)
+                           cpu_offload=self.settings.fsdp_cpu_offload)
 
     def autocast(self):
         """bf16 autocast for the unsharded model; FSDP's mixed precision does it when sharded."""
@@ -75,7 +124,7 @@ class TrainModule:
                       per_token: dict[str, list[torch.Tensor]] | None = None) -> list[MicroBatch]:
         """Token-budget micro-batches (``train.max_tokens_per_gpu``) of ``samples[indices]`` on the device."""
         tokens = [s.tokens for s in samples]
-        groups = split_by_token_budget([len(tokens[i]) for i in indices], self.cfg.train.max_tokens_per_gpu)
+        groups = split_by_token_budget([len(tokens[i]) for i in indices], self.settings.max_tokens_per_gpu)
         rlen = [s.response_length for s in samples]
         masks = [s.loss_mask for s in samples]
         return [collate(tokens, rlen, masks, [indices[j] for j in g], self.pad_id, per_token).to(self.device)
@@ -116,7 +165,7 @@ class TrainModule:
             for p in self.model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.clip_grad)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         loss_sum = self.parallel.sum_floats({"loss": loss_sum})["loss"]
         applied = math.isfinite(grad_norm) and math.isfinite(loss_sum)

@@ -1,0 +1,95 @@
+"""The cluster as the RL loop sees it: trainer ranks behind named methods, and the rollout engine.
+
+:class:`Cluster` is the one interface of a placement; ``cluster.mode`` chooses the
+implementation from :data:`PLACEMENTS` (``local``: one trainer and one engine in this process;
+``ray``: trainer ranks and engines as Ray actors). The loop calls the same methods either way
+and never asks which it has (slime's ``RayTrainGroup``: ``async_train``, ``update_weights``...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import torch
+
+from ..rollout.types import RolloutEngine, Sample
+from ..utils.registry import Registry
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..train.actor import TrainData
+
+
+@dataclass
+class ClusterSpec:
+    """What a placement needs besides the config: model folders, tokenizer, sizes."""
+
+    base_path: Path  # the policy's (and reference model's) Hugging Face folder
+    critic_path: Path | None  # initial critic weights (None: base_path)
+    tokenizer: Any
+    pad_id: int
+    max_model_len: int  # longest prompt + response an engine must hold
+
+
+class Cluster(Protocol):
+    """Trainer ranks (policy, reference, critic) and rollout engine(s) of one run.
+
+    Every trainer method runs on every rank with the same arguments (each rank takes its share
+    of the samples) and returns rank 0's result.
+    """
+
+    engine: RolloutEngine  # generation; a pool of engines behind the same interface in Ray mode
+    has_reference: bool  # a frozen reference model is loaded (KL)
+    has_critic: bool  # a value model is trained (estimators registered needs_critic)
+
+    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
+        """Per-sample response log-probs [response_length] (fp32, CPU) under the policy or the reference."""
+        ...
+
+    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per-sample critic values [response_length] (fp32, CPU)."""
+        ...
+
+    def train_actor(self, data: "TrainData", rollout_id: int) -> dict[str, float]:
+        """``train.num_steps_per_rollout`` policy optimizer steps; metrics averaged over them."""
+        ...
+
+    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
+                     rollout_id: int) -> dict[str, float]:
+        """The critic's optimizer steps on the returns; metrics."""
+        ...
+
+    def before_train(self) -> None:
+        """Hand the GPUs to the trainers (colocated engines sleep)."""
+        ...
+
+    def after_train(self) -> None:
+        """Hand them back (engines wake up)."""
+        ...
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """Push the policy's weights into every engine; its results carry ``version`` from now on.
+        Returns ``{"time/sync": seconds}``."""
+        ...
+
+    def save(self, directory: Path) -> None:
+        """The trainers' part of a checkpoint (sharded model and optimizer, HF folder)."""
+        ...
+
+    def load(self, directory: Path) -> None:
+        ...
+
+    def shutdown(self) -> None:
+        ...
+
+
+PLACEMENTS: Registry[Callable[["Config", ClusterSpec], Cluster]] = Registry("placement", "cluster.mode")
+PLACEMENTS.register("local", "reinforge.cluster.local:LocalCluster")
+PLACEMENTS.register("ray", "reinforge.cluster.ray_cluster:RayCluster")
+
+
+def build_cluster(cfg: "Config", spec: ClusterSpec) -> Cluster:
+    """The placement ``cluster.mode`` names, built (its module imported only now)."""
+    return PLACEMENTS.get(cfg.cluster.mode)(cfg, spec)

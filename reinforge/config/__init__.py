@@ -1,0 +1,12 @@
+"""Configuration: one dataclass per concern (``sections.py``), composed into :class:`Config`,
+read from YAML plus ``key=value`` overrides (``loader.py``); every key's help and bounds sit
+beside its field (``fields.opt``) and ``docs/config.md`` is generated from them (``docs.py``)."""
+
+from .fields import ConfigError
+from .loader import config_from_dict, config_from_values, dump_config, load_config, parse_override
+from .sections import (SECTIONS, AlgoConfig, ClusterConfig, Config, CriticConfig, DataConfig, EvalConfig,
+                       ModelConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
+
+__all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",
+           "dump_config", "parse_override", "AlgoConfig", "ClusterConfig", "CriticConfig", "DataConfig",
+           "EvalConfig", "ModelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]

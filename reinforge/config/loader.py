@@ -1,0 +1,248 @@
+"""Reading a configuration: defaults, a YAML file (and its ``base:``), ``key=value`` overrides.
+
+Sources, later ones winning: the dataclass defaults, a YAML file (and the file named by its
+top-level ``base:`` key, read first), ``key=value`` overrides from the command line. Keys are
+written ``section.key`` (``rollout.n_samples_per_prompt=8``); a key that exists in exactly one
+section may also be written bare (``n_samples_per_prompt=8``). Values of overrides are parsed
+as YAML (``8`` is an int, ``[1, 2]`` a list, ``null`` None). Unknown keys and invalid values
+raise :class:`ConfigError` naming the key and, where the value came from, the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .fields import ConfigError
+from .sections import SECTIONS, Config
+
+
+# --------------------------------------------------------------------------- loading
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+_SCALARS: dict[type, tuple[Any, str]] = {  # type -> (accepts value?, what the error says is expected)
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (int -> float allowed); return the value."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp in _SCALARS:
+        accepts, expected = _SCALARS[tp]
+        if not accepts(value):
+            raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+        return float(value) if tp is float else value
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _section_fields(section: str) -> dict[str, Any]:
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _locate(key: str) -> tuple[str, str]:
+    """'rollout.n_samples_per_prompt' or a bare unique 'n_samples_per_prompt' -> (section, name)."""
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}"
+                              + _suggest(section, SECTIONS))
+        if name not in _section_fields(section):
+            raise ConfigError(f"unknown config key {key!r}" + _suggest(name, _section_fields(section), section))
+        return section, name
+    owners = [s for s in SECTIONS if key in _section_fields(s)]
+    if len(owners) == 1:
+        return owners[0], key
+    if len(owners) > 1:
+        raise ConfigError(f"config key {key!r} is ambiguous: write one of {', '.join(f'{s}.{key}' for s in owners)}")
+    every = {f"{s}.{n}" for s in SECTIONS for n in _section_fields(s)}
+    bare = {n for s in SECTIONS for n in _section_fields(s)}
+    raise ConfigError(f"unknown config key {key!r}" + _suggest(key, bare | every))
+
+
+def _suggest(name: str, options, section: str | None = None) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    prefix = f"{section}." if section else ""
+    return "; did you mean " + " or ".join(f"{prefix}{c}" for c in close) + "?"
+
+
+def _flatten(raw: dict[str, Any], origin: str) -> list[tuple[str, Any]]:
+    """YAML mapping -> [(dotted key, value)]; sections are mappings, bare keys are allowed."""
+    out = []
+    for k, v in raw.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"{origin}: key {k!r} is not a string")
+        if k in SECTIONS:
+            if v is None:
+                continue
+            if not isinstance(v, dict):
+                raise ConfigError(f"{origin}: section {k!r} must be a mapping of keys to values")
+            out.extend((f"{k}.{name}", value) for name, value in v.items())
+        else:
+            out.append((k, v))
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'rollout.n_samples_per_prompt=8' -> ('rollout.n_samples_per_prompt', 8)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key=value (e.g. train.lr=1e-6)")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-").replace("-", "_")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _looks_numeric(value):  # YAML reads 1e-6 as a string
+        value = float(value)
+    return key, value
+
+
+def _looks_numeric(s: str) -> bool:
+    try:
+        float(s)
+        return s.strip().lower() not in ("nan", "inf", "-inf", "infinity")
+    except ValueError:
+        return False
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a validated :class:`Config` from defaults, an optional YAML file and overrides.
+
+    Raises:
+        ConfigError: unknown key, wrong type or invalid combination (the message names the
+            key and the file or ``command line`` it came from).
+        FileNotFoundError: ``path`` does not exist.
+    """
+    values: dict[tuple[str, str], tuple[Any, str]] = {}
+    if path is not None:
+        _read_yaml(Path(path), values, seen=())
+    for text in overrides or []:
+        key, value = parse_override(text)
+        try:
+            values[_locate(key)] = (value, "command line")
+        except ConfigError as e:
+            raise ConfigError(f"command line: {e}") from None
+    return config_from_values(values)
+
+
+def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen: tuple[Path, ...]) -> None:
+    """Add a YAML file's keys to ``values``; a top-level ``base: other.yaml`` (relative to the
+    file) is read first, so the file only states what differs from its base."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' files include each other")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = raw.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: base must be a path to another YAML file")
+        _read_yaml(path.parent / base, values, seen + (path.resolve(),))
+    for key, value in _flatten(raw, str(path)):
+        try:
+            values[_locate(key)] = (value, str(path))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+
+def config_from_values(values: dict[tuple[str, str], tuple[Any, str]], check_explicit: bool = True) -> Config:
+    sections = {}
+    for section, cls in SECTIONS.items():
+        hints = _section_fields(section)
+        kwargs = {}
+        for (s, name), (value, origin) in values.items():
+            if s != section:
+                continue
+            if isinstance(value, str) and hints[name] in (float, float | None) and _looks_numeric(value):
+                value = float(value)  # YAML reads 1e-6 (no dot) as a string
+            try:
+                kwargs[name] = _coerce(value, hints[name], f"{section}.{name}")
+            except ConfigError as e:
+                raise ConfigError(f"{origin}: {e}") from None
+        sections[section] = cls(**kwargs)
+    cfg = Config(**sections)
+    if check_explicit:
+        _check_explicit_keys(cfg, set(values))
+    return cfg.validate()
+
+
+def _check_explicit_keys(cfg: Config, given: set[tuple[str, str]]) -> None:
+    """Refuse settings that the chosen advantage estimator would silently ignore: ``critic.*``
+    without a critic, and ``algo`` keys that only other estimators read (each estimator's
+    registration lists the keys it reads)."""
+    from ..algo.advantages import ADV_ESTIMATORS
+
+    est = cfg.algo.advantage_estimator
+    critic_keys = sorted(f"critic.{n}" for s, n in given if s == "critic")
+    if critic_keys and not cfg.algo.needs_critic:
+        raise ConfigError(f"{', '.join(critic_keys)} set, but algo.advantage_estimator={est} uses no critic: "
+                          f"use advantage_estimator=gae (PPO with a critic) or remove them")
+    reads = {name: set(ADV_ESTIMATORS.info(name).get("reads", ())) for name in ADV_ESTIMATORS}
+    for key in sorted(set().union(*reads.values())):
+        if ("algo", key) in given and key not in reads[est]:
+            users = ", ".join(n for n in reads if key in reads[n])
+            raise ConfigError(f"algo.{key} set, but algo.advantage_estimator={est} does not use it (it applies to "
+                              f"{users}): remove it or change the estimator")
+
+
+def config_from_dict(d: dict[str, Any]) -> Config:
+    """Inverse of :meth:`Config.to_dict` (used when resuming from a checkpoint)."""
+    values = {}
+    for key, value in _flatten(d, "config"):
+        values[_locate(key)] = (value, "saved config")
+    return config_from_values(values, check_explicit=False)
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,401 @@
+"""The configuration sections: one dataclass per concern, each key with its help and bounds.
+
+Key names follow slime's command-line flags where slime has one (``rollout_batch_size``,
+``n_samples_per_prompt``, ``num_steps_per_rollout``, ``max_tokens_per_gpu``, ``eps_clip``...).
+Each section checks its own keys (``validate``); checks across sections are in
+:meth:`Config.validate`. ``docs/config.md`` is generated from this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .fields import ConfigError, check_fields, opt, registered
+
+ESTIMATORS = registered("reinforge.algo.advantages:ADV_ESTIMATORS")
+POLICY_LOSSES = registered("reinforge.algo.losses:POLICY_LOSSES")
+KL_ESTIMATORS = registered("reinforge.algo.losses:KL_ESTIMATORS")
+LOSS_AGG_MODES = registered("reinforge.algo.losses:LOSS_AGG_MODES")
+BACKENDS = registered("reinforge.rollout.backends:BACKENDS")
+
+
+class Section:
+    """Base of the sections: field checks from the declarations, then ``check()``."""
+
+    name = ""
+
+    def validate(self) -> None:
+        check_fields(self.name, self)
+        self.check()
+
+    def check(self) -> None:
+        """Combinations of this section's keys (override in sections that have them)."""
+
+
+@dataclass
+class ModelConfig(Section):
+    name = "model"
+    path: str = opt("smollm2-135m-instruct", "Hugging Face folder, or a known model name (`reinforge models list`), "
+                    "converted on first use")
+    random_init: bool = opt(False, "ignore the stored weights and initialise randomly (tests, benchmarks)")
+    gradient_checkpointing: bool = opt(False, "recompute layer activations in the backward pass (less memory, "
+                                       "~30% more compute)")
+    train_dtype: Literal["auto", "fp32", "bf16"] = opt(
+        "auto", "`auto`: bf16 autocast with fp32 master weights on GPU, fp32 on CPU; `fp32`; `bf16`")
+
+
+@dataclass
+class DataConfig(Section):
+    name = "data"
+    prompt_data: str = opt("reasoning_gym:basic_arithmetic",
+                           "`reasoning_gym:<task>` or a `.jsonl` file (slime's `--prompt-data`)")
+    task_kwargs: dict[str, Any] = opt({}, "keyword arguments of `reasoning_gym.create_dataset` "
+                                      "(e.g. `{min_terms: 2, max_digits: 2}`)")
+    num_prompts: int = opt(10000, "number of problems generated for a reasoning-gym training source", ge=1)
+    eval_prompt_data: str | None = opt(None, "held-out prompts; `null`: the training task with `eval_seed` "
+                                       "(reasoning-gym) or no eval (jsonl)")
+    n_eval_prompts: int = opt(64, "held-out prompts evaluated (0 disables evaluation)", ge=0)
+    eval_seed: int = opt(1_000_003, "seed of the held-out reasoning-gym problems (differs from `seed`)")
+    input_key: str = opt("prompt", "jsonl key of the prompt (a string or a list of chat messages)")
+    label_key: str = opt("label", "jsonl key of the reference answer")
+    metadata_key: str = opt("metadata", "jsonl key of per-prompt metadata (passed to reward functions)")
+    apply_chat_template: bool = opt(True, "render prompts with the tokenizer's chat template and a generation prompt")
+    system_prompt: str | None = opt(None, "system message added to prompts that have none")
+    rollout_max_prompt_len: int = opt(512, "prompts longer than this many tokens are dropped (counted in the log)",
+                                      ge=1)
+    rollout_shuffle: bool = opt(True, "shuffle prompts each epoch (seeded: `seed + epoch`)")
+    seed: int = opt(42, "shuffling and reasoning-gym generation seed")
+
+
+@dataclass
+class RolloutConfig(Section):
+    name = "rollout"
+    rollout_batch_size: int = opt(8, "prompts per rollout", ge=1)
+    n_samples_per_prompt: int = opt(8, "completions per prompt (the GRPO group size)", ge=1)
+    rollout_max_response_len: int = opt(256, "max new tokens per completion", ge=1)
+    rollout_temperature: float = opt(1.0, "sampling temperature; the trainer scores tokens at the same temperature",
+                                     ge=0)
+    rollout_top_p: float = opt(1.0, "nucleus sampling (1 disables)", gt=0, le=1)
+    rollout_top_k: int = opt(-1, "top-k sampling (<= 0 disables)")
+    rollout_stop: list[str] = opt([], "stop strings (the completion ends with the token that completes one)")
+    rollout_stop_token_ids: list[int] = opt([], "stop token ids, added to the model's EOS ids (at most 6)")
+    backend: str = opt("embedded", "rollout engine (docs/engines.md): `embedded` (reinforge's engine), `hf` "
+                       "(transformers `generate`, any architecture), `vllm`, `sglang`", choices=BACKENDS)
+    dtype: Literal["auto", "fp32", "bf16"] = opt("auto", "engine weights and KV cache: `auto` = bf16 on GPU, "
+                                                 "fp32 on CPU")
+    max_num_seqs: int = opt(256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`)", ge=1)
+    kv_cache_memory_fraction: float = opt(
+        0.3, "GPU: share of free memory the KV cache may take (vLLM: `gpu_memory_utilization`; SGLang: "
+        "`--mem-fraction-static`)", gt=0, lt=1)
+    max_prefill_tokens: int = opt(16384, "padded tokens per prefill batch", ge=1)
+    sync_interval: int = opt(8, "decode steps between host reads of finished sequences", ge=1)
+    cuda_graph: bool = opt(True, "capture decode steps as CUDA graphs (GPU)")
+    sglang_urls: list[str] = opt([], "`backend: sglang`: use these running servers instead of launching them")
+    sglang_server_args: dict[str, Any] = opt({}, "extra `sglang.launch_server` flags: `{mem_fraction_static: 0.7}` "
+                                             "-> `--mem-fraction-static 0.7` (slime's `--sglang-*`)")
+    sglang_router: bool = opt(False, "put `sglang-router` in front of several launched servers")
+    sglang_weight_update: Literal["tensor", "distributed", "disk"] = opt(
+        "tensor", "`tensor` (same machine, IPC handles), `distributed` (NCCL broadcast), `disk`")
+    sglang_host: str = opt("127.0.0.1", "host launched servers bind to")
+    sglang_port_base: int = opt(15000, "launched servers take free ports from here up (never the same twice)")
+    sglang_launch_timeout: float = opt(600.0, "seconds for a launched server to answer `/health_generate`", gt=0)
+    rollout_function_path: str | None = opt(None, "`module:function` replacing the default rollout "
+                                            "(see `RolloutContext`)")
+    custom_generate_function_path: str | None = opt(None, "`module:function` generating one sample "
+                                                    "(multi-turn, tools)")
+    seed: int = opt(1234, "sampling seed (each rollout reseeds the engine from `seed` and the rollout id)")
+
+    def check(self) -> None:
+        if self.backend != "sglang" and (self.sglang_urls or self.sglang_server_args or self.sglang_router):
+            raise ConfigError(f"rollout.sglang_* settings need rollout.backend=sglang (it is {self.backend})")
+        if len(self.rollout_stop_token_ids) > 6:
+            raise ConfigError("rollout.rollout_stop_token_ids: at most 6 ids (the model's EOS ids take the rest of 8)")
+        for key in ("rollout_function_path", "custom_generate_function_path"):
+            _check_function_path(f"rollout.{key}", getattr(self, key))
+
+
+@dataclass
+class RewardConfig(Section):
+    name = "reward"
+    type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom"] = opt(
+        "auto", "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
+        "`exact_match`, `custom`")
+    function_path: str | None = opt(None, "`module:function` for `type: custom`: `fn(sample) -> float | dict`, "
+                                    "sync or async (slime's `--custom-rm-path`)")
+    answer_extraction: Literal["tag", "tag_or_last_number", "boxed", "last_number", "none"] = opt(
+        "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`")
+    timeout: float = opt(10.0, "seconds per sample; a timeout scores 0 and is counted in `reward/timeouts`", gt=0)
+    concurrency: int = opt(16, "reward calls in flight", ge=1)
+    correct_threshold: float = opt(1.0, "a sample counts as correct (accuracy, pass@k) when its reward is at least "
+                                   "this")
+
+    def check(self) -> None:
+        if self.type == "custom" and not self.function_path:
+            raise ConfigError("reward.type=custom needs reward.function_path: 'module:function'")
+        if self.function_path and self.type not in ("custom", "auto"):
+            raise ConfigError(f"reward.function_path is set but reward.type={self.type!r}; use type custom")
+        _check_function_path("reward.function_path", self.function_path)
+
+
+@dataclass
+class AlgoConfig(Section):
+    """See [algorithms.md](algorithms.md) for the formulas and sources. Settings that the chosen
+    estimator would ignore (`critic.*` or `algo.lambd` without `gae`, `algo.gamma` with an estimator
+    that does not discount, `grpo_std_normalization` with another estimator) are refused."""
+
+    name = "algo"
+    advantage_estimator: str = opt("grpo", "advantage estimator (`gae` is PPO with a critic)", choices=ESTIMATORS)
+    grpo_std_normalization: bool = opt(True, "divide GRPO advantages by the group's reward std")
+    gamma: float = opt(1.0, "discount (`gae`, `reinforce_plus_plus*`)", ge=0, le=1)
+    lambd: float = opt(0.95, "GAE lambda (slime's `--lambd`)", ge=0, le=1)
+    policy_loss: str = opt("ppo", "`ppo` (token ratio) or `gspo` (sequence-level ratio)", choices=POLICY_LOSSES)
+    eps_clip: float = opt(0.2, "PPO clip range below 1 (and above, unless `eps_clip_high` is set)", gt=0)
+    eps_clip_high: float | None = opt(None, "PPO clip range above 1 (DAPO clip-higher uses 0.28)")
+    eps_clip_c: float | None = opt(None, "dual-clip constant (> 1, e.g. 3) bounding the loss of negative "
+                                   "advantages", gt=1)
+    use_kl_loss: bool = opt(False, "add a KL penalty to a frozen reference model to the loss")
+    kl_loss_coef: float = opt(0.0, "its coefficient", ge=0)
+    kl_loss_type: str = opt("low_var_kl", "KL estimator (`low_var_kl` is clamped k3)", choices=KL_ESTIMATORS)
+    use_kl_in_reward: bool = opt(False, "subtract `kl_coef * KL` (k1, per token) from the reward instead")
+    kl_coef: float = opt(0.0, "its coefficient", ge=0)
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient")
+    loss_agg_mode: str = opt("token_mean", "how per-token losses become one (verl's names)", choices=LOSS_AGG_MODES)
+    use_tis: bool = opt(False, "importance-sampling correction between the engine's and the trainer's log-probs")
+    tis_mode: Literal["truncate", "mask"] = opt(
+        "truncate", "`truncate` (TIS: weight `min(w, tis_clip)`) or `mask` (MIS: drop tokens with `w` outside "
+        "`[tis_clip_low, tis_clip]`)")
+    tis_clip: float = opt(2.0, "upper cap of the importance weight", ge=1)
+    tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` mode", ge=0, lt=1)
+    dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: drop groups with equal rewards, sample more prompts "
+                                 "until the batch is full")
+    dynamic_sampling_max_rounds: int = opt(4, "generation rounds per rollout at most; then train on the groups kept",
+                                           ge=1)
+    overlong_filter: bool = opt(False, "exclude truncated samples from the loss")
+    overlong_buffer_len: int | None = opt(None, "DAPO soft over-long punishment: penalise the last this-many tokens "
+                                          "before the length limit", gt=0)
+    overlong_penalty_factor: float = opt(1.0, "the punishment's maximum")
+    reward_clip: float | None = opt(None, "clamp rewards to `[-reward_clip, reward_clip]`", gt=0)
+    normalize_rewards: bool = opt(False, "standardise rewards over the rollout (mean 0, std 1) before the estimator")
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the advantage estimator uses a value model (the one place this is decided)."""
+        from ..algo.advantages import ADV_ESTIMATORS
+
+        return bool(ADV_ESTIMATORS.info(self.advantage_estimator).get("needs_critic"))
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a frozen reference model is loaded (KL in the loss or in the reward)."""
+        return self.use_kl_loss or self.use_kl_in_reward
+
+    def check(self) -> None:
+        if self.eps_clip_high is not None and self.eps_clip_high < self.eps_clip:
+            raise ConfigError(
+                f"algo.eps_clip_high={self.eps_clip_high} < algo.eps_clip={self.eps_clip}: the upper clip range must "
+                f"be at least the lower one (set eps_clip_high to null to use eps_clip for both)")
+        if self.use_kl_loss and self.kl_loss_coef <= 0:
+            raise ConfigError("algo.use_kl_loss=true needs algo.kl_loss_coef > 0")
+        if not self.use_kl_loss and self.kl_loss_coef > 0:
+            raise ConfigError("algo.kl_loss_coef > 0 has no effect unless algo.use_kl_loss=true")
+        if self.use_kl_in_reward and self.kl_coef <= 0:
+            raise ConfigError("algo.use_kl_in_reward=true needs algo.kl_coef > 0")
+        if not self.use_kl_in_reward and self.kl_coef > 0:
+            raise ConfigError("algo.kl_coef > 0 has no effect unless algo.use_kl_in_reward=true "
+                              "(for a KL term in the loss use algo.use_kl_loss and algo.kl_loss_coef)")
+
+
+@dataclass
+class CriticConfig(Section):
+    """Used only with `algo.advantage_estimator: gae`. The critic has its own optimizer,
+    learning-rate schedule and checkpoint; AdamW's betas and eps are the `train.*` ones."""
+
+    name = "critic"
+    path: str | None = opt(None, "initial weights of the value model (`null`: `model.path`); a zero-initialised "
+                           "value head is added")
+    lr: float = opt(1e-5, "critic learning rate (AdamW)", gt=0)
+    lr_warmup_iters: int = opt(0, "optimizer steps of linear warm-up", ge=0)
+    lr_decay_style: Literal["constant", "cosine", "linear"] = opt(
+        "constant", "`constant`, `linear` or `cosine` decay to `min_lr` at the last step")
+    min_lr: float = opt(0.0, "final learning rate of a decay", ge=0)
+    value_clip: float | None = opt(0.2, "clipped value loss range (`null`: plain squared error)", gt=0)
+    clip_grad: float = opt(1.0, "gradient-norm clipping", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    num_warmup_rollouts: int = opt(0, "rollouts at the start that train only the critic", ge=0)
+
+
+@dataclass
+class TrainConfig(Section):
+    name = "train"
+    num_rollout: int = opt(10, "rollouts (RL iterations) to run", ge=0)
+    num_steps_per_rollout: int = opt(1, "optimizer steps per rollout", ge=1)
+    max_tokens_per_gpu: int = opt(8192, "padded tokens per micro-batch", ge=1)
+    lr: float = opt(1e-6, "peak learning rate (AdamW)", gt=0)
+    lr_warmup_iters: int = opt(0, "optimizer steps of linear warm-up", ge=0)
+    lr_decay_style: Literal["constant", "cosine", "linear"] = opt(
+        "constant", "`constant`, `linear` or `cosine` decay to `min_lr` at the last step")
+    min_lr: float = opt(0.0, "final learning rate of a decay", ge=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    adam_beta1: float = opt(0.9, "AdamW beta1", ge=0, lt=1)
+    adam_beta2: float = opt(0.999, "AdamW beta2", ge=0, lt=1)
+    adam_eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    clip_grad: float = opt(1.0, "gradient-norm clipping", gt=0)
+    seed: int = opt(1234, "torch / numpy / python seed, and the seed of mini-batch shuffling")
+    device: str = opt("auto", "`auto` (cuda when available), `cpu`, `cuda`, `cuda:1`, ...")
+    fsdp_cpu_offload: bool = opt(False, "FSDP2 CPU offload of parameters, gradients and optimizer state "
+                                 "(several trainer ranks)")
+
+
+@dataclass
+class EvalConfig(Section):
+    name = "eval"
+    eval_interval: int | None = opt(None, "rollouts between evaluations (always before and after training)", ge=1)
+    eval_before_train: bool = opt(True, "evaluate the initial policy")
+    n_samples_per_eval_prompt: int = opt(4, "sampled completions per prompt for pass@1 / pass@k (0: greedy only)",
+                                         ge=0)
+    eval_max_response_len: int | None = opt(None, "max new tokens in evaluation (`null`: "
+                                            "`rollout_max_response_len`)", ge=1)
+    eval_temperature: float = opt(1.0, "sampling temperature of the sampled completions", ge=0)
+    eval_top_p: float = opt(1.0, "nucleus sampling in evaluation", gt=0, le=1)
+    pass_k: list[int] = opt([1, 4], "the k of each reported pass@k (each at most `n_samples_per_eval_prompt`)")
+
+    def check(self) -> None:
+        for k in self.pass_k:
+            if k < 1 or k > max(self.n_samples_per_eval_prompt, 1):
+                raise ConfigError(f"eval.pass_k={self.pass_k}: each k must be in [1, eval.n_samples_per_eval_prompt="
+                                  f"{self.n_samples_per_eval_prompt}]")
+
+
+@dataclass
+class ClusterConfig(Section):
+    """Placement; see [design.md](design.md#scale-out). Names as slime's flags. On machines without
+    GPUs the "GPU" counts are processes (gloo instead of NCCL)."""
+
+    name = "cluster"
+    mode: Literal["local", "ray"] = opt("local", "`local`: one trainer and one engine in this process; `ray`: "
+                                        "trainer ranks and engines as Ray actors")
+    actor_num_nodes: int = opt(1, "nodes with trainer ranks", ge=1)
+    actor_num_gpus_per_node: int = opt(1, "trainer ranks (FSDP2 data parallel) per node", ge=1)
+    rollout_num_gpus: int = opt(1, "GPUs for rollout engines (with `colocate`: shared with the trainers)", ge=1)
+    rollout_num_gpus_per_engine: int = opt(1, "GPUs per engine (1 for the embedded engine; tensor parallelism with "
+                                           "vLLM)", ge=1)
+    colocate: bool = opt(False, "engines on the trainers' GPUs (they sleep while the trainers train) instead of "
+                         "their own")
+    ray_address: str | None = opt(None, "address of an existing Ray cluster (`auto`, `ray://host:10001`); `null` "
+                                  "starts a local one")
+    num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer rank and per engine", gt=0)
+    weight_sync_bucket_mb: int = opt(256, "weight sync sends the policy in buckets of about this many MB", ge=1)
+    offload_engine_weights: bool = opt(False, "colocate: move engine weights to the CPU while the trainers train")
+
+    @property
+    def num_trainers(self) -> int:
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    def check(self) -> None:
+        if self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
+            raise ConfigError(f"cluster.rollout_num_gpus={self.rollout_num_gpus} is not a multiple of "
+                              f"cluster.rollout_num_gpus_per_engine={self.rollout_num_gpus_per_engine}")
+        if self.mode == "ray" and self.colocate and self.rollout_num_gpus > self.num_trainers:
+            raise ConfigError(f"cluster.colocate=true puts engines on the trainers' GPUs: cluster.rollout_num_gpus="
+                              f"{self.rollout_num_gpus} exceeds actor_num_nodes * actor_num_gpus_per_node = "
+                              f"{self.num_trainers}")
+        if self.mode == "local" and (self.num_trainers > 1 or self.rollout_num_gpus > 1):
+            raise ConfigError("cluster.mode=local runs one trainer and one engine: set cluster.mode=ray for "
+                              "several GPUs or nodes")
+
+
+@dataclass
+class RunConfig(Section):
+    name = "run"
+    output_dir: str = opt("runs/default", "run directory: config.yaml, metrics.jsonl, tensorboard/, eval/, "
+                          "eval_table.txt, checkpoints/")
+    save_interval: int | None = opt(None, "rollouts between checkpoints", ge=1)
+    save_final: bool = opt(True, "checkpoint after the last rollout")
+    keep_last_n_checkpoints: int | None = opt(2, "delete older checkpoints (`null` keeps all)", ge=1)
+    load: str | None = opt(None, "resume from a checkpoint, a `checkpoints/` directory or a run directory "
+                           "(`--load` on the CLI)")
+    tensorboard: bool = opt(True, "write TensorBoard event files")
+    wandb_project: str | None = opt(None, "log the same metrics to this Weights & Biases project (`null`: off; "
+                                    "`pip install wandb`)")
+    wandb_group: str | None = opt(None, "W&B run group")
+    wandb_mode: Literal["online", "offline"] = opt("online", "`offline` writes the W&B run under "
+                                                   "`<output_dir>/wandb` without network (`wandb sync` later)")
+    progress: bool = opt(True, "console progress bar with ETA")
+    dump_rollouts: bool = opt(False, "write every rollout's samples to `rollouts/<id>.jsonl`")
+
+
+def _check_function_path(key: str, path: str | None) -> None:
+    if path is not None and ":" not in path:
+        raise ConfigError(f"{key}={path!r} must look like 'package.module:function'")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "reward": RewardConfig,
+    "algo": AlgoConfig,
+    "critic": CriticConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "cluster": ClusterConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass
+class Config:
+    """The run's configuration: one field per section of :data:`SECTIONS`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step: rollout_batch_size * n_samples_per_prompt / num_steps_per_rollout."""
+        r = self.rollout
+        return r.rollout_batch_size * r.n_samples_per_prompt // self.train.num_steps_per_rollout
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> "Config":
+        """Check every section, then the combinations across sections.
+
+        Raises:
+            ConfigError: naming the key(s) and the fix.
+        """
+        for name in SECTIONS:
+            getattr(self, name).validate()
+        r, t, a, c = self.rollout, self.train, self.algo, self.cluster
+        samples = r.rollout_batch_size * r.n_samples_per_prompt
+        if samples % t.num_steps_per_rollout:
+            raise ConfigError(
+                f"rollout.rollout_batch_size * rollout.n_samples_per_prompt = {samples} samples is not divisible "
+                f"by train.num_steps_per_rollout={t.num_steps_per_rollout}: each optimizer step needs the same "
+                f"global batch size")
+        if a.dynamic_sampling and r.n_samples_per_prompt < 2:
+            raise ConfigError("algo.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
+        if a.overlong_buffer_len is not None and a.overlong_buffer_len >= r.rollout_max_response_len:
+            raise ConfigError(f"algo.overlong_buffer_len must be in (0, rollout.rollout_max_response_len="
+                              f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}")
+        from ..algo.advantages import ADV_ESTIMATORS
+
+        if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:
+            raise ConfigError(f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
+                              f"it needs rollout.n_samples_per_prompt >= 2")
+        if c.mode == "ray" and r.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
+            raise ConfigError(f"rollout.backend={r.backend} runs one engine per GPU: "
+                              f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "
+                              f"rollout.backend=vllm)")
+        return self

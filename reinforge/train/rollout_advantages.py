@@ -1,0 +1,102 @@
+"""A rollout's advantages: from scored groups of samples to per-token advantages (and returns).
+
+Reward shaping (DAPO's over-long punishment, clipping, normalisation), the over-long filter,
+the KL penalty in the reward, then the estimator registered under ``algo.advantage_estimator``
+(:data:`reinforge.algo.advantages.ADV_ESTIMATORS`), applied to the samples laid out on a
+right-padded [N, T] grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs
+from ..algo.losses import kl_penalty
+from ..config import AlgoConfig
+from ..rollout.types import Sample, Status
+
+
+def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
+    """DAPO's soft over-long punishment (Yu et al. 2025, eq. 13): 0 up to ``max_len - buffer``
+    tokens, then falling linearly to ``-factor`` at ``max_len``."""
+    start = max_len - buffer
+    if length <= start:
+        return 0.0
+    return -factor * min(length - start, buffer) / buffer
+
+
+def shaped_rewards(a: AlgoConfig, groups: list[list[Sample]], max_response_len: int) -> torch.Tensor:
+    """[num_groups, n] rewards after over-long punishment, clipping and normalisation
+    (``max_response_len``: ``rollout.rollout_max_response_len``)."""
+    rewards = torch.tensor([[float(s.reward) for s in g] for g in groups], dtype=torch.float32)
+    if a.overlong_buffer_len:
+        pen = [[overlong_penalty(s.response_length, max_response_len, a.overlong_buffer_len,
+                                 a.overlong_penalty_factor) for s in g] for g in groups]
+        rewards = rewards + torch.tensor(pen)
+    if a.reward_clip is not None:
+        rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
+    if a.normalize_rewards and rewards.numel() > 1:
+        rewards = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    return rewards
+
+
+def apply_overlong_filter(a: AlgoConfig, samples: list[Sample]) -> int:
+    """Zero the loss mask of truncated samples (``algo.overlong_filter``); returns how many."""
+    if not a.overlong_filter:
+        return 0
+    n = 0
+    for s in samples:
+        if s.status == Status.TRUNCATED:
+            s.loss_mask = [0] * s.response_length
+            n += 1
+    return n
+
+
+def _grid(vectors: list[torch.Tensor]) -> torch.Tensor:
+    """Per-sample vectors -> right-padded [N, Rmax] float32 grid (0 on padding)."""
+    grid = torch.zeros(len(vectors), max((len(v) for v in vectors), default=1) or 1)
+    for i, v in enumerate(vectors):
+        grid[i, :len(v)] = torch.as_tensor(v, dtype=torch.float32)
+    return grid
+
+
+@dataclass
+class Advantages:
+    advantages: list[torch.Tensor]  # per sample, per response token
+    returns: list[torch.Tensor] | None = None  # estimators with a critic only
+    rewards: torch.Tensor | None = None  # shaped [num_groups, n]
+
+
+def compute_advantages(a: AlgoConfig, groups: list[list[Sample]], max_response_len: int, *,
+                       values: list[torch.Tensor] | None = None,
+                       old_log_probs: list[torch.Tensor] | None = None,
+                       ref_log_probs: list[torch.Tensor] | None = None) -> Advantages:
+    """Advantages of every sample of ``groups`` (flattened group-major) for ``algo.advantage_estimator``.
+
+    With ``algo.use_kl_in_reward`` each token's reward loses ``kl_coef * (log pi_old - log pi_ref)``
+    (k1, as verl's ``apply_kl_penalty``); outcome estimators use the sequence's total.
+
+    Raises:
+        ValueError: an estimator that needs a critic without ``values``, or KL in the reward
+            without log-probs.
+    """
+    flat = [s for g in groups for s in g]
+    lengths = [s.response_length for s in flat]
+    token_kl = None
+    if a.use_kl_in_reward:
+        if old_log_probs is None or ref_log_probs is None:
+            raise ValueError("algo.use_kl_in_reward needs the policy's and the reference's log-probs")
+        token_kl = _grid([a.kl_coef * kl_penalty(o, r, "k1") for o, r in zip(old_log_probs, ref_log_probs)])
+    rewards = shaped_rewards(a, groups, max_response_len)
+    inputs = AdvantageInputs(
+        rewards=rewards, mask=_grid([torch.ones(n) for n in lengths]),
+        loss_mask=_grid([torch.tensor(s.loss_mask, dtype=torch.float32) for s in flat]),
+        token_kl=token_kl, values=_grid(values) if values is not None else None)
+    adv, returns = ADV_ESTIMATORS.get(a.advantage_estimator)(inputs, a)
+
+    def rows(grid: torch.Tensor) -> list[torch.Tensor]:
+        return [grid[i, :n].clone() for i, n in enumerate(lengths)]
+
+    return Advantages(rows(adv), rows(returns) if returns is not None else None, rewards)

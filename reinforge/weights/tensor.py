@@ -1,0 +1,25 @@
+"""Transport by tensor: the engine is in this process (local mode), or receives the tensors by
+value through Ray's object store (CPU engines in Ray mode)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+if TYPE_CHECKING:
+    from ..rollout.types import RolloutEngine
+
+
+def sync_in_process(named: Iterable[tuple[str, torch.Tensor]], engine: "RolloutEngine", version: int
+                    ) -> dict[str, float]:
+    """Copy the policy's tensors into ``engine`` in place; returns ``{"time/sync": seconds}``."""
+    t = time.perf_counter()
+    engine.update_weights(named, version)
+    return {"time/sync": time.perf_counter() - t}
+
+
+def by_value(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """A bucket to send by value (detached, so no autograd graph travels with it)."""
+    return [(n, t.detach()) for n, t in bucket]
