@@ -32,8 +32,9 @@ from .utils.fs import atomic_directory, atomic_write_text
 LATEST = "latest"
 
 
-def checkpoint_name(rollout_id: int) -> str:
-    return f"rollout_{rollout_id:06d}"
+def checkpoint_name(index: int, prefix: str = "rollout") -> str:
+    """``rollout_000012`` (RL: the rollout id) or ``step_000012`` (offline: the optimizer step)."""
+    return f"{prefix}_{index:06d}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,26 +52,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: Path, rollout_id: int, write: Callable[[Path], None], state: dict[str, Any],
-                    keep_last: int | None = None) -> Path:
-    """Write checkpoint ``root/rollout_<id>`` atomically and point ``root/latest`` at it.
+def save_checkpoint(root: Path, index: int, write: Callable[[Path], None], state: dict[str, Any],
+                    keep_last: int | None = None, prefix: str = "rollout") -> Path:
+    """Write checkpoint ``root/<prefix>_<index>`` atomically and point ``root/latest`` at it.
 
     Args:
         root: the run's ``checkpoints`` directory.
         write: fills the temporary directory with the trainers' part (model, dcp/, trainer_state.pt).
-        state: JSON-serialisable loop state (rollout_id, data position, config...).
-        keep_last: delete older checkpoints beyond this many (None keeps all).
+        state: JSON-serialisable loop state (rollout_id or step, data position, config...).
+        keep_last: delete older checkpoints of this prefix beyond this many (None keeps all).
     Returns:
         the checkpoint directory.
     """
-    final = root / checkpoint_name(rollout_id)
+    final = root / checkpoint_name(index, prefix)
     with atomic_directory(final) as tmp:
         write(tmp)
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
     atomic_write_text(root / LATEST, final.name + "\n")
     if keep_last is not None:
-        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("rollout_"))
+        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{prefix}_"))
         for p in done[:-keep_last]:
             shutil.rmtree(p, ignore_errors=True)
     return final

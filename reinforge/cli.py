@@ -1,4 +1,4 @@
-"""Command line: ``reinforge train | eval | generate | models | convert``."""
+"""Command line: ``reinforge train | offline | make-data | eval | generate | models | convert``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,27 @@ def _train(args: argparse.Namespace) -> None:
     from .loop import run_training
 
     run_training(cfg)
+
+
+def _offline(args: argparse.Namespace) -> None:
+    overrides = list(args.overrides)
+    if args.load:
+        overrides.append(f"run.load={args.load}")
+    cfg = load_config(args.config, overrides)
+    from .offline_loop import run_offline
+
+    run_offline(cfg)
+
+
+def _make_data(args: argparse.Namespace) -> None:
+    cfg = load_config(args.config, list(args.overrides))
+    from .make_data import make_data
+
+    counts = make_data(cfg, args.kind, args.out, args.num_prompts, answer_format=args.answer_format,
+                       pairs_per_prompt=args.pairs_per_prompt)
+    print(f"wrote {int(counts['examples'])} {args.kind} examples from {int(counts['prompts'])} prompts to {args.out}"
+          + (f" ({int(counts['prompts_without_pair'])} prompts had no correct/incorrect mix)"
+             if counts["prompts_without_pair"] else ""))
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -116,6 +137,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
     t.set_defaults(func=_train)
 
+    o = sub.add_parser("offline", help="offline post-training: SFT, reward model, DPO / IPO / CPO / SimPO / ORPO "
+                                       "/ KTO (offline.method) on a jsonl / parquet dataset")
+    o.add_argument("--config", "-c", help="YAML config file")
+    o.add_argument("--load", help="checkpoint (or run directory) to resume from")
+    o.add_argument("overrides", nargs="*", help="key=value overrides, e.g. offline.method=dpo offline.beta=0.1")
+    o.set_defaults(func=_offline)
+
+    md = sub.add_parser("make-data", help="build offline data from data.prompt_data with the policy: preference "
+                                          "pairs, KTO examples, or SFT targets from reference answers")
+    md.add_argument("kind", choices=["pairs", "kto", "sft"])
+    md.add_argument("--config", "-c", help="YAML config (model, data, rollout sampling, reward)")
+    md.add_argument("--out", required=True, help="output .jsonl")
+    md.add_argument("--num-prompts", type=int, default=1000)
+    md.add_argument("--pairs-per-prompt", type=int, default=1)
+    md.add_argument("--answer-format", default="<answer>{answer}</answer>",
+                    help="sft: how the reference answer is written ({answer} is replaced)")
+    md.add_argument("overrides", nargs="*")
+    md.set_defaults(func=_make_data)
+
     e = sub.add_parser("eval", help="evaluate a model on held-out prompts")
     e.add_argument("--model", help="HF folder, checkpoint model/ folder or known model name")
     e.add_argument("--data", help="a .jsonl file or reasoning_gym:<task>")
@@ -152,7 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .utils.logging import setup_logging
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may follow options (`make-data pairs --out f.jsonl train.seed=1`)
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = list(args.overrides) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         args.func(args)

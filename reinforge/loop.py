@@ -99,7 +99,7 @@ class RLLoop:
         if resume is not None:
             self.cluster.load(resume)
         self.cluster.sync_weights(self.weight_version)
-        self.reward = RewardManager(cfg.reward)
+        self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
         self.rollout_fn: RolloutFn = (load_function(r.rollout_function_path, "rollout.rollout_function_path")

@@ -5,8 +5,8 @@ beside its field (``fields.opt``) and ``docs/config.md`` is generated from them 
 from .fields import ConfigError
 from .loader import config_from_dict, config_from_values, dump_config, load_config, parse_override
 from .sections import (SECTIONS, AlgoConfig, ClusterConfig, Config, CriticConfig, DataConfig, EvalConfig,
-                       ModelConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
+                       ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 __all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",
            "dump_config", "parse_override", "AlgoConfig", "ClusterConfig", "CriticConfig", "DataConfig",
-           "EvalConfig", "ModelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]
+           "EvalConfig", "ModelConfig", "OfflineConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]

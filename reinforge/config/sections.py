@@ -19,6 +19,7 @@ POLICY_LOSSES = registered("reinforge.algo.losses:POLICY_LOSSES")
 KL_ESTIMATORS = registered("reinforge.algo.losses:KL_ESTIMATORS")
 LOSS_AGG_MODES = registered("reinforge.algo.losses:LOSS_AGG_MODES")
 BACKENDS = registered("reinforge.rollout.backends:BACKENDS")
+OFFLINE_METHODS = registered("reinforge.algo.preference:OFFLINE_METHODS")
 
 
 class Section:
@@ -119,9 +120,9 @@ class RolloutConfig(Section):
 @dataclass
 class RewardConfig(Section):
     name = "reward"
-    type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom"] = opt(
+    type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model"] = opt(
         "auto", "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
-        "`exact_match`, `custom`")
+        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`)")
     function_path: str | None = opt(None, "`module:function` for `type: custom`: `fn(sample) -> float | dict`, "
                                     "sync or async (slime's `--custom-rm-path`)")
     answer_extraction: Literal["tag", "tag_or_last_number", "boxed", "last_number", "none"] = opt(
@@ -130,8 +131,16 @@ class RewardConfig(Section):
     concurrency: int = opt(16, "reward calls in flight", ge=1)
     correct_threshold: float = opt(1.0, "a sample counts as correct (accuracy, pass@k) when its reward is at least "
                                    "this")
+    model_path: str | None = opt(None, "`type: model`: a reward model folder (a checkpoint's `model/` written by "
+                                 "`reinforge offline` with `offline.method: rm`, or any `*ForSequenceClassification`)")
+    model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
+    model_batch_size: int = opt(64, "`type: model`: samples scored per forward pass", ge=1)
 
     def check(self) -> None:
+        if self.type == "model" and not self.model_path:
+            raise ConfigError("reward.type=model needs reward.model_path: a reward model folder")
+        if self.model_path and self.type != "model":
+            raise ConfigError(f"reward.model_path is set but reward.type={self.type!r}; use type model")
         if self.type == "custom" and not self.function_path:
             raise ConfigError("reward.type=custom needs reward.function_path: 'module:function'")
         if self.function_path and self.type not in ("custom", "auto"):
@@ -208,6 +217,50 @@ class AlgoConfig(Section):
 
 
 @dataclass
+class OfflineConfig(Section):
+    """Offline post-training with `reinforge offline` (docs/offline.md): supervised fine-tuning, reward
+    models and preference optimisation on a fixed dataset. The policy is `model.path`; the optimizer,
+    schedule, precision and micro-batch budget are the `train.*` keys; `data.system_prompt`,
+    `data.apply_chat_template` and `data.seed` (shuffling, eval split) apply; checkpoints and logging are
+    the `run.*` keys, and `run.save_interval` / `eval.eval_interval` count optimizer steps here."""
+
+    name = "offline"
+    method: str = opt("dpo", "what to train (docs/algorithms.md#offline-methods)", choices=OFFLINE_METHODS)
+    train_data: str | None = opt(None, "training examples: a `.jsonl` or `.parquet` file (keys below)")
+    eval_data: str | None = opt(None, "held-out examples in the same format (`null`: `eval_fraction` of train_data)")
+    eval_fraction: float = opt(0.0, "share of train_data held out for evaluation when eval_data is null", ge=0, lt=1)
+    messages_key: str = opt("messages", "SFT: key of the chat (a list of `{role, content}`; loss on assistant turns)")
+    prompt_key: str = opt("prompt", "key of the prompt (a string or a list of messages); SFT also takes "
+                          "prompt + completion")
+    chosen_key: str = opt("chosen", "pairs: key of the preferred response (a string or assistant message(s))")
+    rejected_key: str = opt("rejected", "pairs: key of the dispreferred response")
+    completion_key: str = opt("completion", "KTO / SFT: key of the response")
+    kto_label_key: str = opt("label", "KTO: key of the desirability label (true / false)")
+    margin_key: str | None = opt(None, "RM: key of an optional per-pair margin (Llama 2's margin loss)")
+    max_length: int = opt(1024, "longest prompt + response, in tokens", ge=2)
+    max_prompt_length: int = opt(512, "with `truncation: truncate`, prompts are cut to their last this-many tokens",
+                                 ge=1)
+    truncation: Literal["drop", "truncate"] = opt(
+        "drop", "examples longer than `max_length`: `drop` them, or `truncate` (prompt from the left to "
+        "`max_prompt_length`, then the response from the right); both are counted in the log")
+    num_epochs: int = opt(1, "passes over train_data", ge=1)
+    global_batch_size: int = opt(32, "examples (pairs for preference methods) per optimizer step", ge=1)
+    beta: float = opt(0.1, "DPO / IPO / CPO / SimPO / KTO temperature beta; ORPO's odds-ratio weight lambda", gt=0)
+    label_smoothing: float = opt(0.0, "DPO / CPO / SimPO: probability that a pair's label is flipped (cDPO)",
+                                 ge=0, lt=0.5)
+    simpo_gamma: float = opt(0.5, "SimPO target reward margin gamma", ge=0)
+    cpo_alpha: float = opt(1.0, "CPO: weight of the NLL (behaviour cloning) term on the chosen responses", ge=0)
+    kto_desirable_weight: float = opt(1.0, "KTO lambda_D: weight of desirable examples", gt=0)
+    kto_undesirable_weight: float = opt(1.0, "KTO lambda_U: weight of undesirable examples", gt=0)
+    precompute_ref_log_probs: bool = opt(True, "DPO / IPO / KTO: compute the reference log-probs once before "
+                                         "training (no reference model in memory while training); false keeps a "
+                                         "frozen reference model and runs it on every batch")
+    packing: bool = opt(False, "SFT: pack several examples into one row of up to `train.max_tokens_per_gpu` tokens "
+                        "(attention stays within each example)")
+    shuffle: bool = opt(True, "shuffle the examples every epoch (seeded: `data.seed + epoch`)")
+
+
+@dataclass
 class CriticConfig(Section):
     """Used only with `algo.advantage_estimator: gae`. The critic has its own optimizer,
     learning-rate schedule and checkpoint; AdamW's betas and eps are the `train.*` ones."""
@@ -251,7 +304,8 @@ class TrainConfig(Section):
 @dataclass
 class EvalConfig(Section):
     name = "eval"
-    eval_interval: int | None = opt(None, "rollouts between evaluations (always before and after training)", ge=1)
+    eval_interval: int | None = opt(None, "rollouts (offline: optimizer steps) between evaluations (always before "
+                                    "and after training)", ge=1)
     eval_before_train: bool = opt(True, "evaluate the initial policy")
     n_samples_per_eval_prompt: int = opt(4, "sampled completions per prompt for pass@1 / pass@k (0: greedy only)",
                                          ge=0)
@@ -311,7 +365,7 @@ class RunConfig(Section):
     name = "run"
     output_dir: str = opt("runs/default", "run directory: config.yaml, metrics.jsonl, tensorboard/, eval/, "
                           "eval_table.txt, checkpoints/")
-    save_interval: int | None = opt(None, "rollouts between checkpoints", ge=1)
+    save_interval: int | None = opt(None, "rollouts (offline: optimizer steps) between checkpoints", ge=1)
     save_final: bool = opt(True, "checkpoint after the last rollout")
     keep_last_n_checkpoints: int | None = opt(2, "delete older checkpoints (`null` keeps all)", ge=1)
     load: str | None = opt(None, "resume from a checkpoint, a `checkpoints/` directory or a run directory "
@@ -338,6 +392,7 @@ SECTIONS: dict[str, type] = {
     "reward": RewardConfig,
     "algo": AlgoConfig,
     "critic": CriticConfig,
+    "offline": OfflineConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
     "cluster": ClusterConfig,
@@ -355,6 +410,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    offline: OfflineConfig = field(default_factory=OfflineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -73,12 +73,15 @@ def build_model(
     random_init: bool = False,
     max_positions: int | None = None,
     seed: int = 0,
+    head_optional: bool = False,
 ) -> nn.Module:
     """The causal LM stored in Hugging Face folder ``path``.
 
     Llama / Qwen2 / Qwen3 load into reinforge's :class:`CausalLM` (shared by trainer and
     engine); any other architecture loads as ``transformers.AutoModelForCausalLM`` with a
-    warning. ``random_init`` ignores the stored weights (benchmarks, tests).
+    warning. ``random_init`` ignores the stored weights (benchmarks, tests). ``head_optional``
+    accepts a folder without ``lm_head.weight`` (a reward model's backbone; the head is zeros)
+    and ignores its ``score.weight``.
 
     Raises:
         FileNotFoundError: no config.json or no safetensors weights in ``path``.
@@ -104,6 +107,10 @@ def build_model(
         if model.args.tie_word_embeddings:
             state.pop("lm_head.weight", None)
             expected.discard("lm_head.weight")
+        if head_optional:
+            state.pop("score.weight", None)
+            if "lm_head.weight" in expected and "lm_head.weight" not in state:
+                state["lm_head.weight"] = torch.zeros(model.args.vocab_size, model.args.hidden_size)
         missing = sorted(expected - set(state))
         if missing:
             raise KeyError(f"{path}: weights lack {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -177,7 +184,8 @@ def save_hf_state_dict(
     tied = json.loads((source / "config.json").read_text()).get("tie_word_embeddings")
     if tied and "model.embed_tokens.weight" in state:
         state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
-    state = {n: (t.to(dtype) if dtype is not None else t).detach().contiguous().cpu() for n, t in state.items()}
+    state = {n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
+             for n, t in state.items()}
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
@@ -189,6 +197,12 @@ def save_hf_state_dict(
         cfg.pop("torch_dtype", None)
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied when it is a view into a larger buffer (gathered FSDP tensors can be), which
+    safetensors refuses to save."""
+    return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 
 
 @torch.no_grad()

@@ -22,7 +22,8 @@ class RewardManager:
     """Scores samples in place (``sample.reward``, ``sample.reward_info``).
 
     The reward function is chosen by ``reward.type``: ``auto`` uses the reasoning-gym scorer
-    for prompts from a reasoning-gym source and math-verify otherwise; ``custom`` loads
+    for prompts from a reasoning-gym source and math-verify otherwise; ``model`` scores with a
+    trained reward model in batches (:class:`~reinforge.reward.model_reward.ModelReward`); ``custom`` loads
     ``reward.function_path`` = ``"module:function"``, a function ``fn(sample) -> float | dict``
     (plain or ``async``; a dict must hold the scalar under ``"reward"``, other keys are kept in
     ``sample.reward_info`` and averaged into the metrics when numeric).
@@ -34,11 +35,16 @@ class RewardManager:
     its worker until it returns.
     """
 
-    def __init__(self, cfg: RewardConfig):
+    def __init__(self, cfg: RewardConfig, pad_id: int = 0):
         self.cfg = cfg
         self.custom: Callable[..., Any] | None = None
         if cfg.function_path:
             self.custom = load_function(cfg.function_path, "reward.function_path")
+        self.model = None
+        if cfg.type == "model":
+            from .model_reward import ModelReward
+
+            self.model = ModelReward(cfg.model_path, cfg.model_device, cfg.model_batch_size, pad_id)
         self._pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="reward")
         self._logged: set[str] = set()
 
@@ -58,6 +64,10 @@ class RewardManager:
 
     def score(self, samples: list[Sample]) -> dict[str, float]:
         """Score ``samples`` in place; returns counts (``reward/errors``, ``reward/timeouts``)."""
+        if self.model is not None:  # one batched pass over all samples
+            for s, r in zip(samples, self.model(samples)):
+                self._apply(s, r)
+            return {"reward/errors": 0.0, "reward/timeouts": 0.0}
         try:
             asyncio.get_running_loop()
         except RuntimeError:

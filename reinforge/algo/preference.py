@@ -1,0 +1,162 @@
+"""Offline objectives: SFT, reward-model, pairwise preference and KTO losses (pure functions),
+and :data:`OFFLINE_METHODS`, the registry ``offline.method`` chooses from.
+
+Sequence log-probabilities are sums over a response's tokens (``logps``) unless a method is
+registered ``length_normalized`` (then they are means over its tokens: IPO, SimPO, ORPO, as in
+TRL). Every pairwise loss returns per-pair values, so that the trainer can average them over the
+global batch however it is split across micro-batches and ranks.
+
+Registration properties (read by the offline trainer):
+
+* ``data``: ``messages`` (SFT), ``pairs`` (prompt / chosen / rejected) or ``unpaired`` (KTO);
+* ``model``: ``policy`` (a causal LM) or ``reward`` (a scalar head);
+* ``reference``: needs reference log-probs (DPO, IPO, KTO);
+* ``length_normalized``: sequence log-probs are token means;
+* ``nll_weight``: a function of the ``offline`` section giving the weight of a token-mean NLL term
+  on the chosen responses (CPO's ``cpo_alpha``, ORPO's 1), or absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..utils.registry import Registry
+
+OFFLINE_METHODS: Registry[Callable[..., Any]] = Registry("offline method", "offline.method")
+
+
+@dataclass
+class PairLogps:
+    """Sequence log-probs of P pairs (all [P] float32).
+
+    ``chosen`` / ``rejected``: the policy's (with gradient); ``ref_chosen`` / ``ref_rejected``:
+    the reference model's (no gradient), or None for reference-free methods.
+    """
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    ref_chosen: torch.Tensor | None = None
+    ref_rejected: torch.Tensor | None = None
+
+
+def _smoothed_sigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """-(1 - e) log sigma(x) - e log sigma(-x): the conservative DPO loss (Mitchell 2023, "A note on
+    DPO with noisy preferences"; TRL's ``label_smoothing``); e = 0 is the plain logistic loss."""
+    return -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+
+
+def _ref_margin(lp: PairLogps) -> tuple[torch.Tensor, torch.Tensor]:
+    if lp.ref_chosen is None or lp.ref_rejected is None:
+        raise ValueError("this loss needs the reference model's log-probs")
+    return lp.chosen - lp.ref_chosen, lp.rejected - lp.ref_rejected
+
+
+def dpo_loss(lp: PairLogps, beta: float, label_smoothing: float = 0.0
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DPO (Rafailov et al. 2023, eq. 7), with label smoothing (cDPO).
+
+    r_w = beta * (log pi(y_w) - log pi_ref(y_w)), r_l likewise; loss = -log sigma(r_w - r_l).
+
+    Returns:
+        (losses [P], chosen rewards r_w [P], rejected rewards r_l [P]); rewards detached.
+    """
+    dc, dr = _ref_margin(lp)
+    losses = _smoothed_sigmoid_loss(beta * (dc - dr), label_smoothing)
+    return losses, beta * dc.detach(), beta * dr.detach()
+
+
+def ipo_loss(lp: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """IPO (Azar et al. 2023, "A General Theoretical Paradigm...", eq. 17): the squared distance of
+    h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l)) from 1 / (2 beta), with
+    length-normalised log-probs (as TRL's ``loss_type="ipo"``)."""
+    dc, dr = _ref_margin(lp)
+    losses = (dc - dr - 1.0 / (2.0 * beta)) ** 2
+    return losses, beta * dc.detach(), beta * dr.detach()
+
+
+def cpo_loss(lp: PairLogps, beta: float, label_smoothing: float = 0.0
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CPO's preference term (Xu et al. 2024, "Contrastive Preference Optimization", eq. 3):
+    -log sigma(beta * (log pi(y_w) - log pi(y_l))), reference-free; the trainer adds
+    ``cpo_alpha`` times the NLL of the chosen responses (eq. 5)."""
+    losses = _smoothed_sigmoid_loss(beta * (lp.chosen - lp.rejected), label_smoothing)
+    return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
+
+
+def simpo_loss(lp: PairLogps, beta: float, gamma: float, label_smoothing: float = 0.0
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SimPO (Meng et al. 2024, eq. 6): -log sigma(beta * (mean log pi(y_w) - mean log pi(y_l)) - gamma),
+    with token-mean log-probs and no reference model."""
+    losses = _smoothed_sigmoid_loss(beta * (lp.chosen - lp.rejected) - gamma, label_smoothing)
+    return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
+
+
+def orpo_loss(lp: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ORPO's odds-ratio term (Hong et al. 2024, eq. 6-7), weighted by lambda = ``beta``:
+    log odds(y) = log p - log(1 - p) with p = exp(mean log pi(y));
+    loss = -lambda * log sigma(log odds(y_w) - log odds(y_l)); the trainer adds the NLL of the chosen
+    responses (the SFT term, eq. 6). Rewards are ``beta * mean log pi`` (TRL's)."""
+    log_odds = (lp.chosen - lp.rejected) - (torch.log1p(-torch.exp(lp.chosen).clamp(max=1 - 1e-6))
+                                             - torch.log1p(-torch.exp(lp.rejected).clamp(max=1 - 1e-6)))
+    losses = -beta * F.logsigmoid(log_odds)
+    return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """Pairwise reward-model loss (Ouyang et al. 2022, eq. 1; Bradley & Terry 1952):
+    -log sigma(r(x, y_w) - r(x, y_l) - m), with an optional per-pair margin m (Touvron et al. 2023,
+    Llama 2, eq. 2). Inputs [P]; returns losses [P]."""
+    diff = chosen - rejected
+    if margin is not None:
+        diff = diff - margin
+    return -F.logsigmoid(diff)
+
+
+def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor,
+             beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """KTO (Ethayarajh et al. 2024, eq. 8), per example.
+
+    r = log pi(y|x) - log pi_ref(y|x); z = ``kl``, the batch's estimate of KL(pi || pi_ref) from
+    mismatched (x, y') pairs, clamped at 0 and not differentiated. Desirable examples lose
+    lambda_D * (1 - sigma(beta (r - z))), undesirable ones lambda_U * (1 - sigma(beta (z - r))).
+
+    Args:
+        logps, ref_logps: [B] sequence log-probs; desirable: [B] bool; kl: scalar.
+    Returns:
+        (losses [B], rewards beta * r [B] detached).
+    """
+    r = logps - ref_logps
+    z = kl.detach().clamp(min=0)
+    loss_d = desirable_weight * (1 - torch.sigmoid(beta * (r - z)))
+    loss_u = undesirable_weight * (1 - torch.sigmoid(beta * (z - r)))
+    return torch.where(desirable, loss_d, loss_u), beta * r.detach()
+
+
+def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, mean: bool) -> torch.Tensor:
+    """[B, T] token log-probs and 0/1 mask -> [B] sums (or means over the masked tokens)."""
+    total = (token_logps * mask).sum(-1)
+    return total / mask.sum(-1).clamp(min=1) if mean else total
+
+
+# ---------------------------------------------------------------------------- registered methods
+# Each pairwise method: fn(lp: PairLogps, offline_cfg) -> (losses [P], chosen rewards [P], rejected rewards [P]).
+
+OFFLINE_METHODS.register("sft", lambda *_: None, data="messages", model="policy")
+OFFLINE_METHODS.register("rm", lambda *_: None, data="pairs", model="reward")
+OFFLINE_METHODS.register("dpo", lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing), data="pairs",
+                         model="policy", reference=True)
+OFFLINE_METHODS.register("ipo", lambda lp, o: ipo_loss(lp, o.beta), data="pairs", model="policy", reference=True,
+                         length_normalized=True)
+OFFLINE_METHODS.register("cpo", lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing), data="pairs", model="policy",
+                         nll_weight=lambda o: o.cpo_alpha)
+OFFLINE_METHODS.register("simpo", lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma, o.label_smoothing),
+                         data="pairs", model="policy", length_normalized=True)
+OFFLINE_METHODS.register("orpo", lambda lp, o: orpo_loss(lp, o.beta), data="pairs", model="policy",
+                         length_normalized=True, nll_weight=lambda o: 1.0)
+OFFLINE_METHODS.register("kto", lambda *_: None, data="unpaired", model="policy", reference=True)

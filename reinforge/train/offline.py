@@ -1,0 +1,313 @@
+"""The offline trainer: SFT, reward models, pairwise preference methods and KTO on one rank.
+
+Every method goes through the same steps: the step's examples are split over ranks by tokens,
+cut into micro-batches of whole examples (both responses of a pair together), and each
+micro-batch's share of the step loss is back-propagated; losses are normalised by the step's
+global counts (examples, pairs, tokens), so micro-batching and the number of ranks do not change
+the update. Ranks with fewer micro-batches run zero-weight dummies: every rank issues the same
+collectives in the same order, whatever its data (the hang ms-swift's CPO / SimPO / ORPO users
+hit was an all-gather that not every rank issued; nothing here is conditional on a rank's data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..algo.preference import OFFLINE_METHODS, PairLogps, bradley_terry_loss, kto_loss, sequence_logps
+from ..config import Config
+from ..data.offline import OfflineExample
+from ..models.loading import build_model
+from ..models.reward_model import RewardModel, build_reward_model
+from ..rollout.types import Sample
+from .actor import response_logits
+from .batching import MicroBatch, collate, split_by_token_budget
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
+from .parallel import ParallelContext, partition_by_tokens
+
+Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # micro-batch, (example, response) per row
+
+
+@dataclass
+class RefLogps:
+    """Reference sequence log-probs per example: ``sums[i][j]`` / ``counts[i][j]`` for response j of
+    example i; ``kl_sums`` / ``kl_counts`` for KTO's mismatched completion of example i."""
+
+    sums: list[list[float]]
+    counts: list[list[int]]
+    kl_sums: list[float] | None = None
+    kl_counts: list[int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def kto_mismatch(examples: list[OfflineExample]) -> list[OfflineExample]:
+    """Example i's prompt with example (i + 1)'s completion (TRL's KL dataset: a fixed shift), the
+    samples from which KTO estimates KL(pi || pi_ref)."""
+    n = len(examples)
+    return [OfflineExample(e.prompt_ids, [examples[(i + 1) % n].responses[0]], [examples[(i + 1) % n].loss_masks[0]])
+            for i, e in enumerate(examples)]
+
+
+class OfflineTrainer(ModelTrainer):
+    """The model of ``offline.method`` (a policy, or a reward model), its optimizer and steps.
+
+    Args:
+        cfg: the run's config (``offline``, ``train``, ``model`` sections).
+        model_path: the initial weights (Hugging Face folder).
+        device, parallel, pad_id: as :class:`ModelTrainer`.
+        total_steps: optimizer steps of the run (the LR schedule's length).
+    """
+
+    def __init__(self, cfg: Config, model_path: str | Path, device: torch.device, total_steps: int,
+                 parallel: ParallelContext | None = None, pad_id: int = 0):
+        o, t, m = cfg.offline, cfg.train, cfg.model
+        self.o, self.info = o, OFFLINE_METHODS.info(o.method)
+        self.loss_fn = OFFLINE_METHODS.get(o.method)
+        self.is_reward = self.info["model"] == "reward"
+        if self.is_reward:
+            model: nn.Module = build_reward_model(model_path, torch.float32, device, m.random_init, t.seed, pad_id)
+        else:
+            model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+        (model.backbone if self.is_reward else model).gradient_checkpointing = m.gradient_checkpointing
+        optim = OptimizerSettings.for_actor(t)
+        optim.total_steps = total_steps
+        super().__init__(model.train(), device, optim, TrainSettings.from_config(m, t), name=o.method,
+                         parallel=parallel, pad_id=pad_id)
+        self.ref: nn.Module | None = None
+        if self.info.get("reference") and not o.precompute_ref_log_probs:
+            ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+            self.ref = (self.shard(ref) if self.parallel.distributed else ref).eval().requires_grad_(False)
+
+    @property
+    def needs_reference(self) -> bool:
+        return bool(self.info.get("reference"))
+
+    # ------------------------------------------------------------------ batching
+    def _batches(self, examples: list[OfflineExample], ids: list[int]) -> Batch:
+        """This rank's share of examples ``ids`` as micro-batches of whole examples, padded with
+        dummies to the largest count of any rank."""
+        p = self.parallel
+        if p.distributed:
+            cost = [sum(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
+            ids = [ids[j] for j in partition_by_tokens(cost, p.world_size)[p.rank]]
+        out: Batch = []
+        if ids:
+            width = max(len(examples[i].responses) for i in ids)
+            longest = [max(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
+            for group in split_by_token_budget(longest, max(1, self.settings.max_tokens_per_gpu // width)):
+                tokens, rlen, masks, rows = [], [], [], []
+                for j in group:
+                    e = examples[ids[j]]
+                    for k, (resp, mask) in enumerate(zip(e.responses, e.loss_masks)):
+                        tokens.append(e.prompt_ids + resp)
+                        rlen.append(len(resp))
+                        masks.append(mask)
+                        rows.append((ids[j], k))
+                mb = collate(tokens, rlen, masks, list(range(len(tokens))), self.pad_id).to(self.device)
+                out.append((mb, rows))
+        real = len(out)
+        for _ in range(p.max_int(real) - real):
+            out.append((self.dummy_micro_batch(None), []))
+        return out
+
+    # ------------------------------------------------------------------ forward passes
+    def _token_logps(self, model: nn.Module, mb: MicroBatch) -> torch.Tensor:
+        """log pi(token) on the [B, T - 1] grid (0 off the response)."""
+        with self.autocast():
+            logits = response_logits(model, mb)
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, mb.targets[mb.response_mask][:, None]).squeeze(-1)
+        return self.to_grid(mb, lp)
+
+    def _rewards(self, mb: MicroBatch) -> torch.Tensor:
+        with self.autocast():
+            return self.model(mb.input_ids)
+
+    @torch.no_grad()
+    def sequence_stats(self, examples: list[OfflineExample], reference: bool = True) -> tuple[list[list[float]],
+                                                                                              list[list[int]]]:
+        """Per example and response: (log-prob sum, token count) under the reference (the frozen
+        model, or the policy when none is loaded) or the policy; gathered on every rank."""
+        model = self.ref if (reference and self.ref is not None) else self.model
+        was = model.training
+        model.eval()
+        sums: list[list[float] | None] = [None] * len(examples)
+        counts: list[list[int] | None] = [None] * len(examples)
+        for mb, rows in self._batches(examples, list(range(len(examples)))):
+            grid = self._token_logps(model, mb)
+            s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
+            for (i, k), si, ci in zip(rows, s, c):
+                if sums[i] is None:
+                    sums[i], counts[i] = [0.0] * len(examples[i].responses), [0] * len(examples[i].responses)
+                sums[i][k], counts[i][k] = si, ci
+        model.train(was)
+        return self.gather_rows(sums), self.gather_rows(counts)
+
+    def reference_logps(self, examples: list[OfflineExample]) -> RefLogps:
+        """The reference log-probs of every example (and KTO's mismatched completions)."""
+        sums, counts = self.sequence_stats(examples)
+        ref = RefLogps(sums, counts)
+        if self.o.method == "kto":
+            ks, kc = self.sequence_stats(kto_mismatch(examples))
+            ref.kl_sums, ref.kl_counts = [s[0] for s in ks], [c[0] for c in kc]
+        return ref
+
+    # ------------------------------------------------------------------ steps
+    def step(self, examples: list[OfflineExample], ids: list[int], ref: RefLogps | None, train: bool = True
+             ) -> dict[str, float]:
+        """One optimizer step on examples ``ids`` (``train=False``: the same loss and metrics, no update).
+
+        Returns:
+            metrics averaged over the step's examples (``loss``, ``rewards/accuracy``, ...).
+        """
+        data = self.info["data"]
+        if self.needs_reference and ref is None:
+            ref = self._batch_reference(examples, ids)
+        kl = self._kto_kl(examples, ids, ref) if self.o.method == "kto" else None
+        counts = self._global_counts(examples, ids)
+        self.model.train(train)
+        sums: dict[str, float] = {}
+        loss_sum = 0.0
+        batches = self._batches(examples, ids)
+        with torch.set_grad_enabled(train):
+            for mb, rows in batches:
+                loss, stats = self._micro_batch_loss(mb, rows, examples, ref, kl, counts, data)
+                if train:
+                    (loss * self.loss_scale).backward()
+                loss_sum += float(loss.detach())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        sums = self.parallel.sum_floats({k: sums.get(k, 0.0) for k in self._stat_keys(data, self.is_reward)})
+        if train:
+            grad_norm, _ = self.optimizer_step(loss_sum, any(rows for _, rows in batches))
+        metrics = {k: v / max(counts["examples"], 1.0) for k, v in sums.items()}
+        metrics["loss"] = self.parallel.sum_floats({"l": loss_sum})["l"]
+        if "nll" in metrics:
+            metrics["nll"] = sums["nll"] / max(counts["nll_tokens"], 1.0)
+        if kl is not None:
+            metrics["kl"] = float(kl)
+            for k in ("desirable", "undesirable"):
+                metrics[f"rewards/{k}"] = sums[f"rewards/{k}"] / max(counts[k], 1.0)
+        if train:
+            metrics["grad_norm"] = grad_norm
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+            metrics["skipped_steps"] = float(self.skipped_steps)
+        return metrics
+
+    @staticmethod
+    def _stat_keys(data: str, reward_model: bool) -> list[str]:
+        if reward_model:
+            return ["rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin"]
+        if data == "pairs":
+            return ["rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin", "logps/chosen",
+                    "logps/rejected", "nll"]
+        if data == "unpaired":
+            return ["rewards/desirable", "rewards/undesirable", "logps"]
+        return ["nll"]
+
+    def _global_counts(self, examples: list[OfflineExample], ids: list[int]) -> dict[str, float]:
+        """Denominators of the step loss: examples, and the tokens of the NLL term (all ranks
+        compute them from the same ids: no collective)."""
+        nll_tokens = sum(sum(examples[i].loss_masks[0]) for i in ids)
+        desirable = sum(bool(examples[i].desirable) for i in ids)
+        return {"examples": float(len(ids)), "nll_tokens": float(nll_tokens), "desirable": float(desirable),
+                "undesirable": float(len(ids) - desirable)}
+
+    def _micro_batch_loss(self, mb: MicroBatch, rows: list[tuple[int, int]], examples: list[OfflineExample],
+                          ref: RefLogps | None, kl: torch.Tensor | None, counts: dict[str, float], data: str
+                          ) -> tuple[torch.Tensor, dict[str, float]]:
+        o, n = self.o, counts["examples"]
+        if self.is_reward:
+            r = self._rewards(mb)
+            if not rows:
+                return r.sum() * 0.0, {}
+            chosen, rejected = r[0::2], r[1::2]
+            margin = None
+            if o.margin_key:
+                margin = torch.tensor([examples[i].margin for i, k in rows if k == 0], device=r.device)
+            losses = bradley_terry_loss(chosen, rejected, margin)
+            return losses.sum() / n, _pair_stats(chosen.detach(), rejected.detach(), None, None, None)
+        grid = self._token_logps(self.model, mb)
+        if not rows:
+            return grid.sum() * 0.0, {}
+        mask = mb.loss_mask
+        mean = bool(self.info.get("length_normalized"))
+        seq = sequence_logps(grid, mask, mean)
+        token_nll = -(grid * mask).sum(-1)
+        if data == "messages":
+            return token_nll.sum() / max(counts["nll_tokens"], 1.0), {"nll": float(token_nll.detach().sum())}
+        if data == "pairs":
+            lp = PairLogps(seq[0::2], seq[1::2])
+            if ref is not None:
+                lp.ref_chosen, lp.ref_rejected = self._ref_pair(rows, ref, mean, seq.device)
+            losses, rc, rr = self.loss_fn(lp, o)
+            loss = losses.sum() / n
+            nll_chosen = token_nll[0::2].sum()
+            if self.info.get("nll_weight") is not None:
+                loss = loss + self.info["nll_weight"](o) * nll_chosen / max(counts["nll_tokens"], 1.0)
+            return loss, _pair_stats(rc, rr, lp.chosen.detach(), lp.rejected.detach(), float(nll_chosen.detach()))
+        # KTO
+        idx = [i for i, _ in rows]
+        ref_lp = torch.tensor([ref.sums[i][0] for i in idx], device=seq.device)
+        desirable = torch.tensor([bool(examples[i].desirable) for i in idx], device=seq.device)
+        losses, rewards = kto_loss(seq, ref_lp, desirable, kl, o.beta, o.kto_desirable_weight,
+                                   o.kto_undesirable_weight)
+        d = desirable.float()
+        return losses.sum() / n, {"rewards/desirable": float((rewards * d).sum()),
+                                  "rewards/undesirable": float((rewards * (1 - d)).sum()),
+                                  "logps": float(seq.detach().sum())}
+
+    @staticmethod
+    def _ref_pair(rows: list[tuple[int, int]], ref: RefLogps, mean: bool, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        def value(i: int, k: int) -> float:
+            return ref.sums[i][k] / max(ref.counts[i][k], 1) if mean else ref.sums[i][k]
+
+        chosen = [value(i, 0) for i, k in rows if k == 0]
+        rejected = [value(i, 1) for i, k in rows if k == 1]
+        return torch.tensor(chosen, device=device), torch.tensor(rejected, device=device)
+
+    def _batch_reference(self, examples: list[OfflineExample], ids: list[int]) -> RefLogps:
+        """Reference log-probs of the step's examples from the frozen reference model (indexed like
+        ``examples``; entries outside ``ids`` stay empty)."""
+        sub = [examples[i] for i in ids]
+        sums, counts = self.sequence_stats(sub)
+        full = RefLogps([[] for _ in examples], [[] for _ in examples])
+        for j, i in enumerate(ids):
+            full.sums[i], full.counts[i] = sums[j], counts[j]
+        if self.o.method == "kto":
+            ks, kc = self.sequence_stats([kto_mismatch(examples)[i] for i in ids])
+            full.kl_sums, full.kl_counts = [0.0] * len(examples), [0] * len(examples)
+            for j, i in enumerate(ids):
+                full.kl_sums[i], full.kl_counts[i] = ks[j][0], kc[j][0]
+        return full
+
+    def _kto_kl(self, examples: list[OfflineExample], ids: list[int], ref: RefLogps) -> torch.Tensor:
+        """KTO's z: the mean over the step's examples of log pi(y'|x) - log pi_ref(y'|x) on the
+        mismatched completions (policy without gradient), a global mean over ranks."""
+        mism = kto_mismatch(examples)
+        sums, _ = self.sequence_stats([mism[i] for i in ids], reference=False)
+        diff = sum(s[0] - ref.kl_sums[i] for s, i in zip(sums, ids))
+        return torch.tensor(diff / max(len(ids), 1), device=self.device)
+
+
+def _pair_stats(rc: torch.Tensor, rr: torch.Tensor, lc: torch.Tensor | None, lr: torch.Tensor | None,
+                nll: float | None) -> dict[str, float]:
+    out = {"rewards/chosen": float(rc.sum()), "rewards/rejected": float(rr.sum()),
+           "rewards/accuracy": float((rc > rr).float().sum()), "rewards/margin": float((rc - rr).sum())}
+    if lc is not None:
+        out["logps/chosen"], out["logps/rejected"] = float(lc.sum()), float(lr.sum())
+    if nll is not None:
+        out["nll"] = nll
+    return out
+
+
+def offline_sample(e: OfflineExample, k: int = 0) -> Sample:
+    """Response ``k`` of an example as a :class:`Sample` (for tools that take samples)."""
+    return Sample(prompt="", tokens=e.prompt_ids + e.responses[k], response_length=len(e.responses[k]),
+                  loss_mask=list(e.loss_masks[k]))
