@@ -113,6 +113,7 @@ def _models(args: argparse.Namespace) -> None:
 def _convert(args: argparse.Namespace) -> None:
     from .checkpoint import resolve_checkpoint
     from .models.loading import build_model, parse_dtype, save_hf_folder
+    from .models.reward_model import build_reward_model, is_reward_model_folder, save_reward_model
     from .utils.fs import atomic_directory
 
     ckpt = resolve_checkpoint(args.checkpoint)
@@ -120,9 +121,13 @@ def _convert(args: argparse.Namespace) -> None:
     if out.exists() and any(out.iterdir()) and not args.force:
         raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
     dtype = parse_dtype(args.dtype)
-    model = build_model(ckpt / "model", dtype, "cpu")
+    src = ckpt / "model"
     with atomic_directory(out) as tmp:
-        save_hf_folder(model, tmp, ckpt / "model", dtype=dtype)
+        if is_reward_model_folder(src):  # a reward model (reinforge offline, offline.method=rm)
+            rm = build_reward_model(src, dtype, "cpu")
+            save_reward_model(rm.hf_state_dict(), tmp, src, rm.pad_token_id, dtype=dtype)
+        else:
+            save_hf_folder(build_model(src, dtype, "cpu"), tmp, src, dtype=dtype)
     print(f"wrote {out} ({args.dtype}) from {ckpt}")
 
 

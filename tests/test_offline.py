@@ -135,6 +135,12 @@ def test_reward_model_loads_in_transformers_and_scores_rl(tmp_path, tiny_model_p
     ours = build_reward_model(folder)(ids)
     hf = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32)
     assert torch.allclose(ours, hf(ids).logits.squeeze(-1), atol=1e-4)
+    from reinforge.cli import main
+
+    assert main(["convert", "--checkpoint", str(tmp_path / "rm"), "--out", str(tmp_path / "export"),
+                 "--dtype", "float32"]) == 0
+    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "export", dtype=torch.float32)
+    assert torch.allclose(ours, exported(ids).logits.squeeze(-1), atol=1e-4)
     # SFT -> RM -> GRPO: the RL loop with reward.type=model
     from reinforge.loop import run_training
     from tests.test_integration import read_metrics, tiny_overrides
@@ -237,3 +243,28 @@ def test_rank_with_no_examples_does_not_hang(tmp_path, tiny_model_path):
         assert evals == []  # no eval data: nothing evaluated, but every step ran
         rows = (tmp_path / method / "metrics.jsonl").read_text().splitlines()
         assert sum('"train/loss"' in r for r in rows) == 3
+
+
+def test_sft_packing_matches_padding(tmp_path, tiny_model_path):
+    """Packed rows (several chats per row, attention kept within each) give the padded loss."""
+    files = write_data(tmp_path, n=10)
+    common = {"offline.eval_data": files["sft"], "eval.eval_before_train": "true", "offline.global_batch_size": 5,
+              "train.max_tokens_per_gpu": 400}
+    padded = run_offline(load_config(None, offline_overrides(tiny_model_path, tmp_path / "pad", files["sft"], "sft",
+                                                             **common)))
+    packed = run_offline(load_config(None, offline_overrides(tiny_model_path, tmp_path / "pack", files["sft"], "sft",
+                                                             **common, **{"offline.packing": "true"})))
+    for (_, a), (_, b) in zip(padded, packed):
+        assert a["eval/loss"] == pytest.approx(b["eval/loss"], rel=1e-4)
+
+
+def test_pack_layout():
+    from reinforge.train.batching import pack
+
+    mbs = pack([[1, 2, 3, 4], [5, 6, 7], [8, 9]], [2, 1, 1], [[1, 1], [1], [1]], [0, 1, 2], max_tokens=7, pad_id=0)
+    assert [mb.indices for mb in mbs] == [[0, 1], [2]]
+    mb = mbs[0]
+    assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]] and mb.doc_ids.tolist() == [[0, 0, 0, 0, 1, 1, 1]]
+    # positions 1, 2 predict tokens 3, 4 (sequence 0); position 5 predicts 7 (sequence 1); 3 predicts nothing
+    assert mb.response_mask.tolist() == [[False, True, True, False, False, True]]

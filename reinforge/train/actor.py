@@ -11,6 +11,7 @@ from torch import nn
 from ..algo.losses import POLICY_LOSSES, aggregate, entropy_from_logits, kl_penalty
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
+from ..models.packing import PackedAttention
 from ..rollout.types import Sample
 from ..utils import seeds
 from .batching import MicroBatch
@@ -36,9 +37,13 @@ class TrainData:
 
 
 def response_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """Logits [N, V] at the N response positions of ``mb`` (row-major order)."""
+    """Logits [N, V] at the N response positions of ``mb`` (row-major order); packed micro-batches
+    (``mb.doc_ids``) run with :class:`~reinforge.models.packing.PackedAttention`."""
     if is_native(model):
-        return model(mb.input_ids, logits_mask=torch.nn.functional.pad(mb.response_mask, (0, 1)))
+        ctx = PackedAttention(mb.doc_ids) if mb.doc_ids is not None else None
+        return model(mb.input_ids, mb.position_ids, ctx, logits_mask=torch.nn.functional.pad(mb.response_mask, (0, 1)))
+    if mb.doc_ids is not None:
+        raise ValueError("sequence packing needs a Llama / Qwen2 / Qwen3 model (reinforge's own model code)")
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
     return out.logits[:, :-1][mb.response_mask]
 

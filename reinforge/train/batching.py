@@ -55,12 +55,17 @@ class MicroBatch:
     targets: torch.Tensor
     indices: list[int]
     fields: dict[str, torch.Tensor]
+    position_ids: torch.Tensor | None = None  # [B, T], packed rows only (restart per sequence)
+    doc_ids: torch.Tensor | None = None  # [B, T], packed rows only (sequence index per position)
 
     def to(self, device: torch.device) -> "MicroBatch":
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         return MicroBatch(
             self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
             self.loss_mask.to(device), self.targets.to(device), self.indices,
-            {k: v.to(device) for k, v in self.fields.items()},
+            {k: v.to(device) for k, v in self.fields.items()}, move(self.position_ids), move(self.doc_ids),
         )
 
 
@@ -99,3 +104,47 @@ def collate(
             fields[k][row, start:L - 1] = values[i]
     targets = ids[:, 1:].clone()
     return MicroBatch(ids, attn, resp, lmask, targets, list(indices), fields)
+
+
+def pack(tokens: list[list[int]], response_lengths: list[int], loss_masks: list[list[int]], indices: list[int],
+         max_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """Sequences ``indices`` packed side by side into rows of at most ``max_tokens`` tokens
+    (first-fit decreasing; a longer sequence gets a row of its own), one :class:`MicroBatch` per
+    row with ``position_ids`` / ``doc_ids`` for :class:`~reinforge.models.packing.PackedAttention`.
+
+    Within a row, sequence k's response positions are those of the same sequence collated alone,
+    shifted by its offset; the position before the next sequence predicts nothing. ``indices`` of
+    a packed micro-batch lists its sequences in row order.
+    """
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(indices, key=lambda i: -len(tokens[i])):
+        n = len(tokens[i])
+        r = next((r for r in range(len(rows)) if room[r] >= n), None)
+        if r is None:
+            rows.append([i])
+            room.append(max_tokens - n)
+        else:
+            rows[r].append(i)
+            room[r] -= n
+    out = []
+    for row in rows:
+        T = sum(len(tokens[i]) for i in row)
+        ids = torch.full((1, T), pad_id, dtype=torch.long)
+        pos = torch.zeros(1, T, dtype=torch.long)
+        doc = torch.zeros(1, T, dtype=torch.long)
+        resp = torch.zeros(1, T - 1, dtype=torch.bool)
+        lmask = torch.zeros(1, T - 1, dtype=torch.float32)
+        off = 0
+        for k, i in enumerate(row):
+            L, R = len(tokens[i]), response_lengths[i]
+            ids[0, off:off + L] = torch.as_tensor(tokens[i], dtype=torch.long)
+            pos[0, off:off + L] = torch.arange(L)
+            doc[0, off:off + L] = k
+            start = off + L - R - 1
+            resp[0, start:off + L - 1] = True
+            lmask[0, start:off + L - 1] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
+            off += L
+        out.append(MicroBatch(ids, torch.ones(1, T, dtype=torch.long), resp, lmask, ids[:, 1:].clone(), list(row),
+                              {}, pos, doc))
+    return out

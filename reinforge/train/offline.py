@@ -25,7 +25,7 @@ from ..models.loading import build_model
 from ..models.reward_model import RewardModel, build_reward_model
 from ..rollout.types import Sample
 from .actor import response_logits
-from .batching import MicroBatch, collate, split_by_token_budget
+from .batching import MicroBatch, collate, pack, split_by_token_budget
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
 from .parallel import ParallelContext, partition_by_tokens
 
@@ -97,7 +97,12 @@ class OfflineTrainer(ModelTrainer):
             cost = [sum(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
             ids = [ids[j] for j in partition_by_tokens(cost, p.world_size)[p.rank]]
         out: Batch = []
-        if ids:
+        if ids and self.o.packing and self.info["data"] == "messages":
+            seqs = [examples[i].prompt_ids + examples[i].responses[0] for i in ids]
+            for mb in pack(seqs, [len(examples[i].responses[0]) for i in ids], [examples[i].loss_masks[0] for i in ids],
+                           list(range(len(ids))), self.settings.max_tokens_per_gpu, self.pad_id):
+                out.append((mb.to(self.device), [(ids[j], 0) for j in mb.indices]))
+        elif ids:
             width = max(len(examples[i].responses) for i in ids)
             longest = [max(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
             for group in split_by_token_budget(longest, max(1, self.settings.max_tokens_per_gpu // width)):
