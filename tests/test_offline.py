@@ -268,3 +268,17 @@ def test_pack_layout():
     assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]] and mb.doc_ids.tolist() == [[0, 0, 0, 0, 1, 1, 1]]
     # positions 1, 2 predict tokens 3, 4 (sequence 0); position 5 predicts 7 (sequence 1); 3 predicts nothing
     assert mb.response_mask.tolist() == [[False, True, True, False, False, True]]
+
+
+@pytest.mark.parametrize("name", ["sft", "rm", "dpo", "ipo", "cpo", "simpo", "orpo", "kto"])
+def test_offline_example_configs_run(tmp_path, tiny_model_path, name):
+    from pathlib import Path
+
+    files = write_data(tmp_path, n=8)
+    example = Path(__file__).resolve().parents[1] / "examples" / "offline" / f"{name}.yaml"
+    cfg = load_config(example, [f"model.path={tiny_model_path}", f"offline.train_data={data_for(name, files)}",
+                                f"run.output_dir={tmp_path / 'run'}", "offline.num_epochs=1", "offline.global_batch_size=4",
+                                "run.progress=false", "eval.eval_interval=null", "train.max_tokens_per_gpu=400"])
+    assert cfg.offline.method == name
+    evals = run_offline(cfg)
+    assert [label for label, _ in evals] == ["before", "after"]

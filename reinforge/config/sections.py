@@ -131,8 +131,8 @@ class RewardConfig(Section):
     concurrency: int = opt(16, "reward calls in flight", ge=1)
     correct_threshold: float = opt(1.0, "a sample counts as correct (accuracy, pass@k) when its reward is at least "
                                    "this")
-    model_path: str | None = opt(None, "`type: model`: a reward model folder (a checkpoint's `model/` written by "
-                                 "`reinforge offline` with `offline.method: rm`, or any `*ForSequenceClassification`)")
+    model_path: str | None = opt(None, "`type: model`: a reward model: a `*ForSequenceClassification` folder, or a "
+                                 "run / checkpoint directory of `reinforge offline` with `offline.method: rm`")
     model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
     model_batch_size: int = opt(64, "`type: model`: samples scored per forward pass", ge=1)
 

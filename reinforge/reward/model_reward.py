@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import torch
 
@@ -22,13 +23,18 @@ class ModelReward:
 
     Args:
         path: a reward-model folder (``*ForSequenceClassification``; `reinforge offline` with
-            ``offline.method: rm`` writes one in each checkpoint's ``model/``).
+            ``offline.method: rm`` writes one in each checkpoint's ``model/``), or a run / checkpoint
+            directory of such a run (its newest checkpoint's ``model/``).
         device: ``auto`` (CUDA when available) or a torch device name.
         batch_size: sequences per forward pass.
         pad_id: padding token id.
     """
 
     def __init__(self, path: str, device: str = "auto", batch_size: int = 64, pad_id: int = 0):
+        if not (Path(path) / "config.json").is_file():  # a run or checkpoint directory: its model/
+            from ..checkpoint import resolve_checkpoint
+
+            path = str(resolve_checkpoint(path) / "model")
         self.device = resolve_device(device)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = build_reward_model(path, dtype, self.device).eval().requires_grad_(False)
