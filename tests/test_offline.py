@@ -282,3 +282,18 @@ def test_offline_example_configs_run(tmp_path, tiny_model_path, name):
     assert cfg.offline.method == name
     evals = run_offline(cfg)
     assert [label for label, _ in evals] == ["before", "after"]
+
+
+def test_shared_prefix_rows_score_like_separate_sequences(tmp_path, tiny_model_path):
+    """[prompt | chosen | rejected] rows give each response the log-probs it has alone (fp32)."""
+    from reinforge.offline_loop import OfflineLoop
+
+    files = write_data(tmp_path, n=6)
+    loop = OfflineLoop(load_config(None, offline_overrides(tiny_model_path, tmp_path / "run", files["pairs"], "dpo")))
+    t, examples = loop.trainer, loop.train_set.examples
+    assert t.shared_prefix
+    shared, _ = t.sequence_stats(examples, reference=False)
+    t.shared_prefix = False  # the padded path: each response as its own row
+    separate, _ = t.sequence_stats(examples, reference=False)
+    assert torch.allclose(torch.tensor(shared), torch.tensor(separate), atol=1e-4)
+    loop.close()

@@ -284,10 +284,12 @@ class CausalLM(nn.Module):
                 x = layer(x, cos, sin, ctx)
         return self.model.norm(x)
 
-    def forward(self, input_ids, position_ids=None, ctx=None, logits_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab] in the parameters' dtype; with ``logits_mask`` ([B, T] bool)
-        only the selected positions, [N, vocab] in row-major order (saves the LM head's work
-        on prompt tokens; goes through ``forward`` so FSDP's root hooks run)."""
+    def forward(self, input_ids, position_ids=None, ctx=None,
+                logits_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] in the parameters' dtype; with ``logits_mask`` ([B, T] bool, or
+        (rows [N], columns [N]) index tensors, which may repeat a position) only the selected
+        positions, [N, vocab] (saves the LM head's work on prompt tokens; goes through ``forward``
+        so FSDP's root hooks run)."""
         hidden = self.forward_hidden(input_ids, position_ids, ctx)
         if logits_mask is not None:
             hidden = hidden[logits_mask]

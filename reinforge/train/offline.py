@@ -21,7 +21,8 @@ from torch import nn
 from ..algo.preference import OFFLINE_METHODS, PairLogps, bradley_terry_loss, kto_loss, sequence_logps
 from ..config import Config
 from ..data.offline import OfflineExample
-from ..models.loading import build_model
+from ..models.loading import build_model, is_native
+from ..models.packing import PackedAttention
 from ..models.reward_model import RewardModel, build_reward_model
 from ..rollout.types import Sample
 from .actor import response_logits
@@ -29,7 +30,7 @@ from .batching import MicroBatch, collate, pack, split_by_token_budget
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
 from .parallel import ParallelContext, partition_by_tokens
 
-Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # micro-batch, (example, response) per row
+Batch = list[tuple[Any, list[tuple[int, int]]]]  # MicroBatch or PairRows, (example, response) per sequence
 
 
 @dataclass
@@ -44,6 +45,67 @@ class RefLogps:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass
+class PairRows:
+    """Preference pairs packed one per row as ``[prompt | chosen | rejected]`` (shared-prefix packing):
+    the prompt is computed once for both responses, each response attends to the prompt and itself
+    (:class:`~reinforge.models.packing.PackedAttention` with ``shared``), and the rejected response's
+    positions continue from the prompt's. Response tokens are scored at gathered positions: the
+    prompt's last position predicts the first token of both responses.
+
+    Attributes:
+        input_ids, position_ids, doc_ids: [B, T] int64; shared: [B, T] bool (the prompt).
+        rows, cols: [N] positions whose logits predict the N response tokens ``targets`` [N].
+        seq: [N] which response each token belongs to (2b: row b's chosen, 2b + 1: its rejected).
+        loss_mask: [N] float32.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    doc_ids: torch.Tensor
+    shared: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+    seq: torch.Tensor
+    loss_mask: torch.Tensor
+
+    @property
+    def num_pairs(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device) -> "PairRows":
+        return PairRows(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+def pair_rows(pairs: list[tuple[list[int], list[int], list[int], list[int], list[int]]], pad_id: int) -> PairRows:
+    """Build :class:`PairRows` from (prompt, chosen, chosen mask, rejected, rejected mask) lists."""
+    T = max(len(p) + len(c) + len(r) for p, c, _, r, _ in pairs)
+    B = len(pairs)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    pos = torch.zeros(B, T, dtype=torch.long)
+    doc = torch.full((B, T), 3, dtype=torch.long)
+    shared = torch.zeros(B, T, dtype=torch.bool)
+    rows, cols, targets, seq, lmask = [], [], [], [], []
+    for b, (p, c, cm, r, rm) in enumerate(pairs):
+        P, C, R = len(p), len(c), len(r)
+        ids[b, :P + C + R] = torch.tensor(p + c + r)
+        pos[b, :P + C] = torch.arange(P + C)
+        pos[b, P + C:P + C + R] = torch.arange(P, P + R)
+        doc[b, :P], doc[b, P:P + C], doc[b, P + C:P + C + R] = 0, 1, 2
+        shared[b, :P] = True
+        for k, (resp, mask, first) in enumerate(((c, cm, P), (r, rm, P + C))):
+            # token j of the response is predicted at the position before it in its own sequence
+            predict = [P - 1] + list(range(first, first + len(resp) - 1))
+            rows += [b] * len(resp)
+            cols += predict
+            targets += resp
+            seq += [2 * b + k] * len(resp)
+            lmask += list(mask)
+    t = torch.tensor
+    return PairRows(ids, pos, doc, shared, t(rows), t(cols), t(targets), t(seq), t(lmask, dtype=torch.float32))
 
 
 def kto_mismatch(examples: list[OfflineExample]) -> list[OfflineExample]:
@@ -79,6 +141,8 @@ class OfflineTrainer(ModelTrainer):
         optim.total_steps = total_steps
         super().__init__(model.train(), device, optim, TrainSettings.from_config(m, t), name=o.method,
                          parallel=parallel, pad_id=pad_id)
+        # preference pairs on reinforge's own model: [prompt | chosen | rejected] rows (prompt computed once)
+        self.shared_prefix = self.info["data"] == "pairs" and not self.is_reward and is_native(model)
         self.ref: nn.Module | None = None
         if self.info.get("reference") and not o.precompute_ref_log_probs:
             ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
@@ -97,6 +161,8 @@ class OfflineTrainer(ModelTrainer):
             cost = [sum(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
             ids = [ids[j] for j in partition_by_tokens(cost, p.world_size)[p.rank]]
         out: Batch = []
+        if self.shared_prefix:
+            return self._pair_batches(examples, ids)
         if ids and self.o.packing and self.info["data"] == "messages":
             seqs = [examples[i].prompt_ids + examples[i].responses[0] for i in ids]
             for mb in pack(seqs, [len(examples[i].responses[0]) for i in ids], [examples[i].loss_masks[0] for i in ids],
@@ -121,6 +187,34 @@ class OfflineTrainer(ModelTrainer):
             out.append((self.dummy_micro_batch(None), []))
         return out
 
+    def _pair_batches(self, examples: list[OfflineExample], ids: list[int]) -> Batch:
+        """Micro-batches of :class:`PairRows` (``ids`` already this rank's share), padded with dummies."""
+        out: Batch = []
+        if ids:
+            cost = [len(examples[i].prompt_ids) + sum(len(r) for r in examples[i].responses) for i in ids]
+            for group in split_by_token_budget(cost, self.settings.max_tokens_per_gpu):
+                chosen = [ids[j] for j in group]
+                pr = pair_rows([(examples[i].prompt_ids, examples[i].responses[0], examples[i].loss_masks[0],
+                                 examples[i].responses[1], examples[i].loss_masks[1]) for i in chosen], self.pad_id)
+                out.append((pr.to(self.device), [(i, k) for i in chosen for k in (0, 1)]))
+        real = len(out)
+        pad = self.pad_id
+        for _ in range(self.parallel.max_int(real) - real):
+            out.append((pair_rows([([pad], [pad], [0], [pad], [0])], pad).to(self.device), []))
+        return out
+
+    def _pair_logps(self, model: nn.Module, pr: PairRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per response of the rows (2b chosen, 2b + 1 rejected): summed log-probs over its loss tokens
+        [2B] (with gradient when enabled) and its loss-token counts [2B]."""
+        with self.autocast():
+            logits = model(pr.input_ids, pr.position_ids, PackedAttention(pr.doc_ids, pr.shared),
+                           logits_mask=(pr.rows, pr.cols))
+        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, pr.targets[:, None]).squeeze(-1) * pr.loss_mask
+        n = 2 * pr.num_pairs
+        sums = torch.zeros(n, device=lp.device, dtype=lp.dtype).index_add(0, pr.seq, lp)
+        counts = torch.zeros(n, device=lp.device).index_add(0, pr.seq, pr.loss_mask)
+        return sums, counts
+
     # ------------------------------------------------------------------ forward passes
     def _token_logps(self, model: nn.Module, mb: MicroBatch) -> torch.Tensor:
         """log pi(token) on the [B, T - 1] grid (0 off the response)."""
@@ -144,8 +238,12 @@ class OfflineTrainer(ModelTrainer):
         sums: list[list[float] | None] = [None] * len(examples)
         counts: list[list[int] | None] = [None] * len(examples)
         for mb, rows in self._batches(examples, list(range(len(examples)))):
-            grid = self._token_logps(model, mb)
-            s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
+            if isinstance(mb, PairRows):
+                s_t, c_t = self._pair_logps(model, mb)
+                s, c = s_t.tolist(), c_t.long().tolist()
+            else:
+                grid = self._token_logps(model, mb)
+                s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
             for (i, k), si, ci in zip(rows, s, c):
                 if sums[i] is None:
                     sums[i], counts[i] = [0.0] * len(examples[i].responses), [0] * len(examples[i].responses)
@@ -237,13 +335,19 @@ class OfflineTrainer(ModelTrainer):
                 margin = torch.tensor([examples[i].margin for i, k in rows if k == 0], device=r.device)
             losses = bradley_terry_loss(chosen, rejected, margin)
             return losses.sum() / n, _pair_stats(chosen.detach(), rejected.detach(), None, None, None)
-        grid = self._token_logps(self.model, mb)
-        if not rows:
-            return grid.sum() * 0.0, {}
-        mask = mb.loss_mask
         mean = bool(self.info.get("length_normalized"))
-        seq = sequence_logps(grid, mask, mean)
-        token_nll = -(grid * mask).sum(-1)
+        if isinstance(mb, PairRows):
+            sums, tokens = self._pair_logps(self.model, mb)
+            if not rows:
+                return sums.sum() * 0.0, {}
+            seq = sums / tokens.clamp(min=1) if mean else sums
+            token_nll = -sums
+        else:
+            grid = self._token_logps(self.model, mb)
+            if not rows:
+                return grid.sum() * 0.0, {}
+            seq = sequence_logps(grid, mb.loss_mask, mean)
+            token_nll = -(grid * mb.loss_mask).sum(-1)
         if data == "messages":
             return token_nll.sum() / max(counts["nll_tokens"], 1.0), {"nll": float(token_nll.detach().sum())}
         if data == "pairs":
