@@ -111,6 +111,8 @@ def _models(args: argparse.Namespace) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
+    import shutil
+
     from .checkpoint import resolve_checkpoint
     from .models.loading import build_model, parse_dtype, save_hf_folder
     from .models.reward_model import build_reward_model, is_reward_model_folder, save_reward_model
@@ -128,6 +130,12 @@ def _convert(args: argparse.Namespace) -> None:
             save_reward_model(rm.hf_state_dict(), tmp, src, rm.pad_token_id, dtype=dtype)
         else:
             save_hf_folder(build_model(src, dtype, "cpu"), tmp, src, dtype=dtype)
+    if args.adapter_out:  # a LoRA run's adapter, as a PEFT folder
+        if not (ckpt / "adapter").is_dir():
+            raise FileNotFoundError(f"{ckpt} has no adapter/ (the run did not use LoRA: model.lora_rank=0)")
+        with atomic_directory(Path(args.adapter_out)) as tmp:
+            shutil.copytree(ckpt / "adapter", tmp, dirs_exist_ok=True)
+        print(f"wrote the LoRA adapter {args.adapter_out} (load with peft.PeftModel.from_pretrained)")
     print(f"wrote {out} ({args.dtype}) from {ckpt}")
 
 
@@ -190,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True)
     c.add_argument("--dtype", default="bfloat16")
     c.add_argument("--force", action="store_true")
+    c.add_argument("--adapter-out", help="also write the LoRA adapter (a PEFT folder) of a LoRA run here")
     c.set_defaults(func=_convert)
     return p
 

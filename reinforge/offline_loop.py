@@ -26,9 +26,10 @@ from .data.offline import OfflineDataset, load_offline_datasets
 from .eval.evaluate import format_table
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
+from .models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
 from .models.reward_model import save_reward_model
 from .train.offline import OfflineTrainer, RefLogps
-from .train.parallel import ParallelContext
+from .train.parallel import ParallelContext, full_tensor
 from .utils.device import resolve_device
 from .utils.logging import MetricsLogger
 
@@ -208,13 +209,20 @@ class OfflineLoop:
         d = Path(self.parallel.gather_objects(str(directory) if directory else None)[0])
         t = self.trainer
         trainer_state = t.save(str(d / "dcp" / "model"))
-        full = t.full_state_dict()
+        lora = has_lora(t.model)
+        if lora:  # the merged policy, and the adapter alone
+            full = {n: v.cpu() for n, v in merged_named_weights(t.model, full_tensor)}
+            adapter = adapter_state_dict(t.model, full_tensor)
+        else:
+            full = t.full_state_dict()
         if self.is_main:
             if t.is_reward:
                 hf = {n.removeprefix("backbone."): v for n, v in full.items() if not n.startswith("backbone.lm_head")}
                 save_reward_model(hf, d / "model", self.base_path, self.tokenizer.pad_token_id)
             else:
                 save_hf_state_dict(full, d / "model", self.base_path)
+            if lora:
+                save_adapter(adapter, t.model.lora_config, d / "adapter", self.base_path)
             torch.save(trainer_state, d / "trainer_state.pt")
         self.parallel.barrier()
 

@@ -45,6 +45,13 @@ class ModelConfig(Section):
                                        "~30% more compute)")
     train_dtype: Literal["auto", "fp32", "bf16"] = opt(
         "auto", "`auto`: bf16 autocast with fp32 master weights on GPU, fp32 on CPU; `fp32`; `bf16`")
+    lora_rank: int = opt(0, "LoRA rank r (`peft`); 0 trains every weight. Only the adapters are optimised; "
+                         "engines and exports get the merged weights; the reference model is the base (adapters "
+                         "off)", ge=0)
+    lora_alpha: float = opt(16.0, "LoRA alpha (the update is scaled by alpha / r)", gt=0)
+    lora_dropout: float = opt(0.0, "dropout on the adapters' input", ge=0, lt=1)
+    lora_target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                         "names of the Linear modules that get adapters (PEFT's target_modules)")
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from torch import nn
 from ..algo.losses import POLICY_LOSSES, aggregate, entropy_from_logits, kl_penalty
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
+from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.packing import PackedAttention
 from ..rollout.types import Sample
 from ..utils import seeds
@@ -64,22 +66,38 @@ class Actor(ModelTrainer):
                 model.gradient_checkpointing = True
             else:
                 model.gradient_checkpointing_enable()
+        if m.lora_rank:
+            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         model.train()
         super().__init__(model, device, OptimizerSettings.for_actor(t), TrainSettings.from_config(m, t), name="actor",
                          parallel=parallel, pad_id=pad_id)
         self.cfg = cfg
         self.ref: nn.Module | None = None
-        if a.needs_reference:
+        # with LoRA the reference model is the base model: the policy with its adapters off
+        self.has_reference = a.needs_reference
+        if a.needs_reference and not has_lora(model):
             sharded = self.parallel.distributed
             ref_dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
             ref = build_model(ref_path or model_path, ref_dtype, device, random_init=m.random_init, seed=t.seed)
             self.ref = (self.shard(ref) if sharded else ref).eval().requires_grad_(False)
 
     def named_weights(self):
-        """(Hugging Face name, full tensor) pairs of the current policy (for weight sync);
-        with FSDP every rank must iterate it (each tensor is an all-gather)."""
+        """(Hugging Face name, full tensor) pairs of the current policy (for weight sync); LoRA
+        adapters are merged into their base weights. With FSDP every rank must iterate it (each
+        tensor is an all-gather)."""
+        if has_lora(self.model):
+            yield from merged_named_weights(self.model, full_tensor)
+            return
         for name, t in named_weights(self.model):
             yield name, full_tensor(t)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy as a Hugging Face state dict on CPU (merged with LoRA; rank 0 gets it, other
+        ranks {}); a collective."""
+        if not has_lora(self.model):
+            return self.full_state_dict()
+        state = {n: t.detach().cpu() for n, t in self.named_weights()}
+        return state if self.parallel.rank == 0 else {}
 
     def _token_log_probs(self, model: nn.Module, mb: MicroBatch, entropy: str = "none"
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -98,17 +116,20 @@ class Actor(ModelTrainer):
 
     @torch.no_grad()
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
-        """Per-sample response log-probs (fp32, CPU) under the policy or the reference model."""
-        model = self.ref if reference else self.model
-        if model is None:
+        """Per-sample response log-probs (fp32, CPU) under the policy or the reference model (with
+        LoRA: the policy with its adapters off)."""
+        if reference and not self.has_reference:
             raise RuntimeError("no reference model (neither algo.use_kl_loss nor algo.use_kl_in_reward)")
+        model = self.ref if (reference and self.ref is not None) else self.model
+        base = adapters_disabled(model) if reference and self.ref is None else contextlib.nullcontext()
         was_training = model.training
         model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
-        for mb in mbs:
-            lp, _ = self._token_log_probs(model, mb)
-            self.split_rows(mb, self.to_grid(mb, lp), out)
+        with base:
+            for mb in mbs:
+                lp, _ = self._token_log_probs(model, mb)
+                self.split_rows(mb, self.to_grid(mb, lp), out)
         model.train(was_training)
         return self.gather_rows(out)
 
@@ -137,7 +158,7 @@ class Actor(ModelTrainer):
             per_token["old_log_probs"] = data.old_log_probs
         elif steps > 1:
             per_token["old_log_probs"] = self.compute_log_probs(samples)
-        if self.ref is not None and cfg.algo.use_kl_loss:
+        if self.has_reference and cfg.algo.use_kl_loss:
             per_token["ref_log_probs"] = (data.ref_log_probs if data.ref_log_probs is not None
                                           else self.compute_log_probs(samples, reference=True))
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))

@@ -11,6 +11,7 @@ hit was an all-gather that not every rank issued; nothing here is conditional on
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ..algo.preference import OFFLINE_METHODS, PairLogps, bradley_terry_loss, kt
 from ..config import Config
 from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
+from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.packing import PackedAttention
 from ..models.reward_model import RewardModel, build_reward_model
 from ..rollout.types import Sample
@@ -137,6 +139,11 @@ class OfflineTrainer(ModelTrainer):
         else:
             model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
         (model.backbone if self.is_reward else model).gradient_checkpointing = m.gradient_checkpointing
+        if m.lora_rank:
+            if self.is_reward:
+                raise ValueError("model.lora_rank: LoRA is for the policy methods; train reward models in full "
+                                 "(model.lora_rank=0)")
+            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         optim = OptimizerSettings.for_actor(t)
         optim.total_steps = total_steps
         super().__init__(model.train(), device, optim, TrainSettings.from_config(m, t), name=o.method,
@@ -144,7 +151,8 @@ class OfflineTrainer(ModelTrainer):
         # preference pairs on reinforge's own model: [prompt | chosen | rejected] rows (prompt computed once)
         self.shared_prefix = self.info["data"] == "pairs" and not self.is_reward and is_native(model)
         self.ref: nn.Module | None = None
-        if self.info.get("reference") and not o.precompute_ref_log_probs:
+        # with LoRA the reference is the base model: the policy with its adapters off (no copy)
+        if self.info.get("reference") and not o.precompute_ref_log_probs and not has_lora(self.model):
             ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
             self.ref = (self.shard(ref) if self.parallel.distributed else ref).eval().requires_grad_(False)
 
@@ -231,23 +239,26 @@ class OfflineTrainer(ModelTrainer):
     def sequence_stats(self, examples: list[OfflineExample], reference: bool = True) -> tuple[list[list[float]],
                                                                                               list[list[int]]]:
         """Per example and response: (log-prob sum, token count) under the reference (the frozen
-        model, or the policy when none is loaded) or the policy; gathered on every rank."""
+        model; with LoRA the policy with its adapters off; else the policy as it is) or the policy;
+        gathered on every rank."""
         model = self.ref if (reference and self.ref is not None) else self.model
+        base = adapters_disabled(model) if reference and has_lora(model) else contextlib.nullcontext()
         was = model.training
         model.eval()
         sums: list[list[float] | None] = [None] * len(examples)
         counts: list[list[int] | None] = [None] * len(examples)
-        for mb, rows in self._batches(examples, list(range(len(examples)))):
-            if isinstance(mb, PairRows):
-                s_t, c_t = self._pair_logps(model, mb)
-                s, c = s_t.tolist(), c_t.long().tolist()
-            else:
-                grid = self._token_logps(model, mb)
-                s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
-            for (i, k), si, ci in zip(rows, s, c):
-                if sums[i] is None:
-                    sums[i], counts[i] = [0.0] * len(examples[i].responses), [0] * len(examples[i].responses)
-                sums[i][k], counts[i][k] = si, ci
+        with base:
+            for mb, rows in self._batches(examples, list(range(len(examples)))):
+                if isinstance(mb, PairRows):
+                    s_t, c_t = self._pair_logps(model, mb)
+                    s, c = s_t.tolist(), c_t.long().tolist()
+                else:
+                    grid = self._token_logps(model, mb)
+                    s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
+                for (i, k), si, ci in zip(rows, s, c):
+                    if sums[i] is None:
+                        sums[i], counts[i] = [0.0] * len(examples[i].responses), [0] * len(examples[i].responses)
+                    sums[i][k], counts[i][k] = si, ci
         model.train(was)
         return self.gather_rows(sums), self.gather_rows(counts)
 

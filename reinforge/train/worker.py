@@ -15,12 +15,13 @@ import torch
 
 from ..config import Config
 from ..models.loading import save_hf_state_dict
+from ..models.lora import adapter_state_dict, has_lora, save_adapter
 from ..rollout.types import Sample
 from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData
 from .critic import Critic
-from .parallel import ParallelContext
+from .parallel import ParallelContext, full_tensor
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class TrainWorker:
 
     @property
     def has_reference(self) -> bool:
-        return self.actor.ref is not None
+        return self.actor.has_reference
 
     # ------------------------------------------------------------------ compute
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -83,14 +84,18 @@ class TrainWorker:
     def save(self, directory: str) -> None:
         """Write this rank's part of a checkpoint into ``directory`` (shared by all ranks):
         ``dcp/actor`` and ``dcp/critic`` (sharded, any-rank-count loadable), and from rank 0
-        ``model/`` (the policy as a Hugging Face folder) and ``trainer_state.json``."""
+        ``model/`` (the policy as a Hugging Face folder, LoRA merged), ``adapter/`` (with LoRA: the
+        PEFT adapter folder) and ``trainer_state.pt``."""
         d = Path(directory)
         state = {"actor": self.actor.save(str(d / "dcp" / "actor"))}
         if self.critic is not None:
             state["critic"] = self.critic.save(str(d / "dcp" / "critic"))
-        full = self.actor.full_state_dict()
+        full = self.actor.hf_state_dict()
+        adapter = adapter_state_dict(self.actor.model, full_tensor) if has_lora(self.actor.model) else None
         if self.parallel.rank == 0:
             save_hf_state_dict(full, d / "model", self.base_path)
+            if adapter is not None:
+                save_adapter(adapter, self.actor.model.lora_config, d / "adapter", self.base_path)
             torch.save(state, d / "trainer_state.pt")
         self.parallel.barrier()
 

@@ -1,0 +1,121 @@
+"""LoRA adapters on the trained model, through ``peft`` (Hu et al. 2021, "LoRA").
+
+``peft.inject_adapter_in_model`` wraps the chosen ``nn.Linear`` layers of reinforge's model (or a
+transformers model): W x + (B A x) * alpha / r, with W frozen and only A, B trained. What the rest
+of reinforge needs from an adapted model is here:
+
+* :func:`merged_named_weights`: the policy as plain Hugging Face tensors, W + B A * scaling, for
+  weight sync into any engine and for the Hugging Face folder of a checkpoint (so engines and
+  exports never see adapters: the merged model is what was trained);
+* :func:`adapters_disabled`: the base model, for reference log-probs (KL) without a second copy;
+* :func:`adapter_state_dict` / :func:`save_adapter`: the adapter alone, as a PEFT folder
+  (``adapter_config.json`` + ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained``
+  loads onto the base model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+ADAPTER = "default"
+
+
+def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules: list[str]) -> nn.Module:
+    """Inject LoRA adapters (``peft``) into ``model`` in place; the base weights are frozen and only
+    the adapters require gradients (B starts at zero: the adapted model equals the base model).
+
+    Raises:
+        ImportError: ``peft`` is not installed (``pip install peft``).
+        ValueError: no module matches ``target_modules``.
+    """
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ImportError("model.lora_rank > 0 needs peft: pip install peft") from e
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                        bias="none")
+    model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    model.lora_config = config
+    return model
+
+
+def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(module name, peft LoRA layer) of every adapted layer."""
+    from peft.tuners.lora import LoraLayer
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+
+
+def has_lora(model: nn.Module) -> bool:
+    return getattr(model, "lora_config", None) is not None
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` as its base model (adapters off) inside the block: the frozen reference model
+    of KL terms and DPO, with no second copy of the weights."""
+    layers = [m for _, m in lora_layers(model)]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+
+
+def merged_named_weights(model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) of the merged model: every adapted Linear's weight becomes
+    W + B A * scaling under its original name; adapter tensors are not listed.
+
+    ``gather`` turns a (sharded) parameter into its full tensor; with FSDP it is a collective, so
+    every rank must iterate this in step. Tied parameters are listed once.
+    """
+    adapted = {f"{n}.base_layer.weight": m for n, m in lora_layers(model)}
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen or ".lora_" in name:
+            continue
+        seen.add(id(p))
+        t = gather(p.detach())
+        layer = adapted.get(name)
+        if layer is not None:
+            a = gather(layer.lora_A[ADAPTER].weight.detach())
+            b = gather(layer.lora_B[ADAPTER].weight.detach())
+            t = t + (b.float() @ a.float()).to(t.dtype) * layer.scaling[ADAPTER]
+            name = name.replace(".base_layer.weight", ".weight")
+        yield name, t
+
+
+def adapter_state_dict(model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+                       ) -> dict[str, torch.Tensor]:
+    """The adapter tensors under PEFT's saved names (``base_model.model.<module>.lora_A.weight``)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            out["base_model.model." + name.replace(f".{ADAPTER}.", ".")] = gather(p.detach()).cpu().contiguous()
+    return out
+
+
+def save_adapter(state: dict[str, torch.Tensor], config: Any, out: str | os.PathLike,
+                 base_model: str | os.PathLike) -> Path:
+    """Write a PEFT adapter folder (loadable with ``PeftModel.from_pretrained(base, out)``)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "adapter_model.safetensors"))
+    cfg = config.to_dict()
+    cfg["base_model_name_or_path"] = str(base_model)
+    cfg["task_type"] = "CAUSAL_LM"
+    cfg["target_modules"] = sorted(cfg["target_modules"]) if cfg.get("target_modules") else None
+    (out / "adapter_config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+    return out

@@ -1,0 +1,111 @@
+"""LoRA: only adapters train, the engine gets exactly the merged model, the reference is the base,
+checkpoints hold the adapter (a PEFT folder), and several FSDP ranks equal one process."""
+
+import json
+
+import pytest
+import torch
+
+from reinforge.config import load_config
+from reinforge.loop import RLLoop
+from reinforge.rollout.types import GenerateRequest, SamplingParams
+from tests.test_integration import tiny_overrides
+
+LORA = {"model.lora_rank": 4, "model.lora_alpha": 8, "train.lr": 5e-2, "rollout.dtype": "fp32",
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_token_share", "data.n_eval_prompts": 0}
+
+
+def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
+    loop = RLLoop(load_config(None, tiny_overrides(tiny_model_path, tmp_path / "run", **LORA, **{
+        "algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.01, "train.num_rollout": 1})))
+    actor = loop.cluster.worker.actor
+    trainable = {n for n, p in actor.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    optimised = {id(p) for g in actor.optimizer.param_groups for p in g["params"]}
+    assert optimised == {id(p) for n, p in actor.model.named_parameters() if n in trainable}
+    base = {n: t.clone() for n, t in actor.named_weights()}
+
+    loop.rollout_step(0)  # GRPO step, then weight sync of the merged weights
+    merged = dict(actor.named_weights())
+    assert set(merged) == set(base) and not any(".lora_" in n or "base_layer" in n for n in merged)
+    assert any(not torch.equal(merged[n], base[n]) for n in merged), "the step changed nothing"
+
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=[])
+    prompt = loop.train_data.next_batch(1)[0]
+    result = loop.engine.generate([GenerateRequest(prompt.prompt_ids, params, n=4)])[0]
+    from reinforge.rollout.types import Sample
+
+    samples = [Sample(prompt="", tokens=prompt.prompt_ids + r.token_ids, response_length=len(r.token_ids),
+                      loss_mask=[1] * len(r.token_ids)) for r in result]
+    trainer_lp = actor.compute_log_probs(samples)
+    for r, lp in zip(result, trainer_lp):  # fp32 engine vs the trainer's (unmerged) LoRA forward
+        assert torch.allclose(torch.tensor(r.log_probs), lp, atol=1e-5)
+    # the reference is the base model: adapters off, no second copy
+    assert actor.ref is None
+    from reinforge.models.loading import build_model
+
+    plain = build_model(tiny_model_path)
+    for (n, t) in base.items():
+        assert torch.equal(t, dict(plain.named_parameters())[n].detach())
+    ref_lp = actor.compute_log_probs(samples, reference=True)
+    from reinforge.models.loading import model_logits
+
+    with torch.no_grad():
+        ids = torch.tensor([samples[0].tokens])
+        want = torch.log_softmax(model_logits(plain, ids)[0, :-1].float(), -1)
+        want = want.gather(-1, ids[0, 1:, None]).squeeze(-1)[-samples[0].response_length:]
+    assert torch.allclose(ref_lp[0], want, atol=1e-5)
+    loop.close()
+
+
+def test_checkpoint_adapter_loads_with_peft_and_matches_the_merged_folder(tmp_path, tiny_model_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.cli import main
+    from reinforge.loop import run_training
+
+    out = tmp_path / "run"
+    run_training(load_config(None, tiny_overrides(tiny_model_path, out, **LORA, **{"train.num_rollout": 1})))
+    ckpt = next((out / "checkpoints").glob("rollout_*"))
+    assert json.loads((ckpt / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert main(["convert", "--checkpoint", str(out), "--out", str(tmp_path / "merged"), "--dtype", "float32",
+                 "--adapter-out", str(tmp_path / "adapter")]) == 0
+    ids = torch.tensor([[1, 250, 3000, 42, 7, 99]])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32),
+                                           tmp_path / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        a, b, c = merged(ids).logits, peft_model(ids).logits, base(ids).logits
+    assert torch.allclose(a, b, atol=1e-4)
+    assert not torch.allclose(a, c, atol=1e-4)  # the adapter is in both, and it changed the model
+
+
+def test_offline_dpo_with_lora_uses_the_base_as_reference(tmp_path, tiny_model_path):
+    from reinforge.offline_loop import OfflineLoop
+    from tests.test_offline import offline_overrides, write_data
+
+    files = write_data(tmp_path, n=6)
+    loop = OfflineLoop(load_config(None, offline_overrides(tiny_model_path, tmp_path / "run", files["pairs"], "dpo", **{
+        "model.lora_rank": 4, "offline.precompute_ref_log_probs": "false", "train.lr": 5e-2})))
+    assert loop.trainer.ref is None
+    before = loop.trainer.sequence_stats(loop.train_set.examples, reference=True)[0]
+    loop.trainer.step(loop.train_set.examples, loop.step_ids(0), None)
+    policy = loop.trainer.sequence_stats(loop.train_set.examples, reference=False)[0]
+    after = loop.trainer.sequence_stats(loop.train_set.examples, reference=True)[0]
+    assert torch.allclose(torch.tensor(before), torch.tensor(after), atol=1e-5)  # the base did not move
+    assert not torch.allclose(torch.tensor(policy), torch.tensor(after), atol=1e-3)  # the policy did
+    loop.close()
+
+
+def test_lora_two_ranks_equal_one_process(tiny_model_path):
+    from tests.test_distributed import make_cfg, make_data, run_ranks
+
+    cfg = make_cfg(tiny_model_path, **{"model.lora_rank": 4, "model.lora_alpha": 8})
+    data = make_data(9)
+    (m1, w1), (m2, w2) = run_ranks(1, cfg, tiny_model_path, data), run_ranks(2, cfg, tiny_model_path, data)
+    assert m1[0]["train/loss"] == pytest.approx(m2[0]["train/loss"], rel=1e-4)
+    assert set(w1) == set(w2) and not any("lora" in n for n in w1)
+    for n in w1:
+        assert torch.allclose(torch.tensor(w1[n]), torch.tensor(w2[n]), atol=2e-5), n
