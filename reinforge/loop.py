@@ -25,7 +25,8 @@ from .eval.evaluate import evaluate, format_table, write_eval
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
 from .reward import RewardManager
-from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids
+from .rollout.agent import prompt_tools
+from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
 from .rollout.types import Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
@@ -86,7 +87,8 @@ class RLLoop:
         seed_everything(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.base_path)
-        self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer)
+        tools = prompt_tools(cfg, self.tokenizer)
+        self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer, tools.schemas, tools.system_text)
         self.start_rollout = 0
         self.weight_version = 0
         resume = ckpt.resolve_checkpoint(cfg.run.load) if cfg.run.load else None
@@ -225,6 +227,7 @@ class RLLoop:
         metrics["rollout/generated_reward_mean"] = float(all_rewards.mean())
         metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
         metrics.update(counts)
+        metrics.update(rollout_stats([s for g in generated for s in g]))
         if cl.has_critic:
             t = time.perf_counter()
             metrics.update(cl.train_critic(flat, adv.returns, values, rollout_id))
@@ -311,6 +314,7 @@ class RLLoop:
                     f.write(json.dumps(s.to_dict(), default=str) + "\n")
 
     def close(self) -> None:
+        self.ctx.close()
         self.reward.close()
         self.cluster.shutdown()
 

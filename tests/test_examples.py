@@ -64,3 +64,23 @@ def test_ppo_resume_restores_critic(tmp_path, tiny_model_path):
     assert critic.scheduler.last_epoch == opt_steps and len(critic.optimizer.state) > 0
     assert t.start_rollout == 1
     t.close()
+
+
+def test_agent_example_runs_from_the_cli(tmp_path, tiny_model_path):
+    """examples/agent_calculator.yaml through `reinforge train`: 2 rollouts of the tool-using agent."""
+    from reinforge.cli import main
+
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_model_path, out, **{
+        "data.n_eval_prompts": 2, "eval.n_samples_per_eval_prompt": 0, "eval.pass_k": "[]",
+        "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 48, "agent.max_turn_tokens": 16,
+        "rollout.max_num_seqs": 16, "train.num_rollout": 2, "run.save_final": "false"})
+    assert main(["train", "-c", str(EXAMPLES / "agent_calculator.yaml"), *overrides]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "rollout/reward_mean" in r]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["agent/turns"] >= 1 and 0 <= r["agent/final_answer"] <= 1 and "agent/tool_calls" in r
+        assert r["rollout/response_len_max"] <= 48
+    config = (out / "config.yaml").read_text()
+    assert "reinforge.rollout.agent:generate" in config and "calculator" in config

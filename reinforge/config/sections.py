@@ -20,6 +20,8 @@ KL_ESTIMATORS = registered("reinforge.algo.losses:KL_ESTIMATORS")
 LOSS_AGG_MODES = registered("reinforge.algo.losses:LOSS_AGG_MODES")
 BACKENDS = registered("reinforge.rollout.backends:BACKENDS")
 OFFLINE_METHODS = registered("reinforge.algo.preference:OFFLINE_METHODS")
+TOOL_CALL_FORMATS = registered("reinforge.tools.formats:TOOL_CALL_FORMATS")
+TOOLS = registered("reinforge.tools.toolset:TOOLS")
 
 
 class Section:
@@ -111,8 +113,10 @@ class RolloutConfig(Section):
     sglang_launch_timeout: float = opt(600.0, "seconds for a launched server to answer `/health_generate`", gt=0)
     rollout_function_path: str | None = opt(None, "`module:function` replacing the default rollout "
                                             "(see `RolloutContext`)")
-    custom_generate_function_path: str | None = opt(None, "`module:function` generating one sample "
-                                                    "(multi-turn, tools)")
+    custom_generate_function_path: str | None = opt(
+        None, "`module:function`, `async def generate(ctx, sample, params) -> Sample`, producing each sample "
+        "(slime's `--custom-generate-function-path`); `reinforge.rollout.agent:generate` is the tool-using agent "
+        "(docs/agents.md)")
     seed: int = opt(1234, "sampling seed (each rollout reseeds the engine from `seed` and the rollout id)")
 
     def check(self) -> None:
@@ -153,6 +157,44 @@ class RewardConfig(Section):
         if self.function_path and self.type not in ("custom", "auto"):
             raise ConfigError(f"reward.function_path is set but reward.type={self.type!r}; use type custom")
         _check_function_path("reward.function_path", self.function_path)
+
+
+@dataclass
+class AgentConfig(Section):
+    """Multi-turn rollouts with tools, read by `rollout.custom_generate_function_path:
+    reinforge.rollout.agent:generate` (see [agents.md](agents.md)). A sample's whole response (every
+    turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
+    (`eval.eval_max_response_len` in evaluation)."""
+
+    name = "agent"
+    tools: list[str] = opt([], "tools the model may call: registered names (`calculator`, `python`) or "
+                           "`module:function` paths of plain functions with type hints and a Google-style docstring")
+    tool_call_format: str = opt("hermes", "how calls are written: `hermes` (`<tool_call>{json}</tool_call>`, Qwen), "
+                                "`llama3_json`", choices=TOOL_CALL_FORMATS)
+    max_turns: int = opt(4, "model turns (generations) per sample at most; the last one may not call a tool", ge=1)
+    max_turn_tokens: int | None = opt(None, "new tokens per model turn at most (`null`: what is left of the "
+                                      "response budget)", ge=1)
+    tool_timeout: float = opt(10.0, "seconds per tool call (the `python` tool's process is killed after this)", gt=0)
+    tool_output_max_tokens: int = opt(256, "a tool output longer than this many tokens is cut", ge=1)
+    tool_role: str = opt("auto", "chat role of tool outputs: `auto` = `tool` when the chat template handles tool "
+                         "messages, else `user` (outputs wrapped in the format's result tags); or a role name")
+    tools_prompt: Literal["auto", "template", "system", "none"] = opt(
+        "auto", "where the tool schemas go: `template` (the chat template's `tools=`), `system` (described in the "
+        "system prompt), `auto` (template when it renders them, else system), `none` (your prompts describe them)")
+    stop_after_tool_call: bool = opt(True, "end a turn where a call closes (`</tool_call>`), so the model does not "
+                                     "write the tool's answer itself")
+    tool_concurrency: int = opt(8, "threads running plain-function tools", ge=1)
+    python_memory_mb: int = opt(1024, "`python` tool: address-space limit of its process (MiB)", ge=64)
+
+    def check(self) -> None:
+        for i, spec in enumerate(self.tools):
+            if ":" in spec:
+                _check_function_path(f"agent.tools[{i}]", spec)
+            elif spec not in TOOLS():
+                raise ConfigError(f"agent.tools[{i}]: unknown tool {spec!r}; registered: {', '.join(TOOLS())} "
+                                  f"(or write 'package.module:function')")
+        if not self.tool_role.strip():
+            raise ConfigError("agent.tool_role must be `auto` or a role name")
 
 
 @dataclass
@@ -397,6 +439,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "rollout": RolloutConfig,
     "reward": RewardConfig,
+    "agent": AgentConfig,
     "algo": AlgoConfig,
     "critic": CriticConfig,
     "offline": OfflineConfig,
@@ -415,6 +458,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     offline: OfflineConfig = field(default_factory=OfflineConfig)
@@ -452,6 +496,20 @@ class Config:
         if a.overlong_buffer_len is not None and a.overlong_buffer_len >= r.rollout_max_response_len:
             raise ConfigError(f"algo.overlong_buffer_len must be in (0, rollout.rollout_max_response_len="
                               f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}")
+        g = self.agent
+        if g.tools and not r.custom_generate_function_path:
+            raise ConfigError("agent.tools is set but nothing calls tools: set rollout.custom_generate_function_path="
+                              "reinforge.rollout.agent:generate")
+        if r.backend == "hf" and r.custom_generate_function_path == "reinforge.rollout.agent:generate" \
+                and g.stop_after_tool_call:
+            from ..tools.formats import TOOL_CALL_FORMATS as formats
+
+            if formats.get(g.tool_call_format).stop:
+                raise ConfigError("agent.stop_after_tool_call=true ends turns with a stop string, which "
+                                  "rollout.backend=hf does not support: set agent.stop_after_tool_call=false")
+        if g.max_turn_tokens is not None and g.max_turn_tokens > r.rollout_max_response_len:
+            raise ConfigError(f"agent.max_turn_tokens={g.max_turn_tokens} exceeds rollout.rollout_max_response_len="
+                              f"{r.rollout_max_response_len}, the budget of the whole response")
         from ..algo.advantages import ADV_ESTIMATORS
 
         if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:

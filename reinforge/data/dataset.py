@@ -29,16 +29,32 @@ class Prompt:
 
 
 def render_prompt(tokenizer: Any, prompt: str | list[dict], apply_chat_template: bool,
-                  system_prompt: str | None) -> str:
-    """The text the model sees: the chat template with a generation prompt, or the raw string."""
+                  system_prompt: str | None, tools: list[dict[str, Any]] | None = None,
+                  tools_text: str | None = None) -> str:
+    """The text the model sees: the chat template with a generation prompt, or the raw string.
+
+    Args:
+        system_prompt: a system message for prompts that have none.
+        tools: function schemas passed to the chat template as ``tools=`` (agent rollouts).
+        tools_text: text describing the tools, appended to the system message (added when the
+            prompt has none), for templates that do not render ``tools=``.
+    """
     if not apply_chat_template:
         if not isinstance(prompt, str):
             raise ValueError("data.apply_chat_template=false needs string prompts, got chat messages")
+        if tools or tools_text:
+            raise ValueError("agent tools in the prompt need data.apply_chat_template=true")
         return prompt
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if tools_text:
+        if messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{tools_text}"
+        else:
+            messages = [{"role": "system", "content": tools_text}] + messages
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
 
 class PromptDataset:
@@ -51,8 +67,10 @@ class PromptDataset:
 
     def __init__(self, records: list[PromptRecord], tokenizer: Any, *, apply_chat_template: bool = True,
                  system_prompt: str | None = None, max_prompt_len: int | None = None,
-                 shuffle: bool = True, seed: int = 0, name: str = "prompts"):
-        texts = [render_prompt(tokenizer, r.prompt, apply_chat_template, system_prompt) for r in records]
+                 shuffle: bool = True, seed: int = 0, name: str = "prompts",
+                 tools: list[dict[str, Any]] | None = None, tools_text: str | None = None):
+        texts = [render_prompt(tokenizer, r.prompt, apply_chat_template, system_prompt, tools, tools_text)
+                 for r in records]
         ids = tokenizer(texts, add_special_tokens=not apply_chat_template)["input_ids"]
         self.prompts: list[Prompt] = []
         self.num_dropped = 0
@@ -107,11 +125,13 @@ class PromptDataset:
         self._order = self._permutation(self.epoch)
 
 
-def load_datasets(d: "DataConfig", tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+def load_datasets(d: "DataConfig", tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                  tools_text: str | None = None) -> tuple[PromptDataset, PromptDataset | None]:
     """The training prompts and the held-out prompts (None when there are none) of the ``data``
-    section: a reasoning-gym task's held-out split is drawn with ``eval_seed``."""
+    section: a reasoning-gym task's held-out split is drawn with ``eval_seed``. ``tools`` /
+    ``tools_text`` present the agent's tools in every prompt (:func:`render_prompt`)."""
     common = dict(apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt,
-                  max_prompt_len=d.rollout_max_prompt_len)
+                  max_prompt_len=d.rollout_max_prompt_len, tools=tools, tools_text=tools_text)
     records = load_source(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
                           size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
     train = PromptDataset(records, tokenizer, shuffle=d.rollout_shuffle, seed=d.seed, name=d.prompt_data, **common)

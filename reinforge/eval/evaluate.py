@@ -8,7 +8,7 @@ from typing import Any
 
 from ..algo.passk import pass_at_k
 from ..data import Prompt
-from ..rollout.generate import RolloutContext, generate_groups
+from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
 from ..rollout.types import Sample, Status
 
 
@@ -50,6 +50,7 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, floa
         m["eval/sampled_response_len"] = _mean([s.response_length for g in sampled for s in g])
         m["eval/sampled_truncated"] = _mean([s.status == Status.TRUNCATED for g in sampled for s in g])
     m["eval/reward_errors"] = counts.get("reward/errors", 0.0) + counts.get("reward/timeouts", 0.0)
+    m.update({f"eval/{k}": v for k, v in rollout_stats(flat).items()})  # e.g. agent tool use
     return m, flat
 
 

@@ -1,13 +1,18 @@
-"""The default rollout: prompts -> groups of scored samples."""
+"""The default rollout: prompts -> groups of samples, from the engine or from a custom generate function."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..config import Config
 from ..data import Prompt
+from ..utils.imports import load_function
+from .async_client import AsyncEngine
 from .types import FinishReason, GenerateRequest, RolloutEngine, Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
@@ -25,6 +30,11 @@ class RolloutContext:
     it takes ``ctx.config.rollout.rollout_batch_size`` prompts from ``data_source`` and
     returns one group of samples per prompt (slime's ``--rollout-function-path``). Samples
     left with ``reward=None`` are scored by the configured reward afterwards.
+
+    A custom generate function (``rollout.custom_generate_function_path``, :data:`GenerateFn`)
+    produces each sample instead of one engine call: ``await ctx.async_engine.generate(request)``
+    shares the engine with the other samples' coroutines, and ``ctx.cache`` keeps whatever
+    per-run state it builds (tools, parsers), keyed by its module's name.
     """
 
     config: Config
@@ -32,6 +42,40 @@ class RolloutContext:
     tokenizer: Any
     reward: Any  # RewardManager
     stop_token_ids: list[int] = field(default_factory=list)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    _async_engine: AsyncEngine | None = field(default=None, init=False, repr=False)
+    _custom_generate: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def async_engine(self) -> AsyncEngine:
+        """The engine for coroutines (:class:`~reinforge.rollout.async_client.AsyncEngine`), made on first use."""
+        if self._async_engine is None or self._async_engine.engine is not self.engine:
+            self._async_engine = AsyncEngine(self.engine)
+        return self._async_engine
+
+    @property
+    def custom_generate(self) -> "GenerateFn | None":
+        """``rollout.custom_generate_function_path`` loaded (None when unset).
+
+        Raises:
+            ValueError: the path does not import (the message names the key).
+        """
+        path = self.config.rollout.custom_generate_function_path
+        if path is None:
+            return None
+        if self._custom_generate is None:
+            self._custom_generate = load_function(path, "rollout.custom_generate_function_path")
+        return self._custom_generate
+
+    def close(self) -> None:
+        """Release the async engine's thread and whatever in ``cache`` has a ``close()`` (the agent's tools)."""
+        for obj in self.cache.values():
+            if callable(getattr(obj, "close", None)):
+                obj.close()
+        self.cache.clear()
+        if self._async_engine is not None:
+            self._async_engine.close()
+            self._async_engine = None
 
     def sampling_params(self, evaluation: bool = False, greedy: bool = False) -> SamplingParams:
         r, e = self.config.rollout, self.config.eval
@@ -91,7 +135,10 @@ def end_of_turn_token_id(tokenizer: Any) -> int | None:
 
 def generate_groups(ctx: RolloutContext, prompts: list[Prompt], n: int, params: SamplingParams,
                     start_index: int = 0) -> list[list[Sample]]:
-    """``n`` samples per prompt from the engine (unscored)."""
+    """``n`` samples per prompt (unscored): from the engine in one batch, or, when
+    ``rollout.custom_generate_function_path`` is set, from that function (:func:`generate_with`)."""
+    if ctx.custom_generate is not None:
+        return generate_with(ctx, ctx.custom_generate, prompts, n, params, start_index)
     requests = [GenerateRequest(p.prompt_ids, params, n=n) for p in prompts]
     results = ctx.engine.generate(requests)
     groups = []
@@ -114,6 +161,81 @@ def generate_groups(ctx: RolloutContext, prompts: list[Prompt], n: int, params: 
             ))
         groups.append(group)
     return groups
+
+
+GenerateFn = Callable[[RolloutContext, Sample, SamplingParams], Awaitable[Sample]]
+"""slime's custom generate: ``async def generate(ctx, sample, params) -> Sample``.
+
+It receives a sample holding the prompt (``tokens`` = the prompt's ids, ``response_length`` 0,
+``label``, ``metadata``, ``index``, ``group_index``; status ``pending``) and its own copy of the
+sampling parameters (``max_new_tokens`` bounds the whole response), and returns the finished
+sample: ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and
+``rollout_log_probs`` (one entry per response token), ``status``, ``weight_version`` and
+``response`` (decoded from the response ids when left empty). Numbers under
+``metadata["rollout_stats"]`` are averaged over the samples into the rollout metrics."""
+
+STATS_KEY = "rollout_stats"
+
+
+def generate_with(ctx: RolloutContext, fn: GenerateFn, prompts: list[Prompt], n: int, params: SamplingParams,
+                  start_index: int = 0) -> list[list[Sample]]:
+    """``n`` samples per prompt from the custom generate function ``fn``, all coroutines
+    running concurrently on one event loop (engine calls batched by ``ctx.async_engine``).
+
+    Raises:
+        ValueError: ``fn`` returned something that is not a consistent :class:`Sample`.
+        Exception: the first exception a coroutine raised (after every coroutine has finished,
+            so the engine is left with no request in flight).
+    """
+    samples = [Sample(prompt=p.prompt, tokens=list(p.prompt_ids), response_length=0, label=p.label,
+                      metadata=dict(p.metadata), index=start_index + gi * n + j, group_index=gi)
+               for gi, p in enumerate(prompts) for j in range(n)]
+
+    async def run_all() -> list[Any]:
+        return await asyncio.gather(*(fn(ctx, s, copy.deepcopy(params)) for s in samples), return_exceptions=True)
+
+    done = run_coroutine(run_all())
+    for out in done:
+        if isinstance(out, BaseException):
+            raise out
+    finished = [_checked(ctx, out) for out in done]
+    return [finished[gi * n:(gi + 1) * n] for gi in range(len(prompts))]
+
+
+def _checked(ctx: RolloutContext, s: Any) -> Sample:
+    key = f"rollout.custom_generate_function_path={ctx.config.rollout.custom_generate_function_path}"
+    if not isinstance(s, Sample):
+        raise ValueError(f"{key} must return a Sample, got {type(s).__name__}")
+    if not (len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length <= len(s.tokens)):
+        raise ValueError(f"{key} returned a sample with response_length={s.response_length}, {len(s.loss_mask)} "
+                         f"loss-mask entries, {len(s.rollout_log_probs)} log-probs and {len(s.tokens)} tokens: the "
+                         f"first three must be equal (one entry per response token)")
+    if s.status == Status.PENDING:
+        raise ValueError(f"{key} returned a sample whose status is still 'pending'")
+    if not s.response and s.response_length:
+        s.response = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+    return s
+
+
+def run_coroutine(coro: Awaitable[Any]) -> Any:
+    """Run ``coro`` to completion on a fresh event loop (in a helper thread when this thread
+    already runs one, e.g. inside Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def rollout_stats(samples: list[Sample]) -> dict[str, float]:
+    """Mean over ``samples`` of each number in their ``metadata["rollout_stats"]`` (a sample
+    without a key counts 0); empty when no sample has stats."""
+    sums: dict[str, float] = {}
+    for s in samples:
+        for k, v in s.metadata.get(STATS_KEY, {}).items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    return {k: v / len(samples) for k, v in sums.items()}
 
 
 def default_rollout(ctx: RolloutContext, rollout_id: int, data_source: Any) -> list[list[Sample]]:

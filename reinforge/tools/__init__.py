@@ -1,0 +1,11 @@
+"""Tools for agent rollouts: plain functions with a JSON schema from their signature
+(``schema.py``), the registry and the safe call path (``toolset.py``), tool-call formats
+(``formats.py``), the built-ins (``builtin.py``: calculator, python) and the sandbox the python tool
+runs in (``sandbox.py``). See docs/agents.md."""
+
+from .formats import TOOL_CALL_FORMATS, ParsedMessage, ToolCallFormat, get_format
+from .schema import ToolArgumentError, check_arguments, function_schema
+from .toolset import TOOLS, Tool, ToolCall, ToolError, ToolResult, ToolSet, load_tools
+
+__all__ = ["TOOLS", "TOOL_CALL_FORMATS", "ParsedMessage", "Tool", "ToolArgumentError", "ToolCall", "ToolCallFormat",
+           "ToolError", "ToolResult", "ToolSet", "check_arguments", "function_schema", "get_format", "load_tools"]

@@ -1,0 +1,116 @@
+"""Built-in tools: ``calculator`` (arithmetic, evaluated on the syntax tree, never ``eval``) and
+``python`` (a program run in a sandboxed subprocess, :mod:`reinforge.tools.sandbox`)."""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from typing import TYPE_CHECKING, Any, Callable
+
+from .sandbox import SandboxLimits, SandboxResult, run_python
+from .toolset import ToolError
+
+if TYPE_CHECKING:
+    from ..config.sections import AgentConfig
+
+MAX_EXPRESSION_CHARS = 1000
+MAX_INT_BITS = 4096  # results beyond ~1e1233 are refused rather than computed
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt,
+                                             "floor": math.floor, "ceil": math.ceil, "log": math.log,
+                                             "exp": math.exp}
+_CONSTANTS = {"pi": math.pi, "e": math.e}
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return its value.
+
+    Args:
+        expression: numbers with + - * / // % ** and parentheses, e.g. "(1234 + 5678) * 9"; also abs, round,
+            min, max, sqrt, floor, ceil, log, exp, pi and e.
+    """
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/"), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
+    return format_number(_evaluate(tree.body))
+
+
+def format_number(x: int | float) -> str:
+    """Integers as integers (``12.0`` -> ``12``), other floats to 12 significant digits."""
+    if isinstance(x, float):
+        if math.isfinite(x) and x.is_integer() and abs(x) < 1e16:
+            return str(int(x))
+        return format(x, ".12g")
+    return str(x)
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _CONSTANTS:
+        return _CONSTANTS[node.id]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and right > 0:
+            if abs(left) > 1 and right * max(abs(left).bit_length() - 1, 1) > MAX_INT_BITS:
+                raise ValueError("result too large")
+        value = _BINARY[type(node.op)](left, right)
+        if isinstance(value, complex):
+            raise ValueError("complex result")
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            raise ValueError("result too large")
+        return value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
+            and not node.keywords):
+        return _FUNCTIONS[node.func.id](*(_evaluate(a) for a in node.args))
+    raise ValueError(f"unsupported syntax: {ast.unparse(node)[:40]!r}")
+
+
+async def python(code: str) -> str:
+    """Run a Python program and return what it prints (stdout; stderr too if it fails).
+
+    Args:
+        code: a complete Python program; print the values you need.
+    """
+    return sandbox_output(await run_python(code, SandboxLimits()))
+
+
+def make_python(agent: "AgentConfig | None") -> Callable[..., Any]:
+    """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
+    ``python_memory_mb``); the defaults of :class:`SandboxLimits` without one."""
+    limits = SandboxLimits() if agent is None else SandboxLimits(timeout=agent.tool_timeout,
+                                                                 memory_mb=agent.python_memory_mb)
+
+    async def python(code: str) -> str:
+        return sandbox_output(await run_python(code, limits))
+
+    python.__doc__ = globals()["python"].__doc__
+    return python
+
+
+def sandbox_output(r: SandboxResult) -> str:
+    """The tool output of a sandbox run.
+
+    Raises:
+        ToolError: kind ``network`` (the program tried the network), ``timeout``, ``memory``
+            (``MemoryError`` under the memory limit) or ``program_error`` (non-zero exit); the
+            message holds the program's output.
+    """
+    both = (r.stdout + ("\n" if r.stdout and r.stderr else "") + r.stderr).strip()
+    if r.network_attempts:
+        raise ToolError(f"network access is disabled in the python tool.\n{both}".strip(), "network")
+    if r.timed_out:
+        raise ToolError(f"the program did not finish within the time limit.\n{both}".strip(), "timeout")
+    if r.returncode != 0:
+        kind = "memory" if r.out_of_memory else "program_error"
+        raise ToolError(f"the program exited with status {r.returncode}.\n{both}".strip(), kind)
+    return r.stdout.strip() or both or "(the program printed nothing)"

@@ -1,0 +1,178 @@
+"""Tools the policy may call: loading them from the config and running one call safely.
+
+A tool is a plain Python function (sync or ``async``) with type hints and a Google-style
+docstring; its JSON schema is derived from them (:mod:`reinforge.tools.schema`). The config
+names tools in ``agent.tools``, either by a name registered in :data:`TOOLS` (the built-ins:
+``calculator``, ``python``) or by a ``module:function`` path.
+
+:meth:`ToolSet.call` never raises for anything the model or the tool does: an unknown tool, bad
+arguments, an exception, a call past ``agent.tool_timeout``, a sandboxed program that tries the
+network... each becomes a :class:`ToolResult` whose ``output`` is an error message for the model
+and whose ``error`` names the kind (counted in the rollout metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..utils.imports import load_function
+from ..utils.registry import Registry
+from .schema import ToolArgumentError, check_arguments, function_schema
+
+if TYPE_CHECKING:
+    from ..config.sections import AgentConfig
+
+TOOLS: Registry[Callable[..., Any]] = Registry("tool", "agent.tools")
+"""Tools by name. A target registered with ``factory=True`` is called with the ``agent`` config
+section and returns the tool function (tools with configurable limits, e.g. ``python``)."""
+TOOLS.register("calculator", "reinforge.tools.builtin:calculator")
+TOOLS.register("python", "reinforge.tools.builtin:make_python", factory=True)
+
+# Error kinds (ToolResult.error); tools may raise ToolError with their own.
+PARSE, UNKNOWN_TOOL, BAD_ARGUMENTS = "parse", "unknown_tool", "bad_arguments"
+EXCEPTION, TIMEOUT = "exception", "timeout"
+
+
+class ToolError(Exception):
+    """Raised by a tool for a failure it classifies itself (``kind``, e.g. ``"network"``); the
+    message is what the model sees."""
+
+    def __init__(self, message: str, kind: str = EXCEPTION):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class ToolCall:
+    """A call the model made: the tool's name and its decoded JSON arguments."""
+
+    name: str
+    arguments: Any = field(default_factory=dict)
+
+
+@dataclass
+class ToolResult:
+    """A call's outcome: ``output`` (shown to the model; an error message when it failed),
+    ``error`` (None, or the kind: ``parse``, ``unknown_tool``, ``bad_arguments``, ``exception``,
+    ``timeout``, or a tool's own ``ToolError.kind``), and wall-clock ``seconds``."""
+
+    name: str | None
+    output: str
+    error: str | None = None
+    seconds: float = 0.0
+
+    @classmethod
+    def failure(cls, name: str | None, kind: str, message: str, seconds: float = 0.0) -> "ToolResult":
+        return cls(name, f"Error: {message}", kind, seconds)
+
+
+@dataclass
+class Tool:
+    """A callable with its function-calling schema (``{"type": "function", "function": {...}}``)."""
+
+    name: str
+    fn: Callable[..., Any]
+    schema: dict[str, Any]
+
+    @classmethod
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> "Tool":
+        """Raises TypeError: the signature has no JSON schema (see ``function_schema``)."""
+        schema = function_schema(fn, name)
+        return cls(schema["function"]["name"], fn, schema)
+
+
+def load_tools(names: list[str], agent: "AgentConfig | None" = None) -> list[Tool]:
+    """The tools of ``agent.tools``: registered names or ``module:function`` paths.
+
+    Raises:
+        ValueError: an unknown name, a path that does not import, two tools with one name, or a
+            function without a usable schema (the message names ``agent.tools``).
+    """
+    tools: list[Tool] = []
+    for i, spec in enumerate(names):
+        key = f"agent.tools[{i}]"
+        if ":" in spec:
+            fn = load_function(spec, key)
+        else:
+            if spec not in TOOLS:
+                raise ValueError(f"{key}: unknown tool {spec!r}; registered: {', '.join(TOOLS.names())} (or give a "
+                                 f"'module:function' path)")
+            entry = TOOLS.entry(spec)
+            fn = entry.load()
+            if entry.info.get("factory"):
+                fn = fn(agent)
+        try:
+            tool = Tool.from_function(fn)
+        except TypeError as e:
+            raise ValueError(f"{key}={spec!r}: {e}") from None
+        if any(t.name == tool.name for t in tools):
+            raise ValueError(f"{key}={spec!r}: a tool named {tool.name!r} is already loaded")
+        tools.append(tool)
+    return tools
+
+
+class ToolSet:
+    """Named tools and how to run a call: arguments checked against the schema, plain functions
+    in a thread pool of ``max_workers``, every call bounded by ``timeout`` seconds.
+
+    A plain function past its timeout keeps its worker thread until it returns (Python cannot
+    stop a thread); ``async`` tools are cancelled (the ``python`` tool kills its process).
+    """
+
+    def __init__(self, tools: list[Tool], timeout: float = 10.0, max_workers: int = 8):
+        self.tools = {t.name: t for t in tools}
+        self.timeout = timeout
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
+
+    @classmethod
+    def from_config(cls, agent: "AgentConfig") -> "ToolSet":
+        return cls(load_tools(agent.tools, agent), agent.tool_timeout, agent.tool_concurrency)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools.values()]
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        """Run one call; never raises (failures are results with ``error`` set)."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(self.tools) or "none"
+            return ToolResult.failure(call.name, UNKNOWN_TOOL, f"unknown tool {call.name!r}; available tools: {known}")
+        try:
+            args = check_arguments(tool.schema, call.arguments)
+        except ToolArgumentError as e:
+            return ToolResult.failure(call.name, BAD_ARGUMENTS, f"bad arguments for {call.name}: {e}")
+        start = time.perf_counter()
+        try:
+            if inspect.iscoroutinefunction(tool.fn):
+                out = await asyncio.wait_for(tool.fn(**args), self.timeout)
+            else:
+                loop = asyncio.get_running_loop()
+                out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: tool.fn(**args)), self.timeout)
+        except TimeoutError:
+            return ToolResult.failure(call.name, TIMEOUT, f"{call.name} did not finish within {self.timeout:g} s",
+                                      time.perf_counter() - start)
+        except ToolError as e:
+            return ToolResult.failure(call.name, e.kind, str(e), time.perf_counter() - start)
+        except Exception as e:  # a tool's bug must not end the rollout
+            return ToolResult.failure(call.name, EXCEPTION, f"{call.name} raised {type(e).__name__}: {e}",
+                                      time.perf_counter() - start)
+        return ToolResult(call.name, out if isinstance(out, str) else _to_text(out), None,
+                          time.perf_counter() - start)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _to_text(value: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
