@@ -97,6 +97,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
                             f"'latest' file naming one)")
 
 
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, or ``None`` when it has none."""
+    try:
+        return resolve_checkpoint(run_dir)
+    except FileNotFoundError:
+        return None
+
+
 def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state.json, driver rng state) of a checkpoint directory."""
     state = json.loads((ckpt / "state.json").read_text())

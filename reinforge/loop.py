@@ -21,7 +21,8 @@ from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
 from .config import Config, config_from_dict, dump_config
 from .data import load_datasets
-from .eval.evaluate import evaluate, format_table, write_eval
+from .eval.evaluate import evaluate, write_eval
+from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
 from .reward import RewardManager
@@ -297,10 +298,9 @@ class RLLoop:
             logger.close()
         result.evals = list(self.evals)
         result.history = list(self.history)
-        if self.evals:
-            table = format_table(self.evals)
-            (self.out / "eval_table.txt").write_text(table + "\n")
-            print("\n" + table, flush=True)
+        print_run_summary(self.out, self.evals, command="train", checkpoint=ckpt.latest_checkpoint(self.out),
+                          more_key="train.num_rollout", curve_key="rollout/reward_mean",
+                          eval_keys=("eval/greedy_accuracy", "eval/pass@1"), x_label="rollout")
         return result
 
     def _dump(self, rollout_id: int, groups: list[list[Sample]]) -> None:

@@ -23,7 +23,7 @@ import torch
 from . import checkpoint as ckpt
 from .config import Config, dump_config
 from .data.offline import OfflineDataset, load_offline_datasets
-from .eval.evaluate import format_table
+from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
 from .models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
@@ -185,10 +185,11 @@ class OfflineLoop:
                 bar.close()
             if logger is not None:
                 logger.close()
-        if self.is_main and self.evals:
-            table = format_table(self.evals)
-            (self.out / "eval_table.txt").write_text(table + "\n")
-            print("\n" + table, flush=True)
+        if self.is_main:
+            print_run_summary(self.out, self.evals, command="offline", checkpoint=ckpt.latest_checkpoint(self.out),
+                              more_key="offline.num_epochs", curve_key="train/loss",
+                              eval_keys=("eval/loss", "eval/rewards/accuracy"), x_label="optimizer step",
+                              policy=not self.trainer.is_reward)
         return self.evals
 
     # ------------------------------------------------------------------ checkpoints

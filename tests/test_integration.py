@@ -28,7 +28,7 @@ def read_metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path):
+def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path, capsys):
     out = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
         "algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.01, "reward.type": "custom",
@@ -53,6 +53,13 @@ def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path):
     assert [e["label"] for e in evals] == ["before", "after"]
     assert {"eval/greedy_accuracy", "eval/pass@1", "eval/pass@2", "eval/greedy_truncated"} <= set(evals[0])
     assert (out / "eval_table.txt").read_text().count("\n") == 4
+    # the end-of-run summary: table, curve PNG, and the commands to resume / evaluate / export
+    printed = capsys.readouterr().out
+    assert (out / "eval_table.txt").read_text().strip() in printed
+    assert (out / "curves.png").stat().st_size > 1000 and f"curves: {out / 'curves.png'}" in printed
+    next_line = [line for line in printed.splitlines() if line.startswith("next: ")]
+    assert len(next_line) == 1 and "--load" in next_line[0] and "reinforge eval" in next_line[0], printed
+    assert f"reinforge convert {out} " in next_line[0]
     assert list((out / "tensorboard").glob("events.*"))
     # the policy changed and the final checkpoint holds it
     ckpt = resolve_checkpoint(out)

@@ -111,6 +111,7 @@ def test_method_trains_and_checkpoints(tmp_path, tiny_model_path, method):
     assert sum("train/loss" in r for r in rows) == 2 * 3  # 18 examples / batch 6 = 3 steps per epoch
     model_dir = next((tmp_path / "run" / "checkpoints").glob("step_*")) / "model"
     assert (model_dir / "config.json").is_file()
+    assert (tmp_path / "run" / "curves.png").is_file() and (tmp_path / "run" / "eval_table.txt").is_file()
 
 
 def test_dpo_learns_the_preference(tmp_path, tiny_model_path):
