@@ -1,21 +1,13 @@
 """FSDP2 data parallelism on CPU (gloo): 2 ranks match 1 process, uneven data completes, DCP reshards."""
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from reinforge.config import load_config
 from reinforge.rollout.types import Sample
 from reinforge.train.actor import TrainData
 from reinforge.train.parallel import partition_by_tokens
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ranks import spawn_ranks
 
 
 def make_cfg(tiny_model_path, **extra):
@@ -54,17 +46,7 @@ def _worker(rank, world, port, cfg, path, data, steps, save_dir, queue):
 
 
 def run_ranks(world, cfg, path, data, steps=1, save_dir=None):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cfg, str(path), data, steps, save_dir, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    metrics, weights = queue.get()
-    for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
+    metrics, weights = spawn_ranks(_worker, world, (cfg, str(path), data, steps, save_dir))
     return metrics, {k: torch.from_numpy(v) for k, v in weights.items()}
 
 

@@ -2,16 +2,15 @@
 
 import json
 import random
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from reinforge.config import load_config
 from reinforge.data.offline import build_examples, read_rows, Tokenizer
 from reinforge.data.sources import DataError
 from reinforge.offline_loop import run_offline
+from tests.ranks import spawn_ranks
 
 METHODS = ["sft", "rm", "dpo", "ipo", "cpo", "simpo", "orpo", "kto"]
 
@@ -174,12 +173,6 @@ def test_make_data_pairs_kto_sft(tmp_path, tiny_model_path):
 
 # ---------------------------------------------------------------------------- several ranks
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank, world, port, overrides, queue):
     cfg = load_config(None, overrides)
     evals = run_offline(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port)
@@ -188,20 +181,7 @@ def _rank(rank, world, port, overrides, queue):
 
 
 def run_ranks(world, overrides, timeout=240):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, overrides, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, f"ranks still running after {timeout} s: a collective was not matched"
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return queue.get()
+    return spawn_ranks(_rank, world, (overrides,), timeout)
 
 
 def _weights(run_dir):
