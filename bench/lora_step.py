@@ -103,7 +103,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / args.arch
         write_random_model(args.arch, folder)
-        rows = [(r, run(folder, r, args)) for r in args.ranks]
+        rows = []
+        for r in args.ranks:
+            try:
+                rows.append((r, run(folder, r, args)))
+            except torch.OutOfMemoryError:
+                rows.append((r, None))
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     print(f"\n{args.arch}, {dev}, {args.samples} samples x ({args.prompt_len} + {args.response_len}) tokens, "
           f"max_tokens_per_gpu {args.max_tokens}, KL to the reference, gradient checkpointing "
@@ -113,6 +119,9 @@ def main() -> None:
     print(f"| {'-' * 12} | {'-' * 13}: | {'-' * 17}: | {'-' * 8}: | {'-' * 9}: |")
     for r, m in rows:
         mode = f"LoRA r={r}" if r else "full"
+        if m is None:
+            print(f"| {mode:12s} | {'':>13s} | {'out of memory':>17s} | {'-':>8s} | {'-':>9s} |")
+            continue
         print(f"| {mode:12s} | {m['trainable_m']:13.1f} | {m['peak_gib']:17.2f} | {m['step_s']:8.2f} | "
               f"{m['tokens_per_s']:9.0f} |")
 

@@ -6,14 +6,14 @@
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-EVAL="data.n_eval_prompts=256,eval.n_samples_per_eval_prompt=0,eval.pass_k=[],eval.eval_interval=0"
+EVAL="data.n_eval_prompts=256,eval.n_samples_per_eval_prompt=0,eval.pass_k=[],eval.eval_interval=1000"
 case "$1" in
 lora)
   (python3 bench/sweep.py -c examples/arith_grpo.yaml --common "train.num_rollout=60,$EVAL" --seeds 1 --jobs 2 \
       --variant full: --variant lora_r32:model.lora_rank=32,model.lora_alpha=64,train.lr=5e-5 \
       --out /tmp/arith_lora > "$OUT/arith_lora.txt" 2>&1; echo "sweep rc=$?" >> "$OUT/arith_lora.txt") &
   python3 bench/lora_step.py --arch qwen2.5-1.5b --samples 256 --prompt-len 64 --response-len 256 \
-      --ranks 0 16 64 > "$OUT/lora_step.txt" 2>&1; echo "bench rc=$?" >> "$OUT/lora_step.txt"
+      --ranks 0 16 64 --max-tokens 8192 > "$OUT/lora_step.txt" 2>&1; echo "bench rc=$?" >> "$OUT/lora_step.txt"
   wait
   for r in full lora_r32; do
     python3 scripts/plot_run.py /tmp/arith_lora/$r-s1 "$OUT/arith_$r.png" --title "arith GRPO $r" || true

@@ -9,6 +9,7 @@ import torch
 from reinforge.config import load_config
 from reinforge.data.offline import build_examples, read_rows, Tokenizer
 from reinforge.data.sources import DataError
+from reinforge.models.loading import load_tokenizer
 from reinforge.offline_loop import run_offline
 from tests.ranks import spawn_ranks
 
@@ -49,7 +50,6 @@ def offline_overrides(model, out, data, method, **extra):
 # ---------------------------------------------------------------------------- data
 
 def test_bad_input_names_file_line_and_key(tmp_path, smollm2_path):
-    from reinforge.models.loading import load_tokenizer
 
     tok = Tokenizer(load_tokenizer(smollm2_path), None)
     cfg = load_config(None, ["offline.method=dpo"])
@@ -64,7 +64,6 @@ def test_bad_input_names_file_line_and_key(tmp_path, smollm2_path):
 
 
 def test_identical_pairs_skipped_and_long_examples_counted(tmp_path, smollm2_path):
-    from reinforge.models.loading import load_tokenizer
 
     tok = Tokenizer(load_tokenizer(smollm2_path), None)
     f = tmp_path / "p.jsonl"
@@ -80,8 +79,19 @@ def test_identical_pairs_skipped_and_long_examples_counted(tmp_path, smollm2_pat
     assert all(len(e.prompt_ids) + len(r) <= 60 for e in cut.examples for r in e.responses)
 
 
+@pytest.mark.parametrize("response", ["\n\n<answer>42</answer>", " 42", "\n", "42"])
+def test_response_tokens_separate_from_the_prompt(smollm2_path, response):
+    """A response whose first characters would merge with the prompt's last token (make-data wrote
+    such model outputs) keeps its own tokens: prompt ids + response ids decode to the whole chat."""
+    hf_tok = load_tokenizer(smollm2_path)
+    tok = Tokenizer(hf_tok, "Answer.")
+    p, r = tok.prompt_and_response("What is 6 * 7?", response, "x.jsonl:1")
+    assert p == hf_tok(tok.render(tok.messages("What is 6 * 7?"), True), add_special_tokens=False)["input_ids"]
+    full = tok.render(tok.messages("What is 6 * 7?") + [{"role": "assistant", "content": response}], False)
+    assert hf_tok.decode(p + r) == full and hf_tok.decode(r).startswith(response)
+
+
 def test_sft_loss_mask_covers_assistant_turns_only(tmp_path, smollm2_path):
-    from reinforge.models.loading import load_tokenizer
 
     hf_tok = load_tokenizer(smollm2_path)
     files = write_data(tmp_path, n=2)

@@ -117,13 +117,24 @@ class Tokenizer:
             msgs = [{"role": "system", "content": self.system_prompt}] + msgs
         return msgs
 
-    def encode(self, messages: Messages, generation_prompt: bool) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    def render(self, messages: Messages, generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
     def prompt_and_response(self, prompt: str | Messages, response: str | Messages, where: str
                             ) -> tuple[list[int], list[int]]:
-        """Token ids of the prompt (with the generation prompt) and of the response after it."""
+        """Token ids of the prompt (with the generation prompt) and of the response after it.
+
+        The rendered prompt must be a text prefix of the rendered prompt + response; the two parts
+        are tokenized apart (as the engine sees them in RL: prompt tokens, then generated tokens), so
+        a response whose first characters would merge with the prompt's last token (a leading
+        newline or space) keeps its own tokens.
+
+        Raises:
+            DataError: the chat template renders the prompt differently inside the whole chat.
+        """
         if not self.use_template:
             if not isinstance(prompt, str) or not isinstance(response, str):
                 raise DataError(f"{where}: data.apply_chat_template=false needs string prompts and responses")
@@ -132,31 +143,34 @@ class Tokenizer:
             return p, r
         msgs = self.messages(prompt)
         turns = [{"role": "assistant", "content": response}] if isinstance(response, str) else list(response)
-        p = self.encode(msgs, generation_prompt=True)
-        full = self.encode(msgs + turns, generation_prompt=False)
-        if full[:len(p)] != p:
+        p = self.render(msgs, generation_prompt=True)
+        full = self.render(msgs + turns, generation_prompt=False)
+        if not full.startswith(p):
             raise DataError(f"{where}: the chat template does not render the prompt as a prefix of prompt + "
                             f"response, so the response tokens cannot be separated")
-        return p, full[len(p):]
+        return self.ids(p), self.ids(full[len(p):])
 
     def chat(self, messages: Messages, where: str) -> tuple[list[int], list[int], list[int]]:
-        """(tokens before the first assistant turn, the rest, its loss mask: 1 on assistant turns)."""
+        """(tokens before the first assistant turn, the rest, its loss mask: 1 on assistant turns).
+        Each turn's text is tokenized on its own (see :meth:`prompt_and_response`)."""
         msgs = self.messages(messages)
         first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
         if first is None:
             raise DataError(f"{where}: the chat has no assistant message to train on")
-        prompt = self.encode(msgs[:first], generation_prompt=True)
-        tokens, mask = list(prompt), [0] * len(prompt)
+        text = self.render(msgs[:first], generation_prompt=True)
+        prompt = self.ids(text)
+        tokens, mask = [], []
         for i in range(first, len(msgs)):
-            upto = self.encode(msgs[:i + 1], generation_prompt=msgs[i]["role"] != "assistant"
+            upto = self.render(msgs[:i + 1], generation_prompt=msgs[i]["role"] != "assistant"
                                and i + 1 < len(msgs) and msgs[i + 1]["role"] == "assistant")
-            if upto[:len(tokens)] != tokens:
+            if not upto.startswith(text):
                 raise DataError(f"{where}: the chat template rewrites earlier turns (turn {i}), so assistant "
                                 f"tokens cannot be located; use prompt + completion examples instead")
-            new = upto[len(tokens):]
+            new = self.ids(upto[len(text):])
+            text = upto
             tokens += new
             mask += [1 if msgs[i]["role"] == "assistant" else 0] * len(new)
-        return prompt, tokens[len(prompt):], mask[len(prompt):]
+        return prompt, tokens, mask
 
 
 def _field(row: dict[str, Any], key: str, where: str, kinds: tuple[type, ...] = (str, list)) -> Any:
