@@ -334,6 +334,8 @@ class TrainConfig(Section):
     num_rollout: int = opt(10, "rollouts (RL iterations) to run", ge=0)
     num_steps_per_rollout: int = opt(1, "optimizer steps per rollout", ge=1)
     max_tokens_per_gpu: int = opt(8192, "padded tokens per micro-batch", ge=1)
+    log_prob_chunk_size: int = opt(2048, "response tokens per chunk of the log-prob / entropy computation over "
+                                   "the vocabulary (bounds its fp32 memory: ~3 x chunk x vocab x 4 bytes)", ge=1)
     lr: float = opt(1e-6, "peak learning rate (AdamW)", gt=0)
     lr_warmup_iters: int = opt(0, "optimizer steps of linear warm-up", ge=0)
     lr_decay_style: Literal["constant", "cosine", "linear"] = opt(

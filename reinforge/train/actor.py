@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..algo.losses import POLICY_LOSSES, aggregate, entropy_from_logits, kl_penalty
+from ..algo.logprobs import token_log_probs
+from ..algo.losses import POLICY_LOSSES, aggregate, kl_penalty
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
@@ -105,14 +106,9 @@ class Actor(ModelTrainer):
         entropy [N] (``entropy``: none, metric = without gradient, loss = with gradient)."""
         with self.autocast():
             logits = response_logits(model, mb)
-        logits = logits.float() / self.cfg.rollout.rollout_temperature
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, mb.targets[mb.response_mask][:, None]).squeeze(-1)
-        if entropy == "none":
-            return lp, None
-        if entropy == "loss":
-            return lp, entropy_from_logits(logits)
-        with torch.no_grad():  # a metric only: in chunks, to bound the [N, V] temporaries
-            return lp, torch.cat([entropy_from_logits(c) for c in logits.split(2048)]) if len(logits) else lp * 0
+        lp, ent = token_log_probs(logits, mb.targets[mb.response_mask], self.cfg.rollout.rollout_temperature,
+                                  self.settings.log_prob_chunk_size, with_entropy=entropy != "none")
+        return lp, (ent.detach() if entropy == "metric" else ent)
 
     @torch.no_grad()
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:

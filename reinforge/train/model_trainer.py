@@ -55,16 +55,18 @@ class OptimizerSettings:
 
 @dataclass
 class TrainSettings:
-    """How a model is run: precision, micro-batch budget, FSDP offload (from ``model.*`` / ``train.*``)."""
+    """How a model is run: precision, micro-batch budget, log-prob chunk, FSDP offload (from
+    ``model.*`` / ``train.*``)."""
 
     train_dtype: str = "auto"
     max_tokens_per_gpu: int = 8192
+    log_prob_chunk_size: int = 2048
     fsdp_cpu_offload: bool = False
 
     @classmethod
     def from_config(cls, m: "ModelConfig", t: "TrainConfig") -> "TrainSettings":
         return cls(train_dtype=m.train_dtype, max_tokens_per_gpu=t.max_tokens_per_gpu,
-                   fsdp_cpu_offload=t.fsdp_cpu_offload)
+                   log_prob_chunk_size=t.log_prob_chunk_size, fsdp_cpu_offload=t.fsdp_cpu_offload)
 
 
 class ModelTrainer:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..algo.logprobs import token_log_probs
 from ..algo.preference import OFFLINE_METHODS, PairLogps, bradley_terry_loss, kto_loss, sequence_logps
 from ..config import Config
 from ..data.offline import OfflineExample
@@ -217,7 +218,7 @@ class OfflineTrainer(ModelTrainer):
         with self.autocast():
             logits = model(pr.input_ids, pr.position_ids, PackedAttention(pr.doc_ids, pr.shared),
                            logits_mask=(pr.rows, pr.cols))
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, pr.targets[:, None]).squeeze(-1) * pr.loss_mask
+        lp = token_log_probs(logits, pr.targets, 1.0, self.settings.log_prob_chunk_size)[0] * pr.loss_mask
         n = 2 * pr.num_pairs
         sums = torch.zeros(n, device=lp.device, dtype=lp.dtype).index_add(0, pr.seq, lp)
         counts = torch.zeros(n, device=lp.device).index_add(0, pr.seq, pr.loss_mask)
@@ -228,7 +229,7 @@ class OfflineTrainer(ModelTrainer):
         """log pi(token) on the [B, T - 1] grid (0 off the response)."""
         with self.autocast():
             logits = response_logits(model, mb)
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, mb.targets[mb.response_mask][:, None]).squeeze(-1)
+        lp = token_log_probs(logits, mb.targets[mb.response_mask], 1.0, self.settings.log_prob_chunk_size)[0]
         return self.to_grid(mb, lp)
 
     def _rewards(self, mb: MicroBatch) -> torch.Tensor:
