@@ -317,7 +317,10 @@ class EmbeddedEngine:
             self._allocate()
 
     def shutdown(self) -> None:
+        """Drop every queued and running request (also after a failed step) and free the cache."""
         self._waiting.clear()
+        if self._allocated:
+            self._owner = [None] * self.num_slots
         self.sleep()
 
     # ------------------------------------------------------------------ internals
