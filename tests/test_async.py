@@ -296,3 +296,20 @@ def test_ray_disaggregated_async_with_partial_rollouts(tmp_path, tiny_model_path
     assert all(m["async/staleness_max"] <= 1 and m["async/dropped_stale_groups"] == 0 for m in rows)
     assert all(m["train/logprob_abs_diff"] < 1e-3 for m in rows)  # behaviour log-probs match the versions
     assert not any(th.name == "rollout-producer" for th in threading.enumerate())
+
+
+@pytest.mark.slow
+def test_async_example_config_runs_locally(tmp_path, tiny_model_path):
+    from pathlib import Path
+
+    out = tmp_path / "run"
+    example = Path(__file__).resolve().parents[1] / "examples" / "arith_grpo_async.yaml"
+    overrides = tiny_overrides(tiny_model_path, out, **{
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
+        "rollout.max_num_seqs": 16, "data.n_eval_prompts": 0, "run.save_final": "false", "cluster.mode": "local",
+        "cluster.rollout_num_gpus": 1, "train.num_rollout": 2})
+    cfg = load_config(example, overrides)
+    assert cfg.rollout.max_staleness == 1 and cfg.rollout.partial_rollout and cfg.decoupled_loss
+    assert run_training(cfg).last_rollout_id == 1
+    rows = [m for m in read_metrics(out) if "train/loss" in m]
+    assert len(rows) == 2 and all(m["async/staleness_max"] <= 1 for m in rows)
