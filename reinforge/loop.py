@@ -8,7 +8,6 @@ the rollout function; :meth:`RLLoop.rollout_step` is one iteration, :meth:`RLLoo
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import random
 import time
@@ -147,13 +146,14 @@ class RLLoop:
         self.evals = [tuple(e) for e in state.get("evals", [])]
 
     def save(self, rollout_id: int) -> Path:
-        data = self.train_data.state_dict
         if self.producer is not None:  # the data position before the next rollout (in-flight ones are redone)
-            data = functools.partial(self.producer.snapshot_before, rollout_id + 1, self.train_data.state_dict)
+            data = self.producer.snapshot_before(rollout_id + 1, self.train_data.state_dict)
+        else:
+            data = self.train_data.state_dict()
         state = {
             "rollout_id": rollout_id,
             "weight_version": self.weight_version,
-            "data": data(),
+            "data": data,
             "config": self.cfg.to_dict(),
             "history": self.history,
             "evals": self.evals,
