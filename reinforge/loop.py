@@ -325,8 +325,9 @@ class RLLoop:
             if cfg.eval.eval_before_train and self.start_rollout == 0:
                 self.run_eval("before", 0, logger)
             if self.gate is not None and self.start_rollout < cfg.train.num_rollout:
-                self.producer = AsyncRolloutProducer(self._produce, self.gate, self.start_rollout, cfg.train.num_rollout,
-                                                     cfg.rollout.max_staleness, snapshot=self.train_data.state_dict)
+                self.producer = AsyncRolloutProducer(
+                    self._produce, self.gate, self.start_rollout, cfg.train.num_rollout, cfg.rollout.max_staleness,
+                    snapshot=self.train_data.state_dict)
                 self._t_prev_step = time.perf_counter()
                 self.producer.start()
             bar = None

@@ -229,7 +229,8 @@ class Actor(ModelTrainer):
             sums["clipfrac"] += tok_sum(clipped.float())
             sums["entropy"] += tok_sum(ent_grid)
             sums["importance_weight"] += tok_sum(iw)
-            sums["tis_truncated"] += tok_sum((iw > a.tis_clip).float()) if a.use_tis and a.tis_mode == "truncate" else 0.0
+            truncating = a.use_tis and a.tis_mode == "truncate"
+            sums["tis_truncated"] += tok_sum((iw > a.tis_clip).float()) if truncating else 0.0
             sums["approx_kl"] += tok_sum(kl_penalty(lp_grid.detach(), old, "k3"))
             sums["logprob_abs_diff"] += tok_sum((old - f["rollout_log_probs"]).abs())
             if kl is not None:
