@@ -313,3 +313,17 @@ def test_async_example_config_runs_locally(tmp_path, tiny_model_path):
     assert run_training(cfg).last_rollout_id == 1
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert len(rows) == 2 and all(m["async/staleness_max"] <= 1 for m in rows)
+
+
+@pytest.mark.slow
+def test_async_run_resumes_from_a_checkpoint(tmp_path, tiny_model_path):
+    out = tmp_path / "run"
+    common = {"rollout.max_staleness": 1, "data.n_eval_prompts": 0, "run.save_interval": 1}
+    first = run_training(_loop_cfg(tiny_model_path, out, **common, **{"train.num_rollout": 2}))
+    assert first.last_rollout_id == 1
+    resumed = run_training(_loop_cfg(tiny_model_path, out, **common, **{"train.num_rollout": 3,
+                                                                        "run.load": str(out)}))
+    assert resumed.last_rollout_id == 2
+    rows = [m for m in read_metrics(out) if "train/loss" in m]
+    assert [m["weight_version"] for m in rows] == [1.0, 2.0, 3.0]
+    assert rows[-1]["async/staleness_max"] == 0  # the first rollout after a resume is generated afresh
