@@ -195,8 +195,12 @@ def _loop_cfg(tiny_model_path, out, **extra):
 @pytest.mark.parametrize("k,partial", [(1, "false"), (2, "true")])
 def test_async_loop_trains_within_the_staleness_bound(tmp_path, tiny_model_path, k, partial):
     out = tmp_path / "run"
+    # k=2: an evaluation after rollout 2 pauses the producer mid-run
+    evals = {"data.n_eval_prompts": 2, "eval.eval_interval": 2} if k == 2 else {"data.n_eval_prompts": 0}
     cfg = _loop_cfg(tiny_model_path, out, **{"rollout.max_staleness": k, "rollout.partial_rollout": partial,
-                                              "train.num_rollout": 4, "run.save_interval": 2})
+                                              "train.num_rollout": 4, "run.save_interval": 2,
+                                              "eval.n_samples_per_eval_prompt": 0, "eval.pass_k": "[1]",
+                                              "eval.eval_before_train": "false", **evals})
     loop = RLLoop(cfg)
     trained = []
     train_actor = loop.cluster.train_actor
@@ -227,6 +231,9 @@ def test_async_loop_trains_within_the_staleness_bound(tmp_path, tiny_model_path,
                     "async/weight_update_wait_s", "train/importance_weight"):
             assert key in m
     assert not any(th.name == "rollout-producer" for th in threading.enumerate())
+    if k == 2:
+        labels = [json.loads(line)["label"] for line in (out / "eval.jsonl").read_text().splitlines()]
+        assert labels == ["rollout_2", "after"]
     # the checkpoint after rollout 1 records the data position before rollout 2 (in-flight work is redone)
     state = json.loads((next((out / "checkpoints").glob("*1")) / "state.json").read_text())
     assert state["rollout_id"] == 1 and state["weight_version"] == 2
