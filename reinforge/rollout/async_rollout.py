@@ -66,12 +66,14 @@ class _Partial:
         params = type(p)(**{**p.__dict__, "max_new_tokens": p.max_new_tokens - len(self.tokens)})
         return GenerateRequest(list(self.request.prompt_ids) + self.tokens, params, n=1)
 
-    def add(self, r: GenerateResult, partial: bool) -> None:
+    def add(self, r: GenerateResult, interrupted: bool) -> None:
+        """Append ``r``; the sample is finished unless ``r`` was cut short by an interruption
+        (``interrupted``: the gate asked for one during the call) with token budget left."""
         self.tokens += list(r.token_ids)
         self.log_probs += list(r.log_probs)
         self.versions += list(r.token_versions) if r.token_versions else [r.weight_version] * len(r.token_ids)
         budget_left = self.request.params.max_new_tokens - len(self.tokens)
-        if partial and r.finish_reason == FinishReason.ABORT and budget_left > 0:
+        if interrupted and r.finish_reason == FinishReason.ABORT and budget_left > 0:
             return  # interrupted: continue under the next weights
         first = self.versions[0] if self.versions else r.weight_version
         self.result = GenerateResult(self.tokens, self.log_probs, r.finish_reason, first,
@@ -101,6 +103,7 @@ class WeightGate:
         self._open.set()
         self._cond = threading.Condition()  # version changes and closing
         self._closed = False
+        self._interruptions = 0  # interruptions asked for so far (an ABORT without one is final)
         self.version = engine.weight_version
 
     # ---------------------------------------------------------------- RolloutEngine
@@ -129,10 +132,12 @@ class WeightGate:
                 self.idle_s += time.perf_counter() - t
                 if self._closed:
                     raise RolloutCancelled()
+                asked = self._interruptions
                 results = self.engine.generate([req for req, _ in batch])
+                interrupted = self.partial_rollout and self._interruptions != asked
             for (_, parts), res in zip(batch, results):
                 for part, r in zip(parts, res):
-                    part.add(r, self.partial_rollout)
+                    part.add(r, interrupted)
             if self._closed:
                 raise RolloutCancelled()
             batch = [(p.continuation(), [p]) for parts in samples for p in parts if p.result is None]
@@ -165,6 +170,7 @@ class WeightGate:
         self._open.clear()
         try:
             if interrupt:
+                self._interruptions += 1
                 self.engine.interrupt()
             with self._lock:
                 if interrupt:
