@@ -138,6 +138,35 @@ def test_partial_rollout_continues_under_new_weights(engine):
             assert r.weight_version == 0 and r.finish_reason.value == "length"
 
 
+class _AbortingEngine:
+    """Aborts every request by itself (no interruption asked): the gate must not retry forever."""
+
+    weight_version = 0
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, requests):
+        from reinforge.rollout.types import FinishReason, GenerateResult
+
+        self.calls += 1
+        return [[GenerateResult([3], [-0.5], FinishReason.ABORT, 0)] * r.n for r in requests]
+
+    def interrupt(self):
+        pass
+
+    def resume(self):
+        pass
+
+
+def test_engine_side_abort_is_final():
+    engine = _AbortingEngine()
+    gate = WeightGate(engine, partial_rollout=True)
+    (res,) = gate.generate([GenerateRequest([1, 2], SamplingParams(max_new_tokens=8), n=2)])
+    assert engine.calls == 1 and [r.finish_reason.value for r in res] == ["abort", "abort"]
+    assert res[0].token_ids == [3] and res[0].token_versions is None
+
+
 def test_without_partial_rollout_update_waits_for_generation(engine):
     gate = WeightGate(engine, partial_rollout=False)
     started = threading.Event()
