@@ -119,7 +119,7 @@ class RolloutConfig(Section):
         "(docs/agents.md)")
     seed: int = opt(1234, "sampling seed (each rollout reseeds the engine from `seed` and the rollout id)")
     max_staleness: int = opt(
-        0, "asynchronous RL (docs/design.md#asynchronous-rl): engines generate rollout `i` with policy version "
+        0, "asynchronous RL ([design.md](design.md#asynchronous-rl)): engines generate rollout `i` with policy version "
         ">= `i - max_staleness` while the trainer trains (AReaL's `max_head_offpolicyness`). 0 is the synchronous "
         "loop; 1 is one-step off-policy", ge=0)
     partial_rollout: bool = opt(
@@ -242,7 +242,7 @@ class AlgoConfig(Section):
     tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` mode", ge=0, lt=1)
     use_decoupled_loss: bool | None = opt(
         None, "decoupled PPO objective (AReaL, Fu et al. 2025): clip against the trainer's proximal log-probs and "
-        "weight by `pi_prox / pi_behav` with the engine's log-probs (docs/algorithms.md#decoupled-ppo); `null`: "
+        "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); `null`: "
         "on when `rollout.max_staleness` > 0")
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: drop groups with equal rewards, sample more prompts "
                                  "until the batch is full")
