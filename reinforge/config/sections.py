@@ -242,8 +242,8 @@ class AlgoConfig(Section):
     tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` mode", ge=0, lt=1)
     use_decoupled_loss: bool | None = opt(
         None, "decoupled PPO objective (AReaL, Fu et al. 2025): clip against the trainer's proximal log-probs and "
-        "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); `null`: "
-        "on when `rollout.max_staleness` > 0")
+        "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); "
+        "`null`: on when `rollout.max_staleness` > 0")
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: drop groups with equal rewards, sample more prompts "
                                  "until the batch is full")
     dynamic_sampling_max_rounds: int = opt(4, "generation rounds per rollout at most; then train on the groups kept",
