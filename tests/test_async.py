@@ -363,3 +363,27 @@ def test_async_run_resumes_from_a_checkpoint(tmp_path, tiny_model_path):
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert [m["weight_version"] for m in rows] == [1.0, 2.0, 3.0]
     assert rows[-1]["async/staleness_max"] == 0  # the first rollout after a resume is generated afresh
+
+
+@pytest.mark.slow
+def test_ray_shutdown_mid_generation_ends_thread_and_actors(tmp_path, tiny_model_path):
+    ray = pytest.importorskip("ray")
+    cfg = _loop_cfg(tiny_model_path, tmp_path / "run", **{
+        "cluster.mode": "ray", "cluster.actor_num_gpus_per_node": 1, "cluster.rollout_num_gpus": 1,
+        "rollout.max_staleness": 2, "rollout.partial_rollout": "true", "rollout.rollout_max_response_len": 48,
+        "train.num_rollout": 20, "data.n_eval_prompts": 0})
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        loop = RLLoop(cfg)
+        engines = list(loop.cluster.engine.handles)
+        loop.producer = AsyncRolloutProducer(loop._produce, loop.gate, 0, 20, 2).start()
+        loop.producer.take(0)  # the engine is generating rollouts 1 and 2 now
+        t = time.perf_counter()
+        loop.close()
+        assert time.perf_counter() - t < 120
+        assert not any(th.name == "rollout-producer" for th in threading.enumerate())
+        for h in engines:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(h.reseed.remote(0), timeout=60)
+    finally:
+        ray.shutdown()
