@@ -330,7 +330,8 @@ def test_ray_disaggregated_async_with_partial_rollouts(tmp_path, tiny_model_path
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert [m["weight_version"] for m in rows] == [1.0, 2.0, 3.0]
     assert all(m["async/staleness_max"] <= 1 and m["async/dropped_stale_groups"] == 0 for m in rows)
-    assert all(m["async/trainer_wait_s"] >= 0 and m["train/importance_weight"] > 0 for m in rows)
+    # (a rollout whose groups all have equal rewards trains on no token: importance weight 0)
+    assert all(m["async/trainer_wait_s"] >= 0 and m["train/importance_weight"] >= 0 for m in rows)
     assert not any(th.name == "rollout-producer" for th in threading.enumerate())
 
 
