@@ -74,6 +74,57 @@ def gspo_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch
     return torch.exp(token.clamp(max=10.0))
 
 
+def behaviour_importance_weight(prox_log_probs: torch.Tensor, behav_log_probs: torch.Tensor,
+                                max_weight: float | None = None) -> torch.Tensor:
+    """The decoupled objective's importance weight pi_prox / pi_behav per token, without gradient
+    (Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
+    Language Reasoning", eq. 5).
+
+    Args:
+        prox_log_probs: [B, T] log pi_prox(token), the trainer's log-probs before the update.
+        behav_log_probs: [B, T] log pi_behav(token), the engine's sampling log-probs (the policy
+            version(s) that generated the token).
+        max_weight: cap the weight at this value (truncated importance sampling, Yao et al. 2025);
+            None: uncapped.
+
+    Returns:
+        [B, T] fp weights >= 0 (detached).
+    """
+    w = torch.exp((prox_log_probs - behav_log_probs).detach())
+    return w if max_weight is None else w.clamp(max=max_weight)
+
+
+def decoupled_policy_loss(policy_loss: PolicyLoss, log_probs: torch.Tensor, prox_log_probs: torch.Tensor,
+                          behav_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any,
+                          max_weight: float | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoupled PPO objective (Fu et al. 2025, AReaL, eq. 5), negated to be minimised:
+
+        loss = -(pi_prox / pi_behav) * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A),
+        r = pi_theta / pi_prox,
+
+    which equals -min(pi_theta / pi_behav * A, clip(pi_theta / pi_prox) * pi_prox / pi_behav * A):
+    the trust region is centred on the proximal policy (the trainer's weights before this
+    update, recomputed by the trainer), and the importance weight corrects for the behaviour
+    policy that sampled the token (an older policy version in asynchronous RL; the engine's
+    numerics in any case). ``policy_loss`` (a :data:`POLICY_LOSSES` entry: token PPO, GSPO...)
+    computes the clipped term with pi_prox as its "old" policy. With pi_behav = pi_prox the
+    weight is 1 and the loss is ``policy_loss``'s.
+
+    Args:
+        policy_loss: ``fn(log_probs, old_log_probs, advantages, mask, algo) -> (loss, ratio, clipped)``.
+        log_probs, prox_log_probs, behav_log_probs, advantages, mask: [B, T].
+        algo: the ``algo`` config section (clip ranges).
+        max_weight: cap of the importance weight (TIS), None uncapped.
+
+    Returns:
+        (loss [B, T], ratio r [B, T], clipped [B, T] bool, importance weight [B, T]).
+    """
+    w = behaviour_importance_weight(prox_log_probs, behav_log_probs, max_weight)
+    loss, ratio, clipped = policy_loss(log_probs, prox_log_probs, advantages, mask, algo)
+    return loss * w, ratio, clipped, w
+
+
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                        value_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss, per token: 0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2)

@@ -163,6 +163,14 @@ class EngineActor:
     def reseed(self, seed: int) -> None:
         self.engine.reseed(seed + seeds.ENGINE_INDEX * self.index)
 
+    def interrupt(self) -> None:
+        """Make the running ``generate`` return early (partial rollouts: the actor is threaded, so
+        this runs while ``generate`` does)."""
+        self.engine.interrupt()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
     def sleep(self, offload_weights: bool = False) -> None:
         self.engine.sleep(offload_weights=offload_weights)
 
@@ -226,6 +234,14 @@ class EnginePool:
     def reseed(self, seed: int) -> None:
         self._get([h.reseed.remote(seed) for h in self.handles])
 
+    def interrupt(self) -> None:
+        """Every engine's running ``generate`` returns at its next step (asynchronous RL with
+        partial rollouts; the engine actors are threaded then)."""
+        self._get([h.interrupt.remote() for h in self.handles])
+
+    def resume(self) -> None:
+        self._get([h.resume.remote() for h in self.handles])
+
     def sleep(self) -> None:
         self._get([h.sleep.remote(self.offload_weights) for h in self.handles])
 
@@ -276,10 +292,11 @@ class RayCluster:
                                f"bundles within 120 s (each {trainer_bundles[0]}): check `ray status`")
         share = 0.5 if (gpu and c.colocate) else float(gpu)
 
-        def on(bundle: int, num_gpus: float, cls):
+        def on(bundle: int, num_gpus: float, cls, **options: Any):
             return ray.remote(cls).options(
                 num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1), num_gpus=num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle))
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
+                **options)
 
         self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
         addr, port = ray.get(self.workers[0].address.remote())
@@ -288,7 +305,9 @@ class RayCluster:
                                                 spec.pad_id) for i, w in enumerate(self.workers)])
         engine_gpus = share if c.colocate else float(c.rollout_num_gpus_per_engine * gpu)
         engine_bundle = (lambda j: j) if c.colocate else (lambda j: p["trainers"] + j)
-        handles = [on(engine_bundle(j), engine_gpus, EngineActor).remote() for j in range(p["engines"])]
+        # partial rollouts: interrupt() must reach an engine while its generate() runs (a threaded actor)
+        threaded = {"max_concurrency": 2} if cfg.rollout.partial_rollout else {}
+        handles = [on(engine_bundle(j), engine_gpus, EngineActor, **threaded).remote() for j in range(p["engines"])]
         infos = ray.get([h.setup.remote(cfg, str(spec.base_path), spec.max_model_len, j)
                          for j, h in enumerate(handles)])
         self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights)

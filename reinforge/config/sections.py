@@ -118,8 +118,22 @@ class RolloutConfig(Section):
         "(slime's `--custom-generate-function-path`); `reinforge.rollout.agent:generate` is the tool-using agent "
         "(docs/agents.md)")
     seed: int = opt(1234, "sampling seed (each rollout reseeds the engine from `seed` and the rollout id)")
+    max_staleness: int = opt(
+        0, "asynchronous RL ([design.md](design.md#asynchronous-rl)): engines generate rollout `i` with policy version "
+        ">= `i - max_staleness` while the trainer trains (AReaL's `max_head_offpolicyness`). 0 is the synchronous "
+        "loop; 1 is one-step off-policy", ge=0)
+    partial_rollout: bool = opt(
+        False, "with `max_staleness` > 0: a weight update interrupts the sequences in flight, loads the new "
+        "weights and continues them (their tokens, log-probs and versions kept; AReaL's interruptible generation, "
+        "slime's `--partial-rollout`); false: they finish under the weights they started with")
 
     def check(self) -> None:
+        if self.partial_rollout and self.max_staleness == 0:
+            raise ConfigError("rollout.partial_rollout=true needs rollout.max_staleness > 0 (the synchronous loop "
+                              "never updates weights during generation)")
+        if self.partial_rollout and self.backend != "embedded":
+            raise ConfigError(f"rollout.partial_rollout=true needs rollout.backend=embedded (it is {self.backend}): "
+                              f"only the embedded engine can interrupt and continue generation")
         if self.backend != "sglang" and (self.sglang_urls or self.sglang_server_args or self.sglang_router):
             raise ConfigError(f"rollout.sglang_* settings need rollout.backend=sglang (it is {self.backend})")
         if len(self.rollout_stop_token_ids) > 6:
@@ -226,6 +240,10 @@ class AlgoConfig(Section):
         "`[tis_clip_low, tis_clip]`)")
     tis_clip: float = opt(2.0, "upper cap of the importance weight", ge=1)
     tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` mode", ge=0, lt=1)
+    use_decoupled_loss: bool | None = opt(
+        None, "decoupled PPO objective (AReaL, Fu et al. 2025): clip against the trainer's proximal log-probs and "
+        "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); "
+        "`null`: on when `rollout.max_staleness` > 0")
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: drop groups with equal rewards, sample more prompts "
                                  "until the batch is full")
     dynamic_sampling_max_rounds: int = opt(4, "generation rounds per rollout at most; then train on the groups kept",
@@ -470,6 +488,13 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     @property
+    def decoupled_loss(self) -> bool:
+        """Whether the policy loss is the decoupled PPO objective: ``algo.use_decoupled_loss``, or
+        when it is null, whether the run is asynchronous (``rollout.max_staleness`` > 0)."""
+        a = self.algo.use_decoupled_loss
+        return self.rollout.max_staleness > 0 if a is None else a
+
+    @property
     def global_batch_size(self) -> int:
         """Samples per optimizer step: rollout_batch_size * n_samples_per_prompt / num_steps_per_rollout."""
         r = self.rollout
@@ -517,6 +542,14 @@ class Config:
         if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:
             raise ConfigError(f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
                               f"it needs rollout.n_samples_per_prompt >= 2")
+        if r.max_staleness > 0:
+            if a.needs_critic:
+                raise ConfigError(f"rollout.max_staleness={r.max_staleness} is not supported with "
+                                  f"algo.advantage_estimator={a.advantage_estimator} (a critic): use a critic-free "
+                                  f"estimator (grpo, rloo, reinforce_plus_plus...) or rollout.max_staleness=0")
+            if c.mode == "ray" and c.colocate:
+                raise ConfigError(f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
+                                  f"needs engines on their own GPUs (cluster.colocate=false)")
         if c.mode == "ray" and r.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
             raise ConfigError(f"rollout.backend={r.backend} runs one engine per GPU: "
                               f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "

@@ -98,6 +98,7 @@ class Agent:
         tokens = list(sample.tokens)
         mask: list[int] = []
         log_probs: list[float] = []
+        versions: list[int] = []  # policy version of each response token (asynchronous RL: turns may differ)
         stats = {"agent/turns": 0, "agent/tool_calls": 0, "agent/tool_errors": 0, "agent/tool_time": 0.0,
                  "agent/tool_tokens": 0, "agent/final_answer": 0}
         calls_log: list[dict[str, Any]] = []
@@ -112,6 +113,7 @@ class Agent:
             mask += [1] * len(res.token_ids)
             log_probs += res.log_probs
             version = res.weight_version
+            versions += res.token_versions or [res.weight_version] * len(res.token_ids)
             if res.finish_reason == FinishReason.ABORT:
                 status = Status.ABORTED
                 break
@@ -148,6 +150,7 @@ class Agent:
             tokens += delta
             mask += [0] * len(delta)
             log_probs += [0.0] * len(delta)
+            versions += [version] * len(delta)
             stats["agent/tool_tokens"] += len(delta)
         sample.tokens = tokens
         sample.response_length = len(mask)
@@ -155,7 +158,8 @@ class Agent:
         sample.rollout_log_probs = log_probs
         sample.response = tok.decode(tokens[len(tokens) - len(mask):], skip_special_tokens=True)
         sample.status = status
-        sample.weight_version = version
+        sample.weight_version = versions[0] if versions else version
+        sample.weight_versions = versions if len(set(versions)) > 1 else []
         sample.metadata[STATS_KEY] = {k: float(v) for k, v in stats.items()}
         sample.metadata["tool_calls"] = calls_log
         return sample

@@ -147,6 +147,7 @@ class EmbeddedEngine:
         self._waiting: collections.deque[_Group] = collections.deque()
         self._allocated = False
         self._sleeping_weights_device: torch.device | None = None
+        self._interrupted = False
         self._allocate()
 
     # ------------------------------------------------------------------ memory
@@ -202,10 +203,25 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------ public API
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        """Results in request order. After :meth:`interrupt` it returns at the next step boundary:
+        unfinished samples end with ``FinishReason.ABORT`` and keep the tokens generated so far."""
         groups = [self.add_request(r) for r in requests]
         while self.has_unfinished():
+            if self._interrupted:
+                for g in groups:
+                    self.abort(g.request.request_id)
+                break
             self.step()
         return [g.results for g in groups]  # type: ignore[misc]
+
+    def interrupt(self) -> None:
+        """Make a running (or the next) :meth:`generate` return at its next step boundary, until
+        :meth:`resume`. Thread-safe: it only sets a flag (asynchronous RL's partial rollouts)."""
+        self._interrupted = True
+
+    def resume(self) -> None:
+        """Undo :meth:`interrupt`."""
+        self._interrupted = False
 
     def add_request(self, request: GenerateRequest) -> _Group:
         """Queue a request; its results fill in as ``step()`` runs.
@@ -301,7 +317,10 @@ class EmbeddedEngine:
             self._allocate()
 
     def shutdown(self) -> None:
+        """Drop every queued and running request (also after a failed step) and free the cache."""
         self._waiting.clear()
+        if self._allocated:
+            self._owner = [None] * self.num_slots
         self.sleep()
 
     # ------------------------------------------------------------------ internals

@@ -158,6 +158,7 @@ def generate_groups(ctx: RolloutContext, prompts: list[Prompt], n: int, params: 
                 rollout_log_probs=list(r.log_probs),
                 status=_STATUS[r.finish_reason],
                 weight_version=r.weight_version,
+                weight_versions=list(r.token_versions) if r.token_versions else [],
             ))
         groups.append(group)
     return groups

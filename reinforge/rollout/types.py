@@ -59,6 +59,9 @@ class GenerateResult:
     log_probs: list[float]
     finish_reason: FinishReason
     weight_version: int = 0
+    # policy version of each token when they differ (a partial rollout continued after a weight
+    # update); None: every token has ``weight_version``
+    token_versions: list[int] | None = None
 
 
 @runtime_checkable
@@ -70,6 +73,11 @@ class RolloutEngine(Protocol):
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
         """Results in request order; request i gets ``requests[i].n`` results."""
         ...
+
+    # Optional (asynchronous RL with rollout.partial_rollout): ``interrupt()``, callable from
+    # another thread, makes a running ``generate`` return at its next step boundary, unfinished
+    # samples ending with ``FinishReason.ABORT`` and the tokens generated so far; calls return at
+    # once until ``resume()``. See :mod:`reinforge.rollout.async_rollout`.
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new policy weights (Hugging Face names) in place; later results carry ``version``."""
@@ -124,7 +132,13 @@ class Sample:
     loss_mask: list[int] = field(default_factory=list)
     rollout_log_probs: list[float] = field(default_factory=list)
     status: Status = Status.PENDING
-    weight_version: int = 0
+    weight_version: int = 0  # policy version that generated the response (its first token, if several did)
+    # policy version of each response token, when they differ (partial rollouts); empty: all are weight_version
+    weight_versions: list[int] = field(default_factory=list)
+
+    def token_versions(self) -> list[int]:
+        """The policy version of each of the ``response_length`` response tokens."""
+        return list(self.weight_versions) if self.weight_versions else [self.weight_version] * self.response_length
 
     @property
     def prompt_length(self) -> int:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..algo.logprobs import token_log_probs
-from ..algo.losses import POLICY_LOSSES, aggregate, kl_penalty
+from ..algo.losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_penalty
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
@@ -139,6 +139,9 @@ class Actor(ModelTrainer):
         ``algo.use_tis`` (truncated importance sampling, Yao et al. 2025, "Your Efficient RL
         Framework Secretly Brings You Off-Policy RL Training"; ``tis_mode: mask`` drops the
         tokens outside ``[tis_clip_low, tis_clip]`` instead: masked importance sampling).
+        With the decoupled objective (``Config.decoupled_loss``) the old log-probs are the
+        proximal policy's and every token is weighted by ``exp(old - rollout)`` (capped at
+        ``tis_clip`` with TIS; MIS still masks): :func:`~reinforge.algo.losses.decoupled_policy_loss`.
 
         Returns:
             metrics averaged over the optimizer steps (``train/...``).
@@ -192,9 +195,14 @@ class Actor(ModelTrainer):
                 keep = ((iw >= a.tis_clip_low) & (iw <= a.tis_clip)).to(mask.dtype)
                 sums["tis_masked"] += float((mask * (1 - keep)).sum())
                 mask = mask * keep
-            pg, ratio, clipped = policy_loss(lp_grid, old, f["advantages"], mask, a)
-            if weight is not None:
-                pg = pg * weight
+            if self.cfg.decoupled_loss:  # AReaL's objective: clip against pi_prox (old), weight pi_prox / pi_behav
+                cap = a.tis_clip if weight is not None else None
+                pg, ratio, clipped, weight = decoupled_policy_loss(policy_loss, lp_grid, old, f["rollout_log_probs"],
+                                                                   f["advantages"], mask, a, cap)
+            else:
+                pg, ratio, clipped = policy_loss(lp_grid, old, f["advantages"], mask, a)
+                if weight is not None:
+                    pg = pg * weight
             total = pg
             kl = None
             if use_kl:
@@ -217,7 +225,8 @@ class Actor(ModelTrainer):
             sums["clipfrac"] += tok_sum(clipped.float())
             sums["entropy"] += tok_sum(ent_grid)
             sums["importance_weight"] += tok_sum(iw)
-            sums["tis_truncated"] += tok_sum((iw > a.tis_clip).float()) if a.use_tis and weight is not None else 0.0
+            truncating = a.use_tis and a.tis_mode == "truncate"
+            sums["tis_truncated"] += tok_sum((iw > a.tis_clip).float()) if truncating else 0.0
             sums["approx_kl"] += tok_sum(kl_penalty(lp_grid.detach(), old, "k3"))
             sums["logprob_abs_diff"] += tok_sum((old - f["rollout_log_probs"]).abs())
             if kl is not None:
