@@ -29,11 +29,11 @@ import torch
 
 from ..config import Config
 from ..rollout.types import GenerateRequest, GenerateResult, Sample
-from ..utils import seeds
+from ..utils import faults, seeds
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
-from ..weights.tensor import by_value
+from ..weights.tensor import by_value, with_fault_point
 from .base import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class TrainerActor:
         GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU."""
         import ray
 
-        for bucket in self.worker.weight_buckets(bucket_bytes):
+        for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
             if engine is None:
                 continue
             if bucket[0][1].is_cuda:
@@ -122,7 +122,7 @@ class TrainerActor:
         (:mod:`reinforge.weights.broadcast`)."""
         import ray
 
-        for bucket in self.worker.weight_buckets(bucket_bytes):
+        for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
             if engines:
                 ray.get(send_flat(self.weight_group, bucket,
                                   lambda meta: [e.receive_bucket.remote(meta, version) for e in engines]))
@@ -146,6 +146,7 @@ class EngineActor:
         return {"index": index, "node": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        faults.hit("engine_generate")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
         return self.engine.generate(requests)
 
     def update_weights(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..algo.losses import POLICY_LOSSES, aggregate, entropy_from_logits, kl_penalty
+from ..utils import faults
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
@@ -209,6 +210,8 @@ class Actor(ModelTrainer):
                 total = total - a.entropy_coef * ent_grid
             loss = aggregate(total, mask, a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                              norm_length=self.cfg.rollout.rollout_max_response_len)
+            if faults.hit("nan_loss"):  # fault injection (tests); a no-op unless REINFORGE_FAULT arms it
+                loss = loss * float("nan")
             (loss * self.loss_scale).backward()
             loss_sum += float(loss.detach())
             m = mb.loss_mask
