@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
+from .cluster.resources import check_placement, machine_resources
 from .config import Config, config_from_dict, dump_config
 from .data import load_datasets
 from .eval.evaluate import evaluate, format_table, write_eval
@@ -66,6 +68,16 @@ def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[to
     }
 
 
+def _places_on_this_machine(cfg: Config) -> bool:
+    """Whether the placement's processes will run on this machine as configured (not on a Ray
+    cluster given by address or already started in this process, which is checked against its
+    own resources)."""
+    if cfg.cluster.mode == "local":
+        return True
+    ray = sys.modules.get("ray")
+    return not cfg.cluster.ray_address and not (ray is not None and ray.is_initialized())
+
+
 @dataclass
 class RunResult:
     """What a finished run reports (also used by tests)."""
@@ -87,6 +99,8 @@ class RLLoop:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
+        if _places_on_this_machine(cfg):  # fail fast, before datasets load or processes start
+            check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)
         self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer, tools.schemas, tools.system_text)
@@ -94,11 +108,11 @@ class RLLoop:
         self.weight_version = 0
         candidates = [ckpt.resolve_checkpoint(cfg.run.load)] if cfg.run.load else []
         if cfg.run.recover == "auto":
-            candidates = recover_candidates(self.out)
+            candidates = recover_candidates(self.out) or candidates
             if candidates:
                 check_compatible(ckpt.load_checkpoint_state(candidates[0])[0]["config"], cfg, candidates[0])
             else:
-                log.info("run.recover=auto: no checkpoint in %s, starting from scratch", self.out / "checkpoints")
+                log.info("run.recover=auto: no checkpoint in %s yet, starting from scratch", self.out / "checkpoints")
         self.cluster = build_cluster(cfg, ClusterSpec(
             base_path=self.base_path, critic_path=resolve_model_path(cfg.critic.path) if cfg.critic.path else None,
             tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id or 0, max_model_len=self._max_model_len()))

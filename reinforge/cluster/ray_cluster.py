@@ -35,12 +35,9 @@ from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
 from ..weights.tensor import by_value, with_fault_point
 from .base import ClusterSpec
+from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot host the requested placement; the message says what is missing."""
 
 
 def _free_port() -> int:
@@ -51,32 +48,15 @@ def _free_port() -> int:
 
 def plan(cfg: Config) -> dict[str, int]:
     """Counts of the placement: trainer ranks, engines, GPUs needed."""
-    c = cfg.cluster
-    trainers = c.actor_num_nodes * c.actor_num_gpus_per_node
-    engines = c.rollout_num_gpus // c.rollout_num_gpus_per_engine
-    gpus = trainers if c.colocate else trainers + c.rollout_num_gpus
-    return {"trainers": trainers, "engines": engines, "gpus": gpus}
+    n = placement_counts(cfg)
+    return {"trainers": n["trainers"], "engines": n["engines"], "gpus": n["gpus"]}
 
 
-def check_resources(cfg: Config, resources: dict[str, float]) -> bool:
-    """Whether the run uses GPUs; raises :class:`ClusterError` describing any shortfall."""
-    c, p = cfg.cluster, plan(cfg)
-    have_gpus = int(resources.get("GPU", 0))
-    split = (f"actor_num_nodes * actor_num_gpus_per_node = {p['trainers']}"
-             + ("" if c.colocate else f" + rollout_num_gpus = {c.rollout_num_gpus}"))
-    mode = "colocated (cluster.colocate=true)" if c.colocate else "disaggregated (cluster.colocate=false)"
-    if have_gpus:
-        if have_gpus < p["gpus"]:
-            raise ClusterError(f"the {mode} placement needs {p['gpus']} GPUs ({split}) but the Ray cluster has "
-                               f"{have_gpus}: lower those settings or add nodes")
-        return True
-    bundles = p["trainers"] if c.colocate else p["trainers"] + p["engines"]
-    need_cpus = bundles * c.num_cpus_per_worker
-    if resources.get("CPU", 0) < need_cpus:
-        raise ClusterError(f"the Ray cluster has no GPUs and {resources.get('CPU', 0):g} CPUs; the {mode} placement "
-                           f"runs {bundles} worker processes of cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} "
-                           f"CPUs ({split}), {need_cpus:g} CPUs in all")
-    return False
+def check_resources(cfg: Config, resources: dict[str, float], model_folder: Path | None = None,
+                    max_model_len: int | None = None, where: str = "the Ray cluster") -> bool:
+    """Whether the run uses GPUs; raises :class:`ClusterError` describing any shortfall
+    (:func:`reinforge.cluster.resources.check_placement`)."""
+    return check_placement(cfg, resources, model_folder, max_model_len, where)
 
 
 # ---------------------------------------------------------------------------- actors
@@ -255,6 +235,8 @@ class RayCluster:
         self.cfg = cfg
         c, p = cfg.cluster, plan(cfg)
         self._started_ray = False
+        if not ray.is_initialized() and not c.ray_address:  # starting Ray here: check this machine first
+            check_resources(cfg, machine_resources(), spec.base_path, spec.max_model_len, where="this machine")
         if not ray.is_initialized():
             if c.ray_address:
                 ray.init(address=c.ray_address, log_to_driver=True)
@@ -263,7 +245,7 @@ class RayCluster:
                 ray.init(num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
                          include_dashboard=False, log_to_driver=True)
             self._started_ray = True
-        self.use_gpu = check_resources(cfg, ray.cluster_resources())
+        self.use_gpu = check_resources(cfg, ray.cluster_resources(), spec.base_path, spec.max_model_len)
         gpu = 1 if self.use_gpu else 0
         trainer_bundles = [{"CPU": c.num_cpus_per_worker, **({"GPU": 1} if gpu else {})}
                            for _ in range(p["trainers"])]

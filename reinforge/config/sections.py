@@ -429,17 +429,12 @@ class RunConfig(Section):
     dump_rollouts: bool = opt(False, "write every rollout's samples to `rollouts/<id>.jsonl`")
     recover: Literal["off", "auto"] = opt(
         "off", "`auto`: resume from the newest complete checkpoint in `output_dir` (falling back to older ones if "
-        "it is damaged), write recover checkpoints every `recover_interval_s` and on SIGTERM "
-        "([reliability.md](reliability.md)); `off`: start from scratch unless `load` is set")
+        "it is damaged; `load` only when there is none), write recover checkpoints every `recover_interval_s` and on "
+        "SIGTERM ([reliability.md](reliability.md)); `off`: start from scratch unless `load` is set")
     recover_interval_s: float = opt(600.0, "`recover: auto`: seconds between recover checkpoints (written at the "
                                     "end of the first rollout past the interval)", gt=0)
     max_restarts: int = opt(0, "relaunch training after a crash up to this many times, resuming with "
                             "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor", ge=0)
-
-    def check(self) -> None:
-        if self.load and self.recover == "auto":
-            raise ConfigError("run.load and run.recover=auto both choose the checkpoint to resume from: set one "
-                              "(recover=auto finds the newest one in run.output_dir)")
 
 
 def _check_function_path(key: str, path: str | None) -> None:
