@@ -151,8 +151,8 @@ class RLLoop:
             try:
                 self.cluster.load(path)
                 return path
-            except Exception as e:  # a damaged shard: try the previous checkpoint
-                if self.cfg.run.recover != "auto":
+            except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
+                if self.cfg.run.recover != "auto" or isinstance(e, (KeyboardInterrupt, SystemExit)):
                     raise
                 errors.append(f"{path.name}: {type(e).__name__}: {e}")
                 log.warning("could not load checkpoint %s (%s: %s): falling back to an older one", path,
