@@ -97,7 +97,7 @@ def test_crash_is_restarted_and_loses_at_most_one_rollout(tmp_path, tiny_model_p
 
 def test_sigterm_writes_a_recover_checkpoint_and_resume_loses_nothing(tmp_path, tiny_model_path):
     out = tmp_path / "run"
-    args = overrides(tiny_model_path, out, **{"train.num_rollout": 30, "run.save_interval": "null",
+    args = overrides(tiny_model_path, out, **{"train.num_rollout": 8, "run.save_interval": "null",
                                               "run.recover": "auto", "run.recover_interval_s": 3600})
     proc = cli_train(tmp_path, args)
     deadline = time.monotonic() + 300
@@ -117,7 +117,7 @@ def test_sigterm_writes_a_recover_checkpoint_and_resume_loses_nothing(tmp_path, 
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, log[-3000:]
     ids = [int(r["rollout_id"]) for r in train_rows(out)]
-    assert ids == list(range(30))  # each rollout exactly once
+    assert ids == list(range(8))  # each rollout exactly once
     report(fault="SIGTERM (preemption)", injected="kill -TERM <pid> after the first rollout",
            what="SIGTERM mid-run, run.recover=auto",
            happened=f"recover checkpoint at the end of the rollout in flight, exit 143 after {stopped:.1f} s; "
