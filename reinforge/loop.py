@@ -293,6 +293,7 @@ class RLLoop:
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(timings["time/generate"], 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
+        metrics["rollout/engine_restarts"] = float(getattr(self.engine, "restarts", 0))  # Ray: replaced engines
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
         return metrics, generated

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -97,6 +97,15 @@ class TrainerActor:
             else:
                 ray.get(engine.update_weights.remote(by_value(bucket), version))
 
+    def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
+        """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
+        them by value through the object store (a replaced engine: works on any device)."""
+        import ray
+
+        for bucket in self.worker.weight_buckets(bucket_bytes):
+            if engine is not None:
+                ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
+
     def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
         (:mod:`reinforge.weights.broadcast`)."""
@@ -157,12 +166,50 @@ class EngineActor:
 # ---------------------------------------------------------------------------- driver side
 
 class EnginePool:
-    """Several engine actors behind the ``RolloutEngine`` interface."""
+    """Several engine actors behind the ``RolloutEngine`` interface.
 
-    def __init__(self, handles: list[Any], infos: list[dict[str, Any]], offload_weights: bool = False):
+    An engine actor that dies during :meth:`generate` (process killed, node lost) is replaced
+    through ``respawn(index)`` (a new actor in its bundle with the current weights) and its
+    requests are sent again, up to ``max_restarts`` times per run (``restarts`` counts them);
+    other failures, and deaths outside generation, raise naming the engine.
+    """
+
+    def __init__(self, handles: list[Any], infos: list[dict[str, Any]], offload_weights: bool = False,
+                 respawn: Callable[[int], None] | None = None, max_restarts: int = 0):
         self.handles, self.infos = handles, infos
         self.weight_version = 0
         self.offload_weights = offload_weights
+        self.respawn, self.max_restarts = respawn, max_restarts
+        self.restarts = 0
+        self._seed: int | None = None
+
+    def _failure(self, e: int, err: Exception) -> RuntimeError:
+        info = self.infos[e]
+        cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the engine's exception
+        return RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
+                            f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: {cause}")
+
+    def _get_or_replace(self, e: int, ref: Any, submit: Callable[[], Any]) -> Any:
+        """``ray.get(ref)``; when engine ``e``'s actor died, replace it and ``submit()`` again."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        while True:
+            try:
+                return ray.get(ref)
+            except RayActorError as err:
+                if self.respawn is None or self.restarts >= self.max_restarts:
+                    raise self._failure(e, err) from err
+                self.restarts += 1
+                log.warning("rollout engine %d on node %s died during generation (%s): replacing it (restart %d "
+                            "of cluster.max_engine_restarts=%d) and re-queueing its requests", e,
+                            self.infos[e]["node"], type(err).__name__, self.restarts, self.max_restarts)
+                self.respawn(e)
+                if self._seed is not None:
+                    ray.get(self.handles[e].reseed.remote(self._seed))
+                ref = submit()
+            except Exception as err:
+                raise self._failure(e, err) from err
 
     def _get(self, refs: list[Any], engines: list[int] | None = None) -> list[Any]:
         """Results of one call per engine; a failure names the engine, its node and GPU."""
@@ -173,11 +220,7 @@ class EnginePool:
             try:
                 out.append(ray.get(ref))
             except Exception as err:
-                info = self.infos[e]
-                cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the engine's exception
-                raise RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
-                                   f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: "
-                                   f"{cause}") from err
+                raise self._failure(e, err) from err
         return out
 
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
@@ -190,7 +233,12 @@ class EnginePool:
             assignment[e].append(i)
             load[e] += cost[i]
         busy = [e for e in range(len(self.handles)) if assignment[e]]
-        parts = self._get([self.handles[e].generate.remote([requests[i] for i in assignment[e]]) for e in busy], busy)
+
+        def submit(e: int) -> Any:
+            return self.handles[e].generate.remote([requests[i] for i in assignment[e]])
+
+        refs = {e: submit(e) for e in busy}
+        parts = [self._get_or_replace(e, refs[e], lambda e=e: submit(e)) for e in busy]
         results: list[list[GenerateResult] | None] = [None] * len(requests)
         for e, part in zip(busy, parts):
             for i, res in zip(assignment[e], part):
@@ -205,6 +253,7 @@ class EnginePool:
         self.weight_version = version
 
     def reseed(self, seed: int) -> None:
+        self._seed = seed
         self._get([h.reseed.remote(seed) for h in self.handles])
 
     def sleep(self) -> None:
@@ -271,20 +320,49 @@ class RayCluster:
                                                 spec.pad_id) for i, w in enumerate(self.workers)])
         engine_gpus = share if c.colocate else float(c.rollout_num_gpus_per_engine * gpu)
         engine_bundle = (lambda j: j) if c.colocate else (lambda j: p["trainers"] + j)
-        handles = [on(engine_bundle(j), engine_gpus, EngineActor).remote() for j in range(p["engines"])]
-        infos = ray.get([h.setup.remote(cfg, str(spec.base_path), spec.max_model_len, j)
-                         for j, h in enumerate(handles)])
-        self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights)
+        self._new_engine = lambda j: on(engine_bundle(j), engine_gpus, EngineActor).remote()
+        self._engine_setup = (str(spec.base_path), spec.max_model_len)
+        handles = [self._new_engine(j) for j in range(p["engines"])]
+        infos = ray.get([h.setup.remote(cfg, *self._engine_setup, j) for j, h in enumerate(handles)])
+        self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights,
+                                 respawn=self._replace_engine, max_restarts=c.max_engine_restarts)
         if not c.colocate:
-            waddr, wport = ray.get(self.workers[0].address.remote())
-            size = 1 + len(handles)
-            ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
-                    + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
+            self._init_weight_group()
         self.has_reference = cfg.algo.needs_reference
         self.has_critic = cfg.algo.needs_critic
         log.info("ray placement: %d trainer ranks %s, %d engines %s (%s)", len(self.workers),
                  [d.get("device") for d in self.describe], len(handles), infos,
                  "colocated" if c.colocate else "disaggregated")
+
+    def _init_weight_group(self) -> None:
+        """(Re)build the disaggregated weight-sync group: trainer rank 0 and every engine."""
+        import ray
+
+        handles = self.engine.handles
+        waddr, wport = ray.get(self.workers[0].address.remote())
+        size = 1 + len(handles)
+        ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
+                + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
+
+    def _replace_engine(self, j: int) -> None:
+        """Engine ``j``'s actor died: start a new one in its bundle, give it the current weights
+        (by value from the trainers; every rank gathers), and rebuild the weight-sync group."""
+        import ray
+
+        try:
+            ray.kill(self.engine.handles[j])
+        except Exception:  # already gone
+            pass
+        t = time.perf_counter()
+        h = self._new_engine(j)
+        self.engine.infos[j] = ray.get(h.setup.remote(self.cfg, *self._engine_setup, j))
+        self.engine.handles[j] = h
+        version = self.engine.weight_version
+        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
+        ray.get([w.send_weights.remote(h if i == 0 else None, version, bucket) for i, w in enumerate(self.workers)])
+        if not self.cfg.cluster.colocate:
+            self._init_weight_group()
+        log.info("rollout engine %d replaced in %.1f s (weights version %d)", j, time.perf_counter() - t, version)
 
     def _on_every_rank(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run a :class:`TrainWorker` method on every rank; rank 0's result."""

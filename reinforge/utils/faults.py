@@ -79,10 +79,13 @@ def hit(point: str) -> bool:
     state = os.environ.get(STATE_ENV)
     if state:
         marker = Path(state) / f"{point}.fired"
-        if marker.exists():
-            return False
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(f"{os.getpid()}\n")
+        try:  # created atomically: of several processes reaching the point, one fires
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
     action = armed[1]
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
