@@ -68,14 +68,11 @@ def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[to
     }
 
 
-def _places_on_this_machine(cfg: Config) -> bool:
-    """Whether the placement's processes will run on this machine as configured (not on a Ray
-    cluster given by address or already started in this process, which is checked against its
-    own resources)."""
-    if cfg.cluster.mode == "local":
-        return True
+def _starts_ray_here(cfg: Config) -> bool:
+    """Whether the run will start a Ray cluster on this machine (not one given by address or
+    already running in this process: those are checked against their own resources)."""
     ray = sys.modules.get("ray")
-    return not cfg.cluster.ray_address and not (ray is not None and ray.is_initialized())
+    return cfg.cluster.mode == "ray" and not cfg.cluster.ray_address and not (ray is not None and ray.is_initialized())
 
 
 @dataclass
@@ -99,7 +96,7 @@ class RLLoop:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
-        if _places_on_this_machine(cfg):  # fail fast, before datasets load or processes start
+        if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)

@@ -20,6 +20,7 @@ its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import struct
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..config import Config
+
+log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 PROCESS_OVERHEAD = GIB // 2  # bytes: interpreter, torch, Ray worker
@@ -171,25 +174,31 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
                                f"cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} CPUs ({need_cpus:g} in all) "
                                f"but {where} has {have_cpus:g} CPUs: lower cluster.num_cpus_per_worker")
         return True
-    problems = []
+    problems, warnings = [], []
     need_cpus = n["processes"] * c.num_cpus_per_worker
     procs = (f"{n['processes']} worker processes ({n['trainers']} trainer rank(s)"
              + ("" if c.colocate else f" + {n['engines']} engine(s)") + ")")
     if have_cpus < need_cpus and c.mode == "ray":
         problems.append(f"{procs} x cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} = {need_cpus:g} CPU cores")
     need_mem = None
-    if model_folder is not None and "memory" in resources:
+    if model_folder is not None and "memory" in resources and c.memory_check != "off":
         length = max_model_len or cfg.rollout.rollout_max_response_len
         est = estimate_memory(cfg, model_shape(model_folder), length, n["trainers"])
         # every engine is a process of its own in Ray mode; in local mode it shares the trainer's
         need_mem = n["trainers"] * est.trainer + n["engines"] * est.engine - (PROCESS_OVERHEAD if c.mode == "local"
                                                                              else 0)
         if need_mem > resources["memory"]:
-            problems.append(f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
+            # one local process is not refused on an estimate (the default path is unchanged): a warning
+            (warnings if c.mode == "local" or c.memory_check == "warn" else problems).append(f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
                             f"{est.trainer / GIB:.1f} GiB ({est.trainer_parts}) and {n['engines']} engine(s) of "
                             f"{est.engine / GIB:.1f} GiB ({est.engine_parts})")
+    mem = f" and {resources['memory'] / GIB:.1f} GiB of available memory" if "memory" in resources else ""
+    if warnings and not problems:
+        log.warning("the %s placement may not fit in memory on %s (%.1f GiB available): the run needs %s. An "
+                    "estimate; lower rollout.max_num_seqs or train.max_tokens_per_gpu if it runs out of memory",
+                    mode, where, resources["memory"] / GIB, warnings[0])
     if problems:
-        mem = f" and {resources['memory'] / GIB:.1f} GiB of available memory" if "memory" in resources else ""
+        problems += warnings
         raise ClusterError(
             f"the {mode} placement ({split}) cannot run on {where}: it has no GPU, {have_cpus:g} CPU cores{mem}; "
             f"the run needs " + "; and ".join(problems) + ". " + (
@@ -198,5 +207,6 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
                 "Lower cluster.actor_num_gpus_per_node / cluster.actor_num_nodes (trainer ranks) and "
                 "cluster.rollout_num_gpus (engines), e.g. to 1 each (or use cluster.mode=local), lower "
                 "rollout.max_num_seqs or train.max_tokens_per_gpu for memory, set cluster.num_cpus_per_worker "
-                "below 1 to share cores between processes, or run on GPUs"))
+                "below 1 to share cores between processes, or run on GPUs. The memory figure is an estimate: "
+                "cluster.memory_check=warn (or off) runs anyway"))
     return False

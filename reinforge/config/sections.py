@@ -391,6 +391,9 @@ class ClusterConfig(Section):
     num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer rank and per engine", gt=0)
     weight_sync_bucket_mb: int = opt(256, "weight sync sends the policy in buckets of about this many MB", ge=1)
     offload_engine_weights: bool = opt(False, "colocate: move engine weights to the CPU while the trainers train")
+    memory_check: Literal["error", "warn", "off"] = opt(
+        "error", "CPU-mode Ray placements: an estimate of the memory every process needs (docs/reliability.md) "
+        "against the available memory: `error` refuses to start, `warn` logs, `off` skips (local mode only warns)")
     max_engine_restarts: int = opt(3, "Ray: a rollout engine actor that dies during generation is replaced (new "
                                    "actor in its bundle, current weights re-synced, its requests re-queued) up to "
                                    "this many times per run; 0: the run fails", ge=0)
