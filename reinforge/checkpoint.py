@@ -19,6 +19,7 @@ atomically afterwards, so an interrupted save never damages an existing checkpoi
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -109,8 +110,18 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state.json, driver rng state) of a checkpoint directory."""
     state = json.loads((ckpt / "state.json").read_text())
-    rng = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True)
+    try:
+        rng = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # written before rng_state() stored NumPy's keys as a tensor
+        with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
+            rng = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=True)
     return state, rng
+
+
+# What an older rng.pt (NumPy's state as an ndarray) needs beyond weights_only's defaults:
+# array reconstruction only, still through torch's restricted unpickler.
+_NUMPY_RNG_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+                      (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct]
 
 
 # Files every complete RL / offline checkpoint has (``dcp/actor/.metadata`` is written last by DCP).
