@@ -60,9 +60,9 @@ def train_rows(out: Path) -> list[dict]:
 # ----------------------------------------------------------------------------- crashes + restarts
 
 CRASHES = [  # (fault spec, where, whether the crash is inside a rollout)
-    ("ckpt_write:2", "SIGKILL while writing the checkpoint of rollout 1 (model written, rng/state not)", False),
-    ("optimizer_step:3", "SIGKILL inside the optimizer step of rollout 2", True),
-    ("weight_sync:3", "SIGKILL in the weight sync after rollout 1 (engine half updated)", True),
+    ("ckpt_write:2", "SIGKILL during a checkpoint write: rollout 1's (model written, rng/state not)", False),
+    ("optimizer_step:3", "SIGKILL during an optimizer step: rollout 2's", True),
+    ("weight_sync:3", "SIGKILL during weight sync: after rollout 1 (engine half updated)", True),
 ]
 
 
@@ -89,7 +89,7 @@ def test_crash_is_restarted_and_loses_at_most_one_rollout(tmp_path, tiny_model_p
     assert not [p for p in ck.iterdir() if p.name.startswith(".")]
     assert (ck / (ck / "latest").read_text().strip() / "state.json").is_file()
     first_after = min(r["time"] for r in rows if r["time"] >= crash_t)
-    report(fault=fault, injected=f"REINFORGE_FAULT={fault}", what=where,
+    report(fault=where.split(":")[0], injected=f"REINFORGE_FAULT={fault} + --max-restarts 2", what=where.split(": ")[1],
            happened="supervisor relaunched (--max-restarts), run.recover=auto resumed from the newest "
                     "complete checkpoint", rollouts_lost=lost, samples_lost=lost * SAMPLES_PER_ROLLOUT,
            recover_s=round(first_after - crash_t, 1), rollouts_done=len(set(before + after)))
