@@ -198,6 +198,35 @@ def test_resume_at_an_epoch_boundary_trains_the_remaining_rollouts(tmp_path, tin
     assert again.prompts == []
 
 
+def test_recover_interval_writes_checkpoints_without_save_interval(tmp_path, tiny_model_path):
+    from reinforge.loop import run_training
+
+    out = tmp_path / "run"
+    run_training(load_config(None, overrides(tiny_model_path, out, **{
+        "train.num_rollout": 3, "run.save_interval": "null", "run.save_final": "false", "run.recover": "auto",
+        "run.recover_interval_s": 1e-3, "run.keep_last_n_checkpoints": "null"})))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "rollout_000000", "rollout_000001"]
+
+
+def test_fault_spec_parsing_and_noop_default(monkeypatch):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.hit("optimizer_step") is False
+    assert faults.parse("ckpt_write:2, nan_loss:1:nan") == {"ckpt_write": (2, "kill"), "nan_loss": (1, "nan")}
+    for bad, msg in (("nope:1", "unknown fault point"), ("rollout:0", "positive integer"),
+                     ("rollout:1:explode", "unknown action")):
+        with pytest.raises(ValueError, match=msg):
+            faults.parse(bad)
+    monkeypatch.setenv(faults.ENV, "rollout:2:raise")
+    faults.reset()
+    try:
+        assert faults.hit("rollout") is False
+        with pytest.raises(faults.InjectedFault):
+            faults.hit("rollout")
+        assert faults.hit("rollout") is False  # only the n-th hit
+    finally:
+        faults.reset()
+
+
 # ----------------------------------------------------------------------------- rewards, NaN loss
 
 REWARD_FAULTS = [
