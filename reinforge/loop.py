@@ -26,13 +26,13 @@ from .data import load_datasets
 from .eval.evaluate import evaluate, format_table, write_eval
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
+from .recover import Preempted, RecoverTimer, check_compatible, recover_candidates
 from .reward import RewardManager
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
 from .rollout.types import Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
-from .recover import Preempted, RecoverTimer, check_compatible, recover_candidates
 from .utils import faults, seeds
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
@@ -105,10 +105,11 @@ class RLLoop:
         self.weight_version = 0
         candidates = [ckpt.resolve_checkpoint(cfg.run.load)] if cfg.run.load else []
         if cfg.run.recover == "auto":
-            candidates = recover_candidates(self.out) or candidates
-            if candidates:
-                check_compatible(ckpt.load_checkpoint_state(candidates[0])[0]["config"], cfg, candidates[0])
-            else:
+            own = recover_candidates(self.out)  # this run's own checkpoints win over run.load
+            if own:
+                check_compatible(ckpt.load_checkpoint_state(own[0])[0]["config"], cfg, own[0])
+                candidates = own
+            elif not candidates:
                 log.info("run.recover=auto: no checkpoint in %s yet, starting from scratch", self.out / "checkpoints")
         self.cluster = build_cluster(cfg, ClusterSpec(
             base_path=self.base_path, critic_path=resolve_model_path(cfg.critic.path) if cfg.critic.path else None,
