@@ -185,13 +185,14 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
         length = max_model_len or cfg.rollout.rollout_max_response_len
         est = estimate_memory(cfg, model_shape(model_folder), length, n["trainers"])
         # every engine is a process of its own in Ray mode; in local mode it shares the trainer's
-        need_mem = n["trainers"] * est.trainer + n["engines"] * est.engine - (PROCESS_OVERHEAD if c.mode == "local"
-                                                                             else 0)
+        shared = PROCESS_OVERHEAD if c.mode == "local" else 0
+        need_mem = n["trainers"] * est.trainer + n["engines"] * est.engine - shared
         if need_mem > resources["memory"]:
             # one local process is not refused on an estimate (the default path is unchanged): a warning
-            (warnings if c.mode == "local" or c.memory_check == "warn" else problems).append(f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
-                            f"{est.trainer / GIB:.1f} GiB ({est.trainer_parts}) and {n['engines']} engine(s) of "
-                            f"{est.engine / GIB:.1f} GiB ({est.engine_parts})")
+            found = warnings if c.mode == "local" or c.memory_check == "warn" else problems
+            found.append(f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
+                         f"{est.trainer / GIB:.1f} GiB ({est.trainer_parts}) and {n['engines']} engine(s) of "
+                         f"{est.engine / GIB:.1f} GiB ({est.engine_parts})")
     mem = f" and {resources['memory'] / GIB:.1f} GiB of available memory" if "memory" in resources else ""
     if warnings and not problems:
         log.warning("the %s placement may not fit in memory on %s (%.1f GiB available): the run needs %s. An "
