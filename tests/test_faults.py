@@ -360,3 +360,29 @@ def test_dead_engine_actor_is_replaced_and_its_requests_requeued(tmp_path, tiny_
            happened="actor replaced in its bundle, weights re-synced, weight-sync group rebuilt, its requests "
                     "re-queued; the run went on", rollouts_lost=0, samples_lost="0 (its requests regenerated)",
            recover_s=round(rows[1]["time/generate"], 1), rollouts_done=3, total_s=round(seconds, 1))
+
+
+def test_dead_trainer_rank_restarts_the_group_from_the_last_checkpoint(tmp_path, tiny_model_path):
+    """Ray, 2 trainer ranks (FSDP over gloo) + a colocated engine, started by the run itself; one rank's
+    process is SIGKILLed in its optimizer step of rollout 1. The driver fails at once (the other rank is
+    blocked in a collective), the supervisor relaunches, every rank resumes from checkpoint 0."""
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    args = overrides(tiny_model_path, out, **{
+        "cluster.mode": "ray", "cluster.actor_num_gpus_per_node": 2, "cluster.rollout_num_gpus": 1,
+        "cluster.colocate": "true", "cluster.weight_sync_bucket_mb": 1, "train.num_rollout": 3})
+    proc = cli_train(tmp_path, ["--max-restarts", "1", *args], fault="optimizer_step:2")
+    log, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, log[-3000:]
+    attempts = [json.loads(x) for x in (out / "restarts.jsonl").read_text().splitlines()]
+    assert len(attempts) == 2 and attempts[0]["exit_code"] != 0 and attempts[1]["exit_code"] == 0
+    crash_t = attempts[0]["time"]
+    rows = train_rows(out)
+    before = [int(r["rollout_id"]) for r in rows if r["time"] < crash_t]
+    after = [int(r["rollout_id"]) for r in rows if r["time"] >= crash_t]
+    assert before == [0] and after == [1, 2]  # rollout 1 (in flight) redone, nothing else
+    report(fault="SIGKILL of a trainer rank (Ray)", injected="REINFORGE_FAULT=optimizer_step:2 + --max-restarts 1 "
+           "(2 FSDP ranks)", what="one rank dies in the optimizer step of rollout 1",
+           happened="driver failed at once (" + attempts[0]["cause"] + "), supervisor relaunched the whole group "
+                    "from the last checkpoint", rollouts_lost=1, samples_lost=SAMPLES_PER_ROLLOUT,
+           recover_s=round(min(r["time"] for r in rows if r["time"] >= crash_t) - crash_t, 1), rollouts_done=3)

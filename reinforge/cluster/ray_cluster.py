@@ -59,6 +59,18 @@ def check_resources(cfg: Config, resources: dict[str, float], model_folder: Path
     return check_placement(cfg, resources, model_folder, max_model_len, where)
 
 
+def get_all(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, but the first failure raises at once: when one trainer rank dies the
+    others block in a collective, and waiting for them in order would hang until its timeout."""
+    import ray
+
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done[0])  # raises the task's error (RayActorError when its process died)
+    return ray.get(list(refs))
+
+
 # ---------------------------------------------------------------------------- actors
 
 class TrainerActor:
@@ -365,10 +377,9 @@ class RayCluster:
         log.info("rollout engine %d replaced in %.1f s (weights version %d)", j, time.perf_counter() - t, version)
 
     def _on_every_rank(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run a :class:`TrainWorker` method on every rank; rank 0's result."""
-        import ray
-
-        return ray.get([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
+        """Run a :class:`TrainWorker` method on every rank; rank 0's result (the first failure
+        of any rank raises at once)."""
+        return get_all([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
 
     # ------------------------------------------------------------------ Cluster
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -395,16 +406,14 @@ class RayCluster:
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
         broadcasts buckets to all engines. All ranks take part (FSDP all-gathers)."""
-        import ray
-
         t = time.perf_counter()
         bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
         handles = self.engine.handles
         if self.cfg.cluster.colocate:
             targets = handles + [None] * (len(self.workers) - len(handles))
-            ray.get([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+            get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
         else:
-            ray.get([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
+            get_all([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
                      for i, w in enumerate(self.workers)])
         self.engine.weight_version = version
         return {"time/sync": time.perf_counter() - t}
