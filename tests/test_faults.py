@@ -102,7 +102,9 @@ def test_sigterm_writes_a_recover_checkpoint_and_resume_loses_nothing(tmp_path, 
     proc = cli_train(tmp_path, args)
     deadline = time.monotonic() + 300
     while not ((out / "metrics.jsonl").exists() and train_rows(out)):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no rollout finished: {proc.communicate()[0][-3000:]}")
         time.sleep(0.2)
     t = time.time()
     proc.send_signal(signal.SIGTERM)
