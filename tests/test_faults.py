@@ -171,6 +171,13 @@ def test_recover_refuses_changed_batch_group_or_world_size(tmp_path, tiny_model_
         cfg = load_config(None, overrides(tiny_model_path, out, **{"run.recover": "auto", key: value}))
         with pytest.raises(ConfigError, match=f"cannot resume .*{key} changed from .* to {value}.*run.load="):
             RLLoop(cfg)
+    # through the supervisor: a usage error is reported once, not relaunched
+    proc = cli_train(tmp_path, ["--max-restarts", "3", *overrides(tiny_model_path, out, **{
+        "rollout.rollout_batch_size": 4})])
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "rollout.rollout_batch_size changed from 2 to 4" in log, log[-3000:]
+    attempts = [json.loads(x) for x in (out / "restarts.jsonl").read_text().splitlines()]
+    assert [a["exit_code"] for a in attempts] == [2]
     from reinforge.recover import check_compatible
 
     saved = load_config(None, overrides(tiny_model_path, out)).to_dict()
