@@ -61,7 +61,7 @@ def _eval(args: argparse.Namespace) -> None:
         overrides += [f"data.eval_prompt_data={args.data}", f"data.prompt_data={args.data}"]
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
-    cfg = load_config(args.config, overrides + ["train.num_rollout=0"])
+    cfg = load_config(args.config, overrides + ["train.num_rollout=0", "run.recover=off", "run.max_restarts=0"])
     from .eval.evaluate import format_table
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
