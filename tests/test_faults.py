@@ -217,6 +217,14 @@ def test_recover_interval_writes_checkpoints_without_save_interval(tmp_path, tin
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "rollout_000000", "rollout_000001"]
 
 
+def test_recover_off_survives_yaml_booleans(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("run:\n  recover: off\n")  # YAML 1.1 reads `off` as false
+    assert load_config(str(f), []).run.recover == "off"
+    assert load_config(None, ["run.recover=off"]).run.recover == "off"
+    assert load_config(None, ["run.recover=auto"]).run.recover == "auto"
+
+
 def test_fault_spec_parsing_and_noop_default(monkeypatch):
     monkeypatch.delenv(faults.ENV, raising=False)
     assert faults.hit("optimizer_step") is False
