@@ -14,14 +14,22 @@ log = logging.getLogger("reinforge")
 USAGE_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
 
 
-def _train(args: argparse.Namespace) -> None:
+def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.load:
         overrides.append(f"run.load={args.load}")
+    if args.max_restarts is not None:
+        overrides.append(f"run.max_restarts={args.max_restarts}")
     cfg = load_config(args.config, overrides)
+    if cfg.run.max_restarts > 0:
+        from .supervisor import supervise
+
+        return supervise(([f"--config={args.config}"] if args.config else []) + overrides,
+                         Path(cfg.run.output_dir), cfg.run.max_restarts)
     from .loop import run_training
 
     run_training(cfg)
+    return 0
 
 
 def _offline(args: argparse.Namespace) -> None:
@@ -53,7 +61,7 @@ def _eval(args: argparse.Namespace) -> None:
         overrides += [f"data.eval_prompt_data={args.data}", f"data.prompt_data={args.data}"]
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
-    cfg = load_config(args.config, overrides + ["train.num_rollout=0"])
+    cfg = load_config(args.config, overrides + ["train.num_rollout=0", "run.recover=off", "run.max_restarts=0"])
     from .eval.evaluate import format_table
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
@@ -147,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run RL training (GRPO) from a YAML config")
     t.add_argument("--config", "-c", help="YAML config file")
     t.add_argument("--load", help="checkpoint (or run directory) to resume from")
+    t.add_argument("--max-restarts", type=int, metavar="N",
+                   help="relaunch after a crash up to N times, resuming from the newest checkpoint "
+                        "(run.max_restarts; implies run.recover=auto)")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
     t.set_defaults(func=_train)
 
@@ -215,14 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        args.func(args)
+        code = args.func(args)
     except (*USAGE_ERRORS, FileExistsError) as e:
         if args.verbose:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
         return 2
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +21,14 @@ import torch
 
 from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
+from .cluster.resources import check_placement, machine_resources
 from .config import Config, config_from_dict, dump_config
 from .data import load_datasets
 from .eval.evaluate import evaluate, write_eval
 from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
+from .recover import Preempted, RecoverTimer, check_compatible, recover_candidates
 from .reward import RewardManager
 from .rollout.agent import prompt_tools
 from .rollout.async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
@@ -33,7 +36,7 @@ from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_
 from .rollout.types import Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
-from .utils import seeds
+from .utils import faults, seeds
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -68,6 +71,13 @@ def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[to
     }
 
 
+def _starts_ray_here(cfg: Config) -> bool:
+    """Whether the run will start a Ray cluster on this machine (not one given by address or
+    already running in this process: those are checked against their own resources)."""
+    ray = sys.modules.get("ray")
+    return cfg.cluster.mode == "ray" and not cfg.cluster.ray_address and not (ray is not None and ray.is_initialized())
+
+
 @dataclass
 class RunResult:
     """What a finished run reports (also used by tests)."""
@@ -89,20 +99,26 @@ class RLLoop:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
+        if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
+            check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)
         self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer, tools.schemas, tools.system_text)
         self.start_rollout = 0
         self.weight_version = 0
-        resume = ckpt.resolve_checkpoint(cfg.run.load) if cfg.run.load else None
-        if resume is not None:
-            log.info("resuming from %s", resume)
+        candidates = [ckpt.resolve_checkpoint(cfg.run.load)] if cfg.run.load else []
+        if cfg.run.recover == "auto":
+            own = recover_candidates(self.out)  # this run's own checkpoints win over run.load
+            if own:
+                check_compatible(ckpt.load_checkpoint_state(own[0])[0]["config"], cfg, own[0])
+                candidates = own
+            elif not candidates:
+                log.info("run.recover=auto: no checkpoint in %s yet, starting from scratch", self.out / "checkpoints")
         self.cluster = build_cluster(cfg, ClusterSpec(
             base_path=self.base_path, critic_path=resolve_model_path(cfg.critic.path) if cfg.critic.path else None,
             tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id or 0, max_model_len=self._max_model_len()))
         self.engine = self.cluster.engine
-        if resume is not None:
-            self.cluster.load(resume)
+        resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
@@ -131,6 +147,30 @@ class RLLoop:
         return max_prompt + max(self.cfg.rollout.rollout_max_response_len, self.cfg.eval.eval_max_response_len or 0)
 
     # ------------------------------------------------------------------ state
+    def _load_first(self, candidates: list[Path]) -> Path | None:
+        """Load the trainers' state of the first checkpoint that loads, in order (newest first);
+        with ``run.recover=auto`` a failure falls back to the next one with a warning.
+
+        Raises:
+            RuntimeError: none of the candidates loads (the message lists why each failed).
+        """
+        errors = []
+        for path in candidates:
+            log.info("resuming from %s", path)
+            try:
+                self.cluster.load(path)
+                return path
+            except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
+                if self.cfg.run.recover != "auto" or isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                errors.append(f"{path.name}: {type(e).__name__}: {e}")
+                log.warning("could not load checkpoint %s (%s: %s): falling back to an older one", path,
+                            type(e).__name__, e)
+        if errors:
+            raise RuntimeError(f"run.recover=auto: no checkpoint in {self.out / 'checkpoints'} loads ("
+                               f"{'; '.join(errors)}); move them away to start from scratch")
+        return None
+
     def _restore(self, path: Path) -> None:
         state, rng = ckpt.load_checkpoint_state(path)
         saved = config_from_dict(state["config"])
@@ -145,6 +185,12 @@ class RLLoop:
         self.engine.weight_version = self.weight_version
         self.history = state.get("history", [])
         self.evals = [tuple(e) for e in state.get("evals", [])]
+        if self.start_rollout >= self.cfg.train.num_rollout:
+            log.warning("checkpoint %s is at rollout %d of train.num_rollout=%d: nothing left to train (raise "
+                        "train.num_rollout to continue)", path, state["rollout_id"] + 1, self.cfg.train.num_rollout)
+        else:
+            log.info("resumed at rollout %d of %d (data epoch %d, offset %d)", self.start_rollout,
+                     self.cfg.train.num_rollout, state["data"]["epoch"], state["data"]["offset"])
 
     def save(self, rollout_id: int) -> Path:
         if self.producer is not None:  # the data position before the next rollout (in-flight ones are redone)
@@ -210,6 +256,7 @@ class RLLoop:
         rounds = 0
         while True:
             groups = self.rollout_fn(ctx, rollout_id, self.train_data)
+            faults.hit("rollout")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
             unscored = [s for g in groups for s in g if s.reward is None]
             t = time.perf_counter()
             for k, v in (self.reward.score(unscored) if unscored else {}).items():
@@ -305,6 +352,7 @@ class RLLoop:
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(generate_s, 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
+        metrics["rollout/engine_restarts"] = float(getattr(self.engine, "restarts", 0))  # Ray: replaced engines
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
         if self.producer is not None:
@@ -319,6 +367,9 @@ class RLLoop:
         logger = MetricsLogger(self.out, cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
                                wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict())
         result = RunResult(self.out, self.start_rollout - 1)
+        timer = RecoverTimer(cfg.run.recover_interval_s) if cfg.run.recover == "auto" else None
+        if timer is not None:
+            timer.install()
         try:
             if self.start_rollout == 0:
                 logger.log(0, {"data/num_prompts": float(len(self.train_data)),
@@ -355,8 +406,15 @@ class RLLoop:
                 if e and (rollout_id + 1) % e == 0 and not last:
                     self.run_eval(f"rollout_{rollout_id + 1}", rollout_id + 1, logger)
                 s = cfg.run.save_interval
+                path = None
                 if s and (rollout_id + 1) % s == 0 and not last:
-                    self.save(rollout_id)
+                    path = self.save(rollout_id)
+                elif timer is not None and not last and timer.due():
+                    path = self.save(rollout_id)  # a recover checkpoint
+                if timer is not None and path is not None:
+                    timer.saved()
+                    if timer.signal is not None:
+                        raise Preempted(timer.signal, path)
                 result.last_rollout_id = rollout_id
             if bar is not None:
                 bar.close()
@@ -367,6 +425,8 @@ class RLLoop:
                     self.save(cfg.train.num_rollout - 1)
         finally:
             self._stop_producer()
+            if timer is not None:
+                timer.uninstall()
             logger.close()
         result.evals = list(self.evals)
         result.history = list(self.history)

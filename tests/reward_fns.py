@@ -11,3 +11,25 @@ def even_token_share(sample):
     """The share of even response token ids: varies between samples of any prompt."""
     ids = sample.response_ids
     return sum(i % 2 == 0 for i in ids) / max(len(ids), 1)
+
+
+def raises_on_odd_first_token(sample):
+    """even_first_token, but a bug on samples whose first token is odd: the manager scores them 0."""
+    ids = sample.response_ids
+    if ids and ids[0] % 2:
+        raise RuntimeError("reward bug")
+    return 1.0
+
+
+def hangs(sample):
+    """Never returns within reward.timeout (tests set it far below the sleep)."""
+    import time
+
+    time.sleep(3.0)
+    return 1.0
+
+
+def nan_on_odd_first_token(sample):
+    """NaN for odd first tokens: the manager refuses non-finite rewards and scores them 0."""
+    ids = sample.response_ids
+    return float("nan") if ids and ids[0] % 2 else 1.0

@@ -22,7 +22,7 @@ def test_resource_check_reports_shortfall_in_words():
     assert check_resources(cfg, {"GPU": 4, "CPU": 8}) is True
     with pytest.raises(ClusterError, match="colocated .* needs 4 GPUs .* has 2"):
         check_resources(cfg, {"GPU": 2, "CPU": 8})
-    with pytest.raises(ClusterError, match="no GPUs and 2 CPUs"):
+    with pytest.raises(ClusterError, match="has no GPU, 2 CPU cores.*4 worker processes"):
         check_resources(cfg, {"CPU": 2})
 
 

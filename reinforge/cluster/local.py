@@ -14,6 +14,7 @@ from ..train.worker import TrainWorker
 from ..utils.device import resolve_device
 from ..weights.tensor import sync_in_process
 from .base import ClusterSpec
+from .resources import check_placement, machine_resources
 
 
 class LocalCluster:
@@ -22,6 +23,7 @@ class LocalCluster:
     policy's tensors into the engine in place."""
 
     def __init__(self, cfg: Config, spec: ClusterSpec):
+        check_placement(cfg, machine_resources(), spec.base_path, spec.max_model_len)
         self.worker = TrainWorker(cfg, spec.base_path, spec.critic_path, pad_id=spec.pad_id)
         self.engine = build_engine(engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device),
                                                spec.max_model_len))

@@ -23,24 +23,21 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from ..config import Config
 from ..rollout.types import GenerateRequest, GenerateResult, Sample
-from ..utils import seeds
+from ..utils import faults, seeds
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
-from ..weights.tensor import by_value
+from ..weights.tensor import by_value, with_fault_point
 from .base import ClusterSpec
+from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot host the requested placement; the message says what is missing."""
 
 
 def _free_port() -> int:
@@ -51,32 +48,27 @@ def _free_port() -> int:
 
 def plan(cfg: Config) -> dict[str, int]:
     """Counts of the placement: trainer ranks, engines, GPUs needed."""
-    c = cfg.cluster
-    trainers = c.actor_num_nodes * c.actor_num_gpus_per_node
-    engines = c.rollout_num_gpus // c.rollout_num_gpus_per_engine
-    gpus = trainers if c.colocate else trainers + c.rollout_num_gpus
-    return {"trainers": trainers, "engines": engines, "gpus": gpus}
+    n = placement_counts(cfg)
+    return {"trainers": n["trainers"], "engines": n["engines"], "gpus": n["gpus"]}
 
 
-def check_resources(cfg: Config, resources: dict[str, float]) -> bool:
-    """Whether the run uses GPUs; raises :class:`ClusterError` describing any shortfall."""
-    c, p = cfg.cluster, plan(cfg)
-    have_gpus = int(resources.get("GPU", 0))
-    split = (f"actor_num_nodes * actor_num_gpus_per_node = {p['trainers']}"
-             + ("" if c.colocate else f" + rollout_num_gpus = {c.rollout_num_gpus}"))
-    mode = "colocated (cluster.colocate=true)" if c.colocate else "disaggregated (cluster.colocate=false)"
-    if have_gpus:
-        if have_gpus < p["gpus"]:
-            raise ClusterError(f"the {mode} placement needs {p['gpus']} GPUs ({split}) but the Ray cluster has "
-                               f"{have_gpus}: lower those settings or add nodes")
-        return True
-    bundles = p["trainers"] if c.colocate else p["trainers"] + p["engines"]
-    need_cpus = bundles * c.num_cpus_per_worker
-    if resources.get("CPU", 0) < need_cpus:
-        raise ClusterError(f"the Ray cluster has no GPUs and {resources.get('CPU', 0):g} CPUs; the {mode} placement "
-                           f"runs {bundles} worker processes of cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} "
-                           f"CPUs ({split}), {need_cpus:g} CPUs in all")
-    return False
+def check_resources(cfg: Config, resources: dict[str, float], model_folder: Path | None = None,
+                    max_model_len: int | None = None, where: str = "the Ray cluster") -> bool:
+    """Whether the run uses GPUs; raises :class:`ClusterError` describing any shortfall
+    (:func:`reinforge.cluster.resources.check_placement`)."""
+    return check_placement(cfg, resources, model_folder, max_model_len, where)
+
+
+def get_all(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, but the first failure raises at once: when one trainer rank dies the
+    others block in a collective, and waiting for them in order would hang until its timeout."""
+    import ray
+
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done[0])  # raises the task's error (RayActorError when its process died)
+    return ray.get(list(refs))
 
 
 # ---------------------------------------------------------------------------- actors
@@ -109,7 +101,7 @@ class TrainerActor:
         GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU."""
         import ray
 
-        for bucket in self.worker.weight_buckets(bucket_bytes):
+        for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
             if engine is None:
                 continue
             if bucket[0][1].is_cuda:
@@ -117,12 +109,21 @@ class TrainerActor:
             else:
                 ray.get(engine.update_weights.remote(by_value(bucket), version))
 
+    def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
+        """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
+        them by value through the object store (a replaced engine: works on any device)."""
+        import ray
+
+        for bucket in self.worker.weight_buckets(bucket_bytes):
+            if engine is not None:
+                ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
+
     def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
         (:mod:`reinforge.weights.broadcast`)."""
         import ray
 
-        for bucket in self.worker.weight_buckets(bucket_bytes):
+        for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
             if engines:
                 ray.get(send_flat(self.weight_group, bucket,
                                   lambda meta: [e.receive_bucket.remote(meta, version) for e in engines]))
@@ -146,6 +147,7 @@ class EngineActor:
         return {"index": index, "node": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        faults.hit("engine_generate")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
         return self.engine.generate(requests)
 
     def update_weights(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
@@ -184,12 +186,50 @@ class EngineActor:
 # ---------------------------------------------------------------------------- driver side
 
 class EnginePool:
-    """Several engine actors behind the ``RolloutEngine`` interface."""
+    """Several engine actors behind the ``RolloutEngine`` interface.
 
-    def __init__(self, handles: list[Any], infos: list[dict[str, Any]], offload_weights: bool = False):
+    An engine actor that dies during :meth:`generate` (process killed, node lost) is replaced
+    through ``respawn(index)`` (a new actor in its bundle with the current weights) and its
+    requests are sent again, up to ``max_restarts`` times per run (``restarts`` counts them);
+    other failures, and deaths outside generation, raise naming the engine.
+    """
+
+    def __init__(self, handles: list[Any], infos: list[dict[str, Any]], offload_weights: bool = False,
+                 respawn: Callable[[int], None] | None = None, max_restarts: int = 0):
         self.handles, self.infos = handles, infos
         self.weight_version = 0
         self.offload_weights = offload_weights
+        self.respawn, self.max_restarts = respawn, max_restarts
+        self.restarts = 0
+        self._seed: int | None = None
+
+    def _failure(self, e: int, err: Exception) -> RuntimeError:
+        info = self.infos[e]
+        cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the engine's exception
+        return RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
+                            f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: {cause}")
+
+    def _get_or_replace(self, e: int, ref: Any, submit: Callable[[], Any]) -> Any:
+        """``ray.get(ref)``; when engine ``e``'s actor died, replace it and ``submit()`` again."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        while True:
+            try:
+                return ray.get(ref)
+            except RayActorError as err:
+                if self.respawn is None or self.restarts >= self.max_restarts:
+                    raise self._failure(e, err) from err
+                self.restarts += 1
+                log.warning("rollout engine %d on node %s died during generation (%s): replacing it (restart %d "
+                            "of cluster.max_engine_restarts=%d) and re-queueing its requests", e,
+                            self.infos[e]["node"], type(err).__name__, self.restarts, self.max_restarts)
+                self.respawn(e)
+                if self._seed is not None:
+                    ray.get(self.handles[e].reseed.remote(self._seed))
+                ref = submit()
+            except Exception as err:
+                raise self._failure(e, err) from err
 
     def _get(self, refs: list[Any], engines: list[int] | None = None) -> list[Any]:
         """Results of one call per engine; a failure names the engine, its node and GPU."""
@@ -200,11 +240,7 @@ class EnginePool:
             try:
                 out.append(ray.get(ref))
             except Exception as err:
-                info = self.infos[e]
-                cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the engine's exception
-                raise RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
-                                   f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: "
-                                   f"{cause}") from err
+                raise self._failure(e, err) from err
         return out
 
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
@@ -217,7 +253,12 @@ class EnginePool:
             assignment[e].append(i)
             load[e] += cost[i]
         busy = [e for e in range(len(self.handles)) if assignment[e]]
-        parts = self._get([self.handles[e].generate.remote([requests[i] for i in assignment[e]]) for e in busy], busy)
+
+        def submit(e: int) -> Any:
+            return self.handles[e].generate.remote([requests[i] for i in assignment[e]])
+
+        refs = {e: submit(e) for e in busy}
+        parts = [self._get_or_replace(e, refs[e], lambda e=e: submit(e)) for e in busy]
         results: list[list[GenerateResult] | None] = [None] * len(requests)
         for e, part in zip(busy, parts):
             for i, res in zip(assignment[e], part):
@@ -232,6 +273,7 @@ class EnginePool:
         self.weight_version = version
 
     def reseed(self, seed: int) -> None:
+        self._seed = seed
         self._get([h.reseed.remote(seed) for h in self.handles])
 
     def interrupt(self) -> None:
@@ -270,6 +312,8 @@ class RayCluster:
         self.cfg = cfg
         c, p = cfg.cluster, plan(cfg)
         self._started_ray = False
+        if not ray.is_initialized() and not c.ray_address:  # starting Ray here: check this machine first
+            check_resources(cfg, machine_resources(), spec.base_path, spec.max_model_len, where="this machine")
         if not ray.is_initialized():
             if c.ray_address:
                 ray.init(address=c.ray_address, log_to_driver=True)
@@ -278,7 +322,7 @@ class RayCluster:
                 ray.init(num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
                          include_dashboard=False, log_to_driver=True)
             self._started_ray = True
-        self.use_gpu = check_resources(cfg, ray.cluster_resources())
+        self.use_gpu = check_resources(cfg, ray.cluster_resources(), spec.base_path, spec.max_model_len)
         gpu = 1 if self.use_gpu else 0
         trainer_bundles = [{"CPU": c.num_cpus_per_worker, **({"GPU": 1} if gpu else {})}
                            for _ in range(p["trainers"])]
@@ -307,26 +351,54 @@ class RayCluster:
         engine_bundle = (lambda j: j) if c.colocate else (lambda j: p["trainers"] + j)
         # partial rollouts: interrupt() must reach an engine while its generate() runs (a threaded actor)
         threaded = {"max_concurrency": 2} if cfg.rollout.partial_rollout else {}
-        handles = [on(engine_bundle(j), engine_gpus, EngineActor, **threaded).remote() for j in range(p["engines"])]
-        infos = ray.get([h.setup.remote(cfg, str(spec.base_path), spec.max_model_len, j)
-                         for j, h in enumerate(handles)])
-        self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights)
+        self._new_engine = lambda j: on(engine_bundle(j), engine_gpus, EngineActor, **threaded).remote()
+        self._engine_setup = (str(spec.base_path), spec.max_model_len)
+        handles = [self._new_engine(j) for j in range(p["engines"])]
+        infos = ray.get([h.setup.remote(cfg, *self._engine_setup, j) for j, h in enumerate(handles)])
+        self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights,
+                                 respawn=self._replace_engine, max_restarts=c.max_engine_restarts)
         if not c.colocate:
-            waddr, wport = ray.get(self.workers[0].address.remote())
-            size = 1 + len(handles)
-            ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
-                    + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
+            self._init_weight_group()
         self.has_reference = cfg.algo.needs_reference
         self.has_critic = cfg.algo.needs_critic
         log.info("ray placement: %d trainer ranks %s, %d engines %s (%s)", len(self.workers),
                  [d.get("device") for d in self.describe], len(handles), infos,
                  "colocated" if c.colocate else "disaggregated")
 
-    def _on_every_rank(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run a :class:`TrainWorker` method on every rank; rank 0's result."""
+    def _init_weight_group(self) -> None:
+        """(Re)build the disaggregated weight-sync group: trainer rank 0 and every engine."""
         import ray
 
-        return ray.get([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
+        handles = self.engine.handles
+        waddr, wport = ray.get(self.workers[0].address.remote())
+        size = 1 + len(handles)
+        ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
+                + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
+
+    def _replace_engine(self, j: int) -> None:
+        """Engine ``j``'s actor died: start a new one in its bundle, give it the current weights
+        (by value from the trainers; every rank gathers), and rebuild the weight-sync group."""
+        import ray
+
+        try:
+            ray.kill(self.engine.handles[j])
+        except Exception:  # already gone
+            pass
+        t = time.perf_counter()
+        h = self._new_engine(j)
+        self.engine.infos[j] = ray.get(h.setup.remote(self.cfg, *self._engine_setup, j))
+        self.engine.handles[j] = h
+        version = self.engine.weight_version
+        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
+        ray.get([w.send_weights.remote(h if i == 0 else None, version, bucket) for i, w in enumerate(self.workers)])
+        if not self.cfg.cluster.colocate:
+            self._init_weight_group()
+        log.info("rollout engine %d replaced in %.1f s (weights version %d)", j, time.perf_counter() - t, version)
+
+    def _on_every_rank(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run a :class:`TrainWorker` method on every rank; rank 0's result (the first failure
+        of any rank raises at once)."""
+        return get_all([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
 
     # ------------------------------------------------------------------ Cluster
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -353,16 +425,14 @@ class RayCluster:
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
         broadcasts buckets to all engines. All ranks take part (FSDP all-gathers)."""
-        import ray
-
         t = time.perf_counter()
         bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
         handles = self.engine.handles
         if self.cfg.cluster.colocate:
             targets = handles + [None] * (len(self.workers) - len(handles))
-            ray.get([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+            get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
         else:
-            ray.get([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
+            get_all([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
                      for i, w in enumerate(self.workers)])
         self.engine.weight_version = version
         return {"time/sync": time.perf_counter() - t}

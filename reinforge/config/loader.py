@@ -57,6 +57,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and ("on" if value else "off") in choices:
+            value = "on" if value else "off"  # YAML 1.1 reads `off` / `on` as booleans
         if value not in choices:
             raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
         return value

@@ -411,6 +411,12 @@ class ClusterConfig(Section):
     num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer rank and per engine", gt=0)
     weight_sync_bucket_mb: int = opt(256, "weight sync sends the policy in buckets of about this many MB", ge=1)
     offload_engine_weights: bool = opt(False, "colocate: move engine weights to the CPU while the trainers train")
+    memory_check: Literal["error", "warn", "off"] = opt(
+        "error", "CPU-mode Ray placements: an estimate of the memory every process needs (docs/reliability.md) "
+        "against the available memory: `error` refuses to start, `warn` logs, `off` skips (local mode only warns)")
+    max_engine_restarts: int = opt(3, "Ray: a rollout engine actor that dies during generation is replaced (new "
+                                   "actor in its bundle, current weights re-synced, its requests re-queued) up to "
+                                   "this many times per run; 0: the run fails", ge=0)
 
     @property
     def num_trainers(self) -> int:
@@ -447,6 +453,14 @@ class RunConfig(Section):
                                                    "`<output_dir>/wandb` without network (`wandb sync` later)")
     progress: bool = opt(True, "console progress bar with ETA")
     dump_rollouts: bool = opt(False, "write every rollout's samples to `rollouts/<id>.jsonl`")
+    recover: Literal["off", "auto"] = opt(
+        "off", "`auto`: resume from the newest complete checkpoint in `output_dir` (falling back to older ones if "
+        "it is damaged; `load` only when there is none), write recover checkpoints every `recover_interval_s` and on "
+        "SIGTERM ([reliability.md](reliability.md)); `off`: start from scratch unless `load` is set")
+    recover_interval_s: float = opt(600.0, "`recover: auto`: seconds between recover checkpoints (written at the "
+                                    "end of the first rollout past the interval)", gt=0)
+    max_restarts: int = opt(0, "relaunch training after a crash up to this many times, resuming with "
+                            "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor", ge=0)
 
 
 def _check_function_path(key: str, path: str | None) -> None:

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..algo.logprobs import token_log_probs
 from ..algo.losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_penalty
+from ..utils import faults
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
@@ -213,6 +214,8 @@ class Actor(ModelTrainer):
                 total = total - a.entropy_coef * ent_grid
             loss = aggregate(total, mask, a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                              norm_length=self.cfg.rollout.rollout_max_response_len)
+            if faults.hit("nan_loss"):  # fault injection (tests); a no-op unless REINFORGE_FAULT arms it
+                loss = loss * float("nan")
             (loss * self.loss_scale).backward()
             loss_sum += float(loss.detach())
             m = mb.loss_mask

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..rollout.types import Sample
+from ..utils import faults
 from .batching import MicroBatch, collate, split_by_token_budget
 from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
@@ -172,6 +173,7 @@ class ModelTrainer:
         loss_sum = self.parallel.sum_floats({"loss": loss_sum})["loss"]
         applied = math.isfinite(grad_norm) and math.isfinite(loss_sum)
         if applied:
+            faults.hit("optimizer_step")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
             self.optimizer.step()
             self.scheduler.step()
         else:

@@ -101,7 +101,7 @@ class TrainWorker:
 
     def load(self, directory: str) -> None:
         d = Path(directory)
-        state = torch.load(d / "trainer_state.pt", map_location="cpu", weights_only=False)
+        state = torch.load(d / "trainer_state.pt", map_location="cpu", weights_only=True)
         self.actor.load(str(d / "dcp" / "actor"), state["actor"])
         if self.critic is not None:
             if "critic" not in state:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
+from ..utils import faults
+
 if TYPE_CHECKING:
     from ..rollout.types import RolloutEngine
 
@@ -16,8 +18,17 @@ def sync_in_process(named: Iterable[tuple[str, torch.Tensor]], engine: "RolloutE
                     ) -> dict[str, float]:
     """Copy the policy's tensors into ``engine`` in place; returns ``{"time/sync": seconds}``."""
     t = time.perf_counter()
-    engine.update_weights(named, version)
+    engine.update_weights(with_fault_point(named), version)
     return {"time/sync": time.perf_counter() - t}
+
+
+def with_fault_point(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+    """``named`` with the ``weight_sync`` fault point after its first tensor (tests: a crash
+    while the engine holds a mix of old and new weights); a plain pass-through otherwise."""
+    for i, item in enumerate(named):
+        if i == 1:
+            faults.hit("weight_sync")
+        yield item
 
 
 def by_value(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

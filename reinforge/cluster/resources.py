@@ -1,0 +1,213 @@
+"""Resource checks in words, before any process or actor starts.
+
+:func:`check_placement` compares what a placement asks for with what exists (this machine, or
+a running Ray cluster) and raises :class:`ClusterError` listing every shortfall, what exists,
+and the flags to change:
+
+* GPUs: trainer ranks (+ engines when disaggregated) against the GPUs;
+* CPU mode (no GPU): worker processes x ``cluster.num_cpus_per_worker`` against the cores, and
+  an estimate of the memory of every process against the available memory.
+
+The memory estimate (:func:`estimate_memory`) is deliberately simple and documented in its
+message: a trainer rank holds fp32 weights, gradients and two AdamW moments (16 bytes per
+parameter, sharded over the ranks) plus one full fp32 copy (weight sync / checkpoint gather),
+the reference model (4 bytes per parameter) when KL needs it, a critic like the policy, and the
+logits of one micro-batch (``train.max_tokens_per_gpu`` x vocabulary x 4 bytes); an engine holds
+its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len`` x
+``rollout.max_num_seqs`` x 4 bytes); every process adds about 0.5 GiB (Python, torch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+PROCESS_OVERHEAD = GIB // 2  # bytes: interpreter, torch, Ray worker
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW exp_avg + exp_avg_sq
+FP32 = 4
+
+
+class ClusterError(ValueError):
+    """The machine or cluster cannot host the requested placement; the message says what was
+    asked, what exists and which settings to change. A usage error: ``reinforge`` exits with
+    status 2 and the supervisor does not relaunch."""
+
+
+@dataclass
+class ModelShape:
+    """What the estimate needs from a Hugging Face folder."""
+
+    num_params: int
+    vocab_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def model_shape(folder: Path) -> ModelShape:
+    """Parameter count (from the safetensors headers, without reading tensors) and KV-cache
+    dimensions (from config.json) of a Hugging Face folder.
+
+    Raises:
+        FileNotFoundError: no config.json in ``folder``.
+    """
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    layers, vocab = int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+    params = 0
+    for f in folder.glob("*.safetensors"):
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        params += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    if not params:  # no weights on disk yet (random_init): count from the config
+        inter = int(cfg.get("intermediate_size", 4 * hidden))
+        params = layers * (4 * hidden * hidden + 3 * hidden * inter) + vocab * hidden * (
+            1 if cfg.get("tie_word_embeddings", True) else 2)
+    return ModelShape(params, vocab, layers, int(cfg.get("num_key_value_heads", heads)),
+                      int(cfg.get("head_dim") or hidden // heads))
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per trainer rank and per engine, and how they were counted (for the message)."""
+
+    trainer: int
+    engine: int
+    trainer_parts: str
+    engine_parts: str
+
+
+def estimate_memory(cfg: "Config", shape: ModelShape, max_model_len: int, world_size: int) -> MemoryEstimate:
+    """Host memory of one trainer rank and one engine process in CPU mode (see the module doc)."""
+    p = shape.num_params
+    state = TRAIN_BYTES_PER_PARAM * p // max(world_size, 1)
+    full = FP32 * p
+    ref = FP32 * p if cfg.algo.needs_reference else 0
+    critic = state if cfg.algo.needs_critic else 0
+    logits = cfg.train.max_tokens_per_gpu * shape.vocab_size * FP32
+    trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
+    kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * max_model_len * cfg.rollout.max_num_seqs * FP32
+    engine = PROCESS_OVERHEAD + full + kv
+    g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    tparts = (f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
+              f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
+              + (f", the reference model {g(ref)}" if ref else "") + (f", the critic {g(critic)}" if critic else "")
+              + f", logits of train.max_tokens_per_gpu={cfg.train.max_tokens_per_gpu} tokens {g(logits)}")
+    eparts = (f"weights {g(full)}, KV cache {g(kv)} for rollout.max_num_seqs={cfg.rollout.max_num_seqs} "
+              f"sequences of {max_model_len} tokens")
+    return MemoryEstimate(trainer, engine, tparts, eparts)
+
+
+def machine_resources() -> dict[str, float]:
+    """This machine: ``CPU`` (cores this process may use), ``GPU`` (CUDA devices), ``memory``
+    (bytes available, /proc/meminfo's MemAvailable where it exists)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:  # no usable CUDA: CPU mode
+        gpus = 0
+    memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                memory = float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return {"CPU": float(cores), "GPU": float(gpus), "memory": memory}
+
+
+def placement_counts(cfg: "Config") -> dict[str, int]:
+    """Trainer ranks, engines, GPUs and worker processes (bundles) of the placement."""
+    c = cfg.cluster
+    trainers = c.actor_num_nodes * c.actor_num_gpus_per_node if c.mode == "ray" else 1
+    engines = c.rollout_num_gpus // c.rollout_num_gpus_per_engine if c.mode == "ray" else 1
+    gpus = trainers if c.colocate or c.mode == "local" else trainers + c.rollout_num_gpus
+    processes = 1 if c.mode == "local" else (trainers if c.colocate else trainers + engines)
+    return {"trainers": trainers, "engines": engines, "gpus": gpus, "processes": processes}
+
+
+def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Path | None = None,
+                    max_model_len: int | None = None, where: str = "this machine") -> bool:
+    """Check the placement of ``cfg`` against ``resources`` (``CPU``, ``GPU``, ``memory`` in
+    bytes; a missing ``memory`` skips the memory check). ``max_model_len`` defaults to
+    ``rollout_max_response_len`` (a lower bound: prompts are not known yet).
+
+    Returns:
+        whether the run uses GPUs.
+    Raises:
+        ClusterError: every shortfall in one message, with the settings to change.
+    """
+    c, n = cfg.cluster, placement_counts(cfg)
+    have_gpus, have_cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
+    mode = ("local (cluster.mode=local: one process)" if c.mode == "local" else
+            "colocated (cluster.colocate=true)" if c.colocate else "disaggregated (cluster.colocate=false)")
+    split = (f"actor_num_nodes * actor_num_gpus_per_node = {n['trainers']}"
+             + ("" if c.colocate or c.mode == "local" else f" + rollout_num_gpus = {c.rollout_num_gpus}"))
+    if have_gpus and cfg.train.device != "cpu":
+        if have_gpus < n["gpus"]:
+            raise ClusterError(f"the {mode} placement needs {n['gpus']} GPUs ({split}) but {where} has "
+                               f"{have_gpus}: lower those settings or add nodes")
+        need_cpus = n["processes"] * c.num_cpus_per_worker
+        if have_cpus < need_cpus and c.mode == "ray":
+            raise ClusterError(f"the {mode} placement runs {n['processes']} worker processes of "
+                               f"cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} CPUs ({need_cpus:g} in all) "
+                               f"but {where} has {have_cpus:g} CPUs: lower cluster.num_cpus_per_worker")
+        return True
+    problems, warnings = [], []
+    need_cpus = n["processes"] * c.num_cpus_per_worker
+    procs = (f"{n['processes']} worker processes ({n['trainers']} trainer rank(s)"
+             + ("" if c.colocate else f" + {n['engines']} engine(s)") + ")")
+    if have_cpus < need_cpus and c.mode == "ray":
+        problems.append(f"{procs} x cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} = {need_cpus:g} CPU cores")
+    need_mem = None
+    if model_folder is not None and "memory" in resources and c.memory_check != "off":
+        length = max_model_len or cfg.rollout.rollout_max_response_len
+        est = estimate_memory(cfg, model_shape(model_folder), length, n["trainers"])
+        # every engine is a process of its own in Ray mode; in local mode it shares the trainer's
+        shared = PROCESS_OVERHEAD if c.mode == "local" else 0
+        need_mem = n["trainers"] * est.trainer + n["engines"] * est.engine - shared
+        if need_mem > resources["memory"]:
+            # one local process is not refused on an estimate (the default path is unchanged): a warning
+            found = warnings if c.mode == "local" or c.memory_check == "warn" else problems
+            found.append(f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
+                         f"{est.trainer / GIB:.1f} GiB ({est.trainer_parts}) and {n['engines']} engine(s) of "
+                         f"{est.engine / GIB:.1f} GiB ({est.engine_parts})")
+    mem = f" and {resources['memory'] / GIB:.1f} GiB of available memory" if "memory" in resources else ""
+    if warnings and not problems:
+        log.warning("the %s placement may not fit in memory on %s (%.1f GiB available): the run needs %s. An "
+                    "estimate; lower rollout.max_num_seqs or train.max_tokens_per_gpu if it runs out of memory",
+                    mode, where, resources["memory"] / GIB, warnings[0])
+    if problems:
+        problems += warnings
+        raise ClusterError(
+            f"the {mode} placement ({split}) cannot run on {where}: it has no GPU, {have_cpus:g} CPU cores{mem}; "
+            f"the run needs " + "; and ".join(problems) + ". " + (
+                "Lower rollout.max_num_seqs or train.max_tokens_per_gpu, use a smaller model.path, or run on a GPU"
+                if c.mode == "local" else
+                "Lower cluster.actor_num_gpus_per_node / cluster.actor_num_nodes (trainer ranks) and "
+                "cluster.rollout_num_gpus (engines), e.g. to 1 each (or use cluster.mode=local), lower "
+                "rollout.max_num_seqs or train.max_tokens_per_gpu for memory, set cluster.num_cpus_per_worker "
+                "below 1 to share cores between processes, or run on GPUs. The memory figure is an estimate: "
+                "cluster.memory_check=warn (or off) runs anyway"))
+    return False
