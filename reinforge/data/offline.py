@@ -16,14 +16,13 @@ with the response, or the example is refused with a message naming the template.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .sources import DataError
+from .sources import DataError, parse_jsonl_line
 
 if TYPE_CHECKING:
     from ..config import OfflineConfig
@@ -92,14 +91,8 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 def _raise_bad_line(path: Path) -> None:
     for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(value, dict):
-            raise DataError(f"{path}:{i}: each line must be a JSON object")
+        if line.strip():
+            parse_jsonl_line(line, f"{path}:{i}")
     raise DataError(f"{path}: rows do not share one schema (check the types of each key)")
 
 

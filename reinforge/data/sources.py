@@ -90,6 +90,21 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def parse_jsonl_line(line: str, where: str) -> dict[str, Any]:
+    """One jsonl line as a JSON object.
+
+    Raises:
+        DataError: not valid JSON, or not an object (the message starts with ``where``, e.g. ``file:line``).
+    """
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def load_jsonl(path: str | Path, input_key: str = "prompt", label_key: str = "label",
                metadata_key: str = "metadata") -> list[PromptRecord]:
     """Read a jsonl prompt file (one JSON object per line; blank lines are skipped)."""
@@ -102,12 +117,7 @@ def load_jsonl(path: str | Path, input_key: str = "prompt", label_key: str = "la
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            obj = parse_jsonl_line(line, where)
             if input_key not in obj:
                 raise DataError(f"{where}: no {input_key!r} key (data.input_key); keys are {sorted(obj)}")
             prompt = obj[input_key]
