@@ -109,7 +109,8 @@ def main() -> None:
                 rows.append((r, run(folder, r, args)))
             except torch.OutOfMemoryError:
                 rows.append((r, None))
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     print(f"\n{args.arch}, {dev}, {args.samples} samples x ({args.prompt_len} + {args.response_len}) tokens, "
           f"max_tokens_per_gpu {args.max_tokens}, KL to the reference, gradient checkpointing "

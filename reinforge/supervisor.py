@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
-SUPERVISED_ENV = "REINFORGE_SUPERVISED"
 
 
 def _describe(code: int) -> str:
@@ -50,7 +48,6 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
         (128 + signal number when it was killed by a signal).
     """
     cmd = [sys.executable, "-m", "reinforge", "train", *train_args, "run.recover=auto", "run.max_restarts=0"]
-    env = {**os.environ, SUPERVISED_ENV: "1"}
     output_dir.mkdir(parents=True, exist_ok=True)
     record = output_dir / "restarts.jsonl"
     stop: list[int] = []
@@ -66,7 +63,7 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
         attempt = 0
         while True:
             t = time.monotonic()
-            child[:] = [subprocess.Popen(cmd, env=env)]
+            child[:] = [subprocess.Popen(cmd)]
             code = child[0].wait()
             seconds = time.monotonic() - t
             with record.open("a") as f:

@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_mod
-import socket
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from reinforge.utils.net import free_port
 
 
 def spawn_ranks(target, world: int, args: tuple, timeout: float = 240.0):

@@ -258,11 +258,9 @@ def test_bad_reward_function_scores_zero_and_the_run_goes_on(tmp_path, tiny_mode
     from reinforge.loop import run_training
 
     out = tmp_path / "run"
-    t = time.perf_counter()
     result = run_training(load_config(None, overrides(tiny_model_path, out, **{
         "train.num_rollout": 2, "run.save_interval": "null", "run.save_final": "false",
         "reward.function_path": fn, **extra})))
-    seconds = time.perf_counter() - t
     assert result.last_rollout_id == 1
     rows = train_rows(out)
     assert len(rows) == 2

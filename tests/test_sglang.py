@@ -22,6 +22,7 @@ from reinforge.rollout.sglang_engine import (PortAllocator, SGLangEngine, SGLang
                                              generate_payload, launch_command, parse_generate, start_server,
                                              wait_ready)
 from reinforge.rollout.types import FinishReason, GenerateRequest, SamplingParams
+from reinforge.utils.net import free_port
 
 
 class FakeSGLang:
@@ -151,9 +152,7 @@ def test_update_weights_from_tensor_and_memory(fakes):
 
 def test_update_weights_from_distributed_broadcasts(fakes):
     engine = SGLangEngine([SGLangServer(fakes[0].url)], weight_update="distributed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     engine.init_weight_group("127.0.0.1", port, backend="gloo")
     (path, body), = fakes[0].calls
     assert path == "/init_weights_update_group"

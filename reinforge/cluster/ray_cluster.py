@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -30,6 +29,7 @@ import torch
 from ..config import Config
 from ..rollout.types import GenerateRequest, GenerateResult, Sample
 from ..utils import faults, seeds
+from ..utils.net import free_port
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
@@ -38,12 +38,6 @@ from .base import ClusterSpec
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def plan(cfg: Config) -> dict[str, int]:
@@ -79,7 +73,7 @@ class TrainerActor:
     def address(self) -> tuple[str, int]:
         import ray
 
-        return ray.util.get_node_ip_address(), _free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def setup(self, cfg: Config, base_path: str, critic_path: str | None, rank: int, world: int, addr: str,
               port: int, pad_id: int) -> dict[str, Any]:

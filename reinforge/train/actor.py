@@ -11,13 +11,12 @@ from torch import nn
 
 from ..algo.logprobs import token_log_probs
 from ..algo.losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_penalty
-from ..utils import faults
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.packing import PackedAttention
 from ..rollout.types import Sample
-from ..utils import seeds
+from ..utils import faults, seeds
 from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
