@@ -20,24 +20,7 @@ from pathlib import Path
 
 import torch
 
-ARCHS = {
-    "smollm2": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                    max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
-    "qwen2.5-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
-                         rms_norm_eps=1e-6),
-}
-
-
-def write_random_model(arch: str, folder: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    spec = dict(ARCHS[arch])
-    cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(folder)
+from archs import ARCHS, write_random_model
 
 
 def make_rollout(n: int, prompt_len: int, response_len: int, vocab: int):

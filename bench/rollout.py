@@ -21,16 +21,7 @@ import traceback
 
 import torch
 
-ARCHS = {
-    "smollm2": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                    max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
-                    rms_norm_eps=1e-5),
-    "qwen2.5-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
-                         rms_norm_eps=1e-6),
-}
+from archs import ARCHS, hf_config
 
 
 def sync(device):
@@ -55,12 +46,11 @@ def copy_bandwidth(device) -> float:
 
 
 def make_models(name, device, dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from reinforge.models.transformer import CausalLM
 
-    spec = dict(ARCHS[name])
-    cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    cfg = hf_config(name)
     torch.manual_seed(0)
     with torch.device(device):
         hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype)

@@ -35,9 +35,11 @@ def test_collate_positions():
     mb = collate(tokens, [2, 1], [[1, 0], [1]], [0, 1], pad_id=0,
                  per_token={"adv": [torch.tensor([0.5, 0.6]), torch.tensor([-1.0])]})
     assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]
-    # row 0: response tokens 4, 5 are predicted at positions 2, 3
-    assert mb.response_mask.tolist() == [[False, False, True, True], [False, True, False, False]]
-    assert mb.loss_mask.tolist() == [[0, 0, 1, 0], [0, 1, 0, 0]]
+    assert mb.position_ids is None and mb.doc_ids is None and not mb.packed
+    # response grid [2 sequences, 2 tokens]; row 0's tokens 4, 5 are predicted at positions 2, 3
+    assert mb.response_mask.tolist() == [[True, True], [True, False]]
+    assert mb.logit_rows.tolist() == [0, 0, 1] and mb.logit_cols.tolist() == [2, 3, 1]
+    assert mb.loss_mask.tolist() == [[1, 0], [1, 0]]
     assert mb.targets[mb.response_mask].tolist() == [4, 5, 9]
     assert mb.fields["adv"][mb.response_mask].tolist() == [0.5, 0.6000000238418579, -1.0]
     assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]

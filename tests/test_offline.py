@@ -256,9 +256,9 @@ def test_pack_layout():
     assert [mb.indices for mb in mbs] == [[0, 1], [2]]
     mb = mbs[0]
     assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]
-    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]] and mb.doc_ids.tolist() == [[0, 0, 0, 0, 1, 1, 1]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]] and mb.doc_ids.tolist() == [[1, 1, 1, 1, 2, 2, 2]]
     # positions 1, 2 predict tokens 3, 4 (sequence 0); position 5 predicts 7 (sequence 1); 3 predicts nothing
-    assert mb.response_mask.tolist() == [[False, True, True, False, False, True]]
+    assert mb.logit_cols.tolist() == [1, 2, 5] and mb.targets.tolist() == [[3, 4], [7, 0]]
 
 
 @pytest.mark.parametrize("name", ["sft", "rm", "dpo", "ipo", "cpo", "simpo", "orpo", "kto"])

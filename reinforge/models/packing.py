@@ -2,40 +2,95 @@
 itself (causally), with positions restarting at 0 for each sequence.
 
 Used by the trainer for sequence packing (no padding between sequences): the row's tokens are
-``[seq_0 | seq_1 | ... | pad]``, ``doc_ids`` numbers the sequence of each position (padding gets
-its own number) and ``position_ids`` restart per sequence, so the packed row computes exactly
-what each sequence alone would (up to floating-point reassociation).
+``[seq_0 | seq_1 | ... | pad]``, ``doc_ids`` numbers the sequence of each position (padding -1)
+and ``position_ids`` restart per sequence, so the packed row computes exactly what each sequence
+alone would (up to floating-point reassociation).
 
-With ``shared`` positions (a prompt), a row ``[prompt | response_a | response_b]`` computes the
-prompt once for both responses: each response attends to the prompt and to itself, and its
-positions continue from the prompt's (shared-prefix packing of preference pairs).
+With ``shared`` positions (a prompt), a row ``[prompt | response_a | response_b | ...]`` computes
+the prompt once for all responses: each response attends to the prompt and to itself, and its
+positions continue from the prompt's (shared-prompt layout of RL groups and preference pairs).
+
+Kernels: on CUDA in bf16 / fp16, rows without a shared prompt run flash attention over
+variable-length sequences (``torch.nn.attention.varlen.varlen_attn``: no [T, T] mask, cost
+sum(L_i^2) rather than T^2); everything else runs ``scaled_dot_product_attention`` with a boolean
+[B, 1, T, T] mask.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 import torch.nn.functional as F
 
 
+@functools.cache
+def _varlen():
+    """``varlen_attn`` and its keyword for causal attention (it changed across torch versions), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    return varlen_attn, causal, "enable_gqa" in params
+
+
 class PackedAttention:
     """An attention context (``CausalLM.forward(..., ctx=...)``): causal attention restricted to
-    each position's own sequence.
+    each position's own sequence (and the shared prompt).
 
     Args:
-        doc_ids: [B, T] int64, the sequence index of every position (equal ids attend to each other).
+        doc_ids: [B, T] int64, the sequence index of every position (equal ids attend to each
+            other; sequences are contiguous).
         shared: [B, T] bool, positions every later position of the row attends to (a shared prompt).
+        varlen: allow the varlen flash kernel (CUDA, bf16 / fp16, no ``shared``).
     """
 
-    def __init__(self, doc_ids: torch.Tensor, shared: torch.Tensor | None = None):
-        T = doc_ids.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
-        same = doc_ids[:, :, None] == doc_ids[:, None, :]
-        if shared is not None:
-            same = same | shared[:, None, :]
-        self.mask = same & causal  # [B, T, T]
+    def __init__(self, doc_ids: torch.Tensor, shared: torch.Tensor | None = None, varlen: bool = True):
+        self.doc_ids, self.shared = doc_ids, shared
+        self.use_varlen = varlen and shared is None and doc_ids.is_cuda and _varlen() is not None
+        self._mask: torch.Tensor | None = None
+        self._cu: tuple[torch.Tensor, int] | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, T, T] bool: query position t may attend to key position s."""
+        if self._mask is None:
+            d = self.doc_ids
+            T = d.shape[1]
+            causal = torch.ones(T, T, dtype=torch.bool, device=d.device).tril()
+            same = d[:, :, None] == d[:, None, :]
+            if self.shared is not None:
+                same = same | self.shared[:, None, :]
+            self._mask = same & causal
+        return self._mask
+
+    def cu_seqlens(self) -> tuple[torch.Tensor, int]:
+        """Cumulative sequence starts [N + 1] int32 over the flattened rows, and the longest sequence."""
+        if self._cu is None:
+            d = self.doc_ids
+            change = torch.ones_like(d, dtype=torch.bool)  # a row's first position starts a sequence
+            change[:, 1:] = d[:, 1:] != d[:, :-1]
+            starts = torch.nonzero(change.flatten()).flatten()
+            cu = torch.cat([starts, starts.new_tensor([d.numel()])]).to(torch.int32)
+            self._cu = (cu, int((cu[1:] - cu[:-1]).max()))
+        return self._cu
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]."""
+        gqa = q.shape[2] != k.shape[2]
+        if self.use_varlen and q.dtype in (torch.bfloat16, torch.float16):
+            varlen_attn, causal, has_gqa = _varlen()
+            B, T, H, D = q.shape
+            cu, longest = self.cu_seqlens()
+            if gqa and not has_gqa:
+                k, v = (x.repeat_interleave(H // x.shape[2], dim=2) for x in (k, v))
+            extra = {"enable_gqa": True} if gqa and has_gqa else {}
+            o = varlen_attn(q.reshape(B * T, H, D), k.reshape(B * T, -1, D), v.reshape(B * T, -1, D), cu, cu,
+                            longest, longest, **causal, **extra)
+            return o.view(B, T, H, D)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=self.mask[:, None], enable_gqa=q.shape[2] != k.shape[2])
+                                           attn_mask=self.mask[:, None], enable_gqa=gqa)
         return o.transpose(1, 2)

@@ -40,15 +40,20 @@ class TrainData:
 
 
 def response_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """Logits [N, V] at the N response positions of ``mb`` (row-major order); packed micro-batches
-    (``mb.doc_ids``) run with :class:`~reinforge.models.packing.PackedAttention`."""
+    """Logits [N, V] that predict the N response tokens of ``mb`` (the response grid's row-major
+    order); rows holding several sequences run with :class:`~reinforge.models.packing.PackedAttention`.
+
+    Raises:
+        ValueError: a packed micro-batch (``train.packing`` other than ``none``) for a Hugging Face model.
+    """
+    index = (mb.logit_rows, mb.logit_cols)
     if is_native(model):
-        ctx = PackedAttention(mb.doc_ids) if mb.doc_ids is not None else None
-        return model(mb.input_ids, mb.position_ids, ctx, logits_mask=torch.nn.functional.pad(mb.response_mask, (0, 1)))
-    if mb.doc_ids is not None:
-        raise ValueError("sequence packing needs a Llama / Qwen2 / Qwen3 model (reinforge's own model code)")
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    return out.logits[:, :-1][mb.response_mask]
+        ctx = PackedAttention(mb.doc_ids, mb.shared) if mb.packed else None
+        return model(mb.input_ids, mb.position_ids, ctx, logits_mask=index)
+    if mb.packed:
+        raise ValueError("train.packing: sequences / shared_prompt need a Llama / Qwen2 / Qwen3 model (reinforge's own "
+                         "model code); use train.packing=none for this model")
+    return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[index]
 
 
 class Actor(ModelTrainer):

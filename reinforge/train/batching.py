@@ -1,25 +1,106 @@
-"""Turning samples into micro-batches: token-budget packing and right-padded collation."""
+"""Turning samples into micro-batches: the layouts of the trainer's forward pass.
+
+A :class:`MicroBatch` has two views of its sequences:
+
+* the **model input**: rows of token ids ``[R, T]``. How sequences sit in rows is the layout
+  (``train.packing``):
+
+  - ``none``: one sequence per row, right-padded to the longest (any model, Hugging Face's too);
+  - ``sequences``: several whole sequences side by side in a row of at most
+    ``train.max_tokens_per_gpu`` real tokens, no padding between them (slime's dynamic batch;
+    varlen attention on the GPU);
+  - ``shared_prompt``: one row per group of samples with the same prompt, ``[prompt | response_1
+    | ... | response_n]``: the prompt is computed once for all its responses (each response
+    attends to the prompt and to itself, its positions continue from the prompt's).
+
+* the **response grid** ``[S, L]``: one row per sequence, its response tokens left-aligned, ``L``
+  the longest response. Masks, targets, advantages and every per-token input live here, so the
+  losses never see the layout. ``logit_rows`` / ``logit_cols`` name the model-input position
+  whose logits predict each response token, in the grid's row-major order.
+
+The layouts compute the same log-probs up to floating-point reassociation (tests/test_packing.py).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+LAYOUTS = ("none", "sequences", "shared_prompt")
+
+
+@dataclass
+class MicroBatch:
+    """Model-input rows and the response grid of a few sequences.
+
+    Attributes:
+        input_ids: [R, T] int64 token ids, padded with ``pad_id``.
+        attention_mask: [R, T] int64, 1 at real tokens.
+        logit_rows, logit_cols: [N] int64, the input position whose logits predict each of the N
+            response tokens (row-major order of ``response_mask``; a position may repeat: a shared
+            prompt's last position predicts the first token of every response).
+        response_mask: [S, L] bool, True at the response tokens of each sequence.
+        loss_mask: [S, L] float32, ``response_mask`` minus tokens excluded from the loss (tool output).
+        targets: [S, L] int64, the response token ids (0 elsewhere).
+        fields: name -> [S, L] float32 per-token inputs (advantages, old / rollout / reference log-probs).
+        indices: the sample index of each of the S grid rows.
+        position_ids: [R, T] int64 when a row holds several sequences (positions restart per
+            sequence, or continue from the shared prompt), else None (0..T-1).
+        doc_ids: [R, T] int64 when a row holds several sequences: equal ids attend to each other
+            (causally); padding is -1. None for one sequence per row.
+        shared: [R, T] bool, the shared prompt that every later position of its row attends to.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logit_rows: torch.Tensor
+    logit_cols: torch.Tensor
+    response_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    targets: torch.Tensor
+    fields: dict[str, torch.Tensor]
+    indices: list[int]
+    position_ids: torch.Tensor | None = None
+    doc_ids: torch.Tensor | None = None
+    shared: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        """Whether rows hold several sequences (needs reinforge's own model code)."""
+        return self.doc_ids is not None
+
+    @property
+    def real_tokens(self) -> int:
+        """Tokens the model input holds without its padding."""
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        def move(v):
+            if isinstance(v, torch.Tensor):
+                return v.to(device)
+            if isinstance(v, dict):
+                return {k: t.to(device) for k, t in v.items()}
+            return v
+
+        return MicroBatch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
+
 
 def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Group sample indices into micro-batches whose padded size fits ``max_tokens``.
+    """Group indices into micro-batches whose padded size fits ``max_tokens``.
 
-    Samples are sorted by length (longest first) and packed greedily while
-    ``len(batch) * longest_in_batch <= max_tokens`` (right padding to the longest sample
-    counts). A sample longer than ``max_tokens`` gets a micro-batch of its own. Sorting keeps
-    padding small; the order inside the returned batches is by decreasing length.
+    Items are sorted by length (longest first) and packed greedily while
+    ``len(batch) * longest_in_batch <= max_tokens`` (right padding to the longest counts). An
+    item longer than ``max_tokens`` gets a micro-batch of its own. The order inside the returned
+    batches is by decreasing length.
 
     Args:
-        lengths: token count of each sample.
+        lengths: token count of each item (a sequence, or a row of the shared-prompt layout).
         max_tokens: budget per micro-batch (``train.max_tokens_per_gpu``).
     Returns:
         lists of indices into ``lengths``; every index appears exactly once.
+    Raises:
+        ValueError: ``max_tokens < 1``.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -37,114 +118,163 @@ def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]
     return batches
 
 
-@dataclass
-class MicroBatch:
-    """Right-padded token ids and per-position response tensors.
+def first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Bins of indices whose lengths sum to at most ``capacity`` (first-fit decreasing; an item
+    longer than ``capacity`` gets a bin of its own)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        b = next((b for b in range(len(bins)) if room[b] >= lengths[i]), None)
+        if b is None:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            bins[b].append(i)
+            room[b] -= lengths[i]
+    return bins
 
-    ``input_ids`` is [B, T]. Every other tensor is [B, T - 1] and indexed by the position
-    whose logits predict the next token: position t scores token t + 1. ``response_mask``
-    marks the positions that predict response tokens; ``loss_mask`` additionally removes
-    response tokens excluded from the loss (e.g. tool outputs). Per-token float inputs
-    (advantages, old / rollout / reference log-probs) sit at the same positions, 0 elsewhere.
+
+def prompt_groups(tokens: list[list[int]], response_lengths: list[int], indices: list[int]) -> list[list[int]]:
+    """``indices`` grouped by identical prompt tokens (groups in order of first appearance)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in indices:
+        groups.setdefault(tuple(tokens[i][:len(tokens[i]) - response_lengths[i]]), []).append(i)
+    return list(groups.values())
+
+
+def plan_rows(tokens: list[list[int]], response_lengths: list[int], indices: list[int], layout: str,
+              max_tokens: int) -> list[list[list[int]]]:
+    """Micro-batches of ``indices`` for ``layout``: each a list of model-input rows, each row a list
+    of sample indices.
+
+    * ``none``: one sample per row, micro-batches within ``max_tokens`` padded tokens;
+    * ``sequences``: one row per micro-batch, at most ``max_tokens`` real tokens (first-fit decreasing);
+    * ``shared_prompt``: a row per prompt group (split when ``prompt + responses`` exceeds
+      ``max_tokens``), rows batched within ``max_tokens`` padded tokens.
+
+    Raises:
+        ValueError: unknown layout, or ``max_tokens < 1``.
     """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    targets: torch.Tensor
-    indices: list[int]
-    fields: dict[str, torch.Tensor]
-    position_ids: torch.Tensor | None = None  # [B, T], packed rows only (restart per sequence)
-    doc_ids: torch.Tensor | None = None  # [B, T], packed rows only (sequence index per position)
-
-    def to(self, device: torch.device) -> "MicroBatch":
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return MicroBatch(
-            self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
-            self.loss_mask.to(device), self.targets.to(device), self.indices,
-            {k: v.to(device) for k, v in self.fields.items()}, move(self.position_ids), move(self.doc_ids),
-        )
+    if layout == "none":
+        return [[[indices[j]] for j in g] for g in split_by_token_budget([len(tokens[i]) for i in indices], max_tokens)]
+    if layout == "sequences":
+        return [[[indices[j] for j in b]] for b in first_fit([len(tokens[i]) for i in indices], max_tokens)]
+    if layout != "shared_prompt":
+        raise ValueError(f"unknown train.packing {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    rows: list[list[int]] = []
+    for group in prompt_groups(tokens, response_lengths, indices):
+        prompt = len(tokens[group[0]]) - response_lengths[group[0]]
+        bins = first_fit([response_lengths[i] for i in group], max(1, max_tokens - prompt))
+        rows += [[group[j] for j in b] for b in bins]
+    lengths = [row_length(tokens, response_lengths, row, True) for row in rows]
+    return [[rows[j] for j in g] for g in split_by_token_budget(lengths, max_tokens)]
 
 
-def collate(
+def row_length(tokens: list[list[int]], response_lengths: list[int], row: list[int], shared_prompt: bool) -> int:
+    """Tokens of one model-input row."""
+    if not shared_prompt:
+        return sum(len(tokens[i]) for i in row)
+    return len(tokens[row[0]]) - response_lengths[row[0]] + sum(response_lengths[i] for i in row)
+
+
+def build(
     tokens: list[list[int]],
     response_lengths: list[int],
     loss_masks: list[list[int]],
-    indices: list[int],
+    rows: list[list[int]],
     pad_id: int,
     per_token: dict[str, list[torch.Tensor]] | None = None,
+    shared_prompt: bool = False,
 ) -> MicroBatch:
-    """Build a :class:`MicroBatch` from the samples ``indices``.
+    """Lay out the samples of ``rows`` (model-input rows, each a list of sample indices) as a
+    :class:`MicroBatch`.
 
     Args:
         tokens: prompt + response ids of every sample.
         response_lengths: response token count of every sample.
         loss_masks: per-response-token 0/1 of every sample.
-        indices: which samples go into this micro-batch.
+        rows: which samples go into each model-input row (see :func:`plan_rows`).
         per_token: name -> per-sample [response_length] float tensors to lay out on the grid.
+        shared_prompt: the samples of each row share their prompt, laid out once.
+    Raises:
+        ValueError: a shared-prompt row whose samples have different prompts, or an empty prompt.
     """
-    B = len(indices)
-    T = max(len(tokens[i]) for i in indices)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, T, dtype=torch.long)
-    resp = torch.zeros(B, T - 1, dtype=torch.bool)
-    lmask = torch.zeros(B, T - 1, dtype=torch.float32)
-    fields = {k: torch.zeros(B, T - 1, dtype=torch.float32) for k in (per_token or {})}
-    for row, i in enumerate(indices):
-        L, R = len(tokens[i]), response_lengths[i]
-        ids[row, :L] = torch.as_tensor(tokens[i], dtype=torch.long)
-        attn[row, :L] = 1
-        start = L - R - 1  # logits at start..L-2 predict the response tokens
-        resp[row, start:L - 1] = True
-        lmask[row, start:L - 1] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
+    seqs = [i for row in rows for i in row]
+    packed = shared_prompt or any(len(row) > 1 for row in rows)
+    row_ids, row_pos, row_doc, row_shared = [], [], [], []
+    lrows: list[int] = []
+    lcols: list[int] = []
+    for r, row in enumerate(rows):
+        ids: list[int] = []
+        pos: list[int] = []
+        doc: list[int] = []
+        P = len(tokens[row[0]]) - response_lengths[row[0]]
+        if shared_prompt:
+            prompt = tokens[row[0]][:P]
+            if P < 1 or any(tokens[i][:len(tokens[i]) - response_lengths[i]] != prompt for i in row):
+                raise ValueError("a shared-prompt row needs samples with the same, non-empty prompt")
+            ids += prompt
+            pos += range(P)
+            doc += [0] * P
+        for k, i in enumerate(row):
+            R, start = response_lengths[i], len(ids)
+            if shared_prompt:
+                piece = tokens[i][P:]
+                predict = ([P - 1] + list(range(start, start + R - 1)))[:R]
+                pos += range(P, P + R)
+            else:
+                piece = tokens[i]
+                predict = list(range(start + len(piece) - R - 1, start + len(piece) - 1))
+                pos += range(len(piece))
+            ids += piece
+            doc += [k + 1] * len(piece)
+            lrows += [r] * R
+            lcols += predict
+        row_ids.append(ids)
+        row_pos.append(pos)
+        row_doc.append(doc)
+        row_shared.append(P if shared_prompt else 0)
+    R, T = len(rows), max(len(ids) for ids in row_ids)
+    input_ids = torch.full((R, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(R, T, dtype=torch.long)
+    position_ids = torch.zeros(R, T, dtype=torch.long)
+    doc_ids = torch.full((R, T), -1, dtype=torch.long)
+    shared = torch.zeros(R, T, dtype=torch.bool)
+    for r, ids in enumerate(row_ids):
+        n = len(ids)
+        input_ids[r, :n] = torch.as_tensor(ids, dtype=torch.long)
+        attn[r, :n] = 1
+        position_ids[r, :n] = torch.as_tensor(row_pos[r], dtype=torch.long)
+        doc_ids[r, :n] = torch.as_tensor(row_doc[r], dtype=torch.long)
+        shared[r, :row_shared[r]] = True
+    S, L = len(seqs), max([response_lengths[i] for i in seqs] + [1])
+    resp = torch.zeros(S, L, dtype=torch.bool)
+    lmask = torch.zeros(S, L, dtype=torch.float32)
+    targets = torch.zeros(S, L, dtype=torch.long)
+    grids = {k: torch.zeros(S, L, dtype=torch.float32) for k in (per_token or {})}
+    for s, i in enumerate(seqs):
+        n = response_lengths[i]
+        if n == 0:
+            continue
+        resp[s, :n] = True
+        lmask[s, :n] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
+        targets[s, :n] = torch.as_tensor(tokens[i][len(tokens[i]) - n:], dtype=torch.long)
         for k, values in (per_token or {}).items():
-            fields[k][row, start:L - 1] = values[i]
-    targets = ids[:, 1:].clone()
-    return MicroBatch(ids, attn, resp, lmask, targets, list(indices), fields)
+            grids[k][s, :n] = values[i]
+    return MicroBatch(input_ids, attn, torch.tensor(lrows, dtype=torch.long), torch.tensor(lcols, dtype=torch.long),
+                      resp, lmask, targets, grids, seqs, position_ids if packed else None, doc_ids if packed else None,
+                      shared if shared_prompt else None)
+
+
+def collate(tokens: list[list[int]], response_lengths: list[int], loss_masks: list[list[int]], indices: list[int],
+            pad_id: int, per_token: dict[str, list[torch.Tensor]] | None = None) -> MicroBatch:
+    """The samples ``indices``, one right-padded row each (layout ``none``)."""
+    return build(tokens, response_lengths, loss_masks, [[i] for i in indices], pad_id, per_token)
 
 
 def pack(tokens: list[list[int]], response_lengths: list[int], loss_masks: list[list[int]], indices: list[int],
-         max_tokens: int, pad_id: int) -> list[MicroBatch]:
-    """Sequences ``indices`` packed side by side into rows of at most ``max_tokens`` tokens
-    (first-fit decreasing; a longer sequence gets a row of its own), one :class:`MicroBatch` per
-    row with ``position_ids`` / ``doc_ids`` for :class:`~reinforge.models.packing.PackedAttention`.
-
-    Within a row, sequence k's response positions are those of the same sequence collated alone,
-    shifted by its offset; the position before the next sequence predicts nothing. ``indices`` of
-    a packed micro-batch lists its sequences in row order.
-    """
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(indices, key=lambda i: -len(tokens[i])):
-        n = len(tokens[i])
-        r = next((r for r in range(len(rows)) if room[r] >= n), None)
-        if r is None:
-            rows.append([i])
-            room.append(max_tokens - n)
-        else:
-            rows[r].append(i)
-            room[r] -= n
-    out = []
-    for row in rows:
-        T = sum(len(tokens[i]) for i in row)
-        ids = torch.full((1, T), pad_id, dtype=torch.long)
-        pos = torch.zeros(1, T, dtype=torch.long)
-        doc = torch.zeros(1, T, dtype=torch.long)
-        resp = torch.zeros(1, T - 1, dtype=torch.bool)
-        lmask = torch.zeros(1, T - 1, dtype=torch.float32)
-        off = 0
-        for k, i in enumerate(row):
-            L, R = len(tokens[i]), response_lengths[i]
-            ids[0, off:off + L] = torch.as_tensor(tokens[i], dtype=torch.long)
-            pos[0, off:off + L] = torch.arange(L)
-            doc[0, off:off + L] = k
-            start = off + L - R - 1
-            resp[0, start:off + L - 1] = True
-            lmask[0, start:off + L - 1] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
-            off += L
-        out.append(MicroBatch(ids, torch.ones(1, T, dtype=torch.long), resp, lmask, ids[:, 1:].clone(), list(row),
-                              {}, pos, doc))
-    return out
+         max_tokens: int, pad_id: int, per_token: dict[str, list[torch.Tensor]] | None = None) -> list[MicroBatch]:
+    """The samples ``indices`` side by side in rows of at most ``max_tokens`` tokens, one
+    :class:`MicroBatch` per row (layout ``sequences``)."""
+    return [build(tokens, response_lengths, loss_masks, rows, pad_id, per_token)
+            for rows in plan_rows(tokens, response_lengths, indices, "sequences", max_tokens)]

@@ -10,6 +10,7 @@ from torch import nn
 from ..algo.losses import aggregate, clipped_value_loss
 from ..config import Config
 from ..models.loading import build_model, is_native
+from ..models.packing import PackedAttention
 from ..rollout.types import Sample
 from .batching import MicroBatch
 from ..utils import seeds
@@ -34,9 +35,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Values [B, T] (fp32): V at position t estimates the return from token t + 1 on."""
-        return self.value_head(self.backbone.forward_hidden(input_ids)).squeeze(-1).float()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, ctx=None) -> torch.Tensor:
+        """Values [B, T] (fp32): V at position t estimates the return from token t + 1 on
+        (``position_ids`` / ``ctx``: packed rows, as :meth:`CausalLM.forward_hidden`)."""
+        return self.value_head(self.backbone.forward_hidden(input_ids, position_ids, ctx)).squeeze(-1).float()
 
 
 class Critic(ModelTrainer):
@@ -53,8 +55,11 @@ class Critic(ModelTrainer):
         self.value_clip, self.num_steps, self.seed = c.value_clip, t.num_steps_per_rollout, t.seed
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
+        """V(s_t) on the [S, L] response grid: the value at the position that predicts each response token."""
+        ctx = PackedAttention(mb.doc_ids, mb.shared) if mb.packed else None
         with self.autocast():
-            return self.model(mb.input_ids)[:, :-1].float()
+            values = self.model(mb.input_ids, mb.position_ids, ctx)[mb.logit_rows, mb.logit_cols]
+        return self.to_grid(mb, values)
 
     @torch.no_grad()
     def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -63,7 +68,7 @@ class Critic(ModelTrainer):
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
         for mb in mbs:
-            self.split_rows(mb, self._values(mb) * mb.response_mask, out)
+            self.split_rows(mb, self._values(mb), out)
         self.model.train()
         return self.gather_rows(out)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..rollout.types import Sample
 from ..utils import faults
-from .batching import MicroBatch, collate, split_by_token_budget
+from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
 from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
 
@@ -63,11 +63,12 @@ class TrainSettings:
     max_tokens_per_gpu: int = 8192
     log_prob_chunk_size: int = 2048
     fsdp_cpu_offload: bool = False
+    packing: str = "none"
 
     @classmethod
     def from_config(cls, m: "ModelConfig", t: "TrainConfig") -> "TrainSettings":
         return cls(train_dtype=m.train_dtype, max_tokens_per_gpu=t.max_tokens_per_gpu,
-                   log_prob_chunk_size=t.log_prob_chunk_size, fsdp_cpu_offload=t.fsdp_cpu_offload)
+                   log_prob_chunk_size=t.log_prob_chunk_size, fsdp_cpu_offload=t.fsdp_cpu_offload, packing=t.packing)
 
 
 class ModelTrainer:
@@ -125,23 +126,28 @@ class ModelTrainer:
 
     def micro_batches(self, samples: list[Sample], indices: list[int],
                       per_token: dict[str, list[torch.Tensor]] | None = None) -> list[MicroBatch]:
-        """Token-budget micro-batches (``train.max_tokens_per_gpu``) of ``samples[indices]`` on the device."""
+        """Micro-batches of ``samples[indices]`` on the device, in the layout ``train.packing``
+        (:mod:`~reinforge.train.batching`) within ``train.max_tokens_per_gpu`` tokens."""
         tokens = [s.tokens for s in samples]
-        groups = split_by_token_budget([len(tokens[i]) for i in indices], self.settings.max_tokens_per_gpu)
         rlen = [s.response_length for s in samples]
         masks = [s.loss_mask for s in samples]
-        return [collate(tokens, rlen, masks, [indices[j] for j in g], self.pad_id, per_token).to(self.device)
-                for g in groups]
+        layout = self.settings.packing
+        return [build(tokens, rlen, masks, rows, self.pad_id, per_token, layout == "shared_prompt").to(self.device)
+                for rows in plan_rows(tokens, rlen, indices, layout, self.settings.max_tokens_per_gpu)]
 
     def rank_micro_batches(self, samples: list[Sample], indices: list[int],
                            per_token: dict[str, list[torch.Tensor]] | None = None
                            ) -> tuple[list[MicroBatch], int]:
-        """This rank's share of ``indices`` (token-balanced) as micro-batches, padded with
-        dummy micro-batches to the largest count of any rank. Returns (batches, real count)."""
+        """This rank's share of ``indices`` (token-balanced; whole prompt groups with the
+        shared-prompt layout) as micro-batches, padded with dummy micro-batches to the largest
+        count of any rank. Returns (batches, real count)."""
         p = self.parallel
         if p.distributed:
-            parts = partition_by_tokens([len(samples[i].tokens) for i in indices], p.world_size)
-            indices = [indices[j] for j in parts[p.rank]]
+            tokens, rlen = [s.tokens for s in samples], [s.response_length for s in samples]
+            shared = self.settings.packing == "shared_prompt"
+            units = prompt_groups(tokens, rlen, indices) if shared else [[i] for i in indices]
+            parts = partition_by_tokens([row_length(tokens, rlen, u, shared) for u in units], p.world_size)
+            indices = [i for j in parts[p.rank] for i in units[j]]
         mbs = self.micro_batches(samples, indices, per_token) if indices else []
         real = len(mbs)
         for _ in range(p.max_int(real) - real):
@@ -150,9 +156,8 @@ class ModelTrainer:
 
     def dummy_micro_batch(self, per_token: dict[str, list[torch.Tensor]] | None) -> MicroBatch:
         """Two pad tokens, one response position with loss mask 0: runs the collectives, adds nothing."""
-        dummy = Sample(prompt="", tokens=[self.pad_id, self.pad_id], response_length=1, loss_mask=[0])
         fields = {k: [torch.zeros(1)] for k in (per_token or {})}
-        mb = collate([dummy.tokens], [1], [dummy.loss_mask], [0], self.pad_id, fields).to(self.device)
+        mb = build([[self.pad_id, self.pad_id]], [1], [[0]], [[0]], self.pad_id, fields).to(self.device)
         mb.indices = []
         return mb
 
@@ -185,7 +190,7 @@ class ModelTrainer:
 
     @staticmethod
     def to_grid(mb: MicroBatch, values: torch.Tensor) -> torch.Tensor:
-        """Values at the N response positions -> [B, T - 1] grid (0 elsewhere)."""
+        """Values at the N response tokens (row-major order) -> the [S, L] response grid (0 elsewhere)."""
         grid = torch.zeros(mb.response_mask.shape, dtype=values.dtype, device=values.device)
         grid[mb.response_mask] = values
         return grid
@@ -209,8 +214,8 @@ class ModelTrainer:
     @staticmethod
     def split_rows(mb: MicroBatch, grid: torch.Tensor, out: list[Any]) -> None:
         """Per-sample response vectors (fp32, CPU) from a grid, into ``out[sample index]``."""
-        for row, i in enumerate(mb.indices):
-            out[i] = grid[row][mb.response_mask[row]].detach().float().cpu()
+        for s, i in enumerate(mb.indices):
+            out[i] = grid[s][mb.response_mask[s]].detach().float().cpu()
 
     def save(self, directory: str) -> dict[str, Any]:
         """Model and optimizer state with ``torch.distributed.checkpoint`` into ``directory``

@@ -25,15 +25,14 @@ from ..config import Config
 from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
-from ..models.packing import PackedAttention
 from ..models.reward_model import build_reward_model
 from ..rollout.types import Sample
 from .actor import response_logits
-from .batching import MicroBatch, collate, pack, split_by_token_budget
+from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
 from .parallel import ParallelContext, partition_by_tokens
 
-Batch = list[tuple[Any, list[tuple[int, int]]]]  # MicroBatch or PairRows, (example, response) per sequence
+Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # (example, response) of each sequence
 
 
 @dataclass
@@ -48,67 +47,6 @@ class RefLogps:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-@dataclass
-class PairRows:
-    """Preference pairs packed one per row as ``[prompt | chosen | rejected]`` (shared-prefix packing):
-    the prompt is computed once for both responses, each response attends to the prompt and itself
-    (:class:`~reinforge.models.packing.PackedAttention` with ``shared``), and the rejected response's
-    positions continue from the prompt's. Response tokens are scored at gathered positions: the
-    prompt's last position predicts the first token of both responses.
-
-    Attributes:
-        input_ids, position_ids, doc_ids: [B, T] int64; shared: [B, T] bool (the prompt).
-        rows, cols: [N] positions whose logits predict the N response tokens ``targets`` [N].
-        seq: [N] which response each token belongs to (2b: row b's chosen, 2b + 1: its rejected).
-        loss_mask: [N] float32.
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    doc_ids: torch.Tensor
-    shared: torch.Tensor
-    rows: torch.Tensor
-    cols: torch.Tensor
-    targets: torch.Tensor
-    seq: torch.Tensor
-    loss_mask: torch.Tensor
-
-    @property
-    def num_pairs(self) -> int:
-        return self.input_ids.shape[0]
-
-    def to(self, device: torch.device) -> "PairRows":
-        return PairRows(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
-
-
-def pair_rows(pairs: list[tuple[list[int], list[int], list[int], list[int], list[int]]], pad_id: int) -> PairRows:
-    """Build :class:`PairRows` from (prompt, chosen, chosen mask, rejected, rejected mask) lists."""
-    T = max(len(p) + len(c) + len(r) for p, c, _, r, _ in pairs)
-    B = len(pairs)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    pos = torch.zeros(B, T, dtype=torch.long)
-    doc = torch.full((B, T), 3, dtype=torch.long)
-    shared = torch.zeros(B, T, dtype=torch.bool)
-    rows, cols, targets, seq, lmask = [], [], [], [], []
-    for b, (p, c, cm, r, rm) in enumerate(pairs):
-        P, C, R = len(p), len(c), len(r)
-        ids[b, :P + C + R] = torch.tensor(p + c + r)
-        pos[b, :P + C] = torch.arange(P + C)
-        pos[b, P + C:P + C + R] = torch.arange(P, P + R)
-        doc[b, :P], doc[b, P:P + C], doc[b, P + C:P + C + R] = 0, 1, 2
-        shared[b, :P] = True
-        for k, (resp, mask, first) in enumerate(((c, cm, P), (r, rm, P + C))):
-            # token j of the response is predicted at the position before it in its own sequence
-            predict = [P - 1] + list(range(first, first + len(resp) - 1))
-            rows += [b] * len(resp)
-            cols += predict
-            targets += resp
-            seq += [2 * b + k] * len(resp)
-            lmask += list(mask)
-    t = torch.tensor
-    return PairRows(ids, pos, doc, shared, t(rows), t(cols), t(targets), t(seq), t(lmask, dtype=torch.float32))
 
 
 def kto_mismatch(examples: list[OfflineExample]) -> list[OfflineExample]:
@@ -164,69 +102,53 @@ class OfflineTrainer(ModelTrainer):
     # ------------------------------------------------------------------ batching
     def _batches(self, examples: list[OfflineExample], ids: list[int]) -> Batch:
         """This rank's share of examples ``ids`` as micro-batches of whole examples, padded with
-        dummies to the largest count of any rank."""
+        dummies to the largest count of any rank.
+
+        Layouts (:mod:`~reinforge.train.batching`): preference pairs on reinforge's own model are
+        one row per pair, ``[prompt | chosen | rejected]`` (shared prompt); SFT with
+        ``offline.packing`` packs chats side by side; otherwise one padded row per response.
+        """
         p = self.parallel
         if p.distributed:
             cost = [sum(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
             ids = [ids[j] for j in partition_by_tokens(cost, p.world_size)[p.rank]]
         out: Batch = []
-        if self.shared_prefix:
-            return self._pair_batches(examples, ids)
-        if ids and self.o.packing and self.info["data"] == "messages":
-            seqs = [examples[i].prompt_ids + examples[i].responses[0] for i in ids]
-            for mb in pack(seqs, [len(examples[i].responses[0]) for i in ids], [examples[i].loss_masks[0] for i in ids],
-                           list(range(len(ids))), self.settings.max_tokens_per_gpu, self.pad_id):
-                out.append((mb.to(self.device), [(ids[j], 0) for j in mb.indices]))
-        elif ids:
-            width = max(len(examples[i].responses) for i in ids)
-            longest = [max(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
-            for group in split_by_token_budget(longest, max(1, self.settings.max_tokens_per_gpu // width)):
-                tokens, rlen, masks, rows = [], [], [], []
-                for j in group:
-                    e = examples[ids[j]]
-                    for k, (resp, mask) in enumerate(zip(e.responses, e.loss_masks)):
-                        tokens.append(e.prompt_ids + resp)
-                        rlen.append(len(resp))
-                        masks.append(mask)
-                        rows.append((ids[j], k))
-                mb = collate(tokens, rlen, masks, list(range(len(tokens))), self.pad_id).to(self.device)
-                out.append((mb, rows))
+        budget = self.settings.max_tokens_per_gpu
+        tokens: list[list[int]] = []
+        rlen: list[int] = []
+        masks: list[list[int]] = []
+        seq_of: list[tuple[int, int]] = []  # (example, response) of each sequence
+        units: list[list[int]] = []  # the sequences of each example
+        for i in ids:
+            e = examples[i]
+            units.append(list(range(len(tokens), len(tokens) + len(e.responses))))
+            for k, (resp, mask) in enumerate(zip(e.responses, e.loss_masks)):
+                tokens.append(e.prompt_ids + resp)
+                rlen.append(len(resp))
+                masks.append(mask)
+                seq_of.append((i, k))
+        if not ids:
+            plans = []
+        elif self.shared_prefix:
+            costs = [row_length(tokens, rlen, u, True) for u in units]
+            plans = [[units[j] for j in g] for g in split_by_token_budget(costs, budget)]
+        elif self.o.packing and self.info["data"] == "messages":
+            plans = plan_rows(tokens, rlen, list(range(len(tokens))), "sequences", budget)
+        else:
+            width = max(len(u) for u in units)
+            longest = [max(len(tokens[k]) for k in u) for u in units]
+            plans = [[[k] for j in g for k in units[j]] for g in split_by_token_budget(longest, max(1, budget // width))]
+        for rows in plans:
+            mb = build(tokens, rlen, masks, rows, self.pad_id, shared_prompt=self.shared_prefix).to(self.device)
+            out.append((mb, [seq_of[k] for k in mb.indices]))
         real = len(out)
         for _ in range(p.max_int(real) - real):
             out.append((self.dummy_micro_batch(None), []))
         return out
 
-    def _pair_batches(self, examples: list[OfflineExample], ids: list[int]) -> Batch:
-        """Micro-batches of :class:`PairRows` (``ids`` already this rank's share), padded with dummies."""
-        out: Batch = []
-        if ids:
-            cost = [len(examples[i].prompt_ids) + sum(len(r) for r in examples[i].responses) for i in ids]
-            for group in split_by_token_budget(cost, self.settings.max_tokens_per_gpu):
-                chosen = [ids[j] for j in group]
-                pr = pair_rows([(examples[i].prompt_ids, examples[i].responses[0], examples[i].loss_masks[0],
-                                 examples[i].responses[1], examples[i].loss_masks[1]) for i in chosen], self.pad_id)
-                out.append((pr.to(self.device), [(i, k) for i in chosen for k in (0, 1)]))
-        real = len(out)
-        pad = self.pad_id
-        for _ in range(self.parallel.max_int(real) - real):
-            out.append((pair_rows([([pad], [pad], [0], [pad], [0])], pad).to(self.device), []))
-        return out
-
-    def _pair_logps(self, model: nn.Module, pr: PairRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per response of the rows (2b chosen, 2b + 1 rejected): summed log-probs over its loss tokens
-        [2B] (with gradient when enabled) and its loss-token counts [2B]."""
-        with self.autocast():
-            logits = model(pr.input_ids, pr.position_ids, PackedAttention(pr.doc_ids, pr.shared),
-                           logits_mask=(pr.rows, pr.cols))
-        lp = token_log_probs(logits, pr.targets, 1.0, self.settings.log_prob_chunk_size)[0] * pr.loss_mask
-        n = 2 * pr.num_pairs
-        sums = torch.zeros(n, device=lp.device, dtype=lp.dtype).index_add(0, pr.seq, lp)
-        counts = torch.zeros(n, device=lp.device).index_add(0, pr.seq, pr.loss_mask)
-        return sums, counts
-
     # ------------------------------------------------------------------ forward passes
     def _token_logps(self, model: nn.Module, mb: MicroBatch) -> torch.Tensor:
-        """log pi(token) on the [B, T - 1] grid (0 off the response)."""
+        """log pi(token) on the [S, L] response grid (0 off the response)."""
         with self.autocast():
             logits = response_logits(model, mb)
         lp = token_log_probs(logits, mb.targets[mb.response_mask], 1.0, self.settings.log_prob_chunk_size)[0]
@@ -250,12 +172,8 @@ class OfflineTrainer(ModelTrainer):
         counts: list[list[int] | None] = [None] * len(examples)
         with base:
             for mb, rows in self._batches(examples, list(range(len(examples)))):
-                if isinstance(mb, PairRows):
-                    s_t, c_t = self._pair_logps(model, mb)
-                    s, c = s_t.tolist(), c_t.long().tolist()
-                else:
-                    grid = self._token_logps(model, mb)
-                    s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
+                grid = self._token_logps(model, mb)
+                s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
                 for (i, k), si, ci in zip(rows, s, c):
                     if sums[i] is None:
                         sums[i], counts[i] = [0.0] * len(examples[i].responses), [0] * len(examples[i].responses)
@@ -348,18 +266,11 @@ class OfflineTrainer(ModelTrainer):
             losses = bradley_terry_loss(chosen, rejected, margin)
             return losses.sum() / n, _pair_stats(chosen.detach(), rejected.detach(), None, None, None)
         mean = bool(self.info.get("length_normalized"))
-        if isinstance(mb, PairRows):
-            sums, tokens = self._pair_logps(self.model, mb)
-            if not rows:
-                return sums.sum() * 0.0, {}
-            seq = sums / tokens.clamp(min=1) if mean else sums
-            token_nll = -sums
-        else:
-            grid = self._token_logps(self.model, mb)
-            if not rows:
-                return grid.sum() * 0.0, {}
-            seq = sequence_logps(grid, mb.loss_mask, mean)
-            token_nll = -(grid * mb.loss_mask).sum(-1)
+        grid = self._token_logps(self.model, mb)
+        if not rows:
+            return grid.sum() * 0.0, {}
+        seq = sequence_logps(grid, mb.loss_mask, mean)
+        token_nll = -(grid * mb.loss_mask).sum(-1)
         if data == "messages":
             return token_nll.sum() / max(counts["nll_tokens"], 1.0), {"nll": float(token_nll.detach().sum())}
         if data == "pairs":

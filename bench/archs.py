@@ -1,0 +1,40 @@
+"""Real architectures with random weights, for benchmarks that need no download.
+
+    from archs import ARCHS, hf_config, write_random_model   # (bench/ is on sys.path for bench scripts)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ARCHS = {
+    "smollm2": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                    max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5),
+    "qwen2.5-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+                         rms_norm_eps=1e-6),
+    "qwen2.5-1.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+                         rms_norm_eps=1e-6),
+}
+
+
+def hf_config(name: str, **overrides):
+    """The transformers config of architecture ``name`` (``overrides``: e.g. max_position_embeddings)."""
+    from transformers import AutoConfig
+
+    spec = {**ARCHS[name], **overrides}
+    return AutoConfig.for_model(spec.pop("model_type"), **spec)
+
+
+def write_random_model(name: str, folder: Path, **overrides) -> None:
+    """A Hugging Face folder (bf16 safetensors, seed 0) of architecture ``name``; the tokenizer is not needed."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(hf_config(name, **overrides), dtype=torch.bfloat16).save_pretrained(folder)

@@ -1,0 +1,170 @@
+"""The same GRPO work in TRL's GRPOTrainer and in reinforge, in one process; prints the ratio.
+
+Work per optimizer step (defaults = issue #13's measurement): reasoning-gym ``gsm_symbolic``,
+``--prompts`` prompts x ``--n`` samples, up to ``--max-new-tokens`` new tokens at temperature 1, the
+reasoning-gym scorer as reward (the same function and the same chat prompts in both), GRPO
+advantages, one optimizer step per rollout (AdamW, lr 1e-6), no KL term (beta 0), bf16 on CUDA /
+fp32 on CPU, SmolLM2-135M-Instruct.
+
+* TRL: ``GRPOTrainer`` with transformers ``generate`` (no vLLM), ``generation_batch_size`` = the
+  whole rollout, ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` = the rollout,
+  so each optimizer step generates once and trains once.
+* reinforge: ``RLLoop.rollout_step`` (generation on the embedded engine, reward, training, weight
+  sync), once per ``train.packing`` given in ``--packing``.
+
+Timing: wall time per optimizer step (TRL: ``on_step_begin`` -> ``on_step_end``, which includes
+its generation; reinforge: the whole rollout step), median of steps 3 and later.
+
+    python bench/grpo_vs_trl.py                       # on a GPU; needs trl (and datasets)
+    python bench/grpo_vs_trl.py --prompts 2 --n 2 --max-new-tokens 16 --steps 3   # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SYSTEM = ("Answer the question. Provide your final answer between <answer> and </answer> tags.")
+
+
+def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]:
+    return [f"model.path={model}", f"data.prompt_data=reasoning_gym:{args.task}", f"data.num_prompts={args.num_data}",
+            "data.n_eval_prompts=0", f"data.system_prompt={SYSTEM}", f"rollout.rollout_batch_size={args.prompts}",
+            f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.max_new_tokens}",
+            f"rollout.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
+            f"train.num_rollout={args.steps}", f"train.packing={packing}", "train.max_tokens_per_gpu=32768",
+            "algo.use_kl_loss=false", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
+            "eval.eval_before_train=false", "run.save_interval=null"]
+
+
+def time_reinforge(args, model: Path, out: Path, packing: str) -> tuple[list[float], list[dict[str, float]]]:
+    from reinforge.config import load_config
+    from reinforge.loop import RLLoop
+
+    loop = RLLoop(load_config(None, reinforge_overrides(args, model, out, packing)))
+    times, metrics = [], []
+    for step in range(args.steps):
+        t = time.perf_counter()
+        metrics.append(loop.rollout_step(step)[0])
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    loop.close()
+    return times, metrics
+
+
+def trl_dataset(args, model: Path, out: Path):
+    """The prompts reinforge trains on, in TRL's conversational form, with the reasoning-gym entry."""
+    from datasets import Dataset
+
+    from reinforge.config import load_config
+    from reinforge.data.sources import load_source
+
+    cfg = load_config(None, reinforge_overrides(args, model, out, "none"))
+    d = cfg.data
+    records = load_source(d.prompt_data, size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
+    rows = [{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r.prompt}],
+             "task": r.metadata["reasoning_gym"]["task"], "entry": r.metadata["reasoning_gym"]["entry"]}
+            for r in records]
+    import json
+
+    return Dataset.from_list([{**r, "entry": json.dumps(r["entry"])} for r in rows])
+
+
+def trl_reward(prompts, completions, task, entry, **_):
+    """reasoning-gym's scorer on the extracted answer: reinforge's ``reasoning_gym`` reward."""
+    import json
+
+    from reinforge.reward.extract import extract_answer
+    from reinforge.reward.functions import _rg_scorer
+
+    out = []
+    for c, t, e in zip(completions, task, entry):
+        text = c[0]["content"] if isinstance(c, list) else c
+        out.append(float(_rg_scorer(t)(extract_answer(text, "tag_or_last_number"), json.loads(e))))
+    return out
+
+
+def time_trl(args, model: Path, out: Path) -> list[float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t)
+
+    cuda = torch.cuda.is_available()
+    rollout = args.prompts * args.n
+    micro = min(args.trl_micro_batch, rollout)
+    config = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro,
+        generation_batch_size=rollout, num_generations=args.n, max_completion_length=args.max_new_tokens,
+        temperature=1.0, top_p=1.0, beta=0.0, num_iterations=1, learning_rate=1e-6, lr_scheduler_type="constant",
+        max_steps=args.steps, logging_steps=1000, save_strategy="no", report_to="none", bf16=cuda, use_cpu=not cuda,
+        dataloader_num_workers=0, seed=0, use_vllm=False, log_completions=False)
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
+                          reward_funcs=trl_reward, args=config, train_dataset=trl_dataset(args, model, out),
+                          processing_class=AutoTokenizer.from_pretrained(model, padding_side="left"),
+                          callbacks=[Timer()])
+    trainer.train()
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--task", default="gsm_symbolic")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--num-data", type=int, default=2000)
+    ap.add_argument("--trl-micro-batch", type=int, default=32, help="TRL per_device_train_batch_size")
+    ap.add_argument("--packing", nargs="+", default=["none", "sequences"], help="reinforge train.packing values")
+    ap.add_argument("--skip-trl", action="store_true")
+    args = ap.parse_args()
+    from reinforge.models.hub import resolve_model_path
+
+    model = resolve_model_path(args.model)
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        for packing in args.packing:
+            torch.manual_seed(0)
+            times, metrics = time_reinforge(args, model, d / f"reinforge-{packing}", packing)
+            gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
+            train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
+            rows.append((f"reinforge ({packing})", times, gen, train))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if not args.skip_trl:
+            torch.manual_seed(0)
+            rows.append(("TRL GRPOTrainer", time_trl(args, model, d / "trl"), float("nan"), float("nan")))
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+    print(f"\nGRPO step: {args.task}, {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, "
+          f"{model.name}, {device}")
+    print(f"| {'trainer':26s} | median s/step (steps 3+) | generate s | train s | all steps |")
+    print(f"| {'-' * 26} | {'-' * 24}: | {'-' * 10}: | {'-' * 7}: | --- |")
+    for name, times, gen, train in rows:
+        med = statistics.median(times[2:] or times)
+        print(f"| {name:26s} | {med:24.3f} | {gen:10.2f} | {train:7.2f} | {' '.join(f'{t:.2f}' for t in times)} |")
+    trl = [statistics.median(t[2:] or t) for n, t, _, _ in rows if n.startswith("TRL")]
+    for name, times, _, _ in rows:
+        if trl and not name.startswith("TRL"):
+            print(f"speed-up of {name} over TRL: {trl[0] / statistics.median(times[2:] or times):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

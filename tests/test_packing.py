@@ -1,0 +1,119 @@
+"""Trainer layouts (train.packing): padded rows, packed sequences and shared-prompt rows compute the
+same log-probs, losses and updates (fp32); their micro-batch plans respect the token budget."""
+
+import pytest
+import torch
+
+from reinforge.config import load_config
+from reinforge.models.packing import PackedAttention
+from reinforge.rollout.types import Sample
+from reinforge.train.actor import Actor, TrainData
+from reinforge.train.batching import build, plan_rows, row_length
+
+LAYOUTS = ["none", "sequences", "shared_prompt"]
+
+
+def group_data(prompts: int = 3, group: int = 4, seed: int = 0) -> TrainData:
+    """``prompts`` groups of ``group`` samples with the same prompt, responses of 1-9 tokens, a
+    tool-output span (loss mask 0) in some, and advantages that are zero for one whole group."""
+    g = torch.Generator().manual_seed(seed)
+    samples, adv = [], []
+    for p in range(prompts):
+        prompt = torch.randint(10, 40000, (3 + 2 * p,), generator=g).tolist()
+        for k in range(group):
+            R = 1 + (p * 5 + k * 3) % 9
+            mask = [1] * R
+            if R > 4 and k % 2:
+                mask[2:4] = [0, 0]
+            response = torch.randint(10, 40000, (R,), generator=g).tolist()
+            samples.append(Sample(prompt="p", tokens=prompt + response, response_length=R, loss_mask=mask,
+                                  rollout_log_probs=[-1.0] * R, group_index=p))
+            a = 0.0 if p == 1 else float(torch.randn(1, generator=g))
+            adv.append(torch.full((R,), a))
+    return TrainData(samples, adv)
+
+
+def make_actor(path, layout: str, **extra) -> Actor:
+    o = {"model.path": path, "train.lr": 1e-2, "train.max_tokens_per_gpu": 40, "train.packing": layout,
+         "train.adam_eps": 1e-3, "train.clip_grad": 1e9, "algo.entropy_coef": 0.01, **extra}
+    cfg = load_config(None, [f"{k}={v}" for k, v in o.items()])
+    return Actor(cfg, path, torch.device("cpu"))
+
+
+def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
+    data = group_data()
+    results = {}
+    for layout in LAYOUTS:
+        actor = make_actor(tiny_model_path, layout, **{"algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.1})
+        lp = actor.compute_log_probs(data.samples)
+        ref = actor.compute_log_probs(data.samples, reference=True)
+        metrics = actor.train(data, 0)
+        weights = {n: t.clone() for n, t in actor.named_weights()}
+        results[layout] = (lp, ref, metrics, weights)
+    lp0, ref0, m0, w0 = results["none"]
+    assert all(len(x) == s.response_length for x, s in zip(lp0, data.samples))
+    for layout in LAYOUTS[1:]:
+        lp, ref, m, w = results[layout]
+        for a, b in zip(lp0 + ref0, lp + ref):
+            assert torch.allclose(a, b, atol=1e-5), layout
+        for k in ("train/pg_loss", "train/kl", "train/entropy", "train/loss", "train/grad_norm"):
+            assert m[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), (layout, k)
+        for n in w0:
+            assert torch.allclose(w0[n], w[n], atol=1e-5), (layout, n)
+    assert any(not torch.equal(w0[n], make_actor(tiny_model_path, "none").model.state_dict()[n]) for n in w0)
+
+
+def test_plan_rows_budget_and_cover():
+    data = group_data(prompts=4, group=5)
+    tokens = [s.tokens for s in data.samples]
+    rlen = [s.response_length for s in data.samples]
+    idx = list(range(len(tokens)))
+    for layout in LAYOUTS:
+        plans = plan_rows(tokens, rlen, idx, layout, 30)
+        assert sorted(i for mb in plans for row in mb for i in row) == idx
+        for mb in plans:
+            shared = layout == "shared_prompt"
+            lengths = [row_length(tokens, rlen, row, shared) for row in mb]
+            if layout == "sequences":
+                assert len(mb) == 1 and (lengths[0] <= 30 or len(mb[0]) == 1)
+            else:
+                assert len(mb) * max(lengths) <= 30 or len(mb) == 1
+            if shared:  # every row holds one prompt's samples
+                for row in mb:
+                    assert len({data.samples[i].group_index for i in row}) == 1
+    # shared prompt: each group's prompt once
+    plans = plan_rows(tokens, rlen, idx, "shared_prompt", 10_000)
+    assert sum(row_length(tokens, rlen, row, True) for mb in plans for row in mb) == \
+        sum(rlen) + sum(len(data.samples[g[0]].tokens) - data.samples[g[0]].response_length
+                        for g in ([i for i in idx if data.samples[i].group_index == p] for p in range(4)))
+
+
+def test_shared_prompt_layout_positions():
+    # prompt [1, 2, 3]; responses [4, 5] and [6]: row [1 2 3 4 5 6], response 2 continues at position 3
+    mb = build([[1, 2, 3, 4, 5], [1, 2, 3, 6]], [2, 1], [[1, 0], [1]], [[0, 1]], pad_id=0, shared_prompt=True)
+    assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5, 6]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 3]]
+    assert mb.doc_ids.tolist() == [[0, 0, 0, 1, 1, 2]] and mb.shared.tolist() == [[True] * 3 + [False] * 3]
+    # token 4 and token 6 are both predicted by the prompt's last position (2); token 5 by position 3
+    assert mb.logit_cols.tolist() == [2, 3, 2]
+    assert mb.targets.tolist() == [[4, 5], [6, 0]] and mb.loss_mask.tolist() == [[1, 0], [1, 0]]
+    with pytest.raises(ValueError, match="same, non-empty prompt"):
+        build([[1, 2, 4], [9, 2, 5]], [1, 1], [[1], [1]], [[0, 1]], pad_id=0, shared_prompt=True)
+
+
+def test_attention_mask_and_cu_seqlens():
+    doc = torch.tensor([[1, 1, 2, 2, 2, -1], [1, 2, 3, -1, -1, -1]])
+    ctx = PackedAttention(doc)
+    cu, longest = ctx.cu_seqlens()
+    assert cu.tolist() == [0, 2, 5, 6, 7, 8, 9, 12] and longest == 3
+    assert ctx.mask[0, 3].tolist() == [False, False, True, True, False, False]
+    shared = PackedAttention(torch.tensor([[0, 0, 1, 2]]), torch.tensor([[True, True, False, False]]))
+    assert shared.mask[0, 3].tolist() == [True, True, False, True]
+
+
+def test_hugging_face_model_refuses_packing(tmp_path, tiny_model_path):
+    from reinforge.train.actor import response_logits
+
+    mb = build([[1, 2, 3], [1, 2, 4]], [1, 1], [[1], [1]], [[0, 1]], pad_id=0)
+    with pytest.raises(ValueError, match="train.packing=none"):
+        response_logits(torch.nn.Linear(1, 1), mb)
