@@ -33,11 +33,14 @@ def group_data(prompts: int = 3, group: int = 4, seed: int = 0) -> TrainData:
     return TrainData(samples, adv)
 
 
-def make_actor(path, layout: str, **extra) -> Actor:
-    o = {"model.path": path, "train.lr": 1e-2, "train.max_tokens_per_gpu": 40, "train.packing": layout,
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def make_actor(path, layout: str, device: torch.device = torch.device("cpu"), **extra) -> Actor:
+    o = {"model.path": path, "model.train_dtype": "fp32", "train.lr": 1e-2, "train.max_tokens_per_gpu": 40, "train.packing": layout,
          "train.adam_eps": 1e-3, "train.clip_grad": 1e9, "algo.entropy_coef": 0.01, **extra}
     cfg = load_config(None, [f"{k}={v}" for k, v in o.items()])
-    return Actor(cfg, path, torch.device("cpu"))
+    return Actor(cfg, path, device)
 
 
 def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
@@ -61,6 +64,39 @@ def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
         for n in w0:
             assert torch.allclose(w0[n], w[n], atol=1e-5), (layout, n)
     assert any(not torch.equal(w0[n], make_actor(tiny_model_path, "none").model.state_dict()[n]) for n in w0)
+
+
+def test_engine_and_every_layout_agree_in_fp32(tiny_model_path):
+    """The engine's sampling log-probs equal the trainer's under each layout (fp32, < 1e-5)."""
+    from reinforge.models.loading import build_model
+    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
+    from reinforge.rollout.types import GenerateRequest, SamplingParams
+
+    engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32, DEVICE),
+                            EngineConfig(max_num_seqs=16, max_model_len=64, seed=0, cuda_graph=False))
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 40000, (5 + 3 * i,), generator=g).tolist() for i in range(3)]
+    results = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0), n=4)
+                               for p in prompts])
+    engine.shutdown()
+    samples = [Sample(prompt="p", tokens=p + r.token_ids, response_length=len(r.token_ids),
+                      loss_mask=[1] * len(r.token_ids)) for p, group in zip(prompts, results) for r in group]
+    for layout in LAYOUTS:
+        lps = make_actor(tiny_model_path, layout, DEVICE).compute_log_probs(samples)
+        for s, lp, r in zip(samples, lps, [r for group in results for r in group]):
+            assert torch.allclose(lp, torch.tensor(r.log_probs), atol=1e-5), layout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="varlen flash attention runs on CUDA in bf16")
+def test_varlen_attention_matches_padded_in_bf16(tiny_model_path):
+    data = group_data(prompts=4, group=6)
+    ref = make_actor(tiny_model_path, "none", DEVICE, **{"model.train_dtype": "bf16"})
+    packed = make_actor(tiny_model_path, "sequences", DEVICE, **{"model.train_dtype": "bf16"})
+    mb, _ = packed.rank_micro_batches(data.samples, list(range(len(data.samples))))
+    assert PackedAttention(mb[0].doc_ids.to(DEVICE)).use_varlen
+    a = torch.cat(ref.compute_log_probs(data.samples))
+    b = torch.cat(packed.compute_log_probs(data.samples))
+    assert (a - b).abs().mean() < 2e-2 and (a - b).abs().max() < 0.25
 
 
 def test_plan_rows_budget_and_cover():
