@@ -37,7 +37,7 @@ def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]
             "data.n_eval_prompts=0", f"data.system_prompt={SYSTEM}", f"rollout.rollout_batch_size={args.prompts}",
             f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.max_new_tokens}",
             f"rollout.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
-            f"train.num_rollout={args.steps}", f"train.packing={packing}", "train.max_tokens_per_gpu=32768",
+            f"train.num_rollout={args.steps}", f"train.packing={packing}", "train.max_tokens_per_gpu=16384",
             "algo.use_kl_loss=false", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
             "eval.eval_before_train=false", "run.save_interval=null"]
 
