@@ -68,25 +68,24 @@ def trl_dataset(args, model: Path, out: Path):
     cfg = load_config(None, reinforge_overrides(args, model, out, "none"))
     d = cfg.data
     records = load_source(d.prompt_data, size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
-    rows = [{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r.prompt}],
-             "task": r.metadata["reasoning_gym"]["task"], "entry": r.metadata["reasoning_gym"]["entry"]}
-            for r in records]
-    import json
-
-    return Dataset.from_list([{**r, "entry": json.dumps(r["entry"])} for r in rows])
+    ENTRIES[:] = [r.metadata["reasoning_gym"] for r in records]  # entries hold Fractions: kept here, by index
+    return Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r.prompt}],
+                               "entry_index": i} for i, r in enumerate(records)])
 
 
-def trl_reward(prompts, completions, task, entry, **_):
+ENTRIES: list[dict] = []
+
+
+def trl_reward(prompts, completions, entry_index, **_):
     """reasoning-gym's scorer on the extracted answer: reinforge's ``reasoning_gym`` reward."""
-    import json
-
     from reinforge.reward.extract import extract_answer
     from reinforge.reward.functions import _rg_scorer
 
     out = []
-    for c, t, e in zip(completions, task, entry):
+    for c, i in zip(completions, entry_index):
         text = c[0]["content"] if isinstance(c, list) else c
-        out.append(float(_rg_scorer(t)(extract_answer(text, "tag_or_last_number"), json.loads(e))))
+        info = ENTRIES[i]
+        out.append(float(_rg_scorer(info["task"])(extract_answer(text, "tag_or_last_number"), info["entry"])))
     return out
 
 
@@ -147,11 +146,13 @@ def main() -> None:
             gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
             train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
             rows.append((f"reinforge ({packing})", times, gen, train))
+            print(rows[-1], flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         if not args.skip_trl:
             torch.manual_seed(0)
             rows.append(("TRL GRPOTrainer", time_trl(args, model, d / "trl"), float("nan"), float("nan")))
+            print(rows[-1], flush=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nGRPO step: {args.task}, {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, "
           f"{model.name}, {device}")

@@ -81,7 +81,9 @@ class PackedAttention:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]."""
         gqa = q.shape[2] != k.shape[2]
-        if self.use_varlen and q.dtype in (torch.bfloat16, torch.float16):
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
+        if self.use_varlen and dtype in (torch.bfloat16, torch.float16):  # (RoPE leaves q, k fp32 under autocast)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             varlen_attn, causal, has_gqa = _varlen()
             B, T, H, D = q.shape
             cu, longest = self.cu_seqlens()
