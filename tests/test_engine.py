@@ -185,20 +185,3 @@ def test_missing_end_of_turn_stop_token_is_warned(tmp_path, smollm2_path, caplog
         assert model_stop_token_ids(tok, str(folder), []) == [0]
     assert "'<|im_end|>' (id 2)" in caplog.text and "rollout.rollout_stop_token_ids=[2]" in caplog.text
     assert model_stop_token_ids(tok, str(folder), [2]) == [0, 2]
-
-
-def test_compaction_moves_running_sequences_down_and_keeps_results(tiny_model_path, tok):
-    """Most requests stop early: the engine moves the long ones into low slots (decode runs over
-    fewer rows) and every sequence gets the tokens and log-probs it gets alone."""
-    model = build_model(tiny_model_path, torch.float32)
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=16, max_model_len=96, sync_interval=2))
-    ps = prompts(tok, 16, seed=3)
-    lengths = [40 if i in (3, 9, 14) else 2 + i % 5 for i in range(16)]  # three long ones at high slots
-    together = eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=n, temperature=0.0))
-                             for p, n in zip(ps, lengths)])
-    assert eng.compactions > 0
-    for p, n, (r,) in zip(ps, lengths, together):
-        (alone,) = eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=n, temperature=0.0))])[0:1][0]
-        assert r.token_ids == alone.token_ids and len(r.token_ids) == n
-        assert torch.allclose(torch.tensor(r.log_probs), torch.tensor(alone.log_probs), atol=1e-4)
-    assert not eng.has_unfinished() and sorted(eng._free) == list(range(16))

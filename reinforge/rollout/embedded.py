@@ -8,11 +8,6 @@ Design (docs/design.md; measurements in docs/benchmarks.md):
 * **Continuous batching.** Each ``step()`` admits waiting requests into free slots (one
   batched prefill), runs ``sync_interval`` decode steps over the occupied slot range, then
   reads back which slots finished (one host sync) and frees them for the next admissions.
-* **Compaction.** Decode steps run over slots ``[0, B)`` with B the power-of-two bucket of the
-  highest occupied slot. When sequences finish, running sequences from the top of the range move
-  (KV rows and state) into free slots below, so B follows the number of running sequences: a
-  batch where most samples stopped early no longer pays for the finished rows (on a CPU, where
-  decode is compute-bound, the cost follows B).
 * **Prefix sharing.** The ``n`` samples of a request prefill the prompt once; its KV rows are
   copied into the other ``n - 1`` slots.
 * **Device-side state.** Sampling parameters, lengths, finish flags and outputs live in
@@ -202,7 +197,6 @@ class EmbeddedEngine:
         self._owner: list[tuple[_Group, int] | None] = [None] * S
         self._len_bound = [0] * S  # host-side upper bound of seq_lens per occupied slot
         self._filters = [False] * S  # slot uses top-k / top-p
-        self.compactions = 0  # times running sequences were moved down (see _compact)
         self._allocated = True
         log.info("embedded engine: %d slots x %d tokens, KV cache %.1f MiB", S, L,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
@@ -290,7 +284,6 @@ class EmbeddedEngine:
         for s in running:
             self._len_bound[s] += steps
         self._collect(running)
-        self._compact()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy new weights (Hugging Face names) into the engine's model in place.
@@ -449,37 +442,6 @@ class EmbeddedEngine:
         self.gen_lens[:B] = new_g
         self.seq_lens[:B] = pos + active
         self.last_token[:B] = torch.where(active, tok, self.last_token[:B])
-
-    def _compact(self) -> None:
-        """Move running sequences above the bucket of their count into free slots below it (their
-        KV rows up to their length bound, and every per-slot tensor), so the next decode steps run
-        over fewer slots. Sampling stays seeded: only the row a sequence occupies changes."""
-        running = [s for s, o in enumerate(self._owner) if o is not None]
-        if not running:
-            return
-        target = _bucket(len(running), self.num_slots)
-        if _bucket(max(running) + 1, self.num_slots) <= target:
-            return
-        movers = [s for s in running if s >= target]
-        holes = sorted(s for s in self._free if s < target)[:len(movers)]
-        dev = self.device
-        src, dst = torch.tensor(movers, device=dev), torch.tensor(holes, device=dev)
-        L = min(self.config.max_model_len, max(self._len_bound[s] for s in movers))
-        self.k_cache[:, dst, :, :L] = self.k_cache[:, src, :, :L]
-        self.v_cache[:, dst, :, :L] = self.v_cache[:, src, :, :L]
-        for buf in (self.seq_lens, self.gen_lens, self.last_token, self.done, self.finish_code, self.max_new,
-                    self.temperature, self.top_k, self.top_p, self.stop_ids, self.out_tokens, self.out_logprobs):
-            buf[dst] = buf[src]
-        self.done[src] = True
-        for a, b in zip(movers, holes):
-            g, j = self._owner[a]
-            g.slots[j] = b
-            self._owner[b], self._owner[a] = self._owner[a], None
-            self._len_bound[b], self._filters[b] = self._len_bound[a], self._filters[a]
-        taken = set(holes)
-        self._free = [s for s in self._free if s not in taken] + movers
-        heapq.heapify(self._free)
-        self.compactions += 1
 
     def _collect(self, running: list[int]) -> None:
         idx = torch.tensor(running, device=self.device)
