@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reinforge.train.batching import collate, split_by_token_budget
+from reinforge.train.batching import build, split_by_token_budget
 from reinforge.train.schedule import lr_multiplier
 
 
@@ -32,7 +32,7 @@ def test_global_batch_arithmetic():
 
 def test_collate_positions():
     tokens = [[1, 2, 3, 4, 5], [7, 8, 9]]
-    mb = collate(tokens, [2, 1], [[1, 0], [1]], [0, 1], pad_id=0,
+    mb = build(tokens, [2, 1], [[1, 0], [1]], [[0], [1]], pad_id=0,
                  per_token={"adv": [torch.tensor([0.5, 0.6]), torch.tensor([-1.0])]})
     assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]
     assert mb.position_ids is None and mb.doc_ids is None and not mb.packed

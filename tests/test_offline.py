@@ -250,9 +250,10 @@ def test_sft_packing_matches_padding(tmp_path, tiny_model_path):
 
 
 def test_pack_layout():
-    from reinforge.train.batching import pack
+    from reinforge.train.batching import build, plan_rows
 
-    mbs = pack([[1, 2, 3, 4], [5, 6, 7], [8, 9]], [2, 1, 1], [[1, 1], [1], [1]], [0, 1, 2], max_tokens=7, pad_id=0)
+    tokens, rlen, masks = [[1, 2, 3, 4], [5, 6, 7], [8, 9]], [2, 1, 1], [[1, 1], [1], [1]]
+    mbs = [build(tokens, rlen, masks, rows, pad_id=0) for rows in plan_rows(tokens, rlen, [0, 1, 2], "sequences", 7)]
     assert [mb.indices for mb in mbs] == [[0, 1], [2]]
     mb = mbs[0]
     assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]

@@ -265,16 +265,3 @@ def build(
                       resp, lmask, targets, grids, seqs, position_ids if packed else None, doc_ids if packed else None,
                       shared if shared_prompt else None)
 
-
-def collate(tokens: list[list[int]], response_lengths: list[int], loss_masks: list[list[int]], indices: list[int],
-            pad_id: int, per_token: dict[str, list[torch.Tensor]] | None = None) -> MicroBatch:
-    """The samples ``indices``, one right-padded row each (layout ``none``)."""
-    return build(tokens, response_lengths, loss_masks, [[i] for i in indices], pad_id, per_token)
-
-
-def pack(tokens: list[list[int]], response_lengths: list[int], loss_masks: list[list[int]], indices: list[int],
-         max_tokens: int, pad_id: int, per_token: dict[str, list[torch.Tensor]] | None = None) -> list[MicroBatch]:
-    """The samples ``indices`` side by side in rows of at most ``max_tokens`` tokens, one
-    :class:`MicroBatch` per row (layout ``sequences``)."""
-    return [build(tokens, response_lengths, loss_masks, rows, pad_id, per_token)
-            for rows in plan_rows(tokens, response_lengths, indices, "sequences", max_tokens)]
