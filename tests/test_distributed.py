@@ -117,3 +117,14 @@ def test_dcp_saved_on_two_ranks_loads_on_one(tiny_model_path, tmp_path):
     hf = dict(build_model(tmp_path / "ckpt" / "model", torch.float32).named_parameters())
     for k in weights:
         assert torch.equal(weights[k], hf[k].detach()), k
+
+
+def test_two_ranks_shared_prompt_match_one_padded_process(tiny_model_path):
+    """Shared-prompt rows split by whole prompt groups over 2 ranks give the update of one
+    process with padded rows."""
+    from tests.test_packing import group_data
+
+    data = group_data(prompts=3, group=4, seed=5)
+    padded = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
+    shared = run_ranks(2, make_cfg(tiny_model_path, **{"train.packing": "shared_prompt"}), tiny_model_path, data)
+    assert_same(padded[:2], shared)
