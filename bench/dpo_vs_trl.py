@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from trl_timer import step_timer
 
 
 def write_pairs(path: Path, n: int, seed: int = 0) -> None:
@@ -40,20 +41,10 @@ def write_pairs(path: Path, n: int, seed: int = 0) -> None:
 
 def time_trl(model_path: Path, data: Path, batch: int, steps: int, max_length: int, out: Path) -> list[float]:
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.t)
-
     cuda = torch.cuda.is_available()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_path)
@@ -62,7 +53,7 @@ def time_trl(model_path: Path, data: Path, batch: int, steps: int, max_length: i
                      precompute_ref_log_probs=False, logging_steps=1000, save_strategy="no", report_to="none",
                      bf16=cuda, use_cpu=not cuda, dataloader_num_workers=0, seed=0, lr_scheduler_type="constant")
     ds = load_dataset("json", data_files=str(data), split="train")
-    DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[Timer()]).train()
+    DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[step_timer(times)]).train()
     return times
 
 

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from trl_timer import step_timer
 
 SYSTEM = ("Answer the question. Provide your final answer between <answer> and </answer> tags.")
 
@@ -90,20 +91,10 @@ def trl_reward(prompts, completions, entry_index, **_):
 
 
 def time_trl(args, model: Path, out: Path) -> list[float]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.t)
-
     cuda = torch.cuda.is_available()
     rollout = args.prompts * args.n
     micro = min(args.trl_micro_batch, rollout)
@@ -116,7 +107,7 @@ def time_trl(args, model: Path, out: Path) -> list[float]:
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
                           reward_funcs=trl_reward, args=config, train_dataset=trl_dataset(args, model, out),
                           processing_class=AutoTokenizer.from_pretrained(model, padding_side="left"),
-                          callbacks=[Timer()])
+                          callbacks=[step_timer(times)])
     trainer.train()
     return times
 

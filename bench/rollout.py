@@ -21,7 +21,7 @@ import traceback
 
 import torch
 
-from archs import ARCHS, hf_config
+from archs import hf_config
 
 
 def sync(device):

@@ -14,7 +14,6 @@ from ..algo.losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_pe
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
-from ..models.packing import PackedAttention
 from ..rollout.types import Sample
 from ..utils import faults, seeds
 from .batching import MicroBatch
@@ -48,8 +47,7 @@ def response_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
     """
     index = (mb.logit_rows, mb.logit_cols)
     if is_native(model):
-        ctx = PackedAttention(mb.doc_ids, mb.shared) if mb.packed else None
-        return model(mb.input_ids, mb.position_ids, ctx, logits_mask=index)
+        return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index)
     if mb.packed:
         raise ValueError("train.packing: sequences / shared_prompt need a Llama / Qwen2 / Qwen3 model (reinforge's own "
                          "model code); use train.packing=none for this model")

@@ -27,6 +27,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ..models.packing import PackedAttention
+
 LAYOUTS = ("none", "sequences", "shared_prompt")
 
 
@@ -70,10 +72,10 @@ class MicroBatch:
         """Whether rows hold several sequences (needs reinforge's own model code)."""
         return self.doc_ids is not None
 
-    @property
-    def real_tokens(self) -> int:
-        """Tokens the model input holds without its padding."""
-        return int(self.attention_mask.sum())
+    def attention(self) -> PackedAttention | None:
+        """The attention context of the rows (``CausalLM.forward(..., ctx=...)``): None for one
+        sequence per row (plain causal attention)."""
+        return PackedAttention(self.doc_ids, self.shared) if self.packed else None
 
     def to(self, device: torch.device) -> "MicroBatch":
         def move(v):

@@ -10,7 +10,6 @@ from torch import nn
 from ..algo.losses import aggregate, clipped_value_loss
 from ..config import Config
 from ..models.loading import build_model, is_native
-from ..models.packing import PackedAttention
 from ..rollout.types import Sample
 from .batching import MicroBatch
 from ..utils import seeds
@@ -56,9 +55,8 @@ class Critic(ModelTrainer):
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         """V(s_t) on the [S, L] response grid: the value at the position that predicts each response token."""
-        ctx = PackedAttention(mb.doc_ids, mb.shared) if mb.packed else None
         with self.autocast():
-            values = self.model(mb.input_ids, mb.position_ids, ctx)[mb.logit_rows, mb.logit_cols]
+            values = self.model(mb.input_ids, mb.position_ids, mb.attention())[mb.logit_rows, mb.logit_cols]
         return self.to_grid(mb, values)
 
     @torch.no_grad()
