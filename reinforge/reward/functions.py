@@ -11,9 +11,9 @@ from .extract import extract_answer
 
 @functools.lru_cache(maxsize=None)
 def _rg_scorer(task: str):
-    import reasoning_gym
+    from ..data.sources import import_reasoning_gym
 
-    return reasoning_gym.get_score_answer_fn(task)
+    return import_reasoning_gym().get_score_answer_fn(task)
 
 
 def reasoning_gym_reward(sample: Sample, extraction: str = "tag_or_last_number") -> float:
