@@ -13,10 +13,13 @@ def tok(smollm2_path):
     return load_tokenizer(smollm2_path)
 
 
-@pytest.fixture()
-def engine(tiny_model_path, tok):
+@pytest.fixture(params=[0, 4], ids=["one-block-per-seq", "paged"])
+def engine(request, tiny_model_path, tok):
+    """Every engine test runs on both KV layouts: one block of max_model_len per slot (the CPU
+    default) and 4-token blocks through the block table (the GPU's layout, torch attention here)."""
     model = build_model(tiny_model_path, torch.float32)
-    return EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=96, sync_interval=3), tokenizer=tok)
+    cfg = EngineConfig(max_num_seqs=8, max_model_len=96, sync_interval=3, kv_block_size=request.param)
+    return EmbeddedEngine(model, cfg, tokenizer=tok)
 
 
 def prompts(tok, n, seed=0):
@@ -69,6 +72,8 @@ def test_more_requests_than_slots_and_varied_lengths(engine, tok):
             assert len(r.token_ids) == 3 + 4 * i == len(r.log_probs)
             assert r.finish_reason == FinishReason.LENGTH
     assert not engine.has_unfinished() and len(engine._free) == engine.num_slots
+    if engine.blocks_per_seq > 1:
+        assert engine.allocator.num_free == engine.allocator.num_blocks  # every block returned
 
 
 def test_stop_token_ends_and_is_kept(engine, tok):
@@ -197,3 +202,43 @@ def test_sampling_draws_follow_the_distribution(draw):
     freq = torch.bincount(idx, minlength=5).float() / n
     assert freq[1] == 0
     assert ((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-9).all(), freq
+
+
+def test_preemption_under_a_small_block_pool_keeps_greedy_outputs(tiny_model_path, tok):
+    """A pool too small for all sequences at once: the newest are preempted and re-prefilled with
+    their tokens so far; greedy outputs and log-probs equal those of an ample pool."""
+    model = build_model(tiny_model_path, torch.float32)
+    ps = prompts(tok, 4, seed=9)
+    reqs = lambda: [GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0), n=2)  # noqa: E731
+                    for p in ps]
+    ample = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4, kv_block_size=4))
+    small = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4, kv_block_size=4,
+                                               num_kv_blocks=40))
+    want, got = ample.generate(reqs()), small.generate(reqs())
+    assert ample.num_preemptions == 0 and small.num_preemptions > 0
+    for wg, gg in zip(want, got):
+        for w, g in zip(wg, gg):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason == FinishReason.LENGTH
+            assert torch.allclose(torch.tensor(g.log_probs), torch.tensor(w.log_probs), atol=1e-4)
+    assert small.allocator.num_free == 40
+
+
+def test_paged_prompts_share_full_blocks(tiny_model_path, tok):
+    """n samples of a prompt hold its full blocks once and one own copy of its partial block."""
+    model = build_model(tiny_model_path, torch.float32)
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=2, kv_block_size=4))
+    prompt = list(range(100, 110))  # 2 full blocks + 2 tokens
+    eng.add_request(GenerateRequest(prompt, SamplingParams(max_new_tokens=8, temperature=1.0), n=4))
+    eng._admit()
+    held = [eng._blocks[s] for s in range(4)]
+    assert all(b[:2] == held[0][:2] for b in held) and len({b[2] for b in held}) == 4
+    assert eng.allocator.num_blocks - eng.allocator.num_free == 2 + 4
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.allocator.num_free == eng.allocator.num_blocks
+
+
+def test_num_kv_blocks_below_one_sequence_is_refused(tiny_model_path):
+    model = build_model(tiny_model_path, torch.float32)
+    with pytest.raises(ValueError, match="num_kv_blocks"):
+        EmbeddedEngine(model, EngineConfig(max_model_len=64, kv_block_size=4, num_kv_blocks=15))

@@ -102,6 +102,12 @@ class RolloutConfig(Section):
     max_prefill_tokens: int = opt(16384, "padded tokens per prefill batch", ge=1)
     sync_interval: int = opt(8, "decode steps between host reads of finished sequences", ge=1)
     cuda_graph: bool = opt(True, "capture decode steps as CUDA graphs (GPU)")
+    kv_block_size: int = opt(
+        0, "tokens per block of the embedded engine's paged KV cache (vLLM: `block_size`); 0 = 16 on a GPU (Triton "
+        "paged attention), one block of the whole sequence length elsewhere", ge=0)
+    num_kv_blocks: int = opt(
+        0, "cap on the embedded engine's KV-cache blocks (vLLM: `num_gpu_blocks_override`); 0 = as many as "
+        "`max_num_seqs` sequences of full length need, or as `kv_cache_memory_fraction` holds on a GPU", ge=0)
     sglang_urls: list[str] = opt([], "`backend: sglang`: use these running servers instead of launching them")
     sglang_server_args: dict[str, Any] = opt({}, "extra `sglang.launch_server` flags: `{mem_fraction_static: 0.7}` "
                                              "-> `--mem-fraction-static 0.7` (slime's `--sglang-*`)")

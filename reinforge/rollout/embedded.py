@@ -2,14 +2,21 @@
 
 Design (docs/design.md; measurements in docs/benchmarks.md):
 
-* **Slots.** The KV cache is two tensors ``[layers, slots, kv_heads, max_model_len, head_dim]``.
-  A sequence owns one slot from admission to finish, so admission control is the only
-  memory policy needed: a request waits until enough slots are free (no preemption).
+* **Slots and a paged KV cache.** A sequence owns a slot (a row of the per-sequence state) from
+  admission to finish. Its keys and values live in blocks of ``kv_block_size`` tokens of a
+  shared pool, ``[layers, blocks, kv_heads, block_size, head_dim]``, listed in its row of a block
+  table (:mod:`.kv_cache`): memory follows the tokens actually held. Before each run of decode
+  steps every running sequence gets the blocks it will fill; when the pool runs dry the most
+  recently admitted sequence is preempted (its blocks freed, and it is queued again to be
+  re-prefilled with its prompt plus the tokens it has so far: vLLM's recompute preemption).
+  On a GPU a Triton kernel attends over each sequence's own blocks (:mod:`.paged_attention`).
+  Without Triton (CPU) the default block is ``max_model_len`` long: one block per slot, the
+  padded layout whose attention is a plain batched matmul (fastest there).
 * **Continuous batching.** Each ``step()`` admits waiting requests into free slots (one
   batched prefill), runs ``sync_interval`` decode steps over the occupied slot range, then
   reads back which slots finished (one host sync) and frees them for the next admissions.
-* **Prefix sharing.** The ``n`` samples of a request prefill the prompt once; its KV rows are
-  copied into the other ``n - 1`` slots.
+* **Prefix sharing.** The ``n`` samples of a request prefill the prompt once; they share its
+  full blocks (reference-counted) and each gets a copy of its last, partial block.
 * **Device-side state.** Sampling parameters, lengths, finish flags and outputs live in
   per-slot device tensors; a decode step is a fixed sequence of tensor ops over static
   buffers (no per-token Python work), which is what makes it capturable as a CUDA graph.
@@ -32,6 +39,9 @@ import torch
 from ..config.sections import RolloutConfig
 from ..models.loading import build_model, copy_weights_, is_native
 from ..models.transformer import CausalLM
+from .kv_cache import BlockAllocator
+from .paged_attention import (gather_blocks, masked_decode_attention, paged_decode_attention_triton,
+                              triton_available)
 from .sampling import sample_tokens
 from .types import FinishReason, GenerateRequest, GenerateResult
 
@@ -50,6 +60,9 @@ class EngineConfig:
     ``max_model_len`` is the longest prompt + response a slot holds.
     ``max_prefill_tokens`` bounds the padded tokens of one prefill batch.
     ``sync_interval`` is the number of decode steps between host reads of finished slots.
+    ``kv_block_size`` is the tokens per KV-cache block; 0 picks 16 where the Triton kernel runs
+    (CUDA) and ``max_model_len`` (one block per sequence) elsewhere. ``num_kv_blocks`` caps the
+    block pool (0: no cap); at least one sequence of ``max_model_len`` must fit.
     Defaults are the ``rollout`` config section's (one default per knob).
     """
 
@@ -59,6 +72,8 @@ class EngineConfig:
     kv_cache_memory_fraction: float = RolloutConfig.kv_cache_memory_fraction
     sync_interval: int = RolloutConfig.sync_interval
     cuda_graph: bool = RolloutConfig.cuda_graph
+    kv_block_size: int = RolloutConfig.kv_block_size
+    num_kv_blocks: int = RolloutConfig.num_kv_blocks
     seed: int = 0
 
     @classmethod
@@ -66,58 +81,93 @@ class EngineConfig:
         """The engine's settings from the ``rollout`` config section."""
         return cls(max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
                    kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
-                   cuda_graph=r.cuda_graph, seed=seed)
+                   cuda_graph=r.cuda_graph, kv_block_size=r.kv_block_size, num_kv_blocks=r.num_kv_blocks,
+                   seed=seed)
 
 
 class _Group:
-    """A request and the slots of its ``n`` samples."""
+    """A request and the results of its ``n`` samples (filled in as they finish)."""
 
-    __slots__ = ("request", "results", "slots")
+    __slots__ = ("request", "results")
 
     def __init__(self, request: GenerateRequest):
         self.request = request
         self.results: list[GenerateResult | None] = [None] * request.n
+
+
+class _Pending:
+    """Samples of a request waiting to be prefilled together: all ``n`` of a new request, or one
+    preempted sample, whose prompt then ends with the tokens it had generated (``carried``)."""
+
+    __slots__ = ("group", "samples", "prompt_ids", "carried_ids", "carried_logprobs", "slots")
+
+    def __init__(self, group: _Group, samples: list[int], prompt_ids: list[int],
+                 carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None):
+        self.group, self.samples, self.prompt_ids = group, samples, prompt_ids
+        self.carried_ids, self.carried_logprobs = carried_ids or [], carried_logprobs or []
         self.slots: list[int] = []
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.group.request.params.max_new_tokens - len(self.carried_ids)
 
 
 class _PrefillCtx:
-    """Causal attention over a right-padded prompt batch; writes K/V into the given slots."""
+    """Causal attention over a right-padded prompt batch; writes K/V into each prompt's blocks.
 
-    def __init__(self, engine: "EmbeddedEngine", slots: torch.Tensor):
-        self.e, self.slots = engine, slots
+    ``blk``, ``off``: [P * T] block id and offset of each (prompt, position); the sink block for
+    padding positions that have no block.
+    """
+
+    def __init__(self, engine: "EmbeddedEngine", blk: torch.Tensor, off: torch.Tensor):
+        self.e, self.blk, self.off = engine, blk, off
 
     def attend(self, layer, q, k, v):
-        T = k.shape[1]
+        P, T, KVH, D = k.shape
+        self.e.k_cache[layer][self.blk, :, self.off] = k.reshape(P * T, KVH, D)
+        self.e.v_cache[layer][self.blk, :, self.off] = v.reshape(P * T, KVH, D)
         kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, T, D]
-        self.e.k_cache[layer, self.slots, :, :T] = kt
-        self.e.v_cache[layer, self.slots, :, :T] = vt
         o = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=kt.shape[1] != q.shape[2])
         return o.transpose(1, 2)
 
 
 class _DecodeCtx:
-    """One new token per slot in ``[0, B)``: write its K/V at ``pos``, attend to keys ``[0, pos]``."""
+    """One new token per slot in ``[0, B)``: write its K/V at ``pos``, attend to keys ``[0, pos]``.
 
-    def __init__(self, engine: "EmbeddedEngine", B: int, Lk: int, pos: torch.Tensor):
-        self.e, self.B, self.Lk, self.pos = engine, B, Lk, pos
-        self.rows = engine._arange[:B]
-        visible = engine._arange[:Lk][None, :] <= pos[:, None]
-        self.bias = torch.zeros(B, 1, 1, Lk, device=pos.device, dtype=torch.float32).masked_fill_(
-            ~visible[:, None, None, :], float("-inf"))
+    ``Lk`` bounds the key range of the torch paths (a multiple of the block size); the Triton
+    kernel reads each sequence's own length. Idle rows write into the sink block.
+    """
+
+    def __init__(self, engine: "EmbeddedEngine", B: int, Lk: int, pos: torch.Tensor, active: torch.Tensor):
+        e = engine
+        self.e, self.B, self.Lk = e, B, Lk
+        bs = e.block_size
+        page = (pos // bs).clamp(max=e.blocks_per_seq - 1)
+        blk = e.block_table[:B].gather(1, page[:, None])[:, 0].long()
+        self.w_blk = torch.where(active, blk, e.sink_block)
+        self.w_off = pos % bs
+        if e.use_kernel:
+            self.lens = torch.where(active, pos + 1, 1)
+        else:
+            visible = e._arange[:Lk][None, :] <= pos[:, None]
+            self.bias = torch.zeros(B, 1, 1, Lk, device=pos.device, dtype=torch.float32).masked_fill_(
+                ~visible[:, None, None, :], float("-inf"))
 
     def attend(self, layer, q, k, v):
         e, B, Lk = self.e, self.B, self.Lk
-        kc, vc = e.k_cache[layer], e.v_cache[layer]  # [S, KVH, L, D]
-        kc[self.rows, :, self.pos] = k[:, 0]
-        vc[self.rows, :, self.pos] = v[:, 0]
-        H, D = q.shape[2], q.shape[3]
-        KVH = kc.shape[1]
-        qg = q.view(B, KVH, H // KVH, D)
-        keys, values = kc[:B, :, :Lk], vc[:B, :, :Lk]  # views, no copy
-        scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (D ** -0.5) + self.bias
-        probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        return torch.matmul(probs, values).view(B, 1, H, D)
+        kc, vc = e.k_cache[layer], e.v_cache[layer]  # [blocks, KVH, BS, D]
+        kc[self.w_blk, :, self.w_off] = k[:, 0]
+        vc[self.w_blk, :, self.w_off] = v[:, 0]
+        if e.use_kernel:
+            o = paged_decode_attention_triton(q[:, 0], kc, vc, e.block_table, self.lens)
+        elif e.blocks_per_seq == 1:  # block s belongs to slot s: views, no copy
+            o = masked_decode_attention(q[:, 0], kc[:B, :, :Lk], vc[:B, :, :Lk], self.bias)
+        else:
+            nb = Lk // e.block_size
+            table = e.block_table[:B]
+            o = masked_decode_attention(q[:, 0], gather_blocks(kc, table, nb), gather_blocks(vc, table, nb), self.bias)
+        return o[:, None]
 
 
 class EmbeddedEngine:
@@ -144,42 +194,68 @@ class EmbeddedEngine:
         self._graph_pool = None
         self._use_graphs = self.device.type == "cuda" and self.config.cuda_graph
         self._request_ids = itertools.count()
-        self._waiting: collections.deque[_Group] = collections.deque()
+        self._waiting: collections.deque[_Pending] = collections.deque()
         self._allocated = False
         self._sleeping_weights_device: torch.device | None = None
         self._interrupted = False
         self._allocate()
 
     # ------------------------------------------------------------------ memory
-    def _bytes_per_slot(self) -> int:
+    def _block_size(self) -> int:
+        L, bs = self.config.max_model_len, self.config.kv_block_size
+        if bs <= 0:
+            bs = 16 if triton_available(self.device.type) else L
+        return min(bs, L)
+
+    def _bytes_per_block(self, block_size: int) -> int:
         a = self.model.args
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * self.config.max_model_len * elem
+        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * block_size * elem
 
-    def _num_slots(self) -> int:
+    def _pool_size(self, block_size: int, blocks_per_seq: int) -> tuple[int, int]:
+        """(slots, blocks): ``max_num_seqs`` slots; blocks for all of them at ``max_model_len``,
+        fewer on CUDA where ``kv_cache_memory_fraction`` of the free memory holds fewer."""
         slots = self.config.max_num_seqs
+        blocks = slots * blocks_per_seq
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            fit = int(free * self.config.kv_cache_memory_fraction) // self._bytes_per_slot()
-            if fit < 1:
+            fit = int(free * self.config.kv_cache_memory_fraction) // self._bytes_per_block(block_size) - 1
+            if fit < blocks_per_seq:
+                need = self._bytes_per_block(block_size) * blocks_per_seq
                 raise MemoryError(
                     f"the KV cache for one sequence of max_model_len={self.config.max_model_len} needs "
-                    f"{self._bytes_per_slot() / 2**20:.0f} MiB but only {free / 2**20:.0f} MiB are free: lower "
+                    f"{need / 2**20:.0f} MiB but only {free / 2**20:.0f} MiB are free: lower "
                     f"rollout.max_model_len or raise rollout.kv_cache_memory_fraction")
-            slots = min(slots, fit)
-        return slots
+            blocks = min(blocks, fit)
+        if self.config.num_kv_blocks:
+            if self.config.num_kv_blocks < blocks_per_seq:
+                raise ValueError(f"rollout.num_kv_blocks={self.config.num_kv_blocks} holds less than one sequence "
+                                 f"of max_model_len={self.config.max_model_len} ({blocks_per_seq} blocks)")
+            blocks = min(blocks, self.config.num_kv_blocks)
+        if blocks_per_seq == 1:  # one block per slot
+            slots = blocks
+        return slots, blocks
 
     def _allocate(self) -> None:
         a, c = self.model.args, self.config
-        S, L = self._num_slots(), c.max_model_len
+        L = c.max_model_len
+        self.block_size = bs = self._block_size()
+        self.blocks_per_seq = -(-L // bs)
+        S, NB = self._pool_size(bs, self.blocks_per_seq)
+        self.use_kernel = triton_available(self.device.type) and self.blocks_per_seq > 1
         dev = self.device
-        shape = (a.num_layers, S, a.num_kv_heads, L, a.head_dim)
+        shape = (a.num_layers, NB + 1, a.num_kv_heads, bs, a.head_dim)  # + the sink block
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.sink_block = NB
+        self.allocator = BlockAllocator(NB, bs)
+        self.block_table = torch.full((S, self.blocks_per_seq), NB, dtype=torch.int32, device=dev)
+        self._blocks: list[list[int]] = [[] for _ in range(S)]
         self.num_slots = S
+        self.num_preemptions = 0
         self.max_new_cap = L
         z = dict(device=dev)
-        self._arange = torch.arange(max(S, L), **z)
+        self._arange = torch.arange(max(S, L, bs * self.blocks_per_seq), **z)
         self.seq_lens = torch.zeros(S, dtype=torch.long, **z)
         self.gen_lens = torch.zeros(S, dtype=torch.long, **z)
         self.last_token = torch.zeros(S, dtype=torch.long, **z)
@@ -194,12 +270,15 @@ class EmbeddedEngine:
         self.out_logprobs = torch.zeros(S, L, dtype=torch.float32, **z)
         self._free = list(range(S))
         heapq.heapify(self._free)
-        self._owner: list[tuple[_Group, int] | None] = [None] * S
+        self._owner: list[tuple[_Pending, int] | None] = [None] * S
+        self._admitted = [0] * S  # admission order of the slot's sequence (preemption picks the newest)
+        self._admissions = itertools.count()
         self._len_bound = [0] * S  # host-side upper bound of seq_lens per occupied slot
         self._filters = [False] * S  # slot uses top-k / top-p
         self._allocated = True
-        log.info("embedded engine: %d slots x %d tokens, KV cache %.1f MiB", S, L,
-                 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
+        log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB)%s", S, NB, bs,
+                 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+                 ", Triton paged attention" if self.use_kernel else "")
 
     # ------------------------------------------------------------------ public API
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
@@ -249,16 +328,18 @@ class EmbeddedEngine:
         if request.request_id is None:
             request.request_id = next(self._request_ids)
         group = _Group(request)
-        self._waiting.append(group)
+        self._waiting.append(_Pending(group, list(range(request.n)), list(request.prompt_ids)))
         return group
 
     def abort(self, request_id: Any) -> None:
         """Stop a queued or running request; its unfinished samples end with ``FinishReason.ABORT``."""
-        for g in list(self._waiting):
-            if g.request.request_id == request_id:
-                self._waiting.remove(g)
-                g.results = [GenerateResult([], [], FinishReason.ABORT, self.weight_version)] * g.request.n
-        slots = [s for s, o in enumerate(self._owner) if o is not None and o[0].request.request_id == request_id]
+        for pend in list(self._waiting):
+            if pend.group.request.request_id == request_id:
+                self._waiting.remove(pend)
+                for j in pend.samples:
+                    pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
+                                                           FinishReason.ABORT, self.weight_version)
+        slots = [s for s, o in enumerate(self._owner) if o is not None and o[0].group.request.request_id == request_id]
         if slots:
             self._finish(slots, abort=True)
 
@@ -270,14 +351,19 @@ class EmbeddedEngine:
         self.generator.manual_seed(seed)
 
     def step(self) -> None:
-        """Admit waiting requests, run ``sync_interval`` decode steps, collect finished slots."""
+        """Admit waiting requests, give the running sequences the KV blocks of the next
+        ``sync_interval`` tokens (preempting if the pool runs dry), run the decode steps, collect
+        finished slots."""
         self._admit()
-        running = [s for s, o in enumerate(self._owner) if o is not None]
+        steps = self.config.sync_interval
+        running = self._grow([s for s, o in enumerate(self._owner) if o is not None], steps)
         if not running:
             return
-        steps = self.config.sync_interval
         B = _bucket(max(running) + 1, self.num_slots)
-        Lk = _bucket(max(self._len_bound[s] for s in running) + steps, self.config.max_model_len, quantum=64)
+        Lk = 0 if self.use_kernel else _bucket(max(self._len_bound[s] for s in running) + steps,
+                                               self.block_size * self.blocks_per_seq, quantum=64)
+        if not self.use_kernel and self.blocks_per_seq > 1:
+            Lk = -(-Lk // self.block_size) * self.block_size
         filters = any(self._filters[s] for s in running)
         for _ in range(steps):
             self._decode_step(B, Lk, filters)
@@ -301,7 +387,7 @@ class EmbeddedEngine:
         self._allocated = False
         self._graphs.clear()  # they point into the buffers freed below
         self._graph_pool = None
-        for name in ("k_cache", "v_cache", "out_tokens", "out_logprobs"):
+        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs"):
             setattr(self, name, None)
         if offload_weights and self.device.type != "cpu":
             self._sleeping_weights_device = self.device
@@ -324,58 +410,119 @@ class EmbeddedEngine:
         self.sleep()
 
     # ------------------------------------------------------------------ internals
+    def _prompt_blocks(self, prompt_len: int, n: int) -> int:
+        """Blocks ``n`` samples of a prompt take at admission: its full blocks once, its last
+        partial block once per sample."""
+        bs = self.block_size
+        return prompt_len // bs + n * (prompt_len % bs != 0)
+
+    def _admissible(self) -> list[_Pending]:
+        """Pop the waiting entries admitted now: slots free for all their samples, the padded
+        prefill within ``max_prefill_tokens``, and blocks for their prompts with one interval of
+        growth left for every running sequence (anything fits when nothing runs: progress)."""
+        chosen: list[_Pending] = []
+        budget, longest = self.config.max_prefill_tokens, 0
+        free_slots, free_blocks = len(self._free), self.allocator.num_free
+        running = sum(o is not None for o in self._owner)
+        growth = self.allocator.blocks_for(self.config.sync_interval)
+        paged = self.blocks_per_seq > 1
+        while self._waiting:
+            pend = self._waiting[0]
+            n, P = len(pend.samples), len(pend.prompt_ids)
+            longest_if = max(longest, P)
+            if n > free_slots or (chosen and longest_if * (len(chosen) + 1) > budget):
+                break
+            if paged:
+                need = self._prompt_blocks(P, n)
+                if need + (running + n) * growth > free_blocks and (running or chosen):
+                    break
+                while need > free_blocks and n > 1:  # alone and too big: admit fewer of its samples
+                    n -= 1
+                    need = self._prompt_blocks(P, n)
+                if need > free_blocks:
+                    break
+                if n < len(pend.samples):
+                    rest = _Pending(pend.group, pend.samples[n:], pend.prompt_ids)
+                    pend.samples = pend.samples[:n]
+                    self._waiting.insert(1, rest)
+                free_blocks -= need
+            self._waiting.popleft()
+            chosen.append(pend)
+            longest = longest_if
+            free_slots -= n
+            running += n
+        return chosen
+
+    def _take_blocks(self, pend: _Pending) -> None:
+        """Slots and blocks for the samples of an admitted entry: shared full prompt blocks, one
+        own block each for the prompt's partial last block; sample 0's blocks get the prefill."""
+        P, bs = len(pend.prompt_ids), self.block_size
+        pend.slots = [heapq.heappop(self._free) for _ in pend.samples]
+        if self.blocks_per_seq == 1:  # block s belongs to slot s
+            for s in pend.slots:
+                self._blocks[s] = [s]
+            return
+        shared = self.allocator.allocate(P // bs)
+        for k, s in enumerate(pend.slots):
+            own = self.allocator.allocate(1) if P % bs else []
+            self._blocks[s] = (shared if k == 0 else self.allocator.share(shared)) + own
+
+    def _set_table_rows(self, slots: list[int]) -> None:
+        """Copy the host block lists of ``slots`` into the device block table (sink elsewhere)."""
+        rows = torch.full((len(slots), self.blocks_per_seq), self.sink_block, dtype=torch.int32)
+        for i, s in enumerate(slots):
+            rows[i, : len(self._blocks[s])] = torch.tensor(self._blocks[s], dtype=torch.int32)
+        self.block_table[torch.tensor(slots, device=self.device)] = rows.to(self.device)
+
     @torch.no_grad()
     def _admit(self) -> None:
-        chosen: list[_Group] = []
-        budget = self.config.max_prefill_tokens
-        longest = 0
-        free = len(self._free)
-        while self._waiting and self._waiting[0].request.n <= free:
-            g = self._waiting[0]
-            longest_if = max(longest, len(g.request.prompt_ids))
-            if chosen and longest_if * (len(chosen) + 1) > budget:
-                break
-            self._waiting.popleft()
-            chosen.append(g)
-            longest = longest_if
-            free -= g.request.n
+        chosen = self._admissible()
         if not chosen:
             return
-        dev = self.device
-        P, T = len(chosen), longest
+        dev, bs = self.device, self.block_size
+        P, T = len(chosen), max(len(p.prompt_ids) for p in chosen)
         ids = torch.zeros(P, T, dtype=torch.long)
-        lens = torch.tensor([len(g.request.prompt_ids) for g in chosen])
-        for i, g in enumerate(chosen):
-            ids[i, : lens[i]] = torch.tensor(g.request.prompt_ids)
-            g.slots = [heapq.heappop(self._free) for _ in range(g.request.n)]
-            for j, s in enumerate(g.slots):
-                self._owner[s] = (g, j)
+        lens = torch.tensor([len(p.prompt_ids) for p in chosen])
+        blk = torch.full((P, T), self.sink_block, dtype=torch.long)
+        for i, pend in enumerate(chosen):
+            ids[i, : lens[i]] = torch.tensor(pend.prompt_ids)
+            self._take_blocks(pend)
+            b0 = self._blocks[pend.slots[0]]
+            span = min(T, len(b0) * bs)
+            blk[i, :span] = torch.tensor(b0).repeat_interleave(bs)[:span]
+            for k, s in enumerate(pend.slots):
+                self._owner[s] = (pend, k)
+                self._admitted[s] = next(self._admissions)
                 self._len_bound[s] = int(lens[i])
-                p = g.request.params
+                p = pend.group.request.params
                 self._filters[s] = p.top_k > 0 or p.top_p < 1.0
+        slots = [s for p in chosen for s in p.slots]
+        self._set_table_rows(slots)
         ids, lens_d = ids.to(dev), lens.to(dev)
-        first = torch.tensor([g.slots[0] for g in chosen], device=dev)
-        hidden = self.model.forward_hidden(ids, None, _PrefillCtx(self, first))
+        off = (torch.arange(T) % bs).expand(P, T)
+        ctx = _PrefillCtx(self, blk.flatten().to(dev), off.flatten().to(dev))
+        hidden = self.model.forward_hidden(ids, None, ctx)
         last = hidden[torch.arange(P, device=dev), lens_d - 1]
         logits = self.model.lm_head(last).float()
-        # prefix sharing: copy the prompt's KV rows into the group's other slots
-        src = [g.slots[0] for g in chosen for _ in g.slots[1:]]
-        if src:
-            dst = torch.tensor([s for g in chosen for s in g.slots[1:]], device=dev)
-            src_t = torch.tensor(src, device=dev)
-            self.k_cache[:, dst, :, :T] = self.k_cache[:, src_t, :, :T]
-            self.v_cache[:, dst, :, :T] = self.v_cache[:, src_t, :, :T]
+        # prefix sharing: the other samples get a copy of the prompt's last, partial block
+        pairs = [(self._blocks[p.slots[0]][-1], self._blocks[s][-1]) for p in chosen if len(p.prompt_ids) % bs
+                 for s in p.slots[1:]]
+        if pairs:
+            src = torch.tensor([a for a, _ in pairs], device=dev)
+            dst = torch.tensor([b for _, b in pairs], device=dev)
+            r = min(T, bs)
+            self.k_cache[:, dst, :, :r] = self.k_cache[:, src, :, :r]
+            self.v_cache[:, dst, :, :r] = self.v_cache[:, src, :, :r]
         # per-slot state
-        slots = [s for g in chosen for s in g.slots]
-        reps = torch.tensor([g.request.n for g in chosen], device=dev)
-        params = [g.request.params for g in chosen for _ in g.slots]
+        reps = torch.tensor([len(p.slots) for p in chosen], device=dev)
+        params = [p.group.request.params for p in chosen for _ in p.slots]
         slot_t = torch.tensor(slots, device=dev)
 
         def put(buf, values, dtype):
             buf[slot_t] = torch.tensor(values, dtype=dtype).to(dev)
 
-        put(self.seq_lens, [len(g.request.prompt_ids) for g in chosen for _ in g.slots], torch.long)
-        put(self.max_new, [p.max_new_tokens for p in params], torch.long)
+        put(self.seq_lens, [len(p.prompt_ids) for p in chosen for _ in p.slots], torch.long)
+        put(self.max_new, [p.max_new_tokens for p in chosen for _ in p.slots], torch.long)
         put(self.temperature, [p.temperature for p in params], torch.float32)
         put(self.top_k, [p.top_k for p in params], torch.long)
         put(self.top_p, [p.top_p for p in params], torch.float32)
@@ -396,6 +543,55 @@ class EmbeddedEngine:
         hit_len = self.max_new[slot_t] <= 1
         self.finish_code[slot_t] = torch.where(is_stop, _STOP, torch.where(hit_len, _LENGTH, 0)).to(torch.int8)
         self.done[slot_t] = is_stop | hit_len
+
+    def _grow(self, running: list[int], steps: int) -> list[int]:
+        """Give each running slot the blocks its next ``steps`` tokens need, oldest sequences
+        first; when the pool runs dry, preempt the newest. Returns the slots still running."""
+        if self.blocks_per_seq == 1 or not running:
+            return running
+        order = sorted(running, key=lambda s: self._admitted[s])
+        kept, changed = [], []
+        while order:
+            s = order.pop(0)
+            want = min(self.allocator.blocks_for(self._len_bound[s] + steps), self.blocks_per_seq)
+            need = want - len(self._blocks[s])
+            while need > self.allocator.num_free and order:
+                self._preempt(order.pop())
+            if need > self.allocator.num_free:
+                self._preempt(s)
+                continue
+            if need > 0:
+                self._blocks[s] += self.allocator.allocate(need)
+                changed.append(s)
+            kept.append(s)
+        if changed:
+            self._set_table_rows(changed)
+        return sorted(kept)
+
+    def _preempt(self, slot: int) -> None:
+        """Free a running sequence's slot and blocks and queue it first, to be prefilled again
+        with its prompt and the tokens it has so far (recompute preemption)."""
+        pend, k = self._owner[slot]
+        n = int(self.gen_lens[slot])
+        ids = pend.carried_ids + self.out_tokens[slot, :n].tolist()
+        lps = pend.carried_logprobs + self.out_logprobs[slot, :n].tolist()
+        again = _Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps)
+        self._release([slot])
+        self._waiting.appendleft(again)
+        self.num_preemptions += 1
+        log.debug("preempted slot %d after %d tokens (%d free blocks)", slot, len(ids), self.allocator.num_free)
+
+    def _release(self, slots: list[int]) -> None:
+        """Slots and their blocks back to the pools; the slots' rows become idle."""
+        for s in slots:
+            if self.blocks_per_seq > 1:
+                self.allocator.free(self._blocks[s])
+            self._blocks[s] = []
+            self._owner[s] = None
+            heapq.heappush(self._free, s)
+        idx = torch.tensor(slots, device=self.device)
+        self.done[idx] = True
+        self.block_table[idx] = self.sink_block
 
     def _decode_step(self, B: int, Lk: int, filters: bool) -> None:
         """One decode step over slots [0, B) with keys [0, Lk): a CUDA graph replay when
@@ -422,13 +618,13 @@ class EmbeddedEngine:
     @torch.no_grad()
     def _decode(self, B: int, Lk: int, filters: bool) -> None:
         pos = self.seq_lens[:B]
-        ctx = _DecodeCtx(self, B, Lk, pos)
+        active = ~self.done[:B]
+        ctx = _DecodeCtx(self, B, Lk, pos, active)
         hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx)
         logits = self.model.lm_head(hidden[:, 0]).float()
         tok, lp = sample_tokens(logits, self.temperature[:B], self.top_k[:B] if filters else None,
                                 self.top_p[:B] if filters else None, self.generator)
-        active = ~self.done[:B]
-        rows = ctx.rows
+        rows = self._arange[:B]
         g = self.gen_lens[:B]
         w = g.clamp(max=self.max_new_cap - 1)
         self.out_tokens[rows, w] = torch.where(active, tok, self.out_tokens[rows, w])
@@ -447,7 +643,7 @@ class EmbeddedEngine:
         idx = torch.tensor(running, device=self.device)
         done = self.done[idx].cpu().tolist()
         finished = [s for s, d in zip(running, done) if d]
-        stop_check = [s for s, d in zip(running, done) if not d and self._owner[s][0].request.params.stop]
+        stop_check = [s for s, d in zip(running, done) if not d and self._owner[s][0].group.request.params.stop]
         if stop_check:
             finished += self._check_stop_strings(stop_check)
         if finished:
@@ -460,9 +656,11 @@ class EmbeddedEngine:
         toks = self.out_tokens[idx].cpu()
         hit = []
         for s, n, row in zip(slots, lens, toks):
-            cut = _stop_string_cut(self.tokenizer, row[:n].tolist(), self._owner[s][0].request.params.stop)
+            pend = self._owner[s][0]
+            carried = pend.carried_ids
+            cut = _stop_string_cut(self.tokenizer, carried + row[:n].tolist(), pend.group.request.params.stop)
             if cut is not None:
-                self.gen_lens[s] = cut
+                self.gen_lens[s] = max(cut - len(carried), 0)
                 self.finish_code[s] = _STOP
                 self.done[s] = True
                 hit.append(s)
@@ -476,20 +674,21 @@ class EmbeddedEngine:
         toks = self.out_tokens[idx, :width].cpu().tolist()
         lps = self.out_logprobs[idx, :width].cpu().tolist()
         for s, n, code, t, lp in zip(slots, lens, codes, toks, lps):
-            g, j = self._owner[s]
+            pend, k = self._owner[s]
+            params = pend.group.request.params
             if code == _STOP:
                 reason = FinishReason.STOP
             elif code == _LENGTH:
                 reason = FinishReason.LENGTH
             else:
                 reason = FinishReason.ABORT if abort else FinishReason.LENGTH
-            if g.request.params.stop and reason == FinishReason.STOP:
-                cut = _stop_string_cut(self.tokenizer, t[:n], g.request.params.stop)
-                n = cut if cut is not None else n
-            g.results[j] = GenerateResult(t[:n], lp[:n], reason, self.weight_version)
-            self._owner[s] = None
-            heapq.heappush(self._free, s)
-        self.done[idx] = True
+            t, lp = pend.carried_ids + t[:n], pend.carried_logprobs + lp[:n]
+            if params.stop and reason == FinishReason.STOP:
+                cut = _stop_string_cut(self.tokenizer, t, params.stop)
+                if cut is not None:
+                    t, lp = t[:cut], lp[:cut]
+            pend.group.results[pend.samples[k]] = GenerateResult(t, lp, reason, self.weight_version)
+        self._release(slots)
 
 
 def _stop_string_cut(tokenizer, tokens: list[int], stops: list[str]) -> int | None:
