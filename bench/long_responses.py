@@ -82,7 +82,9 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     new = sum(len(r.token_ids) for g in groups for r in g.results)
     out = {"slots": eng.num_slots, "prefill_tok_s": args.seqs * prompt_len / prefill_s,
            "decode_tok_s": new / decode_s, "peak_gib": peak_gib(device),
-           "kv_gib": 2 * eng.k_cache.numel() * eng.k_cache.element_size() / 2**30}
+           "kv_gib": 2 * eng.k_cache.numel() * eng.k_cache.element_size() / 2**30,
+           "kv_held_gib": eng.allocator.peak_used * eng._bytes_per_block(eng.block_size) / 2**30,
+           "preempted": eng.num_preemptions}
     eng.shutdown()
     del eng, model
     return out
@@ -204,11 +206,12 @@ def main() -> None:
     if gen:
         print(f"\nGeneration: {args.seqs} sequences, context {args.prompt_len} + length; decode timed over the last "
               f"{args.window} tokens")
-        print("| arch | new tokens | slots | prefill tok/s | decode tok/s | KV cache GiB | peak GiB |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| arch | new tokens | slots | prefill tok/s | decode tok/s | KV pool GiB | KV held GiB | peak GiB |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for arch, length, r in gen:
             print(f"| {arch} | {length} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
-                  f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'peak_gib', '.1f')} |")
+                  f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
+                  f"{cell(r, 'peak_gib', '.1f')} |")
     if train:
         print(f"\nTraining: {args.train_samples} samples, responses uniform in [L/8, L], prompt {args.prompt_len}, "
               f"max_tokens_per_gpu {args.max_tokens}, gradient checkpointing")

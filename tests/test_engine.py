@@ -204,6 +204,59 @@ def test_sampling_draws_follow_the_distribution(draw):
     assert ((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-9).all(), freq
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused sampler is a Triton kernel (CUDA)")
+def test_fused_sampler_draws_follow_the_distribution_and_report_exact_log_probs():
+    from reinforge.rollout.sampling import sample_tokens_fused
+
+    p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05] + [0.0] * 5000, device="cuda")
+    n = 40000
+    logits = p.log().repeat(n, 1).to(torch.bfloat16)
+    seed = torch.tensor([7], device="cuda")
+    tok, lp = sample_tokens_fused(logits, torch.ones(n, device="cuda"), seed)
+    freq = torch.bincount(tok, minlength=5)[:5].float().cpu() / n
+    q = p[:5].cpu()
+    assert freq[1] == 0 and ((freq - q).abs() <= 4 * (q * (1 - q) / n).sqrt() + 1e-9).all(), freq
+    ref = torch.log_softmax(logits.float(), -1).gather(-1, tok[:, None])[:, 0]
+    assert (lp - ref).abs().max() < 1e-5
+    g = torch.randn(64, 49152, device="cuda")
+    temp = torch.where(torch.arange(64, device="cuda") % 2 == 0, 0.0, 0.7)
+    tok, lp = sample_tokens_fused(g, temp, seed)
+    assert (tok[::2] == g[::2].argmax(-1)).all()  # temperature 0: greedy
+    t = torch.where(temp > 0, temp, 1.0)
+    ref = torch.log_softmax(g / t[:, None], -1).gather(-1, tok[:, None])[:, 0]
+    assert (lp - ref).abs().max() < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the paged-attention kernel runs on CUDA")
+def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok):
+    """On the GPU's default path (16-token blocks, Triton attention, fused sampler, CUDA graphs)
+    fp32 engine log-probs equal the trainer's, under preemption too, and greedy tokens equal
+    those of the one-block-per-sequence layout."""
+    model = build_model(tiny_model_path, torch.float32, "cuda")
+    trainer = build_model(tiny_model_path, torch.float32, "cuda")
+    ps = prompts(tok, 6, seed=1)
+    for blocks in (0, 30):  # ample pool; a pool that forces preemption
+        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, max_model_len=96, sync_interval=3,
+                                                 num_kv_blocks=blocks))
+        assert eng.use_kernel and eng.block_size == 16
+        diffs = []
+        sp = SamplingParams(max_new_tokens=60, temperature=0.7, ignore_eos=True)
+        for p, group in zip(ps, eng.generate([GenerateRequest(p, sp, n=2) for p in ps])):
+            for r in group:
+                ids = torch.tensor([p + r.token_ids], device="cuda")
+                with torch.no_grad():
+                    logits = trainer(ids)[0, len(p) - 1:-1].float() / 0.7
+                ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(p):, None])[:, 0].cpu()
+                diffs.append((ref - torch.tensor(r.log_probs)).abs())
+        assert torch.cat(diffs).mean().item() < 1e-5
+        assert (eng.num_preemptions > 0) == (blocks > 0)
+    one = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, max_model_len=96, kv_block_size=96))
+    greedy = SamplingParams(max_new_tokens=30, temperature=0.0)
+    a = eng.generate([GenerateRequest(p, greedy) for p in ps])
+    b = one.generate([GenerateRequest(p, greedy) for p in ps])
+    assert [g[0].token_ids for g in a] == [g[0].token_ids for g in b]
+
+
 def test_preemption_under_a_small_block_pool_keeps_greedy_outputs(tiny_model_path, tok):
     """A pool too small for all sequences at once: the newest are preempted and re-prefilled with
     their tokens so far; greedy outputs and log-probs equal those of an ample pool."""

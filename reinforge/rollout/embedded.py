@@ -42,7 +42,7 @@ from ..models.transformer import CausalLM
 from .kv_cache import BlockAllocator
 from .paged_attention import (gather_blocks, masked_decode_attention, paged_decode_attention_triton,
                               triton_available)
-from .sampling import sample_tokens
+from .sampling import sample_tokens, sample_tokens_fused
 from .types import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,10 @@ class EmbeddedEngine:
         self.dtype = next(model.parameters()).dtype
         self.weight_version = 0
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        # the fused GPU sampler's Philox key: seed in the high 32 bits, decode steps in the low ones
+        self._fused_sampling = triton_available(self.device.type)
+        self._philox = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._philox.fill_(_philox_base(self.config.seed))
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._graph_pool = None
         self._use_graphs = self.device.type == "cuda" and self.config.cuda_graph
@@ -349,6 +353,7 @@ class EmbeddedEngine:
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream (the loop reseeds per rollout: resumable runs)."""
         self.generator.manual_seed(seed)
+        self._philox.fill_(_philox_base(seed))
 
     def step(self) -> None:
         """Admit waiting requests, give the running sequences the KV blocks of the next
@@ -621,9 +626,13 @@ class EmbeddedEngine:
         active = ~self.done[:B]
         ctx = _DecodeCtx(self, B, Lk, pos, active)
         hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx)
-        logits = self.model.lm_head(hidden[:, 0]).float()
-        tok, lp = sample_tokens(logits, self.temperature[:B], self.top_k[:B] if filters else None,
-                                self.top_p[:B] if filters else None, self.generator)
+        logits = self.model.lm_head(hidden[:, 0])
+        if self._fused_sampling and not filters:
+            tok, lp = sample_tokens_fused(logits, self.temperature[:B], self._philox)
+            self._philox += 1
+        else:
+            tok, lp = sample_tokens(logits.float(), self.temperature[:B], self.top_k[:B] if filters else None,
+                                    self.top_p[:B] if filters else None, self.generator)
         rows = self._arange[:B]
         g = self.gen_lens[:B]
         w = g.clamp(max=self.max_new_cap - 1)
@@ -707,6 +716,11 @@ def _stop_string_cut(tokenizer, tokens: list[int], stops: list[str]) -> int | No
         else:
             lo = mid + 1
     return lo
+
+
+def _philox_base(seed: int) -> int:
+    """The fused sampler's first Philox key for ``seed`` (decode steps count up from it)."""
+    return (seed & 0x7FFFFFFF) << 32
 
 
 def _bucket(n: int, cap: int, quantum: int = 8) -> int:

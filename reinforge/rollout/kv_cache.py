@@ -31,6 +31,7 @@ class BlockAllocator:
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self._refs = [0] * num_blocks
+        self.peak_used = 0  # most blocks held at once (memory actually used)
 
     @property
     def num_free(self) -> int:
@@ -51,6 +52,7 @@ class BlockAllocator:
         out = [self._free.pop() for _ in range(n)]
         for b in out:
             self._refs[b] = 1
+        self.peak_used = max(self.peak_used, self.num_blocks - len(self._free))
         return out
 
     def share(self, blocks: list[int]) -> list[int]:
