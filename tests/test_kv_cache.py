@@ -57,12 +57,28 @@ def test_gathered_blocks_equal_reference_attention():
         torch.testing.assert_close(out[b], ref[:, 0], atol=1e-5, rtol=1e-5)
 
 
+def triton_kernel_case(H, KVH, D, BS, dtype, device, seed=0):
+    """Kernel output and cache after the call, against the reference: write the new K/V, then
+    gather and attend. Returns (out, ref, cache_after, cache_ref)."""
+    q, k, v, table, lens, mb = _paged_case(B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=device, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    kn = torch.randn(q.shape[0], KVH, D, generator=g).to(device=device, dtype=dtype)
+    vn = torch.randn(q.shape[0], KVH, D, generator=g).to(device=device, dtype=dtype)
+    pos = lens - 1
+    w_blk = table.long().gather(1, (pos // BS)[:, None])[:, 0]
+    w_off = pos % BS
+    k_ref, v_ref = k.clone(), v.clone()
+    k_ref[w_blk, :, w_off], v_ref[w_blk, :, w_off] = kn, vn
+    keys, values = gather_blocks(k_ref, table, mb).float(), gather_blocks(v_ref, table, mb).float()
+    ref = masked_decode_attention(q.float(), keys, values, _bias(lens, keys.shape[2]))
+    out = paged_decode_attention_triton(q, kn, vn, k, v, table, lens, w_blk, w_off, block_n=16)
+    return out.float(), ref, (k, v), (k_ref, v_ref)
+
+
 @pytest.mark.skipif(not triton_available("cuda"), reason="the Triton kernel runs on CUDA")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_triton_kernel_equals_gathered_attention(dtype, tol):
     for H, KVH, D, BS in [(9, 3, 64, 16), (14, 2, 64, 16), (8, 8, 128, 32)]:
-        q, k, v, table, lens, mb = _paged_case(B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device="cuda")
-        out = paged_decode_attention_triton(q, k, v, table, lens)
-        keys, values = gather_blocks(k, table, mb).float(), gather_blocks(v, table, mb).float()
-        ref = masked_decode_attention(q.float(), keys, values, _bias(lens, keys.shape[2]))
-        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+        out, ref, cache, cache_ref = triton_kernel_case(H, KVH, D, BS, dtype, "cuda")
+        torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+        assert torch.equal(cache[0], cache_ref[0]) and torch.equal(cache[1], cache_ref[1])

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from . import fused
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # RoPE variants whose frequencies are fixed at load time (so a precomputed table is exact).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -142,8 +144,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = False  # one Triton kernel when no gradient is needed (CausalLM.use_fused_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and not torch.is_grad_enabled():
+            return fused.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -175,6 +180,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.fused_rope = False  # one Triton kernel per q and k (CausalLM.use_fused_kernels)
 
     def forward(self, x, cos, sin, ctx: AttentionContext | None):
         B, T, _ = x.shape
@@ -183,7 +189,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.fused_rope and not torch.is_grad_enabled():
+            q, k = fused.rope(q, cos, sin), fused.rope(k, cos, sin)
+        else:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if ctx is None:
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
@@ -247,6 +256,18 @@ class CausalLM(nn.Module):
         self.rope_sin: torch.Tensor
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    def use_fused_kernels(self, on: bool = True) -> bool:
+        """Run RMSNorm and RoPE as fused Triton kernels in no-grad forwards (:mod:`.fused`; the
+        rollout engine's copy of the model). Returns whether they are on: only on CUDA with
+        Triton, and never for training (the kernels have no backward)."""
+        on = on and fused.fused_kernels_available(self.model.embed_tokens.weight.device)
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.fused = on
+            elif isinstance(m, Attention):
+                m.fused_rope = on
+        return on
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
         """(Re)compute the RoPE tables on ``device`` (call after moving off the meta device)."""

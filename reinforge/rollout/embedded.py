@@ -157,11 +157,12 @@ class _DecodeCtx:
     def attend(self, layer, q, k, v):
         e, B, Lk = self.e, self.B, self.Lk
         kc, vc = e.k_cache[layer], e.v_cache[layer]  # [blocks, KVH, BS, D]
+        if e.use_kernel:  # writes the new K/V itself
+            return paged_decode_attention_triton(q[:, 0], k[:, 0], v[:, 0], kc, vc, e.block_table, self.lens,
+                                                 self.w_blk, self.w_off)[:, None]
         kc[self.w_blk, :, self.w_off] = k[:, 0]
         vc[self.w_blk, :, self.w_off] = v[:, 0]
-        if e.use_kernel:
-            o = paged_decode_attention_triton(q[:, 0], kc, vc, e.block_table, self.lens)
-        elif e.blocks_per_seq == 1:  # block s belongs to slot s: views, no copy
+        if e.blocks_per_seq == 1:  # block s belongs to slot s: views, no copy
             o = masked_decode_attention(q[:, 0], kc[:B, :, :Lk], vc[:B, :, :Lk], self.bias)
         else:
             nb = Lk // e.block_size
@@ -184,6 +185,7 @@ class EmbeddedEngine:
         if not isinstance(model, CausalLM):
             raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
         self.model = model.eval().requires_grad_(False)
+        self.fused_kernels = self.model.use_fused_kernels(True)  # RMSNorm / RoPE on CUDA
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -474,9 +476,8 @@ class EmbeddedEngine:
 
     def _set_table_rows(self, slots: list[int]) -> None:
         """Copy the host block lists of ``slots`` into the device block table (sink elsewhere)."""
-        rows = torch.full((len(slots), self.blocks_per_seq), self.sink_block, dtype=torch.int32)
-        for i, s in enumerate(slots):
-            rows[i, : len(self._blocks[s])] = torch.tensor(self._blocks[s], dtype=torch.int32)
+        w, sink = self.blocks_per_seq, self.sink_block
+        rows = torch.tensor([self._blocks[s] + [sink] * (w - len(self._blocks[s])) for s in slots], dtype=torch.int32)
         self.block_table[torch.tensor(slots, device=self.device)] = rows.to(self.device)
 
     @torch.no_grad()

@@ -70,24 +70,30 @@ def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int) -> 
 if triton is not None:
 
     @triton.jit
-    def _paged_decode_kernel(Q, K, V, TABLE, LENS, O, scale,
-                             s_qb, s_qh, s_kb, s_kh, s_kt, s_tb, s_ob, s_oh,
+    def _paged_decode_kernel(Q, KN, VN, K, V, TABLE, LENS, WBLK, WOFF, O, scale,
+                             s_qb, s_qh, s_nb, s_nh, s_kb, s_kh, s_kt, s_tb, s_ob, s_oh,
                              G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                              BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
-        n_keys = tl.load(LENS + b).to(tl.int32)
+        n_cached = tl.load(LENS + b).to(tl.int32) - 1
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D)
         t = tl.arange(0, BLOCK_N)
         head_ok = (g < G)[:, None]
+        # the new token: written to the cache (for later steps), attended from registers (no race)
+        kn = tl.load(KN + b * s_nb + h * s_nh + d)
+        vn = tl.load(VN + b * s_nb + h * s_nh + d)
+        w = tl.load(WBLK + b).to(tl.int64) * s_kb + h * s_kh + tl.load(WOFF + b).to(tl.int64) * s_kt
+        tl.store(K + w + d, kn)
+        tl.store(V + w + d, vn)
         q = tl.load(Q + b * s_qb + (h * G + g)[:, None] * s_qh + d[None, :], mask=head_ok, other=0.0)
-        m = tl.full([G_PAD], float("-inf"), tl.float32)
-        denom = tl.zeros([G_PAD], tl.float32)
-        acc = tl.zeros([G_PAD, D], tl.float32)
-        for start in range(0, n_keys, BLOCK_N):
+        m = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale  # running max = the new score
+        denom = tl.full([G_PAD], 1.0, tl.float32)
+        acc = tl.zeros([G_PAD, D], tl.float32) + vn.to(tl.float32)[None, :]
+        for start in range(0, n_cached, BLOCK_N):
             tok = start + t
-            valid = tok < n_keys
+            valid = tok < n_cached
             blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
             row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
             k = tl.load(K + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -111,16 +117,23 @@ if triton is not None:
         tl.store(O + b * s_ob + (h * G + g)[:, None] * s_oh + d[None, :], out.to(O.dtype.element_ty), mask=head_ok)
 
 
-def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  table: torch.Tensor, lens: torch.Tensor, block_n: int = 64) -> torch.Tensor:
-    """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph).
+def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                                  v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
+                                  write_block: torch.Tensor, write_offset: torch.Tensor,
+                                  block_n: int = 64) -> torch.Tensor:
+    """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
+    stores the new token's key and value in the cache (one kernel instead of two scatters).
 
     Args:
         q: [B, H, D] queries, contiguous in D.
-        k_cache, v_cache: [blocks, KVH, BS, D] one layer's cache, contiguous; D and BS powers of two.
+        k_new, v_new: [B, KVH, D] the new token's key (RoPE applied) and value, contiguous in D.
+        k_cache, v_cache: [blocks, KVH, BS, D] one layer's cache, contiguous; D a power of two.
         table: [>= B, max_blocks] int32 block ids; row b lists sequence b's blocks in order.
-        lens: [B] int64 number of keys sequence b attends to (positions ``[0, lens[b])``, >= 1).
-        block_n: keys per loop iteration (may span several blocks).
+        lens: [B] int64 keys sequence b attends to: cached positions ``[0, lens[b] - 1)`` and the
+            new token (>= 1).
+        write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
+            idle rows).
+        block_n: cached keys per loop iteration (may span several blocks).
 
     Returns:
         [B, H, D] in ``q``'s dtype. fp32 inputs use IEEE fp32 dot products (no TF32).
@@ -130,9 +143,9 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     G = H // KVH
     out = torch.empty_like(q)
     _paged_decode_kernel[(B, KVH)](
-        q, k_cache, v_cache, table, lens, out, D ** -0.5,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), table.stride(0),
-        out.stride(0), out.stride(1),
+        q, k_new, v_new, k_cache, v_cache, table, lens, write_block, write_offset, out, D ** -0.5,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
         G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32, num_warps=4)
     return out
