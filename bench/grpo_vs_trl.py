@@ -38,7 +38,8 @@ def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]
             "data.n_eval_prompts=0", f"data.system_prompt={SYSTEM}", f"rollout.rollout_batch_size={args.prompts}",
             f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.max_new_tokens}",
             f"rollout.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
-            f"train.num_rollout={args.steps}", f"train.packing={packing}", "train.max_tokens_per_gpu=16384",
+            f"train.num_rollout={args.steps}", f"train.packing={packing}",
+            f"train.max_tokens_per_gpu={args.max_tokens_per_gpu}",
             "algo.use_kl_loss=false", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
             "eval.eval_before_train=false", "run.save_interval=null"]
 
@@ -122,6 +123,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--num-data", type=int, default=2000)
     ap.add_argument("--trl-micro-batch", type=int, default=32, help="TRL per_device_train_batch_size")
+    ap.add_argument("--max-tokens-per-gpu", type=int, default=16384, help="reinforge train.max_tokens_per_gpu")
     ap.add_argument("--packing", nargs="+", default=["none", "sequences"], help="reinforge train.packing values")
     ap.add_argument("--skip-trl", action="store_true")
     args = ap.parse_args()
