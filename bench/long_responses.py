@@ -90,6 +90,42 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     return out
 
 
+def bench_paging(folder: Path, length: int, args, device: torch.device, pool_share: float) -> dict[str, float]:
+    """Responses of lengths spread over [length / 8, length] (EOS ignored), with the KV-cache pool
+    capped at ``pool_share`` of what every sequence at full length would need (the engine
+    preempts and recomputes when it runs dry): tokens/s, KV memory held, preemptions."""
+    from reinforge.models.loading import build_model
+    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
+    from reinforge.rollout.types import GenerateRequest, SamplingParams
+
+    reset_peak(device)
+    model = build_model(folder, torch.bfloat16 if device.type == "cuda" else torch.float32, device).eval()
+    g = torch.Generator().manual_seed(0)
+    vocab = model.args.vocab_size
+    prompts = [torch.randint(100, vocab - 100, (args.prompt_len,), generator=g).tolist() for _ in range(args.seqs)]
+    lengths = spread(args.seqs, length)
+    L = args.prompt_len + length
+    full = args.seqs * -(-L // 16)
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, max_model_len=L, kv_block_size=16,
+                                             kv_cache_memory_fraction=0.9, num_kv_blocks=int(full * pool_share),
+                                             cuda_graph=device.type == "cuda"))
+    eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
+    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True))
+            for p, n in zip(prompts, lengths)]
+    sync(device)
+    t = time.perf_counter()
+    eng.generate(reqs)
+    sync(device)
+    dt = time.perf_counter() - t
+    per_block = eng._bytes_per_block(eng.block_size) / 2**30
+    out = {"tok_s": sum(lengths) / dt, "s": dt, "kv_pool_gib": eng.allocator.num_blocks * per_block,
+           "kv_held_gib": eng.allocator.peak_used * per_block, "preempted": eng.num_preemptions,
+           "peak_gib": peak_gib(device)}
+    eng.shutdown()
+    del eng, model
+    return out
+
+
 def spread(n: int, length: int) -> list[int]:
     """``n`` response lengths spread uniformly over [length / 8, length]."""
     return [max(1, round(length / 8 + (length - length / 8) * i / max(n - 1, 1))) for i in range(n)]
@@ -165,10 +201,11 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16384, help="train.max_tokens_per_gpu")
     ap.add_argument("--logprob-tokens", type=int, default=16384)
-    ap.add_argument("--parts", nargs="+", default=["generation", "training", "logprob"])
+    ap.add_argument("--parts", nargs="+", default=["generation", "training", "logprob"],
+                    choices=["generation", "paging", "training", "logprob"])
     args = ap.parse_args()
     device = torch.device(args.device)
-    gen, train, lp = [], [], []
+    gen, train, lp, paging = [], [], [], []
 
     def attempt(fn, *a):
         try:
@@ -188,6 +225,11 @@ def main() -> None:
                 if "generation" in args.parts:
                     gen.append((arch, length, attempt(bench_generation, folder, length, args, device)))
                     print(gen[-1], flush=True)
+                if "paging" in args.parts:
+                    for share in (1.0, 0.4):
+                        paging.append((arch, length, share, attempt(bench_paging, folder, length, args, device,
+                                                                    share)))
+                        print(paging[-1], flush=True)
                 if "training" in args.parts:
                     for packing in ("none", "sequences"):
                         train.append((arch, length, packing, attempt(bench_training, folder, length, packing, args,
@@ -212,6 +254,14 @@ def main() -> None:
             print(f"| {arch} | {length} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
                   f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
                   f"{cell(r, 'peak_gib', '.1f')} |")
+    if paging:
+        print(f"\nPaged KV cache: {args.seqs} sequences, responses uniform in [L/8, L] (EOS ignored), 16-token blocks, "
+              "the pool capped at a share of what all sequences at full length need")
+        print("| arch | max new tokens | pool share | generation tok/s | s | KV pool GiB | KV held GiB | preempted |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for arch, length, share, r in paging:
+            print(f"| {arch} | {length} | {share:.0%} | {cell(r, 'tok_s', ',.0f')} | {cell(r, 's', '.1f')} | "
+                  f"{cell(r, 'kv_pool_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | {cell(r, 'preempted', 'd')} |")
     if train:
         print(f"\nTraining: {args.train_samples} samples, responses uniform in [L/8, L], prompt {args.prompt_len}, "
               f"max_tokens_per_gpu {args.max_tokens}, gradient checkpointing")
