@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--logprob-tokens", type=int, default=16384)
     ap.add_argument("--parts", nargs="+", default=["generation", "training", "logprob"],
                     choices=["generation", "paging", "training", "logprob"])
+    ap.add_argument("--pool-shares", nargs="+", type=float, default=[1.0, 0.4, 0.2],
+                    help="paging: KV pool sizes as shares of the full-length need")
     args = ap.parse_args()
     device = torch.device(args.device)
     gen, train, lp, paging = [], [], [], []
@@ -226,7 +228,7 @@ def main() -> None:
                     gen.append((arch, length, attempt(bench_generation, folder, length, args, device)))
                     print(gen[-1], flush=True)
                 if "paging" in args.parts:
-                    for share in (1.0, 0.4):
+                    for share in args.pool_shares:
                         paging.append((arch, length, share, attempt(bench_paging, folder, length, args, device,
                                                                     share)))
                         print(paging[-1], flush=True)
