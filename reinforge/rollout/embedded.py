@@ -176,7 +176,9 @@ class EmbeddedEngine:
 
     Args:
         model: the engine's own copy of the policy, already in the inference dtype and on the
-            target device (weight sync copies into it in place).
+            target device (weight sync copies into it in place). On CUDA the engine turns on the
+            model's fused inference kernels (``CausalLM.use_fused_kernels``), so do not share
+            this object with a trainer.
         config: sizing and scheduling (:class:`EngineConfig`).
         tokenizer: needed only for requests with stop strings.
     """
