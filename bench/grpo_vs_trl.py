@@ -40,6 +40,7 @@ def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]
             f"rollout.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
             f"train.num_rollout={args.steps}", f"train.packing={packing}",
             f"train.max_tokens_per_gpu={args.max_tokens_per_gpu}",
+            f"model.torch_compile={str(args.torch_compile).lower()}",
             "algo.use_kl_loss=false", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
             "eval.eval_before_train=false", "run.save_interval=null"]
 
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--num-data", type=int, default=2000)
     ap.add_argument("--trl-micro-batch", type=int, default=32, help="TRL per_device_train_batch_size")
     ap.add_argument("--max-tokens-per-gpu", type=int, default=16384, help="reinforge train.max_tokens_per_gpu")
+    ap.add_argument("--torch-compile", action="store_true", help="reinforge model.torch_compile=true")
     ap.add_argument("--packing", nargs="+", default=["none", "sequences"], help="reinforge train.packing values")
     ap.add_argument("--skip-trl", action="store_true")
     args = ap.parse_args()
@@ -138,7 +140,7 @@ def main() -> None:
             times, metrics = time_reinforge(args, model, d / f"reinforge-{packing}", packing)
             gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
             train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
-            rows.append((f"reinforge ({packing})", times, gen, train))
+            rows.append((f"reinforge ({packing}{', compiled' if args.torch_compile else ''})", times, gen, train))
             print(rows[-1], flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

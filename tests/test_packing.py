@@ -153,3 +153,23 @@ def test_hugging_face_model_refuses_packing(tmp_path, tiny_model_path):
     mb = build([[1, 2, 3], [1, 2, 4]], [1, 1], [[1], [1]], [[0, 1]], pad_id=0)
     with pytest.raises(ValueError, match="train.packing=none"):
         response_logits(torch.nn.Linear(1, 1), mb)
+
+
+@pytest.mark.slow
+def test_compiled_layers_give_the_same_log_probs_and_update(tiny_model_path):
+    """model.torch_compile: the same log-probs, loss and weights as eager (fp32), names unchanged."""
+    data = group_data()
+    out = {}
+    for compiled in (False, True):
+        actor = make_actor(tiny_model_path, "none", **{"model.torch_compile": str(compiled).lower()})
+        assert (actor.model.model.layers[0]._compiled_call_impl is not None) == compiled
+        lp = actor.compute_log_probs(data.samples)
+        metrics = actor.train(data, 0)
+        out[compiled] = (lp, metrics, {n: t.clone() for n, t in actor.named_weights()})
+    (lp0, m0, w0), (lp1, m1, w1) = out[False], out[True]
+    assert list(w0) == list(w1)
+    for a, b in zip(lp0, lp1):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert m1["train/loss"] == pytest.approx(m0["train/loss"], rel=1e-4, abs=1e-6)
+    for n in w0:
+        assert torch.allclose(w0[n], w1[n], atol=1e-5), n

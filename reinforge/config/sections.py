@@ -45,6 +45,9 @@ class ModelConfig(Section):
     random_init: bool = opt(False, "ignore the stored weights and initialise randomly (tests, benchmarks)")
     gradient_checkpointing: bool = opt(False, "recompute layer activations in the backward pass (less memory, "
                                        "~30% more compute)")
+    torch_compile: bool = opt(False, "`torch.compile` each decoder layer of the trained model (fuses the elementwise "
+                              "kernels of the norms, RoPE and SiLU in forward and backward; the first steps "
+                              "compile); reinforge's own model code only, not with LoRA")
     train_dtype: Literal["auto", "fp32", "bf16"] = opt(
         "auto", "`auto`: bf16 autocast with fp32 master weights on GPU, fp32 on CPU; `fp32`; `bf16`")
     lora_rank: int = opt(0, "LoRA rank r (`peft`); 0 trains every weight. Only the adapters are optimised; "

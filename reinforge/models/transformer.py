@@ -257,6 +257,13 @@ class CausalLM(nn.Module):
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
+    def compile_layers(self) -> None:
+        """``torch.compile`` every decoder layer in place (``nn.Module.compile``: parameter names
+        and the state dict are unchanged), with dynamic shapes so that varying micro-batch sizes
+        do not recompile. Inductor fuses each layer's elementwise kernels, forward and backward."""
+        for layer in self.model.layers:
+            layer.compile(dynamic=True)
+
     def use_fused_kernels(self, on: bool = True) -> bool:
         """Run RMSNorm and RoPE as fused Triton kernels in no-grad forwards (:mod:`.fused`; the
         rollout engine's copy of the model). Returns whether they are on: only on CUDA with

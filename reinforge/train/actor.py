@@ -70,6 +70,11 @@ class Actor(ModelTrainer):
                 model.gradient_checkpointing = True
             else:
                 model.gradient_checkpointing_enable()
+        if m.torch_compile:
+            if not is_native(model) or m.lora_rank:
+                raise ValueError("model.torch_compile needs a Llama / Qwen2 / Qwen3 model (reinforge's own model code) "
+                                 "without LoRA: set model.torch_compile=false")
+            model.compile_layers()
         if m.lora_rank:
             model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         model.train()
