@@ -5,10 +5,9 @@ import torch
 
 from reinforge.models import fused
 from reinforge.models.transformer import RMSNorm, apply_rope
+from reinforge.utils.triton import triton_available
 
-pytestmark = pytest.mark.skipif(not fused.fused_kernels_available(torch.device("cuda" if torch.cuda.is_available()
-                                                                                else "cpu")),
-                                reason="Triton kernels run on CUDA")
+pytestmark = pytest.mark.skipif(not triton_available("cuda"), reason="Triton kernels run on CUDA")
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])

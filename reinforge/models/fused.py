@@ -12,16 +12,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
-
-
-def fused_kernels_available(device: torch.device) -> bool:
-    """Triton on a CUDA device."""
-    return triton is not None and device.type == "cuda"
+from ..utils.triton import tl, triton
 
 
 if triton is not None:

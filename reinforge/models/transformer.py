@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..utils.triton import triton_available
 from . import fused
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -268,7 +269,7 @@ class CausalLM(nn.Module):
         """Run RMSNorm and RoPE as fused Triton kernels in no-grad forwards (:mod:`.fused`; the
         rollout engine's copy of the model). Returns whether they are on: only on CUDA with
         Triton, and never for training (the kernels have no backward)."""
-        on = on and fused.fused_kernels_available(self.model.embed_tokens.weight.device)
+        on = on and triton_available(self.model.embed_tokens.weight.device.type)
         for m in self.modules():
             if isinstance(m, RMSNorm):
                 m.fused = on

@@ -40,8 +40,8 @@ from ..config.sections import RolloutConfig
 from ..models.loading import build_model, copy_weights_, is_native
 from ..models.transformer import CausalLM
 from .kv_cache import BlockAllocator
-from .paged_attention import (gather_blocks, masked_decode_attention, paged_decode_attention_triton,
-                              triton_available)
+from ..utils.triton import triton_available
+from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 from .sampling import sample_tokens, sample_tokens_fused
 from .types import FinishReason, GenerateRequest, GenerateResult
 

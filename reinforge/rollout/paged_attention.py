@@ -14,21 +14,9 @@ Cache layout per layer: ``[blocks, kv_heads, block_size, head_dim]``; a sequence
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-try:  # Triton ships with CUDA builds of torch; CPU builds run the torch path
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
-
-
-@functools.lru_cache(maxsize=None)
-def triton_available(device_type: str) -> bool:
-    """Whether the Triton kernel can run on this device type (CUDA with Triton installed)."""
-    return device_type == "cuda" and triton is not None and torch.cuda.is_available()
+from ..utils.triton import tl, triton
 
 
 def masked_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # Triton ships with CUDA builds of torch
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
+from ..utils.triton import tl, triton
 
 
 def sample_tokens(

@@ -1,0 +1,20 @@
+"""The optional Triton import, in one place. Triton ships with CUDA builds of torch; on a CPU
+build ``triton`` and ``tl`` are None and the callers use their torch paths."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = tl = None
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available(device_type: str) -> bool:
+    """Whether Triton kernels can run on this device type (CUDA with Triton installed)."""
+    return device_type == "cuda" and triton is not None and torch.cuda.is_available()
