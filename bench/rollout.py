@@ -109,7 +109,7 @@ def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=10
 
     L = max(map(len, ps)) + max_new
     eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=L, cuda_graph=cuda_graph,
-                                             kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size or 0))
+                                             kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size))
     sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(p, sp, n=n) for p in ps])  # warm-up: captures the CUDA graphs
     sync(device)

@@ -40,7 +40,6 @@ from ..config.sections import RolloutConfig
 from ..models.loading import build_model, copy_weights_, is_native
 from ..models.transformer import CausalLM
 from .kv_cache import BlockAllocator
-from ..utils.triton import triton_available
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 from .sampling import sample_tokens, sample_tokens_fused
 from .types import FinishReason, GenerateRequest, GenerateResult
@@ -187,17 +186,16 @@ class EmbeddedEngine:
         if not isinstance(model, CausalLM):
             raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
         self.model = model.eval().requires_grad_(False)
-        self.fused_kernels = self.model.use_fused_kernels(True)  # RMSNorm / RoPE on CUDA
+        # Triton on this device: fused RMSNorm / RoPE in the model, the fused sampler, paged attention
+        self._fused = self.model.use_fused_kernels(True)
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.weight_version = 0
         self.generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
-        # the fused GPU sampler's Philox key: seed in the high 32 bits, decode steps in the low ones
-        self._fused_sampling = triton_available(self.device.type)
-        self._philox = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._philox.fill_(_philox_base(self.config.seed))
+        # the fused sampler's Philox key: seed in the high 32 bits, decode steps in the low ones
+        self._philox = torch.tensor([_philox_base(self.config.seed)], dtype=torch.long, device=self.device)
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._graph_pool = None
         self._use_graphs = self.device.type == "cuda" and self.config.cuda_graph
@@ -212,7 +210,7 @@ class EmbeddedEngine:
     def _block_size(self) -> int:
         L, bs = self.config.max_model_len, self.config.kv_block_size
         if bs <= 0:
-            bs = 16 if triton_available(self.device.type) else L
+            bs = 16 if self._fused else L
         return min(bs, L)
 
     def _bytes_per_block(self, block_size: int) -> int:
@@ -250,7 +248,7 @@ class EmbeddedEngine:
         self.block_size = bs = self._block_size()
         self.blocks_per_seq = -(-L // bs)
         S, NB = self._pool_size(bs, self.blocks_per_seq)
-        self.use_kernel = triton_available(self.device.type) and self.blocks_per_seq > 1
+        self.use_kernel = self._fused and self.blocks_per_seq > 1
         dev = self.device
         shape = (a.num_layers, NB + 1, a.num_kv_heads, bs, a.head_dim)  # + the sink block
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
@@ -369,10 +367,12 @@ class EmbeddedEngine:
         if not running:
             return
         B = _bucket(max(running) + 1, self.num_slots)
-        Lk = 0 if self.use_kernel else _bucket(max(self._len_bound[s] for s in running) + steps,
-                                               self.block_size * self.blocks_per_seq, quantum=64)
-        if not self.use_kernel and self.blocks_per_seq > 1:
-            Lk = -(-Lk // self.block_size) * self.block_size
+        Lk = 0  # the kernel reads each sequence's own length; the torch paths need a key range
+        if not self.use_kernel:
+            Lk = _bucket(max(self._len_bound[s] for s in running) + steps, self.block_size * self.blocks_per_seq,
+                         quantum=64)
+            if self.blocks_per_seq > 1:  # whole blocks are gathered
+                Lk = -(-Lk // self.block_size) * self.block_size
         filters = any(self._filters[s] for s in running)
         for _ in range(steps):
             self._decode_step(B, Lk, filters)
@@ -630,7 +630,7 @@ class EmbeddedEngine:
         ctx = _DecodeCtx(self, B, Lk, pos, active)
         hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx)
         logits = self.model.lm_head(hidden[:, 0])
-        if self._fused_sampling and not filters:
+        if self._fused and not filters:
             tok, lp = sample_tokens_fused(logits, self.temperature[:B], self._philox)
             self._philox += 1
         else:
