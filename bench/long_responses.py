@@ -51,6 +51,11 @@ def peak_gib(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
+def kv_gib(eng, blocks: int) -> float:
+    """GiB of ``blocks`` blocks of the engine's KV cache (keys and values, all layers)."""
+    return blocks * eng._bytes_per_block(eng.block_size) / 2**30
+
+
 def bench_generation(folder: Path, length: int, args, device: torch.device) -> dict[str, float]:
     from reinforge.models.loading import build_model
     from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
@@ -82,8 +87,7 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     new = sum(len(r.token_ids) for g in groups for r in g.results)
     out = {"slots": eng.num_slots, "prefill_tok_s": args.seqs * prompt_len / prefill_s,
            "decode_tok_s": new / decode_s, "peak_gib": peak_gib(device),
-           "kv_gib": 2 * eng.k_cache.numel() * eng.k_cache.element_size() / 2**30,
-           "kv_held_gib": eng.allocator.peak_used * eng._bytes_per_block(eng.block_size) / 2**30,
+           "kv_gib": kv_gib(eng, eng.allocator.num_blocks), "kv_held_gib": kv_gib(eng, eng.allocator.peak_used),
            "preempted": eng.num_preemptions}
     eng.shutdown()
     del eng, model
@@ -117,9 +121,8 @@ def bench_paging(folder: Path, length: int, args, device: torch.device, pool_sha
     eng.generate(reqs)
     sync(device)
     dt = time.perf_counter() - t
-    per_block = eng._bytes_per_block(eng.block_size) / 2**30
-    out = {"tok_s": sum(lengths) / dt, "s": dt, "kv_pool_gib": eng.allocator.num_blocks * per_block,
-           "kv_held_gib": eng.allocator.peak_used * per_block, "preempted": eng.num_preemptions,
+    out = {"tok_s": sum(lengths) / dt, "s": dt, "kv_pool_gib": kv_gib(eng, eng.allocator.num_blocks),
+           "kv_held_gib": kv_gib(eng, eng.allocator.peak_used), "preempted": eng.num_preemptions,
            "peak_gib": peak_gib(device)}
     eng.shutdown()
     del eng, model
