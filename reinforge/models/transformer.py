@@ -145,11 +145,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.fused = False  # one Triton kernel when no gradient is needed (CausalLM.use_fused_kernels)
+        self.fused = False  # one Triton kernel forward and one backward (CausalLM.use_fused_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and not torch.is_grad_enabled():
-            return fused.rms_norm(x, self.weight, self.eps)
+        if self.fused:  # under autocast: output in the autocast dtype (the next matmul's input dtype)
+            t = x.device.type
+            return fused.rms_norm(x, self.weight, self.eps,
+                                  torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -190,7 +192,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.fused_rope and not torch.is_grad_enabled():
+        if self.fused_rope:
             q, k = fused.rope(q, cos, sin), fused.rope(k, cos, sin)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -210,9 +212,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.use_fused_kernels)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g, u = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(fused.silu_mul(g, u) if self.fused else F.silu(g) * u)
 
 
 class DecoderLayer(nn.Module):
@@ -266,12 +270,12 @@ class CausalLM(nn.Module):
             layer.compile(dynamic=True)
 
     def use_fused_kernels(self, on: bool = True) -> bool:
-        """Run RMSNorm and RoPE as fused Triton kernels in no-grad forwards (:mod:`.fused`; the
-        rollout engine's copy of the model). Returns whether they are on: only on CUDA with
-        Triton, and never for training (the kernels have no backward)."""
+        """Run RMSNorm, RoPE and SiLU-and-multiply as fused Triton kernels, forward and backward
+        (:mod:`.fused`; the rollout engine's copy of the model, and the trainer's with
+        ``model.fused_kernels``). Returns whether they are on: only on CUDA with Triton."""
         on = on and triton_available(self.model.embed_tokens.weight.device.type)
         for m in self.modules():
-            if isinstance(m, RMSNorm):
+            if isinstance(m, (RMSNorm, MLP)):
                 m.fused = on
             elif isinstance(m, Attention):
                 m.fused_rope = on

@@ -13,7 +13,7 @@ from ..models.loading import build_model, is_native
 from ..rollout.types import Sample
 from .batching import MicroBatch
 from ..utils import seeds
-from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
 from .parallel import ParallelContext
 
 
@@ -80,8 +80,8 @@ class Critic(ModelTrainer):
     def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
                     ) -> dict[str, float]:
         num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
-        sums = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
-        loss_sum = 0.0
+        sums: dict[str, float | torch.Tensor] = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
+        loss_sum: float | torch.Tensor = 0.0
         mbs, _ = self.rank_micro_batches(samples, idx, per_token)
         for mb in mbs:
             values = self._values(mb)
@@ -89,12 +89,13 @@ class Critic(ModelTrainer):
             loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"], self.value_clip)
             loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
             (loss * self.loss_scale).backward()
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()
             m = mb.loss_mask
-            sums["value_loss"] += float((loss_tok.detach() * m).sum())
-            sums["value_clipfrac"] += float((clipped.float() * m).sum())
-            sums["values"] += float((values.detach() * m).sum())
-        grad_norm, _ = self.optimizer_step(loss_sum, bool(mbs))
+            sums["value_loss"] += (loss_tok.detach() * m).sum()
+            sums["value_clipfrac"] += (clipped.float() * m).sum()
+            sums["values"] += (values.detach() * m).sum()
+        sums = to_floats({**sums, "loss": loss_sum})
+        grad_norm, _ = self.optimizer_step(sums.pop("loss"), bool(mbs))
         sums = self.parallel.sum_floats(sums)
         step = {f"critic/{k}": v / max(num_tokens, 1.0) for k, v in sums.items()}
         step["critic/grad_norm"] = grad_norm

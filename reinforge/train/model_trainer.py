@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..models.transformer import CausalLM
 from ..rollout.types import Sample
 from ..utils import faults
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
@@ -64,11 +65,23 @@ class TrainSettings:
     log_prob_chunk_size: int = 2048
     fsdp_cpu_offload: bool = False
     packing: str = "none"
+    fused_kernels: bool = False
 
     @classmethod
     def from_config(cls, m: "ModelConfig", t: "TrainConfig") -> "TrainSettings":
         return cls(train_dtype=m.train_dtype, max_tokens_per_gpu=t.max_tokens_per_gpu,
-                   log_prob_chunk_size=t.log_prob_chunk_size, fsdp_cpu_offload=t.fsdp_cpu_offload, packing=t.packing)
+                   log_prob_chunk_size=t.log_prob_chunk_size, fsdp_cpu_offload=t.fsdp_cpu_offload, packing=t.packing,
+                   fused_kernels=m.fused_kernels and not m.torch_compile)
+
+
+def to_floats(values: dict[str, float | torch.Tensor]) -> dict[str, float]:
+    """A dict of floats and scalar tensors as floats, with one device-to-host copy for all the
+    tensors (a training step accumulates its metrics on the device and synchronises once)."""
+    out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    if keys:
+        out.update(zip(keys, torch.stack([values[k].detach().double() for k in keys]).tolist()))
+    return {k: out[k] for k in values}
 
 
 class ModelTrainer:
@@ -91,6 +104,10 @@ class ModelTrainer:
                  *, name: str, parallel: ParallelContext | None = None, pad_id: int = 0):
         self.device, self.name, self.optim, self.settings = device, name, optim, settings
         self.parallel = parallel or ParallelContext()
+        if settings.fused_kernels:  # (on CUDA with Triton; the policy, a critic's or reward model's backbone)
+            for m in model.modules():
+                if isinstance(m, CausalLM):
+                    m.use_fused_kernels(True)
         if self.parallel.distributed:
             model = self.shard(model)
         self.model = model
