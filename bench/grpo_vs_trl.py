@@ -123,8 +123,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--num-data", type=int, default=2000)
-    ap.add_argument("--trl-micro-batch", type=int, default=32, help="TRL per_device_train_batch_size")
-    ap.add_argument("--max-tokens-per-gpu", type=int, default=16384, help="reinforge train.max_tokens_per_gpu")
+    ap.add_argument("--trl-micro-batch", type=int, nargs="+", default=[32],
+                    help="TRL per_device_train_batch_size (one TRL run each)")
+    ap.add_argument("--max-tokens-per-gpu", type=int, nargs="+", default=[16384],
+                    help="reinforge train.max_tokens_per_gpu (one run per value and packing)")
     ap.add_argument("--torch-compile", action="store_true", help="reinforge model.torch_compile=true")
     ap.add_argument("--packing", nargs="+", default=["none", "sequences"], help="reinforge train.packing values")
     ap.add_argument("--skip-trl", action="store_true")
@@ -135,31 +137,38 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        for packing in args.packing:
+        for max_tokens in args.max_tokens_per_gpu:
+            for packing in args.packing:
+                torch.manual_seed(0)
+                run = argparse.Namespace(**{**vars(args), "max_tokens_per_gpu": max_tokens})
+                times, metrics = time_reinforge(run, model, d / f"reinforge-{packing}-{max_tokens}", packing)
+                gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
+                train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
+                name = f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''})"
+                rows.append((name, times, gen, train))
+                print(rows[-1], flush=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+        for micro in [] if args.skip_trl else args.trl_micro_batch:
             torch.manual_seed(0)
-            times, metrics = time_reinforge(args, model, d / f"reinforge-{packing}", packing)
-            gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
-            train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
-            rows.append((f"reinforge ({packing}{', compiled' if args.torch_compile else ''})", times, gen, train))
+            run = argparse.Namespace(**{**vars(args), "trl_micro_batch": micro})
+            rows.append((f"TRL GRPOTrainer (micro-batch {micro})", time_trl(run, model, d / f"trl-{micro}"),
+                         float("nan"), float("nan")))
             print(rows[-1], flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        if not args.skip_trl:
-            torch.manual_seed(0)
-            rows.append(("TRL GRPOTrainer", time_trl(args, model, d / "trl"), float("nan"), float("nan")))
-            print(rows[-1], flush=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nGRPO step: {args.task}, {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, "
           f"{model.name}, {device}")
-    print(f"| {'trainer':26s} | median s/step (steps 3+) | generate s | train s | all steps |")
-    print(f"| {'-' * 26} | {'-' * 24}: | {'-' * 10}: | {'-' * 7}: | --- |")
+    print(f"| {'trainer':40s} | median s/step (steps 3+) | generate s | train s | all steps |")
+    print(f"| {'-' * 40} | {'-' * 24}: | {'-' * 10}: | {'-' * 7}: | --- |")
     for name, times, gen, train in rows:
         med = statistics.median(times[2:] or times)
-        print(f"| {name:26s} | {med:24.3f} | {gen:10.2f} | {train:7.2f} | {' '.join(f'{t:.2f}' for t in times)} |")
-    trl = [statistics.median(t[2:] or t) for n, t, _, _ in rows if n.startswith("TRL")]
+        print(f"| {name:40s} | {med:24.3f} | {gen:10.2f} | {train:7.2f} | {' '.join(f'{t:.2f}' for t in times)} |")
+    trl = [(n, statistics.median(t[2:] or t)) for n, t, _, _ in rows if n.startswith("TRL")]
     for name, times, _, _ in rows:
-        if trl and not name.startswith("TRL"):
-            print(f"speed-up of {name} over TRL: {trl[0] / statistics.median(times[2:] or times):.2f}x")
+        for trl_name, trl_s in [] if name.startswith("TRL") else trl:
+            print(f"speed-up of {name} over {trl_name}: {trl_s / statistics.median(times[2:] or times):.2f}x")
 
 
 if __name__ == "__main__":

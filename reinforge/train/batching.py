@@ -78,14 +78,26 @@ class MicroBatch:
         return PackedAttention(self.doc_ids, self.shared) if self.packed else None
 
     def to(self, device: torch.device) -> "MicroBatch":
-        def move(v):
-            if isinstance(v, torch.Tensor):
-                return v.to(device)
-            if isinstance(v, dict):
-                return {k: t.to(device) for k, t in v.items()}
-            return v
-
-        return MicroBatch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
+        """A copy on ``device``: one host-to-device copy per dtype (a copy from pageable memory
+        waits for the device, so a dozen tensors each copied alone cost a dozen waits)."""
+        named = [(f.name, None, getattr(self, f.name)) for f in fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)]
+        named += [("fields", k, t) for k, t in self.fields.items()]
+        by_dtype: dict[torch.dtype, list[tuple[str, str | None, torch.Tensor]]] = {}
+        for item in named:
+            by_dtype.setdefault(item[2].dtype, []).append(item)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["fields"] = {}
+        for items in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for _, _, t in items]).to(device)
+            for (name, key, t), part in zip(items, flat.split([t.numel() for _, _, t in items])):
+                moved = part.view(t.shape)
+                if key is None:
+                    out[name] = moved
+                else:
+                    out["fields"][key] = moved
+        out["fields"] = {k: out["fields"][k] for k in self.fields}  # (the original key order)
+        return MicroBatch(**out)
 
 
 def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:
