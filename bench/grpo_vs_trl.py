@@ -141,12 +141,20 @@ def main() -> None:
             for packing in args.packing:
                 torch.manual_seed(0)
                 run = argparse.Namespace(**{**vars(args), "max_tokens_per_gpu": max_tokens})
-                times, metrics = time_reinforge(run, model, d / f"reinforge-{packing}-{max_tokens}", packing)
+                if torch.cuda.is_available():
+                    torch.cuda.reset_peak_memory_stats()
+                try:
+                    times, metrics = time_reinforge(run, model, d / f"reinforge-{packing}-{max_tokens}", packing)
+                except torch.OutOfMemoryError as e:  # a micro-batch budget too large for this GPU: the next row
+                    print(f"reinforge {packing} {max_tokens}: out of memory ({e})", flush=True)
+                    torch.cuda.empty_cache()
+                    continue
                 gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
                 train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
                 name = f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''})"
                 rows.append((name, times, gen, train))
-                print(rows[-1], flush=True)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+                print(rows[-1], f"peak GiB {peak:.1f}", flush=True)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
         for micro in [] if args.skip_trl else args.trl_micro_batch:
