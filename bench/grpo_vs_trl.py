@@ -22,6 +22,7 @@ its generation; reinforge: the whole rollout step), median of steps 3 and later.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -40,7 +41,7 @@ def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]
             f"rollout.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
             f"train.num_rollout={args.steps}", f"train.packing={packing}",
             f"train.max_tokens_per_gpu={args.max_tokens_per_gpu}",
-            f"model.torch_compile={str(args.torch_compile).lower()}",
+            f"model.torch_compile={str(args.torch_compile).lower()}", f"model.fused_kernels={args.fused_kernels}",
             "algo.use_kl_loss=false", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
             "eval.eval_before_train=false", "run.save_interval=null"]
 
@@ -128,6 +129,8 @@ def main() -> None:
     ap.add_argument("--max-tokens-per-gpu", type=int, nargs="+", default=[16384],
                     help="reinforge train.max_tokens_per_gpu (one run per value and packing)")
     ap.add_argument("--torch-compile", action="store_true", help="reinforge model.torch_compile=true")
+    ap.add_argument("--fused-kernels", nargs="+", default=["true"], choices=["true", "false"],
+                    help="reinforge model.fused_kernels values (one run each)")
     ap.add_argument("--packing", nargs="+", default=["none", "sequences"], help="reinforge train.packing values")
     ap.add_argument("--skip-trl", action="store_true")
     args = ap.parse_args()
@@ -137,29 +140,31 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        for max_tokens in args.max_tokens_per_gpu:
-            for packing in args.packing:
-                torch.manual_seed(0)
-                run = argparse.Namespace(**{**vars(args), "max_tokens_per_gpu": max_tokens})
-                if torch.cuda.is_available():
-                    torch.cuda.reset_peak_memory_stats()
-                try:
-                    times, metrics = time_reinforge(run, model, d / f"reinforge-{packing}-{max_tokens}", packing)
-                except torch.OutOfMemoryError as e:  # a micro-batch budget too large for this GPU: the next row
-                    print(f"reinforge {packing} {max_tokens}: out of memory ({e})", flush=True)
-                    torch.cuda.empty_cache()
-                    continue
-                gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
-                train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
-                name = f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''})"
-                rows.append((name, times, gen, train))
-                peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-                print(rows[-1], f"peak GiB {peak:.1f}", flush=True)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+        for max_tokens, fused, packing in itertools.product(args.max_tokens_per_gpu, args.fused_kernels, args.packing):
+            torch.manual_seed(0)
+            run = argparse.Namespace(**{**vars(args), "max_tokens_per_gpu": max_tokens, "fused_kernels": fused})
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                times, metrics = time_reinforge(run, model, d / f"reinforge-{packing}-{max_tokens}-{fused}", packing)
+            except torch.OutOfMemoryError as e:  # a micro-batch budget too large for this GPU: the next row
+                print(f"reinforge {packing} {max_tokens}: out of memory ({e})", flush=True)
+                torch.cuda.empty_cache()
+                continue
+            gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
+            train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
+            name = (f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''}"
+                    f"{', eager kernels' if fused == 'false' else ''})")
+            rows.append((name, times, gen, train))
+            peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+            print(rows[-1], f"peak GiB {peak:.1f}", flush=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         for micro in [] if args.skip_trl else args.trl_micro_batch:
             torch.manual_seed(0)
-            run = argparse.Namespace(**{**vars(args), "trl_micro_batch": micro})
+            run = argparse.Namespace(**{**vars(args), "trl_micro_batch": micro,  # (its prompts: reinforge's config)
+                                        "max_tokens_per_gpu": args.max_tokens_per_gpu[0],
+                                        "fused_kernels": args.fused_kernels[0]})
             rows.append((f"TRL GRPOTrainer (micro-batch {micro})", time_trl(run, model, d / f"trl-{micro}"),
                          float("nan"), float("nan")))
             print(rows[-1], flush=True)

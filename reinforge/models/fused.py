@@ -41,8 +41,9 @@ if triton is not None:
         tl.store(Y + row * N + cols, (w * y).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-        # each program: ROWS consecutive rows; dx per row, its partial weight gradient summed in DW[pid]
+    def _rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, M, N, ROWS, BLOCK: tl.constexpr):
+        # each program: ROWS consecutive rows (a runtime value: no recompile per micro-batch size); dx per
+        # row, its partial weight gradient summed in DW[pid]
         pid = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         ok = cols < N
