@@ -116,8 +116,51 @@ if triton is not None:
         tl.store(LP + row, x_tok - m - tl.log(total))
 
 
+    @triton.jit
+    def _inverse_cdf_kernel(LOGITS, TEMP, SEED, TOK, LP, V, s_row, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        t = tl.load(TEMP + row)
+        greedy = t <= 0
+        inv_t = 1.0 / tl.where(greedy, 1.0, t)
+        base = LOGITS + row.to(tl.int64) * s_row
+        # pass 1: max, sum of exp (online) and argmax
+        m = -float("inf")
+        total = 0.0
+        best = -float("inf")
+        best_i = 0
+        for start in range(0, V, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            x = tl.load(base + idx, mask=idx < V, other=-float("inf")).to(tl.float32) * inv_t
+            c = tl.max(x, 0)
+            m_new = tl.maximum(m, c)
+            total = total * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+            c_i = tl.argmax(x, 0) + start
+            take = c > best
+            best_i = tl.where(take, c_i, best_i)
+            best = tl.where(take, c, best)
+        # pass 2: the first index whose cumulative mass exceeds u * total (one uniform per row)
+        target = tl.rand(tl.load(SEED), row) * total
+        acc = 0.0
+        chosen = -1
+        last = 0  # the last token of positive mass: the draw if rounding leaves target above the sum
+        for start in range(0, V, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            x = tl.load(base + idx, mask=idx < V, other=-float("inf")).to(tl.float32) * inv_t
+            e = tl.exp(x - m)
+            s = tl.sum(e, 0)
+            if (chosen < 0) & (acc + s > target):
+                chosen = tl.min(tl.where(tl.cumsum(e, 0) + acc > target, idx, V), 0)
+            last = tl.maximum(last, tl.max(tl.where(e > 0, idx, 0), 0))
+            acc += s
+        tok = tl.where(greedy, best_i, tl.where(chosen < 0, last, chosen))
+        x_tok = tl.load(base + tok).to(tl.float32) * inv_t
+        tl.store(TOK + row, tok.to(tl.int64))
+        tl.store(LP + row, x_tok - m - tl.log(total))
+
+
 def sample_tokens_fused(logits: torch.Tensor, temperature: torch.Tensor,
-                        seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        seed: torch.Tensor, method: str = "inverse_cdf") -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens` without top-k / top-p in one Triton pass over the logits (CUDA).
 
     The Gumbel-max trick (argmax of ``logits / T + G``, ``G = -log(-log U)``: exact sampling from
@@ -137,6 +180,6 @@ def sample_tokens_fused(logits: torch.Tensor, temperature: torch.Tensor,
     B, V = logits.shape
     tokens = torch.empty(B, dtype=torch.long, device=logits.device)
     log_probs = torch.empty(B, dtype=torch.float32, device=logits.device)
-    _fused_sample_kernel[(B,)](logits, temperature, seed, tokens, log_probs, V, logits.stride(0), BLOCK=2048,
-                               num_warps=8)
+    kernel = _inverse_cdf_kernel if method == "inverse_cdf" else _fused_sample_kernel
+    kernel[(B,)](logits, temperature, seed, tokens, log_probs, V, logits.stride(0), BLOCK=2048, num_warps=8)
     return tokens, log_probs
