@@ -85,38 +85,6 @@ def _filter(probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
 if triton is not None:
 
     @triton.jit
-    def _fused_sample_kernel(LOGITS, TEMP, SEED, TOK, LP, V, s_row, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        t = tl.load(TEMP + row)
-        greedy = t <= 0
-        inv_t = 1.0 / tl.where(greedy, 1.0, t)
-        seed = tl.load(SEED)
-        base = LOGITS + row.to(tl.int64) * s_row
-        m = -float("inf")
-        total = 0.0
-        best = -float("inf")
-        best_i = 0
-        for start in range(0, V, BLOCK):
-            idx = start + tl.arange(0, BLOCK)
-            ok = idx < V
-            x = tl.load(base + idx, mask=ok, other=-float("inf")).to(tl.float32) * inv_t
-            m_new = tl.maximum(m, tl.max(x, 0))
-            total = total * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-            u = tl.rand(seed, row * V + idx)
-            gumbel = -tl.log(-tl.log(u))  # u = 0 gives -inf: that token cannot win
-            score = tl.where(ok, tl.where(greedy, x, x + gumbel), -float("inf"))
-            c = tl.max(score, 0)
-            c_i = tl.argmax(score, 0) + start
-            take = c > best
-            best_i = tl.where(take, c_i, best_i)
-            best = tl.where(take, c, best)
-        x_tok = tl.load(base + best_i).to(tl.float32) * inv_t
-        tl.store(TOK + row, best_i.to(tl.int64))
-        tl.store(LP + row, x_tok - m - tl.log(total))
-
-
-    @triton.jit
     def _inverse_cdf_kernel(LOGITS, TEMP, SEED, TOK, LP, V, s_row, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         t = tl.load(TEMP + row)
@@ -160,14 +128,18 @@ if triton is not None:
 
 
 def sample_tokens_fused(logits: torch.Tensor, temperature: torch.Tensor,
-                        seed: torch.Tensor, method: str = "inverse_cdf") -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`sample_tokens` without top-k / top-p in one Triton pass over the logits (CUDA).
+                        seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_tokens` without top-k / top-p in one Triton program per row (CUDA).
 
-    The Gumbel-max trick (argmax of ``logits / T + G``, ``G = -log(-log U)``: exact sampling from
-    ``softmax(logits / T)``) and the log-sum-exp of the chosen token's log-prob share one read of
-    each row, in the logits' own dtype (no fp32 copy); the unfused path makes about ten passes
-    over an fp32 [B, V] tensor. Random numbers come from Philox keyed by ``seed``, a device
-    scalar the caller advances between steps (so a CUDA graph replays fresh draws).
+    Two passes over the row in the logits' own dtype (no fp32 copy): the first computes the
+    maximum, the log-sum-exp (online, Milakov & Gimelshein 2018) and the argmax; the second
+    draws by inverse CDF, the first index whose running sum of ``exp(x / T - max)`` exceeds
+    ``U * total`` with one uniform ``U`` per row (exact sampling from ``softmax(logits / T)`` up to
+    fp32 summation). Per element that is two exps and no random numbers or logs: 2.2x faster
+    than the Gumbel-max kernel it replaced at [1024, 151936] (0.44 vs 0.97 ms on an H100,
+    bench/sampler.py), where the unfused path makes about ten passes over an fp32 copy. ``U``
+    comes from Philox keyed by ``seed``, a device scalar the caller advances between steps (so a
+    CUDA graph replays fresh draws), with the row as the counter.
 
     Args:
         logits: [B, V] bf16/fp16/fp32, rows contiguous.
@@ -180,6 +152,6 @@ def sample_tokens_fused(logits: torch.Tensor, temperature: torch.Tensor,
     B, V = logits.shape
     tokens = torch.empty(B, dtype=torch.long, device=logits.device)
     log_probs = torch.empty(B, dtype=torch.float32, device=logits.device)
-    kernel = _inverse_cdf_kernel if method == "inverse_cdf" else _fused_sample_kernel
-    kernel[(B,)](logits, temperature, seed, tokens, log_probs, V, logits.stride(0), BLOCK=2048, num_warps=8)
+    _inverse_cdf_kernel[(B,)](logits, temperature, seed, tokens, log_probs, V, logits.stride(0), BLOCK=2048,
+                              num_warps=8)
     return tokens, log_probs
