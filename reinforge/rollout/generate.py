@@ -129,7 +129,11 @@ def end_of_turn_token_id(tokenizer: Any) -> int | None:
         return None
     after = text[text.rfind(marker) + len(marker):]
     ids = tokenizer(after, add_special_tokens=False)["input_ids"]
+    # special tokens: the named ones, and added tokens marked special (transformers 5 lists
+    # <|im_end|> and the like only there)
     special = set(tokenizer.all_special_ids)
+    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+                if getattr(t, "special", False)}
     return next((i for i in ids if i in special), None)
 
 
