@@ -295,3 +295,21 @@ def test_num_kv_blocks_below_one_sequence_is_refused(tiny_model_path):
     model = build_model(tiny_model_path, torch.float32)
     with pytest.raises(ValueError, match="num_kv_blocks"):
         EmbeddedEngine(model, EngineConfig(max_model_len=64, kv_block_size=4, num_kv_blocks=15))
+
+
+@pytest.mark.parametrize("block", [0, 4], ids=["one-block-per-seq", "paged"])
+def test_chunked_prefill_matches_one_pass(tiny_model_path, tok, block):
+    """Prompts longer than ``max_prefill_tokens`` are prefilled in chunks that attend to the cached
+    keys of the earlier chunks: the same greedy tokens and log-probs (fp32) as one pass."""
+    model = build_model(tiny_model_path, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    reqs = [torch.randint(5, 400, (n,), generator=g).tolist() for n in (45, 7, 30)]
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    out = {}
+    for budget in (4096, 16):
+        cfg = EngineConfig(max_num_seqs=4, max_model_len=64, kv_block_size=block, max_prefill_tokens=budget)
+        eng = EmbeddedEngine(model, cfg, tokenizer=tok)
+        out[budget] = [r[0] for r in eng.generate([GenerateRequest(p, sp) for p in reqs])]
+    for one, chunked in zip(out[4096], out[16]):
+        assert one.token_ids == chunked.token_ids
+        assert max(abs(a - b) for a, b in zip(one.log_probs, chunked.log_probs)) < 1e-5

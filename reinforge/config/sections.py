@@ -105,7 +105,9 @@ class RolloutConfig(Section):
     kv_cache_memory_fraction: float = opt(
         0.3, "GPU: share of free memory the KV cache may take (vLLM: `gpu_memory_utilization`; SGLang: "
         "`--mem-fraction-static`)", gt=0, lt=1)
-    max_prefill_tokens: int = opt(16384, "padded tokens per prefill batch", ge=1)
+    max_prefill_tokens: int = opt(16384, "padded tokens per prefill batch (embedded engine); a longer prompt (or "
+                                  "a preempted sequence's recompute) is prefilled in chunks of this many tokens",
+                                  ge=1)
     sync_interval: int = opt(8, "decode steps between host reads of finished sequences", ge=1)
     cuda_graph: bool = opt(True, "capture decode steps as CUDA graphs (GPU)")
     kv_block_size: int = opt(

@@ -57,7 +57,9 @@ class EngineConfig:
     ``max_num_seqs`` caps the slots (concurrent sequences); on CUDA the slots are further
     limited to what ``kv_cache_memory_fraction`` of the free device memory holds.
     ``max_model_len`` is the longest prompt + response a slot holds.
-    ``max_prefill_tokens`` bounds the padded tokens of one prefill batch.
+    ``max_prefill_tokens`` bounds the padded tokens of one prefill batch; a prompt longer than it is
+    prefilled alone in chunks of ``max_prefill_tokens`` tokens (chunked prefill: each chunk attends
+    to the keys the earlier ones cached).
     ``sync_interval`` is the number of decode steps between host reads of finished slots.
     ``kv_block_size`` is the tokens per KV-cache block; 0 picks 16 where the Triton kernel runs
     (CUDA) and ``max_model_len`` (one block per sequence) elsewhere. ``num_kv_blocks`` caps the
@@ -112,22 +114,39 @@ class _Pending:
 
 
 class _PrefillCtx:
-    """Causal attention over a right-padded prompt batch; writes K/V into each prompt's blocks.
+    """Causal attention over a chunk of a right-padded prompt batch, positions ``[start, start + T)``;
+    writes the chunk's K/V into each prompt's blocks. With ``start > 0`` (chunked prefill) the chunk
+    also attends to the keys of positions ``[0, start)``, read back from the cache.
 
-    ``blk``, ``off``: [P * T] block id and offset of each (prompt, position); the sink block for
-    padding positions that have no block.
+    ``blk``, ``off``: [P, T] block id and offset of each (prompt, chunk position); the sink block
+    for padding positions that have no block. ``prefix_blk``, ``prefix_off``: [P, start], the same
+    for the earlier positions.
     """
 
-    def __init__(self, engine: "EmbeddedEngine", blk: torch.Tensor, off: torch.Tensor):
-        self.e, self.blk, self.off = engine, blk, off
+    def __init__(self, engine: "EmbeddedEngine", blk: torch.Tensor, off: torch.Tensor,
+                 prefix_blk: torch.Tensor | None = None, prefix_off: torch.Tensor | None = None):
+        self.e, self.blk, self.off = engine, blk.flatten(), off.flatten()
+        self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
+        self.prefix = (prefix_blk.flatten(), prefix_off.flatten()) if self.start else None
+        if self.start:  # query i (position start + i) sees keys [0, start + i]
+            T = blk.shape[1]
+            keys = torch.arange(self.start + T, device=blk.device)
+            self.mask = keys[None, :] <= self.start + torch.arange(T, device=blk.device)[:, None]
 
     def attend(self, layer, q, k, v):
         P, T, KVH, D = k.shape
-        self.e.k_cache[layer][self.blk, :, self.off] = k.reshape(P * T, KVH, D)
-        self.e.v_cache[layer][self.blk, :, self.off] = v.reshape(P * T, KVH, D)
-        kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, T, D]
+        kc, vc = self.e.k_cache[layer], self.e.v_cache[layer]
+        kc[self.blk, :, self.off] = k.reshape(P * T, KVH, D)
+        vc[self.blk, :, self.off] = v.reshape(P * T, KVH, D)
+        mask = None
+        if self.start:
+            pb, po = self.prefix
+            k = torch.cat([kc[pb, :, po].view(P, self.start, KVH, D), k], dim=1)
+            v = torch.cat([vc[pb, :, po].view(P, self.start, KVH, D), v], dim=1)
+            mask = self.mask
+        kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, keys, D]
         o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), kt, vt, is_causal=True, enable_gqa=kt.shape[1] != q.shape[2])
+            q.transpose(1, 2), kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=kt.shape[1] != q.shape[2])
         return o.transpose(1, 2)
 
 
@@ -506,11 +525,20 @@ class EmbeddedEngine:
                 self._filters[s] = p.top_k > 0 or p.top_p < 1.0
         slots = [s for p in chosen for s in p.slots]
         self._set_table_rows(slots)
-        ids, lens_d = ids.to(dev), lens.to(dev)
-        off = (torch.arange(T) % bs).expand(P, T)
-        ctx = _PrefillCtx(self, blk.flatten().to(dev), off.flatten().to(dev))
-        hidden = self.model.forward_hidden(ids, None, ctx)
-        last = hidden[torch.arange(P, device=dev), lens_d - 1]
+        ids, lens_d, blk = ids.to(dev), lens.to(dev), blk.to(dev)
+        off = (torch.arange(T, device=dev) % bs).expand(P, T)
+        # chunked prefill: a batch over max_prefill_tokens (one prompt longer than the budget) runs
+        # in chunks of columns, each attending to the K/V the earlier chunks cached
+        width = max(1, self.config.max_prefill_tokens // P)
+        last = None
+        for a in range(0, T, width):
+            b = min(T, a + width)
+            ctx = _PrefillCtx(self, blk[:, a:b], off[:, a:b], blk[:, :a] if a else None, off[:, :a] if a else None)
+            pos = torch.arange(a, b, device=dev).expand(P, b - a)
+            hidden = self.model.forward_hidden(ids[:, a:b], pos, ctx)
+            here = hidden[torch.arange(P, device=dev), (lens_d - 1 - a).clamp(0, b - a - 1)]
+            ends = ((lens_d - 1 >= a) & (lens_d - 1 < b))[:, None]
+            last = here if last is None else torch.where(ends, here, last)
         logits = self.model.lm_head(last).float()
         # prefix sharing: the other samples get a copy of the prompt's last, partial block
         pairs = [(self._blocks[p.slots[0]][-1], self._blocks[s][-1]) for p in chosen if len(p.prompt_ids) % bs
