@@ -11,7 +11,7 @@ from reinforge.loop import RLLoop
 from reinforge.rollout.types import GenerateRequest, SamplingParams
 from tests.test_integration import tiny_overrides
 
-LORA = {"model.lora_rank": 4, "model.lora_alpha": 8, "train.lr": 5e-2, "rollout.dtype": "fp32",
+LORA = {"model.lora_rank": 4, "model.lora_alpha": 8, "train.lr": 5e-2, "rollout.dtype": "fp32", "model.train_dtype": "fp32",
         "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_token_share", "data.n_eval_prompts": 0}
 
 
@@ -39,14 +39,14 @@ def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
                       loss_mask=[1] * len(r.token_ids)) for r in result]
     trainer_lp = actor.compute_log_probs(samples)
     for r, lp in zip(result, trainer_lp):  # fp32 engine vs the trainer's (unmerged) LoRA forward
-        assert torch.allclose(torch.tensor(r.log_probs), lp, atol=1e-5)
+        assert torch.allclose(torch.tensor(r.log_probs), lp.cpu(), atol=1e-5)
     # the reference is the base model: adapters off, no second copy
     assert actor.ref is None
     from reinforge.models.loading import build_model
 
     plain = build_model(tiny_model_path)
     for (n, t) in base.items():
-        assert torch.equal(t, dict(plain.named_parameters())[n].detach())
+        assert torch.equal(t.cpu(), dict(plain.named_parameters())[n].detach())
     ref_lp = actor.compute_log_probs(samples, reference=True)
     from reinforge.models.loading import model_logits
 
@@ -54,7 +54,7 @@ def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
         ids = torch.tensor([samples[0].tokens])
         want = torch.log_softmax(model_logits(plain, ids)[0, :-1].float(), -1)
         want = want.gather(-1, ids[0, 1:, None]).squeeze(-1)[-samples[0].response_length:]
-    assert torch.allclose(ref_lp[0], want, atol=1e-5)
+    assert torch.allclose(ref_lp[0].cpu(), want, atol=1e-5)
     loop.close()
 
 
