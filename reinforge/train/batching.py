@@ -80,12 +80,11 @@ class MicroBatch:
     def to(self, device: torch.device) -> "MicroBatch":
         """A copy on ``device``: one host-to-device copy per dtype (a copy from pageable memory
         waits for the device, so a dozen tensors each copied alone cost a dozen waits)."""
-        if all(getattr(self, f.name).device == torch.device(device) for f in fields(self)
-               if isinstance(getattr(self, f.name), torch.Tensor)):
-            return self  # already there (the CPU trainer): nothing to copy
         named = [(f.name, None, getattr(self, f.name)) for f in fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)]
         named += [("fields", k, t) for k, t in self.fields.items()]
+        if all(t.device == torch.device(device) for _, _, t in named):
+            return self  # already there (the CPU trainer): nothing to copy
         by_dtype: dict[torch.dtype, list[tuple[str, str | None, torch.Tensor]]] = {}
         for item in named:
             by_dtype.setdefault(item[2].dtype, []).append(item)
