@@ -13,13 +13,17 @@ def tok(smollm2_path):
     return load_tokenizer(smollm2_path)
 
 
-@pytest.fixture(params=[0, 4], ids=["one-block-per-seq", "paged"])
+@pytest.fixture(params=[(0, False), (4, False), (4, True)], ids=["one-block-per-seq", "paged", "paged-overlap"])
 def engine(request, tiny_model_path, tok):
     """Every engine test runs on both KV layouts: one block of max_model_len per slot (the CPU
-    default) and 4-token blocks through the block table (the GPU's layout, torch attention here)."""
+    default) and 4-token blocks through the block table (the GPU's layout, torch attention here);
+    and with the GPU's overlap scheduler (finished sequences read back one run of decode steps late)."""
+    block, overlap = request.param
     model = build_model(tiny_model_path, torch.float32)
-    cfg = EngineConfig(max_num_seqs=8, max_model_len=96, sync_interval=3, kv_block_size=request.param)
-    return EmbeddedEngine(model, cfg, tokenizer=tok)
+    cfg = EngineConfig(max_num_seqs=8, max_model_len=96, sync_interval=3, kv_block_size=block)
+    eng = EmbeddedEngine(model, cfg, tokenizer=tok)
+    eng._overlap = overlap
+    return eng
 
 
 def prompts(tok, n, seed=0):
@@ -267,13 +271,17 @@ def test_preemption_under_a_small_block_pool_keeps_greedy_outputs(tiny_model_pat
     ample = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4, kv_block_size=4))
     small = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4, kv_block_size=4,
                                                num_kv_blocks=40))
-    want, got = ample.generate(reqs()), small.generate(reqs())
-    assert ample.num_preemptions == 0 and small.num_preemptions > 0
-    for wg, gg in zip(want, got):
-        for w, g in zip(wg, gg):
-            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason == FinishReason.LENGTH
-            assert torch.allclose(torch.tensor(g.log_probs), torch.tensor(w.log_probs), atol=1e-4)
-    assert small.allocator.num_free == 40
+    overlapped = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4,
+                                                    kv_block_size=4, num_kv_blocks=40))
+    overlapped._overlap = True
+    want, got, got_overlapped = ample.generate(reqs()), small.generate(reqs()), overlapped.generate(reqs())
+    assert ample.num_preemptions == 0 and small.num_preemptions > 0 and overlapped.num_preemptions > 0
+    for wg, gg, og in zip(want, got, got_overlapped):
+        for w, g, o in zip(wg, gg, og):
+            for r in (g, o):
+                assert r.token_ids == w.token_ids and r.finish_reason == w.finish_reason == FinishReason.LENGTH
+                assert torch.allclose(torch.tensor(r.log_probs), torch.tensor(w.log_probs), atol=1e-4)
+    assert small.allocator.num_free == overlapped.allocator.num_free == 40
 
 
 def test_paged_prompts_share_full_blocks(tiny_model_path, tok):
@@ -313,3 +321,24 @@ def test_chunked_prefill_matches_one_pass(tiny_model_path, tok, block):
     for one, chunked in zip(out[4096], out[16]):
         assert one.token_ids == chunked.token_ids
         assert max(abs(a - b) for a, b in zip(one.log_probs, chunked.log_probs)) < 1e-5
+
+
+def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, tok):
+    """More sequences than slots, some ending early on a stop token: with the overlap scheduler a
+    finished sequence is read back one run of decode steps late (its slot idles meanwhile) and its
+    slot then serves the next request; greedy outputs and finish reasons equal the plain schedule's."""
+    model = build_model(tiny_model_path, torch.float32)
+    ps = prompts(tok, 10, seed=11)
+    plain = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64, sync_interval=3, kv_block_size=4))
+    free = plain.generate([GenerateRequest(p, SamplingParams(max_new_tokens=24, temperature=0.0)) for p in ps])
+    stops = sorted({g[0].token_ids[k] for g in free for k in (2, 7)})[:8]  # tokens several outputs hit early
+    reqs = lambda: [GenerateRequest(p, SamplingParams(max_new_tokens=24, temperature=0.0,  # noqa: E731
+                                                      stop_token_ids=stops)) for p in ps]
+    overlapped = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64, sync_interval=3,
+                                                    kv_block_size=4))
+    overlapped._overlap = True
+    want, got = plain.generate(reqs()), overlapped.generate(reqs())
+    assert sum(g[0].finish_reason == FinishReason.STOP for g in want) >= 3
+    assert [(g[0].token_ids, g[0].finish_reason) for g in got] == [(g[0].token_ids, g[0].finish_reason)
+                                                                     for g in want]
+    assert overlapped.allocator.num_free == overlapped.allocator.num_blocks and not overlapped.has_unfinished()

@@ -109,6 +109,10 @@ class RolloutConfig(Section):
                                   "a preempted sequence's recompute) is prefilled in chunks of this many tokens",
                                   ge=1)
     sync_interval: int = opt(8, "decode steps between host reads of finished sequences", ge=1)
+    overlap_schedule: bool = opt(
+        True, "embedded engine on a GPU: launch the next `sync_interval` decode steps before reading back the last "
+        "ones, so the host's scheduling hides behind GPU work (SGLang's overlap scheduler, vLLM's "
+        "`async_scheduling`); a sequence that stops early holds its slot one interval longer")
     cuda_graph: bool = opt(True, "capture decode steps as CUDA graphs (GPU)")
     kv_block_size: int = opt(
         0, "tokens per block of the embedded engine's paged KV cache (vLLM: `block_size`); 0 = 16 on a GPU (Triton "

@@ -14,7 +14,15 @@ Design (docs/design.md; measurements in docs/benchmarks.md):
   padded layout whose attention is a plain batched matmul (fastest there).
 * **Continuous batching.** Each ``step()`` admits waiting requests into free slots (one
   batched prefill), runs ``sync_interval`` decode steps over the occupied slot range, then
-  reads back which slots finished (one host sync) and frees them for the next admissions.
+  reads back which slots finished and frees them for the next admissions.
+* **Overlap scheduling** (GPU, ``overlap_schedule``). The read-back of a run of decode steps
+  (done flags, lengths, finish codes) is copied to pinned memory behind the steps; ``step()``
+  launches the next run before it waits for the previous run's copy, so the host's work (finished
+  sequences, block grants, admissions) runs while the GPU decodes. The host knows an upper bound of
+  every sequence's length, so a sequence that must have hit ``max_new_tokens`` is not decoded
+  again; one that stopped early is decoded (as an idle row) one run longer. Host-to-device copies
+  go through pinned memory (no sync); the rare paths that read a running sequence's state
+  (preemption, abort) first drain the pipeline.
 * **Prefix sharing.** The ``n`` samples of a request prefill the prompt once; they share its
   full blocks (reference-counted) and each gets a copy of its last, partial block.
 * **Device-side state.** Sampling parameters, lengths, finish flags and outputs live in
@@ -60,7 +68,8 @@ class EngineConfig:
     ``max_prefill_tokens`` bounds the padded tokens of one prefill batch; a prompt longer than it is
     prefilled alone in chunks of ``max_prefill_tokens`` tokens (chunked prefill: each chunk attends
     to the keys the earlier ones cached).
-    ``sync_interval`` is the number of decode steps between host reads of finished slots.
+    ``sync_interval`` is the number of decode steps between host reads of finished slots;
+    ``overlap_schedule`` (CUDA only) launches the next ones before that read.
     ``kv_block_size`` is the tokens per KV-cache block; 0 picks 16 where the Triton kernel runs
     (CUDA) and ``max_model_len`` (one block per sequence) elsewhere. ``num_kv_blocks`` caps the
     block pool (0: no cap); at least one sequence of ``max_model_len`` must fit.
@@ -72,6 +81,7 @@ class EngineConfig:
     max_prefill_tokens: int = RolloutConfig.max_prefill_tokens
     kv_cache_memory_fraction: float = RolloutConfig.kv_cache_memory_fraction
     sync_interval: int = RolloutConfig.sync_interval
+    overlap_schedule: bool = RolloutConfig.overlap_schedule
     cuda_graph: bool = RolloutConfig.cuda_graph
     kv_block_size: int = RolloutConfig.kv_block_size
     num_kv_blocks: int = RolloutConfig.num_kv_blocks
@@ -82,7 +92,7 @@ class EngineConfig:
         """The engine's settings from the ``rollout`` config section."""
         return cls(max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
                    kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
-                   cuda_graph=r.cuda_graph, kv_block_size=r.kv_block_size, num_kv_blocks=r.num_kv_blocks,
+                   overlap_schedule=r.overlap_schedule, cuda_graph=r.cuda_graph, kv_block_size=r.kv_block_size, num_kv_blocks=r.num_kv_blocks,
                    seed=seed)
 
 
@@ -148,6 +158,35 @@ class _PrefillCtx:
         o = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=kt.shape[1] != q.shape[2])
         return o.transpose(1, 2)
+
+
+class _Snapshot:
+    """The done flags, generated lengths and finish codes of slots ``[0, max(slots)]`` as they are
+    after the work queued so far, copied to pinned host memory behind that work (no host sync until
+    :meth:`read`). ``slots`` are the occupied slots it is read for, ``admitted`` their admission
+    numbers: a slot finished or re-admitted meanwhile is skipped."""
+
+    __slots__ = ("slots", "admitted", "host", "event")
+
+    def __init__(self, engine: "EmbeddedEngine", slots: list[int]):
+        self.slots, self.admitted = slots, [engine._admitted[s] for s in slots]
+        B = max(slots) + 1
+        state = torch.stack([engine.done[:B].long(), engine.gen_lens[:B], engine.finish_code[:B].long()])
+        self.event = None
+        if state.device.type == "cuda":
+            self.host = torch.empty(state.shape, dtype=state.dtype, pin_memory=True)
+            self.host.copy_(state, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = state
+
+    def read(self) -> tuple[list[int], list[int], list[int]]:
+        """(done, generated length, finish code) per slot index; waits for the copy."""
+        if self.event is not None:
+            self.event.synchronize()
+        done, lens, codes = self.host.tolist()
+        return done, lens, codes
 
 
 class _DecodeCtx:
@@ -218,6 +257,10 @@ class EmbeddedEngine:
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._graph_pool = None
         self._use_graphs = self.device.type == "cuda" and self.config.cuda_graph
+        # launch the next decode steps before reading back the last ones (no gain without an
+        # asynchronous device; tests turn it on on a CPU to exercise the same bookkeeping)
+        self._overlap = self.device.type == "cuda" and self.config.overlap_schedule
+        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._request_ids = itertools.count()
         self._waiting: collections.deque[_Pending] = collections.deque()
         self._allocated = False
@@ -299,6 +342,9 @@ class EmbeddedEngine:
         self._admitted = [0] * S  # admission order of the slot's sequence (preemption picks the newest)
         self._admissions = itertools.count()
         self._len_bound = [0] * S  # host-side upper bound of seq_lens per occupied slot
+        self._gen_bound = [0] * S  # host-side upper bound of gen_lens per occupied slot
+        self._max_new_host = [0] * S  # the slot's max_new: at _gen_bound >= it, it is surely done
+        self._pending: _Snapshot | None = None  # read-back of the last decode steps, not processed yet
         self._filters = [False] * S  # slot uses top-k / top-p
         self._allocated = True
         log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB)%s", S, NB, bs,
@@ -364,9 +410,14 @@ class EmbeddedEngine:
                 for j in pend.samples:
                     pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
                                                            FinishReason.ABORT, self.weight_version)
-        slots = [s for s, o in enumerate(self._owner) if o is not None and o[0].group.request.request_id == request_id]
-        if slots:
-            self._finish(slots, abort=True)
+        def owned():
+            return [s for s, o in enumerate(self._owner) if o is not None and o[0].group.request.request_id == request_id]
+
+        if owned():
+            self._drain()  # samples that finished meanwhile end normally
+            slots = owned()
+            if slots:
+                self._process(_Snapshot(self, slots), abort=True)
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting) or any(o is not None for o in self._owner)
@@ -378,26 +429,34 @@ class EmbeddedEngine:
 
     def step(self) -> None:
         """Admit waiting requests, give the running sequences the KV blocks of the next
-        ``sync_interval`` tokens (preempting if the pool runs dry), run the decode steps, collect
-        finished slots."""
+        ``sync_interval`` tokens (preempting if the pool runs dry), launch the decode steps, and
+        collect the finished sequences: those of this run, or with ``overlap_schedule`` those of
+        the previous run (read back while this one decodes)."""
         self._admit()
         steps = self.config.sync_interval
-        running = self._grow([s for s, o in enumerate(self._owner) if o is not None], steps)
-        if not running:
-            return
-        B = _bucket(max(running) + 1, self.num_slots)
-        Lk = 0  # the kernel reads each sequence's own length; the torch paths need a key range
-        if not self.use_kernel:
-            Lk = _bucket(max(self._len_bound[s] for s in running) + steps, self.block_size * self.blocks_per_seq,
-                         quantum=64)
-            if self.blocks_per_seq > 1:  # whole blocks are gathered
-                Lk = -(-Lk // self.block_size) * self.block_size
-        filters = any(self._filters[s] for s in running)
-        for _ in range(steps):
-            self._decode_step(B, Lk, filters)
-        for s in running:
-            self._len_bound[s] += steps
-        self._collect(running)
+        live = [s for s, o in enumerate(self._owner) if o is not None and self._gen_bound[s] < self._max_new_host[s]]
+        running = self._grow(live, steps)
+        if running:
+            B = _bucket(max(running) + 1, self.num_slots)
+            Lk = 0  # the kernel reads each sequence's own length; the torch paths need a key range
+            if not self.use_kernel:
+                Lk = _bucket(max(self._len_bound[s] for s in running) + steps,
+                             self.block_size * self.blocks_per_seq, quantum=64)
+                if self.blocks_per_seq > 1:  # whole blocks are gathered
+                    Lk = -(-Lk // self.block_size) * self.block_size
+            filters = any(self._filters[s] for s in running)
+            for _ in range(steps):
+                self._decode_step(B, Lk, filters)
+            for s in running:
+                self._len_bound[s] += steps
+                self._gen_bound[s] += steps
+        owned = [s for s, o in enumerate(self._owner) if o is not None]
+        previous, self._pending = self._pending, _Snapshot(self, owned) if owned else None
+        if previous is not None:
+            self._process(previous)
+        if self._pending is not None and not (running and self._overlap):
+            snap, self._pending = self._pending, None
+            self._process(snap)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy new weights (Hugging Face names) into the engine's model in place.
@@ -413,6 +472,7 @@ class EmbeddedEngine:
         if self.has_unfinished():
             raise RuntimeError("sleep() with requests in flight")
         self._allocated = False
+        self._pending = None
         self._graphs.clear()  # they point into the buffers freed below
         self._graph_pool = None
         for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs"):
@@ -495,11 +555,21 @@ class EmbeddedEngine:
             own = self.allocator.allocate(1) if P % bs else []
             self._blocks[s] = (shared if k == 0 else self.allocator.share(shared)) + own
 
+    def _h2d(self, values: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """A host list (or CPU tensor) on the engine's device. On CUDA through pinned memory with a
+        non-blocking copy: a plain copy from pageable memory waits for all queued GPU work, which
+        would stall the overlap scheduler (the caching host allocator keeps the pinned buffer alive
+        until the copy is done)."""
+        t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def _set_table_rows(self, slots: list[int]) -> None:
         """Copy the host block lists of ``slots`` into the device block table (sink elsewhere)."""
         w, sink = self.blocks_per_seq, self.sink_block
         rows = torch.tensor([self._blocks[s] + [sink] * (w - len(self._blocks[s])) for s in slots], dtype=torch.int32)
-        self.block_table[torch.tensor(slots, device=self.device)] = rows.to(self.device)
+        self.block_table[self._h2d(slots)] = self._h2d(rows)
 
     @torch.no_grad()
     def _admit(self) -> None:
@@ -521,11 +591,13 @@ class EmbeddedEngine:
                 self._owner[s] = (pend, k)
                 self._admitted[s] = next(self._admissions)
                 self._len_bound[s] = int(lens[i])
+                self._gen_bound[s] = 1  # the token sampled from the prefill
+                self._max_new_host[s] = pend.max_new_tokens
                 p = pend.group.request.params
                 self._filters[s] = p.top_k > 0 or p.top_p < 1.0
         slots = [s for p in chosen for s in p.slots]
         self._set_table_rows(slots)
-        ids, lens_d, blk = ids.to(dev), lens.to(dev), blk.to(dev)
+        ids, lens_d, blk = self._h2d(ids), self._h2d(lens), self._h2d(blk)
         off = (torch.arange(T, device=dev) % bs).expand(P, T)
         # chunked prefill: a batch over max_prefill_tokens (one prompt longer than the budget) runs
         # in chunks of columns, each attending to the K/V the earlier chunks cached
@@ -544,18 +616,18 @@ class EmbeddedEngine:
         pairs = [(self._blocks[p.slots[0]][-1], self._blocks[s][-1]) for p in chosen if len(p.prompt_ids) % bs
                  for s in p.slots[1:]]
         if pairs:
-            src = torch.tensor([a for a, _ in pairs], device=dev)
-            dst = torch.tensor([b for _, b in pairs], device=dev)
+            src = self._h2d([a for a, _ in pairs])
+            dst = self._h2d([b for _, b in pairs])
             r = min(T, bs)
             self.k_cache[:, dst, :, :r] = self.k_cache[:, src, :, :r]
             self.v_cache[:, dst, :, :r] = self.v_cache[:, src, :, :r]
         # per-slot state
-        reps = torch.tensor([len(p.slots) for p in chosen], device=dev)
+        reps = self._h2d([len(p.slots) for p in chosen])
         params = [p.group.request.params for p in chosen for _ in p.slots]
-        slot_t = torch.tensor(slots, device=dev)
+        slot_t = self._h2d(slots)
 
         def put(buf, values, dtype):
-            buf[slot_t] = torch.tensor(values, dtype=dtype).to(dev)
+            buf[slot_t] = self._h2d(values, dtype)
 
         put(self.seq_lens, [len(p.prompt_ids) for p in chosen for _ in p.slots], torch.long)
         put(self.max_new, [p.max_new_tokens for p in chosen for _ in p.slots], torch.long)
@@ -566,9 +638,9 @@ class EmbeddedEngine:
         for i, p in enumerate(params):
             if not p.ignore_eos and p.stop_token_ids:
                 stop[i, : len(p.stop_token_ids)] = torch.tensor(p.stop_token_ids)
-        self.stop_ids[slot_t] = stop.to(dev)
+        self.stop_ids[slot_t] = self._h2d(stop)
         filt = any(self._filters[s] for s in slots)
-        rep_logits = logits.repeat_interleave(reps, dim=0)
+        rep_logits = logits.repeat_interleave(reps, dim=0, output_size=len(slots))  # (no host sync)
         tok, lp = sample_tokens(rep_logits, self.temperature[slot_t], self.top_k[slot_t] if filt else None,
                                 self.top_p[slot_t] if filt else None, self.generator)
         self.out_tokens[slot_t, 0] = tok
@@ -585,19 +657,26 @@ class EmbeddedEngine:
         first; when the pool runs dry, preempt the newest. Returns the slots still running."""
         if self.blocks_per_seq == 1 or not running:
             return running
-        order = sorted(running, key=lambda s: self._admitted[s])
+
+        def need(s: int) -> int:
+            return min(self.allocator.blocks_for(self._len_bound[s] + steps), self.blocks_per_seq) - len(self._blocks[s])
+
+        if sum(max(0, need(s)) for s in running) > self.allocator.num_free:
+            # preemption reads a running sequence's state: finish what has finished first (frees blocks)
+            self._drain()
+            running = [s for s in running if self._owner[s] is not None]
+        order = collections.deque(sorted(running, key=lambda s: self._admitted[s]))
         kept, changed = [], []
         while order:
-            s = order.pop(0)
-            want = min(self.allocator.blocks_for(self._len_bound[s] + steps), self.blocks_per_seq)
-            need = want - len(self._blocks[s])
-            while need > self.allocator.num_free and order:
+            s = order.popleft()
+            need_s = need(s)
+            while need_s > self.allocator.num_free and order:
                 self._preempt(order.pop())
-            if need > self.allocator.num_free:
+            if need_s > self.allocator.num_free:
                 self._preempt(s)
                 continue
-            if need > 0:
-                self._blocks[s] += self.allocator.allocate(need)
+            if need_s > 0:
+                self._blocks[s] += self.allocator.allocate(need_s)
                 changed.append(s)
             kept.append(s)
         if changed:
@@ -606,7 +685,8 @@ class EmbeddedEngine:
 
     def _preempt(self, slot: int) -> None:
         """Free a running sequence's slot and blocks and queue it first, to be prefilled again
-        with its prompt and the tokens it has so far (recompute preemption)."""
+        with its prompt and the tokens it has so far (recompute preemption). Call after
+        :meth:`_drain` (it reads the sequence's device state)."""
         pend, k = self._owner[slot]
         n = int(self.gen_lens[slot])
         ids = pend.carried_ids + self.out_tokens[slot, :n].tolist()
@@ -625,7 +705,7 @@ class EmbeddedEngine:
             self._blocks[s] = []
             self._owner[s] = None
             heapq.heappush(self._free, s)
-        idx = torch.tensor(slots, device=self.device)
+        idx = self._h2d(slots)
         self.done[idx] = True
         self.block_table[idx] = self.sink_block
 
@@ -679,56 +759,73 @@ class EmbeddedEngine:
         self.seq_lens[:B] = pos + active
         self.last_token[:B] = torch.where(active, tok, self.last_token[:B])
 
-    def _collect(self, running: list[int]) -> None:
-        idx = torch.tensor(running, device=self.device)
-        done = self.done[idx].cpu().tolist()
-        finished = [s for s, d in zip(running, done) if d]
-        stop_check = [s for s, d in zip(running, done) if not d and self._owner[s][0].group.request.params.stop]
-        if stop_check:
-            finished += self._check_stop_strings(stop_check)
-        if finished:
-            self._finish(finished)
+    def _drain(self) -> None:
+        """Process every outstanding read-back now (waits for the queued decode steps): afterwards
+        no occupied slot holds a finished sequence and the device state is current."""
+        owned = [s for s, o in enumerate(self._owner) if o is not None]
+        previous, self._pending = self._pending, None
+        if previous is not None:
+            self._process(previous)
+        if owned:
+            self._process(_Snapshot(self, owned))
 
-    def _check_stop_strings(self, slots: list[int]) -> list[int]:
-        """Slots whose text now contains a stop string: truncate them and mark them done."""
-        idx = torch.tensor(slots, device=self.device)
-        lens = self.gen_lens[idx].cpu().tolist()
-        toks = self.out_tokens[idx].cpu()
-        hit = []
-        for s, n, row in zip(slots, lens, toks):
-            pend = self._owner[s][0]
-            carried = pend.carried_ids
-            cut = _stop_string_cut(self.tokenizer, carried + row[:n].tolist(), pend.group.request.params.stop)
-            if cut is not None:
-                self.gen_lens[s] = max(cut - len(carried), 0)
-                self.finish_code[s] = _STOP
-                self.done[s] = True
-                hit.append(s)
-        return hit
+    def _read_outputs(self, slots: list[int], width: int) -> tuple[list[list[int]], list[list[float]]]:
+        """The first ``width`` output tokens and log-probs of ``slots`` (host lists). On CUDA on a side
+        stream: the decode steps queued meanwhile on the main stream leave these entries unchanged
+        (finished rows are idle; running rows write past their read lengths), so the read need not
+        wait for them."""
+        if self._side_stream is None:
+            idx = torch.tensor(slots, device=self.device)
+            return self.out_tokens[idx, :width].tolist(), self.out_logprobs[idx, :width].tolist()
+        with torch.cuda.stream(self._side_stream):
+            idx = torch.tensor(slots).pin_memory().to(self.device, non_blocking=True)
+            toks, lps = self.out_tokens[idx, :width].cpu(), self.out_logprobs[idx, :width].cpu()
+        return toks.tolist(), lps.tolist()
 
-    def _finish(self, slots: list[int], abort: bool = False) -> None:
-        idx = torch.tensor(slots, device=self.device)
-        lens = self.gen_lens[idx].cpu().tolist()
-        codes = self.finish_code[idx].cpu().tolist()
-        width = max(lens) if lens else 0
-        toks = self.out_tokens[idx, :width].cpu().tolist()
-        lps = self.out_logprobs[idx, :width].cpu().tolist()
-        for s, n, code, t, lp in zip(slots, lens, codes, toks, lps):
+    def _process(self, snap: _Snapshot, abort: bool = False) -> None:
+        """Finish the slots that ``snap`` shows done (all of its slots with ``abort``), and those whose
+        text now contains a stop string; hand back their results and free them. Slots finished or
+        re-admitted since the snapshot are skipped. Waits for the snapshot's copy (and only for it)."""
+        done, lens, codes = snap.read()
+        finished, check = [], []
+        for s, admitted in zip(snap.slots, snap.admitted):
+            owner = self._owner[s]
+            if owner is None or self._admitted[s] != admitted:
+                continue
+            if done[s] or abort:
+                finished.append(s)
+            elif owner[0].group.request.params.stop:
+                check.append(s)
+        rows, check = finished + check, set(check)
+        if not rows:
+            return
+        toks, lps = self._read_outputs(rows, max(lens[s] for s in rows))
+        ended = []
+        for i, s in enumerate(rows):
             pend, k = self._owner[s]
-            params = pend.group.request.params
+            n, code = lens[s], codes[s]
+            if s in check:  # still running: did it just complete a stop string?
+                carried = pend.carried_ids
+                cut = _stop_string_cut(self.tokenizer, carried + toks[i][:n], pend.group.request.params.stop)
+                if cut is None:
+                    continue
+                n, code = max(cut - len(carried), 0), _STOP
             if code == _STOP:
                 reason = FinishReason.STOP
             elif code == _LENGTH:
                 reason = FinishReason.LENGTH
             else:
                 reason = FinishReason.ABORT if abort else FinishReason.LENGTH
-            t, lp = pend.carried_ids + t[:n], pend.carried_logprobs + lp[:n]
+            t, lp = pend.carried_ids + toks[i][:n], pend.carried_logprobs + lps[i][:n]
+            params = pend.group.request.params
             if params.stop and reason == FinishReason.STOP:
                 cut = _stop_string_cut(self.tokenizer, t, params.stop)
                 if cut is not None:
                     t, lp = t[:cut], lp[:cut]
             pend.group.results[pend.samples[k]] = GenerateResult(t, lp, reason, self.weight_version)
-        self._release(slots)
+            ended.append(s)
+        if ended:
+            self._release(ended)
 
 
 def _stop_string_cut(tokenizer, tokens: list[int], stops: list[str]) -> int | None:
