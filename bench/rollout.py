@@ -103,13 +103,16 @@ def bench_generate_batch(hf, ps, max_new, device):
     return tokens / (time.perf_counter() - t)
 
 
-def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=1024, kv_block_size=0):
+def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=1024, kv_block_size=0,
+                 overlap_schedule=True, fused_residual_add=True):
     from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
     from reinforge.rollout.types import GenerateRequest, SamplingParams
 
     L = max(map(len, ps)) + max_new
     eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=L, cuda_graph=cuda_graph,
-                                             kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size))
+                                             kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size,
+                                             overlap_schedule=overlap_schedule))
+    model.fused_residual_add = model.fused_residual_add and fused_residual_add
     sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(p, sp, n=n) for p in ps])  # warm-up: captures the CUDA graphs
     sync(device)
@@ -149,6 +152,10 @@ def main():
     ap.add_argument("--baseline-seqs", type=int, default=256)
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--no-graph-run", action="store_true", help="also time the engine without CUDA graphs")
+    ap.add_argument("--no-overlap-run", action="store_true",
+                    help="also time the engine without the overlap scheduler (rollout.overlap_schedule=false)")
+    ap.add_argument("--no-fused-residual-run", action="store_true",
+                    help="also time the engine without the residual adds fused into the norms")
     ap.add_argument("--one-block-run", action="store_true",
                     help="also time the engine with one KV block per sequence (the layout before paging)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -176,6 +183,12 @@ def main():
         if args.no_graph_run:
             row["reinforge_eager"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
                                                         cuda_graph=False)
+        if args.no_overlap_run:
+            row["reinforge_no_overlap"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
+                                                             overlap_schedule=False)
+        if args.no_fused_residual_run:
+            row["reinforge_no_fused_residual"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
+                                                                    fused_residual_add=False)
         if args.one_block_run:
             row["reinforge_one_block"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
                                                             kv_block_size=1 << 30)
@@ -201,7 +214,7 @@ def main():
     print(f"\ndevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s; dtype {dtype}")
     cols = ["model", "seqs", "new_tokens", "hf_generate", "hf_generate_batch", "reinforge_eager",
-            "reinforge_one_block", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff", "importance_weight",
+            "reinforge_one_block", "reinforge_no_overlap", "reinforge_no_fused_residual", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff", "importance_weight",
             "slots", "block", "preempted", "graphs", "distinct"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(" | ".join(cols))

@@ -37,7 +37,7 @@ def _worker(rank, world, port, cfg, path, data, steps, save_dir, queue):
 
     w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
     metrics = [w.train_actor(data, r) for r in range(steps)]
-    weights = {n: t.numpy().copy() for n, t in w.named_weights()}  # numpy: no shared-memory handles
+    weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}  # numpy: no shared-memory handles
     if save_dir:
         w.save(save_dir)
     if rank == 0:
@@ -55,7 +55,7 @@ def run_single(cfg, path, data, steps=1):
 
     w = TrainWorker(cfg, path)
     metrics = [w.train_actor(data, r) for r in range(steps)]
-    return metrics, {n: t.clone() for n, t in w.named_weights()}, w
+    return metrics, {n: t.detach().cpu().clone() for n, t in w.named_weights()}, w
 
 
 def assert_same(a, b):

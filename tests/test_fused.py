@@ -82,3 +82,45 @@ def test_fused_model_trains_like_eager():
         torch.testing.assert_close(out, ref, atol=1e-5 * ref.abs().max().item() + 1e-8, rtol=1e-4)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         assert model.model.norm(torch.randn(2, 128, device="cuda")).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("x_dtype,res_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.bfloat16, torch.float32)])
+def test_fused_add_rms_norm_matches_eager_add_then_norm(x_dtype, res_dtype):
+    """residual += x, then the norm of it: the same arithmetic as eager ``residual + x`` followed by
+    the (fused) norm, bit for bit; the last case is a bf16 sublayer output under autocast added to
+    an fp32 stream."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 896, device="cuda").to(x_dtype)
+    residual = torch.randn(5, 3, 896, device="cuda").to(res_dtype)
+    w = torch.randn(896, device="cuda").to(res_dtype)
+    want_sum = residual + x
+    want = fused.rms_norm(want_sum, w, 1e-6)
+    with torch.no_grad():
+        got = fused.add_rms_norm(x, residual, w, 1e-6)
+    assert torch.equal(residual, want_sum) and got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        fused.add_rms_norm(x, residual, w.requires_grad_(True), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_residual_add_model_forward_matches(dtype):
+    """A whole model's no-grad forward with the residual adds fused into the norms (the engine's
+    decoder) equals the forward without, bit for bit."""
+    from transformers import Qwen2Config
+
+    from reinforge.models.transformer import CausalLM
+
+    cfg = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=320, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = CausalLM(cfg).cuda()
+    model.init_weights()
+    model.init_rope()
+    model.to(dtype).use_fused_kernels(True)
+    ids = torch.randint(0, 256, (3, 17), device="cuda")
+    with torch.no_grad():
+        want = model(ids)
+        model.fused_residual_add = True
+        got = model(ids)
+    assert torch.equal(got, want)

@@ -28,15 +28,23 @@ from ..utils.triton import tl, triton
 if triton is not None:
 
     @triton.jit
-    def _rms_norm_kernel(X, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr):
+    def _rms_norm_kernel(X, RES, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr,
+                         ADD_RESIDUAL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         ok = cols < N
         x = tl.load(X + row * N + cols, mask=ok, other=0.0).to(tl.float32)
+        if ADD_RESIDUAL:  # RES += X (rounded to RES's dtype as eager's add), then normalise RES
+            x = (x + tl.load(RES + row * N + cols, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
+            tl.store(RES + row * N + cols, x, mask=ok)
+            x = x.to(tl.float32)
         r = tl.rsqrt(tl.sum(x * x, 0) / N + eps)
         if STORE_RSTD:
             tl.store(RSTD + row, r)
-        y = (x * r).to(X.dtype.element_ty).to(tl.float32)  # eager: x.to(dtype) before the weight
+        if ADD_RESIDUAL:  # eager: x.to(dtype) before the weight
+            y = (x * r).to(RES.dtype.element_ty).to(tl.float32)
+        else:
+            y = (x * r).to(X.dtype.element_ty).to(tl.float32)
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(Y + row * N + cols, (w * y).to(Y.dtype.element_ty), mask=ok)
 
@@ -122,8 +130,8 @@ def _rms_norm_fwd(x2: torch.Tensor, weight: torch.Tensor, eps: float, dtype: tor
                   rstd: torch.Tensor | None) -> torch.Tensor:
     M, N = x2.shape
     y = torch.empty((M, N), dtype=dtype, device=x2.device)
-    _rms_norm_kernel[(M,)](x2, weight, y, rstd if rstd is not None else y, N, eps,
-                           BLOCK=triton.next_power_of_2(N), STORE_RSTD=rstd is not None)
+    _rms_norm_kernel[(M,)](x2, x2, weight, y, rstd if rstd is not None else y, N, eps,
+                           BLOCK=triton.next_power_of_2(N), STORE_RSTD=rstd is not None, ADD_RESIDUAL=False)
     return y
 
 
@@ -170,6 +178,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
         return _RMSNorm.apply(x, weight, eps, dtype)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     return _rms_norm_fwd(x2, weight, eps, dtype, None).view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``residual += x`` in place, then :func:`rms_norm` of the new ``residual``: a decoder layer's
+    residual add and the next norm in one kernel (vLLM's ``fused_add_rms_norm``). Inference only.
+
+    Args:
+        x: [..., N], a sublayer's output, on CUDA.
+        residual: the residual stream, x's shape, contiguous; updated in place. The sum is rounded
+            to its dtype, as eager ``residual + x`` with ``residual`` of the wider dtype.
+        weight: [N]; eps: added to the mean square.
+        dtype: the output dtype (default: the promoted dtype of ``weight`` and ``residual``).
+
+    Returns:
+        [..., N] in ``dtype``: the normalised sum.
+
+    Raises:
+        RuntimeError: gradients are being recorded (the in-place add has no backward here).
+    """
+    if _needs_grad(x, residual, weight):
+        raise RuntimeError("add_rms_norm is inference-only: call it under torch.no_grad()")
+    if not residual.is_contiguous() or residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} must be contiguous and of x's shape "
+                         f"{tuple(x.shape)}")
+    dtype = dtype or torch.result_type(weight, residual)
+    N = x.shape[-1]
+    x2 = x.reshape(-1, N).contiguous()
+    y = torch.empty((x2.shape[0], N), dtype=dtype, device=x.device)
+    _rms_norm_kernel[(x2.shape[0],)](x2, residual, weight, y, y, N, eps, BLOCK=triton.next_power_of_2(N),
+                                     STORE_RSTD=False, ADD_RESIDUAL=True)
+    return y.view(x.shape)
 
 
 # ------------------------------------------------------------------------------------------- RoPE

@@ -157,6 +157,13 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` in place, then the norm of ``residual``, in one kernel (fused kernels on,
+        no gradients: the engine's decoder, see ``CausalLM.fused_residual_add``)."""
+        t = x.device.type
+        return fused.add_rms_norm(x, residual, self.weight, self.eps,
+                                  torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None)
+
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
@@ -231,6 +238,19 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_residual(self, x, residual, cos, sin, ctx=None):
+        """:meth:`forward` with each residual add fused into the norm that follows it (inference,
+        fused kernels). ``x`` is the previous layer's MLP output and ``residual`` the stream before
+        it (None at the first layer, whose ``x`` is the embedding); returns the same pair for the
+        next layer. The stream is updated in place. Bypasses module hooks: not for FSDP-wrapped layers."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h = self.input_layernorm.add_forward(x, residual)
+        h = self.post_attention_layernorm.add_forward(self.self_attn(h, cos, sin, ctx), residual)
+        return self.mlp(h), residual
+
 
 class Decoder(nn.Module):
     def __init__(self, args: ModelArgs):
@@ -256,6 +276,9 @@ class CausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False
+        # no-grad forwards fuse each residual add into the next norm (DecoderLayer.forward_residual);
+        # the rollout engine turns it on for its own copy (the trainer's layers may be FSDP-wrapped)
+        self.fused_residual_add = False
         self._max_positions = max_positions or self.args.max_position_embeddings
         self.rope_cos: torch.Tensor
         self.rope_sin: torch.Tensor
@@ -310,6 +333,11 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[position_ids].to(x.dtype)
         sin = self.rope_sin[position_ids].to(x.dtype)
+        if self.fused_residual_add and self.model.norm.fused and not torch.is_grad_enabled():
+            residual = None
+            for layer in self.model.layers:
+                x, residual = layer.forward_residual(x, residual, cos, sin, ctx)
+            return self.model.norm(x) if residual is None else self.model.norm.add_forward(x, residual)
         for layer in self.model.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, ctx, use_reentrant=False)

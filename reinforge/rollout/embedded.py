@@ -246,6 +246,7 @@ class EmbeddedEngine:
         self.model = model.eval().requires_grad_(False)
         # Triton on this device: fused RMSNorm / RoPE in the model, the fused sampler, paged attention
         self._fused = self.model.use_fused_kernels(True)
+        self.model.fused_residual_add = self._fused
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
