@@ -342,3 +342,26 @@ def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, to
     assert [(g[0].token_ids, g[0].finish_reason) for g in got] == [(g[0].token_ids, g[0].finish_reason)
                                                                      for g in want]
     assert overlapped.allocator.num_free == overlapped.allocator.num_blocks and not overlapped.has_unfinished()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused projections serve the CUDA engine")
+def test_cuda_engine_weights_survive_offload_and_sync(tiny_model_path, tok):
+    """The CUDA engine's fused q/k/v and gate/up matrices (parameters are views into them): a weight
+    sync lands in them, and sleeping with the weights offloaded to the CPU and waking keeps outputs."""
+    model = build_model(tiny_model_path, torch.float32, "cuda")
+    other = build_model(tiny_model_path, torch.float32, "cuda", random_init=True, seed=123)
+    ps = prompts(tok, 4, seed=12)
+    greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64))
+    assert eng.model.model.layers[0].self_attn.qkv is not None
+    before = eng.generate([GenerateRequest(p, greedy) for p in ps])
+    eng.update_weights(other.named_parameters(), version=1)
+    synced = eng.generate([GenerateRequest(p, greedy) for p in ps])
+    fresh = EmbeddedEngine(other, EngineConfig(max_num_seqs=8, max_model_len=64))
+    want = fresh.generate([GenerateRequest(p, greedy) for p in ps])
+    assert [g[0].token_ids for g in synced] == [g[0].token_ids for g in want] != [g[0].token_ids for g in before]
+    eng.sleep(offload_weights=True)
+    assert next(eng.model.parameters()).device.type == "cpu"
+    eng.wake_up()
+    again = eng.generate([GenerateRequest(p, greedy) for p in ps])
+    assert [g[0].token_ids for g in again] == [g[0].token_ids for g in want]

@@ -126,3 +126,40 @@ def test_fused_residual_add_model_forward_matches(dtype):
         model.fused_residual_add = True
         got = model(ids)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@torch.no_grad()
+def test_fused_projections_match_and_follow_weight_copies(model_type):
+    """The engine's fused q/k/v and gate/up matmuls (in-place RoPE on the q and k heads, SiLU-and-
+    multiply on the packed output; qwen3's per-head norms on the split views) give the unfused
+    model's logits in fp32, and an in-place copy into a parameter (weight sync) reaches the fused
+    matrices."""
+    from transformers import AutoConfig
+
+    from reinforge.models.loading import copy_weights_
+    from reinforge.models.transformer import CausalLM
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=256, hidden_size=128, intermediate_size=320,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                               max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = CausalLM(cfg).cuda()
+    model.init_weights()
+    model.init_rope()
+    model.use_fused_kernels(True)
+    model.requires_grad_(False)
+    ids = torch.randint(0, 256, (3, 17), device="cuda")
+    want = model(ids)
+    model.fuse_projections(True)
+    got = model(ids)
+    assert model.model.layers[0].self_attn.qkv is not None and model.model.layers[0].mlp.gate_up is not None
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    new = {n: torch.randn_like(p) * 0.05 for n, p in model.named_parameters() if "proj" in n}
+    copy_weights_(model, new.items())
+    got = model(ids)
+    model.fuse_projections(False)
+    for m in model.modules():  # back to separate matmuls over the same (copied) parameters
+        assert getattr(m, "qkv", None) is None and getattr(m, "gate_up", None) is None
+    torch.testing.assert_close(got, model(ids), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, want, atol=1e-3)

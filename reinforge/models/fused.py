@@ -99,6 +99,16 @@ if triton is not None:
         tl.store(Y + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
+    def _silu_mul_packed_kernel(GU, Y, n, I, BLOCK: tl.constexpr):
+        # GU: [M, 2I] rows of [gate | up] (one matmul's output); Y: [M, I]
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        src = (offs // I) * (2 * I) + offs % I
+        g = tl.load(GU + src, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(GU + src + I, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
     def _silu_mul_bwd_kernel(DY, G, U, DG, DU, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < n
@@ -223,6 +233,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool)
     return y
 
 
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """:func:`rope` in place on heads ``[0, heads)`` of ``x`` [B, T, all heads, D] (contiguous): the
+    query and key heads of a fused q/k/v projection's output, in one kernel. Inference only.
+    Returns ``x``."""
+    if not x.is_contiguous() or heads > x.shape[2]:
+        raise ValueError(f"rope_: x {tuple(x.shape)} must be contiguous with at least {heads} heads")
+    B, T, _, D = x.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _rope_kernel[(B * T, heads)](x, cos, sin, x, x.stride(1), x.stride(2), cos.stride(1), HALF=D // 2,
+                                 BACKWARD=False)
+    return x
+
+
 class _RoPE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin):
@@ -291,3 +314,18 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if _needs_grad(g, u):
         return _SiLUMul.apply(g, u)
     return _silu_mul(g.contiguous(), u.contiguous())
+
+
+def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
+    """``silu(g) * u`` where ``gu`` [..., 2I] holds ``[g | u]`` along its last dim (a fused gate/up
+    projection's output), in one kernel without splitting it. Inference only.
+
+    Returns:
+        [..., I] in ``gu``'s dtype.
+    """
+    gu = gu.contiguous()
+    I2 = gu.shape[-1]
+    y = torch.empty((*gu.shape[:-1], I2 // 2), dtype=gu.dtype, device=gu.device)
+    n = y.numel()
+    _silu_mul_packed_kernel[(triton.cdiv(n, _SILU_BLOCK),)](gu, y, n, I2 // 2, BLOCK=_SILU_BLOCK)
+    return y

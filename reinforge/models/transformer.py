@@ -191,18 +191,56 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.fused_rope = False  # one Triton kernel per q and k (CausalLM.use_fused_kernels)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused projection (fuse_projection)
+
+    def fuse_projection(self, on: bool) -> None:
+        """Inference: concatenate the q/k/v weights (and biases) into one matrix whose row blocks
+        become the three parameters' storage (views), so the projection is one matmul and an in-place
+        weight copy into a parameter lands in the fused matrix. ``on=False`` drops the reference to
+        the fused matrix (the parameters keep their views). Fusing again is a no-op (engines that
+        share the model keep pointing at the same matrices)."""
+        if on and self.qkv is not None:
+            return
+        self.qkv = None
+        if not on:
+            return
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        with torch.no_grad():
+            w = torch.cat([p.weight for p in projs])
+            b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        row = 0
+        for p in projs:
+            n = p.weight.shape[0]
+            p.weight.data = w[row:row + n]
+            if b is not None:
+                p.bias.data = b[row:row + n]
+            row += n
+        self.qkv = (w, b)
 
     def forward(self, x, cos, sin, ctx: AttentionContext | None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv is not None and not torch.is_grad_enabled():
+            qkv = F.linear(x, *self.qkv).view(B, T, H + 2 * KVH, D)
+            if self.fused_rope and self.q_norm is None:  # RoPE on the q and k heads in place: one kernel
+                fused.rope_(qkv, cos, sin, H + KVH)
+                q, k, v = qkv.split([H, KVH, KVH], dim=2)
+                return self._attend(q, k, v, ctx)
+            q, k, v = qkv.split([H, KVH, KVH], dim=2)
+        else:
+            q = self.q_proj(x).view(B, T, H, D)
+            k = self.k_proj(x).view(B, T, KVH, D)
+            v = self.v_proj(x).view(B, T, KVH, D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.fused_rope:
             q, k = fused.rope(q, cos, sin), fused.rope(k, cos, sin)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self._attend(q, k, v, ctx)
+
+    def _attend(self, q, k, v, ctx: AttentionContext | None):
+        B, T = q.shape[:2]
         if ctx is None:
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
@@ -220,8 +258,29 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
         self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.use_fused_kernels)
+        self.gate_up: torch.Tensor | None = None  # fused projection (fuse_projection)
+
+    def fuse_projection(self, on: bool) -> None:
+        """Inference: the gate and up weights as row blocks of one matrix (see
+        :meth:`Attention.fuse_projection`)."""
+        if on and self.gate_up is not None:
+            return
+        self.gate_up = None
+        if not on:
+            return
+        with torch.no_grad():
+            w = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        n = self.gate_proj.weight.shape[0]
+        self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
+        self.gate_up = w
 
     def forward(self, x):
+        if self.gate_up is not None and not torch.is_grad_enabled():
+            gu = F.linear(x, self.gate_up)
+            if self.fused:
+                return self.down_proj(fused.silu_mul_packed(gu))
+            g, u = gu.chunk(2, dim=-1)
+            return self.down_proj(F.silu(g) * u)
         g, u = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(fused.silu_mul(g, u) if self.fused else F.silu(g) * u)
 
@@ -303,6 +362,15 @@ class CausalLM(nn.Module):
             elif isinstance(m, Attention):
                 m.fused_rope = on
         return on
+
+    def fuse_projections(self, on: bool = True) -> None:
+        """Inference (the rollout engine's copy): each layer's q/k/v and gate/up projections as one
+        matmul each, their parameters views into the fused matrices (weight sync's in-place copies
+        still land). Call with ``on=False`` before moving the model (``.to`` copies each view on its
+        own) and again with ``on=True`` after."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projection(on)
+            layer.mlp.fuse_projection(on)
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
         """(Re)compute the RoPE tables on ``device`` (call after moving off the meta device)."""

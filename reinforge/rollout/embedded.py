@@ -234,8 +234,9 @@ class EmbeddedEngine:
     Args:
         model: the engine's own copy of the policy, already in the inference dtype and on the
             target device (weight sync copies into it in place). On CUDA the engine turns on the
-            model's fused inference kernels (``CausalLM.use_fused_kernels``), so do not share
-            this object with a trainer.
+            model's fused inference kernels (``CausalLM.use_fused_kernels``, ``fused_residual_add``,
+            ``fuse_projections``: its q/k/v and gate/up weights become views into fused matrices),
+            so do not share this object with a trainer.
         config: sizing and scheduling (:class:`EngineConfig`).
         tokenizer: needed only for requests with stop strings.
     """
@@ -246,7 +247,9 @@ class EmbeddedEngine:
         self.model = model.eval().requires_grad_(False)
         # Triton on this device: fused RMSNorm / RoPE in the model, the fused sampler, paged attention
         self._fused = self.model.use_fused_kernels(True)
+        # and fewer kernels per layer: residual adds inside the norms, one matmul for q/k/v and one for gate/up
         self.model.fused_residual_add = self._fused
+        self.model.fuse_projections(self._fused)
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -480,6 +483,7 @@ class EmbeddedEngine:
             setattr(self, name, None)
         if offload_weights and self.device.type != "cpu":
             self._sleeping_weights_device = self.device
+            self.model.fuse_projections(False)  # .to copies each view on its own: drop the fused matrices
             self.model.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -487,6 +491,7 @@ class EmbeddedEngine:
     def wake_up(self) -> None:
         if self._sleeping_weights_device is not None:
             self.model.to(self._sleeping_weights_device)
+            self.model.fuse_projections(self._fused)
             self._sleeping_weights_device = None
         if not self._allocated:
             self._allocate()
