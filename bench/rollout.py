@@ -104,7 +104,7 @@ def bench_generate_batch(hf, ps, max_new, device):
 
 
 def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=1024, kv_block_size=0,
-                 overlap_schedule=True, fused_residual_add=True):
+                 overlap_schedule=True, fused_residual_add=True, fused_projections=True):
     from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
     from reinforge.rollout.types import GenerateRequest, SamplingParams
 
@@ -113,6 +113,8 @@ def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=10
                                              kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size,
                                              overlap_schedule=overlap_schedule))
     model.fused_residual_add = model.fused_residual_add and fused_residual_add
+    if not fused_projections:
+        model.fuse_projections(False)
     sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(p, sp, n=n) for p in ps])  # warm-up: captures the CUDA graphs
     sync(device)
@@ -156,6 +158,8 @@ def main():
                     help="also time the engine without the overlap scheduler (rollout.overlap_schedule=false)")
     ap.add_argument("--no-fused-residual-run", action="store_true",
                     help="also time the engine without the residual adds fused into the norms")
+    ap.add_argument("--no-fused-projections-run", action="store_true",
+                    help="also time the engine with separate q/k/v and gate/up matmuls")
     ap.add_argument("--one-block-run", action="store_true",
                     help="also time the engine with one KV block per sequence (the layout before paging)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -189,6 +193,9 @@ def main():
         if args.no_fused_residual_run:
             row["reinforge_no_fused_residual"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
                                                                     fused_residual_add=False)
+        if args.no_fused_projections_run:
+            row["reinforge_no_fused_projections"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
+                                                                       fused_projections=False)
         if args.one_block_run:
             row["reinforge_one_block"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
                                                             kv_block_size=1 << 30)
@@ -214,7 +221,8 @@ def main():
     print(f"\ndevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"copy bandwidth {bw / 1e12:.2f} TB/s; dtype {dtype}")
     cols = ["model", "seqs", "new_tokens", "hf_generate", "hf_generate_batch", "reinforge_eager",
-            "reinforge_one_block", "reinforge_no_overlap", "reinforge_no_fused_residual", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff", "importance_weight",
+            "reinforge_one_block", "reinforge_no_overlap", "reinforge_no_fused_residual",
+            "reinforge_no_fused_projections", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff", "importance_weight",
             "slots", "block", "preempted", "graphs", "distinct"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(" | ".join(cols))
