@@ -222,8 +222,8 @@ def main():
           f"copy bandwidth {bw / 1e12:.2f} TB/s; dtype {dtype}")
     cols = ["model", "seqs", "new_tokens", "hf_generate", "hf_generate_batch", "reinforge_eager",
             "reinforge_one_block", "reinforge_no_overlap", "reinforge_no_fused_residual",
-            "reinforge_no_fused_projections", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff", "importance_weight",
-            "slots", "block", "preempted", "graphs", "distinct"]
+            "reinforge_no_fused_projections", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff",
+            "importance_weight", "slots", "block", "preempted", "graphs", "distinct"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(" | ".join(cols))
     for r in rows:

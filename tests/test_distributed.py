@@ -13,7 +13,7 @@ from tests.ranks import spawn_ranks
 def make_cfg(tiny_model_path, **extra):
     # adam_eps 1e-3: Adam's first step is ~lr * sign(g), which would turn reduction-order noise on
     # near-zero gradients into lr-sized differences; a large eps keeps updates proportional to g.
-    # train.device=cpu: these are gloo tests, also on a machine with one GPU (NCCL refuses two ranks on one GPU)
+    # train.device=cpu: gloo ranks also on a machine with one GPU (NCCL refuses two ranks on one GPU)
     o = [f"model.path={tiny_model_path}", "train.device=cpu", "train.lr=1e-2", "train.max_tokens_per_gpu=64", "train.clip_grad=1e9",
          "train.adam_eps=1e-3",
          "rollout.n_samples_per_prompt=2"]

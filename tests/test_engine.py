@@ -323,25 +323,49 @@ def test_chunked_prefill_matches_one_pass(tiny_model_path, tok, block):
         assert max(abs(a - b) for a, b in zip(one.log_probs, chunked.log_probs)) < 1e-5
 
 
-def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, tok):
-    """More sequences than slots, some ending early on a stop token: with the overlap scheduler a
-    finished sequence is read back one run of decode steps late (its slot idles meanwhile) and its
-    slot then serves the next request; greedy outputs and finish reasons equal the plain schedule's."""
-    model = build_model(tiny_model_path, torch.float32)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA: pinned copies, side-stream reads, graphs"))])
+def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, tok, device):
+    """More sequences than slots, some ending early on a stop token or a stop string, one request
+    aborted mid-way: with the overlap scheduler a finished sequence is read back one run of decode
+    steps late (its slot idles meanwhile) and its slot then serves the next request; greedy outputs
+    and finish reasons equal the plain schedule's. On CUDA with the GPU's defaults (paged Triton
+    attention, CUDA graphs, fused sampler)."""
+    model = build_model(tiny_model_path, torch.float32, device)
     ps = prompts(tok, 10, seed=11)
-    plain = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64, sync_interval=3, kv_block_size=4))
+
+    def engine(overlap):
+        block = 4 if device == "cpu" else 0
+        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64, sync_interval=3,
+                                                 kv_block_size=block, overlap_schedule=overlap), tokenizer=tok)
+        eng._overlap = overlap
+        return eng
+
+    plain, overlapped = engine(False), engine(True)
     free = plain.generate([GenerateRequest(p, SamplingParams(max_new_tokens=24, temperature=0.0)) for p in ps])
     stops = sorted({g[0].token_ids[k] for g in free for k in (2, 7)})[:8]  # tokens several outputs hit early
-    reqs = lambda: [GenerateRequest(p, SamplingParams(max_new_tokens=24, temperature=0.0,  # noqa: E731
-                                                      stop_token_ids=stops)) for p in ps]
-    overlapped = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64, sync_interval=3,
-                                                    kv_block_size=4))
-    overlapped._overlap = True
-    want, got = plain.generate(reqs()), overlapped.generate(reqs())
-    assert sum(g[0].finish_reason == FinishReason.STOP for g in want) >= 3
-    assert [(g[0].token_ids, g[0].finish_reason) for g in got] == [(g[0].token_ids, g[0].finish_reason)
-                                                                     for g in want]
-    assert overlapped.allocator.num_free == overlapped.allocator.num_blocks and not overlapped.has_unfinished()
+    text = tok.decode(free[1][0].token_ids[:5])
+    stop_string = text[-2:] if len(text.strip()) >= 2 else text
+
+    def run(eng):
+        groups = [eng.add_request(GenerateRequest(p, SamplingParams(
+            max_new_tokens=24, temperature=0.0, stop_token_ids=stops if i != 1 else [],
+            stop=[stop_string] if i == 1 else []), request_id=i)) for i, p in enumerate(ps)]
+        eng.step()
+        eng.step()
+        eng.abort(9)  # still waiting: ends with no tokens
+        eng.abort(0)  # running (or finished): keeps what it has
+        while eng.has_unfinished():
+            eng.step()
+        return [(g.results[0].token_ids, g.results[0].finish_reason) for g in groups]
+
+    want, got = run(plain), run(overlapped)
+    assert sum(reason == FinishReason.STOP for _, reason in want) >= 3
+    assert want[1][1] == FinishReason.STOP and stop_string in tok.decode(want[1][0])
+    assert want[9] == ([], FinishReason.ABORT)
+    assert got == want
+    for eng in (plain, overlapped):
+        assert eng.allocator.num_free == eng.allocator.num_blocks and not eng.has_unfinished()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused projections serve the CUDA engine")

@@ -108,4 +108,4 @@ def test_lora_two_ranks_equal_one_process(tiny_model_path):
     assert m1[0]["train/loss"] == pytest.approx(m2[0]["train/loss"], rel=1e-4)
     assert set(w1) == set(w2) and not any("lora" in n for n in w1)
     for n in w1:
-        assert torch.allclose(torch.tensor(w1[n]), torch.tensor(w2[n]), atol=2e-5), n
+        assert torch.allclose(w1[n], w2[n], atol=2e-5), n

@@ -92,8 +92,8 @@ class EngineConfig:
         """The engine's settings from the ``rollout`` config section."""
         return cls(max_num_seqs=r.max_num_seqs, max_model_len=max_model_len, max_prefill_tokens=r.max_prefill_tokens,
                    kv_cache_memory_fraction=r.kv_cache_memory_fraction, sync_interval=r.sync_interval,
-                   overlap_schedule=r.overlap_schedule, cuda_graph=r.cuda_graph, kv_block_size=r.kv_block_size, num_kv_blocks=r.num_kv_blocks,
-                   seed=seed)
+                   overlap_schedule=r.overlap_schedule, cuda_graph=r.cuda_graph, kv_block_size=r.kv_block_size,
+                   num_kv_blocks=r.num_kv_blocks, seed=seed)
 
 
 class _Group:
@@ -415,7 +415,8 @@ class EmbeddedEngine:
                     pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
                                                            FinishReason.ABORT, self.weight_version)
         def owned():
-            return [s for s, o in enumerate(self._owner) if o is not None and o[0].group.request.request_id == request_id]
+            return [s for s, o in enumerate(self._owner)
+                    if o is not None and o[0].group.request.request_id == request_id]
 
         if owned():
             self._drain()  # samples that finished meanwhile end normally
@@ -665,7 +666,8 @@ class EmbeddedEngine:
             return running
 
         def need(s: int) -> int:
-            return min(self.allocator.blocks_for(self._len_bound[s] + steps), self.blocks_per_seq) - len(self._blocks[s])
+            want = min(self.allocator.blocks_for(self._len_bound[s] + steps), self.blocks_per_seq)
+            return want - len(self._blocks[s])
 
         if sum(max(0, need(s)) for s in running) > self.allocator.num_free:
             # preemption reads a running sequence's state: finish what has finished first (frees blocks)
