@@ -145,6 +145,16 @@ def logprob_parity(model_fp32, ps, results, device, autocast_dtype):
     return float(torch.cat(diffs).mean()), float(torch.cat(weights).mean())
 
 
+# (flag, column, bench_engine arguments): optional runs with one engine feature turned off
+VARIANTS = [
+    ("no_graph_run", "reinforge_eager", dict(cuda_graph=False)),
+    ("no_overlap_run", "reinforge_no_overlap", dict(overlap_schedule=False)),
+    ("no_fused_residual_run", "reinforge_no_fused_residual", dict(fused_residual_add=False)),
+    ("no_fused_projections_run", "reinforge_no_fused_projections", dict(fused_projections=False)),
+    ("one_block_run", "reinforge_one_block", dict(kv_block_size=1 << 30)),
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2,qwen2.5-0.5b")
@@ -184,21 +194,9 @@ def main():
         del hf
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if args.no_graph_run:
-            row["reinforge_eager"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
-                                                        cuda_graph=False)
-        if args.no_overlap_run:
-            row["reinforge_no_overlap"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
-                                                             overlap_schedule=False)
-        if args.no_fused_residual_run:
-            row["reinforge_no_fused_residual"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
-                                                                    fused_residual_add=False)
-        if args.no_fused_projections_run:
-            row["reinforge_no_fused_projections"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
-                                                                       fused_projections=False)
-        if args.one_block_run:
-            row["reinforge_one_block"], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device,
-                                                            kv_block_size=1 << 30)
+        for flag, key, kwargs in VARIANTS:  # the engine with one feature off, for its share
+            if getattr(args, flag):
+                row[key], _, _ = bench_engine(ours, ps, args.n, args.max_new_tokens, device, **kwargs)
         tps, results, info = bench_engine(ours, ps, args.n, args.max_new_tokens, device)
         row["reinforge"] = tps
         row.update(info)

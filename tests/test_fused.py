@@ -56,20 +56,26 @@ def test_fused_backward_matches_eager(dtype, tol):
             torch.testing.assert_close(out, ref, atol=tol * ref.abs().max().item(), rtol=tol)
 
 
-def test_fused_model_trains_like_eager():
-    """A whole model, forward and backward in fp32, with and without the fused kernels; under bf16
-    autocast the norms hand the next matmul bf16 directly."""
-    from transformers import LlamaConfig
+def tiny_cuda_model(model_type: str, num_layers: int = 2):
+    """A randomly initialised CausalLM of ``model_type`` on CUDA (fp32), and a [3, 17] batch of ids."""
+    from transformers import AutoConfig
 
     from reinforge.models.transformer import CausalLM
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=320, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = AutoConfig.for_model(model_type, vocab_size=256, hidden_size=128, intermediate_size=320,
+                               num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=32, max_position_embeddings=64)
     torch.manual_seed(0)
     model = CausalLM(cfg).cuda()
     model.init_weights()
     model.init_rope()
-    ids = torch.randint(0, 256, (3, 17), device="cuda")
+    return model, torch.randint(0, 256, (3, 17), device="cuda")
+
+
+def test_fused_model_trains_like_eager():
+    """A whole model, forward and backward in fp32, with and without the fused kernels; under bf16
+    autocast the norms hand the next matmul bf16 directly."""
+    model, ids = tiny_cuda_model("llama")
 
     def run(on):
         assert model.use_fused_kernels(on) == on
@@ -109,18 +115,8 @@ def test_fused_add_rms_norm_matches_eager_add_then_norm(x_dtype, res_dtype):
 def test_fused_residual_add_model_forward_matches(dtype):
     """A whole model's no-grad forward with the residual adds fused into the norms (the engine's
     decoder) equals the forward without, bit for bit."""
-    from transformers import Qwen2Config
-
-    from reinforge.models.transformer import CausalLM
-
-    cfg = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=320, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = CausalLM(cfg).cuda()
-    model.init_weights()
-    model.init_rope()
+    model, ids = tiny_cuda_model("qwen2", num_layers=3)
     model.to(dtype).use_fused_kernels(True)
-    ids = torch.randint(0, 256, (3, 17), device="cuda")
     with torch.no_grad():
         want = model(ids)
         model.fused_residual_add = True
@@ -135,21 +131,11 @@ def test_fused_projections_match_and_follow_weight_copies(model_type):
     multiply on the packed output; qwen3's per-head norms on the split views) give the unfused
     model's logits in fp32, and an in-place copy into a parameter (weight sync) reaches the fused
     matrices."""
-    from transformers import AutoConfig
-
     from reinforge.models.loading import copy_weights_
-    from reinforge.models.transformer import CausalLM
 
-    cfg = AutoConfig.for_model(model_type, vocab_size=256, hidden_size=128, intermediate_size=320,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                               max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = CausalLM(cfg).cuda()
-    model.init_weights()
-    model.init_rope()
+    model, ids = tiny_cuda_model(model_type)
     model.use_fused_kernels(True)
     model.requires_grad_(False)
-    ids = torch.randint(0, 256, (3, 17), device="cuda")
     want = model(ids)
     model.fuse_projections(True)
     got = model(ids)
