@@ -126,7 +126,7 @@ def test_every_module_imports_in_a_fresh_interpreter():
         assert r.returncode == 0, r.stderr[-3000:]
 
 
-def test_adding_an_estimator_is_one_registered_function(tmp_path, tiny_model_path):
+def test_adding_an_estimator_is_one_registered_function(tmp_path, tiny_model_path, monkeypatch):
     """docs/design.md's worked example: register an estimator, name it in the config, train."""
     import torch
 
@@ -135,12 +135,14 @@ def test_adding_an_estimator_is_one_registered_function(tmp_path, tiny_model_pat
     from reinforge.loop import run_training
     from tests.test_integration import tiny_overrides
 
-    if "my_baseline" not in ADV_ESTIMATORS:
-        @ADV_ESTIMATORS.register("my_baseline", group_based=True)
-        def my_baseline(inputs: AdvantageInputs, algo) -> tuple[torch.Tensor, None]:
-            r = inputs.outcome()
-            adv = r - r.median(dim=1, keepdim=True).values
-            return inputs.broadcast(adv), None
+    # registered for this test only (the registry feeds the config's choices and docs/config.md)
+    monkeypatch.setattr(ADV_ESTIMATORS, "_entries", dict(ADV_ESTIMATORS._entries))
+
+    @ADV_ESTIMATORS.register("my_baseline", group_based=True)
+    def my_baseline(inputs: AdvantageInputs, algo) -> tuple[torch.Tensor, None]:
+        r = inputs.outcome()
+        adv = r - r.median(dim=1, keepdim=True).values
+        return inputs.broadcast(adv), None
 
     overrides = tiny_overrides(tiny_model_path, tmp_path / "run", **{
         "algo.advantage_estimator": "my_baseline", "reward.type": "custom", "data.n_eval_prompts": 0,
@@ -154,7 +156,7 @@ def test_adding_an_estimator_is_one_registered_function(tmp_path, tiny_model_pat
         assert "needs rollout.n_samples_per_prompt >= 2" in str(e)
 
 
-def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path):
+def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, monkeypatch):
     """A backend registered under a new name is built by the one factory, from the config."""
     import torch
 
@@ -163,8 +165,9 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path):
     from reinforge.rollout.backends import BACKENDS, build_engine, engine_spec
     from reinforge.rollout.embedded import EmbeddedEngine
 
-    if "test_engine" not in BACKENDS:
-        BACKENDS.register("test_engine", "reinforge.rollout.embedded:from_spec")
+    # registered for this test only (the registry feeds the config's choices and docs/config.md)
+    monkeypatch.setattr(BACKENDS, "_entries", dict(BACKENDS._entries))
+    BACKENDS.register("test_engine", "reinforge.rollout.embedded:from_spec")
     cfg = load_config(None, [f"model.path={tiny_model_path}", "rollout.backend=test_engine", "rollout.max_num_seqs=4"])
     engine = build_engine(engine_spec(cfg, tiny_model_path, load_tokenizer(tiny_model_path), torch.device("cpu"), 64))
     assert isinstance(engine, EmbeddedEngine) and engine.num_slots == 4
