@@ -30,21 +30,19 @@ if triton is not None:
     @triton.jit
     def _rms_norm_kernel(X, RES, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr,
                          ADD_RESIDUAL: tl.constexpr):
+        # normalises the rows of RES: X itself, or with ADD_RESIDUAL the residual stream RES += X
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         ok = cols < N
         x = tl.load(X + row * N + cols, mask=ok, other=0.0).to(tl.float32)
-        if ADD_RESIDUAL:  # RES += X (rounded to RES's dtype as eager's add), then normalise RES
+        if ADD_RESIDUAL:  # rounded to RES's dtype, as eager's add
             x = (x + tl.load(RES + row * N + cols, mask=ok, other=0.0).to(tl.float32)).to(RES.dtype.element_ty)
             tl.store(RES + row * N + cols, x, mask=ok)
             x = x.to(tl.float32)
         r = tl.rsqrt(tl.sum(x * x, 0) / N + eps)
         if STORE_RSTD:
             tl.store(RSTD + row, r)
-        if ADD_RESIDUAL:  # eager: x.to(dtype) before the weight
-            y = (x * r).to(RES.dtype.element_ty).to(tl.float32)
-        else:
-            y = (x * r).to(X.dtype.element_ty).to(tl.float32)
+        y = (x * r).to(RES.dtype.element_ty).to(tl.float32)  # eager: x.to(dtype) before the weight
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(Y + row * N + cols, (w * y).to(Y.dtype.element_ty), mask=ok)
 
@@ -91,21 +89,14 @@ if triton is not None:
             tl.store(y + HALF + i, (x2 * c2 + x1 * s2).to(Y.dtype.element_ty))
 
     @triton.jit
-    def _silu_mul_kernel(G, U, Y, n, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(G, U, Y, n, I, S_ROW, BLOCK: tl.constexpr):
+        # Y [M, I] contiguous; G and U rows S_ROW apart: two contiguous tensors (S_ROW = I), or the
+        # halves of one packed [gate | up] matmul output (S_ROW = 2I)
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < n
-        g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(U + offs, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=ok)
-
-    @triton.jit
-    def _silu_mul_packed_kernel(GU, Y, n, I, BLOCK: tl.constexpr):
-        # GU: [M, 2I] rows of [gate | up] (one matmul's output); Y: [M, I]
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < n
-        src = (offs // I) * (2 * I) + offs % I
-        g = tl.load(GU + src, mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(GU + src + I, mask=ok, other=0.0).to(tl.float32)
+        src = (offs // I) * S_ROW + offs % I
+        g = tl.load(G + src, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(U + src, mask=ok, other=0.0).to(tl.float32)
         tl.store(Y + offs, (g * tl.sigmoid(g) * u).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
@@ -137,11 +128,13 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
 
 # ---------------------------------------------------------------------------------------- RMSNorm
 def _rms_norm_fwd(x2: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype,
-                  rstd: torch.Tensor | None) -> torch.Tensor:
+                  rstd: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The norm of the rows of ``x2`` [M, N], or with ``residual`` of ``residual += x2`` (in place)."""
     M, N = x2.shape
     y = torch.empty((M, N), dtype=dtype, device=x2.device)
-    _rms_norm_kernel[(M,)](x2, x2, weight, y, rstd if rstd is not None else y, N, eps,
-                           BLOCK=triton.next_power_of_2(N), STORE_RSTD=rstd is not None, ADD_RESIDUAL=False)
+    _rms_norm_kernel[(M,)](x2, x2 if residual is None else residual, weight, y, y if rstd is None else rstd, N, eps,
+                           BLOCK=triton.next_power_of_2(N), STORE_RSTD=rstd is not None,
+                           ADD_RESIDUAL=residual is not None)
     return y
 
 
@@ -187,7 +180,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     if _needs_grad(x, weight):
         return _RMSNorm.apply(x, weight, eps, dtype)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    return _rms_norm_fwd(x2, weight, eps, dtype, None).view(x.shape)
+    return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -214,12 +207,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} must be contiguous and of x's shape "
                          f"{tuple(x.shape)}")
     dtype = dtype or torch.result_type(weight, residual)
-    N = x.shape[-1]
-    x2 = x.reshape(-1, N).contiguous()
-    y = torch.empty((x2.shape[0], N), dtype=dtype, device=x.device)
-    _rms_norm_kernel[(x2.shape[0],)](x2, residual, weight, y, y, N, eps, BLOCK=triton.next_power_of_2(N),
-                                     STORE_RSTD=False, ADD_RESIDUAL=True)
-    return y.view(x.shape)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    return _rms_norm_fwd(x2, weight, eps, dtype, residual=residual).view(x.shape)
 
 
 # ------------------------------------------------------------------------------------------- RoPE
@@ -276,10 +265,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ SiLU-and-multiply
-def _silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    y = torch.empty_like(g)
-    n = g.numel()
-    _silu_mul_kernel[(triton.cdiv(n, _SILU_BLOCK),)](g, u, y, n, BLOCK=_SILU_BLOCK)
+def _silu_mul(g: torch.Tensor, u: torch.Tensor, row_stride: int | None = None) -> torch.Tensor:
+    """``silu(g) * u`` into a new contiguous tensor of g's shape; rows of g and u ``row_stride``
+    elements apart (default: contiguous)."""
+    y = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+    n, I = y.numel(), g.shape[-1]
+    _silu_mul_kernel[(triton.cdiv(n, _SILU_BLOCK),)](g, u, y, n, I, row_stride or I, BLOCK=_SILU_BLOCK)
     return y
 
 
@@ -324,8 +315,5 @@ def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
         [..., I] in ``gu``'s dtype.
     """
     gu = gu.contiguous()
-    I2 = gu.shape[-1]
-    y = torch.empty((*gu.shape[:-1], I2 // 2), dtype=gu.dtype, device=gu.device)
-    n = y.numel()
-    _silu_mul_packed_kernel[(triton.cdiv(n, _SILU_BLOCK),)](gu, y, n, I2 // 2, BLOCK=_SILU_BLOCK)
-    return y
+    g, u = gu.chunk(2, dim=-1)  # views: the kernel reads both halves of each row in place
+    return _silu_mul(g, u, row_stride=gu.shape[-1])

@@ -35,6 +35,7 @@ Design (docs/design.md; measurements in docs/benchmarks.md):
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import logging
@@ -427,6 +428,10 @@ class EmbeddedEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting) or any(o is not None for o in self._owner)
 
+    def _occupied(self) -> list[int]:
+        """Slots that hold a sequence (running, or finished and not read back yet)."""
+        return [s for s, o in enumerate(self._owner) if o is not None]
+
     def reseed(self, seed: int) -> None:
         """Restart the sampling random stream (the loop reseeds per rollout: resumable runs)."""
         self.generator.manual_seed(seed)
@@ -439,7 +444,7 @@ class EmbeddedEngine:
         the previous run (read back while this one decodes)."""
         self._admit()
         steps = self.config.sync_interval
-        live = [s for s, o in enumerate(self._owner) if o is not None and self._gen_bound[s] < self._max_new_host[s]]
+        live = [s for s in self._occupied() if self._gen_bound[s] < self._max_new_host[s]]
         running = self._grow(live, steps)
         if running:
             B = _bucket(max(running) + 1, self.num_slots)
@@ -455,7 +460,7 @@ class EmbeddedEngine:
             for s in running:
                 self._len_bound[s] += steps
                 self._gen_bound[s] += steps
-        owned = [s for s, o in enumerate(self._owner) if o is not None]
+        owned = self._occupied()
         previous, self._pending = self._pending, _Snapshot(self, owned) if owned else None
         if previous is not None:
             self._process(previous)
@@ -770,7 +775,7 @@ class EmbeddedEngine:
     def _drain(self) -> None:
         """Process every outstanding read-back now (waits for the queued decode steps): afterwards
         no occupied slot holds a finished sequence and the device state is current."""
-        owned = [s for s, o in enumerate(self._owner) if o is not None]
+        owned = self._occupied()
         previous, self._pending = self._pending, None
         if previous is not None:
             self._process(previous)
@@ -782,11 +787,9 @@ class EmbeddedEngine:
         stream: the decode steps queued meanwhile on the main stream leave these entries unchanged
         (finished rows are idle; running rows write past their read lengths), so the read need not
         wait for them."""
-        if self._side_stream is None:
-            idx = torch.tensor(slots, device=self.device)
-            return self.out_tokens[idx, :width].tolist(), self.out_logprobs[idx, :width].tolist()
-        with torch.cuda.stream(self._side_stream):
-            idx = torch.tensor(slots).pin_memory().to(self.device, non_blocking=True)
+        side = torch.cuda.stream(self._side_stream) if self._side_stream is not None else contextlib.nullcontext()
+        with side:
+            idx = self._h2d(slots)
             toks, lps = self.out_tokens[idx, :width].cpu(), self.out_logprobs[idx, :width].cpu()
         return toks.tolist(), lps.tolist()
 
