@@ -28,12 +28,12 @@ def main():
     from reinforge.models.hub import resolve_model_path
     from reinforge.models.loading import load_tokenizer
     from reinforge.rollout.generate import model_stop_token_ids
-    from reinforge.rollout.types import GenerateRequest, SamplingParams
+    from reinforge.records import GenerateRequest, SamplingParams
 
     rows = []
     for backend in ("embedded", "vllm"):
-        cfg = load_config("examples/arith_grpo.yaml", [f"rollout.backend={backend}", "train.device=cpu",
-                                                       f"rollout.max_num_seqs={args.prompts * args.n}"])
+        cfg = load_config("examples/arith_grpo.yaml", [f"engine.backend={backend}", "train.device=cpu",
+                                                       f"engine.max_num_seqs={args.prompts * args.n}"])
         path = resolve_model_path(cfg.model.path)
         tok = load_tokenizer(path)
         train, _ = load_datasets(cfg.data, tok)

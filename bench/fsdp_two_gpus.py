@@ -28,7 +28,7 @@ from tests.ranks import spawn_ranks  # noqa: E402
 
 def make_data(n: int, vocab: int, seed: int = 0):
     """``n`` samples: 64-128-token prompts, 32-256-token responses, one advantage per sample."""
-    from reinforge.rollout.types import Sample
+    from reinforge.records import Sample
     from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(seed)

@@ -38,7 +38,7 @@ def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]
     return [f"model.path={model}", f"data.prompt_data=reasoning_gym:{args.task}", f"data.num_prompts={args.num_data}",
             "data.n_eval_prompts=0", f"data.system_prompt={SYSTEM}", f"rollout.rollout_batch_size={args.prompts}",
             f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.max_new_tokens}",
-            f"rollout.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
+            f"engine.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
             f"train.num_rollout={args.steps}", f"train.packing={packing}",
             f"train.max_tokens_per_gpu={args.max_tokens_per_gpu}",
             f"model.torch_compile={str(args.torch_compile).lower()}", f"model.fused_kernels={args.fused_kernels}",

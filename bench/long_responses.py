@@ -58,8 +58,9 @@ def kv_gib(eng, blocks: int) -> float:
 
 def bench_generation(folder: Path, length: int, args, device: torch.device) -> dict[str, float]:
     from reinforge.models.loading import build_model
-    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
-    from reinforge.rollout.types import GenerateRequest, SamplingParams
+    from reinforge.config import EngineConfig
+from reinforge.engine import EmbeddedEngine
+    from reinforge.records import GenerateRequest, SamplingParams
 
     reset_peak(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -68,8 +69,8 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     g = torch.Generator().manual_seed(0)
     prompt_len = args.prompt_len + length - args.window
     prompts = [torch.randint(100, vocab - 100, (prompt_len,), generator=g).tolist() for _ in range(args.seqs)]
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, max_model_len=args.prompt_len + length,
-                                             kv_cache_memory_fraction=0.9, cuda_graph=device.type == "cuda"))
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs,
+                                             kv_cache_memory_fraction=0.9, cuda_graph=device.type == "cuda"), max_model_len=args.prompt_len + length)
     sp = SamplingParams(max_new_tokens=args.window, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
     sync(device)
@@ -99,8 +100,9 @@ def bench_paging(folder: Path, length: int, args, device: torch.device, pool_sha
     capped at ``pool_share`` of what every sequence at full length would need (the engine
     preempts and recomputes when it runs dry): tokens/s, KV memory held, preemptions."""
     from reinforge.models.loading import build_model
-    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
-    from reinforge.rollout.types import GenerateRequest, SamplingParams
+    from reinforge.config import EngineConfig
+from reinforge.engine import EmbeddedEngine
+    from reinforge.records import GenerateRequest, SamplingParams
 
     reset_peak(device)
     model = build_model(folder, torch.bfloat16 if device.type == "cuda" else torch.float32, device).eval()
@@ -110,9 +112,9 @@ def bench_paging(folder: Path, length: int, args, device: torch.device, pool_sha
     lengths = spread(args.seqs, length)
     L = args.prompt_len + length
     full = args.seqs * -(-L // 16)
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, max_model_len=L, kv_block_size=16,
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, kv_block_size=16,
                                              kv_cache_memory_fraction=0.9, num_kv_blocks=int(full * pool_share),
-                                             cuda_graph=device.type == "cuda"))
+                                             cuda_graph=device.type == "cuda"), max_model_len=L)
     eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
     reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True))
             for p, n in zip(prompts, lengths)]
@@ -135,7 +137,7 @@ def spread(n: int, length: int) -> list[int]:
 
 
 def rollout(lengths: list[int], prompt_len: int, vocab: int, seed: int = 0):
-    from reinforge.rollout.types import Sample
+    from reinforge.records import Sample
     from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(seed)

@@ -24,7 +24,7 @@ from archs import ARCHS, write_random_model
 
 
 def make_rollout(n: int, prompt_len: int, response_len: int, vocab: int):
-    from reinforge.rollout.types import Sample
+    from reinforge.records import Sample
     from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(0)

@@ -9,8 +9,10 @@ sys.path.insert(0, "bench")
 from archs import write_random_model
 from torch.profiler import profile, ProfilerActivity
 from reinforge.models.loading import build_model
-from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig, _bucket
-from reinforge.rollout.types import GenerateRequest, SamplingParams
+from reinforge.config import EngineConfig
+from reinforge.engine import EmbeddedEngine
+from reinforge.engine.attention import bucket as _bucket
+from reinforge.records import GenerateRequest, SamplingParams
 dev = torch.device("cuda")
 for arch in sys.argv[1].split(","):
     with tempfile.TemporaryDirectory() as tmp:
@@ -19,19 +21,19 @@ for arch in sys.argv[1].split(","):
         model = build_model(folder, torch.bfloat16, dev).eval()
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(100, 40000, (96,), generator=g).tolist() for _ in range(128)]
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=1024, max_model_len=96 + 256, kv_cache_memory_fraction=0.5,
-                                             cuda_graph=False))
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=1024, kv_cache_memory_fraction=0.5,
+                                             cuda_graph=False), max_model_len=96 + 256)
     sp = SamplingParams(max_new_tokens=256, temperature=1.0, ignore_eos=True)
     for p in ps:
         eng.add_request(GenerateRequest(p, sp, n=8))
     for _ in range(12):  # to ~96 + 96 context
         eng.step()
     torch.cuda.synchronize()
-    running = [s for s, o in enumerate(eng._owner) if o is not None]
+    running = eng.scheduler.occupied()
     B = _bucket(max(running) + 1, eng.num_slots)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(8):
-            eng._decode(B, 0, False)
+            eng.runner.decode(B, 0, False)
         torch.cuda.synchronize()
     print(arch, "B", B)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=70))

@@ -44,7 +44,7 @@ def label_phases() -> None:
 
 def grouped_rollout(prompts: int, n: int, prompt_len: int, max_len: int, vocab: int):
     """``prompts`` x ``n`` samples; the samples of a prompt share its tokens; lengths spread over [max/8, max]."""
-    from reinforge.rollout.types import Sample
+    from reinforge.records import Sample
     from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(0)

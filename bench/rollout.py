@@ -105,16 +105,18 @@ def bench_generate_batch(hf, ps, max_new, device):
 
 def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=1024, kv_block_size=0,
                  overlap_schedule=True, fused_residual_add=True, fused_projections=True):
-    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
-    from reinforge.rollout.types import GenerateRequest, SamplingParams
+    from reinforge.config import EngineConfig
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.transformer import Variant
+    from reinforge.records import GenerateRequest, SamplingParams
 
     L = max(map(len, ps)) + max_new
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=max_num_seqs, max_model_len=L, cuda_graph=cuda_graph,
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=max_num_seqs, cuda_graph=cuda_graph,
                                              kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size,
-                                             overlap_schedule=overlap_schedule))
-    model.fused_residual_add = model.fused_residual_add and fused_residual_add
-    if not fused_projections:
-        model.fuse_projections(False)
+                                             overlap_schedule=overlap_schedule), max_model_len=L)
+    v = model.variant
+    model.set_variant(Variant(v.fused_kernels, v.fused_residual and fused_residual_add,
+                              v.fused_projections and fused_projections))
     sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(p, sp, n=n) for p in ps])  # warm-up: captures the CUDA graphs
     sync(device)
@@ -123,9 +125,9 @@ def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=10
     sync(device)
     dt = time.perf_counter() - t
     tokens = sum(len(r.token_ids) for g in results for r in g)
-    info = dict(slots=eng.num_slots, graphs=len(eng._graphs), distinct=len({tuple(r.token_ids) for g in results
-                                                                              for r in g}),
-                block=eng.block_size, preempted=eng.num_preemptions)
+    info = dict(slots=eng.num_slots, graphs=len(eng.runner._graphs), distinct=len({tuple(r.token_ids) for g in results
+                                                                                     for r in g}),
+                block=eng.scheduler.layout.block_size, preempted=eng.num_preemptions)
     eng.shutdown()
     return tokens / dt, results, info
 
@@ -165,7 +167,7 @@ def main():
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--no-graph-run", action="store_true", help="also time the engine without CUDA graphs")
     ap.add_argument("--no-overlap-run", action="store_true",
-                    help="also time the engine without the overlap scheduler (rollout.overlap_schedule=false)")
+                    help="also time the engine without the overlap scheduler (engine.overlap_schedule=false)")
     ap.add_argument("--no-fused-residual-run", action="store_true",
                     help="also time the engine without the residual adds fused into the norms")
     ap.add_argument("--no-fused-projections-run", action="store_true",

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from reinforge.rollout.sampling import sample_tokens, sample_tokens_fused
+from reinforge.engine.sampling import sample_tokens, sample_tokens_fused
 
 
 def time_ms(fn, reps: int = 50) -> float:

@@ -86,7 +86,7 @@ def _generate(args: argparse.Namespace) -> None:
     from .models.loading import load_tokenizer
     from .rollout.backends import build_engine, engine_spec
     from .rollout.generate import RolloutContext, model_stop_token_ids
-    from .rollout.types import GenerateRequest
+    from .records import GenerateRequest
     from .utils.device import resolve_device
 
     path = resolve_model_path(cfg.model.path)

@@ -32,7 +32,7 @@ from .reward import RewardManager
 from .rollout.agent import prompt_tools
 from .rollout.async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
-from .rollout.types import Sample, Status
+from .records import Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
 from .utils import faults, seeds

@@ -4,8 +4,8 @@
 set -u
 export PYTHONPATH=$PWD
 C="-c examples/arith_grpo.yaml train.num_rollout=20 eval.eval_before_train=false data.n_eval_prompts=0 run.save_final=false run.progress=false"
-timeout 200 python3 -m reinforge train $C rollout.cuda_graph=false run.output_dir=/tmp/runE > /tmp/logE.txt 2>&1; echo "E rc=$?"
-timeout 120 python3 -m reinforge train $C rollout.cuda_graph=true run.output_dir=/tmp/runG > /tmp/logG.txt 2>&1; echo "G rc=$?"
+timeout 200 python3 -m reinforge train $C engine.cuda_graph=false run.output_dir=/tmp/runE > /tmp/logE.txt 2>&1; echo "E rc=$?"
+timeout 120 python3 -m reinforge train $C engine.cuda_graph=true run.output_dir=/tmp/runG > /tmp/logG.txt 2>&1; echo "G rc=$?"
 P="train.num_rollout=40 eval.eval_interval=20 run.save_final=false run.progress=false train.max_tokens_per_gpu=8192"
 (timeout 330 python3 -m reinforge train -c examples/arith_ppo.yaml $P run.output_dir=/tmp/runP > /tmp/logP.txt 2>&1; echo "P rc=$?") &
 (timeout 330 python3 -m reinforge train -c examples/arith_dapo.yaml $P run.output_dir=/tmp/runD > /tmp/logD.txt 2>&1; echo "D rc=$?") &

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from reinforge.rollout.types import Sample, Status
+from reinforge.records import Sample, Status
 
 
 def echo(text: str) -> str:

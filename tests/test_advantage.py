@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reinforge.config import load_config
-from reinforge.rollout.types import Sample, Status
+from reinforge.records import Sample, Status
 from reinforge.train.rollout_advantages import apply_overlong_filter, compute_advantages, overlong_penalty, shaped_rewards
 
 

@@ -12,7 +12,7 @@ from reinforge.models.loading import load_tokenizer
 from reinforge.rollout.agent import prompt_tools
 from reinforge.rollout.chat_turns import TurnRenderer, template_has_tool_role
 from reinforge.rollout.generate import RolloutContext, generate_groups, rollout_stats
-from reinforge.rollout.types import FinishReason, GenerateResult, Status
+from reinforge.records import FinishReason, GenerateResult, Status
 from reinforge.tools import TOOL_CALL_FORMATS, ParsedMessage, ToolCall, ToolCallFormat
 from tests.test_integration import read_metrics, tiny_overrides
 

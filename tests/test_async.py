@@ -13,7 +13,7 @@ from reinforge.config.fields import ConfigError
 from reinforge.loop import RLLoop, run_training
 from reinforge.rollout.async_rollout import (AsyncRolloutProducer, WeightGate, drop_stale_groups,
                                              staleness_metrics)
-from reinforge.rollout.types import GenerateRequest, Sample, SamplingParams
+from reinforge.records import GenerateRequest, Sample, SamplingParams
 from tests.test_integration import tiny_overrides
 
 
@@ -70,8 +70,8 @@ def test_config_keys_and_refusals():
         load_config(None, ["rollout.max_staleness=1", "algo.advantage_estimator=gae"])
     with pytest.raises(ConfigError, match="cluster.colocate"):
         load_config(None, ["rollout.max_staleness=1", "cluster.mode=ray", "cluster.colocate=true"])
-    with pytest.raises(ConfigError, match="rollout.backend=embedded"):
-        load_config(None, ["rollout.max_staleness=1", "rollout.partial_rollout=true", "rollout.backend=hf"])
+    with pytest.raises(ConfigError, match="engine.backend=embedded"):
+        load_config(None, ["rollout.max_staleness=1", "rollout.partial_rollout=true", "engine.backend=hf"])
 
 
 # ---------------------------------------------------------------------------- staleness bookkeeping
@@ -96,10 +96,11 @@ def test_staleness_metrics_and_filter():
 @pytest.fixture()
 def engine(tiny_model_path):
     from reinforge.models.loading import build_model
-    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
+    from reinforge.config import EngineConfig
+    from reinforge.engine import EmbeddedEngine
 
     model = build_model(tiny_model_path, torch.float32, torch.device("cpu"))
-    e = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=128, sync_interval=1, seed=0))
+    e = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=1), max_model_len=128, seed=0)
     yield e
     e.shutdown()
 
@@ -147,7 +148,7 @@ class _AbortingEngine:
         self.calls = 0
 
     def generate(self, requests):
-        from reinforge.rollout.types import FinishReason, GenerateResult
+        from reinforge.records import FinishReason, GenerateResult
 
         self.calls += 1
         return [[GenerateResult([3], [-0.5], FinishReason.ABORT, 0)] * r.n for r in requests]
@@ -343,7 +344,7 @@ def test_async_example_config_runs_locally(tmp_path, tiny_model_path):
     example = Path(__file__).resolve().parents[1] / "examples" / "arith_grpo_async.yaml"
     overrides = tiny_overrides(tiny_model_path, out, **{
         "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "rollout.max_num_seqs": 16, "data.n_eval_prompts": 0, "run.save_final": "false", "cluster.mode": "local",
+        "engine.max_num_seqs": 16, "data.n_eval_prompts": 0, "run.save_final": "false", "cluster.mode": "local",
         "cluster.rollout_num_gpus": 1, "train.num_rollout": 2})
     cfg = load_config(example, overrides)
     assert cfg.rollout.max_staleness == 1 and cfg.rollout.partial_rollout and cfg.decoupled_loss

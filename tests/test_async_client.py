@@ -7,8 +7,9 @@ import torch
 
 from reinforge.models.loading import build_model
 from reinforge.rollout.async_client import AsyncEngine, is_continuous
-from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
-from reinforge.rollout.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from reinforge.config import EngineConfig
+from reinforge.engine import EmbeddedEngine
+from reinforge.records import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 
@@ -16,7 +17,7 @@ GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 @pytest.fixture()
 def engine(tiny_model_path):
     return EmbeddedEngine(build_model(tiny_model_path, torch.float32),
-                          EngineConfig(max_num_seqs=16, max_model_len=64, sync_interval=2))
+                          EngineConfig(max_num_seqs=16, sync_interval=2), max_model_len=64)
 
 
 def prompts(n, seed=0):

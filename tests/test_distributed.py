@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reinforge.config import load_config
-from reinforge.rollout.types import Sample
+from reinforge.records import Sample
 from reinforge.train.actor import TrainData
 from reinforge.train.parallel import partition_by_tokens
 from tests.ranks import spawn_ranks

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from reinforge.models.loading import build_model, load_tokenizer
-from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
-from reinforge.rollout.types import FinishReason, GenerateRequest, SamplingParams
+from reinforge.config import EngineConfig
+from reinforge.engine import EmbeddedEngine
+from reinforge.records import FinishReason, GenerateRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,8 @@ def engine(request, tiny_model_path, tok):
     and with the GPU's overlap scheduler (finished sequences read back one run of decode steps late)."""
     block, overlap = request.param
     model = build_model(tiny_model_path, torch.float32)
-    cfg = EngineConfig(max_num_seqs=8, max_model_len=96, sync_interval=3, kv_block_size=block)
-    eng = EmbeddedEngine(model, cfg, tokenizer=tok)
+    cfg = EngineConfig(max_num_seqs=8, sync_interval=3, kv_block_size=block)
+    eng = EmbeddedEngine(model, cfg, max_model_len=96, tokenizer=tok)
     eng._overlap = overlap
     return eng
 
@@ -75,9 +76,10 @@ def test_more_requests_than_slots_and_varied_lengths(engine, tok):
         for r in group:
             assert len(r.token_ids) == 3 + 4 * i == len(r.log_probs)
             assert r.finish_reason == FinishReason.LENGTH
-    assert not engine.has_unfinished() and len(engine._free) == engine.num_slots
-    if engine.blocks_per_seq > 1:
-        assert engine.allocator.num_free == engine.allocator.num_blocks  # every block returned
+    sched = engine.scheduler
+    assert not engine.has_unfinished() and len(sched.free) == engine.num_slots
+    if sched.layout.paged:
+        assert sched.allocator.num_free == sched.allocator.num_blocks  # every block returned
 
 
 def test_stop_token_ends_and_is_kept(engine, tok):
@@ -138,7 +140,7 @@ def test_seeded_sampling_is_reproducible(tiny_model_path, tok):
     outs = []
     for _ in range(2):
         eng = EmbeddedEngine(build_model(tiny_model_path, torch.float32),
-                             EngineConfig(max_num_seqs=8, max_model_len=64, seed=7))
+                             EngineConfig(max_num_seqs=8), max_model_len=64, seed=7)
         outs.append(eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=8), n=2)
                                   for p in prompts(tok, 3)]))
     assert [[r.token_ids for r in g] for g in outs[0]] == [[r.token_ids for r in g] for g in outs[1]]
@@ -170,7 +172,7 @@ def test_sleep_and_wake_up(engine, tok):
     sp = SamplingParams(max_new_tokens=6, temperature=0.0)
     (a,) = engine.generate([GenerateRequest(p, sp)])[0]
     engine.sleep()
-    assert engine.k_cache is None
+    assert engine.runner.k_cache is None
     with pytest.raises(RuntimeError, match="asleep"):
         engine.generate([GenerateRequest(p, sp)])
     engine.wake_up()
@@ -198,7 +200,7 @@ def test_missing_end_of_turn_stop_token_is_warned(tmp_path, smollm2_path, caplog
 
 @pytest.mark.parametrize("draw", ["exponential_race", "inverse_cdf"])
 def test_sampling_draws_follow_the_distribution(draw):
-    from reinforge.rollout import sampling
+    from reinforge.engine import sampling
 
     p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05])
     n = 40000
@@ -210,7 +212,7 @@ def test_sampling_draws_follow_the_distribution(draw):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused sampler is a Triton kernel (CUDA)")
 def test_fused_sampler_draws_follow_the_distribution_and_report_exact_log_probs():
-    from reinforge.rollout.sampling import sample_tokens_fused
+    from reinforge.engine.sampling import sample_tokens_fused
 
     p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05] + [0.0] * 5000, device="cuda")
     n = 40000
@@ -240,9 +242,9 @@ def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok):
     trainer = build_model(tiny_model_path, torch.float32, "cuda")
     ps = prompts(tok, 6, seed=1)
     for blocks in (0, 30):  # ample pool; a pool that forces preemption
-        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, max_model_len=96, sync_interval=3,
-                                                 num_kv_blocks=blocks))
-        assert eng.use_kernel and eng.block_size == 16
+        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, sync_interval=3,
+                                                 num_kv_blocks=blocks), max_model_len=96)
+        assert eng.runner.Decode.__name__ == "KernelDecode" and eng.scheduler.layout.block_size == 16
         diffs = []
         sp = SamplingParams(max_new_tokens=60, temperature=0.7, ignore_eos=True)
         for p, group in zip(ps, eng.generate([GenerateRequest(p, sp, n=2) for p in ps])):
@@ -254,7 +256,7 @@ def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok):
                 diffs.append((ref - torch.tensor(r.log_probs)).abs())
         assert torch.cat(diffs).mean().item() < 1e-5
         assert (eng.num_preemptions > 0) == (blocks > 0)
-    one = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, max_model_len=96, kv_block_size=96))
+    one = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, kv_block_size=96), max_model_len=96)
     greedy = SamplingParams(max_new_tokens=30, temperature=0.0)
     a = eng.generate([GenerateRequest(p, greedy) for p in ps])
     b = one.generate([GenerateRequest(p, greedy) for p in ps])
@@ -268,11 +270,11 @@ def test_preemption_under_a_small_block_pool_keeps_greedy_outputs(tiny_model_pat
     ps = prompts(tok, 4, seed=9)
     reqs = lambda: [GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0), n=2)  # noqa: E731
                     for p in ps]
-    ample = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4, kv_block_size=4))
-    small = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4, kv_block_size=4,
-                                               num_kv_blocks=40))
-    overlapped = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=4,
-                                                    kv_block_size=4, num_kv_blocks=40))
+    ample = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=4, kv_block_size=4), max_model_len=64)
+    small = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=4, kv_block_size=4,
+                                               num_kv_blocks=40), max_model_len=64)
+    overlapped = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=4,
+                                                    kv_block_size=4, num_kv_blocks=40), max_model_len=64)
     overlapped._overlap = True
     want, got, got_overlapped = ample.generate(reqs()), small.generate(reqs()), overlapped.generate(reqs())
     assert ample.num_preemptions == 0 and small.num_preemptions > 0 and overlapped.num_preemptions > 0
@@ -281,28 +283,28 @@ def test_preemption_under_a_small_block_pool_keeps_greedy_outputs(tiny_model_pat
             for r in (g, o):
                 assert r.token_ids == w.token_ids and r.finish_reason == w.finish_reason == FinishReason.LENGTH
                 assert torch.allclose(torch.tensor(r.log_probs), torch.tensor(w.log_probs), atol=1e-4)
-    assert small.allocator.num_free == overlapped.allocator.num_free == 40
+    assert small.scheduler.allocator.num_free == overlapped.scheduler.allocator.num_free == 40
 
 
 def test_paged_prompts_share_full_blocks(tiny_model_path, tok):
     """n samples of a prompt hold its full blocks once and one own copy of its partial block."""
     model = build_model(tiny_model_path, torch.float32)
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64, sync_interval=2, kv_block_size=4))
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=2, kv_block_size=4), max_model_len=64)
     prompt = list(range(100, 110))  # 2 full blocks + 2 tokens
     eng.add_request(GenerateRequest(prompt, SamplingParams(max_new_tokens=8, temperature=1.0), n=4))
     eng._admit()
-    held = [eng._blocks[s] for s in range(4)]
+    held = [eng.scheduler.blocks[s] for s in range(4)]
     assert all(b[:2] == held[0][:2] for b in held) and len({b[2] for b in held}) == 4
-    assert eng.allocator.num_blocks - eng.allocator.num_free == 2 + 4
+    assert eng.scheduler.allocator.num_blocks - eng.scheduler.allocator.num_free == 2 + 4
     while eng.has_unfinished():
         eng.step()
-    assert eng.allocator.num_free == eng.allocator.num_blocks
+    assert eng.scheduler.allocator.num_free == eng.scheduler.allocator.num_blocks
 
 
 def test_num_kv_blocks_below_one_sequence_is_refused(tiny_model_path):
     model = build_model(tiny_model_path, torch.float32)
     with pytest.raises(ValueError, match="num_kv_blocks"):
-        EmbeddedEngine(model, EngineConfig(max_model_len=64, kv_block_size=4, num_kv_blocks=15))
+        EmbeddedEngine(model, EngineConfig(kv_block_size=4, num_kv_blocks=15), max_model_len=64)
 
 
 @pytest.mark.parametrize("block", [0, 4], ids=["one-block-per-seq", "paged"])
@@ -315,8 +317,8 @@ def test_chunked_prefill_matches_one_pass(tiny_model_path, tok, block):
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     out = {}
     for budget in (4096, 16):
-        cfg = EngineConfig(max_num_seqs=4, max_model_len=64, kv_block_size=block, max_prefill_tokens=budget)
-        eng = EmbeddedEngine(model, cfg, tokenizer=tok)
+        cfg = EngineConfig(max_num_seqs=4, kv_block_size=block, max_prefill_tokens=budget)
+        eng = EmbeddedEngine(model, cfg, max_model_len=64, tokenizer=tok)
         out[budget] = [r[0] for r in eng.generate([GenerateRequest(p, sp) for p in reqs])]
     for one, chunked in zip(out[4096], out[16]):
         assert one.token_ids == chunked.token_ids
@@ -336,8 +338,9 @@ def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, to
 
     def engine(overlap):
         block = 4 if device == "cpu" else 0
-        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, max_model_len=64, sync_interval=3,
-                                                 kv_block_size=block, overlap_schedule=overlap), tokenizer=tok)
+        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, sync_interval=3,
+                                                 kv_block_size=block, overlap_schedule=overlap),
+                             max_model_len=64, tokenizer=tok)
         eng._overlap = overlap
         return eng
 
@@ -365,7 +368,7 @@ def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, to
     assert want[9] == ([], FinishReason.ABORT)
     assert got == want
     for eng in (plain, overlapped):
-        assert eng.allocator.num_free == eng.allocator.num_blocks and not eng.has_unfinished()
+        assert eng.scheduler.allocator.num_free == eng.scheduler.allocator.num_blocks and not eng.has_unfinished()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused projections serve the CUDA engine")
@@ -376,12 +379,12 @@ def test_cuda_engine_weights_survive_offload_and_sync(tiny_model_path, tok):
     other = build_model(tiny_model_path, torch.float32, "cuda", random_init=True, seed=123)
     ps = prompts(tok, 4, seed=12)
     greedy = SamplingParams(max_new_tokens=20, temperature=0.0)
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, max_model_len=64))
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=8), max_model_len=64)
     assert eng.model.model.layers[0].self_attn.qkv is not None
     before = eng.generate([GenerateRequest(p, greedy) for p in ps])
     eng.update_weights(other.named_parameters(), version=1)
     synced = eng.generate([GenerateRequest(p, greedy) for p in ps])
-    fresh = EmbeddedEngine(other, EngineConfig(max_num_seqs=8, max_model_len=64))
+    fresh = EmbeddedEngine(other, EngineConfig(max_num_seqs=8), max_model_len=64)
     want = fresh.generate([GenerateRequest(p, greedy) for p in ps])
     assert [g[0].token_ids for g in synced] == [g[0].token_ids for g in want] != [g[0].token_ids for g in before]
     eng.sleep(offload_weights=True)

@@ -19,7 +19,7 @@ def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_model_path, out, **{
         "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "rollout.rollout_top_k": 8, "rollout.max_num_seqs": 64, "data.n_eval_prompts": 0,
+        "rollout.rollout_top_k": 8, "engine.max_num_seqs": 64, "data.n_eval_prompts": 0,
         "eval.n_samples_per_eval_prompt": 2, "eval.pass_k": "[1]", "run.save_final": "true",
         "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 12, "train.num_rollout": 2})
     if name == "arith_ppo":
@@ -74,7 +74,7 @@ def test_agent_example_runs_from_the_cli(tmp_path, tiny_model_path):
     overrides = tiny_overrides(tiny_model_path, out, **{
         "data.n_eval_prompts": 2, "eval.n_samples_per_eval_prompt": 0, "eval.pass_k": "[]",
         "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 48, "agent.max_turn_tokens": 16,
-        "rollout.max_num_seqs": 16, "train.num_rollout": 2, "run.save_final": "false"})
+        "engine.max_num_seqs": 16, "train.num_rollout": 2, "run.save_final": "false"})
     assert main(["train", "-c", str(EXAMPLES / "agent_calculator.yaml"), *overrides]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "rollout/reward_mean" in r]

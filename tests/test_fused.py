@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reinforge.models import fused
-from reinforge.models.transformer import RMSNorm, apply_rope
+from reinforge.models.transformer import RMSNorm, Variant, apply_rope
 from reinforge.utils.triton import triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available("cuda"), reason="Triton kernels run on CUDA")
@@ -78,7 +78,7 @@ def test_fused_model_trains_like_eager():
     model, ids = tiny_cuda_model("llama")
 
     def run(on):
-        assert model.use_fused_kernels(on) == on
+        assert model.set_variant(Variant(fused_kernels=on)).fused_kernels == on
         model.zero_grad()
         loss = model(ids).log_softmax(-1)[..., 5].mean()
         loss.backward()
@@ -116,10 +116,10 @@ def test_fused_residual_add_model_forward_matches(dtype):
     """A whole model's no-grad forward with the residual adds fused into the norms (the engine's
     decoder) equals the forward without, bit for bit."""
     model, ids = tiny_cuda_model("qwen2", num_layers=3)
-    model.to(dtype).use_fused_kernels(True)
+    model.to(dtype).requires_grad_(False).set_variant(Variant(fused_kernels=True))
     with torch.no_grad():
         want = model(ids)
-        model.fused_residual_add = True
+        model.set_variant(Variant(fused_kernels=True, fused_residual=True))
         got = model(ids)
     assert torch.equal(got, want)
 
@@ -134,10 +134,10 @@ def test_fused_projections_match_and_follow_weight_copies(model_type):
     from reinforge.models.loading import copy_weights_
 
     model, ids = tiny_cuda_model(model_type)
-    model.use_fused_kernels(True)
+    model.set_variant(Variant(fused_kernels=True))
     model.requires_grad_(False)
     want = model(ids)
-    model.fuse_projections(True)
+    model.set_variant(Variant(fused_kernels=True, fused_projections=True))
     got = model(ids)
     assert model.model.layers[0].self_attn.qkv is not None and model.model.layers[0].mlp.gate_up is not None
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

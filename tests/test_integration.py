@@ -18,7 +18,7 @@ def tiny_overrides(model_path, out, **extra):
     o = TASK + [
         f"model.path={model_path}", f"run.output_dir={out}", "data.num_prompts=64", "data.n_eval_prompts=4",
         "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.rollout_max_response_len=12",
-        "rollout.max_num_seqs=16", "train.num_rollout=2", "train.lr=1e-3", "eval.n_samples_per_eval_prompt=2",
+        "engine.max_num_seqs=16", "train.num_rollout=2", "train.lr=1e-3", "eval.n_samples_per_eval_prompt=2",
         "eval.pass_k=[1,2]", "run.progress=false", "train.max_tokens_per_gpu=256",
     ]
     return o + [f"{k}={v}" for k, v in extra.items()]

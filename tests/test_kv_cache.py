@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from reinforge.rollout.kv_cache import BlockAllocator, OutOfBlocks
-from reinforge.rollout.paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
+from reinforge.engine.kv_cache import BlockAllocator, OutOfBlocks
+from reinforge.engine.paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 from reinforge.utils.triton import triton_available
 
 

@@ -8,10 +8,10 @@ import torch
 
 from reinforge.config import load_config
 from reinforge.loop import RLLoop
-from reinforge.rollout.types import GenerateRequest, SamplingParams
+from reinforge.records import GenerateRequest, SamplingParams
 from tests.test_integration import tiny_overrides
 
-LORA = {"model.lora_rank": 4, "model.lora_alpha": 8, "train.lr": 5e-2, "rollout.dtype": "fp32", "model.train_dtype": "fp32",
+LORA = {"model.lora_rank": 4, "model.lora_alpha": 8, "train.lr": 5e-2, "engine.dtype": "fp32", "model.train_dtype": "fp32",
         "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_token_share", "data.n_eval_prompts": 0}
 
 
@@ -33,7 +33,7 @@ def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
     params = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=[])
     prompt = loop.train_data.next_batch(1)[0]
     result = loop.engine.generate([GenerateRequest(prompt.prompt_ids, params, n=4)])[0]
-    from reinforge.rollout.types import Sample
+    from reinforge.records import Sample
 
     samples = [Sample(prompt="", tokens=prompt.prompt_ids + r.token_ids, response_length=len(r.token_ids),
                       loss_mask=[1] * len(r.token_ids)) for r in result]

@@ -6,7 +6,7 @@ import torch
 
 from reinforge.config import load_config
 from reinforge.models.packing import PackedAttention
-from reinforge.rollout.types import Sample
+from reinforge.records import Sample
 from reinforge.train.actor import Actor, TrainData
 from reinforge.train.batching import build, plan_rows, row_length
 
@@ -69,11 +69,12 @@ def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
 def test_engine_and_every_layout_agree_in_fp32(tiny_model_path):
     """The engine's sampling log-probs equal the trainer's under each layout (fp32, < 1e-5)."""
     from reinforge.models.loading import build_model
-    from reinforge.rollout.embedded import EmbeddedEngine, EngineConfig
-    from reinforge.rollout.types import GenerateRequest, SamplingParams
+    from reinforge.config import EngineConfig
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.records import GenerateRequest, SamplingParams
 
     engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32, DEVICE),
-                            EngineConfig(max_num_seqs=16, max_model_len=64, seed=0, cuda_graph=False))
+                            EngineConfig(max_num_seqs=16, cuda_graph=False), max_model_len=64, seed=0)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(10, 40000, (5 + 3 * i,), generator=g).tolist() for i in range(3)]
     results = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0), n=4)

@@ -62,7 +62,7 @@ class _BrokenEngine:
 
 def test_engine_failure_names_engine_node_and_gpu(ray_cluster):
     from reinforge.cluster.ray_cluster import EnginePool
-    from reinforge.rollout.types import GenerateRequest, SamplingParams
+    from reinforge.records import GenerateRequest, SamplingParams
 
     handle = ray.remote(_BrokenEngine).remote()
     pool = EnginePool([handle], [{"index": 0, "node": "10.0.0.7", "gpus": ["3"]}])

@@ -10,7 +10,7 @@ import pytest
 from reinforge.config import RewardConfig
 from reinforge.data import load_source
 from reinforge.reward import RewardManager, extract_answer
-from reinforge.rollout.types import Sample
+from reinforge.records import Sample
 
 
 def sample(response, label=None, metadata=None):

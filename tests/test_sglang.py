@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.rollout.sglang_engine import (PortAllocator, SGLangEngine, SGLangError, SGLangServer,
+from reinforge.engine.sglang_engine import (PortAllocator, SGLangEngine, SGLangError, SGLangServer,
                                              generate_payload, launch_command, parse_generate, start_server,
                                              wait_ready)
-from reinforge.rollout.types import FinishReason, GenerateRequest, SamplingParams
+from reinforge.records import FinishReason, GenerateRequest, SamplingParams
 from reinforge.utils.net import free_port
 
 
@@ -206,7 +206,7 @@ def test_server_that_dies_is_reported_with_cause(tmp_path):
         wait_ready(server, timeout=30, index=2, poll=0.1)
     msg = str(e.value)
     assert "SGLang server 2 (http://127.0.0.1:1) exited with code 3" in msg
-    assert "another process holds the port" in msg and "rollout.sglang_port_base" in msg
+    assert "another process holds the port" in msg and "engine.sglang_port_base" in msg
 
 
 def test_server_that_never_answers_times_out(tmp_path):

@@ -228,7 +228,7 @@ def test_agent_config_validation():
     base = ["rollout.custom_generate_function_path=reinforge.rollout.agent:generate"]
     cfg = load_config(None, base + ["agent.tools=[calculator, tests.agent_tools:add]", "agent.max_turns=3"])
     assert cfg.agent.tools == ["calculator", "tests.agent_tools:add"] and cfg.agent.max_turns == 3
-    assert load_config(None, base + ["rollout.backend=hf", "agent.stop_after_tool_call=false"]).rollout.backend == "hf"
+    assert load_config(None, base + ["engine.backend=hf", "agent.stop_after_tool_call=false"]).engine.backend == "hf"
     for overrides, msg in [
         (["agent.tools=[calculator]"], "agent.tools is set but nothing calls tools"),
         (base + ["agent.tools=[calc]"], r"agent.tools\[0\]: unknown tool 'calc'"),
@@ -237,7 +237,7 @@ def test_agent_config_validation():
         (base + ["agent.max_turn_tokens=999"], "agent.max_turn_tokens=999 exceeds rollout.rollout_max_response_len"),
         (base + ["agent.tools_prompt=everywhere"], "agent.tools_prompt: 'everywhere' is not one of"),
         (["rollout.custom_generate_function_path=nocolon"], "custom_generate_function_path='nocolon' must look like"),
-        (base + ["rollout.backend=hf"], "set agent.stop_after_tool_call=false"),
+        (base + ["engine.backend=hf"], "set agent.stop_after_tool_call=false"),
     ]:
         with pytest.raises(ConfigError, match=msg):
             load_config(None, overrides)

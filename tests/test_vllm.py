@@ -9,7 +9,7 @@ vllm = pytest.importorskip("vllm")
 
 from reinforge.config import load_config  # noqa: E402
 from reinforge.models.loading import build_model, load_tokenizer  # noqa: E402
-from reinforge.rollout.types import FinishReason, GenerateRequest, SamplingParams  # noqa: E402
+from reinforge.records import FinishReason, GenerateRequest, SamplingParams  # noqa: E402
 from reinforge.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 PROMPTS = ["What is 12 + 30?", "Name a colour.", "Calculate 7 * 6."]
@@ -92,7 +92,7 @@ def test_weight_update_changes_outputs(engine, tok, prompt_ids, smollm2_path):
 def test_grpo_two_rollouts_with_vllm(tmp_path):
     out = tmp_path / "run"
     cfg = load_config(None, [
-        "rollout.backend=vllm", "data.prompt_data=reasoning_gym:basic_arithmetic",
+        "engine.backend=vllm", "data.prompt_data=reasoning_gym:basic_arithmetic",
         "data.task_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}", "data.num_prompts=32",
         "data.n_eval_prompts=4", "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4",
         "rollout.rollout_max_response_len=24", "train.num_rollout=2", "train.lr=1e-5",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
-from ..rollout.types import RolloutEngine, Sample
+from ..records import RolloutEngine, Sample
 from ..utils.registry import Registry
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import torch
 
 from ..config import Config
 from ..rollout.backends import build_engine, engine_spec
-from ..rollout.types import Sample
+from ..records import Sample
 from ..train.actor import TrainData
 from ..train.worker import TrainWorker
 from ..utils.device import resolve_device

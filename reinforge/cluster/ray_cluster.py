@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..config import Config
-from ..rollout.types import GenerateRequest, GenerateResult, Sample
+from ..records import GenerateRequest, GenerateResult, Sample
 from ..utils import faults, seeds
 from ..utils.net import free_port
 from ..weights import ipc

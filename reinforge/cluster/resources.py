@@ -14,7 +14,7 @@ parameter, sharded over the ranks) plus one full fp32 copy (weight sync / checkp
 the reference model (4 bytes per parameter) when KL needs it, a critic like the policy, and the
 logits of one micro-batch (``train.max_tokens_per_gpu`` x vocabulary x 4 bytes); an engine holds
 its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len`` x
-``rollout.max_num_seqs`` x 4 bytes); every process adds about 0.5 GiB (Python, torch).
+``engine.max_num_seqs`` x 4 bytes); every process adds about 0.5 GiB (Python, torch).
 """
 
 from __future__ import annotations
@@ -101,14 +101,14 @@ def estimate_memory(cfg: "Config", shape: ModelShape, max_model_len: int, world_
     critic = state if cfg.algo.needs_critic else 0
     logits = cfg.train.max_tokens_per_gpu * shape.vocab_size * FP32
     trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
-    kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * max_model_len * cfg.rollout.max_num_seqs * FP32
+    kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * max_model_len * cfg.engine.max_num_seqs * FP32
     engine = PROCESS_OVERHEAD + full + kv
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     tparts = (f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
               f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
               + (f", the reference model {g(ref)}" if ref else "") + (f", the critic {g(critic)}" if critic else "")
               + f", logits of train.max_tokens_per_gpu={cfg.train.max_tokens_per_gpu} tokens {g(logits)}")
-    eparts = (f"weights {g(full)}, KV cache {g(kv)} for rollout.max_num_seqs={cfg.rollout.max_num_seqs} "
+    eparts = (f"weights {g(full)}, KV cache {g(kv)} for engine.max_num_seqs={cfg.engine.max_num_seqs} "
               f"sequences of {max_model_len} tokens")
     return MemoryEstimate(trainer, engine, tparts, eparts)
 
@@ -196,18 +196,18 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
     mem = f" and {resources['memory'] / GIB:.1f} GiB of available memory" if "memory" in resources else ""
     if warnings and not problems:
         log.warning("the %s placement may not fit in memory on %s (%.1f GiB available): the run needs %s. An "
-                    "estimate; lower rollout.max_num_seqs or train.max_tokens_per_gpu if it runs out of memory",
+                    "estimate; lower engine.max_num_seqs or train.max_tokens_per_gpu if it runs out of memory",
                     mode, where, resources["memory"] / GIB, warnings[0])
     if problems:
         problems += warnings
         raise ClusterError(
             f"the {mode} placement ({split}) cannot run on {where}: it has no GPU, {have_cpus:g} CPU cores{mem}; "
             f"the run needs " + "; and ".join(problems) + ". " + (
-                "Lower rollout.max_num_seqs or train.max_tokens_per_gpu, use a smaller model.path, or run on a GPU"
+                "Lower engine.max_num_seqs or train.max_tokens_per_gpu, use a smaller model.path, or run on a GPU"
                 if c.mode == "local" else
                 "Lower cluster.actor_num_gpus_per_node / cluster.actor_num_nodes (trainer ranks) and "
                 "cluster.rollout_num_gpus (engines), e.g. to 1 each (or use cluster.mode=local), lower "
-                "rollout.max_num_seqs or train.max_tokens_per_gpu for memory, set cluster.num_cpus_per_worker "
+                "engine.max_num_seqs or train.max_tokens_per_gpu for memory, set cluster.num_cpus_per_worker "
                 "below 1 to share cores between processes, or run on GPUs. The memory figure is an estimate: "
                 "cluster.memory_check=warn (or off) runs anyway"))
     return False

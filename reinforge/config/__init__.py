@@ -5,8 +5,8 @@ beside its field (``fields.opt``) and ``docs/config.md`` is generated from them 
 from .fields import ConfigError
 from .loader import config_from_dict, config_from_values, dump_config, load_config, parse_override
 from .sections import (SECTIONS, AgentConfig, AlgoConfig, ClusterConfig, Config, CriticConfig, DataConfig, EvalConfig,
-                       ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
+                       EngineConfig, ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 __all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",
            "dump_config", "parse_override", "AgentConfig", "AlgoConfig", "ClusterConfig", "CriticConfig", "DataConfig",
-           "EvalConfig", "ModelConfig", "OfflineConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]
+           "EngineConfig", "EvalConfig", "ModelConfig", "OfflineConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]

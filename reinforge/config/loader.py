@@ -85,10 +85,22 @@ def _section_fields(section: str) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+# Keys that moved to another section: their old spelling is still read (user configs, the
+# config.yaml of older runs and checkpoints). (old section, key) -> new section.
+MOVED_KEYS: dict[tuple[str, str], str] = {
+    ("rollout", name): "engine" for name in (
+        "backend", "dtype", "max_num_seqs", "kv_cache_memory_fraction", "max_prefill_tokens", "sync_interval",
+        "overlap_schedule", "cuda_graph", "kv_block_size", "num_kv_blocks", "sglang_urls", "sglang_server_args",
+        "sglang_router", "sglang_weight_update", "sglang_host", "sglang_port_base", "sglang_launch_timeout")
+}
+
+
 def _locate(key: str) -> tuple[str, str]:
-    """'rollout.n_samples_per_prompt' or a bare unique 'n_samples_per_prompt' -> (section, name)."""
+    """'rollout.n_samples_per_prompt' or a bare unique 'n_samples_per_prompt' -> (section, name).
+    A key's old spelling (:data:`MOVED_KEYS`) gives its new place."""
     if "." in key:
         section, name = key.split(".", 1)
+        section = MOVED_KEYS.get((section, name), section)
         if section not in SECTIONS:
             raise ConfigError(f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}"
                               + _suggest(section, SECTIONS))

@@ -97,6 +97,39 @@ class RolloutConfig(Section):
     rollout_top_k: int = opt(-1, "top-k sampling (<= 0 disables)")
     rollout_stop: list[str] = opt([], "stop strings (the completion ends with the token that completes one)")
     rollout_stop_token_ids: list[int] = opt([], "stop token ids, added to the model's EOS ids (at most 6)")
+    rollout_function_path: str | None = opt(None, "`module:function` replacing the default rollout "
+                                            "(see `RolloutContext`)")
+    custom_generate_function_path: str | None = opt(
+        None, "`module:function`, `async def generate(ctx, sample, params) -> Sample`, producing each sample "
+        "(slime's `--custom-generate-function-path`); `reinforge.rollout.agent:generate` is the tool-using agent "
+        "(docs/agents.md)")
+    seed: int = opt(1234, "sampling seed (each rollout reseeds the engine from `seed` and the rollout id)")
+    max_staleness: int = opt(
+        0, "asynchronous RL ([design.md](design.md#asynchronous-rl)): engines generate rollout `i` with policy version "
+        ">= `i - max_staleness` while the trainer trains (AReaL's `max_head_offpolicyness`). 0 is the synchronous "
+        "loop; 1 is one-step off-policy", ge=0)
+    partial_rollout: bool = opt(
+        False, "with `max_staleness` > 0: a weight update interrupts the sequences in flight, loads the new "
+        "weights and continues them (their tokens, log-probs and versions kept; AReaL's interruptible generation, "
+        "slime's `--partial-rollout`); false: they finish under the weights they started with")
+
+    def check(self) -> None:
+        if self.partial_rollout and self.max_staleness == 0:
+            raise ConfigError("rollout.partial_rollout=true needs rollout.max_staleness > 0 (the synchronous loop "
+                              "never updates weights during generation)")
+        if len(self.rollout_stop_token_ids) > 6:
+            raise ConfigError("rollout.rollout_stop_token_ids: at most 6 ids (the model's EOS ids take the rest of 8)")
+        for key in ("rollout_function_path", "custom_generate_function_path"):
+            _check_function_path(f"rollout.{key}", getattr(self, key))
+
+
+@dataclass
+class EngineConfig(Section):
+    """The rollout engine: which one, its precision, sizes and scheduling. Split from ``rollout``
+    (which keeps what is sampled and how rollouts are made); the old ``rollout.<key>`` spellings of
+    these keys are still read (``config/loader.py``: ``MOVED_KEYS``)."""
+
+    name = "engine"
     backend: str = opt("embedded", "rollout engine (docs/engines.md): `embedded` (reinforge's engine), `hf` "
                        "(transformers `generate`, any architecture), `vllm`, `sglang`", choices=BACKENDS)
     dtype: Literal["auto", "fp32", "bf16"] = opt("auto", "engine weights and KV cache: `auto` = bf16 on GPU, "
@@ -129,35 +162,10 @@ class RolloutConfig(Section):
     sglang_host: str = opt("127.0.0.1", "host launched servers bind to")
     sglang_port_base: int = opt(15000, "launched servers take free ports from here up (never the same twice)")
     sglang_launch_timeout: float = opt(600.0, "seconds for a launched server to answer `/health_generate`", gt=0)
-    rollout_function_path: str | None = opt(None, "`module:function` replacing the default rollout "
-                                            "(see `RolloutContext`)")
-    custom_generate_function_path: str | None = opt(
-        None, "`module:function`, `async def generate(ctx, sample, params) -> Sample`, producing each sample "
-        "(slime's `--custom-generate-function-path`); `reinforge.rollout.agent:generate` is the tool-using agent "
-        "(docs/agents.md)")
-    seed: int = opt(1234, "sampling seed (each rollout reseeds the engine from `seed` and the rollout id)")
-    max_staleness: int = opt(
-        0, "asynchronous RL ([design.md](design.md#asynchronous-rl)): engines generate rollout `i` with policy version "
-        ">= `i - max_staleness` while the trainer trains (AReaL's `max_head_offpolicyness`). 0 is the synchronous "
-        "loop; 1 is one-step off-policy", ge=0)
-    partial_rollout: bool = opt(
-        False, "with `max_staleness` > 0: a weight update interrupts the sequences in flight, loads the new "
-        "weights and continues them (their tokens, log-probs and versions kept; AReaL's interruptible generation, "
-        "slime's `--partial-rollout`); false: they finish under the weights they started with")
 
     def check(self) -> None:
-        if self.partial_rollout and self.max_staleness == 0:
-            raise ConfigError("rollout.partial_rollout=true needs rollout.max_staleness > 0 (the synchronous loop "
-                              "never updates weights during generation)")
-        if self.partial_rollout and self.backend != "embedded":
-            raise ConfigError(f"rollout.partial_rollout=true needs rollout.backend=embedded (it is {self.backend}): "
-                              f"only the embedded engine can interrupt and continue generation")
         if self.backend != "sglang" and (self.sglang_urls or self.sglang_server_args or self.sglang_router):
-            raise ConfigError(f"rollout.sglang_* settings need rollout.backend=sglang (it is {self.backend})")
-        if len(self.rollout_stop_token_ids) > 6:
-            raise ConfigError("rollout.rollout_stop_token_ids: at most 6 ids (the model's EOS ids take the rest of 8)")
-        for key in ("rollout_function_path", "custom_generate_function_path"):
-            _check_function_path(f"rollout.{key}", getattr(self, key))
+            raise ConfigError(f"engine.sglang_* settings need engine.backend=sglang (it is {self.backend})")
 
 
 @dataclass
@@ -496,6 +504,7 @@ SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "data": DataConfig,
     "rollout": RolloutConfig,
+    "engine": EngineConfig,
     "reward": RewardConfig,
     "agent": AgentConfig,
     "algo": AlgoConfig,
@@ -515,6 +524,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -565,13 +575,17 @@ class Config:
         if g.tools and not r.custom_generate_function_path:
             raise ConfigError("agent.tools is set but nothing calls tools: set rollout.custom_generate_function_path="
                               "reinforge.rollout.agent:generate")
-        if r.backend == "hf" and r.custom_generate_function_path == "reinforge.rollout.agent:generate" \
+        e = self.engine
+        if r.partial_rollout and e.backend != "embedded":
+            raise ConfigError(f"rollout.partial_rollout=true needs engine.backend=embedded (it is {e.backend}): "
+                              f"only the embedded engine can interrupt and continue generation")
+        if e.backend == "hf" and r.custom_generate_function_path == "reinforge.rollout.agent:generate" \
                 and g.stop_after_tool_call:
             from ..tools.formats import TOOL_CALL_FORMATS as formats
 
             if formats.get(g.tool_call_format).stop:
                 raise ConfigError("agent.stop_after_tool_call=true ends turns with a stop string, which "
-                                  "rollout.backend=hf does not support: set agent.stop_after_tool_call=false")
+                                  "engine.backend=hf does not support: set agent.stop_after_tool_call=false")
         if g.max_turn_tokens is not None and g.max_turn_tokens > r.rollout_max_response_len:
             raise ConfigError(f"agent.max_turn_tokens={g.max_turn_tokens} exceeds rollout.rollout_max_response_len="
                               f"{r.rollout_max_response_len}, the budget of the whole response")
@@ -588,8 +602,8 @@ class Config:
             if c.mode == "ray" and c.colocate:
                 raise ConfigError(f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
                                   f"needs engines on their own GPUs (cluster.colocate=false)")
-        if c.mode == "ray" and r.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
-            raise ConfigError(f"rollout.backend={r.backend} runs one engine per GPU: "
+        if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
+            raise ConfigError(f"engine.backend={e.backend} runs one engine per GPU: "
                               f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "
-                              f"rollout.backend=vllm)")
+                              f"engine.backend=vllm)")
         return self

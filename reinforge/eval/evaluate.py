@@ -9,7 +9,7 @@ from typing import Any
 from ..algo.passk import pass_at_k
 from ..data import Prompt
 from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
-from ..rollout.types import Sample, Status
+from ..records import Sample, Status
 
 
 def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, float], list[Sample]]:

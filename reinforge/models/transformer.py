@@ -46,6 +46,34 @@ class AttentionContext(Protocol):
 
 
 @dataclass(frozen=True)
+class Variant:
+    """How a copy of the model computes, chosen once when the copy is built (:meth:`CausalLM.set_variant`).
+
+    The arithmetic is the same in every variant (fp32 results agree to reassociation); what changes
+    is the number of kernels. ``fused_kernels``: RMSNorm, RoPE and SiLU-and-multiply as Triton kernels
+    with backward passes (:mod:`.fused`; only where Triton runs, i.e. CUDA). The inference-only
+    options (the rollout engine's copy; no autograd, not for FSDP-wrapped layers):
+    ``fused_residual``, each residual add inside the next RMSNorm (needs ``fused_kernels``);
+    ``fused_projections``, q/k/v and gate/up as one matmul each (the parameters become views into
+    the fused matrices, so in-place weight copies land in them), RoPE in place on the q and k heads
+    and SiLU-and-multiply on the packed gate/up output.
+    """
+
+    fused_kernels: bool = False
+    fused_residual: bool = False
+    fused_projections: bool = False
+
+    @property
+    def inference(self) -> bool:
+        return self.fused_residual or self.fused_projections
+
+    @classmethod
+    def for_inference(cls, fused_kernels: bool = True) -> "Variant":
+        """The engine's variant: every fusion that applies."""
+        return cls(fused_kernels, fused_kernels, True)
+
+
+@dataclass(frozen=True)
 class ModelArgs:
     """Architecture hyper-parameters, read from a Hugging Face config."""
 
@@ -145,7 +173,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.fused = False  # one Triton kernel forward and one backward (CausalLM.use_fused_kernels)
+        self.fused = False  # one Triton kernel forward and one backward (set by CausalLM.set_variant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:  # under autocast: output in the autocast dtype (the next matmul's input dtype)
@@ -159,7 +187,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual += x`` in place, then the norm of ``residual``, in one kernel (fused kernels on,
-        no gradients: the engine's decoder, see ``CausalLM.fused_residual_add``)."""
+        no gradients: the engine's decoder, ``Variant.fused_residual``)."""
         t = x.device.type
         return fused.add_rms_norm(x, residual, self.weight, self.eps,
                                   torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None)
@@ -190,7 +218,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.fused_rope = False  # one Triton kernel per q and k (CausalLM.use_fused_kernels)
+        self.rope = apply_rope  # or fused.rope (CausalLM.set_variant)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused projection (fuse_projection)
 
     def fuse_projection(self, on: bool) -> None:
@@ -218,26 +246,33 @@ class Attention(nn.Module):
         self.qkv = (w, b)
 
     def forward(self, x, cos, sin, ctx: AttentionContext | None):
+        q, k, v = self._fused_qkv(x, cos, sin) if self.qkv is not None else self._separate_qkv(x, cos, sin)
+        return self._attend(q, k, v, ctx)
+
+    def _separate_qkv(self, x, cos, sin):
+        """Queries, keys and values from three matmuls (training; ``Variant.fused_projections`` off)."""
         B, T, _ = x.shape
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.qkv is not None and not torch.is_grad_enabled():
-            qkv = F.linear(x, *self.qkv).view(B, T, H + 2 * KVH, D)
-            if self.fused_rope and self.q_norm is None:  # RoPE on the q and k heads in place: one kernel
-                fused.rope_(qkv, cos, sin, H + KVH)
-                q, k, v = qkv.split([H, KVH, KVH], dim=2)
-                return self._attend(q, k, v, ctx)
-            q, k, v = qkv.split([H, KVH, KVH], dim=2)
-        else:
-            q = self.q_proj(x).view(B, T, H, D)
-            k = self.k_proj(x).view(B, T, KVH, D)
-            v = self.v_proj(x).view(B, T, KVH, D)
+        q = self.q_proj(x).view(B, T, H, D)
+        k = self.k_proj(x).view(B, T, KVH, D)
+        v = self.v_proj(x).view(B, T, KVH, D)
+        return self._norm_and_rope(q, k, v, cos, sin)
+
+    def _norm_and_rope(self, q, k, v, cos, sin):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.fused_rope:
-            q, k = fused.rope(q, cos, sin), fused.rope(k, cos, sin)
-        else:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self._attend(q, k, v, ctx)
+        return self.rope(q, cos, sin), self.rope(k, cos, sin), v
+
+    def _fused_qkv(self, x, cos, sin):
+        """One matmul for q/k/v (inference). With the fused kernels and no per-head norms, RoPE runs
+        in place on the q and k heads of its output (one kernel)."""
+        B, T, _ = x.shape
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, *self.qkv).view(B, T, H + 2 * KVH, D)
+        if self.rope is fused.rope and self.q_norm is None:
+            fused.rope_(qkv, cos, sin, H + KVH)
+            return qkv.split([H, KVH, KVH], dim=2)
+        return self._norm_and_rope(*qkv.split([H, KVH, KVH], dim=2), cos, sin)
 
     def _attend(self, q, k, v, ctx: AttentionContext | None):
         B, T = q.shape[:2]
@@ -257,7 +292,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
-        self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.use_fused_kernels)
+        self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.set_variant)
         self.gate_up: torch.Tensor | None = None  # fused projection (fuse_projection)
 
     def fuse_projection(self, on: bool) -> None:
@@ -275,14 +310,18 @@ class MLP(nn.Module):
         self.gate_up = w
 
     def forward(self, x):
-        if self.gate_up is not None and not torch.is_grad_enabled():
+        if self.gate_up is not None:  # inference: one matmul, SiLU-and-multiply on the packed output
             gu = F.linear(x, self.gate_up)
-            if self.fused:
-                return self.down_proj(fused.silu_mul_packed(gu))
-            g, u = gu.chunk(2, dim=-1)
-            return self.down_proj(F.silu(g) * u)
-        g, u = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(fused.silu_mul(g, u) if self.fused else F.silu(g) * u)
+            h = fused.silu_mul_packed(gu) if self.fused else _silu_mul_packed(gu)
+        else:
+            g, u = self.gate_proj(x), self.up_proj(x)
+            h = fused.silu_mul(g, u) if self.fused else F.silu(g) * u
+        return self.down_proj(h)
+
+
+def _silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return F.silu(g) * u
 
 
 class DecoderLayer(nn.Module):
@@ -335,9 +374,7 @@ class CausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False
-        # no-grad forwards fuse each residual add into the next norm (DecoderLayer.forward_residual);
-        # the rollout engine turns it on for its own copy (the trainer's layers may be FSDP-wrapped)
-        self.fused_residual_add = False
+        self.variant = Variant()  # how this copy computes (set_variant)
         self._max_positions = max_positions or self.args.max_position_embeddings
         self.rope_cos: torch.Tensor
         self.rope_sin: torch.Tensor
@@ -351,23 +388,30 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.compile(dynamic=True)
 
-    def use_fused_kernels(self, on: bool = True) -> bool:
-        """Run RMSNorm, RoPE and SiLU-and-multiply as fused Triton kernels, forward and backward
-        (:mod:`.fused`; the rollout engine's copy of the model, and the trainer's with
-        ``model.fused_kernels``). Returns whether they are on: only on CUDA with Triton."""
-        on = on and triton_available(self.model.embed_tokens.weight.device.type)
+    def set_variant(self, variant: Variant) -> Variant:
+        """Choose how this copy computes (:class:`Variant`), once when the copy is built: the trainer
+        with ``model.fused_kernels``, the rollout engine with :meth:`Variant.for_inference`.
+
+        Returns:
+            the variant in force: the fused kernels only where Triton runs (CUDA), the fused residual
+            adds only with them.
+        """
+        on = variant.fused_kernels and triton_available(self.model.embed_tokens.weight.device.type)
+        variant = Variant(on, variant.fused_residual and on, variant.fused_projections)
         for m in self.modules():
             if isinstance(m, (RMSNorm, MLP)):
                 m.fused = on
             elif isinstance(m, Attention):
-                m.fused_rope = on
-        return on
+                m.rope = fused.rope if on else apply_rope
+        self.variant = variant
+        self.fuse_projections(variant.fused_projections)
+        return variant
 
     def fuse_projections(self, on: bool = True) -> None:
-        """Inference (the rollout engine's copy): each layer's q/k/v and gate/up projections as one
-        matmul each, their parameters views into the fused matrices (weight sync's in-place copies
-        still land). Call with ``on=False`` before moving the model (``.to`` copies each view on its
-        own) and again with ``on=True`` after."""
+        """Each layer's q/k/v and gate/up projections as one matmul each (``Variant.fused_projections``),
+        their parameters views into the fused matrices (weight sync's in-place copies still land).
+        Call with ``on=False`` before moving the model (``.to`` copies each view on its own) and again
+        with ``on=True`` after."""
         for layer in self.model.layers:
             layer.self_attn.fuse_projection(on)
             layer.mlp.fuse_projection(on)
@@ -401,7 +445,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[position_ids].to(x.dtype)
         sin = self.rope_sin[position_ids].to(x.dtype)
-        if self.fused_residual_add and self.model.norm.fused and not torch.is_grad_enabled():
+        if self.variant.fused_residual:
             residual = None
             for layer in self.model.layers:
                 x, residual = layer.forward_residual(x, residual, cos, sin, ctx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..rollout.types import Sample
+from ..records import Sample
 from .extract import extract_answer
 
 

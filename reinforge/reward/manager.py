@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..config import RewardConfig
-from ..rollout.types import Sample
+from ..records import Sample
 from ..utils.imports import load_function
 from .functions import exact_match_reward, math_reward, reasoning_gym_reward
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..models.reward_model import build_reward_model
-from ..rollout.types import Sample
+from ..records import Sample
 from ..utils.device import resolve_device
 
 log = logging.getLogger(__name__)

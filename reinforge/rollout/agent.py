@@ -31,7 +31,7 @@ from ..tools import ToolCallFormat, ToolResult, ToolSet, get_format, load_tools
 from ..tools.toolset import PARSE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .generate import STATS_KEY, RolloutContext
-from .types import FinishReason, GenerateRequest, Sample, SamplingParams, Status
+from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 
 CACHE_KEY = __name__
 TRUNCATION_NOTE = "\n... [output truncated]"

@@ -8,7 +8,7 @@ engine batches:
   embedded engine) is driven by **continuous batching**: requests that arrive are added between
   steps, the engine steps while any request is pending, and each request's future resolves as
   soon as its group finishes (its handle's ``results`` hold no ``None``), while the others go on;
-* any other :class:`~reinforge.rollout.types.RolloutEngine` (vLLM, SGLang, transformers, the Ray
+* any other :class:`~reinforge.records.RolloutEngine` (vLLM, SGLang, transformers, the Ray
   ``EnginePool``: only ``generate(requests)``) gets, at each scheduling tick, one
   ``generate(batch)`` call with every request pending at that moment.
 
@@ -24,7 +24,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .types import GenerateRequest, GenerateResult, RolloutEngine
+from ..records import GenerateRequest, GenerateResult, RolloutEngine
 
 
 def is_continuous(engine: Any) -> bool:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from .types import FinishReason, GenerateRequest, GenerateResult, RolloutEngine
+from ..records import FinishReason, GenerateRequest, GenerateResult, RolloutEngine
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class _Partial:
 
 
 class WeightGate:
-    """A :class:`~reinforge.rollout.types.RolloutEngine` wrapper that orders generation (any
+    """A :class:`~reinforge.records.RolloutEngine` wrapper that orders generation (any
     thread) and weight updates (the trainer's thread).
 
     Args:
@@ -94,7 +94,7 @@ class WeightGate:
     def __init__(self, engine: RolloutEngine, partial_rollout: bool = False):
         if partial_rollout and not callable(getattr(engine, "interrupt", None)):
             raise ValueError(f"rollout.partial_rollout=true needs an engine with interrupt(); "
-                             f"{type(engine).__name__} has none (use rollout.backend=embedded)")
+                             f"{type(engine).__name__} has none (use engine.backend=embedded)")
         self.engine = engine
         self.partial_rollout = partial_rollout
         self.idle_s = 0.0

@@ -1,8 +1,8 @@
 """Rollout backends: the registry of engines and the one place an engine is built.
 
-``rollout.backend`` names an entry of :data:`BACKENDS`; its factory receives an
+``engine.backend`` names an entry of :data:`BACKENDS`; its factory receives an
 :class:`EngineSpec` (built from the config by :func:`engine_spec`, nowhere else) and returns a
-:class:`~reinforge.rollout.types.RolloutEngine`. Each backend's module is imported only when it
+:class:`~reinforge.records.RolloutEngine`. Each backend's module is imported only when it
 is chosen (verl's ``_ROLLOUT_REGISTRY``), so vLLM or SGLang need not be installed to use the
 others.
 
@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..utils.registry import Registry
-from .types import RolloutEngine
+from ..records import RolloutEngine
 
 if TYPE_CHECKING:
-    from ..config import Config, RolloutConfig
+    from ..config import Config, EngineConfig
 
-BACKENDS: Registry[Callable[["EngineSpec"], RolloutEngine]] = Registry("rollout backend", "rollout.backend")
+BACKENDS: Registry[Callable[["EngineSpec"], RolloutEngine]] = Registry("rollout backend", "engine.backend")
 BACKENDS.register("embedded", "reinforge.rollout.embedded:from_spec")
 BACKENDS.register("hf", "reinforge.rollout.hf_engine:from_spec")
 BACKENDS.register("vllm", "reinforge.rollout.vllm_engine:from_spec", tensor_parallel=True)
-BACKENDS.register("sglang", "reinforge.rollout.sglang_engine:from_spec", tensor_parallel=True)
+BACKENDS.register("sglang", "reinforge.engine.sglang_engine:from_spec", tensor_parallel=True)
 
 
 @dataclass
@@ -42,7 +42,7 @@ class EngineSpec:
     """What a backend needs to build one engine.
 
     Attributes:
-        rollout: the ``rollout`` config section (sizes, sampling seed, backend options).
+        engine: the ``engine`` config section (backend, sizes, KV cache, scheduling, server options).
         model_path: Hugging Face folder of the policy (the engine's own copy is built from it;
             the loop syncs the trainer's weights into it before the first rollout).
         tokenizer: the policy's tokenizer (stop strings).
@@ -59,7 +59,7 @@ class EngineSpec:
         random_init, init_seed: ``model.random_init`` and the seed of that initialisation.
     """
 
-    rollout: "RolloutConfig"
+    engine: "EngineConfig"
     model_path: Path
     tokenizer: Any
     device: torch.device
@@ -77,7 +77,7 @@ class EngineSpec:
 
 
 def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``rollout.dtype``: ``auto`` is bf16 on CUDA and fp32 elsewhere."""
+    """``engine.dtype``: ``auto`` is bf16 on CUDA and fp32 elsewhere."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -86,10 +86,10 @@ def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def engine_spec(cfg: "Config", model_path: Path, tokenizer: Any, device: torch.device, max_model_len: int,
                 index: int = 0) -> EngineSpec:
     """The :class:`EngineSpec` of engine ``index`` of a run."""
-    r, c = cfg.rollout, cfg.cluster
+    e, c = cfg.engine, cfg.cluster
     return EngineSpec(
-        rollout=r, model_path=Path(model_path), tokenizer=tokenizer, device=device,
-        dtype=engine_dtype(r.dtype, device), max_model_len=max_model_len, seed=r.seed + index, index=index,
+        engine=e, model_path=Path(model_path), tokenizer=tokenizer, device=device,
+        dtype=engine_dtype(e.dtype, device), max_model_len=max_model_len, seed=cfg.rollout.seed + index, index=index,
         tensor_parallel_size=c.rollout_num_gpus_per_engine,
         num_engines=1 if c.mode == "ray" else max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine),
         colocate=c.colocate, bucket_bytes=c.weight_sync_bucket_mb << 20, log_dir=Path(cfg.run.output_dir),
@@ -97,10 +97,10 @@ def engine_spec(cfg: "Config", model_path: Path, tokenizer: Any, device: torch.d
 
 
 def build_engine(spec: EngineSpec) -> RolloutEngine:
-    """Build the engine ``spec.rollout.backend`` names (importing its module now).
+    """Build the engine ``spec.engine.backend`` names (importing its module now).
 
     Raises:
         KeyError: the backend is not registered (the message lists those that are).
         ImportError: the backend's library is not installed (the message says what to install).
     """
-    return BACKENDS.get(spec.rollout.backend)(spec)
+    return BACKENDS.get(spec.engine.backend)(spec)

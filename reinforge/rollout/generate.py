@@ -13,7 +13,7 @@ from ..config import Config
 from ..data import Prompt
 from ..utils.imports import load_function
 from .async_client import AsyncEngine
-from .types import FinishReason, GenerateRequest, RolloutEngine, Sample, SamplingParams, Status
+from ..records import FinishReason, GenerateRequest, RolloutEngine, Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..models.loading import build_model, copy_weights_
-from .types import FinishReason, GenerateRequest, GenerateResult
+from ..records import FinishReason, GenerateRequest, GenerateResult
 
 
 class HFEngine:
@@ -96,5 +96,5 @@ class HFEngine:
 def from_spec(spec) -> HFEngine:
     """The ``hf`` backend's factory (:mod:`reinforge.rollout.backends`)."""
     model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
-    return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.rollout.max_num_seqs,
+    return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs,
                     seed=spec.seed)

@@ -1,4 +1,4 @@
-"""SGLang servers as rollout engines (``rollout.backend: sglang``; ``pip install reinforge[sglang]``).
+"""SGLang servers as rollout engines (``engine.backend: sglang``; ``pip install reinforge[sglang]``).
 
 reinforge talks to SGLang's HTTP API (the endpoints slime uses):
 
@@ -13,12 +13,12 @@ reinforge talks to SGLang's HTTP API (the endpoints slime uses):
 * ``/release_memory_occupation`` / ``/resume_memory_occupation`` for colocated sleep / wake-up;
 * readiness: ``GET /health_generate`` until it answers 200.
 
-Servers are either given (``rollout.sglang_urls``) or launched by reinforge, one per engine,
-with ``python -m sglang.launch_server``; ``rollout.sglang_server_args`` passes any further
+Servers are either given (``engine.sglang_urls``) or launched by reinforge, one per engine,
+with ``python -m sglang.launch_server``; ``engine.sglang_server_args`` passes any further
 server flag (``{mem_fraction_static: 0.7}`` becomes ``--mem-fraction-static 0.7``), as slime's
-``--sglang-*`` flags do. Ports are allocated per host from ``rollout.sglang_port_base`` upwards,
+``--sglang-*`` flags do. Ports are allocated per host from ``engine.sglang_port_base`` upwards,
 each checked free and never handed out twice, so several servers on one machine do not collide.
-Several servers can sit behind ``sglang-router`` (``rollout.sglang_router: true``); otherwise
+Several servers can sit behind ``sglang-router`` (``engine.sglang_router: true``); otherwise
 requests are spread over them here.
 
 What was run for real: nothing of SGLang itself (it does not run on these CPU-only machines).
@@ -49,7 +49,7 @@ from ..weights.buckets import bucket_by_bytes
 from ..weights.disk import weights_folder
 from ..weights.groups import weight_sync_group
 from ..weights.ipc import serialize_named_tensors
-from .types import FinishReason, GenerateRequest, GenerateResult
+from ..records import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,9 @@ def _hint(log_tail: str) -> str:
     if "get_model_info" in log_tail or "Address already in use" in log_tail:
         return (" Its warm-up could not reach its own HTTP port ('Max retries exceeded with url: /get_model_info'): "
                 "another process holds the port, usually another server on the same machine; reinforge allocates "
-                "ports from rollout.sglang_port_base, so move that base or run fewer servers per machine.")
+                "ports from engine.sglang_port_base, so move that base or run fewer servers per machine.")
     if "out of memory" in log_tail.lower():
-        return " It ran out of GPU memory: lower mem_fraction_static in rollout.sglang_server_args."
+        return " It ran out of GPU memory: lower mem_fraction_static in engine.sglang_server_args."
     return ""
 
 
@@ -296,7 +296,7 @@ class SGLangEngine:
             with weights_folder(named, self.model_source) as d:
                 self._all("/update_weights_from_disk", {"model_path": str(d), "weight_version": str(version)})
         else:
-            raise ValueError(f"unknown rollout.sglang_weight_update {self.weight_update!r}")
+            raise ValueError(f"unknown engine.sglang_weight_update {self.weight_update!r}")
         self.weight_version = version
 
     def init_weight_group(self, master_address: str, master_port: int, backend: str = "nccl") -> None:
@@ -366,8 +366,8 @@ def launch_router(servers: list[SGLangServer], host: str, port: int, log_dir: Pa
 
 def from_spec(spec) -> SGLangEngine:
     """The ``sglang`` backend's factory (:mod:`reinforge.rollout.backends`): the given servers
-    (``rollout.sglang_urls``), or ``spec.num_engines`` launched ones, optionally behind a router."""
-    r, tp = spec.rollout, spec.tensor_parallel_size
+    (``engine.sglang_urls``), or ``spec.num_engines`` launched ones, optionally behind a router."""
+    r, tp = spec.engine, spec.tensor_parallel_size
     log_dir = spec.log_dir / "sglang_logs"
     if r.sglang_urls:
         servers = [SGLangServer(u.rstrip("/")) for u in r.sglang_urls]

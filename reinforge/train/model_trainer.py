@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..models.transformer import CausalLM
-from ..rollout.types import Sample
+from ..models.transformer import CausalLM, Variant
+from ..records import Sample
 from ..utils import faults
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
 from .parallel import ParallelContext, partition_by_tokens, shard_model
@@ -107,7 +107,7 @@ class ModelTrainer:
         if settings.fused_kernels:  # (on CUDA with Triton; the policy, a critic's or reward model's backbone)
             for m in model.modules():
                 if isinstance(m, CausalLM):
-                    m.use_fused_kernels(True)
+                    m.set_variant(Variant(fused_kernels=True))
         if self.parallel.distributed:
             model = self.shard(model)
         self.model = model

@@ -26,7 +26,7 @@ from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
-from ..rollout.types import Sample
+from ..records import Sample
 from .actor import response_logits
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings

@@ -15,7 +15,7 @@ import torch
 from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs
 from ..algo.losses import kl_penalty
 from ..config import AlgoConfig
-from ..rollout.types import Sample, Status
+from ..records import Sample, Status
 
 
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:

@@ -16,7 +16,7 @@ import torch
 from ..config import Config
 from ..models.loading import save_hf_state_dict
 from ..models.lora import adapter_state_dict, has_lora, save_adapter
-from ..rollout.types import Sample
+from ..records import Sample
 from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData

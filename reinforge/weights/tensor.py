@@ -11,7 +11,7 @@ import torch
 from ..utils import faults
 
 if TYPE_CHECKING:
-    from ..rollout.types import RolloutEngine
+    from ..records import RolloutEngine
 
 
 def sync_in_process(named: Iterable[tuple[str, torch.Tensor]], engine: "RolloutEngine", version: int

@@ -1,0 +1,163 @@
+"""The engine's attention contexts: what the shared model code calls to read and write the KV cache.
+
+:class:`~reinforge.models.transformer.CausalLM` runs attention through ``ctx.attend(layer, q, k, v)``
+(``AttentionContext``). The runner builds one context per forward pass:
+
+* :class:`PrefillContext`: causal attention over a chunk of right-padded prompts, writing their keys
+  and values into their blocks (and, for a later chunk, reading the earlier chunks' keys back).
+* a decode context, one new token per slot. Which one is chosen once, from the KV layout
+  (:func:`decode_context`):
+
+  - :class:`KernelDecode`: paged cache and the Triton kernel (CUDA), which walks each sequence's own
+    blocks up to its own length and stores the new token's K/V itself;
+  - :class:`GatherDecode`: paged cache without the kernel: the blocks are gathered into a padded key
+    range and attended with a mask (the reference path; CPU tests of the paged layout);
+  - :class:`SlotDecode`: one block per slot (the CPU default): the cache rows are the padded key
+    range itself, views and no copies.
+
+Shapes: ``q`` [B, T, H, D]; ``k``, ``v`` [B, T, KVH, D] with RoPE applied; per-layer caches
+``[blocks + 1, KVH, block_size, D]`` (the last block is the sink idle rows write into).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
+
+if TYPE_CHECKING:
+    from .runner import ModelRunner
+
+
+def bucket(n: int, cap: int, quantum: int = 8) -> int:
+    """Round ``n`` up to a power of two (at least ``quantum``) or a multiple of 256, capped at ``cap``:
+    the batch sizes and key ranges of decode steps (few shapes: few CUDA graphs and kernel variants)."""
+    if n <= 256:
+        b = max(quantum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+    else:
+        b = -(-n // 256) * 256
+    return min(b, cap)
+
+
+class PrefillContext:
+    """Causal attention over a chunk of a right-padded prompt batch, positions ``[start, start + T)``;
+    writes the chunk's K/V into each prompt's blocks. With ``start > 0`` (chunked prefill) the chunk
+    also attends to the keys of positions ``[0, start)``, read back from the cache.
+
+    ``blk``, ``off``: [P, T] block id and offset of each (prompt, chunk position); the sink block
+    for padding positions that have no block. ``prefix_blk``, ``prefix_off``: [P, start], the same
+    for the earlier positions.
+    """
+
+    def __init__(self, runner: "ModelRunner", blk: torch.Tensor, off: torch.Tensor,
+                 prefix_blk: torch.Tensor | None = None, prefix_off: torch.Tensor | None = None):
+        self.r, self.blk, self.off = runner, blk.flatten(), off.flatten()
+        self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
+        self.prefix = (prefix_blk.flatten(), prefix_off.flatten()) if self.start else None
+        if self.start:  # query i (position start + i) sees keys [0, start + i]
+            T = blk.shape[1]
+            keys = torch.arange(self.start + T, device=blk.device)
+            self.mask = keys[None, :] <= self.start + torch.arange(T, device=blk.device)[:, None]
+
+    def attend(self, layer, q, k, v):
+        P, T, KVH, D = k.shape
+        kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        kc[self.blk, :, self.off] = k.reshape(P * T, KVH, D)
+        vc[self.blk, :, self.off] = v.reshape(P * T, KVH, D)
+        mask = None
+        if self.start:
+            pb, po = self.prefix
+            k = torch.cat([kc[pb, :, po].view(P, self.start, KVH, D), k], dim=1)
+            v = torch.cat([vc[pb, :, po].view(P, self.start, KVH, D), v], dim=1)
+            mask = self.mask
+        kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, keys, D]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=kt.shape[1] != q.shape[2])
+        return o.transpose(1, 2)
+
+
+class _Decode:
+    """One new token per slot in ``[0, B)`` at position ``pos``: its K/V goes to block
+    ``table[slot, pos // block_size]`` at offset ``pos % block_size`` (the sink block for idle rows)."""
+
+    def __init__(self, runner: "ModelRunner", B: int, Lk: int, pos: torch.Tensor, active: torch.Tensor):
+        r, layout = runner, runner.layout
+        self.r, self.B, self.Lk = r, B, Lk
+        bs = layout.block_size
+        page = (pos // bs).clamp(max=layout.blocks_per_seq - 1)
+        blk = r.block_table[:B].gather(1, page[:, None])[:, 0].long()
+        self.w_blk = torch.where(active, blk, layout.sink_block)
+        self.w_off = pos % bs
+        self.setup(pos, active)
+
+    @staticmethod
+    def key_range(longest: int, layout) -> int:
+        """The key range ``Lk`` the step attends over, from the longest sequence after the step:
+        a bucket (a multiple of 64, or of the block size when blocks are gathered) so that CUDA
+        graphs and kernels see few shapes; 0 where each sequence's own length is read instead."""
+        return bucket(longest, layout.block_size * layout.blocks_per_seq, quantum=64)
+
+    def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
+        """The padded paths: a mask bias over keys ``[0, Lk)``, -inf past each row's position."""
+        visible = self.r.arange[:self.Lk][None, :] <= pos[:, None]
+        self.bias = torch.zeros(self.B, 1, 1, self.Lk, device=pos.device, dtype=torch.float32).masked_fill_(
+            ~visible[:, None, None, :], float("-inf"))
+
+    def write(self, layer, k, v):
+        kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        kc[self.w_blk, :, self.w_off] = k[:, 0]
+        vc[self.w_blk, :, self.w_off] = v[:, 0]
+        return kc, vc
+
+
+class SlotDecode(_Decode):
+    """One block per slot: block ``s`` holds slot ``s``'s keys, so rows ``[0, B)`` of the cache,
+    cut at ``Lk``, are the padded key range (views, no copy)."""
+
+    def attend(self, layer, q, k, v):
+        kc, vc = self.write(layer, k, v)
+        B, Lk = self.B, self.Lk
+        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk], vc[:B, :, :Lk], self.bias)[:, None]
+
+
+class GatherDecode(_Decode):
+    """Paged cache without the kernel: each slot's first ``Lk / block_size`` blocks gathered into a
+    padded key range."""
+
+    @staticmethod
+    def key_range(longest: int, layout) -> int:
+        Lk = _Decode.key_range(longest, layout)
+        return -(-Lk // layout.block_size) * layout.block_size  # whole blocks are gathered
+
+    def attend(self, layer, q, k, v):
+        kc, vc = self.write(layer, k, v)
+        nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[:self.B]
+        return masked_decode_attention(q[:, 0], gather_blocks(kc, table, nb), gather_blocks(vc, table, nb),
+                                       self.bias)[:, None]
+
+
+class KernelDecode(_Decode):
+    """Paged cache and the Triton kernel: it reads each sequence's own length (idle rows see one key)
+    and stores the new token's K/V itself."""
+
+    @staticmethod
+    def key_range(longest: int, layout) -> int:
+        return 0
+
+    def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
+        self.lens = torch.where(active, pos + 1, 1)
+
+    def attend(self, layer, q, k, v):
+        r = self.r
+        return paged_decode_attention_triton(q[:, 0], k[:, 0], v[:, 0], r.k_cache[layer], r.v_cache[layer],
+                                             r.block_table, self.lens, self.w_blk, self.w_off)[:, None]
+
+
+def decode_context(paged: bool, kernel: bool) -> type[_Decode]:
+    """The decode context class for a KV layout (chosen once when the cache is allocated)."""
+    if not paged:
+        return SlotDecode
+    return KernelDecode if kernel else GatherDecode

@@ -1,0 +1,355 @@
+"""The embedded engine's front door: requests in, results out; ``step()`` = schedule -> run -> postprocess.
+
+Design (docs/design.md#the-embedded-engine; numbers in docs/benchmarks.md):
+
+* **Scheduler** (:mod:`.scheduler`, host only): the waiting queue, slots, KV blocks; admission,
+  block grants and the choice of the sequence to preempt.
+* **Runner** (:mod:`.runner`, device): the KV cache and per-slot buffers, prefill, decode steps
+  (CUDA graphs), read-backs.
+* **Postprocess** (here): finished sequences become results; stop strings are checked on the host.
+
+A sequence owns a slot from admission to finish; its keys and values live in blocks of a shared
+pool (:mod:`.kv_cache`), so memory follows the tokens held. Each ``step()`` admits waiting
+requests (one batched prefill), gives every running sequence the blocks of its next
+``sync_interval`` tokens (preempting the newest when the pool runs dry: recompute preemption),
+launches ``sync_interval`` decode steps and reads back which sequences finished.
+
+**Overlap scheduling** (GPU, ``engine.overlap_schedule``): the read-back (:class:`~.runner.Snapshot`)
+is copied to pinned memory behind the decode steps, and ``step()`` processes the *previous* run's
+read-back after launching the next run, so the host's Python hides behind GPU work. What keeps it
+exact: the scheduler's upper bound of each length (a sequence that must have hit its budget is not
+decoded again); a sequence that stopped early idles one more run; a read-back entry counts only
+while its slot holds the same admission; finished outputs are read on a side stream; preemption
+and abort first drain (:meth:`EmbeddedEngine._drain`).
+
+The model is :class:`reinforge.models.transformer.CausalLM`, the trainer's code, in its inference
+variant: log-probs agree with the trainer's up to floating-point reassociation (fp32: < 1e-5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Iterable
+
+import torch
+
+from ..config.sections import EngineConfig
+from ..models.loading import copy_weights_
+from ..models.transformer import CausalLM, Variant
+from ..records import FinishReason, GenerateRequest, GenerateResult
+from .attention import bucket
+from .kv_cache import plan_kv_layout
+from .runner import LENGTH, MAX_STOP_IDS, STOP, ModelRunner, Snapshot
+from .scheduler import Group, Pending, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddedEngine:
+    """Continuous-batching generation with :class:`CausalLM`; implements ``RolloutEngine`` and
+    ``InterruptibleEngine`` (:mod:`reinforge.records`).
+
+    Args:
+        model: the engine's own copy of the policy, already in the inference dtype and on the
+            target device (weight sync copies into it in place). The engine switches it to its
+            inference variant (``CausalLM.set_variant``: fused kernels where Triton runs, residual
+            adds inside the norms, q/k/v and gate/up as one matmul each), so do not share this
+            object with a trainer.
+        config: the ``engine`` config section (slots, KV cache, prefill budget, scheduling, graphs).
+        max_model_len: the longest prompt + response a slot holds, in tokens.
+        seed: seed of the sampling streams (:meth:`reseed` restarts them).
+        tokenizer: needed only for requests with stop strings.
+
+    Raises:
+        TypeError: ``model`` is not a reinforge ``CausalLM``.
+        MemoryError, ValueError: the KV cache cannot hold one sequence (:func:`.kv_cache.plan_kv_layout`).
+    """
+
+    def __init__(self, model: CausalLM, config: EngineConfig | None = None, *, max_model_len: int = 1024,
+                 seed: int = 0, tokenizer: Any = None):
+        if not isinstance(model, CausalLM):
+            raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
+        self.model = model.eval().requires_grad_(False)
+        self.kernels = self.model.set_variant(Variant.for_inference()).fused_kernels
+        self.config = config or EngineConfig()
+        self.max_model_len = max_model_len
+        self.tokenizer = tokenizer
+        self.weight_version = 0
+        self.runner = ModelRunner(self.model, self.kernels, max_model_len, self.config.cuda_graph, seed)
+        self.device = self.runner.device
+        # launch the next decode steps before reading back the last ones (no gain without an
+        # asynchronous device; tests turn it on on a CPU to exercise the same bookkeeping)
+        self._overlap = self.runner.on_cuda and self.config.overlap_schedule
+        self._request_ids = itertools.count()
+        self._interrupted = False
+        self._offloaded_from: torch.device | None = None
+        self.scheduler: Scheduler | None = None
+        self._pending: Snapshot | None = None  # read-back of the last decode steps, not processed yet
+        self._allocate()
+
+    def _allocate(self) -> None:
+        layout = plan_kv_layout(self.model.args, self.runner.dtype, self.device, self.config, self.max_model_len,
+                                self.kernels)
+        self.runner.allocate(layout)
+        self.scheduler = Scheduler(layout, self.config.max_prefill_tokens, self.config.sync_interval)
+        self._pending = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.scheduler.layout.num_slots
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
+        """Results in request order. After :meth:`interrupt` it returns at the next step boundary:
+        unfinished samples end with ``FinishReason.ABORT`` and keep the tokens generated so far."""
+        groups = [self.add_request(r) for r in requests]
+        while self.has_unfinished():
+            if self._interrupted:
+                for g in groups:
+                    self.abort(g.request.request_id)
+                break
+            self.step()
+        return [g.results for g in groups]  # type: ignore[misc]
+
+    def interrupt(self) -> None:
+        """Make a running (or the next) :meth:`generate` return at its next step boundary, until
+        :meth:`resume`. Thread-safe: it only sets a flag (asynchronous RL's partial rollouts)."""
+        self._interrupted = True
+
+    def resume(self) -> None:
+        """Undo :meth:`interrupt`."""
+        self._interrupted = False
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted
+
+    def add_request(self, request: GenerateRequest) -> Group:
+        """Queue a request; its results fill in as ``step()`` runs.
+
+        Raises:
+            RuntimeError: the engine is asleep.
+            ValueError: empty prompt, prompt + max_new_tokens exceeds ``max_model_len``, n exceeds
+                the slots, more than 8 stop token ids, or stop strings without a tokenizer.
+        """
+        if self.scheduler is None:
+            raise RuntimeError("the engine is asleep: call wake_up() first")
+        p = request.params
+        if not request.prompt_ids:
+            raise ValueError("empty prompt")
+        if len(request.prompt_ids) + p.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(request.prompt_ids)} tokens + max_new_tokens={p.max_new_tokens} exceeds the "
+                f"engine's max_model_len={self.max_model_len}")
+        if request.n > self.num_slots:
+            raise ValueError(f"n={request.n} exceeds the engine's {self.num_slots} slots")
+        if len(p.stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"at most {MAX_STOP_IDS} stop token ids, got {len(p.stop_token_ids)}")
+        if p.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine to be built with a tokenizer")
+        if request.request_id is None:
+            request.request_id = next(self._request_ids)
+        group = Group(request)
+        self.scheduler.waiting.append(Pending(group, list(range(request.n)), list(request.prompt_ids)))
+        return group
+
+    def abort(self, request_id: Any) -> None:
+        """Stop a queued or running request; its unfinished samples end with ``FinishReason.ABORT``."""
+        sched = self.scheduler
+        for pend in list(sched.waiting):
+            if pend.group.request.request_id == request_id:
+                sched.waiting.remove(pend)
+                for j in pend.samples:
+                    pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
+                                                           FinishReason.ABORT, self.weight_version)
+        if sched.request_slots(request_id):
+            self._drain()  # samples that finished meanwhile end normally
+            slots = sched.request_slots(request_id)
+            if slots:
+                self._process(self._snapshot(slots), abort=True)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_unfinished()
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling random stream (the loop reseeds per rollout: resumable runs)."""
+        self.runner.reseed(seed)
+
+    def step(self) -> None:
+        """Schedule -> run -> postprocess: admit waiting requests, give the running sequences the KV
+        blocks of the next ``sync_interval`` tokens (preempting if the pool runs dry), launch the
+        decode steps, and collect the finished sequences: those of this run, or with overlap
+        scheduling those of the previous run (read back while this one decodes)."""
+        self._admit()
+        sched, steps = self.scheduler, self.config.sync_interval
+        running = sched.live()
+        if sched.short_of_blocks(running, steps):
+            # preemption reads a running sequence's state: finish what has finished first (frees blocks)
+            self._drain()
+            running = [s for s in running if sched.owner[s] is not None]
+        running, changed = sched.grow(running, steps, self._preempt)
+        if changed:
+            self.runner.set_table_rows(changed, sched.table_rows(changed))
+        if running:
+            layout = sched.layout
+            B = bucket(max(running) + 1, layout.num_slots)
+            Lk = self.runner.Decode.key_range(max(sched.len_bound[s] for s in running) + steps, layout)
+            filters = any(sched.filters[s] for s in running)
+            for _ in range(steps):
+                self.runner.decode(B, Lk, filters)
+            sched.advance(running, steps)
+        owned = sched.occupied()
+        previous, self._pending = self._pending, self._snapshot(owned) if owned else None
+        if previous is not None:
+            self._process(previous)
+        if self._pending is not None and not (running and self._overlap):
+            snap, self._pending = self._pending, None
+            self._process(snap)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy new weights (Hugging Face names) into the engine's model in place.
+
+        Raises:
+            KeyError: a name that the model does not have.
+        """
+        copy_weights_(self.model, named_tensors)
+        self.weight_version = version
+
+    def sleep(self, offload_weights: bool = False) -> None:
+        """Free the KV cache (and move the weights to CPU when ``offload_weights``).
+
+        Raises:
+            RuntimeError: requests are in flight.
+        """
+        if self.has_unfinished():
+            raise RuntimeError("sleep() with requests in flight")
+        self.scheduler, self._pending = None, None
+        self.runner.free()
+        if offload_weights and self.device.type != "cpu":
+            self._offloaded_from = self.device
+            self.model.fuse_projections(False)  # .to copies each view on its own: drop the fused matrices
+            self.model.to("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`: weights back on the device, KV cache allocated again."""
+        if self._offloaded_from is not None:
+            self.model.to(self._offloaded_from)
+            self.model.fuse_projections(self.model.variant.fused_projections)
+            self._offloaded_from = None
+        if self.scheduler is None:
+            self._allocate()
+
+    def shutdown(self) -> None:
+        """Drop every queued and running request (also after a failed step) and free the cache."""
+        if self.scheduler is not None:
+            self.scheduler.waiting.clear()
+            self.scheduler.owner = [None] * self.num_slots
+        self.sleep()
+
+    # ------------------------------------------------------------------ schedule -> run
+    def _admit(self) -> None:
+        sched = self.scheduler
+        chosen = sched.admissible()
+        if not chosen:
+            return
+        for pend in chosen:
+            sched.place(pend)
+        slots = [s for p in chosen for s in p.slots]
+        self.runner.set_table_rows(slots, sched.table_rows(slots))
+        bs = sched.layout.block_size
+        tail_copies = [(sched.blocks[p.slots[0]][-1], sched.blocks[s][-1]) for p in chosen
+                       if len(p.prompt_ids) % bs for s in p.slots[1:]]
+        self.runner.prefill(chosen, [sched.blocks[p.slots[0]] for p in chosen], tail_copies,
+                            self.config.max_prefill_tokens)
+
+    def _preempt(self, slot: int) -> None:
+        """Recompute preemption of ``slot`` (after :meth:`_drain`: it reads the sequence's state)."""
+        ids, lps = self.runner.generated(slot)
+        self.scheduler.requeue(slot, ids, lps)
+        self.runner.release([slot])
+
+    def _snapshot(self, slots: list[int]) -> Snapshot:
+        return self.runner.snapshot(slots, [self.scheduler.admitted[s] for s in slots])
+
+    def _drain(self) -> None:
+        """Process every outstanding read-back now (waits for the queued decode steps): afterwards
+        no occupied slot holds a finished sequence and the device state is current."""
+        owned = self.scheduler.occupied()
+        previous, self._pending = self._pending, None
+        if previous is not None:
+            self._process(previous)
+        if owned:
+            self._process(self._snapshot(owned))
+
+    # ------------------------------------------------------------------ postprocess
+    def _process(self, snap: Snapshot, abort: bool = False) -> None:
+        """Finish the slots that ``snap`` shows done (all of its slots with ``abort``), and those whose
+        text now contains a stop string; hand back their results and free them. Slots finished or
+        re-admitted since the snapshot are skipped. Waits for the snapshot's copy (and only for it)."""
+        sched = self.scheduler
+        done, lens, codes = snap.read()
+        finished, check = [], []
+        for s, admitted in zip(snap.slots, snap.admitted):
+            owner = sched.owner[s]
+            if owner is None or sched.admitted[s] != admitted:
+                continue
+            if done[s] or abort:
+                finished.append(s)
+            elif owner[0].group.request.params.stop:
+                check.append(s)
+        rows, check = finished + check, set(check)
+        if not rows:
+            return
+        toks, lps = self.runner.read_outputs(rows, max(lens[s] for s in rows))
+        ended = []
+        for i, s in enumerate(rows):
+            pend, k = sched.owner[s]
+            n, code = lens[s], codes[s]
+            params = pend.group.request.params
+            if s in check:  # still running: did it just complete a stop string?
+                carried = pend.carried_ids
+                cut = stop_string_cut(self.tokenizer, carried + toks[i][:n], params.stop)
+                if cut is None:
+                    continue
+                n, code = max(cut - len(carried), 0), STOP
+            if code == STOP:
+                reason = FinishReason.STOP
+            elif code == LENGTH:
+                reason = FinishReason.LENGTH
+            else:
+                reason = FinishReason.ABORT if abort else FinishReason.LENGTH
+            t, lp = pend.carried_ids + toks[i][:n], pend.carried_logprobs + lps[i][:n]
+            if params.stop and reason == FinishReason.STOP:
+                cut = stop_string_cut(self.tokenizer, t, params.stop)
+                if cut is not None:
+                    t, lp = t[:cut], lp[:cut]
+            pend.group.results[pend.samples[k]] = GenerateResult(t, lp, reason, self.weight_version)
+            ended.append(s)
+        if ended:
+            sched.release(ended)
+            self.runner.release(ended)
+
+
+def stop_string_cut(tokenizer, tokens: list[int], stops: list[str]) -> int | None:
+    """Smallest prefix length of ``tokens`` whose text contains one of ``stops``; None if none."""
+    if not stops:
+        return None
+    text = tokenizer.decode(tokens)
+    if not any(s in text for s in stops):
+        return None
+    lo, hi = 1, len(tokens)
+    while lo < hi:  # the first prefix containing a stop string
+        mid = (lo + hi) // 2
+        t = tokenizer.decode(tokens[:mid])
+        if any(s in t for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -1,0 +1,166 @@
+"""Host-side bookkeeping of the engine's paged KV cache: which blocks each sequence holds.
+
+The cache itself is two device tensors ``[layers, num_blocks + 1, kv_heads, block_size, head_dim]``
+(the extra last block is a write sink for idle rows, never handed out). A sequence's keys for
+positions ``[i * block_size, (i + 1) * block_size)`` live in block ``table[slot][i]``, so memory follows
+the tokens a sequence holds, not ``max_model_len`` (the paged attention of vLLM: Kwon et al. 2023,
+"Efficient Memory Management for Large Language Model Serving with PagedAttention").
+
+:func:`plan_kv_layout` chooses the block size and pool size once (:class:`KVLayout`).
+
+Blocks are reference-counted: the ``n`` samples of a request share the prompt's full blocks, and
+only the prompt's last, partial block is copied per sample (its rest is written by each sample).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from ..config.sections import EngineConfig
+
+
+class OutOfBlocks(Exception):
+    """No free block is left (the engine then preempts a sequence)."""
+
+
+class BlockAllocator:
+    """Free list and reference counts of ``num_blocks`` KV-cache blocks of ``block_size`` tokens.
+
+    Args:
+        num_blocks: blocks in the pool (ids ``0 .. num_blocks - 1``).
+        block_size: tokens per block.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be >= 1")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self._refs = [0] * num_blocks
+        self.peak_used = 0  # most blocks held at once (memory actually used)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` fresh blocks (reference count 1).
+
+        Raises:
+            OutOfBlocks: fewer than ``n`` are free (nothing is allocated then).
+        """
+        if n > len(self._free):
+            raise OutOfBlocks(f"{n} blocks asked, {len(self._free)} free")
+        out = [self._free.pop() for _ in range(n)]
+        for b in out:
+            self._refs[b] = 1
+        self.peak_used = max(self.peak_used, self.num_blocks - len(self._free))
+        return out
+
+    def share(self, blocks: list[int]) -> list[int]:
+        """Another holder of ``blocks`` (their reference counts go up by one); returns them."""
+        for b in blocks:
+            if self._refs[b] < 1:
+                raise ValueError(f"block {b} is not allocated")
+            self._refs[b] += 1
+        return list(blocks)
+
+    def free(self, blocks: list[int]) -> None:
+        """Drop one reference to each block; a block with none left returns to the pool."""
+        for b in blocks:
+            if self._refs[b] < 1:
+                raise ValueError(f"block {b} freed twice")
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free.append(b)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The shape of the KV cache, chosen once when the engine allocates it.
+
+    Attributes:
+        block_size: tokens per block.
+        blocks_per_seq: blocks of one sequence of ``max_model_len`` tokens (the block table's width);
+            1 is the one-block layout (block ``s`` belongs to slot ``s``: padded per-slot caches).
+        num_slots: sequences held at once (rows of the per-sequence state).
+        num_blocks: blocks in the pool, not counting the sink block (id ``num_blocks``) that idle
+            rows write into.
+    """
+
+    block_size: int
+    blocks_per_seq: int
+    num_slots: int
+    num_blocks: int
+
+    @property
+    def paged(self) -> bool:
+        """Several blocks per sequence (a block table), as opposed to one block per slot."""
+        return self.blocks_per_seq > 1
+
+    @property
+    def sink_block(self) -> int:
+        return self.num_blocks
+
+
+def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of keys and values of one block over all layers."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * block_size * elem
+
+
+def plan_kv_layout(args: Any, dtype: torch.dtype, device: torch.device, cfg: "EngineConfig", max_model_len: int,
+                   kernel: bool) -> KVLayout:
+    """Choose the block size and the pool size.
+
+    Args:
+        args: the model's :class:`~reinforge.models.transformer.ModelArgs` (layers, KV heads, head size).
+        dtype, device: of the cache.
+        cfg: the ``engine`` config section (``max_num_seqs``, ``kv_block_size``, ``num_kv_blocks``,
+            ``kv_cache_memory_fraction``).
+        max_model_len: the longest prompt + response a slot holds.
+        kernel: the Triton paged-attention kernel runs here (``kv_block_size: 0`` then means 16;
+            otherwise one block of ``max_model_len`` per slot, the padded layout whose attention is a
+            plain batched matmul, fastest on a CPU).
+
+    Returns:
+        ``max_num_seqs`` slots and blocks for all of them at ``max_model_len``; on CUDA fewer blocks
+        where ``kv_cache_memory_fraction`` of the free memory holds fewer; at most ``num_kv_blocks``.
+
+    Raises:
+        MemoryError: the free CUDA memory share holds less than one sequence of ``max_model_len``.
+        ValueError: ``num_kv_blocks`` holds less than one sequence of ``max_model_len``.
+    """
+    L, bs = max_model_len, cfg.kv_block_size
+    if bs <= 0:
+        bs = 16 if kernel else L
+    bs = min(bs, L)
+    per_seq = -(-L // bs)
+    slots = cfg.max_num_seqs
+    blocks = slots * per_seq
+    per_block = bytes_per_block(args.num_layers, args.num_kv_heads, args.head_dim, bs, dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        fit = int(free * cfg.kv_cache_memory_fraction) // per_block - 1
+        if fit < per_seq:
+            raise MemoryError(
+                f"the KV cache for one sequence of {L} tokens (prompt + rollout.rollout_max_response_len) needs "
+                f"{per_block * per_seq / 2**20:.0f} MiB but only {free / 2**20:.0f} MiB are free: lower "
+                f"rollout.rollout_max_response_len or raise engine.kv_cache_memory_fraction")
+        blocks = min(blocks, fit)
+    if cfg.num_kv_blocks:
+        if cfg.num_kv_blocks < per_seq:
+            raise ValueError(f"engine.num_kv_blocks={cfg.num_kv_blocks} holds less than one sequence of "
+                             f"max_model_len={L} ({per_seq} blocks of {bs} tokens)")
+        blocks = min(blocks, cfg.num_kv_blocks)
+    if per_seq == 1:  # one block per slot
+        slots = blocks
+    return KVLayout(block_size=bs, blocks_per_seq=per_seq, num_slots=slots, num_blocks=blocks)

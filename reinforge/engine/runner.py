@@ -1,0 +1,302 @@
+"""The engine's model runner: every device tensor of the engine and the work launched on them.
+
+It owns the KV cache and block table, the per-slot state (lengths, sampling parameters, stop ids,
+finish flags, outputs), the random streams, the CUDA graphs and the read-backs (:class:`Snapshot`).
+It runs prefills (:meth:`ModelRunner.prefill`) and decode steps (:meth:`ModelRunner.decode`) over
+that state; it makes no scheduling decision (:mod:`.scheduler` does).
+
+Sampling state, lengths and outputs are device tensors, so a decode step is a fixed sequence of
+tensor ops over static buffers (no per-token Python work), captured as a CUDA graph per
+(batch bucket, key range, filters) shape. On CUDA, host-to-device copies go through pinned memory
+(:meth:`ModelRunner.h2d`) and read-backs are copied behind the queued work, so the host never waits
+for the GPU except where it must read a result (overlap scheduling, :mod:`.engine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..models.transformer import CausalLM
+from .attention import PrefillContext, decode_context
+from .kv_cache import KVLayout
+from .sampling import sample_tokens, sample_tokens_fused
+
+if TYPE_CHECKING:
+    from .scheduler import Pending
+
+log = logging.getLogger(__name__)
+
+STOP, LENGTH = 1, 2  # finish codes on the device (0: not finished)
+MAX_STOP_IDS = 8
+
+
+def philox_base(seed: int) -> int:
+    """The fused sampler's first Philox key for ``seed`` (decode steps count up from it)."""
+    return (seed & 0x7FFFFFFF) << 32
+
+
+class Snapshot:
+    """The done flags, generated lengths and finish codes of slots ``[0, max(slots)]`` as they are
+    after the work queued so far, copied to pinned host memory behind that work (no host sync until
+    :meth:`read`). ``slots`` are the occupied slots it is read for, ``admitted`` their admission
+    numbers: a slot finished or re-admitted meanwhile is skipped."""
+
+    __slots__ = ("slots", "admitted", "host", "event")
+
+    def __init__(self, runner: "ModelRunner", slots: list[int], admitted: list[int]):
+        self.slots, self.admitted = slots, admitted
+        B = max(slots) + 1
+        state = torch.stack([runner.done[:B].long(), runner.gen_lens[:B], runner.finish_code[:B].long()])
+        self.event = None
+        if runner.on_cuda:
+            self.host = torch.empty(state.shape, dtype=state.dtype, pin_memory=True)
+            self.host.copy_(state, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = state
+
+    def read(self) -> tuple[list[int], list[int], list[int]]:
+        """(done, generated length, finish code) per slot index; waits for the copy."""
+        if self.event is not None:
+            self.event.synchronize()
+        done, lens, codes = self.host.tolist()
+        return done, lens, codes
+
+
+class ModelRunner:
+    """The device side of one engine.
+
+    Args:
+        model: the engine's copy of the model (inference variant already chosen).
+        kernels: the fused Triton kernels run on this device (fused sampler, paged-attention kernel).
+        max_model_len: longest prompt + response of a slot (the output buffers' width).
+        cuda_graph: capture decode steps as CUDA graphs (CUDA only).
+        seed: seed of the sampling streams.
+    """
+
+    def __init__(self, model: CausalLM, kernels: bool, max_model_len: int, cuda_graph: bool, seed: int):
+        self.model, self.kernels, self.max_model_len = model, kernels, max_model_len
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.on_cuda = self.device.type == "cuda"
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # the fused sampler's Philox key: seed in the high 32 bits, decode steps in the low ones
+        self._philox = torch.tensor([philox_base(seed)], dtype=torch.long, device=self.device)
+        self._graphs: dict[tuple[int, int, bool], Any] = {}
+        self._graph_pool = None
+        self._use_graphs = self.on_cuda and cuda_graph
+        self._side_stream = torch.cuda.Stream(self.device) if self.on_cuda else None
+        self.layout: KVLayout | None = None
+
+    def reseed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+        self._philox.fill_(philox_base(seed))
+
+    # ------------------------------------------------------------------ memory
+    def allocate(self, layout: KVLayout) -> None:
+        """The KV cache (``layout``'s blocks plus the sink block) and the per-slot buffers."""
+        a, L, S, dev = self.model.args, self.max_model_len, layout.num_slots, self.device
+        self.layout = layout
+        self.Decode = decode_context(layout.paged, self.kernels)
+        shape = (a.num_layers, layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
+        z = dict(device=dev)
+        self.arange = torch.arange(max(S, L, layout.block_size * layout.blocks_per_seq), **z)
+        self.seq_lens = torch.zeros(S, dtype=torch.long, **z)
+        self.gen_lens = torch.zeros(S, dtype=torch.long, **z)
+        self.last_token = torch.zeros(S, dtype=torch.long, **z)
+        self.done = torch.ones(S, dtype=torch.bool, **z)
+        self.finish_code = torch.zeros(S, dtype=torch.int8, **z)
+        self.max_new = torch.ones(S, dtype=torch.long, **z)
+        self.temperature = torch.ones(S, dtype=torch.float32, **z)
+        self.top_k = torch.zeros(S, dtype=torch.long, **z)
+        self.top_p = torch.ones(S, dtype=torch.float32, **z)
+        self.stop_ids = torch.full((S, MAX_STOP_IDS), -1, dtype=torch.long, **z)
+        self.out_tokens = torch.zeros(S, L, dtype=torch.long, **z)
+        self.out_logprobs = torch.zeros(S, L, dtype=torch.float32, **z)
+        log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB)%s", S, layout.num_blocks,
+                 layout.block_size, 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+                 ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "")
+
+    def free(self) -> None:
+        """Drop the KV cache and the buffers (and the graphs that point into them)."""
+        self._graphs.clear()
+        self._graph_pool = None
+        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs"):
+            setattr(self, name, None)
+        self.layout = None
+
+    # ------------------------------------------------------------------ host <-> device
+    def h2d(self, values: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """A host list (or CPU tensor) on the engine's device. On CUDA through pinned memory with a
+        non-blocking copy: a plain copy from pageable memory waits for all queued GPU work, which
+        would stall the overlap scheduler (the caching host allocator keeps the pinned buffer alive
+        until the copy is done)."""
+        t = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+        if not self.on_cuda:
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def set_table_rows(self, slots: list[int], rows: list[list[int]]) -> None:
+        """Write block-table rows (from :meth:`Scheduler.table_rows`)."""
+        self.block_table[self.h2d(slots)] = self.h2d(torch.tensor(rows, dtype=torch.int32))
+
+    def snapshot(self, slots: list[int], admitted: list[int]) -> Snapshot:
+        return Snapshot(self, slots, admitted)
+
+    def read_outputs(self, slots: list[int], width: int) -> tuple[list[list[int]], list[list[float]]]:
+        """The first ``width`` output tokens and log-probs of ``slots`` (host lists). On CUDA on a side
+        stream: the decode steps queued meanwhile on the main stream leave these entries unchanged
+        (finished rows are idle; running rows write past their read lengths), so the read need not
+        wait for them."""
+        side = torch.cuda.stream(self._side_stream) if self._side_stream is not None else contextlib.nullcontext()
+        with side:
+            idx = self.h2d(slots)
+            toks, lps = self.out_tokens[idx, :width].cpu(), self.out_logprobs[idx, :width].cpu()
+        return toks.tolist(), lps.tolist()
+
+    def generated(self, slot: int) -> tuple[list[int], list[float]]:
+        """The tokens and log-probs ``slot`` has generated (synchronous: call with nothing queued
+        that changes them, i.e. after the engine drained)."""
+        n = int(self.gen_lens[slot])
+        return self.out_tokens[slot, :n].tolist(), self.out_logprobs[slot, :n].tolist()
+
+    def release(self, slots: list[int]) -> None:
+        """The slots' rows become idle (done, every block the sink)."""
+        idx = self.h2d(slots)
+        self.done[idx] = True
+        self.block_table[idx] = self.layout.sink_block
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(self, chosen: list["Pending"], blocks: list[list[int]], tail_copies: list[tuple[int, int]],
+                max_prefill_tokens: int) -> None:
+        """Prefill the admitted entries (right-padded, one batch; ``blocks[i]`` are the blocks of
+        entry ``i``'s first sample, whose K/V the prefill writes) and sample each slot's first token.
+
+        A batch wider than ``max_prefill_tokens`` (one long prompt) runs in chunks of columns, each
+        attending to the keys the earlier chunks cached (chunked prefill). Then each (source,
+        destination) block pair of ``tail_copies`` is copied: the other samples of an entry get the
+        prompt's last, partial block (prefix sharing).
+        """
+        dev, bs, sink = self.device, self.layout.block_size, self.layout.sink_block
+        P, T = len(chosen), max(len(p.prompt_ids) for p in chosen)
+        ids = torch.zeros(P, T, dtype=torch.long)
+        lens = torch.tensor([len(p.prompt_ids) for p in chosen])
+        blk = torch.full((P, T), sink, dtype=torch.long)
+        for i, (pend, b0) in enumerate(zip(chosen, blocks)):
+            ids[i, : lens[i]] = torch.tensor(pend.prompt_ids)
+            span = min(T, len(b0) * bs)
+            blk[i, :span] = torch.tensor(b0).repeat_interleave(bs)[:span]
+        slots = [s for p in chosen for s in p.slots]
+        ids, lens_d, blk = self.h2d(ids), self.h2d(lens), self.h2d(blk)
+        off = (torch.arange(T, device=dev) % bs).expand(P, T)
+        width = max(1, max_prefill_tokens // P)
+        last = None
+        for a in range(0, T, width):
+            b = min(T, a + width)
+            ctx = PrefillContext(self, blk[:, a:b], off[:, a:b], blk[:, :a] if a else None, off[:, :a] if a else None)
+            pos = torch.arange(a, b, device=dev).expand(P, b - a)
+            hidden = self.model.forward_hidden(ids[:, a:b], pos, ctx)
+            here = hidden[torch.arange(P, device=dev), (lens_d - 1 - a).clamp(0, b - a - 1)]
+            ends = ((lens_d - 1 >= a) & (lens_d - 1 < b))[:, None]
+            last = here if last is None else torch.where(ends, here, last)
+        logits = self.model.lm_head(last).float()
+        if tail_copies:
+            src = self.h2d([a for a, _ in tail_copies])
+            dst = self.h2d([b for _, b in tail_copies])
+            r = min(T, bs)
+            self.k_cache[:, dst, :, :r] = self.k_cache[:, src, :, :r]
+            self.v_cache[:, dst, :, :r] = self.v_cache[:, src, :, :r]
+        self._start_slots(chosen, slots, logits)
+
+    def _start_slots(self, chosen: list["Pending"], slots: list[int], logits: torch.Tensor) -> None:
+        """Per-slot state of the admitted samples, and their first tokens sampled from ``logits``
+        (one row per entry, repeated for its samples)."""
+        reps = self.h2d([len(p.slots) for p in chosen])
+        params = [p.group.request.params for p in chosen for _ in p.slots]
+        slot_t = self.h2d(slots)
+
+        def put(buf, values, dtype):
+            buf[slot_t] = self.h2d(values, dtype)
+
+        put(self.seq_lens, [len(p.prompt_ids) for p in chosen for _ in p.slots], torch.long)
+        put(self.max_new, [p.max_new_tokens for p in chosen for _ in p.slots], torch.long)
+        put(self.temperature, [p.temperature for p in params], torch.float32)
+        put(self.top_k, [p.top_k for p in params], torch.long)
+        put(self.top_p, [p.top_p for p in params], torch.float32)
+        stop = torch.full((len(slots), MAX_STOP_IDS), -1, dtype=torch.long)
+        for i, p in enumerate(params):
+            if not p.ignore_eos and p.stop_token_ids:
+                stop[i, : len(p.stop_token_ids)] = torch.tensor(p.stop_token_ids)
+        self.stop_ids[slot_t] = self.h2d(stop)
+        filt = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
+        rep_logits = logits.repeat_interleave(reps, dim=0, output_size=len(slots))  # (no host sync)
+        tok, lp = sample_tokens(rep_logits, self.temperature[slot_t], self.top_k[slot_t] if filt else None,
+                                self.top_p[slot_t] if filt else None, self.generator)
+        self.out_tokens[slot_t, 0] = tok
+        self.out_logprobs[slot_t, 0] = lp
+        self.gen_lens[slot_t] = 1
+        self.last_token[slot_t] = tok
+        is_stop = (tok[:, None] == self.stop_ids[slot_t]).any(-1)
+        hit_len = self.max_new[slot_t] <= 1
+        self.finish_code[slot_t] = torch.where(is_stop, STOP, torch.where(hit_len, LENGTH, 0)).to(torch.int8)
+        self.done[slot_t] = is_stop | hit_len
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, B: int, Lk: int, filters: bool) -> None:
+        """One decode step over slots [0, B) with keys [0, Lk): a CUDA graph replay when
+        available. A shape seen for the first time runs eagerly (which also warms up the
+        kernels) and is captured for the next time; graphs share one memory pool."""
+        if not self._use_graphs:
+            self._decode(B, Lk, filters)
+            return
+        key = (B, Lk, filters)
+        graph = self._graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            return
+        self._decode(B, Lk, filters)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.generator)  # fresh random numbers at every replay
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._decode(B, Lk, filters)
+        self._graphs[key] = graph
+
+    @torch.no_grad()
+    def _decode(self, B: int, Lk: int, filters: bool) -> None:
+        pos = self.seq_lens[:B]
+        active = ~self.done[:B]
+        ctx = self.Decode(self, B, Lk, pos, active)
+        hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx)
+        logits = self.model.lm_head(hidden[:, 0])
+        if self.kernels and not filters:
+            tok, lp = sample_tokens_fused(logits, self.temperature[:B], self._philox)
+            self._philox += 1
+        else:
+            tok, lp = sample_tokens(logits.float(), self.temperature[:B], self.top_k[:B] if filters else None,
+                                    self.top_p[:B] if filters else None, self.generator)
+        rows = self.arange[:B]
+        g = self.gen_lens[:B]
+        w = g.clamp(max=self.max_model_len - 1)
+        self.out_tokens[rows, w] = torch.where(active, tok, self.out_tokens[rows, w])
+        self.out_logprobs[rows, w] = torch.where(active, lp, self.out_logprobs[rows, w])
+        new_g = g + active
+        is_stop = active & (tok[:, None] == self.stop_ids[:B]).any(-1)
+        hit_len = active & ~is_stop & ((new_g >= self.max_new[:B]) | (pos + 1 >= self.max_model_len))
+        code = torch.where(is_stop, STOP, torch.where(hit_len, LENGTH, 0)).to(torch.int8)
+        self.finish_code[:B] = torch.where(is_stop | hit_len, code, self.finish_code[:B])
+        self.done[:B] |= is_stop | hit_len
+        self.gen_lens[:B] = new_g
+        self.seq_lens[:B] = pos + active
+        self.last_token[:B] = torch.where(active, tok, self.last_token[:B])
