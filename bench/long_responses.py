@@ -53,13 +53,17 @@ def peak_gib(device: torch.device) -> float:
 
 def kv_gib(eng, blocks: int) -> float:
     """GiB of ``blocks`` blocks of the engine's KV cache (keys and values, all layers)."""
-    return blocks * eng._bytes_per_block(eng.block_size) / 2**30
+    from reinforge.engine.kv_cache import bytes_per_block
+
+    a = eng.model.args
+    return blocks * bytes_per_block(a.num_layers, a.num_kv_heads, a.head_dim, eng.scheduler.layout.block_size,
+                                    eng.runner.dtype) / 2**30
 
 
 def bench_generation(folder: Path, length: int, args, device: torch.device) -> dict[str, float]:
     from reinforge.models.loading import build_model
     from reinforge.config import EngineConfig
-from reinforge.engine import EmbeddedEngine
+    from reinforge.engine import EmbeddedEngine
     from reinforge.records import GenerateRequest, SamplingParams
 
     reset_peak(device)
@@ -70,13 +74,14 @@ from reinforge.engine import EmbeddedEngine
     prompt_len = args.prompt_len + length - args.window
     prompts = [torch.randint(100, vocab - 100, (prompt_len,), generator=g).tolist() for _ in range(args.seqs)]
     eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs,
-                                             kv_cache_memory_fraction=0.9, cuda_graph=device.type == "cuda"), max_model_len=args.prompt_len + length)
+                                             kv_cache_memory_fraction=0.9, cuda_graph=device.type == "cuda"),
+                         max_model_len=args.prompt_len + length)
     sp = SamplingParams(max_new_tokens=args.window, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
     sync(device)
     groups = [eng.add_request(GenerateRequest(p, sp)) for p in prompts]
     t = time.perf_counter()
-    while eng._waiting and eng._free:  # prefill every prompt that has a slot first (generate() interleaves prefill batches with decoding)
+    while eng.scheduler.waiting and eng.scheduler.free:  # prefill every prompt that has a slot first (generate() interleaves prefill batches with decoding)
         eng._admit()
     sync(device)
     prefill_s = time.perf_counter() - t
@@ -88,7 +93,7 @@ from reinforge.engine import EmbeddedEngine
     new = sum(len(r.token_ids) for g in groups for r in g.results)
     out = {"slots": eng.num_slots, "prefill_tok_s": args.seqs * prompt_len / prefill_s,
            "decode_tok_s": new / decode_s, "peak_gib": peak_gib(device),
-           "kv_gib": kv_gib(eng, eng.allocator.num_blocks), "kv_held_gib": kv_gib(eng, eng.allocator.peak_used),
+           "kv_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks), "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used),
            "preempted": eng.num_preemptions}
     eng.shutdown()
     del eng, model
@@ -101,7 +106,7 @@ def bench_paging(folder: Path, length: int, args, device: torch.device, pool_sha
     preempts and recomputes when it runs dry): tokens/s, KV memory held, preemptions."""
     from reinforge.models.loading import build_model
     from reinforge.config import EngineConfig
-from reinforge.engine import EmbeddedEngine
+    from reinforge.engine import EmbeddedEngine
     from reinforge.records import GenerateRequest, SamplingParams
 
     reset_peak(device)
@@ -123,8 +128,8 @@ from reinforge.engine import EmbeddedEngine
     eng.generate(reqs)
     sync(device)
     dt = time.perf_counter() - t
-    out = {"tok_s": sum(lengths) / dt, "s": dt, "kv_pool_gib": kv_gib(eng, eng.allocator.num_blocks),
-           "kv_held_gib": kv_gib(eng, eng.allocator.peak_used), "preempted": eng.num_preemptions,
+    out = {"tok_s": sum(lengths) / dt, "s": dt, "kv_pool_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks),
+           "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used), "preempted": eng.num_preemptions,
            "peak_gib": peak_gib(device)}
     eng.shutdown()
     del eng, model
