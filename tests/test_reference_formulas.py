@@ -364,6 +364,18 @@ def test_kl_estimators(kind):
     assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
 
 
+def test_k3_on_a_masked_tool_token_keeps_loss_and_gradient_finite():
+    """A tool token where log pi - log pi_ref = -100 (k3 = exp(100) = inf in fp32): with the mask given
+    to kl_penalty and aggregate, the loss and its gradient are finite and the other token's are k3's."""
+    lp = torch.tensor([[-1.0, -120.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -20.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    loss = aggregate(kl_penalty(lp, ref, "k3", mask), mask, "token_mean")
+    assert loss.item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([1 - math.exp(-0.5), 0.0])
+
+
 # ----------------------------------------------------------------------------- aggregation
 
 

@@ -161,7 +161,8 @@ KL_ESTIMATORS.register("low_var_kl", lambda log_ratio: (torch.exp(-log_ratio.cla
                                                         + log_ratio.clamp(-20.0, 20.0)).clamp(-10.0, 10.0))
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3") -> torch.Tensor:
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3",
+               mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
     "Approximating KL Divergence"):
 
@@ -174,12 +175,19 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: st
 
     k1, k2 and low_var_kl equal verl's estimators of those names.
 
+    ``mask`` ([B, T] 0/1, optional): the log-ratio is set to 0 outside it before the estimator,
+    so a masked token (a tool output, padding) gives KL 0 with a finite gradient; selecting
+    afterwards (:func:`aggregate`) keeps the loss finite but not k3's gradient (0 * inf).
+
     Raises:
         ValueError: unknown ``kl_type``.
     """
     if kl_type not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl type {kl_type!r}; choose one of {KL_ESTIMATORS.names()}")
-    return KL_ESTIMATORS.get(kl_type)(log_probs - ref_log_probs)
+    log_ratio = log_probs - ref_log_probs
+    if mask is not None:
+        log_ratio = masked_select(log_ratio, mask)
+    return KL_ESTIMATORS.get(kl_type)(log_ratio)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
