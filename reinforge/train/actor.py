@@ -215,7 +215,7 @@ class Actor(ModelTrainer):
             total = pg
             kl = None
             if use_kl:
-                kl = kl_penalty(lp_grid, f["ref_log_probs"], a.kl_loss_type)
+                kl = kl_penalty(lp_grid, f["ref_log_probs"], a.kl_loss_type, mb.loss_mask)
                 total = total + a.kl_loss_coef * kl
             ent_grid = self.to_grid(mb, ent)
             if a.entropy_coef > 0:
