@@ -1,9 +1,11 @@
 """Advantage estimators: pure tensor functions, and the registry the config chooses from.
 
-Outcome estimators (GRPO, Dr. GRPO, RLOO) turn one scalar reward per sample into one
-advantage per sample (broadcast to its tokens); token-level estimators (REINFORCE++, GAE)
-turn per-token rewards (the outcome at the last token, minus any KL penalty) and, for GAE, a
-critic's values into per-token advantages and returns.
+Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++-baseline) turn one scalar reward per
+sample into one advantage per sample (broadcast to its tokens); token-level estimators
+(REINFORCE++, GAE) turn per-token rewards (the outcome at the last token, minus any KL penalty) and, for GAE, a
+critic's values into per-token advantages and returns. Tokens with loss mask 0 inside a
+response (tool outputs of a multi-turn rollout) are not the policy's actions: the token-level
+estimators step over them.
 
 Every registered estimator has the signature ``fn(inputs: AdvantageInputs, algo) ->
 (advantages [N, T], returns [N, T] | None)`` where ``algo`` is the ``algo`` config section.
@@ -26,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..utils.registry import Registry
+from .masking import masked_select
 
 Estimator = Callable[["AdvantageInputs", Any], "tuple[torch.Tensor, torch.Tensor | None]"]
 ADV_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", "algo.advantage_estimator")
@@ -53,7 +56,7 @@ class AdvantageInputs:
         """[G, n] rewards minus each sequence's summed KL penalty (outcome estimators)."""
         if self.token_kl is None:
             return self.rewards
-        return self.rewards - (self.token_kl * self.mask).sum(-1).view_as(self.rewards)
+        return self.rewards - masked_select(self.token_kl, self.mask).sum(-1).view_as(self.rewards)
 
     def token_rewards(self, outcome: torch.Tensor) -> torch.Tensor:
         """[N, T]: ``outcome`` ([G, n] or [N]) at each response's last token, minus the KL penalty."""
@@ -62,7 +65,7 @@ class AdvantageInputs:
         rows = torch.nonzero(lengths > 0).flatten()
         out[rows, lengths[rows] - 1] = outcome.flatten()[rows].to(out.dtype)
         if self.token_kl is not None:
-            out = out - self.token_kl * self.mask
+            out = out - masked_select(self.token_kl, self.mask)
         return out
 
     def broadcast(self, per_sample: torch.Tensor) -> torch.Tensor:
@@ -111,31 +114,57 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the entries where ``mask`` is 1 (unbiased variance, as verl's
-    ``masked_whiten``); entries outside the mask are returned as 0."""
-    mask = mask.to(values.dtype)
-    count = mask.sum()
-    mean = (values * mask).sum() / count.clamp(min=1)
-    var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
-    return (values - mean) * torch.rsqrt(var + eps) * mask
-
-
-def reinforce_plus_plus_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
-    """Discounted return-to-go per token: G_t = sum_{l >= t} gamma^(l - t) r_l (masked).
-
-    With the outcome reward at the last token and per-token KL penalties elsewhere this is
-    REINFORCE++'s token return (Hu 2025, "REINFORCE++"; verl
-    ``compute_reinforce_plus_plus_outcome_advantage``), which is then whitened over the batch.
+    """(x - mean) / sqrt(var + eps) over the entries where ``mask`` is 1 (unbiased variance,
+    as verl's ``masked_whiten``); entries outside the mask are returned as 0 whatever they hold.
 
     Args:
-        token_rewards, mask: [B, T]; right-padded responses.
+        values, mask: same shape; ``mask`` 0/1.
     """
+    count = (mask != 0).sum().to(values.dtype)
+    mean = masked_select(values, mask).sum() / count.clamp(min=1)
+    centred = masked_select(values - mean, mask)
+    var = (centred ** 2).sum() / (count - 1).clamp(min=1)
+    return centred * torch.rsqrt(var + eps)
+
+
+def _policy_steps(mask: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(response [B, T] bool, policy step [B, T] bool): the policy's steps are the response tokens
+    with loss mask 1; the others inside a response (tool outputs) are environment tokens."""
+    response = mask != 0
+    steps = response if loss_mask is None else response & (loss_mask != 0)
+    return response, steps
+
+
+def reinforce_plus_plus_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                                loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Discounted return-to-go per token, G_t = r_t + gamma * G_{t+1} over the policy's tokens.
+
+    With the outcome reward at the last token and per-token KL penalties elsewhere this is
+    REINFORCE++'s token return (Hu 2025, "REINFORCE++", sec. 3; verl
+    ``compute_reinforce_plus_plus_outcome_advantage``), which is then whitened over the batch.
+
+    Tokens with ``mask`` 1 but ``loss_mask`` 0 (tool outputs inside a multi-turn response) are
+    not time steps: the return passes over them undiscounted and their rewards are added to the
+    preceding policy token's (verl instead restarts the return at such tokens, so earlier turns
+    never see the outcome; with a loss mask of all ones both are the same).
+
+    Args:
+        token_rewards, mask: [B, T] float; right-padded responses, ``mask`` 1 on response tokens.
+        gamma: discount per policy token.
+        loss_mask: [B, T] 0/1, or None (every response token is a policy token).
+    Returns:
+        [B, T] returns, 0 on padding and on non-policy tokens.
+    """
+    response, steps = _policy_steps(mask, loss_mask)
+    zero = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype, device=token_rewards.device)
     returns = torch.zeros_like(token_rewards)
-    running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype, device=token_rewards.device)
-    m = mask.to(token_rewards.dtype)
+    running, pending = zero, zero
     for t in range(token_rewards.shape[1] - 1, -1, -1):
-        running = token_rewards[:, t] + gamma * running * m[:, t]
-        returns[:, t] = running * m[:, t]
+        r = masked_select(token_rewards[:, t], response[:, t])
+        stepped = r + pending + gamma * running
+        running = torch.where(steps[:, t], stepped, torch.where(response[:, t], running, zero))
+        pending = torch.where(steps[:, t] | ~response[:, t], zero, pending + r)
+        returns[:, t] = torch.where(steps[:, t], running, zero)
     return returns
 
 
@@ -145,31 +174,42 @@ def gae_advantages(
     mask: torch.Tensor,
     gamma: float = 1.0,
     lam: float = 0.95,
+    loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016), per token.
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16), per policy token.
 
-    delta_t = r_t + gamma * V_{t+1} - V_t (V after the last token is 0),
-    A_t = sum_l (gamma * lam)^l delta_{t+l}, returns R_t = A_t + V_t. As verl's
+    delta_t = r_t + gamma * V_{t'} - V_t, A_t = delta_t + gamma * lam * A_{t'}, where t' is the
+    next policy token (V and A after the last one are 0); returns R_t = A_t + V_t. As verl's
     ``compute_gae_advantage_return`` (without the whitening, which callers apply).
 
+    Tokens with ``mask`` 1 but ``loss_mask`` 0 (tool outputs inside a multi-turn response) are
+    skipped as verl skips its masked "observation tokens": the next value and the running
+    advantage are carried across them, so the critic's values there (never fitted) do not enter
+    any advantage. Their rewards, if any, are added to the preceding policy token's (verl drops
+    them; with the outcome reward on a policy token both agree).
+
     Args:
-        token_rewards, values, mask: [B, T] right-padded responses (mask 1 on response tokens).
+        token_rewards, values, mask: [B, T] float; right-padded responses, ``mask`` 1 on response tokens.
+        gamma, lam: discount and GAE lambda, per policy token.
+        loss_mask: [B, T] 0/1, or None (every response token is a policy token).
     Returns:
-        (advantages [B, T], returns [B, T]), 0 outside the mask.
+        (advantages [B, T], returns [B, T]), 0 on padding and on non-policy tokens.
     """
-    m = mask.to(values.dtype)
-    B, T = values.shape
+    response, steps = _policy_steps(mask, loss_mask)
+    zero = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
     adv = torch.zeros_like(values)
-    last = torch.zeros(B, dtype=values.dtype, device=values.device)
-    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)
-    for t in range(T - 1, -1, -1):
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * lam * last
-        # outside the mask (padding after the response) nothing propagates
-        last = last * m[:, t]
-        adv[:, t] = last
-        next_value = values[:, t] * m[:, t]
-    returns = (adv + values) * m
+    last, next_value, pending = zero, zero, zero
+    for t in range(values.shape[1] - 1, -1, -1):
+        r = masked_select(token_rewards[:, t], response[:, t])
+        v = masked_select(values[:, t], steps[:, t])
+        delta = r + pending + gamma * next_value - v
+        stepped = delta + gamma * lam * last
+        keep = torch.where(response[:, t], last, zero)  # carried over a tool token, reset on padding
+        last = torch.where(steps[:, t], stepped, keep)
+        next_value = torch.where(steps[:, t], v, torch.where(response[:, t], next_value, zero))
+        pending = torch.where(steps[:, t] | ~response[:, t], zero, pending + r)
+        adv[:, t] = torch.where(steps[:, t], last, zero)
+    returns = masked_select(adv + masked_select(values, steps), steps)
     return adv, returns
 
 
@@ -195,22 +235,46 @@ def rloo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, No
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus", reads=("gamma",))
 def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    """REINFORCE++: discounted token returns whitened over the batch (Hu 2025)."""
-    returns = reinforce_plus_plus_returns(inputs.token_rewards(inputs.rewards), inputs.mask, algo.gamma)
+    """REINFORCE++: discounted token returns (:func:`reinforce_plus_plus_returns`) whitened over
+    the batch's loss tokens (Hu 2025)."""
+    returns = reinforce_plus_plus_returns(inputs.token_rewards(inputs.rewards), inputs.mask, algo.gamma,
+                                          inputs.loss_mask)
     return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", reads=("gamma",))
+def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++ with a group baseline, per sample, before whitening (Hu 2025, "REINFORCE++",
+    the "baseline" variant for many samples per prompt; verl
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage``).
+
+    A_i = s_i - mean(s_group), s_i the sample's outcome (reward minus its summed KL penalty, if
+    KL is in the reward); a group of one sample keeps s_i (no baseline), as verl. No discount:
+    the same value goes to every token of the sample, and the caller whitens over the batch.
+
+    Args:
+        outcome: [num_groups, n_samples_per_prompt] float.
+    Returns:
+        [num_groups, n_samples_per_prompt] group-centred outcomes.
+    """
+    _check_groups(outcome)
+    if outcome.shape[1] < 2:
+        return outcome.clone()
+    return outcome - outcome.mean(dim=1, keepdim=True)
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
-    """REINFORCE++ with the group-mean reward subtracted first (verl's ``reinforce_plus_plus_baseline``)."""
-    centered = inputs.rewards - inputs.rewards.mean(dim=1, keepdim=True)
-    returns = reinforce_plus_plus_returns(inputs.token_rewards(centered), inputs.mask, algo.gamma)
-    return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
+    """REINFORCE++-baseline (:func:`reinforce_plus_plus_baseline_advantages`) on every response
+    token, whitened over the batch's loss tokens, as verl's ``reinforce_plus_plus_baseline``.
+    It reads no ``algo.gamma`` (verl's ignores it; setting it is refused)."""
+    per_sample = inputs.broadcast(reinforce_plus_plus_baseline_advantages(inputs.outcome()))
+    return masked_whiten(per_sample, inputs.mask * inputs.loss_mask), None
 
 
 @ADV_ESTIMATORS.register("gae", needs_critic=True, reads=("gamma", "lambd"))
 def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's GAE (:func:`gae_advantages`), advantages whitened over the batch.
+    """PPO's GAE (:func:`gae_advantages`) over the policy's tokens (tool outputs skipped),
+    advantages whitened over the batch's loss tokens.
 
     Raises:
         ValueError: ``inputs.values`` is None.
@@ -218,5 +282,5 @@ def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, tor
     if inputs.values is None:
         raise ValueError("advantage_estimator=gae needs the critic's values")
     adv, returns = gae_advantages(inputs.token_rewards(inputs.rewards), inputs.values, inputs.mask, algo.gamma,
-                                  algo.lambd)
+                                  algo.lambd, inputs.loss_mask)
     return masked_whiten(adv, inputs.mask * inputs.loss_mask), returns

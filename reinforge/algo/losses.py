@@ -17,11 +17,21 @@ from typing import Any, Callable
 import torch
 
 from ..utils.registry import Registry
+from .masking import masked_select
 
 PolicyLoss = Callable[..., "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"]
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "algo.policy_loss")
 KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator", "algo.kl_loss_type")
 LOSS_AGG_MODES: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation", "algo.loss_agg_mode")
+
+LOG_RATIO_BOUND = 20.0
+"""Log-ratios are clamped to [-20, 20] before ``exp`` (as verl's policy losses): exp(20) ~ 4.9e8
+is finite in fp32, so no ratio or gradient becomes inf/NaN; beyond the bound the gradient is 0."""
+
+
+def safe_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``exp(clamp(log_ratio, -20, 20))`` (:data:`LOG_RATIO_BOUND`), same shape."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
 def ppo_clip_loss(
@@ -36,7 +46,9 @@ def ppo_clip_loss(
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7), negated to be minimised.
 
     loss = -min(ratio * A, clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A),
-    ratio = exp(log_probs - old_log_probs). ``eps_clip_high`` defaults to ``eps_clip``;
+    ratio = exp(clamp(log_probs - old_log_probs, -20, 20)) (the clamp as verl's
+    ``compute_policy_loss_vanilla``: an extreme log-ratio gives a finite loss and gradient,
+    and a clipped token's gradient stays 0). ``eps_clip_high`` defaults to ``eps_clip``;
     a larger upper bound is DAPO's clip-higher (Yu et al. 2025). ``clip_c`` (> 1) adds the
     dual clip for negative advantages, loss <= -clip_c * A (Ye et al. 2020, "Mastering
     Complex Control in MOBA Games"; verl's ``clip_ratio_c``). ``ratio`` overrides the
@@ -47,7 +59,7 @@ def ppo_clip_loss(
     """
     hi = eps_clip if eps_clip_high is None else eps_clip_high
     if ratio is None:
-        ratio = torch.exp(log_probs - old_log_probs)
+        ratio = safe_ratio(log_probs - old_log_probs)
     loss_unclipped = -ratio * advantages
     loss_clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + hi) * advantages
     loss = torch.maximum(loss_unclipped, loss_clipped)
@@ -68,8 +80,8 @@ def gspo_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch
     s_i' = sg(s_i) * exp(log pi_t - sg(log pi_t)): the value is s_i, the gradient that of
     log pi_t scaled by s_i. Returns [B, T].
     """
-    m = mask.to(log_probs.dtype)
-    seq_log_ratio = ((log_probs - old_log_probs) * m).sum(-1) / m.sum(-1).clamp(min=1)
+    count = (mask != 0).sum(-1).clamp(min=1).to(log_probs.dtype)
+    seq_log_ratio = masked_select(log_probs - old_log_probs, mask).sum(-1) / count
     token = seq_log_ratio.detach()[:, None] + log_probs - log_probs.detach()
     return torch.exp(token.clamp(max=10.0))
 
@@ -88,9 +100,10 @@ def behaviour_importance_weight(prox_log_probs: torch.Tensor, behav_log_probs: t
             None: uncapped.
 
     Returns:
-        [B, T] fp weights >= 0 (detached).
+        [B, T] fp weights >= 0 (detached); the log-ratio is clamped to [-20, 20] first
+        (:func:`safe_ratio`), so a weight is finite.
     """
-    w = torch.exp((prox_log_probs - behav_log_probs).detach())
+    w = safe_ratio((prox_log_probs - behav_log_probs).detach())
     return w if max_weight is None else w.clamp(max=max_weight)
 
 
@@ -148,21 +161,33 @@ KL_ESTIMATORS.register("low_var_kl", lambda log_ratio: (torch.exp(-log_ratio.cla
                                                         + log_ratio.clamp(-20.0, 20.0)).clamp(-10.0, 10.0))
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3") -> torch.Tensor:
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3",
+               mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
-    "Approximating KL Divergence"; names as verl's ``kl_penalty``):
+    "Approximating KL Divergence"):
 
     * k1: log r, with log r = log pi - log pi_ref (unbiased, high variance, can be negative)
     * k2: (log r)^2 / 2
-    * k3: exp(-log r) - 1 + log r (unbiased, non-negative; the GRPO paper's estimator)
+    * k3: exp(-log r) - 1 + log r (unbiased, non-negative; the GRPO paper's estimator, eq. 4),
+      unclamped: inf where log r < -88 in fp32. verl's ``kl_penalty`` makes "k3" an alias of
+      its ``low_var_kl``; here k3 is the plain estimator and low_var_kl the clamped one.
     * low_var_kl: k3 with log r clamped to [-20, 20] and the result to [-10, 10] (verl)
+
+    k1, k2 and low_var_kl equal verl's estimators of those names.
+
+    ``mask`` ([B, T] 0/1, optional): the log-ratio is set to 0 outside it before the estimator,
+    so a masked token (a tool output, padding) gives KL 0 with a finite gradient; selecting
+    afterwards (:func:`aggregate`) keeps the loss finite but not k3's gradient (0 * inf).
 
     Raises:
         ValueError: unknown ``kl_type``.
     """
     if kl_type not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl type {kl_type!r}; choose one of {KL_ESTIMATORS.names()}")
-    return KL_ESTIMATORS.get(kl_type)(log_probs - ref_log_probs)
+    log_ratio = log_probs - ref_log_probs
+    if mask is not None:
+        log_ratio = masked_select(log_ratio, mask)
+    return KL_ESTIMATORS.get(kl_type)(log_ratio)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -179,47 +204,64 @@ def aggregate(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     norm_length: float | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values [B, T] to a scalar, counting only ``mask`` tokens.
 
-    Modes (verl's ``agg_loss`` in ``verl/trainer/ppo/core_algos.py``), registered in
-    :data:`LOSS_AGG_MODES`:
+    Modes (verl's ``agg_loss`` in ``verl/trainer/ppo/core_algos.py``, with its global-batch
+    denominators), registered in :data:`LOSS_AGG_MODES`; ``S_i`` is sequence i's sum of
+    ``values`` over its ``mask`` tokens, ``n_i`` its count of ``norm_mask`` tokens, ``S`` the
+    sequences with at least one such token:
 
-    * ``token_mean``: sum over all tokens / number of tokens (DAPO's token-level loss).
-    * ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr. GRPO).
-    * ``seq_mean_token_mean``: mean over sequences of each sequence's token mean (GRPO paper).
-    * ``seq_mean_token_sum_norm``: each sequence's token sum divided by the constant
-      ``norm_length`` (the max response length), averaged over sequences (Dr. GRPO's
-      length-unbiased form).
+    * ``token_mean``: sum_i S_i / sum_i n_i (DAPO's token-level loss).
+    * ``seq_mean_token_sum``: mean over S of S_i (Dr. GRPO without the constant).
+    * ``seq_mean_token_mean``: mean over S of S_i / n_i (the GRPO paper, eq. 3).
+    * ``seq_mean_token_sum_norm``: mean over S of S_i / ``norm_length`` (Dr. GRPO, Liu et al.
+      2025, eq. 3: a constant, the max response length, instead of each length). As verl's
+      mode since its global-batch rework (``loss_scale_factor`` = the max response length,
+      verl's default being the padded response width); verl 0.5 and older summed S_i over
+      the micro-batch without dividing by the sequence count.
 
-    ``num_tokens`` / ``num_seqs`` override the denominators, so that micro-batches of one
-    global batch each divide by the global batch's counts and their gradients add up to the
-    global batch's loss.
+    Values outside ``mask`` are selected out, not multiplied by 0: an inf or NaN there does
+    not reach the result (nor, when ``values`` is a leaf, its gradient).
+
+    Args:
+        values: [B, T] float per-token losses.
+        mask: [B, T] 0/1, the tokens whose values are summed.
+        num_tokens / num_seqs: override sum_i n_i / |S| (the global batch's counts), so that
+            micro-batches of one global batch each divide by the global batch's counts and
+            their gradients add up to the global batch's loss.
+        norm_length: the constant of ``seq_mean_token_sum_norm``.
+        norm_mask: [B, T] 0/1, the tokens counted in the denominators (n_i, S); default
+            ``mask``. Masked importance sampling passes the loss mask here and the kept tokens
+            as ``mask``: dropped tokens leave the sums and stay in the normalisers, as in
+            every mode's ``num_tokens`` / ``num_seqs``.
 
     Raises:
         ValueError: unknown ``mode``, or ``seq_mean_token_sum_norm`` without ``norm_length``.
     """
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES.names()}")
-    mask = mask.to(values.dtype)
+    selected = masked_select(values, mask)
+    counts = ((mask if norm_mask is None else norm_mask) != 0).sum(-1).to(values.dtype)
     if mode == "token_mean":
-        denom = mask.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
-        return (values * mask).sum() / denom
-    per_seq = LOSS_AGG_MODES.get(mode)((values * mask).sum(-1), mask, norm_length)
-    has_tokens = (mask.sum(-1) > 0).to(values.dtype)
-    denom = has_tokens.sum().clamp(min=1.0) if num_seqs is None else max(float(num_seqs), 1.0)
-    return (per_seq * has_tokens).sum() / denom
+        denom = counts.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
+        return selected.sum() / denom
+    per_seq = LOSS_AGG_MODES.get(mode)(selected.sum(-1), counts, norm_length)
+    has_tokens = counts > 0
+    denom = has_tokens.sum().clamp(min=1).to(values.dtype) if num_seqs is None else max(float(num_seqs), 1.0)
+    return masked_select(per_seq, has_tokens).sum() / denom
 
 
-# Each sequence mode maps (token sums [B], mask [B, T], norm_length) to per-sequence values [B], averaged
-# over sequences by aggregate(); token_mean is handled there directly (one global denominator).
-LOSS_AGG_MODES.register("token_mean", lambda seq_sum, mask, norm_length: seq_sum)
-LOSS_AGG_MODES.register("seq_mean_token_sum", lambda seq_sum, mask, norm_length: seq_sum)
-LOSS_AGG_MODES.register("seq_mean_token_mean", lambda seq_sum, mask, norm_length: seq_sum / mask.sum(-1).clamp(min=1.0))
+# Each sequence mode maps (token sums [B], token counts [B], norm_length) to per-sequence values [B],
+# averaged over sequences by aggregate(); token_mean is handled there directly (one global denominator).
+LOSS_AGG_MODES.register("token_mean", lambda seq_sum, counts, norm_length: seq_sum)
+LOSS_AGG_MODES.register("seq_mean_token_sum", lambda seq_sum, counts, norm_length: seq_sum)
+LOSS_AGG_MODES.register("seq_mean_token_mean", lambda seq_sum, counts, norm_length: seq_sum / counts.clamp(min=1.0))
 
 
 @LOSS_AGG_MODES.register("seq_mean_token_sum_norm")
-def _seq_sum_norm(seq_sum: torch.Tensor, mask: torch.Tensor, norm_length: float | None) -> torch.Tensor:
+def _seq_sum_norm(seq_sum: torch.Tensor, counts: torch.Tensor, norm_length: float | None) -> torch.Tensor:
     if not norm_length:
         raise ValueError("seq_mean_token_sum_norm needs norm_length (the max response length)")
     return seq_sum / norm_length

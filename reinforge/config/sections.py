@@ -246,7 +246,7 @@ class AlgoConfig(Section):
     name = "algo"
     advantage_estimator: str = opt("grpo", "advantage estimator (`gae` is PPO with a critic)", choices=ESTIMATORS)
     grpo_std_normalization: bool = opt(True, "divide GRPO advantages by the group's reward std")
-    gamma: float = opt(1.0, "discount (`gae`, `reinforce_plus_plus*`)", ge=0, le=1)
+    gamma: float = opt(1.0, "discount per policy token (`gae`, `reinforce_plus_plus`)", ge=0, le=1)
     lambd: float = opt(0.95, "GAE lambda (slime's `--lambd`)", ge=0, le=1)
     policy_loss: str = opt("ppo", "`ppo` (token ratio) or `gspo` (sequence-level ratio)", choices=POLICY_LOSSES)
     eps_clip: float = opt(0.2, "PPO clip range below 1 (and above, unless `eps_clip_high` is set)", gt=0)

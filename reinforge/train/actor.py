@@ -215,13 +215,13 @@ class Actor(ModelTrainer):
             total = pg
             kl = None
             if use_kl:
-                kl = kl_penalty(lp_grid, f["ref_log_probs"], a.kl_loss_type)
+                kl = kl_penalty(lp_grid, f["ref_log_probs"], a.kl_loss_type, mb.loss_mask)
                 total = total + a.kl_loss_coef * kl
             ent_grid = self.to_grid(mb, ent)
             if a.entropy_coef > 0:
                 total = total - a.entropy_coef * ent_grid
             loss = aggregate(total, mask, a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                             norm_length=self.cfg.rollout.rollout_max_response_len)
+                             norm_length=self.cfg.rollout.rollout_max_response_len, norm_mask=mb.loss_mask)
             if faults.hit("nan_loss"):  # fault injection (tests); a no-op unless REINFORGE_FAULT arms it
                 loss = loss * float("nan")
             (loss * self.loss_scale).backward()
