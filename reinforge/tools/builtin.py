@@ -8,7 +8,7 @@ import math
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
-from .sandbox import SandboxLimits, SandboxResult, run_python
+from .sandbox import SandboxLimits, SandboxResult, check_sandbox, run_python
 from .toolset import ToolError
 
 if TYPE_CHECKING:
@@ -86,12 +86,19 @@ async def python(code: str) -> str:
 
 def make_python(agent: "AgentConfig | None") -> Callable[..., Any]:
     """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
-    ``python_memory_mb``); the defaults of :class:`SandboxLimits` without one."""
+    ``python_memory_mb``, ``python_sandbox``); the defaults of :class:`SandboxLimits` and the
+    bubblewrap sandbox without one.
+
+    Raises:
+        SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
+    """
     limits = SandboxLimits() if agent is None else SandboxLimits(timeout=agent.tool_timeout,
                                                                  memory_mb=agent.python_memory_mb)
+    isolation = "bwrap" if agent is None else agent.python_sandbox
+    check_sandbox(isolation)
 
     async def python(code: str) -> str:
-        return sandbox_output(await run_python(code, limits))
+        return sandbox_output(await run_python(code, limits, isolation))
 
     python.__doc__ = globals()["python"].__doc__
     return python
@@ -102,8 +109,9 @@ def sandbox_output(r: SandboxResult) -> str:
 
     Raises:
         ToolError: kind ``network`` (the program tried the network), ``timeout``, ``memory``
-            (``MemoryError`` under the memory limit) or ``program_error`` (non-zero exit); the
-            message holds the program's output.
+            (``MemoryError`` under the per-process limit, or a process killed at the sandbox's
+            memory limit) or ``program_error`` (non-zero exit); the message holds the program's
+            output.
     """
     both = (r.stdout + ("\n" if r.stdout and r.stderr else "") + r.stderr).strip()
     if r.network_attempts:
