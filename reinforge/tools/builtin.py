@@ -16,11 +16,26 @@ if TYPE_CHECKING:
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 4096  # results beyond ~1e1233 are refused rather than computed
+# round(x, -n) with an integer x computes 10**n in C with the GIL held (round(1, -10**8) takes over a minute
+# and no timeout can stop a thread): n is clamped to the digits an admissible integer can have, beyond
+# which the result is 0 anyway (|x| < 10**1234 < 10**n / 2).
+MAX_ROUND_DIGITS = 1300
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt,
+
+
+def _round(x: int | float, ndigits: int | None = None) -> int | float:
+    """``round`` with ``ndigits`` clamped to ``[-MAX_ROUND_DIGITS, MAX_ROUND_DIGITS]`` (same result)."""
+    if ndigits is None:
+        return round(x)
+    if not isinstance(ndigits, int):
+        raise ValueError("round's second argument (digits) must be an integer")
+    return round(x, max(-MAX_ROUND_DIGITS, min(MAX_ROUND_DIGITS, ndigits)))
+
+
+_FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt,
                                              "floor": math.floor, "ceil": math.ceil, "log": math.log,
                                              "exp": math.exp}
 _CONSTANTS = {"pi": math.pi, "e": math.e}
