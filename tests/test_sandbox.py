@@ -76,8 +76,8 @@ def test_host_files_are_not_readable(tmp_path, monkeypatch):
     targets = {"passwd": "/etc/passwd", "shadow": "/etc/shadow", "fake_models": str(models / "model.safetensors"),
                "project": str(PROJECT / "reinforge" / "__init__.py"),
                "cache": str(Path.home() / ".cache"), "host_tmp": str(tmp_path)}
-    code = ATTEMPT + "".join(f"attempt({k!r}, lambda: os.listdir({v!r}) if os.path.isdir({v!r}) else open({v!r}).read())\n"
-                             for k, v in targets.items()) + "print(json.dumps(out))"
+    code = ATTEMPT + "def read(p):\n    return os.listdir(p) if os.path.isdir(p) else open(p).read()\n"
+    code += "".join(f"attempt({k!r}, lambda: read({v!r}))\n" for k, v in targets.items()) + "print(json.dumps(out))"
     res = report(run(code))
     assert res == {k: "FileNotFoundError" for k in targets}, res
 
@@ -135,7 +135,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 out = {{}}
 for name, ip in (("host_loopback", "127.0.0.1"), ("internet", "1.1.1.1")):
     fd = libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM
-    addr = struct.pack("=H", 2) + struct.pack("!H", {port} if ip.startswith("127") else 80) + socket.inet_aton(ip) + bytes(8)
+    port = {port} if ip.startswith("127") else 80
+    addr = struct.pack("=H", 2) + struct.pack("!H", port) + socket.inet_aton(ip) + bytes(8)  # sockaddr_in
     rc = libc.connect(fd, ctypes.c_char_p(addr), 16)
     out[name] = "connected" if rc == 0 else ctypes.get_errno()
 print(json.dumps(out))
@@ -255,8 +256,8 @@ def test_background_child_does_not_hold_the_output_open():
     """A child that inherits stdout and lives on ends with the program (the pid namespace dies):
     the call returns at once, not at the time limit."""
     token = uuid.uuid4().hex
-    code = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'])\n"
-            "print('done')")
+    code = ("import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'])\nprint('done')")
     r = run(code)
     assert not r.timed_out and r.returncode == 0 and r.stdout.strip() == "done" and r.seconds < 3, r
     time.sleep(0.2)
@@ -334,7 +335,8 @@ def test_no_cgroup_left_behind():
 
 
 def _sandbox_cgroups() -> set[str]:
-    return {str(p) for p in Path("/sys/fs/cgroup").rglob("reinforge-sandbox-*")} if Path("/sys/fs/cgroup").exists() else set()
+    root = Path("/sys/fs/cgroup")
+    return {str(p) for p in root.rglob("reinforge-sandbox-*")} if root.exists() else set()
 
 
 # ---------------------------------------------------------------- refusal and opt-out
@@ -342,7 +344,8 @@ def test_refuses_to_start_without_bwrap(monkeypatch):
     monkeypatch.setattr(sb, "bwrap_path", lambda: None)
     sb._bwrap_problem.cache_clear()
     try:
-        with pytest.raises(SandboxUnavailable, match=r"not installed.*apt-get install bubblewrap.*agent.python_sandbox=none"):
+        with pytest.raises(SandboxUnavailable,
+                           match=r"not installed.*apt-get install bubblewrap.*agent.python_sandbox=none"):
             make_python(None)
         with pytest.raises(SandboxUnavailable):
             asyncio.run(run_python("print(1)"))
