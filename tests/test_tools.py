@@ -10,9 +10,10 @@ from reinforge.config import ConfigError, load_config
 from reinforge.tools import (TOOLS, ToolArgumentError, ToolCall, ToolSet, check_arguments, function_schema,
                              get_format, load_tools)
 from reinforge.tools.builtin import calculator, make_python
-from reinforge.tools.sandbox import SandboxLimits, network_namespace_available, run_python
+from reinforge.tools.sandbox import SandboxLimits, run_python
 from reinforge.tools.schema import parse_google_docstring
 from tests import agent_tools
+from tests.test_sandbox import needs_bwrap
 
 
 def run(coro):
@@ -134,6 +135,7 @@ def python_tool(timeout=5.0, memory_mb=256):
     return ToolSet(load_tools(["python"], cfg), timeout=timeout)
 
 
+@needs_bwrap
 def test_python_tool_runs_code_in_a_fresh_directory():
     ts = python_tool()
     r = run(ts.call(ToolCall("python", {"code": "import os\nprint(sum(range(10)))\nprint(os.listdir('.'))\n"
@@ -145,6 +147,7 @@ def test_python_tool_runs_code_in_a_fresh_directory():
     assert failed.error == "program_error" and "ZeroDivisionError" in failed.output and "main.py" in failed.output
 
 
+@needs_bwrap
 def test_python_tool_memory_limit():
     r = run(python_tool(memory_mb=200).call(ToolCall("python", {"code": "x = bytearray(400 * 2**20)\nprint('no')"})))
     assert r.error == "memory" and "MemoryError" in r.output and "no" not in r.output.split("\n")[-1]
@@ -152,6 +155,7 @@ def test_python_tool_memory_limit():
     assert ok.output == "ok"
 
 
+@needs_bwrap
 def test_python_tool_timeout_kills_the_process(tmp_path):
     marker = tmp_path / "alive"
     code = f"import time\ntime.sleep(1.5)\nopen({str(marker)!r}, 'w').write('x')\n"
@@ -162,6 +166,7 @@ def test_python_tool_timeout_kills_the_process(tmp_path):
     assert not marker.exists()  # killed, not left running
 
 
+@needs_bwrap
 @pytest.mark.parametrize("code", ["import socket\ns = socket.create_connection(('127.0.0.1', 9))",
                                   "import socket\nsocket.socket().connect(('1.1.1.1', 80))",
                                   "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)",
@@ -172,11 +177,10 @@ def test_python_tool_has_no_network(code):
     assert "network access is disabled" in r.output
 
 
-def test_sandbox_network_namespace_when_available():
+@needs_bwrap
+def test_sandbox_network_namespace():
     """Code that bypasses the prelude's guard (the raw C socket type) still finds no network: the
     process runs in an empty network namespace (loopback only)."""
-    if not network_namespace_available():
-        pytest.skip("unshare -rn is not available here")
     code = ("import socket\nraw = socket.socket.__mro__[2]\n"  # (guard, socket.socket, _socket.socket, object)
             "s = raw(socket.AF_INET, socket.SOCK_STREAM)\n"
             "try:\n    s.connect(('1.1.1.1', 80))\n    print('connected')\n"
@@ -187,11 +191,13 @@ def test_sandbox_network_namespace_when_available():
     assert "connected" not in r.stdout and r.stdout.split()[-1] == "1", r  # one interface: lo
 
 
+@needs_bwrap
 def test_sandbox_caps_output():
     r = run(run_python("print('a' * 100000)", SandboxLimits(max_output_bytes=1000)))
     assert len(r.stdout) < 1100 and "bytes of output dropped" in r.stdout
 
 
+@needs_bwrap
 def test_make_python_without_config_uses_defaults():
     fn = make_python(None)
     assert run(fn("print(6 * 7)")) == "42"

@@ -224,7 +224,11 @@ class AgentConfig(Section):
     stop_after_tool_call: bool = opt(True, "end a turn where a call closes (`</tool_call>`), so the model does not "
                                      "write the tool's answer itself")
     tool_concurrency: int = opt(8, "threads running plain-function tools", ge=1)
-    python_memory_mb: int = opt(1024, "`python` tool: address-space limit of its process (MiB)", ge=64)
+    python_memory_mb: int = opt(1024, "`python` tool: address-space limit of each of its processes (MiB); with its "
+                                "64 MiB scratch disk, the memory of the whole sandbox", ge=64)
+    python_sandbox: Literal["bwrap", "none"] = opt(
+        "bwrap", "`python` tool isolation: `bwrap` (a bubblewrap sandbox; the tool refuses to start without it) or "
+        "`none` (unsafe: a plain subprocess that can read and change your files)")
 
     def check(self) -> None:
         for i, spec in enumerate(self.tools):

@@ -8,7 +8,7 @@ import math
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
-from .sandbox import SandboxLimits, SandboxResult, run_python
+from .sandbox import SandboxLimits, SandboxResult, check_sandbox, run_python
 from .toolset import ToolError
 
 if TYPE_CHECKING:
@@ -16,11 +16,26 @@ if TYPE_CHECKING:
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 4096  # results beyond ~1e1233 are refused rather than computed
+# round(x, -n) with an integer x computes 10**n in C with the GIL held (round(1, -10**8) takes over a minute
+# and no timeout can stop a thread): n is clamped to the digits an admissible integer can have, beyond
+# which the result is 0 anyway (|x| < 10**1234 < 10**n / 2).
+MAX_ROUND_DIGITS = 1300
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt,
+
+
+def _round(x: int | float, ndigits: int | None = None) -> int | float:
+    """``round`` with ``ndigits`` clamped to ``[-MAX_ROUND_DIGITS, MAX_ROUND_DIGITS]`` (same result)."""
+    if ndigits is None:
+        return round(x)
+    if not isinstance(ndigits, int):
+        raise ValueError("round's second argument (digits) must be an integer")
+    return round(x, max(-MAX_ROUND_DIGITS, min(MAX_ROUND_DIGITS, ndigits)))
+
+
+_FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt,
                                              "floor": math.floor, "ceil": math.ceil, "log": math.log,
                                              "exp": math.exp}
 _CONSTANTS = {"pi": math.pi, "e": math.e}
@@ -86,12 +101,19 @@ async def python(code: str) -> str:
 
 def make_python(agent: "AgentConfig | None") -> Callable[..., Any]:
     """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
-    ``python_memory_mb``); the defaults of :class:`SandboxLimits` without one."""
+    ``python_memory_mb``, ``python_sandbox``); the defaults of :class:`SandboxLimits` and the
+    bubblewrap sandbox without one.
+
+    Raises:
+        SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
+    """
     limits = SandboxLimits() if agent is None else SandboxLimits(timeout=agent.tool_timeout,
                                                                  memory_mb=agent.python_memory_mb)
+    isolation = "bwrap" if agent is None else agent.python_sandbox
+    check_sandbox(isolation)
 
     async def python(code: str) -> str:
-        return sandbox_output(await run_python(code, limits))
+        return sandbox_output(await run_python(code, limits, isolation))
 
     python.__doc__ = globals()["python"].__doc__
     return python
@@ -102,8 +124,9 @@ def sandbox_output(r: SandboxResult) -> str:
 
     Raises:
         ToolError: kind ``network`` (the program tried the network), ``timeout``, ``memory``
-            (``MemoryError`` under the memory limit) or ``program_error`` (non-zero exit); the
-            message holds the program's output.
+            (``MemoryError`` under the per-process limit, or a process killed at the sandbox's
+            memory limit) or ``program_error`` (non-zero exit); the message holds the program's
+            output.
     """
     both = (r.stdout + ("\n" if r.stdout and r.stderr else "") + r.stderr).strip()
     if r.network_attempts:

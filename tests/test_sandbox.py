@@ -1,0 +1,383 @@
+"""The python tool's sandbox against hostile programs: every escape of issue 27 is tried the way the
+agent loop calls the tool (model-written code through ``run_python``) and must be blocked; the
+calculator must not freeze the caller. Each test says what the attack was and what holds it."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import reinforge
+from reinforge.tools import ToolCall, ToolSet, load_tools
+from reinforge.tools import sandbox as sb
+from reinforge.tools.builtin import calculator, make_python
+from reinforge.tools.sandbox import SandboxLimits, SandboxUnavailable, bwrap_path, check_sandbox, run_python
+
+needs_bwrap = pytest.mark.skipif(
+    bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: `make setup` installs it when run as root, "
+                                 "or `apt-get install bubblewrap`")
+PROJECT = Path(reinforge.__file__).resolve().parents[1]
+SITE_PACKAGES = Path(sysconfig.get_paths()["purelib"])
+
+
+def run(code: str, **limits) -> sb.SandboxResult:
+    return asyncio.run(run_python(code, SandboxLimits(**{"timeout": 8.0, **limits})))
+
+
+def report(r: sb.SandboxResult) -> dict:
+    """The JSON the program printed last."""
+    assert r.stdout.strip(), r
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# Programs report each attempt as "ok" or the exception's name.
+ATTEMPT = """
+import json, os
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "ok"
+    except BaseException as e:
+        out[name] = type(e).__name__
+"""
+
+
+def host_processes_with(token: str) -> list[int]:
+    """Host processes whose command line holds ``token``."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if token in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(p.name))
+            except OSError:
+                pass
+    return [p for p in found if p != os.getpid()]
+
+
+# ---------------------------------------------------------------- files
+@needs_bwrap
+def test_host_files_are_not_readable(tmp_path, monkeypatch):
+    """/etc/passwd, the models cache, a fake models folder and the project's sources do not exist
+    inside: only the system folders and the interpreter's prefixes are bound."""
+    models = tmp_path / "models" / "smollm2"
+    models.mkdir(parents=True)
+    (models / "model.safetensors").write_bytes(b"weights")
+    targets = {"passwd": "/etc/passwd", "shadow": "/etc/shadow", "fake_models": str(models / "model.safetensors"),
+               "project": str(PROJECT / "reinforge" / "__init__.py"),
+               "cache": str(Path.home() / ".cache"), "host_tmp": str(tmp_path)}
+    code = ATTEMPT + "def read(p):\n    return os.listdir(p) if os.path.isdir(p) else open(p).read()\n"
+    code += "".join(f"attempt({k!r}, lambda: read({v!r}))\n" for k, v in targets.items()) + "print(json.dumps(out))"
+    res = report(run(code))
+    assert res == {k: "FileNotFoundError" for k in targets}, res
+
+
+@needs_bwrap
+def test_writes_outside_scratch_fail(tmp_path):
+    """The root is read-only; the project tree, site-packages (a ``.pth`` file would run at the next
+    start) and the interpreter's folders are bound read-only or absent; /tmp is the sandbox's own."""
+    token = uuid.uuid4().hex
+    targets = {"root": f"/{token}", "usr": f"/usr/{token}", "project": str(PROJECT / f"{token}.py"),
+               "pth": str(SITE_PACKAGES / f"{token}.pth"), "bin": str(Path(sys.executable).parent / token),
+               "stdlib": str(Path(os.__file__).parent / f"{token}.py"), "host_tmp": str(tmp_path / token)}
+    code = ATTEMPT + "".join(f"attempt({k!r}, lambda: open({v!r}, 'w').write('import os; os.system(\"id\")'))\n"
+                             for k, v in targets.items())
+    code += f"attempt('tmp', lambda: open('/tmp/{token}', 'w').write('x'))\n"
+    code += "attempt('scratch', lambda: open('here.txt', 'w').write('x'))\nprint(json.dumps(out))"
+    res = report(run(code))
+    assert res.pop("tmp") == "ok" and res.pop("scratch") == "ok"  # the sandbox's own tmpfs
+    assert set(res.values()) <= {"OSError", "PermissionError", "FileNotFoundError"}, res
+    for path in [*targets.values(), f"/tmp/{token}"]:
+        assert not os.path.exists(path), path
+
+
+@needs_bwrap
+def test_shell_commands_run_inside_and_cannot_harm():
+    """``os.system`` and ``subprocess`` work, as the unprivileged user of the sandbox without
+    capabilities: they cannot write the project either, nor mount or see host processes."""
+    token = uuid.uuid4().hex
+    target = PROJECT / f"{token}.txt"
+    code = (f"import os, subprocess\nos.system('touch {target} 2>/dev/null')\n"
+            "print(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip())\n"
+            "print(os.system('mount -o remount,rw / 2>/dev/null') != 0)\n"
+            "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])")
+    r = run(code)
+    uid, mount_failed, pids, caps = r.stdout.split("\n")[:4]
+    assert uid == "65534" and mount_failed == "True" and int(caps, 16) == 0, r
+    assert len(json.loads(pids)) <= 4, r  # the program, its shell children: no host process
+    assert not target.exists()
+
+
+# ---------------------------------------------------------------- network
+@needs_bwrap
+def test_ctypes_socket_reaches_no_host_or_internet():
+    """libc's ``socket``/``connect`` through ctypes bypasses the Python-level guard; the empty
+    network namespace still holds: a listener on the host's loopback is not reached."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    code = f"""
+import ctypes, socket, struct, json
+libc = ctypes.CDLL(None, use_errno=True)
+out = {{}}
+for name, ip in (("host_loopback", "127.0.0.1"), ("internet", "1.1.1.1")):
+    fd = libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM
+    port = {port} if ip.startswith("127") else 80
+    addr = struct.pack("=H", 2) + struct.pack("!H", port) + socket.inet_aton(ip) + bytes(8)  # sockaddr_in
+    rc = libc.connect(fd, ctypes.c_char_p(addr), 16)
+    out[name] = "connected" if rc == 0 else ctypes.get_errno()
+print(json.dumps(out))
+"""
+    try:
+        res = report(run(code))
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+    assert "connected" not in res.values(), res
+
+
+@needs_bwrap
+def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
+    """A Unix socket the trainer listens on (a path, and an abstract name) cannot be connected to."""
+    path = str(tmp_path / "s")
+    abstract = "\0reinforge-test-" + uuid.uuid4().hex
+    listeners = []
+    for addr in (path, abstract):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(addr)
+        s.listen(1)
+        s.setblocking(False)
+        listeners.append(s)
+    code = ATTEMPT + f"""
+import socket
+def connect(addr):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(addr)
+attempt("path", lambda: connect({path!r}))
+attempt("abstract", lambda: connect({abstract!r}))
+print(json.dumps(out))
+"""
+    try:
+        res = report(run(code))
+        for s in listeners:
+            with pytest.raises(BlockingIOError):
+                s.accept()
+    finally:
+        for s in listeners:
+            s.close()
+    assert res["path"] == "FileNotFoundError" and res["abstract"] == "ConnectionRefusedError", res
+
+
+# ---------------------------------------------------------------- limits of the whole group
+@needs_bwrap
+def test_memory_limit_holds_for_the_group():
+    """Three children of 120 MiB each, under a 200 MiB limit (+ 64 MiB of scratch): each is within
+    the per-process address-space limit, the group is not; the kernel kills one."""
+    code = """
+import os, time
+r, w = os.pipe()
+for i in range(3):
+    if os.fork() == 0:
+        b = bytearray(120 * 2**20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        os.write(w, b"x")
+        time.sleep(4)
+        os._exit(0)
+os.close(w)
+time.sleep(3)
+os.set_blocking(r, False)
+try:
+    print("held", len(os.read(r, 100)))
+except BlockingIOError:
+    print("held", 0)
+"""
+    r = run(code, memory_mb=200)
+    assert r.oom_kills >= 1 and r.out_of_memory, r
+    assert "held 3" not in r.stdout, r
+
+
+@needs_bwrap
+def test_total_bytes_written_are_limited():
+    """Many files below the single-file limit: the scratch tmpfs is full at ``disk_mb``."""
+    code = """
+written = 0
+try:
+    for i in range(12):
+        with open(f"f{i}", "wb") as f:
+            f.write(b"x" * (8 * 2**20))
+        written += 8 * 2**20
+except OSError as e:
+    print("stopped", e.errno)
+print(written)
+"""
+    r = run(code, disk_mb=32, file_size_mb=16)
+    assert "stopped 28" in r.stdout, r  # ENOSPC
+    assert int(r.stdout.split()[-1]) <= 32 * 2**20
+
+
+@needs_bwrap
+def test_process_count_is_limited():
+    """A fork bomb meets the group's process limit (``pids.max`` of the cgroup)."""
+    code = """
+import os, time
+n = 0
+try:
+    for i in range(200):
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("stopped", type(e).__name__)
+print(n)
+"""
+    r = run(code, max_processes=16)
+    assert "stopped" in r.stdout and int(r.stdout.split()[-1]) < 16, r
+
+
+# ---------------------------------------------------------------- processes
+@needs_bwrap
+def test_background_child_does_not_hold_the_output_open():
+    """A child that inherits stdout and lives on ends with the program (the pid namespace dies):
+    the call returns at once, not at the time limit."""
+    token = uuid.uuid4().hex
+    code = ("import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'])\nprint('done')")
+    r = run(code)
+    assert not r.timed_out and r.returncode == 0 and r.stdout.strip() == "done" and r.seconds < 3, r
+    time.sleep(0.2)
+    assert host_processes_with(token) == []
+
+
+@needs_bwrap
+@pytest.mark.parametrize("wait", [False, True])
+def test_setsid_children_do_not_outlive_the_sandbox(wait):
+    """Children in their own session (``setsid``) die with the sandbox, whether the program exits
+    or is killed at the time limit."""
+    token = uuid.uuid4().hex
+    code = (f"import subprocess, sys, time\nfor i in range(20):\n"
+            f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'],"
+            " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print('started', flush=True)\n" + ("time.sleep(30)\n" if wait else ""))
+    r = run(code, timeout=3.0)
+    assert r.timed_out == wait and "started" in r.stdout, r
+    time.sleep(0.3)
+    assert host_processes_with(token) == []
+
+
+@needs_bwrap
+def test_killing_the_parent_or_host_processes_fails():
+    """``os.kill(os.getppid(), 9)``: the parent is outside the pid namespace (``getppid()`` is 0;
+    kill(0) reaches only the sandbox's own group). A host process's pid is not found."""
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        code = ATTEMPT + (f"print(os.getppid())\nattempt('victim', lambda: os.kill({victim.pid}, 9))\n"
+                          f"attempt('trainer', lambda: os.kill({os.getpid()}, 9))\n"
+                          "print(json.dumps(out))\nimport sys; sys.stdout.flush()\nos.kill(os.getppid(), 9)\n")
+        r = run(code)
+        assert r.stdout.split("\n")[0] == "0", r
+        assert report(r) == {"victim": "ProcessLookupError", "trainer": "ProcessLookupError"}
+        assert victim.poll() is None  # still running; and so are we
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+
+
+@needs_bwrap
+def test_parent_environment_is_not_readable(monkeypatch):
+    """Secrets in the trainer's environment: not inherited, and ``/proc/<pid>/environ`` of the
+    trainer does not exist inside (new pid namespace and procfs)."""
+    secret = "s3cret-" + uuid.uuid4().hex
+    monkeypatch.setenv("REINFORGE_TEST_SECRET", secret)
+    code = (f"import os\nprint(dict(os.environ))\n"
+            f"for p in [{os.getpid()}, {os.getppid()}, *[int(d) for d in os.listdir('/proc') if d.isdigit()]]:\n"
+            "    try:\n        print(p, open(f'/proc/{p}/environ', 'rb').read())\n"
+            "    except OSError as e:\n        print(p, type(e).__name__)\n")
+    r = run(code)
+    assert r.returncode == 0 and secret not in r.stdout and secret not in r.stderr, r
+    assert f"{os.getpid()} FileNotFoundError" in r.stdout
+
+
+# ---------------------------------------------------------------- what already held
+@needs_bwrap
+def test_infinite_loop_and_sleep_stop_at_the_time_limit():
+    for code in ("while True: pass", "import time; time.sleep(60)"):
+        r = run(code, timeout=1.0)
+        assert r.timed_out and r.returncode is None and r.seconds < 3, r
+
+
+@needs_bwrap
+def test_one_large_allocation_fails():
+    r = run("x = bytearray(2000 * 2**20)", memory_mb=256)
+    assert r.returncode == 1 and "MemoryError" in r.stderr and r.out_of_memory, r
+
+
+@needs_bwrap
+def test_no_cgroup_left_behind():
+    before = _sandbox_cgroups()
+    run("print(1)")
+    assert _sandbox_cgroups() == before
+
+
+def _sandbox_cgroups() -> set[str]:
+    root = Path("/sys/fs/cgroup")
+    return {str(p) for p in root.rglob("reinforge-sandbox-*")} if root.exists() else set()
+
+
+# ---------------------------------------------------------------- refusal and opt-out
+def test_refuses_to_start_without_bwrap(monkeypatch):
+    monkeypatch.setattr(sb, "bwrap_path", lambda: None)
+    sb._bwrap_problem.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable,
+                           match=r"not installed.*apt-get install bubblewrap.*agent.python_sandbox=none"):
+            make_python(None)
+        with pytest.raises(SandboxUnavailable):
+            asyncio.run(run_python("print(1)"))
+    finally:
+        sb._bwrap_problem.cache_clear()
+    from reinforge.config import load_config
+
+    cfg = load_config(None, ["agent.python_sandbox=none"]).agent
+    ts = ToolSet(load_tools(["python"], cfg), timeout=5)  # the opt-out runs without bwrap
+    assert asyncio.run(ts.call(ToolCall("python", {"code": "print(6 * 7)"}))).output == "42"
+    with pytest.raises(ValueError, match="python_sandbox"):
+        check_sandbox("docker")
+
+
+# ---------------------------------------------------------------- calculator
+@pytest.mark.parametrize("expression,value", [("round(1, -10**8)", "0"), ("round(10**1000, -10**8)", "0"),
+                                              ("round(123456, -2)", "123500"), ("round(1.5, -10**8)", "0"),
+                                              ("round(2.675, 10**8)", "2.675"), ("(-1)**10**100", "1"),
+                                              ("2**-10**8", "0")])
+def test_calculator_huge_powers_return_at_once(expression, value):
+    """``round(1, -10**8)`` computed 10**(10**8) in C with the GIL held (a minute, no timeout could
+    stop it): the digits are clamped, results unchanged."""
+    t = time.perf_counter()
+    assert calculator(expression) == value
+    assert time.perf_counter() - t < 0.5
+
+
+def test_calculator_refuses_huge_results_through_the_tool_set():
+    ts = ToolSet(load_tools(["calculator"]), timeout=1.0)
+    t = time.perf_counter()
+    for e in ("10**10**8", "9**9**9", "round(1, -10**8) + 2**10000"):
+        r = asyncio.run(ts.call(ToolCall("calculator", {"expression": e})))
+        assert r.error == "exception" and "too large" in r.output, r
+    assert time.perf_counter() - t < 1.0
+    ts.close()
