@@ -3,16 +3,22 @@
 Cache layout per layer: ``[blocks, kv_heads, block_size, head_dim]``; a sequence's key at position
 ``p`` is ``cache[table[b, p // block_size], :, p % block_size]`` (see :mod:`.kv_cache`).
 
-* :func:`paged_decode_attention_triton` (CUDA): one Triton program per (sequence, KV head) walks
-  that sequence's blocks up to its own length with an online softmax (the flash-decoding
-  recurrence: Dao et al., "Flash-Decoding for long-context inference", 2023; vLLM's
-  ``paged_attention_v1``). It reads each key once and no padding, and all query heads of a GQA
-  group share the loads. Scores and the softmax are fp32.
+* :func:`paged_decode_attention_triton` (CUDA): Triton programs walk each sequence's blocks up to
+  its own length with an online softmax (the flash-decoding recurrence: Dao et al.,
+  "Flash-Decoding for long-context inference", 2023; vLLM's ``paged_attention_v1`` / ``_v2``).
+  They read each key once and no padding, and all query heads of a GQA group share the loads.
+  Scores and the softmax are fp32. Few sequences with long contexts are split (split-K, as in
+  flash-decoding): several programs per (sequence, KV head) each take a piece of the keys and
+  write a partial softmax, and a second kernel combines them; :func:`decode_splits` picks the
+  number of pieces from the batch, the KV heads and the context capacity (1 for short contexts
+  and big batches: one program walks all the keys, no second kernel).
 * :func:`masked_decode_attention` (any device): the reference, a batched matmul over a padded key
   range with a mask; :func:`gather_blocks` brings paged keys into that padded form.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -55,33 +61,83 @@ def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int) -> 
     return g.transpose(1, 2).reshape(B, KVH, num_blocks * BS, D)
 
 
+
+# Split-K ("flash-decoding") choice. One program per (sequence, KV head) leaves most SMs idle when
+# few sequences have long contexts (16 sequences x 2 KV heads = 32 programs on 132 SMs), so each
+# sequence's keys are split over several programs whose partial softmaxes are then combined.
+TARGET_PROGRAMS_PER_SM = 4  # programs the split aims for, per SM (several per SM hide memory latency)
+MIN_KEYS_PER_SPLIT = 256  # a split covers at least this many cached keys (a multiple of block_n)
+MAX_SPLITS = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 132 (an H100) elsewhere (the Triton interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def decode_splits(num_seqs: int, kv_heads: int, max_len: int, num_sms: int,
+                  target_per_sm: int = TARGET_PROGRAMS_PER_SM, min_keys: int = MIN_KEYS_PER_SPLIT,
+                  max_splits: int = MAX_SPLITS) -> int:
+    """How many programs share one (sequence, KV head)'s keys: enough that ``num_seqs * kv_heads *
+    splits`` reaches ``target_per_sm * num_sms`` programs, but no more than ``max_len`` keys give
+    ``min_keys`` each (short contexts and big batches get 1: the single-pass kernel).
+
+    ``splits = clamp(ceil(target_per_sm * num_sms / (num_seqs * kv_heads)), 1, ceil(max_len / min_keys))``,
+    at most ``max_splits``. All arguments are host integers fixed for a captured CUDA graph (the
+    batch bucket and the cache's capacity per sequence), never live lengths.
+    """
+    if num_seqs < 1 or kv_heads < 1 or max_len < 1 or num_sms < 1 or min_keys < 1:
+        raise ValueError(f"decode_splits: num_seqs={num_seqs}, kv_heads={kv_heads}, max_len={max_len}, "
+                         f"num_sms={num_sms}, min_keys={min_keys} must all be >= 1")
+    want = -(-target_per_sm * num_sms // (num_seqs * kv_heads))
+    return max(1, min(want, -(-max_len // min_keys), max_splits))
+
+
 if triton is not None:
 
     @triton.jit
-    def _paged_decode_kernel(Q, KN, VN, K, V, TABLE, LENS, WBLK, WOFF, O, scale,
+    def _paged_decode_kernel(Q, KN, VN, K, V, TABLE, LENS, WBLK, WOFF, O, PM, PL, PACC, scale,
                              s_qb, s_qh, s_nb, s_nh, s_kb, s_kh, s_kt, s_tb, s_ob, s_oh,
-                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                             BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                             H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                             BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                             MIN_KEYS: tl.constexpr, IEEE: tl.constexpr):
+        # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
         h = tl.program_id(1)
+        sp = tl.program_id(2)
         n_cached = tl.load(LENS + b).to(tl.int32) - 1
+        if SPLITS == 1:
+            lo = 0
+            hi = n_cached
+        else:  # the live length split evenly in BLOCK_N multiples, >= MIN_KEYS each; later splits may be empty
+            per = tl.maximum(tl.cdiv(tl.cdiv(n_cached, SPLITS), BLOCK_N) * BLOCK_N, MIN_KEYS)
+            lo = sp * per
+            hi = tl.minimum(lo + per, n_cached)
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D)
         t = tl.arange(0, BLOCK_N)
         head_ok = (g < G)[:, None]
-        # the new token: written to the cache (for later steps), attended from registers (no race)
+        # the new token: written to the cache once (split 0, for later steps) and attended from
+        # registers by split 0 (no race: no program reads position n_cached from memory)
         kn = tl.load(KN + b * s_nb + h * s_nh + d)
         vn = tl.load(VN + b * s_nb + h * s_nh + d)
-        w = tl.load(WBLK + b).to(tl.int64) * s_kb + h * s_kh + tl.load(WOFF + b).to(tl.int64) * s_kt
-        tl.store(K + w + d, kn)
-        tl.store(V + w + d, vn)
+        if sp == 0:
+            w = tl.load(WBLK + b).to(tl.int64) * s_kb + h * s_kh + tl.load(WOFF + b).to(tl.int64) * s_kt
+            tl.store(K + w + d, kn)
+            tl.store(V + w + d, vn)
         q = tl.load(Q + b * s_qb + (h * G + g)[:, None] * s_qh + d[None, :], mask=head_ok, other=0.0)
-        m = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale  # running max = the new score
-        denom = tl.full([G_PAD], 1.0, tl.float32)
-        acc = tl.zeros([G_PAD, D], tl.float32) + vn.to(tl.float32)[None, :]
-        for start in range(0, n_cached, BLOCK_N):
+        first = sp == 0
+        s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
+        # running max, sum of exp and weighted values; a split without the new token starts neutral
+        m = tl.where(first, s_new, float("-inf"))
+        denom = tl.where(first, 1.0, 0.0) + tl.zeros([G_PAD], tl.float32)
+        acc = tl.where(first, 1.0, 0.0) * vn.to(tl.float32)[None, :] + tl.zeros([G_PAD, D], tl.float32)
+        for start in range(lo, hi, BLOCK_N):  # every iteration has >= 1 valid key: m stays finite
             tok = start + t
-            valid = tok < n_cached
+            valid = tok < hi
             blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
             row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
             k = tl.load(K + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
@@ -101,16 +157,50 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m = m_new
-        out = acc / denom[:, None]
-        tl.store(O + b * s_ob + (h * G + g)[:, None] * s_oh + d[None, :], out.to(O.dtype.element_ty), mask=head_ok)
+        if SPLITS == 1:
+            out = acc / denom[:, None]
+            tl.store(O + b * s_ob + (h * G + g)[:, None] * s_oh + d[None, :], out.to(O.dtype.element_ty),
+                     mask=head_ok)
+        else:  # partials [B, H, SPLITS] (max, sum of exp) and [B, H, SPLITS, D] (unnormalised values), fp32
+            part = (b * H + h * G + g) * SPLITS + sp
+            tl.store(PM + part, m, mask=g < G)
+            tl.store(PL + part, denom, mask=g < G)
+            tl.store(PACC + part[:, None] * D + d[None, :], acc, mask=head_ok)
+
+    @triton.jit
+    def _combine_splits_kernel(PM, PL, PACC, O, s_ob, s_oh, H: tl.constexpr, D: tl.constexpr,
+                               SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+        # program (b, qh): rescale the splits' partial softmaxes to a common max and normalise
+        b = tl.program_id(0)
+        qh = tl.program_id(1)
+        j = tl.arange(0, S_PAD)
+        d = tl.arange(0, D)
+        ok = j < SPLITS
+        base = (b * H + qh) * SPLITS
+        m = tl.load(PM + base + j, mask=ok, other=float("-inf"))
+        l = tl.load(PL + base + j, mask=ok, other=0.0)
+        acc = tl.load(PACC + (base + j)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        m_max = tl.max(m, 0)  # finite: split 0 holds the new token
+        w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)  # empty splits weigh 0
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+        tl.store(O + b * s_ob + qh * s_oh + d, out.to(O.dtype.element_ty))
 
 
 def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
                                   v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
                                   write_block: torch.Tensor, write_offset: torch.Tensor,
-                                  block_n: int = 64) -> torch.Tensor:
+                                  block_n: int = 64, num_splits: int | None = None,
+                                  max_len: int | None = None) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
-    stores the new token's key and value in the cache (one kernel instead of two scatters).
+    stores the new token's key and value in the cache, exactly once (one kernel instead of two
+    scatters).
+
+    With one split, one program per (sequence, KV head) walks all of the sequence's keys. With
+    ``S > 1`` splits (flash-decoding) program ``(b, h, j)`` takes the ``j``-th of ``S`` equal
+    ``block_n``-aligned pieces (>= ``MIN_KEYS_PER_SPLIT`` keys) of sequence ``b``'s live length
+    and writes a partial (max score, sum of exp, exp-weighted value sum; fp32; an empty piece
+    writes ``-inf, 0, 0``); a second kernel rescales the partials to their common max and
+    normalises. The grid depends only on ``B``, ``KVH`` and ``S``, never on the lengths.
 
     Args:
         q: [B, H, D] queries, contiguous in D.
@@ -122,18 +212,43 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
             idle rows).
         block_n: cached keys per loop iteration (may span several blocks).
+        num_splits: programs per (sequence, KV head); None: :func:`decode_splits` from ``B``,
+            ``KVH``, ``max_len`` and the device's SM count.
+        max_len: host bound on ``lens`` used to choose the splits (it affects speed only, not the
+            result); None: the table's capacity, ``max_blocks * BS`` (the engine's
+            ``max_model_len``), fixed for a captured graph.
 
     Returns:
         [B, H, D] in ``q``'s dtype. fp32 inputs use IEEE fp32 dot products (no TF32).
+
+    Raises:
+        ValueError: ``num_splits`` < 1, or ``H`` not a multiple of ``KVH``.
     """
     B, H, D = q.shape
     _, KVH, BS, _ = k_cache.shape
+    if H % KVH:
+        raise ValueError(f"paged_decode_attention_triton: {H} query heads are not a multiple of {KVH} KV heads")
+    if num_splits is None:
+        num_splits = decode_splits(B, KVH, max_len if max_len is not None else table.shape[1] * BS,
+                                   _num_sms(q.device))
+    if num_splits < 1:
+        raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
     out = torch.empty_like(q)
-    _paged_decode_kernel[(B, KVH)](
-        q, k_new, v_new, k_cache, v_cache, table, lens, write_block, write_offset, out, D ** -0.5,
+    if num_splits == 1:
+        pm = pl = pacc = out  # unused
+    else:
+        pm = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
+        pl = torch.empty_like(pm)
+        pacc = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
+    _paged_decode_kernel[(B, KVH, num_splits)](
+        q, k_new, v_new, k_cache, v_cache, table, lens, write_block, write_offset, out, pm, pl, pacc, D ** -0.5,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n,
-        IEEE=q.dtype == torch.float32, num_warps=4)
+        H=H, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n, SPLITS=num_splits,
+        MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, num_warps=4)
+    if num_splits > 1:
+        _combine_splits_kernel[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(1), H=H, D=D,
+                                       SPLITS=num_splits, S_PAD=max(2, triton.next_power_of_2(num_splits)),
+                                       num_warps=4)
     return out
