@@ -65,7 +65,7 @@ def _style(*values: Any) -> str:
 # ---------------------------------------------------------------------------- offline data
 
 def offline_formats(kind: str, o: "OfflineConfig") -> list[tuple[str, list[str]]]:
-    """(format name, its keys) accepted for a data kind (``messages`` / ``pairs`` / ``kto``), in the
+    """(format name, its keys) accepted for a data kind (``messages`` / ``pairs`` / ``unpaired``, as OFFLINE_METHODS declares), in the
     order they are tried; the keys are the ``offline.*_key`` options."""
     return {
         "messages": [("conversational language modeling", [o.messages_key]),
@@ -73,7 +73,7 @@ def offline_formats(kind: str, o: "OfflineConfig") -> list[tuple[str, list[str]]
                      ("language modeling", [o.text_key])],
         "pairs": [("preference", [o.prompt_key, o.chosen_key, o.rejected_key]),
                   ("preference, implicit prompt", [o.chosen_key, o.rejected_key])],
-        "kto": [("unpaired preference", [o.prompt_key, o.completion_key, o.kto_label_key])],
+        "unpaired": [("unpaired preference", [o.prompt_key, o.completion_key, o.kto_label_key])],
     }[kind]
 
 
