@@ -137,7 +137,8 @@ def test_nothing_fits_names_file_row_and_keys(tmp_path, smollm2_path):
                                             rf"preference, implicit prompt: 'chosen', 'rejected'"):
             build_examples(read_rows(data), str(data), tok, load_config(None, ["offline.method=dpo"]).offline)
     with pytest.raises(DataError, match="d.jsonl:1: no messages format fits.*'text'"):
-        build_examples(read_rows(tmp_path / "d.jsonl"), "d.jsonl", tok, load_config(None, ["offline.method=sft"]).offline)
+        build_examples(read_rows(tmp_path / "d.jsonl"), "d.jsonl", tok,
+                       load_config(None, ["offline.method=sft"]).offline)
 
 
 def test_implicit_prompt_extraction():

@@ -322,8 +322,8 @@ class OfflineConfig(Section):
 
     name = "offline"
     method: str = opt("dpo", "what to train (docs/algorithms.md#offline-methods)", choices=OFFLINE_METHODS)
-    train_data: str | None = opt(None, "training examples: a `.jsonl` / `.json` / `.parquet` file or a saved `datasets` "
-                                 "folder in one of TRL's formats, detected per row ([data.md](data.md); keys below)")
+    train_data: str | None = opt(None, "training examples: a `.jsonl` / `.json` / `.parquet` file or a saved "
+                                 "`datasets` folder in one of TRL's formats, detected per row ([data.md](data.md); keys below)")
     eval_data: str | None = opt(None, "held-out examples in the same format (`null`: `eval_fraction` of train_data)")
     eval_fraction: float = opt(0.0, "share of train_data held out for evaluation when eval_data is null", ge=0, lt=1)
     messages_key: str = opt("messages", "SFT: key of the chat (a list of `{role, content}`; loss on assistant turns)")

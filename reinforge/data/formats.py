@@ -65,8 +65,9 @@ def _style(*values: Any) -> str:
 # ---------------------------------------------------------------------------- offline data
 
 def offline_formats(kind: str, o: "OfflineConfig") -> list[tuple[str, list[str]]]:
-    """(format name, its keys) accepted for a data kind (``messages`` / ``pairs`` / ``unpaired``, as OFFLINE_METHODS declares), in the
-    order they are tried; the keys are the ``offline.*_key`` options."""
+    """(format name, its keys) accepted for a data kind as ``OFFLINE_METHODS`` declares it
+    (``messages`` / ``pairs`` / ``unpaired``), in the order they are tried; the keys are the
+    ``offline.*_key`` options."""
     return {
         "messages": [("conversational language modeling", [o.messages_key]),
                      ("prompt-completion", [o.prompt_key, o.completion_key]),
