@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
 from .config import ConfigError, load_config
+from .run_dir import check_output_dir
 
 log = logging.getLogger("reinforge")
 
@@ -21,6 +23,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.max_restarts is not None:
         overrides.append(f"run.max_restarts={args.max_restarts}")
     cfg = load_config(args.config, overrides)
+    check_output_dir(cfg.run)
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
@@ -37,6 +40,7 @@ def _offline(args: argparse.Namespace) -> None:
     if args.load:
         overrides.append(f"run.load={args.load}")
     cfg = load_config(args.config, overrides)
+    check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))  # torchrun: every rank checks, rank 0 deletes
     from .offline_loop import run_offline
 
     run_offline(cfg)

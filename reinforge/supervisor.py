@@ -36,7 +36,7 @@ def _describe(code: int) -> str:
 
 
 def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int:
-    """Run ``reinforge train <train_args> run.recover=auto run.max_restarts=0`` and relaunch it
+    """Run ``reinforge train <train_args> run.recover=auto run.max_restarts=0 run.overwrite=false`` and relaunch it
     after each crash, at most ``max_restarts`` times.
 
     Args:
@@ -47,7 +47,8 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
         the exit status to end with: 0 when an attempt finished, else the last attempt's
         (128 + signal number when it was killed by a signal).
     """
-    cmd = [sys.executable, "-m", "reinforge", "train", *train_args, "run.recover=auto", "run.max_restarts=0"]
+    cmd = [sys.executable, "-m", "reinforge", "train", *train_args, "run.recover=auto", "run.max_restarts=0",
+           "run.overwrite=false"]  # an overwrite was done before supervising; relaunches resume
     output_dir.mkdir(parents=True, exist_ok=True)
     record = output_dir / "restarts.jsonl"
     stop: list[int] = []

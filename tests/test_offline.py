@@ -56,7 +56,8 @@ def test_bad_input_names_file_line_and_key(tmp_path, smollm2_path):
     f = tmp_path / "bad.jsonl"
     f.write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n\n"
                  + json.dumps({"prompt": "a", "chosen": "b", "rejected": None}) + "\n")
-    with pytest.raises(DataError, match=r"bad.jsonl:3: missing key 'rejected'"):
+    with pytest.raises(DataError, match=r"bad.jsonl:3: no pairs format fits this row \(its keys: \['chosen', "
+                                        r"'prompt'\]\); expected preference: 'prompt', 'chosen', 'rejected'"):
         build_examples(read_rows(f), str(f), tok, cfg.offline)
     f.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", oops}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):

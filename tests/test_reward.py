@@ -85,6 +85,12 @@ def custom_module(tmp_path, monkeypatch):
             return 1.0
         def nan(sample):
             return float("nan")
+        def verl_style(sample):
+            return {"score": 1.0, "acc": True, "pred": "4"}
+        def both_keys(sample):
+            return {"score": 1.0, "reward": 0.0}
+        def no_key(sample):
+            return {"value": 1.0}
         not_callable = 3
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -110,6 +116,23 @@ def test_custom_reward_errors_are_counted_not_raised(custom_module):
     s = [sample("x")]
     counts = RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:nan")).score(s)
     assert counts["reward/errors"] == 1.0 and s[0].reward == 0.0
+
+
+def test_custom_reward_dict_with_score_key(custom_module, caplog):
+    """verl's compute_score returns {"score": ...}: it is the reward, the rest goes to reward_info;
+    a dict with both keys or neither is a counted error, and a batch where every sample fails is
+    logged as an error naming the cause."""
+    s = sample("x")
+    counts = RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:verl_style")).score([s])
+    assert s.reward == 1.0 and s.reward_info == {"acc": True, "pred": "4"} and counts["reward/errors"] == 0
+    for fn in ("both_keys", "no_key"):
+        s = [sample("x"), sample("y")]
+        with caplog.at_level("ERROR", logger="reinforge.reward.manager"):
+            counts = RewardManager(RewardConfig(type="custom", function_path=f"{custom_module}:{fn}")).score(s)
+        assert counts["reward/errors"] == 2 and [x.reward for x in s] == [0.0, 0.0]
+        assert "'reward' or 'score'" in s[0].reward_info["reward_failure"]
+        assert "all 2 samples failed" in caplog.text and "'reward' or 'score'" in caplog.text
+        caplog.clear()
 
 
 def test_custom_reward_timeouts(custom_module):

@@ -40,8 +40,9 @@ class Section:
 @dataclass
 class ModelConfig(Section):
     name = "model"
-    path: str = opt("smollm2-135m-instruct", "Hugging Face folder, or a known model name (`reinforge models list`), "
-                    "converted on first use")
+    path: str = opt("smollm2-135m-instruct", "Hugging Face folder, a known model name (`reinforge models list`, "
+                    "converted on first use), or a Hugging Face model id (`Qwen/Qwen2.5-0.5B-Instruct`, "
+                    "`Org/Name@revision`) already in the local hub cache (`HF_HUB_CACHE`; read offline)")
     random_init: bool = opt(False, "ignore the stored weights and initialise randomly (tests, benchmarks)")
     gradient_checkpointing: bool = opt(False, "recompute layer activations in the backward pass (less memory, "
                                        "~30% more compute)")
@@ -66,7 +67,8 @@ class ModelConfig(Section):
 class DataConfig(Section):
     name = "data"
     prompt_data: str = opt("reasoning_gym:basic_arithmetic",
-                           "`reasoning_gym:<task>` or a `.jsonl` file (slime's `--prompt-data`)")
+                           "`reasoning_gym:<task>`, or a `.jsonl` / `.json` / `.parquet` file or saved `datasets` "
+                           "folder of prompts, slime's or verl's layout ([data.md](data.md)) (slime's `--prompt-data`)")
     task_kwargs: dict[str, Any] = opt({}, "keyword arguments of `reasoning_gym.create_dataset` "
                                       "(e.g. `{min_terms: 2, max_digits: 2}`)")
     num_prompts: int = opt(10000, "number of problems generated for a reasoning-gym training source", ge=1)
@@ -74,9 +76,11 @@ class DataConfig(Section):
                                        "(reasoning-gym) or no eval (jsonl)")
     n_eval_prompts: int = opt(64, "held-out prompts evaluated (0 disables evaluation)", ge=0)
     eval_seed: int = opt(1_000_003, "seed of the held-out reasoning-gym problems (differs from `seed`)")
-    input_key: str = opt("prompt", "jsonl key of the prompt (a string or a list of chat messages)")
-    label_key: str = opt("label", "jsonl key of the reference answer")
-    metadata_key: str = opt("metadata", "jsonl key of per-prompt metadata (passed to reward functions)")
+    input_key: str = opt("prompt", "key of the prompt (a string or a list of chat messages); keys may be dotted "
+                         "paths into nested objects")
+    label_key: str | None = opt("label", "key of the reference answer (`reward_model.ground_truth` is found in verl "
+                                "rows without `label`); a key that no row holds is refused; `null`: no labels")
+    metadata_key: str = opt("metadata", "key of per-prompt metadata (passed to reward functions)")
     apply_chat_template: bool = opt(True, "render prompts with the tokenizer's chat template and a generation prompt")
     system_prompt: str | None = opt(None, "system message added to prompts that have none")
     rollout_max_prompt_len: int = opt(512, "prompts longer than this many tokens are dropped (counted in the log)",
@@ -170,6 +174,13 @@ class EngineConfig(Section):
 
 @dataclass
 class RewardConfig(Section):
+    """A custom reward (`type: custom`, `function_path: "module:function"`) is `fn(sample)`, plain or `async`,
+    returning a number or a dict. A dict holds the scalar reward under `"reward"` or under `"score"` (verl's
+    `compute_score` convention; not both); its other keys are kept in `sample.reward_info` and averaged into the
+    metrics when numeric: `{"score": 1.0, "format_ok": 1}`. A function that raises, returns anything else (a dict
+    with neither key, a non-finite number) or times out scores 0 and is counted (`reward/errors`,
+    `reward/timeouts`); when every sample of a rollout fails, an error is logged with the first message."""
+
     name = "reward"
     type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model"] = opt(
         "auto", "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
@@ -323,7 +334,8 @@ class OfflineConfig(Section):
 
     name = "offline"
     method: str = opt("dpo", "what to train (docs/algorithms.md#offline-methods)", choices=OFFLINE_METHODS)
-    train_data: str | None = opt(None, "training examples: a `.jsonl` or `.parquet` file (keys below)")
+    train_data: str | None = opt(None, "training examples: a `.jsonl` / `.json` / `.parquet` file or a saved "
+                                 "`datasets` folder in one of TRL's formats, detected per row ([data.md](data.md); keys below)")
     eval_data: str | None = opt(None, "held-out examples in the same format (`null`: `eval_fraction` of train_data)")
     eval_fraction: float = opt(0.0, "share of train_data held out for evaluation when eval_data is null", ge=0, lt=1)
     messages_key: str = opt("messages", "SFT: key of the chat (a list of `{role, content}`; loss on assistant turns)")
@@ -332,6 +344,7 @@ class OfflineConfig(Section):
     chosen_key: str = opt("chosen", "pairs: key of the preferred response (a string or assistant message(s))")
     rejected_key: str = opt("rejected", "pairs: key of the dispreferred response")
     completion_key: str = opt("completion", "KTO / SFT: key of the response")
+    text_key: str = opt("text", "SFT: key of plain text (language modeling: loss on every token, no chat template)")
     kto_label_key: str = opt("label", "KTO: key of the desirability label (true / false)")
     margin_key: str | None = opt(None, "RM: key of an optional per-pair margin (Llama 2's margin loss)")
     max_length: int = opt(1024, "longest prompt + response, in tokens", ge=2)
@@ -481,6 +494,9 @@ class RunConfig(Section):
     keep_last_n_checkpoints: int | None = opt(2, "delete older checkpoints (`null` keeps all)", ge=1)
     load: str | None = opt(None, "resume from a checkpoint, a `checkpoints/` directory or a run directory "
                            "(`--load` on the CLI)")
+    overwrite: bool = opt(False, "`reinforge train` / `offline` refuse an `output_dir` that already holds a run "
+                          "(`metrics.jsonl` or `checkpoints/`) unless they resume it (`recover: auto`, "
+                          "`--max-restarts`, `load` inside it); `true` deletes that directory first")
     tensorboard: bool = opt(True, "write TensorBoard event files")
     wandb_project: str | None = opt(None, "log the same metrics to this Weights & Biases project (`null`: off; "
                                     "`pip install wandb`)")

