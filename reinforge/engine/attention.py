@@ -141,11 +141,13 @@ class GatherDecode(_Decode):
 
 class KernelDecode(_Decode):
     """Paged cache and the Triton kernel: it reads each sequence's own length (idle rows see one key)
-    and stores the new token's K/V itself."""
+    and stores the new token's K/V itself. ``Lk`` here only chooses how many programs share a long
+    sequence's keys (split-K, :func:`~.paged_attention.decode_splits`): a power-of-two bound of the
+    longest length, so short contexts keep the single-pass kernel and few graph shapes arise."""
 
     @staticmethod
     def key_range(longest: int, layout) -> int:
-        return 0
+        return min(1 << max(0, math.ceil(math.log2(max(longest, 1)))), layout.block_size * layout.blocks_per_seq)
 
     def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
         self.lens = torch.where(active, pos + 1, 1)
@@ -153,7 +155,8 @@ class KernelDecode(_Decode):
     def attend(self, layer, q, k, v):
         r = self.r
         return paged_decode_attention_triton(q[:, 0], k[:, 0], v[:, 0], r.k_cache[layer], r.v_cache[layer],
-                                             r.block_table, self.lens, self.w_blk, self.w_off)[:, None]
+                                             r.block_table, self.lens, self.w_blk, self.w_off,
+                                             max_len=self.Lk)[:, None]
 
 
 def decode_context(paged: bool, kernel: bool) -> type[_Decode]:
