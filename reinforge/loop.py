@@ -7,7 +7,6 @@ the rollout function; :meth:`RLLoop.rollout_step` is one iteration, :meth:`RLLoo
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import sys
@@ -30,12 +29,12 @@ from .models.loading import load_tokenizer
 from .recover import Preempted, RecoverTimer, check_compatible, recover_candidates
 from .reward import RewardManager
 from .rollout.agent import prompt_tools
-from .rollout.async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
+from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
 from .records import Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
-from .utils import faults, seeds
+from .utils import seeds
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -128,14 +127,12 @@ class RLLoop:
         self.evals: list[tuple[str, dict[str, float]]] = []
         if resume is not None:
             self._restore(resume)
-        # asynchronous RL (rollout.max_staleness > 0): a producer thread generates through the gate
-        self.gate: WeightGate | None = None
-        self.producer: AsyncRolloutProducer | None = None
-        self.producer_ctx: RolloutContext | None = None
-        if r.max_staleness > 0:
-            self.gate = WeightGate(self.engine, r.partial_rollout)
-            self.producer_ctx = RolloutContext(cfg, self.gate, self.tokenizer, self.reward, stops)
-        self._t_prev_step = 0.0
+        # where rollouts come from: generated now, or ahead by a producer thread (rollout.max_staleness > 0)
+        self.source: RolloutSource = (
+            AsyncRollouts(cfg, self.rollout_fn, lambda gate: RolloutContext(cfg, gate, self.tokenizer, self.reward,
+                                                                             stops), self.train_data, self.reward,
+                          self.engine)
+            if r.max_staleness > 0 else SyncRollouts(cfg, self.rollout_fn, self.ctx, self.train_data, self.reward))
         dump_config(cfg, self.out / "config.yaml")
 
     def _max_model_len(self) -> int:
@@ -192,14 +189,10 @@ class RLLoop:
                      self.cfg.train.num_rollout, state["data"]["epoch"], state["data"]["offset"])
 
     def save(self, rollout_id: int) -> Path:
-        if self.producer is not None:  # the data position before the next rollout (in-flight ones are redone)
-            data = self.producer.snapshot_before(rollout_id + 1, self.train_data.state_dict)
-        else:
-            data = self.train_data.state_dict()
         state = {
             "rollout_id": rollout_id,
             "weight_version": self.weight_version,
-            "data": data,
+            "data": self.source.data_state(rollout_id),  # asynchronous: the rollouts in flight are redone
             "config": self.cfg.to_dict(),
             "history": self.history,
             "evals": self.evals,
@@ -211,23 +204,17 @@ class RLLoop:
 
     # ------------------------------------------------------------------ phases
     def sync_weights(self) -> dict[str, float]:
-        """Push the policy to the engine(s) as the next version. Asynchronous: through the gate,
-        which lets the generation in flight finish (or interrupts it, ``rollout.partial_rollout``)."""
+        """Push the policy to the engine(s) as the next version (asynchronous: through the gate,
+        which lets the generation in flight finish or interrupts it, ``rollout.partial_rollout``)."""
         self.weight_version += 1
-        if self.gate is None:
-            return self.cluster.sync_weights(self.weight_version)
         version = self.weight_version
-        out, waited = self.gate.run_update(lambda: self.cluster.sync_weights(version), version)
-        out["async/weight_update_wait_s"] = waited
-        return out
+        return self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:
             return None
         t = time.perf_counter()
-        # asynchronous: the producer's generation pauses (finishes or is interrupted) meanwhile
-        hold = self.gate.exclusive() if self.producer is not None else contextlib.nullcontext()
-        with hold:
+        with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
             self._seed_engine(seeds.EVAL_OFFSET + step)
             metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
         metrics["time/eval"] = time.perf_counter() - t
@@ -239,88 +226,21 @@ class RLLoop:
     def _seed_engine(self, value: int) -> None:
         self.engine.reseed(seeds.derive(self.cfg.rollout.seed, seeds.ENGINE_ROLLOUT, value))
 
-    def generate(self, rollout_id: int, ctx: RolloutContext | None = None
-                 ) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
-        """Groups to train on, all groups generated, and counts. With ``algo.dynamic_sampling``
-        groups whose rewards are all equal are dropped and further prompts are sampled until
-        ``rollout_batch_size`` groups are kept or ``dynamic_sampling_max_rounds`` rounds ran
-        (DAPO, Yu et al. 2025); the rollout then trains on the groups it kept (all of the last
-        round if none was kept). ``ctx``: the rollout context (default ``self.ctx``; the
-        asynchronous producer passes its own)."""
-        ctx = ctx or self.ctx
-        a, want = self.cfg.algo, self.cfg.rollout.rollout_batch_size
-        kept: list[list[Sample]] = []
-        generated: list[list[Sample]] = []
-        counts: dict[str, float] = {}
-        rounds = 0
-        while True:
-            groups = self.rollout_fn(ctx, rollout_id, self.train_data)
-            faults.hit("rollout")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
-            unscored = [s for g in groups for s in g if s.reward is None]
-            t = time.perf_counter()
-            for k, v in (self.reward.score(unscored) if unscored else {}).items():
-                counts[k] = counts.get(k, 0.0) + v
-            counts["time/reward"] = counts.get("time/reward", 0.0) + time.perf_counter() - t
-            generated += groups
-            rounds += 1
-            if not a.dynamic_sampling:
-                return groups, generated, counts
-            kept += [g for g in groups if len({s.reward for s in g}) > 1]
-            if len(kept) >= want or rounds >= a.dynamic_sampling_max_rounds:
-                break
-        counts["rollout/dynamic_sampling_rounds"] = float(rounds)
-        counts["rollout/kept_groups"] = float(min(len(kept), want))
-        return (kept[:want] or groups), generated, counts
-
-    def _produce(self, rollout_id: int) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
-        """Rollout ``rollout_id`` in the producer thread (asynchronous RL): seeded as the synchronous one."""
-        assert self.gate is not None
-        self.gate.reseed(seeds.derive(self.cfg.rollout.seed, seeds.ENGINE_ROLLOUT, rollout_id))
-        return self.generate(rollout_id, self.producer_ctx)
-
-    def _take(self, rollout_id: int) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float], float]:
-        """The producer's rollout ``rollout_id``, its groups checked against the staleness bound;
-        the async metrics; the producer's seconds for it."""
-        assert self.producer is not None
-        k = self.cfg.rollout.max_staleness
-        got = self.producer.take(rollout_id)
-        groups, generated, counts = got.value
-        counts = dict(counts)
-        counts["async/producer_reward_s"] = counts.pop("time/reward")
-        groups, dropped = drop_stale_groups(groups, self.weight_version, k)
-        if not groups:
-            raise RuntimeError(f"rollout {rollout_id}: every group has tokens older than policy version "
-                               f"{self.weight_version} - rollout.max_staleness={k}")
-        counts["async/dropped_stale_groups"] = float(dropped)
-        counts.update(staleness_metrics([s for g in groups for s in g], self.weight_version, k))
-        counts["async/trainer_wait_s"] = got.trainer_wait_s
-        counts["async/engine_idle_s"] = got.engine_idle_s
-        counts["async/producer_generate_s"] = got.generate_s
-        return groups, generated, counts, got.generate_s
-
     def rollout_step(self, rollout_id: int) -> tuple[dict[str, float], list[list[Sample]]]:
         """One RL iteration: generate and score, advantages, train, sync. Returns the metrics and
         every group generated (including those dynamic sampling dropped). Asynchronous
         (``rollout.max_staleness`` > 0): the rollout comes from the producer thread, generated
         meanwhile by policy versions ``>= rollout_id - max_staleness``."""
         cfg, cl = self.cfg, self.cluster
-        timings = {}
-        t = time.perf_counter()
-        if self.producer is None:
-            self._seed_engine(rollout_id)
-            groups, generated, counts = self.generate(rollout_id)
-            timings["time/reward"] = counts.pop("time/reward")
-            timings["time/generate"] = time.perf_counter() - t - timings["time/reward"]
-            generate_s = timings["time/generate"]
-        else:
-            groups, generated, counts, generate_s = self._take(rollout_id)
-            timings["time/generate"] = time.perf_counter() - t  # the trainer's wait for the rollout
+        rollout = self.source.take(rollout_id)
+        groups, generated, counts = rollout.groups, rollout.generated, dict(rollout.metrics)
+        timings = {k: counts.pop(k) for k in ("time/generate", "time/reward") if k in counts}
         flat = [s for g in groups for s in g]
         counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg.algo, flat))
         cl.before_train()
         t = time.perf_counter()
         old_lp = ref_lp = values = None
-        if cfg.train.num_steps_per_rollout > 1 or cfg.algo.use_kl_in_reward:
+        if cfg.needs_old_log_probs:
             old_lp = cl.compute_log_probs(flat)
         if cl.has_reference:
             ref_lp = cl.compute_log_probs(flat, reference=True)
@@ -348,16 +268,12 @@ class RLLoop:
         timings["time/sync"] = sync.pop("time/sync")
         metrics.update(sync)
         out_tokens = sum(s.response_length for g in generated for s in g)
-        metrics["perf/generate_tokens_per_s"] = out_tokens / max(generate_s, 1e-9)
+        metrics["perf/generate_tokens_per_s"] = out_tokens / max(rollout.generate_s, 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
         metrics["rollout/engine_restarts"] = float(getattr(self.engine, "restarts", 0))  # Ray: replaced engines
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
-        if self.producer is not None:
-            now = time.perf_counter()
-            metrics["async/samples_per_s"] = len(flat) / max(now - self._t_prev_step, 1e-9)
-            self._t_prev_step = now
         return metrics, generated
 
     # ------------------------------------------------------------------ loop
@@ -375,12 +291,7 @@ class RLLoop:
                                "data/dropped_prompts": float(self.train_data.num_dropped)})
             if cfg.eval.eval_before_train and self.start_rollout == 0:
                 self.run_eval("before", 0, logger)
-            if self.gate is not None and self.start_rollout < cfg.train.num_rollout:
-                self.producer = AsyncRolloutProducer(
-                    self._produce, self.gate, self.start_rollout, cfg.train.num_rollout, cfg.rollout.max_staleness,
-                    snapshot=self.train_data.state_dict)
-                self._t_prev_step = time.perf_counter()
-                self.producer.start()
+            self.source.start(self.start_rollout, cfg.train.num_rollout)
             bar = None
             if cfg.run.progress:
                 from tqdm.auto import tqdm
@@ -417,13 +328,13 @@ class RLLoop:
                 result.last_rollout_id = rollout_id
             if bar is not None:
                 bar.close()
-            self._stop_producer()
+            self.source.close()
             if self.start_rollout < cfg.train.num_rollout:
                 self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
                 if cfg.run.save_final:
                     self.save(cfg.train.num_rollout - 1)
         finally:
-            self._stop_producer()
+            self.source.close()
             if timer is not None:
                 timer.uninstall()
             logger.close()
@@ -444,16 +355,8 @@ class RLLoop:
                 for s in g:
                     f.write(json.dumps(s.to_dict(), default=str) + "\n")
 
-    def _stop_producer(self) -> None:
-        """End the producer thread (interrupting its generation); idempotent."""
-        producer, self.producer = self.producer, None
-        if producer is not None:
-            producer.close()
-
     def close(self) -> None:
-        self._stop_producer()
-        if self.producer_ctx is not None:
-            self.producer_ctx.close()
+        self.source.shutdown()
         self.ctx.close()
         self.reward.close()
         self.cluster.shutdown()

@@ -11,6 +11,7 @@ from reinforge.algo.losses import POLICY_LOSSES, decoupled_policy_loss
 from reinforge.config import load_config
 from reinforge.config.fields import ConfigError
 from reinforge.loop import RLLoop, run_training
+from reinforge.rollout.source import SyncRollouts
 from reinforge.rollout.async_rollout import (AsyncRolloutProducer, WeightGate, drop_stale_groups,
                                              staleness_metrics)
 from reinforge.records import GenerateRequest, Sample, SamplingParams
@@ -300,7 +301,7 @@ def test_zero_staleness_is_the_synchronous_loop(tmp_path, tiny_model_path):
         out = tmp_path / name
         loop = RLLoop(_loop_cfg(tiny_model_path, out, **extra, **{"data.n_eval_prompts": 0, "run.save_final": "false",
                                                                   "train.num_rollout": 2}))
-        assert loop.gate is None
+        assert isinstance(loop.source, SyncRollouts)
         try:
             loop.train()
         finally:
@@ -378,8 +379,8 @@ def test_ray_shutdown_mid_generation_ends_thread_and_actors(tmp_path, tiny_model
     try:
         loop = RLLoop(cfg)
         engines = list(loop.cluster.engine.handles)
-        loop.producer = AsyncRolloutProducer(loop._produce, loop.gate, 0, 20, 2).start()
-        loop.producer.take(0)  # the engine is generating rollouts 1 and 2 now
+        loop.source.start(0, 20)
+        loop.source.producer.take(0)  # the engine is generating rollouts 1 and 2 now
         t = time.perf_counter()
         loop.close()
         assert time.perf_counter() - t < 120

@@ -21,7 +21,7 @@ from reinforge.algo.losses import (aggregate, behaviour_importance_weight, clipp
                                    kl_penalty, ppo_clip_loss)
 from reinforge.algo.passk import pass_at_k
 from reinforge.config import load_config
-from reinforge.rollout.types import Sample
+from reinforge.records import Sample
 from reinforge.train.rollout_advantages import compute_advantages
 
 # ----------------------------------------------------------------------------- reference formulas

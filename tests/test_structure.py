@@ -117,6 +117,26 @@ def test_subpackage_import_graph_has_no_cycle():
     assert cycle is None, "subpackage cycle: " + " -> ".join(cycle)
 
 
+MAX_LINES = 600
+
+
+def test_every_module_is_at_most_600_lines():
+    """Small modules with one job: none over 600 lines (docs/design.md)."""
+    long = {n: len(p.read_text().splitlines()) for n, p in _modules().items()}
+    long = {n: k for n, k in long.items() if k > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_engine_layers_stay_apart():
+    """The engine's scheduler is host-only (no torch), and the engine package never reaches up into
+    the rollout layer that uses it."""
+    lines = (PKG / "engine" / "scheduler.py").read_text().splitlines()
+    assert not [line for line in lines if line.startswith(("import torch", "from torch"))]
+    for mod, deps in _graph().items():
+        if mod.startswith("reinforge.engine"):
+            assert not any(d.startswith(("reinforge.rollout", "reinforge.train", "reinforge.loop")) for d in deps), mod
+
+
 def test_every_module_imports_in_a_fresh_interpreter():
     names = sorted(n for n in _modules() if not n.endswith("__main__"))  # __main__ runs the CLI
     code = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
@@ -163,7 +183,7 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, mon
     from reinforge.config import load_config
     from reinforge.models.loading import load_tokenizer
     from reinforge.rollout.backends import BACKENDS, build_engine, engine_spec
-    from reinforge.rollout.embedded import EmbeddedEngine
+    from reinforge.engine import EmbeddedEngine
 
     # registered for this test only (the registry feeds the config's choices and docs/config.md)
     monkeypatch.setattr(BACKENDS, "_entries", dict(BACKENDS._entries))

@@ -1,11 +1,12 @@
-"""Configuration: one dataclass per concern (``sections.py``), composed into :class:`Config`,
+"""Configuration: one dataclass per concern (``sections.py``), composed into :class:`Config` (``root.py``),
 read from YAML plus ``key=value`` overrides (``loader.py``); every key's help and bounds sit
 beside its field (``fields.opt``) and ``docs/config.md`` is generated from them (``docs.py``)."""
 
 from .fields import ConfigError
 from .loader import config_from_dict, config_from_values, dump_config, load_config, parse_override
-from .sections import (SECTIONS, AgentConfig, AlgoConfig, ClusterConfig, Config, CriticConfig, DataConfig, EvalConfig,
-                       EngineConfig, ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
+from .root import SECTIONS, Config
+from .sections import (AgentConfig, AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
+                       ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 __all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",
            "dump_config", "parse_override", "AgentConfig", "AlgoConfig", "ClusterConfig", "CriticConfig", "DataConfig",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .fields import bounds_text
-from .sections import SECTIONS
+from .root import SECTIONS
 
 INTRO = """\
 # Configuration reference

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from .fields import ConfigError
-from .sections import SECTIONS, Config
+from .root import SECTIONS, Config
 
 
 # --------------------------------------------------------------------------- loading

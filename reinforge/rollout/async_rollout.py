@@ -286,7 +286,9 @@ class AsyncRolloutProducer(Generic[T]):
                 self._cond.notify_all()
 
     def take(self, rollout_id: int) -> ProducedRollout[T]:
-        """Rollout ``rollout_id``, waiting for it.
+        """Rollout ``rollout_id``, waiting for it. The data snapshots of it and earlier rollouts are
+        dropped (a checkpoint after it asks for the next one's: :meth:`snapshot_before`), so memory
+        stays bounded by the rollouts in flight.
 
         Raises:
             RuntimeError: producing it failed (the message names the engine; the cause is chained),
@@ -304,6 +306,8 @@ class AsyncRolloutProducer(Generic[T]):
                 raise RuntimeError(f"the rollout producer stopped before producing rollout {rollout_id}")
             value, gen_s = self._ready.pop(rollout_id)
             idle, self._idle = self._idle, 0.0
+            for j in [j for j in self._snapshots if j <= rollout_id]:  # checkpoints ask for later ones only
+                del self._snapshots[j]
         return ProducedRollout(rollout_id, value, gen_s, idle, time.perf_counter() - t)
 
     def snapshot_before(self, rollout_id: int, current: Callable[[], Any]) -> Any:
@@ -311,12 +315,6 @@ class AsyncRolloutProducer(Generic[T]):
         when it has not started (evaluated under the producer's lock, so it cannot start meanwhile)."""
         with self._cond:
             return self._snapshots[rollout_id] if rollout_id in self._snapshots else current()
-
-    def forget_before(self, rollout_id: int) -> None:
-        """Drop the snapshots of rollouts before ``rollout_id`` (memory)."""
-        with self._cond:
-            for j in [j for j in self._snapshots if j < rollout_id]:
-                del self._snapshots[j]
 
     def close(self, timeout: float = 60.0) -> None:
         """Close the gate and join the thread (generation in flight is interrupted when the engine

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..algo.logprobs import token_log_probs
-from ..algo.losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_penalty
+from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
@@ -163,7 +163,7 @@ class Actor(ModelTrainer):
         steps = cfg.train.num_steps_per_rollout
         if data.old_log_probs is not None:
             per_token["old_log_probs"] = data.old_log_probs
-        elif steps > 1:
+        elif cfg.needs_old_log_probs:
             per_token["old_log_probs"] = self.compute_log_probs(samples)
         if self.has_reference and cfg.algo.use_kl_loss:
             per_token["ref_log_probs"] = (data.ref_log_probs if data.ref_log_probs is not None
@@ -174,7 +174,6 @@ class Actor(ModelTrainer):
     def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
                     ) -> dict[str, float]:
         a = self.cfg.algo
-        policy_loss = POLICY_LOSSES.get(a.policy_loss)
         use_kl = "ref_log_probs" in per_token
         self.model.train()
         # Loss normalisers count every sample of the step ...
@@ -187,61 +186,22 @@ class Actor(ModelTrainer):
             idx = [i for i in idx if bool(per_token["advantages"][i].any())]
         mbs, real = self.rank_micro_batches(samples, idx, per_token)
         # per-token sums stay on the device until the step ends (one synchronisation, not ~10 per micro-batch)
-        sums: dict[str, float | torch.Tensor] = {
-            k: 0.0 for k in ("loss", "pg_loss", "kl", "entropy", "clipfrac", "ratio", "importance_weight",
-                             "tis_truncated", "tis_masked", "approx_kl", "logprob_abs_diff", "trained_tokens")}
+        sums: dict[str, float | torch.Tensor] = dict.fromkeys(("loss", "trained_tokens", *STAT_KEYS), 0.0)
         for mb in mbs:
             lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric")
-            lp_grid = self.to_grid(mb, lp)
-            f = mb.fields
-            old = f["old_log_probs"] if "old_log_probs" in f else lp_grid.detach()
-            mask = mb.loss_mask
-            iw = torch.exp(old - f["rollout_log_probs"])
-            weight = None
-            if a.use_tis and a.tis_mode == "truncate":
-                weight = iw.clamp(max=a.tis_clip)
-            elif a.use_tis:
-                keep = ((iw >= a.tis_clip_low) & (iw <= a.tis_clip)).to(mask.dtype)
-                sums["tis_masked"] += (mask * (1 - keep)).sum()
-                mask = mask * keep
-            if self.cfg.decoupled_loss:  # AReaL's objective: clip against pi_prox (old), weight pi_prox / pi_behav
-                cap = a.tis_clip if weight is not None else None
-                pg, ratio, clipped, weight = decoupled_policy_loss(policy_loss, lp_grid, old, f["rollout_log_probs"],
-                                                                   f["advantages"], mask, a, cap)
-            else:
-                pg, ratio, clipped = policy_loss(lp_grid, old, f["advantages"], mask, a)
-                if weight is not None:
-                    pg = pg * weight
-            total = pg
-            kl = None
-            if use_kl:
-                kl = kl_penalty(lp_grid, f["ref_log_probs"], a.kl_loss_type, mb.loss_mask)
-                total = total + a.kl_loss_coef * kl
-            ent_grid = self.to_grid(mb, ent)
-            if a.entropy_coef > 0:
-                total = total - a.entropy_coef * ent_grid
-            loss = aggregate(total, mask, a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                             norm_length=self.cfg.rollout.rollout_max_response_len, norm_mask=mb.loss_mask)
+            lp_grid, f = self.to_grid(mb, lp), mb.fields
+            inputs = ObjectiveInputs(
+                log_probs=lp_grid, old_log_probs=f["old_log_probs"] if "old_log_probs" in f else lp_grid.detach(),
+                rollout_log_probs=f["rollout_log_probs"], advantages=f["advantages"], mask=mb.loss_mask,
+                entropy=self.to_grid(mb, ent), ref_log_probs=f.get("ref_log_probs"))
+            loss, stats = policy_objective(inputs, a, decoupled=self.cfg.decoupled_loss, num_tokens=num_tokens,
+                                           num_seqs=num_seqs, norm_length=self.cfg.rollout.rollout_max_response_len)
             if faults.hit("nan_loss"):  # fault injection (tests); a no-op unless REINFORGE_FAULT arms it
                 loss = loss * float("nan")
             (loss * self.loss_scale).backward()
             sums["loss"] += loss.detach()
-            m = mb.loss_mask
-
-            def tok_sum(x: torch.Tensor) -> torch.Tensor:
-                return (x.detach().float() * m).sum()
-
-            sums["pg_loss"] += tok_sum(pg)
-            sums["ratio"] += tok_sum(ratio)
-            sums["clipfrac"] += tok_sum(clipped.float())
-            sums["entropy"] += tok_sum(ent_grid)
-            sums["importance_weight"] += tok_sum(iw)
-            truncating = a.use_tis and a.tis_mode == "truncate"
-            sums["tis_truncated"] += tok_sum((iw > a.tis_clip).float()) if truncating else 0.0
-            sums["approx_kl"] += tok_sum(kl_penalty(lp_grid.detach(), old, "k3"))
-            sums["logprob_abs_diff"] += tok_sum((old - f["rollout_log_probs"]).abs())
-            if kl is not None:
-                sums["kl"] += tok_sum(kl)
+            for k, v in stats.items():
+                sums[k] += v
         for mb in mbs[:real]:
             sums["trained_tokens"] += mb.loss_mask.sum()
         sums = to_floats(sums)

@@ -1,0 +1,129 @@
+"""The root configuration: the sections composed into :class:`Config`, and the checks that
+span several sections (one section's own checks are in :mod:`.sections`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .fields import ConfigError
+from .sections import (AgentConfig, AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
+                       ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "engine": EngineConfig,
+    "reward": RewardConfig,
+    "agent": AgentConfig,
+    "algo": AlgoConfig,
+    "critic": CriticConfig,
+    "offline": OfflineConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "cluster": ClusterConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass
+class Config:
+    """The run's configuration: one field per section of :data:`SECTIONS`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    offline: OfflineConfig = field(default_factory=OfflineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def decoupled_loss(self) -> bool:
+        """Whether the policy loss is the decoupled PPO objective: ``algo.use_decoupled_loss``, or
+        when it is null, whether the run is asynchronous (``rollout.max_staleness`` > 0)."""
+        a = self.algo.use_decoupled_loss
+        return self.rollout.max_staleness > 0 if a is None else a
+
+    @property
+    def needs_old_log_probs(self) -> bool:
+        """Whether the rollout's log-probs under the policy that generated it are recomputed by the
+        trainer before training (the one place this is decided): several optimizer steps per rollout
+        (the later steps' ratios are against them) or KL in the reward. With one step and neither,
+        the step's own forward pass gives them (detached)."""
+        return self.train.num_steps_per_rollout > 1 or self.algo.use_kl_in_reward
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step: rollout_batch_size * n_samples_per_prompt / num_steps_per_rollout."""
+        r = self.rollout
+        return r.rollout_batch_size * r.n_samples_per_prompt // self.train.num_steps_per_rollout
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> "Config":
+        """Check every section, then the combinations across sections.
+
+        Raises:
+            ConfigError: naming the key(s) and the fix.
+        """
+        for name in SECTIONS:
+            getattr(self, name).validate()
+        r, t, a, c = self.rollout, self.train, self.algo, self.cluster
+        samples = r.rollout_batch_size * r.n_samples_per_prompt
+        if samples % t.num_steps_per_rollout:
+            raise ConfigError(
+                f"rollout.rollout_batch_size * rollout.n_samples_per_prompt = {samples} samples is not divisible "
+                f"by train.num_steps_per_rollout={t.num_steps_per_rollout}: each optimizer step needs the same "
+                f"global batch size")
+        if a.dynamic_sampling and r.n_samples_per_prompt < 2:
+            raise ConfigError("algo.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
+        if a.overlong_buffer_len is not None and a.overlong_buffer_len >= r.rollout_max_response_len:
+            raise ConfigError(f"algo.overlong_buffer_len must be in (0, rollout.rollout_max_response_len="
+                              f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}")
+        g = self.agent
+        if g.tools and not r.custom_generate_function_path:
+            raise ConfigError("agent.tools is set but nothing calls tools: set rollout.custom_generate_function_path="
+                              "reinforge.rollout.agent:generate")
+        e = self.engine
+        if r.partial_rollout and e.backend != "embedded":
+            raise ConfigError(f"rollout.partial_rollout=true needs engine.backend=embedded (it is {e.backend}): "
+                              f"only the embedded engine can interrupt and continue generation")
+        if e.backend == "hf" and r.custom_generate_function_path == "reinforge.rollout.agent:generate" \
+                and g.stop_after_tool_call:
+            from ..tools.formats import TOOL_CALL_FORMATS as formats
+
+            if formats.get(g.tool_call_format).stop:
+                raise ConfigError("agent.stop_after_tool_call=true ends turns with a stop string, which "
+                                  "engine.backend=hf does not support: set agent.stop_after_tool_call=false")
+        if g.max_turn_tokens is not None and g.max_turn_tokens > r.rollout_max_response_len:
+            raise ConfigError(f"agent.max_turn_tokens={g.max_turn_tokens} exceeds rollout.rollout_max_response_len="
+                              f"{r.rollout_max_response_len}, the budget of the whole response")
+        from ..algo.advantages import ADV_ESTIMATORS
+
+        if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:
+            raise ConfigError(f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
+                              f"it needs rollout.n_samples_per_prompt >= 2")
+        if r.max_staleness > 0:
+            if a.needs_critic:
+                raise ConfigError(f"rollout.max_staleness={r.max_staleness} is not supported with "
+                                  f"algo.advantage_estimator={a.advantage_estimator} (a critic): use a critic-free "
+                                  f"estimator (grpo, rloo, reinforce_plus_plus...) or rollout.max_staleness=0")
+            if c.mode == "ray" and c.colocate:
+                raise ConfigError(f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
+                                  f"needs engines on their own GPUs (cluster.colocate=false)")
+        if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
+            raise ConfigError(f"engine.backend={e.backend} runs one engine per GPU: "
+                              f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "
+                              f"engine.backend=vllm)")
+        return self
