@@ -192,3 +192,35 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, mon
     engine = build_engine(engine_spec(cfg, tiny_model_path, load_tokenizer(tiny_model_path), torch.device("cpu"), 64))
     assert isinstance(engine, EmbeddedEngine) and engine.num_slots == 4
     engine.shutdown()
+
+
+FILE_EXTS = ("py", "md", "yaml", "json", "jsonl", "txt")
+NOT_KEYS = {"engine.generate", "model.generate", "model.layers",
+            "cluster.world_size"}  # the last: the derived trainer world size, compared on resume (recover.py)
+
+
+def test_config_keys_named_in_messages_exist():
+    """Every ``section.key`` that the package's strings (messages, help texts, docstrings) name is a
+    real key, or the old spelling of a moved one: an error never names a key that does not exist."""
+    import re
+
+    from reinforge.config import SECTIONS
+    from reinforge.config.loader import MOVED_KEYS, _section_fields
+
+    modules = _modules()
+    pattern = re.compile(r"(?<![\w./])(" + "|".join(SECTIONS) + r")\.([a-z_][a-z0-9_]*)\b(?![.(/])")
+    unknown = set()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            for m in pattern.finditer(node.value):
+                section, key = m.groups()
+                if key in _section_fields(section) or (section, key) in MOVED_KEYS:
+                    continue
+                if f"reinforge.{section}.{key}" in modules or f"{section}.{key}" in NOT_KEYS or key in FILE_EXTS:
+                    continue  # a module, a file, a method or a derived value
+                if node.value[m.end():m.end() + 1] == "*":
+                    continue  # a family of keys (engine.sglang_*)
+                unknown.add(f"{name}: {section}.{key}")
+    assert not unknown, sorted(unknown)
