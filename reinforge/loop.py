@@ -31,7 +31,7 @@ from .reward import RewardManager
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
 from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
-from .records import Sample, Status
+from .records import ReplicatedEngine, Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
 from .utils import seeds
@@ -271,7 +271,8 @@ class RLLoop:
         metrics["perf/generate_tokens_per_s"] = out_tokens / max(rollout.generate_s, 1e-9)
         metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
         metrics["weight_version"] = float(self.weight_version)
-        metrics["rollout/engine_restarts"] = float(getattr(self.engine, "restarts", 0))  # Ray: replaced engines
+        restarts = self.engine.restarts if isinstance(self.engine, ReplicatedEngine) else 0  # Ray: replaced engines
+        metrics["rollout/engine_restarts"] = float(restarts)
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
         return metrics, generated

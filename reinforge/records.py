@@ -74,11 +74,6 @@ class RolloutEngine(Protocol):
         """Results in request order; request i gets ``requests[i].n`` results."""
         ...
 
-    # Optional (asynchronous RL with rollout.partial_rollout): ``interrupt()``, callable from
-    # another thread, makes a running ``generate`` return at its next step boundary, unfinished
-    # samples ending with ``FinishReason.ABORT`` and the tokens generated so far; calls return at
-    # once until ``resume()``. See :mod:`reinforge.rollout.async_rollout`.
-
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new policy weights (Hugging Face names) in place; later results carry ``version``."""
         ...
@@ -87,15 +82,40 @@ class RolloutEngine(Protocol):
         """Restart the sampling random stream from ``seed``."""
         ...
 
-    def sleep(self) -> None:
-        """Release the KV cache (and optionally weights) so a colocated trainer can use the memory."""
+    def sleep(self, offload_weights: bool = False) -> None:
+        """Release the KV cache (and the weights' device memory with ``offload_weights``) so a
+        colocated trainer can use the memory."""
         ...
 
     def wake_up(self) -> None:
+        """Undo :meth:`sleep`."""
         ...
 
     def shutdown(self) -> None:
         ...
+
+
+@runtime_checkable
+class InterruptibleEngine(RolloutEngine, Protocol):
+    """An engine whose generation can be cut short and continued (asynchronous RL with
+    ``rollout.partial_rollout``; the embedded engine and the Ray pool of them)."""
+
+    def interrupt(self) -> None:
+        """Callable from another thread: a running ``generate`` returns at its next step boundary,
+        unfinished samples ending with ``FinishReason.ABORT`` and the tokens generated so far;
+        calls return at once until :meth:`resume`."""
+        ...
+
+    def resume(self) -> None:
+        ...
+
+
+@runtime_checkable
+class ReplicatedEngine(RolloutEngine, Protocol):
+    """Several engines behind one interface (the Ray ``EnginePool``)."""
+
+    infos: list[dict[str, Any]]  # per engine: index, node, GPU
+    restarts: int  # engines replaced after a failure so far
 
 
 class Status(str, enum.Enum):

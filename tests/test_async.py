@@ -160,6 +160,21 @@ class _AbortingEngine:
     def resume(self):
         pass
 
+    def update_weights(self, named_tensors, version):
+        self.weight_version = version
+
+    def reseed(self, seed):
+        pass
+
+    def sleep(self, offload_weights=False):
+        pass
+
+    def wake_up(self):
+        pass
+
+    def shutdown(self):
+        pass
+
 
 def test_engine_side_abort_is_final():
     engine = _AbortingEngine()
@@ -190,6 +205,21 @@ def test_without_partial_rollout_update_waits_for_generation(engine):
     for r in out["r"][0]:
         assert len(r.token_ids) == 10 and r.token_versions is None and r.weight_version == 0
     assert engine.weight_version == 1
+
+
+def test_producer_memory_stays_bounded_over_many_rollouts():
+    """The producer keeps a data snapshot per rollout it starts (for checkpoints); taking a rollout
+    drops those of it and earlier ones, so over a long run only the rollouts in flight are held."""
+    gate = WeightGate(_AbortingEngine())
+    k = 2
+    producer = AsyncRolloutProducer(lambda j: j, gate, 0, 500, k, snapshot=lambda: {"offset": 0}).start()
+    try:
+        for j in range(500):
+            assert producer.take(j).value == j
+            gate.run_update(lambda: None, j + 1)
+            assert len(producer._snapshots) <= k + 1 and len(producer._ready) <= k + 1
+    finally:
+        producer.close()
 
 
 def test_producer_respects_bound_and_shuts_down_mid_generation(engine):

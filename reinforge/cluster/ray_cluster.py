@@ -278,8 +278,8 @@ class EnginePool:
     def resume(self) -> None:
         self._get([h.resume.remote() for h in self.handles])
 
-    def sleep(self) -> None:
-        self._get([h.sleep.remote(self.offload_weights) for h in self.handles])
+    def sleep(self, offload_weights: bool = False) -> None:
+        self._get([h.sleep.remote(offload_weights or self.offload_weights) for h in self.handles])
 
     def wake_up(self) -> None:
         self._get([h.wake_up.remote() for h in self.handles])

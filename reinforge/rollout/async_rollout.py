@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from ..records import FinishReason, GenerateRequest, GenerateResult, RolloutEngine
+from ..records import (FinishReason, GenerateRequest, GenerateResult, InterruptibleEngine, ReplicatedEngine,
+                       RolloutEngine)
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,8 @@ class RolloutCancelled(Exception):
 
 def describe_engine(engine: Any) -> str:
     """A name for ``engine`` in error messages (the Ray pool names the failing engine itself)."""
-    infos = getattr(engine, "infos", None)
-    if infos:
-        return f"rollout engines {[i.get('index') for i in infos]} (Ray)"
+    if isinstance(engine, ReplicatedEngine):
+        return f"rollout engines {[i.get('index') for i in engine.infos]} (Ray)"
     return f"rollout engine {type(engine).__name__} (in-process)"
 
 
@@ -92,7 +92,7 @@ class WeightGate:
     """
 
     def __init__(self, engine: RolloutEngine, partial_rollout: bool = False):
-        if partial_rollout and not callable(getattr(engine, "interrupt", None)):
+        if partial_rollout and not isinstance(engine, InterruptibleEngine):
             raise ValueError(f"rollout.partial_rollout=true needs an engine with interrupt(); "
                              f"{type(engine).__name__} has none (use engine.backend=embedded)")
         self.engine = engine
@@ -150,8 +150,8 @@ class WeightGate:
         with self._lock:
             self.engine.reseed(seed)
 
-    def sleep(self) -> None:
-        self.engine.sleep()
+    def sleep(self, offload_weights: bool = False) -> None:
+        self.engine.sleep(offload_weights)
 
     def wake_up(self) -> None:
         self.engine.wake_up()
@@ -203,7 +203,7 @@ class WeightGate:
             self._closed = True
             self._cond.notify_all()
         self._open.set()
-        if callable(getattr(self.engine, "interrupt", None)):
+        if isinstance(self.engine, InterruptibleEngine):
             try:
                 self.engine.interrupt()
             except Exception as err:  # a dead engine: nothing left to interrupt
@@ -328,10 +328,9 @@ class AsyncRolloutProducer(Generic[T]):
             self._thread.join(timeout)
         if self._thread.is_alive():
             raise RuntimeError(f"the rollout producer thread did not stop within {timeout:.0f} s")
-        resume = getattr(self.gate.engine, "resume", None)
-        if callable(resume):  # the engine serves the loop again (final evaluation)
+        if isinstance(self.gate.engine, InterruptibleEngine):  # the engine serves the loop again (final evaluation)
             try:
-                resume()
+                self.gate.engine.resume()
             except Exception as err:  # a failed engine: the error is reported by take()
                 log.debug("resume after close failed: %s", err)
 
