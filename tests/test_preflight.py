@@ -222,19 +222,27 @@ def test_kv_cache_larger_than_memory_refused_in_words(tmp_path):
                                 "train.max_tokens_per_gpu=30000"]), folder, 100, memory=GIB)
 
 
-def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("triton", [True, False])
+def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypatch, triton):
+    """The engine's own rule on a GPU (EmbeddedEngine._pool_size): one sequence and one spare block must fit in
+    rollout.kv_cache_memory_fraction of the free memory. Blocks of 16 tokens with Triton, else one per sequence."""
     folder = write_config(tmp_path / "m", max_position_embeddings=131072)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * GIB, 80 * GIB))
+    monkeypatch.setattr("reinforge.utils.triton.triton_available", lambda device_type: triton)
     cfg = load_config(None, ["rollout.rollout_max_response_len=65536", "train.max_tokens_per_gpu=70000",
                              "rollout.kv_cache_memory_fraction=0.3"])
-    # bf16 on a GPU: 28672 bytes per token x 65636 tokens = 1.75 GiB, and the engine keeps one spare block (here
-    # of a whole sequence: no Triton on this test's fake GPU, one block per sequence): 3.5 GiB > 0.3 x 4 GiB
+    # bf16 on a GPU: 28672 bytes per token x 65636 tokens = 1.75 GiB (+ a spare block: 16 tokens, or a whole
+    # sequence without Triton) > 0.3 x 4 GiB
     msg = refused(check_rl, cfg, folder, 100, device=torch.device("cuda"))
-    for part in ("one sequence of 65636 tokens", "needs 3.5 GiB", "x 2 bytes, bfloat16",
-                 "rollout.kv_cache_memory_fraction=0.3 of the 4.0 GiB free on cuda is 1.2 GiB"):
+    for part in ("one sequence of 65636 tokens", "needs 1.8 GiB" if triton else "needs 3.5 GiB",
+                 "x 2 bytes, bfloat16", "rollout.kv_cache_memory_fraction=0.3 of the 4.0 GiB free on cuda is 1.2 GiB"):
         assert part in msg, msg
-    check_rl(load_config(None, ["rollout.rollout_max_response_len=65536", "train.max_tokens_per_gpu=70000",
-                                "rollout.kv_cache_memory_fraction=0.9"]), folder, 100, device=torch.device("cuda"))
+    fits = load_config(None, ["rollout.rollout_max_response_len=65536", "train.max_tokens_per_gpu=70000",
+                              "rollout.kv_cache_memory_fraction=0.5"])
+    if triton:
+        check_rl(fits, folder, 100, device=torch.device("cuda"))
+    else:
+        assert "needs 3.5 GiB" in refused(check_rl, fits, folder, 100, device=torch.device("cuda"))
 
 
 # ----------------------------------------------------------------------------- wiring
@@ -271,8 +279,9 @@ def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_pa
 
 
 def test_messages_name_only_keys_that_exist():
-    """Every `section.key` in the messages (the tests' and every one the module can write) is a key of
-    reinforge/config/sections.py (module paths such as `.cluster.resources` are not keys: a dot before)."""
+    """Every `section.key` in the messages (those the tests above collected, and every one the module's source
+    can write) is a key of reinforge/config/sections.py (module paths such as `.cluster.resources` are not
+    keys: a dot before)."""
     keys = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     pattern = re.compile(r"(?<![\w.])(" + "|".join(SECTIONS) + r")\.([a-z_][a-z0-9_]*)")
     source = Path(preflight.__file__).read_text()
@@ -280,4 +289,3 @@ def test_messages_name_only_keys_that_exist():
     assert not sorted(named - keys), sorted(named - keys)
     assert {"rollout.rollout_max_response_len", "train.max_tokens_per_gpu", "data.rollout_max_prompt_len",
             "eval.eval_max_response_len", "rollout.max_num_seqs", "offline.max_length"} <= named
-    assert len(MESSAGES) >= 10  # the refusals above were collected (this test runs last in the module)
