@@ -33,7 +33,6 @@ and the engine are built.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +45,6 @@ from .models.context import ContextWindow, context_window
 
 if TYPE_CHECKING:
     from .config import Config
-
-log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 MIB = 1 << 20
