@@ -29,10 +29,20 @@ def _train(args: argparse.Namespace) -> int:
 
         return supervise(([f"--config={args.config}"] if args.config else []) + overrides,
                          Path(cfg.run.output_dir), cfg.run.max_restarts)
+    _preflight_rl(cfg)
     from .loop import run_training
 
     run_training(cfg)
     return 0
+
+
+def _preflight_rl(cfg) -> None:
+    """Lengths, budgets and engine memory in a second, before datasets load (reinforge/preflight.py);
+    the exact check, with the datasets' longest prompt, runs before the trainer and engine are built."""
+    from .models.hub import resolve_model_path
+    from .preflight import check_rl
+
+    check_rl(cfg, resolve_model_path(cfg.model.path))
 
 
 def _offline(args: argparse.Namespace) -> None:
@@ -66,6 +76,7 @@ def _eval(args: argparse.Namespace) -> None:
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
     cfg = load_config(args.config, overrides + ["train.num_rollout=0", "run.recover=off", "run.max_restarts=0"])
+    _preflight_rl(cfg)
     from .eval.evaluate import format_table
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
@@ -88,6 +99,7 @@ def _generate(args: argparse.Namespace) -> None:
     from .data import render_prompt
     from .models.hub import resolve_model_path
     from .models.loading import load_tokenizer
+    from .preflight import check_generate
     from .rollout.backends import build_engine, engine_spec
     from .rollout.generate import RolloutContext, model_stop_token_ids
     from .records import GenerateRequest
@@ -97,6 +109,7 @@ def _generate(args: argparse.Namespace) -> None:
     tok = load_tokenizer(path)
     text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
     ids = tok(text, add_special_tokens=False)["input_ids"]
+    check_generate(cfg, path, len(ids), args.max_new_tokens, args.n)
     engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens))
     ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
     params = ctx.sampling_params(greedy=args.temperature == 0)

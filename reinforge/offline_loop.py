@@ -28,6 +28,7 @@ from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
 from .models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
 from .models.reward_model import save_reward_model
+from .preflight import check_offline, longest_example
 from .train.offline import OfflineTrainer, RefLogps
 from .train.parallel import ParallelContext, full_tensor
 from .utils.device import resolve_device
@@ -72,6 +73,8 @@ class OfflineLoop:
         d = cfg.data
         self.train_set, self.eval_set = load_offline_datasets(o, self.tokenizer, d.system_prompt, d.seed,
                                                               d.apply_chat_template)
+        sets = [self.train_set] + ([self.eval_set] if self.eval_set else [])  # lengths and budget, before the trainer
+        check_offline(cfg, self.base_path, max(longest_example(s.examples) for s in sets))
         self.steps_per_epoch = math.ceil(len(self.train_set.examples) / o.global_batch_size)
         self.total_steps = self.steps_per_epoch * o.num_epochs
         self.trainer = OfflineTrainer(cfg, self.base_path, self.device, self.total_steps, self.parallel,

@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..utils.triton import triton_available
 from . import fused
+from .context import context_window
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # RoPE variants whose frequencies are fixed at load time (so a precomputed table is exact).
@@ -375,7 +376,8 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False
         self.variant = Variant()  # how this copy computes (set_variant)
-        self._max_positions = max_positions or self.args.max_position_embeddings
+        # RoPE table: the context window, RoPE scaling (YaRN, linear) counted (models/context.py)
+        self._max_positions = max_positions or context_window(hf_config).tokens
         self.rope_cos: torch.Tensor
         self.rope_sin: torch.Tensor
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)

@@ -1,0 +1,410 @@
+"""Checks before any engine or trainer is built: lengths, token budgets, engine slots, KV-cache memory.
+
+Each check compares numbers the configuration fixes with what the model or the machine holds
+and, where the run would fail later (an ``IndexError`` in the RoPE table, a device-side assert,
+the allocator's raw error, a first rollout that never ends), refuses now in words
+(:class:`PreflightError`) naming the keys to change, their values and the limit:
+
+* **context window** (:func:`reinforge.models.context.context_window`: ``max_position_embeddings``,
+  RoPE scaling such as YaRN counted): the longest prompt + ``rollout.rollout_max_response_len``
+  (training), + the evaluation response (``eval.eval_max_response_len``, else the rollout's),
+  + ``--max-new-tokens`` (``reinforge generate``); the longest example (``reinforge offline``);
+* **token budgets**: ``train.max_tokens_per_gpu`` must hold one whole training sequence (a
+  micro-batch never splits a sequence; verl refuses the same in its dynamic batching).
+  ``engine.max_prefill_tokens`` and ``train.log_prob_chunk_size`` need not: a longer prompt is
+  prefilled in chunks, log-probs are computed in chunks;
+* **engine slots** (embedded engine): a prompt's samples are decoded together, so
+  ``rollout.n_samples_per_prompt`` and ``eval.n_samples_per_eval_prompt`` must not exceed its
+  slots; ``engine.num_kv_blocks`` must hold one sequence;
+* **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape
+  ``[layers, blocks + 1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU,
+  ``engine.max_num_seqs`` slots x ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x
+  dtype bytes), plus the engine's weights, against the available memory (/proc/meminfo
+  MemAvailable); on a GPU, one sequence's cache against ``engine.kv_cache_memory_fraction`` of
+  the free memory (``torch.cuda.mem_get_info``; the engine then takes as many slots as that share
+  holds). The Ray placements' memory is estimated by :mod:`reinforge.cluster.resources`.
+
+Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one
+token: only what fails for every prompt is refused, in a second. The exact check runs once the
+datasets are loaded, from :func:`reinforge.cluster.resources.check_placement`, before the trainer
+and the engine are built.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .config.fields import ConfigError
+from .models.context import ContextWindow, context_window
+
+if TYPE_CHECKING:
+    from .config import Config
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class PreflightError(ConfigError):
+    """The configuration cannot run on this model or machine; the message names the keys, their
+    values and the limit. A usage error: ``reinforge`` exits with status 2 (no traceback) and the
+    supervisor does not relaunch."""
+
+
+@dataclass
+class Lengths:
+    """Tokens a run puts in one sequence.
+
+    Attributes:
+        prompt: the longest prompt, in tokens (1 when the prompts are not loaded yet).
+        prompt_known: whether ``prompt`` was measured on the datasets (else a lower bound).
+        train_response: ``rollout.rollout_max_response_len`` when the run trains, else None.
+        eval_response: the evaluation's response limit when the run evaluates, else None.
+        engine_response: the longest response the engine is sized for (the loop's
+            ``max_model_len`` is ``prompt + engine_response``).
+    """
+
+    prompt: int
+    prompt_known: bool
+    train_response: int | None
+    eval_response: int | None
+    engine_response: int
+
+    @property
+    def max_model_len(self) -> int:
+        return self.prompt + self.engine_response
+
+
+@dataclass
+class KVCachePlan:
+    """The embedded engine's KV cache (from the engine's own :func:`~reinforge.engine.kv_cache.plan_kv_layout`).
+
+    Attributes:
+        slots: sequences decoded at once.
+        blocks: blocks in the pool (the engine adds one sink block).
+        block_size: tokens per block.
+        blocks_per_seq: blocks one sequence of ``max_model_len`` takes.
+        num_layers, num_kv_heads, head_dim: the model's attention shape.
+        elem_bytes: bytes per element of the cache dtype (``engine.dtype``).
+    """
+
+    slots: int
+    blocks: int
+    block_size: int
+    blocks_per_seq: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    elem_bytes: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        """2 (keys and values) x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.elem_bytes
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the keys and values, the sink block included."""
+        return (self.blocks + 1) * self.block_size * self.bytes_per_token
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.blocks_per_seq * self.block_size * self.bytes_per_token
+
+
+def rl_lengths(cfg: "Config", max_prompt_tokens: int | None = None) -> Lengths:
+    """The lengths of an RL run (``reinforge train`` / ``reinforge eval``); ``max_prompt_tokens``
+    None: prompts not loaded yet (a lower bound of 1 token)."""
+    r, e = cfg.rollout, cfg.eval
+    eval_response = e.eval_max_response_len or r.rollout_max_response_len
+    return Lengths(
+        prompt=max(1, max_prompt_tokens or 1), prompt_known=max_prompt_tokens is not None,
+        train_response=r.rollout_max_response_len if cfg.train.num_rollout > 0 else None,
+        eval_response=eval_response if cfg.data.n_eval_prompts > 0 else None,
+        engine_response=max(r.rollout_max_response_len, e.eval_max_response_len or 0))
+
+
+def prompt_tokens_of(cfg: "Config", max_model_len: int) -> int:
+    """The longest prompt behind an engine length the loop computed (``RLLoop._max_model_len``:
+    longest prompt + the longer of the training and evaluation response limits)."""
+    return max(1, max_model_len - max(cfg.rollout.rollout_max_response_len, cfg.eval.eval_max_response_len or 0))
+
+
+def read_model_config(folder: Path) -> dict[str, Any]:
+    """``config.json`` of a Hugging Face folder.
+
+    Raises:
+        FileNotFoundError: ``folder`` has no config.json.
+    """
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (model.path must be a Hugging Face folder)")
+    return json.loads(path.read_text())
+
+
+def is_native(model_config: dict[str, Any]) -> bool:
+    """Whether the embedded engine runs the model itself (Llama / Qwen2 / Qwen3), not transformers."""
+    from .models.transformer import SUPPORTED_MODEL_TYPES
+
+    return model_config.get("model_type") in SUPPORTED_MODEL_TYPES
+
+
+def _dtype_bytes(dtype: str, device: torch.device) -> tuple[int, str]:
+    from .rollout.backends import engine_dtype
+
+    d = engine_dtype(dtype, device)
+    return torch.tensor([], dtype=d).element_size(), str(d).removeprefix("torch.")
+
+
+def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch.device) -> KVCachePlan:
+    """The embedded engine's KV cache for ``max_model_len`` tokens per sequence on ``device``.
+
+    On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
+    of the free memory holds): ``blocks`` is then what ``engine.max_num_seqs`` full sequences take.
+    """
+    from .cluster.resources import model_shape
+    from .engine.kv_cache import plan_kv_layout
+    from .utils.triton import triton_available
+
+    shape = model_shape(folder)
+    elem, _ = _dtype_bytes(cfg.engine.dtype, device)
+    dtype = {2: torch.bfloat16, 4: torch.float32}[elem]
+    # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
+    layout = plan_kv_layout(shape, dtype, torch.device("cpu"), cfg.engine, max_model_len,
+                            kernel=triton_available(device.type))
+    return KVCachePlan(layout.num_slots, layout.num_blocks, layout.block_size, layout.blocks_per_seq,
+                       shape.num_layers, shape.num_kv_heads, shape.head_dim, elem)
+
+
+def _size(b: float) -> str:
+    return f"{b / GIB:.1f} GiB" if b >= GIB else f"{b / MIB:.0f} MiB"
+
+
+def _prompt_words(n: Lengths) -> str:
+    return f"the longest prompt ({n.prompt} tokens)" if n.prompt_known else "a prompt of at least 1 token"
+
+
+def _window_fix(window: ContextWindow, n: Lengths, key: str, set_key: str | None = None) -> str:
+    room = window.tokens - n.prompt
+    fix = f"set {set_key or key} to at most {room}" if room > 0 else f"lower {key}"
+    if n.prompt_known:
+        fix += f", or lower data.rollout_max_prompt_len below {n.prompt} (longer prompts are dropped)"
+    return fix + ", or use a model with a longer context window (RoPE scaling such as YaRN in its config.json counts)"
+
+
+def context_problems(cfg: "Config", window: ContextWindow | None, n: Lengths, model: str) -> list[str]:
+    """Training and evaluation sequences against the model's context window."""
+    if window is None:
+        return []
+    out = []
+    r, e = cfg.rollout, cfg.eval
+    holds = f"the model {model} holds {window.tokens} positions ({window.source})"
+    if n.train_response is not None and n.prompt + n.train_response > window.tokens:
+        key = "rollout.rollout_max_response_len"
+        out.append(f"training sequences reach {n.prompt + n.train_response} tokens ({_prompt_words(n)} + {key}="
+                   f"{n.train_response}) but {holds}: {_window_fix(window, n, key)}")
+    same = e.eval_max_response_len is None and n.train_response is not None
+    if n.eval_response is not None and not same and n.prompt + n.eval_response > window.tokens:
+        key = (f"eval.eval_max_response_len={e.eval_max_response_len}" if e.eval_max_response_len else
+               f"rollout.rollout_max_response_len={r.rollout_max_response_len} (eval.eval_max_response_len is null)")
+        out.append(f"evaluation sequences reach {n.prompt + n.eval_response} tokens ({_prompt_words(n)} + {key}) "
+                   f"but {holds}: {_window_fix(window, n, key, 'eval.eval_max_response_len')}")
+    return out
+
+
+def budget_problems(cfg: "Config", n: Lengths) -> list[str]:
+    """``train.max_tokens_per_gpu`` against one whole training sequence."""
+    budget = cfg.train.max_tokens_per_gpu
+    if n.train_response is None or budget >= n.prompt + n.train_response:
+        return []
+    need = n.prompt + n.train_response
+    return [f"train.max_tokens_per_gpu={budget} cannot hold one training sequence of {need} tokens "
+            f"({_prompt_words(n)} + rollout.rollout_max_response_len={n.train_response}); a micro-batch holds whole "
+            f"sequences: raise train.max_tokens_per_gpu to at least {need} or lower rollout.rollout_max_response_len"]
+
+
+def slot_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.device) -> list[str]:
+    """A prompt's samples against the engine's slots, and ``engine.num_kv_blocks`` against one sequence."""
+    r, out = cfg.engine, []
+    if r.num_kv_blocks and r.num_kv_blocks < plan.blocks_per_seq:
+        out.append(f"engine.num_kv_blocks={r.num_kv_blocks} holds less than one sequence of {n.max_model_len} "
+                   f"tokens ({plan.blocks_per_seq} blocks of {plan.block_size}): raise engine.num_kv_blocks to at "
+                   f"least {plan.blocks_per_seq} (or 0: no cap)")
+        return out
+    if r.custom_generate_function_path or r.rollout_function_path:
+        return out  # custom generation: requests of its own making
+    slots = (f"engine.num_kv_blocks={r.num_kv_blocks} (one block per sequence on {device.type})"
+             if plan.slots < r.max_num_seqs else f"engine.max_num_seqs={r.max_num_seqs}")
+    asks = []
+    if n.train_response is not None:
+        asks.append(("rollout.n_samples_per_prompt", r.n_samples_per_prompt))
+    if n.eval_response is not None:
+        asks.append(("eval.n_samples_per_eval_prompt", cfg.eval.n_samples_per_eval_prompt))
+    for key, want in asks:
+        if want > plan.slots:
+            out.append(f"{key}={want} exceeds the engine's {plan.slots} slots ({slots}): a prompt's samples are "
+                       f"decoded together; raise engine.max_num_seqs (and engine.num_kv_blocks, if set) to at "
+                       f"least {want}, or lower {key}")
+    return out
+
+
+def available_memory() -> float:
+    """Bytes this machine can still allocate (/proc/meminfo MemAvailable; total memory elsewhere)."""
+    from .cluster.resources import machine_resources
+
+    return machine_resources()["memory"]
+
+
+def memory_problems(cfg: "Config", folder: Path, plan: KVCachePlan, n: Lengths, device: torch.device,
+                    memory: float | None = None, response_key: str = "rollout.rollout_max_response_len") -> list[str]:
+    """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
+    from .cluster.resources import model_shape
+
+    r = cfg.engine
+    elem, dtype = _dtype_bytes(r.dtype, device)
+    per_token = (f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
+                 f"heads x {plan.head_dim} head dim x {elem} bytes, {dtype}; engine.dtype={r.dtype})")
+    length = f"{n.max_model_len} tokens ({_prompt_words(n)} + the longest response {n.engine_response})"
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        share = int(free * r.kv_cache_memory_fraction)
+        fit = share // (plan.block_size * plan.bytes_per_token) - 1
+        if fit >= plan.blocks_per_seq:
+            return []
+        need = plan.bytes_per_slot + plan.block_size * plan.bytes_per_token
+        return [f"the KV cache of one sequence of {length} and the engine's spare block of {plan.block_size} tokens "
+                f"needs {_size(need)} at {per_token}, but "
+                f"engine.kv_cache_memory_fraction={r.kv_cache_memory_fraction:g} of the {_size(free)} free on "
+                f"{device} is {_size(share)}: lower {response_key}, raise engine.kv_cache_memory_fraction, or use "
+                f"a GPU with more memory"]
+    memory = available_memory() if memory is None else memory
+    weights = model_shape(folder).num_params * elem
+    need = plan.bytes + weights
+    if need <= memory:
+        return []
+    fit = max(0, int((memory - weights) // plan.bytes_per_slot) - 1)
+    slots = (f"{plan.slots} slots (engine.max_num_seqs={r.max_num_seqs}"
+             + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "") + ")")
+    fix = (f"lower engine.max_num_seqs to at most {fit} (each slot holds {_size(plan.bytes_per_slot)}; or cap "
+           f"the slots with engine.num_kv_blocks) or lower {response_key}" if fit else
+           f"not even one slot of {_size(plan.bytes_per_slot)} fits: lower {response_key}")
+    samples = max([cfg.rollout.n_samples_per_prompt if n.train_response is not None else 0,
+                   cfg.eval.n_samples_per_eval_prompt if n.eval_response is not None else 0])
+    if 0 < fit < samples:
+        fix += (f" ({fit} slots hold fewer than the {samples} samples of one prompt: lower "
+                f"rollout.n_samples_per_prompt / eval.n_samples_per_eval_prompt too, or the response length)")
+    return [f"the embedded engine's KV cache needs {_size(plan.bytes)} ({slots} x {length} x {per_token}) plus "
+            f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"]
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        parts = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p};" for i, p in enumerate(problems, 1))
+        raise PreflightError(f"this run cannot start: {parts.rstrip(';')}")
+
+
+def _engine_problems(cfg: "Config", folder: Path, model_config: dict, n: Lengths, device: torch.device,
+                     memory: float | None, check_memory: bool, response_key: str) -> list[str]:
+    if cfg.engine.backend != "embedded" or not is_native(model_config):
+        return []  # other engines size their own caches (vLLM / SGLang) or grow them (transformers)
+    plan = kv_cache_plan(cfg, folder, n.max_model_len, device)
+    out = slot_problems(cfg, plan, n, device)
+    if check_memory and not out:
+        out += memory_problems(cfg, folder, plan, n, device, memory, response_key)
+    return out
+
+
+def check_rl(cfg: "Config", model_folder: Path, max_prompt_tokens: int | None = None, *,
+             memory: float | None = None, device: torch.device | None = None) -> Lengths:
+    """Every check of an RL run (``reinforge train``, ``reinforge eval``) before anything is built.
+
+    Args:
+        cfg: the run's config.
+        model_folder: Hugging Face folder of the policy (``model.path`` resolved).
+        max_prompt_tokens: the longest prompt of the datasets; None before they are loaded
+            (then a lower bound of 1 token).
+        memory: bytes available for a CPU engine (default: this machine's MemAvailable).
+        device: where the engine runs (default ``train.device``). The KV-cache memory is checked
+            in ``cluster.mode=local`` only (Ray engines run elsewhere).
+    Returns:
+        the lengths checked.
+    Raises:
+        PreflightError: every problem found, in one message.
+        FileNotFoundError: ``model_folder`` has no config.json.
+    """
+    from .utils.device import resolve_device
+
+    model_config = read_model_config(model_folder)
+    n = rl_lengths(cfg, max_prompt_tokens)
+    name = Path(model_folder).name
+    problems = context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
+    device = device or resolve_device(cfg.train.device)
+    problems += _engine_problems(cfg, Path(model_folder), model_config, n, device, memory,
+                                 cfg.cluster.mode == "local", "rollout.rollout_max_response_len")
+    _raise(problems)
+    return n
+
+
+def check_generate(cfg: "Config", model_folder: Path, prompt_tokens: int, max_new_tokens: int, n: int = 1,
+                   device: torch.device | None = None) -> None:
+    """``reinforge generate``: the prompt + ``--max-new-tokens`` against the context window, ``--n``
+    against the engine's slots, and the engine's KV cache against the memory.
+
+    Raises:
+        PreflightError: naming the flags and keys to change.
+    """
+    from .utils.device import resolve_device
+
+    model_config = read_model_config(model_folder)
+    window = context_window(model_config)
+    problems = []
+    total = prompt_tokens + max_new_tokens
+    if window is not None and total > window.tokens:
+        problems.append(f"the prompt ({prompt_tokens} tokens) + --max-new-tokens={max_new_tokens} = {total} tokens "
+                        f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}): "
+                        f"set --max-new-tokens to at most {max(window.tokens - prompt_tokens, 0)}")
+    lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
+    device = device or resolve_device(cfg.train.device)
+    if not problems and cfg.engine.backend == "embedded" and is_native(model_config):
+        plan = kv_cache_plan(cfg, Path(model_folder), total, device)
+        if n > plan.slots:
+            problems.append(f"--n={n} exceeds the engine's {plan.slots} slots: raise engine.max_num_seqs "
+                            f"(and engine.num_kv_blocks, if set) to at least {n}")
+        problems += slot_problems(cfg, plan, lengths, device)
+        if not problems:
+            problems += memory_problems(cfg, Path(model_folder), plan, lengths, device, None, "--max-new-tokens")
+    _raise(problems)
+
+
+def longest_example(examples: Iterable[Any]) -> int:
+    """Tokens of the longest sequence (prompt + one response) of offline examples (objects with
+    ``prompt_ids`` and ``responses``, e.g. :class:`reinforge.data.offline.OfflineExample`); 0 for none."""
+    return max((len(e.prompt_ids) + max((len(r) for r in e.responses), default=0) for e in examples), default=0)
+
+
+def check_offline(cfg: "Config", model_folder: Path, longest: int) -> None:
+    """``reinforge offline``: the longest example (prompt + response, after ``offline.max_length``)
+    against the model's context window and ``train.max_tokens_per_gpu``.
+
+    Raises:
+        PreflightError: naming ``offline.max_length`` / ``train.max_tokens_per_gpu`` and the limit.
+    """
+    o, problems = cfg.offline, []
+    window = context_window(read_model_config(model_folder))
+    if window is not None and longest > window.tokens:
+        problems.append(f"the longest example has {longest} tokens (prompt + response; offline.max_length="
+                        f"{o.max_length}) but the model {Path(model_folder).name} holds {window.tokens} positions "
+                        f"({window.source}): set offline.max_length to at most {window.tokens} (longer examples are "
+                        f"dropped, or cut with offline.truncation=truncate)")
+    budget = cfg.train.max_tokens_per_gpu
+    if budget < longest:
+        problems.append(f"train.max_tokens_per_gpu={budget} cannot hold the longest example's sequence of {longest} "
+                        f"tokens (prompt + response); a micro-batch holds whole sequences: raise "
+                        f"train.max_tokens_per_gpu to at least {longest}, or lower offline.max_length (longer "
+                        f"examples are dropped, or cut with offline.truncation=truncate)")
+    _raise(problems)
