@@ -236,13 +236,13 @@ def slot_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.de
                    f"tokens ({plan.blocks_per_seq} blocks of {plan.block_size}): raise engine.num_kv_blocks to at "
                    f"least {plan.blocks_per_seq} (or 0: no cap)")
         return out
-    if r.custom_generate_function_path or r.rollout_function_path:
+    if cfg.rollout.custom_generate_function_path or cfg.rollout.rollout_function_path:
         return out  # custom generation: requests of its own making
     slots = (f"engine.num_kv_blocks={r.num_kv_blocks} (one block per sequence on {device.type})"
              if plan.slots < r.max_num_seqs else f"engine.max_num_seqs={r.max_num_seqs}")
     asks = []
     if n.train_response is not None:
-        asks.append(("rollout.n_samples_per_prompt", r.n_samples_per_prompt))
+        asks.append(("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt))
     if n.eval_response is not None:
         asks.append(("eval.n_samples_per_eval_prompt", cfg.eval.n_samples_per_eval_prompt))
     for key, want in asks:

@@ -11,7 +11,7 @@ import torch
 
 from reinforge import preflight
 from reinforge.config import load_config
-from reinforge.config.sections import SECTIONS
+from reinforge.config import SECTIONS
 from reinforge.models.context import context_window
 from reinforge.preflight import PreflightError, check_generate, check_offline, check_rl, kv_cache_plan
 
