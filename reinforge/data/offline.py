@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .sources import DataError, parse_jsonl_line
+from .sources import DataError, parse_jsonl_line, utf8_lines
 
 if TYPE_CHECKING:
     from ..config import OfflineConfig
@@ -83,14 +83,14 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         raise DataError(f"{path}: cannot read it: {e}") from None
     rows = ds.to_list()
     if suffix == ".jsonl":  # row i is the i-th non-empty line
-        lines = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if line.strip()]
+        lines = [i for i, line in utf8_lines(path) if line.strip()]
     else:
         lines = list(range(1, len(rows) + 1))
     return list(zip(lines, rows))
 
 
 def _raise_bad_line(path: Path) -> None:
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in utf8_lines(path):
         if line.strip():
             parse_jsonl_line(line, f"{path}:{i}")
     raise DataError(f"{path}: rows do not share one schema (check the types of each key)")

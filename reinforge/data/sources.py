@@ -118,6 +118,24 @@ def parse_jsonl_line(line: str, where: str) -> dict[str, Any]:
     return obj
 
 
+def utf8_lines(path: str | Path) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every line of a text file, numbered from 1.
+
+    Raises:
+        DataError: a line that is not UTF-8, naming ``file:line``, the byte and its column.
+    """
+    path = Path(path)
+    out = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                out.append((lineno, raw.decode("utf-8")))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 "
+                                f"text ({e.reason}); save the file as UTF-8") from None
+    return out
+
+
 def load_jsonl(path: str | Path, input_key: str = "prompt", label_key: str = "label",
                metadata_key: str = "metadata") -> list[PromptRecord]:
     """Read a jsonl prompt file (one JSON object per line; blank lines are skipped)."""
@@ -125,20 +143,19 @@ def load_jsonl(path: str | Path, input_key: str = "prompt", label_key: str = "la
     if not path.is_file():
         raise FileNotFoundError(f"prompt data {path} not found")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            obj = parse_jsonl_line(line, where)
-            if input_key not in obj:
-                raise DataError(f"{where}: no {input_key!r} key (data.input_key); keys are {sorted(obj)}")
-            prompt = obj[input_key]
-            _check_prompt(prompt, where, input_key)
-            metadata = obj.get(metadata_key) or {}
-            if not isinstance(metadata, dict):
-                raise DataError(f"{where}: {metadata_key!r} must be an object, got {type(metadata).__name__}")
-            records.append(PromptRecord(prompt=prompt, label=obj.get(label_key), metadata=metadata))
+    for lineno, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        obj = parse_jsonl_line(line, where)
+        if input_key not in obj:
+            raise DataError(f"{where}: no {input_key!r} key (data.input_key); keys are {sorted(obj)}")
+        prompt = obj[input_key]
+        _check_prompt(prompt, where, input_key)
+        metadata = obj.get(metadata_key) or {}
+        if not isinstance(metadata, dict):
+            raise DataError(f"{where}: {metadata_key!r} must be an object, got {type(metadata).__name__}")
+        records.append(PromptRecord(prompt=prompt, label=obj.get(label_key), metadata=metadata))
     if not records:
         raise DataError(f"{path}: no prompts")
     return records
