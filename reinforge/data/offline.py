@@ -71,6 +71,7 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".json", ".parquet"):
         raise DataError(f"{path}: offline data must be .jsonl, .json or .parquet")
+    numbered = utf8_lines(path) if suffix == ".jsonl" else []  # not UTF-8: file:line, before pyarrow fails
     import datasets
 
     datasets.disable_progress_bars()
@@ -83,7 +84,7 @@ def read_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         raise DataError(f"{path}: cannot read it: {e}") from None
     rows = ds.to_list()
     if suffix == ".jsonl":  # row i is the i-th non-empty line
-        lines = [i for i, line in utf8_lines(path) if line.strip()]
+        lines = [i for i, line in numbered if line.strip()]
     else:
         lines = list(range(1, len(rows) + 1))
     return list(zip(lines, rows))
