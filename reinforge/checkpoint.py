@@ -9,19 +9,32 @@ Layout of ``<output_dir>/checkpoints/rollout_000012/``::
     trainer_state.pt    LR schedulers and skipped-step counters
     rng.pt              the driver's Python, NumPy, torch CPU and CUDA generator states
     state.json          rollout_id, weight_version, data iterator position, config, metric history
+    manifest.json       size and CRC-32 of every other file, written last (see :func:`verify_manifest`)
 
 A checkpoint is written into a hidden temporary directory beside its final place (every
 trainer rank writes its shards there: multi-node runs need a shared filesystem) and renamed
 into place only when complete; ``checkpoints/latest`` (the name of the newest one) is replaced
-atomically afterwards, so an interrupted save never damages an existing checkpoint.
+atomically afterwards, so an interrupted save never damages an existing checkpoint. A save
+that runs out of disk space raises :class:`DiskFullError` naming the checkpoint that was not
+written and the newest intact one.
+
+Before a checkpoint is loaded, :func:`checkpoint_problem` checks its required files, the keys of
+``state.json`` and the manifest (sizes, and CRC-32 of the contents unless ``deep=False``), so a
+missing ``model.safetensors`` or a shard with overwritten bytes is found before training
+resumes; :func:`load_candidates` falls back to an older checkpoint of a run directory when the
+newest is damaged, and :func:`check_model_shape` refuses a checkpoint of a differently shaped model.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
 import random
 import shutil
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +45,16 @@ from .utils import faults
 from .utils.fs import atomic_directory, atomic_write_text
 
 LATEST = "latest"
+MANIFEST = "manifest.json"
+
+
+class DiskFullError(OSError):
+    """A checkpoint could not be written because its filesystem is full (``errno.ENOSPC``); the
+    message names the checkpoint that was not written and the newest intact one."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used (damaged, or of another model); the message says why and what to do."""
 
 
 def checkpoint_name(index: int, prefix: str = "rollout") -> str:
@@ -73,18 +96,132 @@ def save_checkpoint(root: Path, index: int, write: Callable[[Path], None], state
     Returns:
         the checkpoint directory.
     """
+    root = Path(root)
     final = root / checkpoint_name(index, prefix)
-    with atomic_directory(final) as tmp:
-        write(tmp)
-        faults.hit("ckpt_write")  # fault injection (tests): the model is written, rng / state not yet
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    atomic_write_text(root / LATEST, final.name + "\n")
+    try:
+        with atomic_directory(final) as tmp:
+            try:
+                write(tmp)
+                faults.hit("ckpt_write")  # fault injection (tests): the model is written, rng / state not yet
+                torch.save(rng_state(), tmp / "rng.pt")
+                (tmp / "state.json").write_text(json.dumps(state, indent=1))
+                write_manifest(tmp)
+            except BaseException as e:  # measure the free space before the partial folder is deleted
+                if is_disk_full(e, tmp):
+                    raise DiskFullError(errno.ENOSPC, _disk_full_message(root, final.name, prefix, tmp)) from e
+                raise
+        atomic_write_text(root / LATEST, final.name + "\n")
+    except OSError as e:
+        if isinstance(e, DiskFullError) or not is_disk_full(e, root):
+            raise
+        raise DiskFullError(errno.ENOSPC, f"disk full: checkpoint {final} was written but {root / LATEST} could "
+                                          f"not be updated (run.recover=auto and --load of the run directory still "
+                                          f"find it); free space before the next save") from e
     if keep_last is not None:
         done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{prefix}_"))
         for p in done[:-keep_last]:
             shutil.rmtree(p, ignore_errors=True)
     return final
+
+
+# Messages of torch's zip writer (``torch.save``, DCP) when a write came up short: it reports
+# the position it expected instead of the errno.
+_SHORT_WRITE = ("unexpected pos", "file write failed", "no space left", "enospc")
+_LOW_FREE_BYTES = 64 << 20
+
+
+def is_disk_full(e: BaseException, where: Path) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a failed write on a full disk:
+    an ``OSError`` with ``errno`` ENOSPC / EDQUOT, or torch's short-write ``RuntimeError``
+    (``unexpected pos ...``) while the filesystem of ``where`` has under 64 MiB or 1 % free."""
+    seen: set[int] = set()
+    short_write = False
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(m in str(e).lower() for m in _SHORT_WRITE):
+            short_write = True
+        e = e.__cause__ or e.__context__
+    if not short_write:
+        return False
+    try:
+        usage = shutil.disk_usage(where if Path(where).exists() else Path(where).parent)
+    except OSError:
+        return False
+    return usage.free < max(_LOW_FREE_BYTES, usage.total // 100)
+
+
+def _disk_full_message(root: Path, name: str, prefix: str, where: Path) -> str:
+    previous = next((p for p in list_checkpoints(root, prefix) if p.name != name and checkpoint_problem(p, deep=False)
+                     is None), None)
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    kept = (f"the newest intact checkpoint is {previous}" if previous
+            else "no earlier checkpoint exists in this run")
+    return (f"disk full ({free} on the filesystem of {root}): checkpoint {name} was not written (its partial "
+            f"files were removed; nothing already written was changed); {kept}. Free space or move "
+            f"run.output_dir to a larger disk (run.keep_last_n_checkpoints limits how many are kept), then resume "
+            f"with run.recover=auto or --load")
+
+
+# --------------------------------------------------------------------------- manifest (integrity)
+
+def _crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(directory: Path) -> dict[str, Any]:
+    """Write ``directory/manifest.json``: the size in bytes and the CRC-32 (zlib, hex) of every
+    other file under ``directory``, by path relative to it. CRC-32 detects accidental damage
+    (truncation, overwritten bytes), not deliberate tampering; it runs at about 4 GB/s per core
+    (the files are hashed by up to 4 threads, right after they were written: from the page cache)."""
+    directory = Path(directory)
+    files = _files(directory)
+    with ThreadPoolExecutor(max_workers=min(4, len(files) or 1)) as pool:
+        crcs = list(pool.map(_crc32, files))
+    manifest = {"version": 1, "checksum": "crc32",
+                "files": {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "crc32": c}
+                          for p, c in zip(files, crcs)}}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def verify_manifest(directory: Path, deep: bool = True) -> str | None:
+    """Why ``directory`` does not match its ``manifest.json`` (a missing file, a different size,
+    a different CRC-32 when ``deep``), or None when it matches (or has no manifest: checkpoints
+    written before manifests existed)."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    for name, entry in entries.items():
+        f = directory / name
+        if not f.is_file():
+            return f"{name} is missing (listed in {MANIFEST})"
+        if f.stat().st_size != entry["size"]:
+            return f"{name} has {f.stat().st_size} bytes, {entry['size']} were written"
+    if deep:
+        names = list(entries)
+        with ThreadPoolExecutor(max_workers=min(4, len(names) or 1)) as pool:
+            for name, crc in zip(names, pool.map(lambda n: _crc32(directory / n), names)):
+                if crc != entries[name]["crc32"]:
+                    return f"{name} is damaged (CRC-32 {crc}, {entries[name]['crc32']} was written)"
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -132,21 +269,40 @@ _NUMPY_RNG_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
                       (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct]
 
 
-# Files every complete RL / offline checkpoint has (``dcp/actor/.metadata`` is written last by DCP).
+# Files every complete RL checkpoint has (``dcp/actor/.metadata`` is written last by DCP);
+# offline checkpoints (``step_*``) hold ``dcp/model`` instead.
 REQUIRED_FILES = ("state.json", "rng.pt", "trainer_state.pt", "model/config.json", "dcp/actor/.metadata")
+# Keys of state.json that resuming reads.
+STATE_KEYS = {"rollout": ("rollout_id", "weight_version", "data", "config"), "step": ("step", "config")}
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """Why ``ckpt`` cannot be resumed from (a missing or unreadable file), or None when it looks
-    complete. Reads ``state.json`` and ``rng.pt``; shard contents are checked when loaded."""
-    for name in REQUIRED_FILES:
+def checkpoint_problem(ckpt: Path, deep: bool = True) -> str | None:
+    """Why ``ckpt`` cannot be resumed from, or None when it is intact: a required file or
+    ``model/*.safetensors`` missing, ``state.json`` / ``rng.pt`` / ``trainer_state.pt``
+    unreadable, a key of ``state.json`` missing, or a file that differs from ``manifest.json``
+    (size; CRC-32 of the contents when ``deep``: reads every file, about 1 s per 2 GB)."""
+    ckpt = Path(ckpt)
+    kind = "step" if ckpt.name.startswith("step_") else "rollout"
+    required = REQUIRED_FILES if kind == "rollout" else tuple(
+        n.replace("dcp/actor", "dcp/model") for n in REQUIRED_FILES)
+    for name in required:
         if not (ckpt / name).is_file():
             return f"{name} is missing"
+    if not any((ckpt / "model").glob("*.safetensors")):
+        return "model/model.safetensors is missing"
+    problem = verify_manifest(ckpt, deep=deep)
+    if problem is not None:
+        return problem
     try:
-        load_checkpoint_state(ckpt)
+        state, _ = load_checkpoint_state(ckpt)
         torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # any damage: truncated pickle, bad JSON, unsupported type
         return f"unreadable ({type(e).__name__}: {e})"
+    if not isinstance(state, dict):
+        return "state.json is not a JSON object"
+    missing = [k for k in STATE_KEYS[kind] if k not in state]
+    if missing:
+        return f"state.json has no {', '.join(map(repr, missing))} entry"
     return None
 
 
@@ -175,13 +331,72 @@ def remove_partial_saves(root: Path) -> list[str]:
 
 def find_resumable(root: Path, prefix: str = "rollout", warn: Callable[[str], None] | None = None) -> list[Path]:
     """Complete checkpoints under ``root`` to resume from, newest first. Incomplete or damaged
-    ones are skipped with a warning through ``warn`` (the caller falls back to the next one
-    if loading the first still fails)."""
+    ones are skipped with a warning through ``warn`` naming the damaged file (the caller falls
+    back to the next one if loading the first still fails). Checksums are verified until the
+    first intact checkpoint; older ones get the cheap checks (files, sizes, state keys) only."""
     good = []
     for p in list_checkpoints(root, prefix):
-        problem = checkpoint_problem(p)
+        problem = checkpoint_problem(p, deep=not good)
         if problem is None:
             good.append(p)
         elif warn is not None:
             warn(f"checkpoint {p} is not usable ({problem}): falling back to an older one")
     return good
+
+
+def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[str], None] | None = None,
+                    model_path: str | Path | None = None) -> list[Path]:
+    """Checkpoints to try for ``run.load=path``, in order. A run directory or a ``checkpoints``
+    directory gives its intact checkpoints newest first (damaged ones skipped with a warning
+    through ``warn``, as ``run.recover=auto`` does); a checkpoint directory gives itself.
+
+    Args:
+        model_path: the run's ``model.path`` folder; when given, the checkpoint's model must
+            have its shape (:func:`check_model_shape`).
+    Raises:
+        FileNotFoundError: nothing resumable at ``path``.
+        CheckpointError: the checkpoint named is damaged, every checkpoint of the run directory
+            is, or the model's shape differs.
+    """
+    p = Path(path)
+    roots = [r for r in (p, p / "checkpoints") if list_checkpoints(r, prefix)]
+    if (p / "state.json").is_file() or not roots:
+        one = resolve_checkpoint(p)
+        problem = checkpoint_problem(one)
+        if problem is not None:
+            raise CheckpointError(f"run.load={str(path)!r}: checkpoint {one} is damaged ({problem}); load an older "
+                                  f"checkpoint of its run, or its run directory to fall back automatically")
+        found = [one]
+    else:
+        root = roots[0]
+        found = find_resumable(root, prefix, warn=warn)
+        if not found:
+            raise CheckpointError(f"run.load={str(path)!r}: every checkpoint in {root} is damaged (see the warnings "
+                                  f"above); nothing to resume from")
+    if model_path is not None:
+        check_model_shape(found[0], model_path)
+    return found
+
+
+# config.json keys that fix the shapes of a checkpoint's tensors.
+SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "head_dim")
+
+
+def check_model_shape(ckpt: Path, model_path: str | Path) -> None:
+    """Refuse to load ``ckpt`` into a model of ``model_path`` whose shape differs (a checkpoint
+    loads only the tensors the model has, so a 30-layer checkpoint would silently fill 2 layers).
+
+    Raises:
+        CheckpointError: naming each differing ``config.json`` key and both values.
+    """
+    saved_cfg, model_cfg = Path(ckpt) / "model" / "config.json", Path(model_path) / "config.json"
+    if not saved_cfg.is_file() or not model_cfg.is_file():
+        return
+    a, b = json.loads(saved_cfg.read_text()), json.loads(model_cfg.read_text())
+    diff = [f"{k}={a[k]} in the checkpoint, {b[k]} in the model" for k in SHAPE_KEYS
+            if k in a and k in b and a[k] != b[k]]
+    if diff:
+        raise CheckpointError(f"checkpoint {ckpt} is of a different model than model.path={model_path} "
+                              f"({'; '.join(diff)}): set model.path to the model the checkpoint was trained from "
+                              f"(its state.json: config.model.path), or load another checkpoint")

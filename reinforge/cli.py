@@ -31,8 +31,12 @@ def _train(args: argparse.Namespace) -> int:
                          Path(cfg.run.output_dir), cfg.run.max_restarts)
     _preflight_rl(cfg)
     from .loop import run_training
+    from .supervisor import watch_parent
+    from .utils.fs import lock_directory
 
-    run_training(cfg)
+    watch_parent()  # supervised: stop (after a recover checkpoint) if the supervisor dies
+    with lock_directory(Path(cfg.run.output_dir)):
+        run_training(cfg)
     return 0
 
 
@@ -50,10 +54,15 @@ def _offline(args: argparse.Namespace) -> None:
     if args.load:
         overrides.append(f"run.load={args.load}")
     cfg = load_config(args.config, overrides)
-    check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))  # torchrun: every rank checks, rank 0 deletes
-    from .offline_loop import run_offline
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
+    check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
+    import contextlib
 
-    run_offline(cfg)
+    from .offline_loop import run_offline
+    from .utils.fs import lock_directory
+
+    with lock_directory(Path(cfg.run.output_dir)) if main_rank else contextlib.nullcontext():
+        run_offline(cfg)
 
 
 def _make_data(args: argparse.Namespace) -> None:
@@ -242,9 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    from .utils.fs import DirectoryLocked
+
     try:
         code = args.func(args)
-    except (*USAGE_ERRORS, FileExistsError) as e:
+    except (*USAGE_ERRORS, FileExistsError, DirectoryLocked) as e:
         if args.verbose:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

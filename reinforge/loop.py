@@ -104,7 +104,8 @@ class RLLoop:
         self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer, tools.schemas, tools.system_text)
         self.start_rollout = 0
         self.weight_version = 0
-        candidates = [ckpt.resolve_checkpoint(cfg.run.load)] if cfg.run.load else []
+        candidates = (ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path)
+                      if cfg.run.load else [])  # a run directory: its newest intact checkpoint first
         if cfg.run.recover == "auto":
             own = recover_candidates(self.out)  # this run's own checkpoints win over run.load
             if own:
@@ -157,7 +158,8 @@ class RLLoop:
                 self.cluster.load(path)
                 return path
             except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
-                if self.cfg.run.recover != "auto" or isinstance(e, (KeyboardInterrupt, SystemExit)):
+                if (len(candidates) == 1 and self.cfg.run.recover != "auto"
+                        or isinstance(e, (KeyboardInterrupt, SystemExit))):
                     raise
                 errors.append(f"{path.name}: {type(e).__name__}: {e}")
                 log.warning("could not load checkpoint %s (%s: %s): falling back to an older one", path,
@@ -281,7 +283,8 @@ class RLLoop:
     def train(self) -> RunResult:
         cfg = self.cfg
         logger = MetricsLogger(self.out, cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
-                               wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict())
+                               wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict(),
+                               start_step=self.start_rollout + 1 if self.start_rollout else 0)  # drop redone rows
         result = RunResult(self.out, self.start_rollout - 1)
         timer = RecoverTimer(cfg.run.recover_interval_s) if cfg.run.recover == "auto" else None
         if timer is not None:

@@ -8,8 +8,8 @@ its config allows it, and when the running loop writes recover checkpoints.
 * :func:`check_compatible` refuses a resume whose batch size, group size, optimizer steps per
   rollout or trainer world size changed, saying which key and what to do.
 * :class:`RecoverTimer` decides at the end of each rollout whether to write a recover
-  checkpoint: every ``run.recover_interval_s`` seconds, or at once after SIGTERM (then the
-  run stops with :class:`Preempted`).
+  checkpoint: every ``run.recover_interval_s`` seconds, or at once after SIGTERM or SIGINT
+  (Ctrl-C; then the run stops with :class:`Preempted`; a second SIGINT interrupts at once).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ RESUME_KEYS = (
 
 
 class Preempted(SystemExit):
-    """The run stopped after SIGTERM once its recover checkpoint was written (exit status 143)."""
+    """The run stopped after SIGTERM / SIGINT once its recover checkpoint was written (exit
+    status 128 + the signal number: 143, 130)."""
 
     def __init__(self, signame: str, path: Path):
-        super().__init__(143)
+        super().__init__(128 + int(getattr(signal.Signals, signame, signal.SIGTERM)))
         self.signame, self.path = signame, path
 
 
@@ -79,31 +80,38 @@ def recover_candidates(output_dir: Path) -> list[Path]:
     return ckpt.find_resumable(root, warn=log.warning)
 
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class RecoverTimer:
     """When to write recover checkpoints: every ``interval_s`` seconds of training and after
-    SIGTERM. :meth:`install` makes SIGTERM set a flag (checked at the end of each rollout:
-    a checkpoint needs a consistent state, which exists only between rollouts)."""
+    SIGTERM or SIGINT. :meth:`install` makes these signals set a flag (checked at the end of
+    each rollout: a checkpoint needs a consistent state, which exists only between rollouts);
+    a second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint: the user insisted)."""
 
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
         self.last = time.monotonic()
         self.signal: str | None = None
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
-        self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        self._previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.signal = signal.Signals(signum).name
-        log.warning("%s received: writing a recover checkpoint at the end of this rollout, then stopping",
-                    self.signal)
+        name = signal.Signals(signum).name
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt(f"second {name}: stopping without a checkpoint")
+        self.signal = name
+        log.warning("%s received: writing a recover checkpoint at the end of this rollout, then stopping%s", name,
+                    " (Ctrl-C again to stop at once, without it)" if signum == signal.SIGINT else "")
 
     def due(self) -> bool:
         """Whether a recover checkpoint should be written now."""

@@ -8,22 +8,68 @@ usage error. Each relaunch resumes from the newest complete checkpoint of the sa
 recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran).
 
 SIGTERM / SIGINT sent to the supervisor are forwarded to the child (which writes a recover
-checkpoint and stops) and end supervision: a preempted job is not relaunched here.
+checkpoint and stops) and end supervision: a preempted job is not relaunched here. The child
+runs in its own process group (Ctrl-C in a terminal reaches it once, through the supervisor).
+
+If the supervisor itself dies (SIGKILL, OOM killer) the child gets SIGTERM, writes a recover
+checkpoint and stops instead of training on unsupervised: on Linux through
+``prctl(PR_SET_PDEATHSIG)``, elsewhere (and as a second line) through :func:`watch_parent`, a
+thread in the child that polls its parent pid. The child also holds the lock of
+``run.output_dir`` (:func:`~reinforge.utils.fs.lock_directory`), so a rerun cannot start a
+second trainer in the same directory while it stops.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
+PARENT_ENV = "REINFORGE_SUPERVISOR_PID"  # set in the child: the supervisor's pid, for watch_parent
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent: int) -> None:
+    """Runs in the child between fork and exec: its own process group, and SIGTERM when the
+    supervisor dies (Linux ``prctl``; a no-op where libc has none)."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def watch_parent(interval_s: float = 1.0) -> threading.Thread | None:
+    """In a supervised child (``REINFORGE_SUPERVISOR_PID`` set): a daemon thread that sends this
+    process SIGTERM once when its parent is gone (the parent pid changed), so the run writes a
+    recover checkpoint and stops. Returns the thread, or None when not supervised."""
+    value = os.environ.get(PARENT_ENV)
+    if not value or not value.isdigit():
+        return None
+    parent = int(value)
+
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        log.warning("the supervisor (pid %d) is gone: stopping after a recover checkpoint", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=poll, name="watch-supervisor", daemon=True)
+    t.start()
+    return t
 
 
 def _describe(code: int) -> str:
@@ -64,7 +110,9 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
         attempt = 0
         while True:
             t = time.monotonic()
-            child[:] = [subprocess.Popen(cmd)]
+            me = os.getpid()
+            child[:] = [subprocess.Popen(cmd, env={**os.environ, PARENT_ENV: str(me)},
+                                         preexec_fn=lambda: _child_setup(me))]
             code = child[0].wait()
             seconds = time.monotonic() - t
             with record.open("a") as f:

@@ -33,3 +33,38 @@ def nan_on_odd_first_token(sample):
     """NaN for odd first tokens: the manager refuses non-finite rewards and scores them 0."""
     ids = sample.response_ids
     return float("nan") if ids and ids[0] % 2 else 1.0
+
+
+def exits(sample):
+    """Ends the process the hard way (no exception, no handler runs): the manager must catch it."""
+    import os
+
+    os._exit(1)
+
+
+def sys_exits(sample):
+    import sys
+
+    sys.exit(3)
+
+
+def always_raises(sample):
+    raise RuntimeError("reward bug on every sample")
+
+
+def hangs_when_flagged(sample):
+    """Hangs (5 s) on samples whose metadata has ``hang``; 1.0 at once on the others."""
+    import time
+
+    if sample.metadata.get("hang"):
+        time.sleep(5.0)
+    return 1.0
+
+
+async def async_blocks(sample):
+    """An async reward that blocks its event loop (time.sleep instead of await asyncio.sleep)."""
+    import time
+
+    if sample.metadata.get("hang"):
+        time.sleep(3.0)
+    return 1.0

@@ -145,22 +145,140 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
     assert (ck / "latest").read_text().strip() == "rollout_000002"
     (ck / "rollout_000002" / "rng.pt").write_bytes(b"truncated")  # unreadable file
     shard = next((ck / "rollout_000001" / "dcp" / "actor").glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:100])  # damaged shard: found only when loading
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = os.urandom(64)  # random bytes inside a shard: found by its CRC-32
+    shard.write_bytes(bytes(data))
     (ck / ".rollout_000003.partial").mkdir()  # leftover of a save killed mid-way
     t = time.perf_counter()
     result = run_training(load_config(None, overrides(tiny_model_path, out, **{
         "train.num_rollout": 5, "run.recover": "auto", "run.keep_last_n_checkpoints": "null"})))
     seconds = time.perf_counter() - t
-    assert "rollout_000002 is not usable (unreadable" in caplog.text
-    assert "could not load checkpoint" in caplog.text and "rollout_000001" in caplog.text
+    assert "rollout_000002 is not usable (rng.pt has 9 bytes" in caplog.text
+    assert f"rollout_000001 is not usable (dcp/actor/{shard.name} is damaged (CRC-32" in caplog.text
     assert not (ck / ".rollout_000003.partial").exists()
     assert len(result.prompts) == 4  # resumed after rollout 0: rollouts 1..4 trained
     ids = [int(r["rollout_id"]) for r in train_rows(out)]
-    assert ids == [0, 1, 2] + [1, 2, 3, 4]
-    report(fault="damaged newest checkpoints", injected="truncated rng.pt of the newest, truncated DCP shard of "
-           "the one before, a leftover temporary folder", what="restart with run.recover=auto",
+    assert ids == [0, 1, 2, 3, 4]  # rollouts 1, 2 redone: their first rows were dropped, each appears once
+    report(fault="damaged newest checkpoints", injected="truncated rng.pt of the newest, 64 random bytes inside a "
+           "DCP shard of the one before, a leftover temporary folder", what="restart with run.recover=auto",
            happened="warned, skipped both, resumed from the third newest", rollouts_lost=2,
            samples_lost=2 * SAMPLES_PER_ROLLOUT, recover_s=round(seconds, 1), rollouts_done=5)
+
+
+def test_load_of_a_run_directory_skips_its_damaged_newest_checkpoint(tmp_path, tiny_model_path, caplog):
+    """--load RUN_DIR (run.recover off) whose newest checkpoint is damaged: the newest intact one
+    is loaded, with a warning naming the damaged file (before: a PytorchStreamReader traceback)."""
+    from reinforge.loop import run_training
+
+    out = _finished_run(tmp_path, tiny_model_path)
+    (out / "checkpoints" / "rollout_000002" / "trainer_state.pt").write_bytes(b"PK\x03\x04")
+    result = run_training(load_config(None, overrides(tiny_model_path, tmp_path / "b", **{
+        "run.load": str(out), "run.save_interval": "null"})))
+    assert "rollout_000002 is not usable (trainer_state.pt has 4 bytes" in caplog.text
+    assert len(result.prompts) == 2  # resumed after rollout 1: rollouts 2 and 3
+    # a checkpoint of another model shape is refused before anything loads
+    c = out / "checkpoints" / "rollout_000001"
+    config = json.loads((c / "model" / "config.json").read_text())
+    (c / "model" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 30}))
+    from reinforge.checkpoint import CheckpointError, write_manifest
+
+    write_manifest(c)
+    with pytest.raises(CheckpointError, match="num_hidden_layers=30 in the checkpoint, 2 in the model"):
+        run_training(load_config(None, overrides(tiny_model_path, tmp_path / "c", **{"run.load": str(c)})))
+    report(fault="damaged newest checkpoint, plain --load", injected="trainer_state.pt of the newest overwritten "
+           "(4 bytes)", what="--load RUN_DIR (run.recover off)",
+           happened="warned naming the file, resumed from the newest intact checkpoint", rollouts_lost=1,
+           samples_lost=SAMPLES_PER_ROLLOUT, recover_s="-", rollouts_done=4)
+
+
+def test_resume_logs_each_rollout_once(tmp_path, tiny_model_path):
+    """A run killed after writing rollout 2's metrics but before its checkpoint (simulated by
+    deleting the newest checkpoints) redoes rollouts 1 and 2: metrics.jsonl has each rollout once."""
+    import shutil
+
+    from reinforge.loop import run_training
+
+    out = _finished_run(tmp_path, tiny_model_path, n=3)
+    for name in ("rollout_000002", "rollout_000001"):
+        shutil.rmtree(out / "checkpoints" / name)
+    run_training(load_config(None, overrides(tiny_model_path, out, **{
+        "train.num_rollout": 4, "run.recover": "auto", "run.keep_last_n_checkpoints": "null"})))
+    assert [int(r["rollout_id"]) for r in train_rows(out)] == [0, 1, 2, 3]
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == sorted(steps)
+    report(fault="metrics of redone rollouts", injected="the 2 newest checkpoints deleted after rollout 2 was logged",
+           what="restart with run.recover=auto", happened="rows from the first redone step dropped (metrics.jsonl, "
+           "TensorBoard purge_step): each rollout logged once", rollouts_lost=2, samples_lost=2 * SAMPLES_PER_ROLLOUT,
+           recover_s="-", rollouts_done=4)
+
+
+def test_reward_failing_on_every_sample_stops_the_run(tmp_path, tiny_model_path):
+    from reinforge.loop import run_training
+    from reinforge.reward.manager import RewardFunctionFailing
+
+    out = tmp_path / "run"
+    with pytest.raises(RewardFunctionFailing, match="failed on every sample of 3 consecutive batches"):
+        run_training(load_config(None, overrides(tiny_model_path, out, **{
+            "train.num_rollout": 5, "run.save_interval": "null", "reward.function_path":
+            "tests.reward_fns:always_raises"})))
+    assert [int(r["rollout_id"]) for r in train_rows(out)] == [0, 1]
+    report(fault="reward function fails on every sample", injected="reward.function_path=tests.reward_fns:always_raises",
+           what="raises on all samples", happened="run stopped at the 3rd all-failed rollout with "
+           "RewardFunctionFailing (exit status 1)", rollouts_lost=0, samples_lost=0, recover_s="-", rollouts_done=2)
+
+
+def test_supervisor_sigkill_stops_the_trainer_and_the_lock_keeps_a_second_one_out(tmp_path, tiny_model_path):
+    out = tmp_path / "run"
+    args = overrides(tiny_model_path, out, **{"train.num_rollout": 50, "run.save_interval": "null"})
+    sup = cli_train(tmp_path, ["--max-restarts", "2", *args], start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not ((out / "metrics.jsonl").exists() and train_rows(out)):
+        if sup.poll() is not None or time.monotonic() > deadline:
+            os.killpg(sup.pid, signal.SIGKILL)
+            pytest.fail(f"no rollout finished: {sup.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    child = int(Path(f"/proc/{sup.pid}/task/{sup.pid}/children").read_text().split()[0])
+    second = cli_train(tmp_path, args)  # a rerun into the same directory
+    log2, _ = second.communicate(timeout=300)
+    assert second.returncode == 2 and "is in use by another reinforge process (pid" in log2, log2[-3000:]
+    t = time.time()
+    sup.kill()  # SIGKILL: the supervisor cannot forward anything
+    log, _ = sup.communicate(timeout=300)  # the pipe closes when the trainer is gone too
+    while os.path.exists(f"/proc/{child}") and "zombie" not in Path(f"/proc/{child}/status").read_text():
+        assert time.time() - t < 300, "the trainer outlived its supervisor"
+        time.sleep(0.2)
+    stopped = time.time() - t
+    assert "SIGTERM received" in log, log[-3000:]
+    latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    assert json.loads((latest / "state.json").read_text())["rollout_id"] == max(
+        int(r["rollout_id"]) for r in train_rows(out))  # the recover checkpoint holds the last rollout
+    report(fault="SIGKILL of the supervisor", injected="kill -KILL <supervisor pid> after the first rollout",
+           what="--max-restarts 2, trainer mid-run", happened=f"trainer got SIGTERM (PR_SET_PDEATHSIG), wrote a recover "
+           f"checkpoint and exited after {stopped:.1f} s; a second trainer in the same run.output_dir was refused "
+           f"(exit 2, lock)", rollouts_lost=0, samples_lost=0, recover_s="-", rollouts_done="-")
+
+
+def test_sigint_writes_a_recover_checkpoint(tmp_path, tiny_model_path):
+    out = tmp_path / "run"
+    args = overrides(tiny_model_path, out, **{"train.num_rollout": 50, "run.save_interval": "null",
+                                              "run.recover": "auto", "run.recover_interval_s": 3600})
+    proc = cli_train(tmp_path, args)
+    deadline = time.monotonic() + 300
+    while not ((out / "metrics.jsonl").exists() and train_rows(out)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no rollout finished: {proc.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    t = time.time()
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=300)
+    stopped = time.time() - t
+    assert proc.returncode == 130, log[-3000:]
+    latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    assert json.loads((latest / "state.json").read_text())["rollout_id"] == int(train_rows(out)[-1]["rollout_id"])
+    report(fault="SIGINT (Ctrl-C)", injected="kill -INT <pid> after the first rollout", what="SIGINT mid-run, "
+           "run.recover=auto", happened=f"recover checkpoint at the end of the rollout in flight, exit 130 after "
+           f"{stopped:.1f} s", rollouts_lost=0, samples_lost=0, recover_s="-", rollouts_done="-")
 
 
 def test_recover_refuses_changed_batch_group_or_world_size(tmp_path, tiny_model_path):

@@ -47,7 +47,7 @@ def test_reasoning_gym_reward_uses_task_scorer():
     fallback = sample(f"I think it is {rec.label}", rec.label, rec.metadata)
     counts = mgr.score([good, bad, fallback])
     assert (good.reward, bad.reward, fallback.reward) == (1.0, 0.0, 1.0)
-    assert counts == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    assert counts == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/abandoned_threads": 0.0}
 
 
 def test_math_reward():

@@ -9,6 +9,7 @@ cannot drift apart (the pattern of TRL's ``GRPOConfig`` ``metadata={"help": ...}
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 from typing import Any, Callable, Iterable
 
@@ -44,7 +45,9 @@ def bounds_text(meta: dict[str, Any]) -> str:
 
 
 def check_fields(section_name: str, obj: Any) -> None:
-    """Check every field of a section dataclass against its declared bounds and choices.
+    """Check every field of a section dataclass against its declared bounds and choices; a
+    float must be finite (``.nan`` / ``.inf`` pass every bound check unnoticed otherwise: NaN
+    compares false with everything, and no key means "unbounded" by infinity).
 
     Raises:
         ConfigError: naming ``section.key``, the value and the allowed range or names.
@@ -61,6 +64,9 @@ def check_fields(section_name: str, obj: Any) -> None:
                 raise ConfigError(f"{key}: {value!r} is not one of {names}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}"
+                              + (f" (allowed: {bounds_text(meta)})" if bounds_text(meta) else ""))
         bad = ((meta.get("ge") is not None and value < meta["ge"]) or (meta.get("gt") is not None and value <= meta["gt"])
                or (meta.get("le") is not None and value > meta["le"]) or (meta.get("lt") is not None
                                                                           and value >= meta["lt"]))

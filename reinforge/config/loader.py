@@ -185,6 +185,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_values(values)
 
 
+def read_utf8(path: Path) -> str:
+    """The text of ``path``, which must be UTF-8.
+
+    Raises:
+        ConfigError: a byte sequence that is not UTF-8, naming the file, line and column.
+    """
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}: byte 0x{data[e.start]:02x} at column {column} is not UTF-8 text "
+                          f"({e.reason}); save the file as UTF-8") from None
+
+
 def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen: tuple[Path, ...]) -> None:
     """Add a YAML file's keys to ``values``; a top-level ``base: other.yaml`` (relative to the
     file) is read first, so the file only states what differs from its base."""
@@ -193,7 +209,7 @@ def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' files include each other")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(read_utf8(path)) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):

@@ -86,18 +86,35 @@ def read_rows(path: str | Path, what: str = "data") -> list[Row]:
     raise DataError(f"{path}: unknown extension {suffix!r}; {what} must be {describe_accepted()}")
 
 
+def utf8_lines(path: str | Path) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every line of a text file, numbered from 1.
+
+    Raises:
+        DataError: a line that is not UTF-8, naming ``file:line``, the byte and its column.
+    """
+    path = Path(path)
+    out = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                out.append((lineno, raw.decode("utf-8")))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 "
+                                f"text ({e.reason}); save the file as UTF-8") from None
+    return out
+
+
 def _read_jsonl(path: Path) -> list[Row]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                where = f"{path}:{lineno}"
-                rows.append((where, parse_jsonl_line(line, where)))
+    for lineno, line in utf8_lines(path):
+        if line.strip():
+            where = f"{path}:{lineno}"
+            rows.append((where, parse_jsonl_line(line, where)))
     return rows
 
 
 def _read_json(path: Path) -> list[Row]:
-    text = path.read_text(encoding="utf-8")
+    text = "".join(line for _, line in utf8_lines(path))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -90,7 +90,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, curve_key: str 
 
 
 def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: str, policy: bool = True) -> str:
-    """One line with the commands that resume, evaluate and export the run in ``run_dir``.
+    """One line with the commands that resume, evaluate and export the run in ``run_dir``; each
+    is a command line ``reinforge`` accepts (``tests/test_summary.py`` parses every one with
+    :func:`reinforge.cli.build_parser`), separated by ``  |  `` after a ``what:`` label.
 
     Args:
         command: ``train`` or ``offline`` (the command that resumes).
@@ -106,7 +108,7 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
     parts = [f"resume: reinforge {command} -c {cfg} --load {q(str(run_dir))} {more_key}=<more>"]
     if policy:
         parts.append(f"evaluate: reinforge eval -c {cfg} --model {q(str(checkpoint / 'model'))}")
-    parts.append(f"export: reinforge convert {q(str(run_dir))} {q(str(run_dir / 'hf'))}")
+    parts.append(f"export: reinforge convert --checkpoint {q(str(run_dir))} --out {q(str(run_dir / 'hf'))}")
     return "next: " + "  |  ".join(parts)
 
 

@@ -37,12 +37,28 @@ def math_reward(sample: Sample, extraction: str = "none") -> float:
     """
     from math_verify import parse, verify
 
-    if sample.label is None:
-        raise ValueError("math reward needs a label")
+    label = label_text(sample, "math")
     text = sample.response if extraction == "none" else (extract_answer(sample.response, extraction) or "")
-    gold = parse(_as_math(str(sample.label)), parsing_timeout=None)
+    gold = parse(_as_math(label), parsing_timeout=None)
     pred = parse(text, parsing_timeout=None)
     return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+
+
+def label_text(sample: Sample, reward: str) -> str:
+    """The sample's label as text: a string, or a number (``4``, ``2.5``) written as ``str``.
+
+    Raises:
+        ValueError: no label.
+        TypeError: a label of another type (a list, a dict, a bool): scoring its ``str`` would
+            silently give 0, so the manager counts it as a reward error instead.
+    """
+    label = sample.label
+    if label is None:
+        raise ValueError(f"the {reward} reward needs a label (data.label_key)")
+    if isinstance(label, bool) or not isinstance(label, (str, int, float)):
+        raise TypeError(f"the {reward} reward needs a string or number label (data.label_key), got "
+                        f"{type(label).__name__} {label!r:.80}")
+    return str(label)
 
 
 def _as_math(label: str) -> str:
@@ -55,5 +71,6 @@ def _normalise(s: Any) -> str:
 
 def exact_match_reward(sample: Sample, extraction: str = "tag_or_last_number") -> float:
     """1.0 when the extracted answer equals the label after whitespace/case normalisation."""
+    label = label_text(sample, "exact_match")
     answer = extract_answer(sample.response, extraction)
-    return 1.0 if answer is not None and _normalise(answer) == _normalise(sample.label) else 0.0
+    return 1.0 if answer is not None and _normalise(answer) == _normalise(label) else 0.0

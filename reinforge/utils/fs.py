@@ -51,3 +51,46 @@ def atomic_write_text(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+LOCK_FILE = ".reinforge.lock"
+
+
+class DirectoryLocked(RuntimeError):
+    """Another live process holds the run directory's lock; the message names its pid."""
+
+
+@contextlib.contextmanager
+def lock_directory(directory: Path, what: str = "run.output_dir") -> Iterator[Path]:
+    """Hold an exclusive ``fcntl.flock`` on ``directory/.reinforge.lock`` for the block, so two
+    trainers cannot write into one run directory. The kernel releases the lock when the holder
+    dies (even by SIGKILL), so a stale lock file never blocks a rerun. The file records the
+    holder's pid and command line for the message. Without ``fcntl`` (Windows) nothing is locked.
+
+    Raises:
+        DirectoryLocked: another process holds the lock.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield path
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            raise DirectoryLocked(
+                f"{what}={directory} is in use by another reinforge process ({holder}): wait for it to finish or "
+                f"stop it (kill -TERM <pid> writes a recover checkpoint), or choose another {what}") from None
+        os.ftruncate(fd, 0)
+        import sys
+
+        os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock

@@ -18,14 +18,29 @@ class MetricsLogger:
     project is given (``run.wandb_project``; ``wandb_mode="offline"`` writes under
     ``<out_dir>/wandb`` with no network, for ``wandb sync`` later).
 
+    ``start_step`` (a resumed or restarted run): the first step this run will log. Rows of an
+    earlier attempt at that step or later are dropped from ``metrics.jsonl``, TensorBoard purges
+    its events from that step on (``SummaryWriter(purge_step=...)``), and W&B continues the same
+    run (its id is kept in ``<out_dir>/wandb/run_id``) rewound to that step (``resume_from``,
+    W&B's run rewind, online runs) so each step appears once. Where W&B cannot rewind (offline
+    mode, or a server without it), it resumes the run and ignores steps it already has (the
+    earlier attempt's values stay there for the redone steps; ``metrics.jsonl`` and TensorBoard
+    hold the new ones). ``None`` appends to whatever is there.
+
     Raises:
         ImportError: a W&B project is set but ``wandb`` is not installed (``pip install wandb``).
     """
 
     def __init__(self, out_dir: Path, tensorboard: bool = True, *, wandb_project: str | None = None,
-                 wandb_group: str | None = None, wandb_mode: str = "online", config: dict[str, Any] | None = None):
+                 wandb_group: str | None = None, wandb_mode: str = "online", config: dict[str, Any] | None = None,
+                 start_step: int | None = None):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
+        if start_step is not None:
+            dropped = truncate_metrics(self.path, start_step)
+            if dropped:
+                log.info("dropped %d row(s) of %s at step %d or later (logged by an earlier attempt; redone now)",
+                         dropped, self.path, start_step)
         self._file = self.path.open("a")
         self._tb = None
         self._wandb = None
@@ -33,7 +48,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(out_dir / "tensorboard"))
+                self._tb = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start_step)
             except ImportError as e:  # tensorboard is a dependency, but keep training if it breaks
                 log.warning("TensorBoard disabled: %s", e)
         if wandb_project:
@@ -41,8 +56,8 @@ class MetricsLogger:
                 import wandb
             except ImportError as e:
                 raise ImportError("run.wandb_project is set but wandb is not installed: pip install wandb") from e
-            self._wandb = wandb.init(project=wandb_project, group=wandb_group, mode=wandb_mode, name=out_dir.name,
-                                     dir=str(out_dir), config=config, resume="allow")
+            self._wandb = _wandb_init(wandb, out_dir, start_step, project=wandb_project, group=wandb_group,
+                                      mode=wandb_mode, name=out_dir.name, dir=str(out_dir), config=config)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
@@ -62,6 +77,52 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def truncate_metrics(path: Path, start_step: int) -> int:
+    """Drop the rows of ``metrics.jsonl`` whose ``step`` is ``start_step`` or later (atomically:
+    a rewritten copy replaces the file). A last line cut short by a crash is dropped too.
+    Returns how many rows were dropped."""
+    from .fs import atomic_write_text
+
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            dropped += 1  # a torn last line
+            continue
+        if isinstance(step, (int, float)) and step >= start_step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        atomic_write_text(path, "".join(f"{x}\n" for x in kept))
+    return dropped
+
+
+def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, **kwargs: Any) -> Any:
+    """``wandb.init`` that continues this run directory's W&B run: the same id (kept in
+    ``<out_dir>/wandb/run_id``), rewound to ``start_step`` when resuming (``resume_from``);
+    falls back to ``resume="allow"`` where rewinding is not available."""
+    id_file = out_dir / "wandb" / "run_id"
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    run_id = id_file.read_text().strip() if id_file.is_file() else ""
+    if not run_id:
+        run_id = wandb.util.generate_id() if hasattr(wandb, "util") else f"{out_dir.name}-{int(time.time())}"
+        id_file.write_text(run_id + "\n")
+    if start_step and kwargs.get("mode") == "online":
+        try:
+            return wandb.init(resume_from=f"{run_id}?_step={start_step}", **kwargs)
+        except Exception as e:  # noqa: BLE001 - an older client or a server without run rewind
+            log.warning("W&B could not rewind run %s to step %d (%s): resuming it; steps it already has are "
+                        "kept there", run_id, start_step, e)
+    return wandb.init(id=run_id, resume="allow", **kwargs)
 
 
 def setup_logging(level: int = logging.INFO) -> None:
