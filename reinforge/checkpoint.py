@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import pickle
 import random
 import shutil

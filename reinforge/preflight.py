@@ -32,6 +32,8 @@ and the engine are built.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -175,8 +177,12 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     elem, _ = _dtype_bytes(cfg.engine.dtype, device)
     dtype = {2: torch.bfloat16, 4: torch.float32}[elem]
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
-    layout = plan_kv_layout(shape, dtype, torch.device("cpu"), cfg.engine, max_model_len,
-                            kernel=triton_available(device.type))
+    kernel = triton_available(device.type)
+    try:
+        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), cfg.engine, max_model_len, kernel)
+    except ValueError:  # engine.num_kv_blocks below one sequence: slot_problems says so in words
+        uncapped = dataclasses.replace(cfg.engine, num_kv_blocks=0)
+        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
     return KVCachePlan(layout.num_slots, layout.num_blocks, layout.block_size, layout.blocks_per_seq,
                        shape.num_layers, shape.num_kv_heads, shape.head_dim, elem)
 
