@@ -91,8 +91,15 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     sync(device)
     decode_s = time.perf_counter() - t
     new = sum(len(r.token_ids) for g in groups for r in g.results)
+    # the physical limit of a decode step: every weight and every cached key/value read once
+    a, elem = model.args, torch.tensor([], dtype=dtype).element_size()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_bytes = args.seqs * (args.prompt_len + length) * a.num_layers * a.num_kv_heads * a.head_dim * 2 * elem
+    step_ms = 1e3 * decode_s / args.window
+    limit_ms = 1e3 * (weight_bytes + kv_bytes) / (args.peak_tbs * 1e12)
     out = {"slots": eng.num_slots, "prefill_tok_s": args.seqs * prompt_len / prefill_s,
-           "decode_tok_s": new / decode_s, "peak_gib": peak_gib(device),
+           "decode_tok_s": new / decode_s, "step_ms": step_ms, "limit_ms": limit_ms, "share": limit_ms / step_ms,
+           "peak_gib": peak_gib(device),
            "kv_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks), "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used),
            "preempted": eng.num_preemptions}
     eng.shutdown()
@@ -207,6 +214,7 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--window", type=int, default=128, help="decode steps timed at the end of the context")
+    ap.add_argument("--peak-tbs", type=float, default=3.35, help="HBM bandwidth, TB/s (H100 SXM: 3.35)")
     ap.add_argument("--train-samples", type=int, default=32)
     ap.add_argument("--train-steps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16384, help="train.max_tokens_per_gpu")
@@ -260,11 +268,14 @@ def main() -> None:
     if gen:
         print(f"\nGeneration: {args.seqs} sequences, context {args.prompt_len} + length; decode timed over the last "
               f"{args.window} tokens")
-        print("| arch | new tokens | slots | prefill tok/s | decode tok/s | KV pool GiB | KV held GiB | peak GiB |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print(f"(limit: weights + every cached K/V read once per step at {args.peak_tbs} TB/s)")
+        print("| arch | new tokens | slots | prefill tok/s | decode tok/s | ms/step | limit ms | share of limit | "
+              "KV pool GiB | KV held GiB | peak GiB |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for arch, length, r in gen:
             print(f"| {arch} | {length} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
-                  f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
+                  f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'step_ms', '.2f')} | {cell(r, 'limit_ms', '.2f')} | "
+                  f"{cell(r, 'share', '.0%')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
                   f"{cell(r, 'peak_gib', '.1f')} |")
     if paging:
         print(f"\nPaged KV cache: {args.seqs} sequences, responses uniform in [L/8, L] (EOS ignored), 16-token blocks, "
