@@ -23,7 +23,7 @@ import torch
 
 from reinforge import checkpoint as ckpt
 from reinforge.config import ConfigError, RewardConfig, load_config
-from reinforge.rollout.types import Sample
+from reinforge.records import Sample
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from reinforge.rollout import paged_attention as pa
+from reinforge.engine import paged_attention as pa
 from reinforge.engine.paged_attention import (decode_splits, gather_blocks, masked_decode_attention,
                                                paged_decode_attention_triton)
 from reinforge.utils.triton import triton, triton_available
