@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.engine.sglang_engine import (PortAllocator, SGLangEngine, SGLangError, SGLangServer,
+from reinforge.rollout.sglang_engine import (PortAllocator, SGLangEngine, SGLangError, SGLangServer,
                                              generate_payload, launch_command, parse_generate, start_server,
                                              wait_ready)
 from reinforge.records import FinishReason, GenerateRequest, SamplingParams

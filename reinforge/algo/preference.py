@@ -6,14 +6,14 @@ registered ``length_normalized`` (then they are means over its tokens: IPO, SimP
 TRL). Every pairwise loss returns per-pair values, so that the trainer can average them over the
 global batch however it is split across micro-batches and ranks.
 
-Registration properties (read by the offline trainer):
+Each registered entry is the method's objective, ``fn(batch: OfflineBatch, offline_cfg) -> (loss,
+stats)``, the one function the trainer calls per micro-batch. Registration properties (read by the
+offline trainer):
 
 * ``data``: ``messages`` (SFT), ``pairs`` (prompt / chosen / rejected) or ``unpaired`` (KTO);
 * ``model``: ``policy`` (a causal LM) or ``reward`` (a scalar head);
 * ``reference``: needs reference log-probs (DPO, IPO, KTO);
-* ``length_normalized``: sequence log-probs are token means;
-* ``nll_weight``: a function of the ``offline`` section giving the weight of a token-mean NLL term
-  on the chosen responses (CPO's ``cpo_alpha``, ORPO's 1), or absent.
+* ``length_normalized``: sequence log-probs are token means.
 """
 
 from __future__ import annotations
@@ -145,18 +145,101 @@ def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, mean: bool) ->
 
 
 # ---------------------------------------------------------------------------- registered methods
-# Each pairwise method: fn(lp: PairLogps, offline_cfg) -> (losses [P], chosen rewards [P], rejected rewards [P]).
+# Each method's registered entry is the objective the offline trainer calls on every micro-batch:
+# fn(batch: OfflineBatch, offline_cfg) -> (loss: scalar with gradient, stats: token / example sums).
 
-OFFLINE_METHODS.register("sft", lambda *_: None, data="messages", model="policy")
-OFFLINE_METHODS.register("rm", lambda *_: None, data="pairs", model="reward")
-OFFLINE_METHODS.register("dpo", lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing), data="pairs",
-                         model="policy", reference=True)
-OFFLINE_METHODS.register("ipo", lambda lp, o: ipo_loss(lp, o.beta), data="pairs", model="policy", reference=True,
-                         length_normalized=True)
-OFFLINE_METHODS.register("cpo", lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing), data="pairs", model="policy",
-                         nll_weight=lambda o: o.cpo_alpha)
-OFFLINE_METHODS.register("simpo", lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma, o.label_smoothing),
+
+@dataclass
+class OfflineBatch:
+    """One micro-batch's per-row values (rows: pairs interleaved chosen, rejected; or single examples).
+
+    Attributes:
+        examples: examples (pairs) in the whole optimizer step, the losses' denominator.
+        nll_tokens: response tokens in the whole step (the token-mean NLL's denominator).
+        seq_logps: [B] the policy's sequence log-probs (sums, or means for ``length_normalized``).
+        token_nll: [B] the policy's summed token NLL per row.
+        ref_logps: [B] the reference's sequence log-probs, or None.
+        rewards: [B] a reward model's scores (``rm``).
+        margin: [P] per-pair margins (``rm`` with ``offline.margin_key``), or None.
+        desirable: [B] bool (KTO); kl: scalar, KTO's z.
+    """
+
+    examples: float
+    nll_tokens: float
+    seq_logps: torch.Tensor | None = None
+    token_nll: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    margin: torch.Tensor | None = None
+    desirable: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+
+
+def pair_stats(rc: torch.Tensor, rr: torch.Tensor, lc: torch.Tensor | None, lr: torch.Tensor | None,
+               nll: float | None) -> dict[str, float]:
+    """Sums over pairs: implicit rewards, their accuracy and margin, the sequence log-probs, the NLL."""
+    out = {"rewards/chosen": float(rc.sum()), "rewards/rejected": float(rr.sum()),
+           "rewards/accuracy": float((rc > rr).float().sum()), "rewards/margin": float((rc - rr).sum())}
+    if lc is not None:
+        out["logps/chosen"], out["logps/rejected"] = float(lc.sum()), float(lr.sum())
+    if nll is not None:
+        out["nll"] = nll
+    return out
+
+
+def sft_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """SFT: the token-mean NLL of the responses over the step."""
+    return b.token_nll.sum() / max(b.nll_tokens, 1.0), {"nll": float(b.token_nll.detach().sum())}
+
+
+def reward_model_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Reward model: :func:`bradley_terry_loss` averaged over the step's pairs."""
+    chosen, rejected = b.rewards[0::2], b.rewards[1::2]
+    losses = bradley_terry_loss(chosen, rejected, b.margin)
+    return losses.sum() / b.examples, pair_stats(chosen.detach(), rejected.detach(), None, None, None)
+
+
+def pairwise_objective(loss: Callable[[PairLogps, Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                       nll_weight: Callable[[Any], float] | None = None) -> Callable[..., Any]:
+    """A pairwise preference loss (``loss(lp, offline_cfg) -> (losses [P], chosen rewards, rejected
+    rewards)``) averaged over the step's pairs, plus ``nll_weight(offline_cfg)`` times the token-mean
+    NLL of the chosen responses (CPO's behaviour-cloning term, ORPO's SFT term)."""
+
+    def objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        lp = PairLogps(b.seq_logps[0::2], b.seq_logps[1::2])
+        if b.ref_logps is not None:
+            lp.ref_chosen, lp.ref_rejected = b.ref_logps[0::2], b.ref_logps[1::2]
+        losses, rc, rr = loss(lp, o)
+        total = losses.sum() / b.examples
+        nll_chosen = b.token_nll[0::2].sum()
+        if nll_weight is not None:
+            total = total + nll_weight(o) * nll_chosen / max(b.nll_tokens, 1.0)
+        return total, pair_stats(rc, rr, lp.chosen.detach(), lp.rejected.detach(), float(nll_chosen.detach()))
+
+    return objective
+
+
+def kto_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """KTO: :func:`kto_loss` averaged over the step's examples."""
+    losses, rewards = kto_loss(b.seq_logps, b.ref_logps, b.desirable, b.kl, o.beta, o.kto_desirable_weight,
+                               o.kto_undesirable_weight)
+    d = b.desirable.float()
+    return losses.sum() / b.examples, {"rewards/desirable": float((rewards * d).sum()),
+                                       "rewards/undesirable": float((rewards * (1 - d)).sum()),
+                                       "logps": float(b.seq_logps.detach().sum())}
+
+
+OFFLINE_METHODS.register("sft", sft_objective, data="messages", model="policy")
+OFFLINE_METHODS.register("rm", reward_model_objective, data="pairs", model="reward")
+OFFLINE_METHODS.register("dpo", pairwise_objective(lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing)),
+                         data="pairs", model="policy", reference=True)
+OFFLINE_METHODS.register("ipo", pairwise_objective(lambda lp, o: ipo_loss(lp, o.beta)), data="pairs", model="policy",
+                         reference=True, length_normalized=True)
+OFFLINE_METHODS.register("cpo", pairwise_objective(lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing),
+                                                   nll_weight=lambda o: o.cpo_alpha), data="pairs", model="policy")
+OFFLINE_METHODS.register("simpo", pairwise_objective(lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma,
+                                                                              o.label_smoothing)),
                          data="pairs", model="policy", length_normalized=True)
-OFFLINE_METHODS.register("orpo", lambda lp, o: orpo_loss(lp, o.beta), data="pairs", model="policy",
-                         length_normalized=True, nll_weight=lambda o: 1.0)
-OFFLINE_METHODS.register("kto", lambda *_: None, data="unpaired", model="policy", reference=True)
+OFFLINE_METHODS.register("orpo", pairwise_objective(lambda lp, o: orpo_loss(lp, o.beta), nll_weight=lambda o: 1.0),
+                         data="pairs", model="policy", length_normalized=True)
+OFFLINE_METHODS.register("kto", kto_objective, data="unpaired", model="policy", reference=True)

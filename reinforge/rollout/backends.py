@@ -34,7 +34,7 @@ BACKENDS: Registry[Callable[["EngineSpec"], RolloutEngine]] = Registry("rollout 
 BACKENDS.register("embedded", "reinforge.rollout.embedded:from_spec")
 BACKENDS.register("hf", "reinforge.rollout.hf_engine:from_spec")
 BACKENDS.register("vllm", "reinforge.rollout.vllm_engine:from_spec", tensor_parallel=True)
-BACKENDS.register("sglang", "reinforge.engine.sglang_engine:from_spec", tensor_parallel=True)
+BACKENDS.register("sglang", "reinforge.rollout.sglang_engine:from_spec", tensor_parallel=True)
 
 
 @dataclass

@@ -20,13 +20,12 @@ import torch
 from torch import nn
 
 from ..algo.logprobs import token_log_probs
-from ..algo.preference import OFFLINE_METHODS, PairLogps, bradley_terry_loss, kto_loss, sequence_logps
+from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
 from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
-from ..records import Sample
 from .actor import response_logits
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
@@ -254,55 +253,38 @@ class OfflineTrainer(ModelTrainer):
     def _micro_batch_loss(self, mb: MicroBatch, rows: list[tuple[int, int]], examples: list[OfflineExample],
                           ref: RefLogps | None, kl: torch.Tensor | None, counts: dict[str, float], data: str
                           ) -> tuple[torch.Tensor, dict[str, float]]:
-        o, n = self.o, counts["examples"]
+        """The method's objective (its ``OFFLINE_METHODS`` entry) on one micro-batch; ``rows``: the
+        (example, response) of each row; a dummy micro-batch (no rows) gives a zero loss that still
+        runs the collectives."""
+        o = self.o
+        b = OfflineBatch(examples=counts["examples"], nll_tokens=counts["nll_tokens"])
         if self.is_reward:
-            r = self._rewards(mb)
+            b.rewards = self._rewards(mb)
             if not rows:
-                return r.sum() * 0.0, {}
-            chosen, rejected = r[0::2], r[1::2]
-            margin = None
+                return b.rewards.sum() * 0.0, {}
             if o.margin_key:
-                margin = torch.tensor([examples[i].margin for i, k in rows if k == 0], device=r.device)
-            losses = bradley_terry_loss(chosen, rejected, margin)
-            return losses.sum() / n, _pair_stats(chosen.detach(), rejected.detach(), None, None, None)
+                b.margin = torch.tensor([examples[i].margin for i, k in rows if k == 0], device=b.rewards.device)
+            return self.loss_fn(b, o)
         mean = bool(self.info.get("length_normalized"))
         grid = self._token_logps(self.model, mb)
         if not rows:
             return grid.sum() * 0.0, {}
-        seq = sequence_logps(grid, mb.loss_mask, mean)
-        token_nll = -(grid * mb.loss_mask).sum(-1)
-        if data == "messages":
-            return token_nll.sum() / max(counts["nll_tokens"], 1.0), {"nll": float(token_nll.detach().sum())}
-        if data == "pairs":
-            lp = PairLogps(seq[0::2], seq[1::2])
-            if ref is not None:
-                lp.ref_chosen, lp.ref_rejected = self._ref_pair(rows, ref, mean, seq.device)
-            losses, rc, rr = self.loss_fn(lp, o)
-            loss = losses.sum() / n
-            nll_chosen = token_nll[0::2].sum()
-            if self.info.get("nll_weight") is not None:
-                loss = loss + self.info["nll_weight"](o) * nll_chosen / max(counts["nll_tokens"], 1.0)
-            return loss, _pair_stats(rc, rr, lp.chosen.detach(), lp.rejected.detach(), float(nll_chosen.detach()))
-        # KTO
-        idx = [i for i, _ in rows]
-        ref_lp = torch.tensor([ref.sums[i][0] for i in idx], device=seq.device)
-        desirable = torch.tensor([bool(examples[i].desirable) for i in idx], device=seq.device)
-        losses, rewards = kto_loss(seq, ref_lp, desirable, kl, o.beta, o.kto_desirable_weight,
-                                   o.kto_undesirable_weight)
-        d = desirable.float()
-        return losses.sum() / n, {"rewards/desirable": float((rewards * d).sum()),
-                                  "rewards/undesirable": float((rewards * (1 - d)).sum()),
-                                  "logps": float(seq.detach().sum())}
+        b.seq_logps = sequence_logps(grid, mb.loss_mask, mean)
+        b.token_nll = -(grid * mb.loss_mask).sum(-1)
+        if ref is not None:
+            b.ref_logps = self._ref_rows(rows, ref, mean, grid.device)
+        if data == "unpaired":
+            b.desirable = torch.tensor([bool(examples[i].desirable) for i, _ in rows], device=grid.device)
+            b.kl = kl
+        return self.loss_fn(b, o)
 
     @staticmethod
-    def _ref_pair(rows: list[tuple[int, int]], ref: RefLogps, mean: bool, device: torch.device
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _ref_rows(rows: list[tuple[int, int]], ref: RefLogps, mean: bool, device: torch.device) -> torch.Tensor:
+        """The reference's sequence log-prob of each row (token means with ``mean``)."""
         def value(i: int, k: int) -> float:
             return ref.sums[i][k] / max(ref.counts[i][k], 1) if mean else ref.sums[i][k]
 
-        chosen = [value(i, 0) for i, k in rows if k == 0]
-        rejected = [value(i, 1) for i, k in rows if k == 1]
-        return torch.tensor(chosen, device=device), torch.tensor(rejected, device=device)
+        return torch.tensor([value(i, k) for i, k in rows], device=device)
 
     def _batch_reference(self, examples: list[OfflineExample], ids: list[int]) -> RefLogps:
         """Reference log-probs of the step's examples from the frozen reference model (indexed like
@@ -326,20 +308,3 @@ class OfflineTrainer(ModelTrainer):
         sums, _ = self.sequence_stats([mism[i] for i in ids], reference=False)
         diff = sum(s[0] - ref.kl_sums[i] for s, i in zip(sums, ids))
         return torch.tensor(diff / max(len(ids), 1), device=self.device)
-
-
-def _pair_stats(rc: torch.Tensor, rr: torch.Tensor, lc: torch.Tensor | None, lr: torch.Tensor | None,
-                nll: float | None) -> dict[str, float]:
-    out = {"rewards/chosen": float(rc.sum()), "rewards/rejected": float(rr.sum()),
-           "rewards/accuracy": float((rc > rr).float().sum()), "rewards/margin": float((rc - rr).sum())}
-    if lc is not None:
-        out["logps/chosen"], out["logps/rejected"] = float(lc.sum()), float(lr.sum())
-    if nll is not None:
-        out["nll"] = nll
-    return out
-
-
-def offline_sample(e: OfflineExample, k: int = 0) -> Sample:
-    """Response ``k`` of an example as a :class:`Sample` (for tools that take samples)."""
-    return Sample(prompt="", tokens=e.prompt_ids + e.responses[k], response_length=len(e.responses[k]),
-                  loss_mask=list(e.loss_masks[k]))
