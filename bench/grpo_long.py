@@ -1,0 +1,125 @@
+"""GRPO end to end at long responses on one GPU, as a user would run it (issue 24's measurement).
+
+A 1.39B Qwen2-architecture model (Qwen2.5-1.5B's layers with SmolLM2's 49k vocabulary and tokenizer,
+random weights), random 0/1 rewards (so every group has a spread and every sample trains), GRPO
+colocated on one GPU (engine and trainer in one process; the engine sleeps while the trainer trains),
+gradient checkpointing, ``train.packing=sequences``. For each ``--lengths`` value L: ``rollout_batch_size``
+x ``n_samples_per_prompt`` sequences of up to L new tokens (EOS not ignored), ``--steps`` rollout steps;
+the last step is reported (the first captures CUDA graphs and compiles kernels).
+
+Columns: sequences, mean response length, generation seconds and its tokens/s, log-prob + training
+seconds, the whole step, generated tokens per second per GPU (generated tokens / step seconds).
+
+    PYTHONPATH=.:bench python bench/grpo_long.py --lengths 8192 16384 --tokenizer DIR   # on a GPU
+    PYTHONPATH=.:bench python bench/grpo_long.py --lengths 32 --seqs 4 --n 2 --device cpu --arch smollm2 \
+        --tokenizer DIR                                                                    # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+# sequences per rollout by response length: the issue's table (the KV cache of one H100 bounds them)
+SEQS = {8192: 128, 16384: 64, 32768: 16}
+
+
+def random_reward(sample) -> float:
+    """0 or 1 at random (seeded by the response): every GRPO group has a spread, every sample trains."""
+    return float(random.Random(hash(tuple(sample.tokens[-8:]))).random() < 0.5)
+
+
+def write_model(folder: Path, tokenizer: Path, max_positions: int, arch: str) -> None:
+    from archs import write_random_model
+
+    write_random_model(arch, folder, vocab_size=49152, max_position_embeddings=max_positions, tie_word_embeddings=True)
+    for f in tokenizer.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy(f, folder / f.name)
+
+
+def write_prompts(path: Path, n: int) -> None:
+    topics = ["the sea", "a city at night", "an old machine", "a long journey", "the mountains", "a library"]
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"Write a very long story about {topics[i % len(topics)]} ({i}).",
+                                "label": "none"}) + "\n")
+
+
+def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path) -> dict[str, float]:
+    from reinforge.config import load_config
+    from reinforge.loop import RLLoop
+
+    overrides = [
+        f"model.path={model}", "model.gradient_checkpointing=true", f"data.prompt_data={data}",
+        "data.n_eval_prompts=0", "data.apply_chat_template=true", f"rollout.rollout_batch_size={seqs // n}",
+        f"rollout.n_samples_per_prompt={n}", f"rollout.rollout_max_response_len={length}",
+        f"engine.max_num_seqs={seqs}", f"engine.kv_cache_memory_fraction={args.kv_fraction}",
+        "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
+        f"train.max_tokens_per_gpu={max(args.max_tokens, length + 256)}", "train.lr=1e-6",
+        f"train.num_rollout={args.steps}", f"train.device={args.device}", f"run.output_dir={out}",
+        "run.progress=false", "run.tensorboard=false", "eval.eval_before_train=false", "run.save_final=false",
+        "run.save_interval=null"]
+    loop = RLLoop(load_config(None, overrides))
+    try:
+        metrics = [loop.rollout_step(i)[0] for i in range(args.steps)]
+    finally:
+        loop.close()
+    m = metrics[-1]
+    generated = m["rollout/response_len_mean"] * m["rollout/num_samples"]
+    gen_s = m["time/generate"]
+    train_s = m["time/logprob"] + m.get("time/train", 0.0)
+    return {"seqs": m["rollout/num_samples"], "mean_len": m["rollout/response_len_mean"], "gen_s": gen_s,
+            "gen_tok_s": generated / gen_s, "train_s": train_s, "step_s": m["time/rollout_step"],
+            "tok_s_gpu": generated / m["time/rollout_step"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", nargs="+", type=int, default=[8192, 16384, 32768])
+    ap.add_argument("--seqs", type=int, default=0, help="sequences per rollout (0: 128 / 64 / 16 by length)")
+    ap.add_argument("--n", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=65536, help="train.max_tokens_per_gpu")
+    ap.add_argument("--kv-fraction", type=float, default=0.5, help="engine.kv_cache_memory_fraction")
+    ap.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer files")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = tmp / "model"
+        write_model(model, args.tokenizer, max(32768, max(args.lengths) + 512), args.arch)
+        write_prompts(tmp / "prompts.jsonl", 512)
+        for length in args.lengths:
+            seqs = args.seqs or SEQS.get(length, 64)
+            try:
+                r = run(length, seqs, args.n, args, model, tmp / "prompts.jsonl", tmp / f"run{length}")
+            except Exception as e:  # a failed row is reported, the table goes on
+                r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            rows.append((length, r))
+            print(length, r, flush=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"\n{name}, torch {torch.__version__}; last of {args.steps} steps")
+    print("| responses <= | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
+          "step s | generated tok/s per GPU |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for length, r in rows:
+        if "error" in r:
+            print(f"| {length} | {r['error']} |")
+            continue
+        print(f"| {length} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
+              f"{r['train_s']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
