@@ -62,7 +62,7 @@ def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path
         f"rollout.n_samples_per_prompt={n}", f"rollout.rollout_max_response_len={length}",
         f"engine.max_num_seqs={seqs}", f"engine.kv_cache_memory_fraction={args.kv_fraction}",
         "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
-        f"train.max_tokens_per_gpu={max(args.max_tokens, length + 256)}", "train.lr=1e-6",
+        f"train.max_tokens_per_gpu={args.max_tokens or max(16384, length + 256)}", "train.lr=1e-6",
         f"train.num_rollout={args.steps}", f"train.device={args.device}", f"run.output_dir={out}",
         "run.progress=false", "run.tensorboard=false", "eval.eval_before_train=false", "run.save_final=false",
         "run.save_interval=null"]
@@ -86,8 +86,10 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=0, help="sequences per rollout (0: 128 / 64 / 16 by length)")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=65536, help="train.max_tokens_per_gpu")
-    ap.add_argument("--kv-fraction", type=float, default=0.5, help="engine.kv_cache_memory_fraction")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="train.max_tokens_per_gpu (0: max(16384, L + 256): the [tokens, vocab] logits of a larger "
+                         "micro-batch do not fit beside the engine's KV cache, which stays in local mode)")
+    ap.add_argument("--kv-fraction", type=float, default=0.3, help="engine.kv_cache_memory_fraction")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer files")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
