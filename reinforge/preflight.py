@@ -169,7 +169,7 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
     of the free memory holds): ``blocks`` is then what ``engine.max_num_seqs`` full sequences take.
     """
-    from .cluster.resources import model_shape
+    from .models.shape import model_shape
     from .engine.kv_cache import plan_kv_layout
     from .utils.triton import triton_available
 
@@ -261,7 +261,7 @@ def slot_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.de
 
 def available_memory() -> float:
     """Bytes this machine can still allocate (/proc/meminfo MemAvailable; total memory elsewhere)."""
-    from .cluster.resources import machine_resources
+    from .utils.machine import machine_resources
 
     return machine_resources()["memory"]
 
@@ -269,7 +269,7 @@ def available_memory() -> float:
 def memory_problems(cfg: "Config", folder: Path, plan: KVCachePlan, n: Lengths, device: torch.device,
                     memory: float | None = None, response_key: str = "rollout.rollout_max_response_len") -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
-    from .cluster.resources import model_shape
+    from .models.shape import model_shape
 
     r = cfg.engine
     elem, dtype = _dtype_bytes(r.dtype, device)

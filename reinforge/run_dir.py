@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import ConfigError
+from .utils.fs import check_not_locked
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -44,11 +45,13 @@ def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
     directory, one of its parents or the home directory.
 
     Raises:
+        DirectoryLocked: a live reinforge process holds the directory.
         ConfigError: an existing run directory and neither resuming nor overwriting; overwrite
             combined with resuming the same directory; overwrite of a directory that holds the
             working directory.
     """
     out = Path(run.output_dir)
+    check_not_locked(out)  # a live run there: say so first (and never delete it)
     resumes_here = run.recover == "auto" or bool(run.load and _inside(Path(run.load), out))
     if run.overwrite and resumes_here:
         raise ConfigError(f"run.overwrite=true would delete {out}, which this run resumes (run.recover=auto or "

@@ -39,8 +39,8 @@ class CountingEngine:
         return self.e.add_request(request)
 
     def step(self):
-        running = {id(o[0]) for o in self.e._owner if o is not None}
-        self.step_loads.append(len(running | {id(g) for g in self.e._waiting}))
+        running = {id(o[0]) for o in self.e.scheduler.owner if o is not None}
+        self.step_loads.append(len(running | {id(g) for g in self.e.scheduler.waiting}))
         self.e.step()
 
     def has_unfinished(self):

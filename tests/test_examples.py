@@ -74,7 +74,8 @@ def test_agent_example_runs_from_the_cli(tmp_path, tiny_model_path):
     overrides = tiny_overrides(tiny_model_path, out, **{
         "data.n_eval_prompts": 2, "eval.n_samples_per_eval_prompt": 0, "eval.pass_k": "[]",
         "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 48, "agent.max_turn_tokens": 16,
-        "engine.max_num_seqs": 16, "train.num_rollout": 2, "run.save_final": "false"})
+        "engine.max_num_seqs": 16, "train.num_rollout": 2, "run.save_final": "false",
+        "train.max_tokens_per_gpu": 512})  # the agent's system prompt and tool schema: 312 tokens
     assert main(["train", "-c", str(EXAMPLES / "agent_calculator.yaml"), *overrides]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "rollout/reward_mean" in r]

@@ -84,10 +84,10 @@ def test_grpo_learns_a_simple_preference(tmp_path, tiny_model_path):
 
 
 def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
-    from reinforge.train import actor as actor_mod
+    from reinforge.algo import objective
 
-    real = actor_mod.aggregate
-    monkeypatch.setattr(actor_mod, "aggregate", lambda *a, **k: real(*a, **k) * float("nan"))
+    real = objective.aggregate
+    monkeypatch.setattr(objective, "aggregate", lambda *a, **k: real(*a, **k) * float("nan"))
     out = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
         "eval.eval_before_train": "false", "train.num_rollout": 1, "run.save_final": "false",
@@ -186,7 +186,7 @@ def test_cli_eval_and_generate(tmp_path, tiny_model_path, capsys):
                  "--max-new-tokens", "5", "--temperature", "1.0"]) == 0
     assert capsys.readouterr().out.count("--- sample") == 2
     assert main(["eval", "--model", str(tmp_path / "missing")]) == 2
-    assert "not a Hugging Face folder" in capsys.readouterr().err
+    assert "not found. Looked for" in capsys.readouterr().err
 
 
 def test_wandb_offline_gets_the_same_metrics(tmp_path, tiny_model_path, monkeypatch):

@@ -194,7 +194,7 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, mon
     engine.shutdown()
 
 
-FILE_EXTS = ("py", "md", "yaml", "json", "jsonl", "txt")
+FILE_EXTS = ("py", "md", "yaml", "json", "jsonl", "txt", "safetensors")
 NOT_KEYS = {"engine.generate", "model.generate", "model.layers",
             "cluster.world_size"}  # the last: the derived trainer world size, compared on resume (recover.py)
 

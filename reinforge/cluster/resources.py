@@ -22,14 +22,13 @@ its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ..models.shape import ModelShape, model_shape
+from ..utils.machine import machine_resources
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -42,47 +41,13 @@ TRAIN_BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW exp_avg + exp_avg
 FP32 = 4
 
 
+__all__ = ["ClusterError", "ModelShape", "model_shape", "machine_resources", "estimate_memory", "check_placement"]
+
+
 class ClusterError(ValueError):
     """The machine or cluster cannot host the requested placement; the message says what was
     asked, what exists and which settings to change. A usage error: ``reinforge`` exits with
     status 2 and the supervisor does not relaunch."""
-
-
-@dataclass
-class ModelShape:
-    """What the estimate needs from a Hugging Face folder."""
-
-    num_params: int
-    vocab_size: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-
-def model_shape(folder: Path) -> ModelShape:
-    """Parameter count (from the safetensors headers, without reading tensors) and KV-cache
-    dimensions (from config.json) of a Hugging Face folder.
-
-    Raises:
-        FileNotFoundError: no config.json in ``folder``.
-    """
-    folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    layers, vocab = int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
-    params = 0
-    for f in folder.glob("*.safetensors"):
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        params += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    if not params:  # no weights on disk yet (random_init): count from the config
-        inter = int(cfg.get("intermediate_size", 4 * hidden))
-        params = layers * (4 * hidden * hidden + 3 * hidden * inter) + vocab * hidden * (
-            1 if cfg.get("tie_word_embeddings", True) else 2)
-    return ModelShape(params, vocab, layers, int(cfg.get("num_key_value_heads", heads)),
-                      int(cfg.get("head_dim") or hidden // heads))
 
 
 @dataclass
@@ -114,30 +79,6 @@ def estimate_memory(cfg: "Config", shape: ModelShape, max_model_len: int, world_
     eparts = (f"weights {g(full)}, KV cache {g(kv)} for engine.max_num_seqs={cfg.engine.max_num_seqs} "
               f"sequences of {max_model_len} tokens")
     return MemoryEstimate(trainer, engine, tparts, eparts)
-
-
-def machine_resources() -> dict[str, float]:
-    """This machine: ``CPU`` (cores this process may use), ``GPU`` (CUDA devices), ``memory``
-    (bytes available, /proc/meminfo's MemAvailable where it exists)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    gpus = 0
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    except Exception:  # no usable CUDA: CPU mode
-        gpus = 0
-    memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                memory = float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return {"CPU": float(cores), "GPU": float(gpus), "memory": memory}
 
 
 def placement_counts(cfg: "Config") -> dict[str, int]:

@@ -60,8 +60,15 @@ class DirectoryLocked(RuntimeError):
     """Another live process holds the run directory's lock; the message names its pid."""
 
 
+def check_not_locked(directory: Path, what: str = "run.output_dir") -> None:
+    """Raise :class:`DirectoryLocked` when a live process holds ``directory``'s lock (see
+    :func:`lock_directory`); checked before anything else looks at or deletes the directory."""
+    with lock_directory(directory, what, create=False):
+        pass
+
+
 @contextlib.contextmanager
-def lock_directory(directory: Path, what: str = "run.output_dir") -> Iterator[Path]:
+def lock_directory(directory: Path, what: str = "run.output_dir", create: bool = True) -> Iterator[Path]:
     """Hold an exclusive ``fcntl.flock`` on ``directory/.reinforge.lock`` for the block, so two
     trainers cannot write into one run directory. The kernel releases the lock when the holder
     dies (even by SIGKILL), so a stale lock file never blocks a rerun. The file records the
@@ -71,8 +78,11 @@ def lock_directory(directory: Path, what: str = "run.output_dir") -> Iterator[Pa
         DirectoryLocked: another process holds the lock.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
+    if not create and not path.exists():
+        yield path
+        return
+    directory.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
     except ImportError:  # not POSIX
