@@ -497,11 +497,12 @@ class RunConfig(Section):
                           "(`metrics.jsonl` or `checkpoints/`) unless they resume it (`recover: auto`, "
                           "`--max-restarts`, `load` inside it); `true` deletes that directory first")
     tensorboard: bool = opt(True, "write TensorBoard event files")
-    wandb_project: str | None = opt(None, "log the same metrics to this Weights & Biases project (`null`: off; "
-                                    "`pip install wandb`)")
+    wandb_project: str | None = opt(None, "log the same metrics to this Weights & Biases project (`null`: the "
+                                    "`WANDB_PROJECT` environment variable if set, else no W&B; `pip install wandb`)")
     wandb_group: str | None = opt(None, "W&B run group")
-    wandb_mode: Literal["online", "offline"] = opt("online", "`offline` writes the W&B run under "
-                                                   "`<output_dir>/wandb` without network (`wandb sync` later)")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = opt(
+        None, "`offline` writes the W&B run under `<output_dir>/wandb` without network (`wandb sync` later); `null`: "
+        "W&B's own choice (the `WANDB_MODE` environment variable, else `online`). Checked before anything is built")
     progress: bool = opt(True, "console progress bar with ETA")
     dump_rollouts: bool = opt(False, "write every rollout's samples to `rollouts/<id>.jsonl`")
     recover: Literal["off", "auto"] = opt(
