@@ -139,7 +139,8 @@ def _generate(args: argparse.Namespace) -> None:
     text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     check_generate(cfg, path, len(ids), args.max_new_tokens, args.n)
-    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens))
+    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens,
+                                      max_seqs=args.n))  # the KV cache for --n sequences, not engine.max_num_seqs
     ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
     params = ctx.sampling_params(greedy=args.temperature == 0)
     params.max_new_tokens = args.max_new_tokens
