@@ -190,8 +190,11 @@ class RewardConfig(Section):
         "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`")
     timeout: float = opt(10.0, "seconds per sample; a timeout scores 0 and is counted in `reward/timeouts`", gt=0)
     concurrency: int = opt(16, "reward calls in flight", ge=1)
-    correct_threshold: float = opt(1.0, "a sample counts as correct (accuracy, pass@k) when its reward is at least "
-                                   "this")
+    correct_threshold: float = opt(
+        1.0, "a sample counts as correct (`eval/greedy_accuracy`, `eval/pass@k`, `rollout/correct`) when its reward is "
+        "at least this. With `type: model` it is a threshold on the reward model's score, and the evaluation reports "
+        "`eval/greedy_score_above_threshold` and `eval/score_above_threshold@k` instead (`rollout/correct` keeps its "
+        "name: the share of scores at or above the threshold)")
     model_path: str | None = opt(None, "`type: model`: a reward model: a `*ForSequenceClassification` folder, or a "
                                  "run / checkpoint directory of `reinforge offline` with `offline.method: rm`")
     model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
