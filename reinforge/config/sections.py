@@ -137,7 +137,11 @@ class EngineConfig(Section):
                        "(transformers `generate`, any architecture), `vllm`, `sglang`", choices=BACKENDS)
     dtype: Literal["auto", "fp32", "bf16"] = opt("auto", "engine weights and KV cache: `auto` = bf16 on GPU, "
                                                  "fp32 on CPU")
-    max_num_seqs: int = opt(256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`)", ge=1)
+    max_num_seqs: int = opt(
+        256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`), at most; an engine is built with no "
+        "more slots than the run holds at once (one rollout, `rollout_batch_size * n_samples_per_prompt`, or one "
+        "evaluation pass, `n_eval_prompts * max(1, n_samples_per_eval_prompt)`; `reinforge generate`: `--n`), so "
+        "the embedded engine's KV cache is sized by the run", ge=1)
     kv_cache_memory_fraction: float = opt(
         0.3, "GPU: share of free memory the KV cache may take (vLLM: `gpu_memory_utilization`; SGLang: "
         "`--mem-fraction-static`)", gt=0, lt=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -171,18 +172,19 @@ def check_wandb(run: Any) -> None:
                           f"network with WANDB_MODE=offline (or run.wandb_mode=offline; `wandb sync` later)")
 
 
-def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, mode: str, **kwargs: Any) -> Any:
+def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, effective_mode: str, **kwargs: Any) -> Any:
     """``wandb.init`` that continues this run directory's W&B run: the same id (kept in
     ``<out_dir>/wandb/run_id``), rewound to ``start_step`` when resuming (``resume_from``);
-    falls back to ``resume="allow"`` where rewinding is not available (``mode``: the effective one,
-    :func:`wandb_target`)."""
+    falls back to ``resume="allow"`` where rewinding is not available (``effective_mode``: the mode
+    W&B will run in, :func:`wandb_target`; ``kwargs`` go to ``wandb.init``)."""
     id_file = out_dir / "wandb" / "run_id"
     id_file.parent.mkdir(parents=True, exist_ok=True)
     run_id = id_file.read_text().strip() if id_file.is_file() else ""
     if not run_id:
-        run_id = wandb.util.generate_id() if hasattr(wandb, "util") else f"{out_dir.name}-{int(time.time())}"
+        gen = getattr(getattr(wandb, "util", None), "generate_id", None)  # gone from wandb.util in 0.2x+
+        run_id = gen() if callable(gen) else secrets.token_hex(4)  # 8 characters [0-9a-f], as W&B's own ids
         id_file.write_text(run_id + "\n")
-    if start_step and mode == "online":
+    if start_step and effective_mode == "online":
         try:
             return wandb.init(resume_from=f"{run_id}?_step={start_step}", **kwargs)
         except Exception as e:  # noqa: BLE001 - an older client or a server without run rewind
