@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .config import SECTIONS, ConfigError, config_yaml, load_config
+from .config import SECTIONS, ConfigError, load_config
 from .run_dir import check_output_dir
 from .utils.logging import check_wandb
 

@@ -19,7 +19,8 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape
   ``[layers, blocks + 1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU,
   its slots (``engine.max_num_seqs`` capped at the sequences the run holds at once,
-  :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for ``reinforge generate``) x ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x
+  :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for ``reinforge generate``) x
+  ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x
   dtype bytes), plus the engine's weights, against the available memory (/proc/meminfo
   MemAvailable); on a GPU, one sequence's cache against ``engine.kv_cache_memory_fraction`` of
   the free memory (``torch.cuda.mem_get_info``; the engine then takes as many slots as that share

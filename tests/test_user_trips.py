@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from reinforge import cli
-from reinforge.config import ConfigError, config_yaml, dump_config, load_config
+from reinforge.config import ConfigError, dump_config, load_config
 from reinforge.eval.summary import next_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,21 +134,21 @@ def _no_wandb_env(monkeypatch, home: Path) -> None:
 
 
 def test_wandb_mode_and_project_come_from_the_environment_when_the_config_leaves_them(tmp_path, monkeypatch):
-    from reinforge.utils.logging import check_wandb, wandb_target
+    from reinforge.utils.logging import WandbSetupError, check_wandb, wandb_target
 
     _no_wandb_env(monkeypatch, tmp_path)
     run = load_config(None, []).run
     assert run.wandb_mode is None and wandb_target(run.wandb_project, run.wandb_mode) == (None, "online")
     check_wandb(run)  # no project: nothing to check
     monkeypatch.setenv("WANDB_PROJECT", "from-env")
-    with pytest.raises(ConfigError, match="no W&B API key was found.*WANDB_MODE=offline"):
+    with pytest.raises(WandbSetupError, match="no W&B API key was found.*WANDB_MODE=offline"):
         check_wandb(run)  # online without credentials fails here, not after the engine is built
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert wandb_target(run.wandb_project, run.wandb_mode) == ("from-env", "offline")
     check_wandb(run)
     assert wandb_target("p", "online") == ("p", "online")  # the config's own keys win
     monkeypatch.setenv("WANDB_MODE", "offlne")
-    with pytest.raises(ConfigError, match="WANDB_MODE .*'offlne' is not a W&B mode"):
+    with pytest.raises(WandbSetupError, match="WANDB_MODE .*'offlne' is not a W&B mode"):
         check_wandb(run)
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)

@@ -10,5 +10,6 @@ from .sections import (AgentConfig, AlgoConfig, ClusterConfig, CriticConfig, Dat
                        ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 __all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",
-           "dump_config", "config_dict", "config_yaml", "unused_keys", "parse_override", "AgentConfig", "AlgoConfig", "ClusterConfig", "CriticConfig", "DataConfig",
+           "dump_config", "config_dict", "config_yaml", "unused_keys", "parse_override", "AgentConfig", "AlgoConfig",
+           "ClusterConfig", "CriticConfig", "DataConfig",
            "EngineConfig", "EvalConfig", "ModelConfig", "OfflineConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]

@@ -3,6 +3,7 @@ optionally Weights & Biases, all with the same metric names and steps."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -112,6 +113,12 @@ def truncate_metrics(path: Path, start_step: int) -> int:
     return dropped
 
 
+class WandbSetupError(ValueError):
+    """W&B logging is asked for but cannot start (not installed, an unknown mode, no API key when
+    online); the message names the key or environment variable and the fix. A usage error:
+    ``reinforge`` exits with status 2 before anything is built."""
+
+
 WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # wandb.Settings.mode
 
 
@@ -150,26 +157,24 @@ def check_wandb(run: Any) -> None:
     no project is set (:func:`wandb_target`).
 
     Raises:
-        ConfigError: naming the key or environment variable and the fix.
+        WandbSetupError: naming the key or environment variable and the fix.
     """
-    from ..config.fields import ConfigError
-
     project, mode = wandb_target(run.wandb_project, run.wandb_mode)
     if not project:
         return
     source = "run.wandb_project" if run.wandb_project else "the WANDB_PROJECT environment variable"
     try:
-        import wandb  # noqa: F401
+        importlib.import_module("wandb")
     except ImportError as e:
-        raise ConfigError(f"{source} asks for W&B logging (project {project!r}) but wandb cannot be imported "
-                          f"({e}): pip install wandb, or unset {source}") from None
+        raise WandbSetupError(f"{source} asks for W&B logging (project {project!r}) but wandb cannot be imported "
+                              f"({e}): pip install wandb, or unset {source}") from None
     if mode not in WANDB_MODES:
         where = "run.wandb_mode" if run.wandb_mode else "WANDB_MODE (environment variable)"
-        raise ConfigError(f"{where}: {mode!r} is not a W&B mode; use one of {', '.join(WANDB_MODES[:3])}")
+        raise WandbSetupError(f"{where}: {mode!r} is not a W&B mode; use one of {', '.join(WANDB_MODES[:3])}")
     if mode in ("online", "shared", "run") and not _has_wandb_credentials():
-        raise ConfigError(f"W&B logging to project {project!r} is online but no W&B API key was found "
-                          f"(WANDB_API_KEY, or ~/.netrc from `wandb login`): run `wandb login`, or log without "
-                          f"network with WANDB_MODE=offline (or run.wandb_mode=offline; `wandb sync` later)")
+        raise WandbSetupError(f"W&B logging to project {project!r} is online but no W&B API key was found "
+                              f"(WANDB_API_KEY, or ~/.netrc from `wandb login`): run `wandb login`, or log without "
+                              f"network with WANDB_MODE=offline (or run.wandb_mode=offline; `wandb sync` later)")
 
 
 def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, effective_mode: str, **kwargs: Any) -> Any:
