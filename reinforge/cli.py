@@ -1,4 +1,4 @@
-"""Command line: ``reinforge train | offline | make-data | eval | generate | models | convert``."""
+"""Command line: ``reinforge train | offline | make-data | eval | generate | models | convert | config``."""
 
 from __future__ import annotations
 
@@ -8,22 +8,29 @@ import os
 import sys
 from pathlib import Path
 
-from .config import ConfigError, load_config
+from .config import SECTIONS, ConfigError, load_config
 from .run_dir import check_output_dir
+from .utils.logging import check_wandb
 
 log = logging.getLogger("reinforge")
 
 USAGE_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
 
 
-def _train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace):
+    """The config ``reinforge train`` runs with: ``--config``, then overrides, ``--load``, ``--max-restarts``."""
     overrides = list(args.overrides)
     if args.load:
         overrides.append(f"run.load={args.load}")
     if args.max_restarts is not None:
         overrides.append(f"run.max_restarts={args.max_restarts}")
-    cfg = load_config(args.config, overrides)
+    return load_config(args.config, overrides), overrides
+
+
+def _train(args: argparse.Namespace) -> int:
+    cfg, overrides = train_config(args)
     check_output_dir(cfg.run)
+    check_wandb(cfg.run)
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
@@ -49,13 +56,20 @@ def _preflight_rl(cfg) -> None:
     check_rl(cfg, resolve_model_path(cfg.model.path))
 
 
-def _offline(args: argparse.Namespace) -> None:
+def offline_config(args: argparse.Namespace):
+    """The config ``reinforge offline`` runs with: ``--config``, then overrides and ``--load``."""
     overrides = list(args.overrides)
     if args.load:
         overrides.append(f"run.load={args.load}")
-    cfg = load_config(args.config, overrides)
+    return load_config(args.config, overrides)
+
+
+def _offline(args: argparse.Namespace) -> None:
+    cfg = offline_config(args)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
     check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
+    if main_rank:
+        check_wandb(cfg.run)
     import contextlib
 
     from .offline_loop import run_offline
@@ -76,7 +90,9 @@ def _make_data(args: argparse.Namespace) -> None:
              if counts["prompts_without_pair"] else ""))
 
 
-def _eval(args: argparse.Namespace) -> None:
+def eval_config(args: argparse.Namespace):
+    """The config ``reinforge eval`` runs with: ``--config``, overrides, ``--model``, ``--data``,
+    ``--output-dir``; no training rollouts, no recovery."""
     overrides = list(args.overrides)
     if args.model:
         overrides.append(f"model.path={args.model}")
@@ -84,7 +100,11 @@ def _eval(args: argparse.Namespace) -> None:
         overrides += [f"data.eval_prompt_data={args.data}", f"data.prompt_data={args.data}"]
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
-    cfg = load_config(args.config, overrides + ["train.num_rollout=0", "run.recover=off", "run.max_restarts=0"])
+    return load_config(args.config, overrides + ["train.num_rollout=0", "run.recover=off", "run.max_restarts=0"])
+
+
+def _eval(args: argparse.Namespace) -> None:
+    cfg = eval_config(args)
     _preflight_rl(cfg)
     from .eval.evaluate import format_table
     from .loop import RLLoop
@@ -119,7 +139,8 @@ def _generate(args: argparse.Namespace) -> None:
     text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     check_generate(cfg, path, len(ids), args.max_new_tokens, args.n)
-    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens))
+    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens,
+                                      max_seqs=args.n))  # the KV cache for --n sequences, not engine.max_num_seqs
     ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
     params = ctx.sampling_params(greedy=args.temperature == 0)
     params.max_new_tokens = args.max_new_tokens
@@ -173,12 +194,45 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"wrote {out} ({args.dtype}) from {ckpt}")
 
 
+def _config(args: argparse.Namespace) -> None:
+    """Print the config a command would run with, as YAML that ``-c`` accepts again."""
+    cfg = load_config(args.config, list(args.overrides))
+    if args.section:
+        unknown = [x for x in args.section if x not in SECTIONS]
+        if unknown:
+            raise ConfigError(f"--section {', '.join(unknown)}: no such section; sections: {', '.join(SECTIONS)}")
+    from .config import config_dict
+
+    import yaml
+
+    d = config_dict(cfg, changed_only=args.changed)
+    if args.section:
+        d = {k: v for k, v in d.items() if k in args.section}
+    print(yaml.safe_dump(d, sort_keys=False) if d else "{}", end="" if d else "\n")
+
+
+def config_help() -> str:
+    """The sections and a few of their keys, for ``--help`` (every key: docs/config.md)."""
+    import dataclasses
+
+    lines = ["config sections (write keys as section.key=value after the command; every key, its default and",
+             "meaning: docs/config.md; the resolved config: reinforge config -c FILE [key=value ...]):"]
+    for name, cls in SECTIONS.items():
+        keys = [f.name for f in dataclasses.fields(cls)]
+        shown = ", ".join(keys[:3]) + (f", ... ({len(keys)} keys)" if len(keys) > 3 else "")
+        lines.append(f"  {name:8s} {shown}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reinforge", description="RL post-training of language models")
+    epilog = config_help()
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog="reinforge", description="RL post-training of language models",
+                                epilog=epilog, formatter_class=fmt)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="run RL training (GRPO) from a YAML config")
+    t = sub.add_parser("train", help="run RL training (GRPO) from a YAML config", epilog=epilog, formatter_class=fmt)
     t.add_argument("--config", "-c", help="YAML config file")
     t.add_argument("--load", help="checkpoint (or run directory) to resume from")
     t.add_argument("--max-restarts", type=int, metavar="N",
@@ -188,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_train)
 
     o = sub.add_parser("offline", help="offline post-training: SFT, reward model, DPO / IPO / CPO / SimPO / ORPO "
-                                       "/ KTO (offline.method) on a jsonl / parquet dataset")
+                                       "/ KTO (offline.method) on a jsonl / parquet dataset", epilog=epilog,
+                       formatter_class=fmt)
     o.add_argument("--config", "-c", help="YAML config file")
     o.add_argument("--load", help="checkpoint (or run directory) to resume from")
     o.add_argument("overrides", nargs="*", help="key=value overrides, e.g. offline.method=dpo offline.beta=0.1")
@@ -206,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("overrides", nargs="*")
     md.set_defaults(func=_make_data)
 
-    e = sub.add_parser("eval", help="evaluate a model on held-out prompts")
+    e = sub.add_parser("eval", help="evaluate a model on held-out prompts", epilog=epilog, formatter_class=fmt)
     e.add_argument("--model", help="HF folder, checkpoint model/ folder or known model name")
     e.add_argument("--data", help="a .jsonl file or reasoning_gym:<task>")
     e.add_argument("--config", "-c", help="YAML config (eval settings, task kwargs)")
@@ -237,6 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true")
     c.add_argument("--adapter-out", help="also write the LoRA adapter (a PEFT folder) of a LoRA run here")
     c.set_defaults(func=_convert)
+
+    cf = sub.add_parser("config", help="print the resolved config (defaults, -c file, key=value overrides) as YAML",
+                        epilog=epilog, formatter_class=fmt)
+    cf.add_argument("--config", "-c", help="YAML config file")
+    cf.add_argument("--changed", action="store_true", help="only the keys whose value differs from the default")
+    cf.add_argument("--section", action="append", metavar="NAME", help="only this section (repeatable)")
+    cf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
+    cf.set_defaults(func=_config)
     return p
 
 

@@ -22,7 +22,7 @@ from .cluster.base import ClusterSpec, build_cluster
 from .cluster.resources import check_placement, machine_resources
 from .config import Config, config_from_dict, dump_config
 from .data import load_datasets
-from .eval.evaluate import evaluate, write_eval
+from .eval.evaluate import eval_plot_keys, evaluate, write_eval
 from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
@@ -346,7 +346,7 @@ class RLLoop:
         result.history = list(self.history)
         print_run_summary(self.out, self.evals, command="train", checkpoint=ckpt.latest_checkpoint(self.out),
                           more_key="train.num_rollout", curve_key="rollout/reward_mean",
-                          eval_keys=("eval/greedy_accuracy", "eval/pass@1"), x_label="rollout")
+                          eval_keys=eval_plot_keys(cfg.reward.type), x_label="rollout")
         return result
 
     def _dump(self, rollout_id: int, groups: list[list[Sample]]) -> None:

@@ -68,7 +68,8 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
 
     r = cfg.rollout
     max_len = train.max_prompt_tokens + r.rollout_max_response_len
-    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), max_len))
+    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), max_len,
+                                      max_seqs=batch_prompts * r.n_samples_per_prompt))
     reward = RewardManager(cfg.reward, pad_id=tok.pad_token_id or 0)
     ctx = RolloutContext(cfg, engine, tok, reward, model_stop_token_ids(tok, str(path), r.rollout_stop_token_ids))
     thr = cfg.reward.correct_threshold

@@ -18,7 +18,9 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   slots; ``engine.num_kv_blocks`` must hold one sequence;
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape
   ``[layers, blocks + 1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU,
-  ``engine.max_num_seqs`` slots x ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x
+  its slots (``engine.max_num_seqs`` capped at the sequences the run holds at once,
+  :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for ``reinforge generate``) x
+  ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x
   dtype bytes), plus the engine's weights, against the available memory (/proc/meminfo
   MemAvailable); on a GPU, one sequence's cache against ``engine.kv_cache_memory_fraction`` of
   the free memory (``torch.cuda.mem_get_info``; the engine then takes as many slots as that share
@@ -163,14 +165,18 @@ def _dtype_bytes(dtype: str, device: torch.device) -> tuple[int, str]:
     return torch.tensor([], dtype=d).element_size(), str(d).removeprefix("torch.")
 
 
-def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch.device) -> KVCachePlan:
+def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch.device,
+                  max_seqs: int | None = None) -> KVCachePlan:
     """The embedded engine's KV cache for ``max_model_len`` tokens per sequence on ``device``.
 
+    Its slots are those the engine is built with: ``engine.max_num_seqs`` capped at what the run
+    holds at once (``max_seqs``, default :func:`reinforge.rollout.backends.run_max_seqs`).
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
-    of the free memory holds): ``blocks`` is then what ``engine.max_num_seqs`` full sequences take.
+    of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """
     from .models.shape import model_shape
     from .engine.kv_cache import plan_kv_layout
+    from .rollout.backends import engine_config_for
     from .utils.triton import triton_available
 
     shape = model_shape(folder)
@@ -178,10 +184,11 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     dtype = {2: torch.bfloat16, 4: torch.float32}[elem]
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
     kernel = triton_available(device.type)
+    engine = engine_config_for(cfg, max_seqs)
     try:
-        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), cfg.engine, max_model_len, kernel)
+        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), engine, max_model_len, kernel)
     except ValueError:  # engine.num_kv_blocks below one sequence: slot_problems says so in words
-        uncapped = dataclasses.replace(cfg.engine, num_kv_blocks=0)
+        uncapped = dataclasses.replace(engine, num_kv_blocks=0)
         layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
     return KVCachePlan(layout.num_slots, layout.num_blocks, layout.block_size, layout.blocks_per_seq,
                        shape.num_layers, shape.num_kv_heads, shape.head_dim, elem)
@@ -245,7 +252,7 @@ def slot_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.de
     if cfg.rollout.custom_generate_function_path or cfg.rollout.rollout_function_path:
         return out  # custom generation: requests of its own making
     slots = (f"engine.num_kv_blocks={r.num_kv_blocks} (one block per sequence on {device.type})"
-             if plan.slots < r.max_num_seqs else f"engine.max_num_seqs={r.max_num_seqs}")
+             if r.num_kv_blocks and plan.slots < r.max_num_seqs else f"engine.max_num_seqs={r.max_num_seqs}")
     asks = []
     if n.train_response is not None:
         asks.append(("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt))
@@ -295,7 +302,9 @@ def memory_problems(cfg: "Config", folder: Path, plan: KVCachePlan, n: Lengths, 
         return []
     fit = max(0, int((memory - weights) // plan.bytes_per_slot) - 1)
     slots = (f"{plan.slots} slots (engine.max_num_seqs={r.max_num_seqs}"
-             + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "") + ")")
+             + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "")
+             + (", capped at the sequences the run holds at once" if plan.slots < r.max_num_seqs
+                and not r.num_kv_blocks else "") + ")")
     fix = (f"lower engine.max_num_seqs to at most {fit} (each slot holds {_size(plan.bytes_per_slot)}; or cap "
            f"the slots with engine.num_kv_blocks) or lower {response_key}" if fit else
            f"not even one slot of {_size(plan.bytes_per_slot)} fits: lower {response_key}")
@@ -377,7 +386,7 @@ def check_generate(cfg: "Config", model_folder: Path, prompt_tokens: int, max_ne
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
     device = device or resolve_device(cfg.train.device)
     if not problems and cfg.engine.backend == "embedded" and is_native(model_config):
-        plan = kv_cache_plan(cfg, Path(model_folder), total, device)
+        plan = kv_cache_plan(cfg, Path(model_folder), total, device, max_seqs=n)  # the engine is built for --n
         if n > plan.slots:
             problems.append(f"--n={n} exceeds the engine's {plan.slots} slots: raise engine.max_num_seqs "
                             f"(and engine.num_kv_blocks, if set) to at least {n}")

@@ -17,7 +17,8 @@ parameter, sharded over the ranks) plus one full fp32 copy (weight sync / checkp
 the reference model (4 bytes per parameter) when KL needs it, a critic like the policy, and the
 logits of one micro-batch (``train.max_tokens_per_gpu`` x vocabulary x 4 bytes); an engine holds
 its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len`` x
-``engine.max_num_seqs`` x 4 bytes); every process adds about 0.5 GiB (Python, torch).
+``engine.max_num_seqs`` (capped at what the run holds at once,
+:func:`reinforge.rollout.backends.run_max_seqs`) x 4 bytes); every process adds about 0.5 GiB (Python, torch).
 """
 
 from __future__ import annotations
@@ -69,15 +70,18 @@ def estimate_memory(cfg: "Config", shape: ModelShape, max_model_len: int, world_
     critic = state if cfg.algo.needs_critic else 0
     logits = cfg.train.max_tokens_per_gpu * shape.vocab_size * FP32
     trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
-    kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * max_model_len * cfg.engine.max_num_seqs * FP32
+    from ..rollout.backends import engine_config_for
+
+    slots = engine_config_for(cfg).max_num_seqs  # engine.max_num_seqs capped at what the run holds at once
+    kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * max_model_len * slots * FP32
     engine = PROCESS_OVERHEAD + full + kv
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     tparts = (f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
               f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
               + (f", the reference model {g(ref)}" if ref else "") + (f", the critic {g(critic)}" if critic else "")
               + f", logits of train.max_tokens_per_gpu={cfg.train.max_tokens_per_gpu} tokens {g(logits)}")
-    eparts = (f"weights {g(full)}, KV cache {g(kv)} for engine.max_num_seqs={cfg.engine.max_num_seqs} "
-              f"sequences of {max_model_len} tokens")
+    eparts = (f"weights {g(full)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
+              f"{cfg.engine.max_num_seqs}, capped at what the run holds at once) of {max_model_len} tokens")
     return MemoryEstimate(trainer, engine, tparts, eparts)
 
 

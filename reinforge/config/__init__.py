@@ -3,11 +3,13 @@ read from YAML plus ``key=value`` overrides (``loader.py``); every key's help an
 beside its field (``fields.opt``) and ``docs/config.md`` is generated from them (``docs.py``)."""
 
 from .fields import ConfigError
-from .loader import config_from_dict, config_from_values, dump_config, load_config, parse_override
+from .loader import (config_dict, config_from_dict, config_from_values, config_yaml, dump_config, load_config,
+                     parse_override, unused_keys)
 from .root import SECTIONS, Config
 from .sections import (AgentConfig, AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
                        ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 __all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",
-           "dump_config", "parse_override", "AgentConfig", "AlgoConfig", "ClusterConfig", "CriticConfig", "DataConfig",
+           "dump_config", "config_dict", "config_yaml", "unused_keys", "parse_override", "AgentConfig", "AlgoConfig",
+           "ClusterConfig", "CriticConfig", "DataConfig",
            "EngineConfig", "EvalConfig", "ModelConfig", "OfflineConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig"]

@@ -247,23 +247,37 @@ def config_from_values(values: dict[tuple[str, str], tuple[Any, str]], check_exp
     return cfg.validate()
 
 
-def _check_explicit_keys(cfg: Config, given: set[tuple[str, str]]) -> None:
-    """Refuse settings that the chosen advantage estimator would silently ignore: ``critic.*``
-    without a critic, and ``algo`` keys that only other estimators read (each estimator's
-    registration lists the keys it reads)."""
+def unused_keys(cfg: Config) -> dict[tuple[str, str], str]:
+    """Keys the configuration does not read, each with why, which may not be set explicitly:
+    ``critic.*`` without a critic, and ``algo`` keys that only other advantage estimators read
+    (each estimator's registration lists the keys it reads). :func:`dump_config` leaves them out
+    so a written config loads again."""
     from ..algo.advantages import ADV_ESTIMATORS
 
     est = cfg.algo.advantage_estimator
-    critic_keys = sorted(f"critic.{n}" for s, n in given if s == "critic")
-    if critic_keys and not cfg.algo.needs_critic:
-        raise ConfigError(f"{', '.join(critic_keys)} set, but algo.advantage_estimator={est} uses no critic: "
-                          f"use advantage_estimator=gae (PPO with a critic) or remove them")
+    out: dict[tuple[str, str], str] = {}
+    if not cfg.algo.needs_critic:
+        for name in _section_fields("critic"):
+            out[("critic", name)] = f"algo.advantage_estimator={est} uses no critic"
     reads = {name: set(ADV_ESTIMATORS.info(name).get("reads", ())) for name in ADV_ESTIMATORS}
     for key in sorted(set().union(*reads.values())):
-        if ("algo", key) in given and key not in reads[est]:
+        if key not in reads[est]:
             users = ", ".join(n for n in reads if key in reads[n])
-            raise ConfigError(f"algo.{key} set, but algo.advantage_estimator={est} does not use it (it applies to "
-                              f"{users}): remove it or change the estimator")
+            out[("algo", key)] = f"algo.advantage_estimator={est} does not use it (it applies to {users})"
+    return out
+
+
+def _check_explicit_keys(cfg: Config, given: set[tuple[str, str]]) -> None:
+    """Refuse settings that the chosen advantage estimator would silently ignore (:func:`unused_keys`)."""
+    unused = unused_keys(cfg)
+    critic_keys = sorted(f"critic.{n}" for s, n in given if s == "critic" and ("critic", n) in unused)
+    if critic_keys:
+        raise ConfigError(f"{', '.join(critic_keys)} set, but algo.advantage_estimator="
+                          f"{cfg.algo.advantage_estimator} uses no critic: use advantage_estimator=gae (PPO with a "
+                          f"critic) or remove them")
+    for section, key in sorted(given):
+        if section == "algo" and (section, key) in unused:
+            raise ConfigError(f"algo.{key} set, but {unused[(section, key)]}: remove it or change the estimator")
 
 
 def config_from_dict(d: dict[str, Any]) -> Config:
@@ -274,5 +288,34 @@ def config_from_dict(d: dict[str, Any]) -> Config:
     return config_from_values(values, check_explicit=False)
 
 
+def config_dict(cfg: Config, changed_only: bool = False) -> dict[str, dict[str, Any]]:
+    """``cfg`` as ``{section: {key: value}}`` that :func:`load_config` accepts again: the keys of
+    :func:`unused_keys` (refused when set explicitly) are left out, and so are sections left empty.
+
+    Args:
+        changed_only: keep only the keys whose value differs from the default.
+    """
+    unused = unused_keys(cfg)
+    out: dict[str, dict[str, Any]] = {}
+    for section, cls in SECTIONS.items():
+        values = dataclasses.asdict(getattr(cfg, section))
+        default = dataclasses.asdict(cls()) if changed_only else {}
+        kept = {k: v for k, v in values.items()
+                if (section, k) not in unused and not (changed_only and default.get(k) == v)}
+        if kept:
+            out[section] = kept
+    return out
+
+
+def config_yaml(cfg: Config, changed_only: bool = False) -> str:
+    """:func:`config_dict` as YAML text (sections in :data:`SECTIONS` order)."""
+    d = config_dict(cfg, changed_only)
+    return yaml.safe_dump(d, sort_keys=False) if d else "{}\n"
+
+
 def dump_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Write the resolved config to ``path`` (a run's ``config.yaml``) as :func:`config_yaml`:
+    every key but those the run does not read, so ``reinforge train / eval / offline -c path``
+    loads it again."""
+    Path(path).write_text("# the resolved config of this run (keys it does not read are left out; docs/config.md)\n"
+                          + config_yaml(cfg))

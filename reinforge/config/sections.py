@@ -137,7 +137,11 @@ class EngineConfig(Section):
                        "(transformers `generate`, any architecture), `vllm`, `sglang`", choices=BACKENDS)
     dtype: Literal["auto", "fp32", "bf16"] = opt("auto", "engine weights and KV cache: `auto` = bf16 on GPU, "
                                                  "fp32 on CPU")
-    max_num_seqs: int = opt(256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`)", ge=1)
+    max_num_seqs: int = opt(
+        256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`), at most; an engine is built with no "
+        "more slots than the run holds at once (one rollout, `rollout_batch_size * n_samples_per_prompt`, or one "
+        "evaluation pass, `n_eval_prompts * max(1, n_samples_per_eval_prompt)`; `reinforge generate`: `--n`), so "
+        "the embedded engine's KV cache is sized by the run", ge=1)
     kv_cache_memory_fraction: float = opt(
         0.3, "GPU: share of free memory the KV cache may take (vLLM: `gpu_memory_utilization`; SGLang: "
         "`--mem-fraction-static`)", gt=0, lt=1)
@@ -190,8 +194,11 @@ class RewardConfig(Section):
         "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`")
     timeout: float = opt(10.0, "seconds per sample; a timeout scores 0 and is counted in `reward/timeouts`", gt=0)
     concurrency: int = opt(16, "reward calls in flight", ge=1)
-    correct_threshold: float = opt(1.0, "a sample counts as correct (accuracy, pass@k) when its reward is at least "
-                                   "this")
+    correct_threshold: float = opt(
+        1.0, "a sample counts as correct (`eval/greedy_accuracy`, `eval/pass@k`, `rollout/correct`) when its reward is "
+        "at least this. With `type: model` it is a threshold on the reward model's score, and the evaluation reports "
+        "`eval/greedy_score_above_threshold` and `eval/score_above_threshold@k` instead (`rollout/correct` keeps its "
+        "name: the share of scores at or above the threshold)")
     model_path: str | None = opt(None, "`type: model`: a reward model: a `*ForSequenceClassification` folder, or a "
                                  "run / checkpoint directory of `reinforge offline` with `offline.method: rm`")
     model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
@@ -497,11 +504,12 @@ class RunConfig(Section):
                           "(`metrics.jsonl` or `checkpoints/`) unless they resume it (`recover: auto`, "
                           "`--max-restarts`, `load` inside it); `true` deletes that directory first")
     tensorboard: bool = opt(True, "write TensorBoard event files")
-    wandb_project: str | None = opt(None, "log the same metrics to this Weights & Biases project (`null`: off; "
-                                    "`pip install wandb`)")
+    wandb_project: str | None = opt(None, "log the same metrics to this Weights & Biases project (`null`: the "
+                                    "`WANDB_PROJECT` environment variable if set, else no W&B; `pip install wandb`)")
     wandb_group: str | None = opt(None, "W&B run group")
-    wandb_mode: Literal["online", "offline"] = opt("online", "`offline` writes the W&B run under "
-                                                   "`<output_dir>/wandb` without network (`wandb sync` later)")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = opt(
+        None, "`offline` writes the W&B run under `<output_dir>/wandb` without network (`wandb sync` later); `null`: "
+        "W&B's own choice (the `WANDB_MODE` environment variable, else `online`). Checked before anything is built")
     progress: bool = opt(True, "console progress bar with ETA")
     dump_rollouts: bool = opt(False, "write every rollout's samples to `rollouts/<id>.jsonl`")
     recover: Literal["off", "auto"] = opt(

@@ -12,19 +12,39 @@ from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
 from ..records import Sample, Status
 
 
+def threshold_metric_names(reward_type: str) -> tuple[str, str]:
+    """``(greedy key, prefix of the pass@k keys)`` of the share of samples whose reward is at least
+    ``reward.correct_threshold``: ``eval/greedy_accuracy`` and ``eval/pass@`` for a verifier
+    (reasoning-gym, math, exact match, custom), ``eval/greedy_score_above_threshold`` and
+    ``eval/score_above_threshold@`` for ``reward.type=model``, whose scores measure a reward
+    model's preference, not correctness."""
+    if reward_type == "model":
+        return "eval/greedy_score_above_threshold", "eval/score_above_threshold@"
+    return "eval/greedy_accuracy", "eval/pass@"
+
+
+def eval_plot_keys(reward_type: str) -> tuple[str, str]:
+    """The evaluation metrics a run's ``curves.png`` shows: the greedy share and the @1 share."""
+    greedy, at = threshold_metric_names(reward_type)
+    return greedy, f"{at}1"
+
+
 def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, float], list[Sample]]:
     """Evaluate the engine's current policy on ``prompts``.
 
     One greedy completion per prompt gives ``eval/greedy_accuracy`` (share with reward >=
     ``reward.correct_threshold``); ``eval.n_samples_per_eval_prompt`` sampled completions
     give ``eval/pass@1`` (mean correctness) and ``eval/pass@k`` for each ``eval.pass_k``
-    (unbiased estimator, Chen et al. 2021). Lengths are in tokens; ``truncated`` is the share
-    of completions that hit the length limit.
+    (unbiased estimator, Chen et al. 2021). With ``reward.type=model`` the same shares are named
+    ``eval/greedy_score_above_threshold`` and ``eval/score_above_threshold@k``
+    (:func:`threshold_metric_names`): a reward model's score above a threshold is not accuracy.
+    Lengths are in tokens; ``truncated`` is the share of completions that hit the length limit.
 
     Returns:
         (metrics, all scored samples: greedy ones first).
     """
     cfg = ctx.config
+    greedy_key, at = threshold_metric_names(cfg.reward.type)
     n = cfg.eval.n_samples_per_eval_prompt
     greedy = generate_groups(ctx, prompts, 1, ctx.sampling_params(evaluation=True, greedy=True))
     sampled = generate_groups(ctx, prompts, n, ctx.sampling_params(evaluation=True)) if n > 0 else []
@@ -37,15 +57,15 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, floa
 
     m: dict[str, float] = {
         "eval/num_prompts": float(len(prompts)),
-        "eval/greedy_accuracy": _mean([correct(g[0]) for g in greedy]),
+        greedy_key: _mean([correct(g[0]) for g in greedy]),
         "eval/greedy_reward": _mean([g[0].reward for g in greedy]),
         "eval/greedy_response_len": _mean([g[0].response_length for g in greedy]),
         "eval/greedy_truncated": _mean([g[0].status == Status.TRUNCATED for g in greedy]),
     }
     if sampled:
-        m["eval/pass@1"] = _mean([correct(s) for g in sampled for s in g])
+        m[f"{at}1"] = _mean([correct(s) for g in sampled for s in g])
         for k in cfg.eval.pass_k:
-            m[f"eval/pass@{k}"] = _mean([pass_at_k(n, sum(correct(s) for s in g), k) for g in sampled])
+            m[f"{at}{k}"] = _mean([pass_at_k(n, sum(correct(s) for s in g), k) for g in sampled])
         m["eval/sampled_reward"] = _mean([s.reward for g in sampled for s in g])
         m["eval/sampled_response_len"] = _mean([s.response_length for g in sampled for s in g])
         m["eval/sampled_truncated"] = _mean([s.status == Status.TRUNCATED for g in sampled for s in g])

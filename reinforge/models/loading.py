@@ -174,8 +174,10 @@ def save_hf_state_dict(
     Config, tokenizer, chat template and generation config are copied from ``source`` (the
     folder the model was loaded from); weights are written with ``huggingface_hub``'s
     ``save_torch_state_dict`` (sharded above 5 GB, tied tensors stored once), cast to
-    ``dtype`` when given. ``out`` should be a fresh directory (callers write to a temporary
-    one and rename).
+    ``dtype`` when given. ``config.json``'s ``dtype`` states the dtype the weights were saved in
+    (``source``'s says what it was published in: a bf16 model trained and saved in fp32 is
+    written ``"dtype": "float32"``). ``out`` should be a fresh directory (callers write to a
+    temporary one and rename).
     """
     from huggingface_hub import save_torch_state_dict
 
@@ -190,10 +192,11 @@ def save_hf_state_dict(
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, out / f.name)
-    if dtype is not None:
+    saved = {t.dtype for t in state.values() if t.is_floating_point()}
+    if len(saved) == 1:  # the dtype the weights are stored in (mixed: left as the source says)
         cfg_path = out / "config.json"
         cfg = json.loads(cfg_path.read_text())
-        cfg["dtype"] = str(dtype).removeprefix("torch.")
+        cfg["dtype"] = str(saved.pop()).removeprefix("torch.")
         cfg.pop("torch_dtype", None)
         cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out

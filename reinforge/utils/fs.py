@@ -14,7 +14,9 @@ from typing import Iterator
 def atomic_directory(target: Path) -> Iterator[Path]:
     """Yield a hidden temporary folder beside ``target``; when the block ends without an
     exception it replaces ``target`` (an existing one is moved aside first and removed after),
-    otherwise it is deleted and ``target`` is untouched.
+    otherwise it is deleted and ``target`` is untouched. The folder and everything in it get the
+    modes a plain ``mkdir`` / ``open`` would give (:func:`apply_umask`: 0755 / 0644 under the usual
+    umask 022), not the private 0700 / 0600 of temporary files.
 
     The swap is two renames on the same filesystem: a crash between them leaves the old folder
     as ``.old-<name>`` beside the target and nothing half-written under the target's name.
@@ -24,6 +26,7 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         yield tmp
+        apply_umask(tmp)  # mkdtemp (0700) and safetensors (0600) write private files: give them the usual modes
         if target.exists():
             old = target.parent / f".old-{target.name}"
             shutil.rmtree(old, ignore_errors=True)
@@ -37,11 +40,41 @@ def atomic_directory(target: Path) -> Iterator[Path]:
         raise
 
 
+def current_umask() -> int:
+    """This process's umask (``/proc/self/status`` where it is listed; else set and restored)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(root: Path) -> None:
+    """Give ``root`` (a file or a folder, recursively) the modes ``mkdir`` / ``open`` would under the
+    umask: folders and executable files ``0o777 & ~umask``, other files ``0o666 & ~umask``."""
+    mask = current_umask()
+    root = Path(root)
+    paths = [root] + (list(root.rglob("*")) if root.is_dir() else [])
+    for p in paths:
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode
+        full = 0o777 if p.is_dir() or mode & 0o111 else 0o666
+        os.chmod(p, full & ~mask)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a synced temporary file and a rename."""
+    """Write ``text`` to ``path`` through a synced temporary file and a rename (the file gets the
+    umask's mode, as ``open`` would give it, not ``mkstemp``'s 0600)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

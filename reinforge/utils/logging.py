@@ -3,8 +3,11 @@ optionally Weights & Biases, all with the same metric names and steps."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,9 @@ log = logging.getLogger(__name__)
 class MetricsLogger:
     """Writes one JSON line per logged step (``{"step": ..., "time": ..., **metrics}``), the same
     scalars to TensorBoard (``<out_dir>/tensorboard``) when enabled, and to a W&B run when a
-    project is given (``run.wandb_project``; ``wandb_mode="offline"`` writes under
-    ``<out_dir>/wandb`` with no network, for ``wandb sync`` later).
+    project is given (``run.wandb_project``, else the ``WANDB_PROJECT`` environment variable;
+    :func:`wandb_target`). ``wandb_mode`` ``None`` leaves the mode to W&B (``WANDB_MODE``, else
+    online); ``"offline"`` writes under ``<out_dir>/wandb`` with no network, for ``wandb sync`` later.
 
     ``start_step`` (a resumed or restarted run): the first step this run will log. Rows of an
     earlier attempt at that step or later are dropped from ``metrics.jsonl``, TensorBoard purges
@@ -32,7 +36,7 @@ class MetricsLogger:
     """
 
     def __init__(self, out_dir: Path, tensorboard: bool = True, *, wandb_project: str | None = None,
-                 wandb_group: str | None = None, wandb_mode: str = "online", config: dict[str, Any] | None = None,
+                 wandb_group: str | None = None, wandb_mode: str | None = None, config: dict[str, Any] | None = None,
                  start_step: int | None = None):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
@@ -51,13 +55,16 @@ class MetricsLogger:
                 self._tb = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start_step)
             except ImportError as e:  # tensorboard is a dependency, but keep training if it breaks
                 log.warning("TensorBoard disabled: %s", e)
-        if wandb_project:
+        project, mode = wandb_target(wandb_project, wandb_mode)
+        if project:
             try:
                 import wandb
             except ImportError as e:
-                raise ImportError("run.wandb_project is set but wandb is not installed: pip install wandb") from e
-            self._wandb = _wandb_init(wandb, out_dir, start_step, project=wandb_project, group=wandb_group,
-                                      mode=wandb_mode, name=out_dir.name, dir=str(out_dir), config=config)
+                raise ImportError(f"W&B logging is on (project {project!r}) but wandb is not installed: "
+                                  f"pip install wandb") from e
+            kwargs = {"mode": wandb_mode} if wandb_mode is not None else {}  # None: W&B reads WANDB_MODE itself
+            self._wandb = _wandb_init(wandb, out_dir, start_step, mode, project=project, group=wandb_group,
+                                      name=out_dir.name, dir=str(out_dir), config=config, **kwargs)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
@@ -106,17 +113,83 @@ def truncate_metrics(path: Path, start_step: int) -> int:
     return dropped
 
 
-def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, **kwargs: Any) -> Any:
+class WandbSetupError(ValueError):
+    """W&B logging is asked for but cannot start (not installed, an unknown mode, no API key when
+    online); the message names the key or environment variable and the fix. A usage error:
+    ``reinforge`` exits with status 2 before anything is built."""
+
+
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")  # wandb.Settings.mode
+
+
+def wandb_target(project: str | None, mode: str | None) -> tuple[str | None, str]:
+    """The W&B project and mode a run logs with: ``run.wandb_project``, else the ``WANDB_PROJECT``
+    environment variable (``None``: no W&B logging); ``run.wandb_mode``, else ``WANDB_MODE``, else
+    ``online`` (W&B's own default). Returns ``(project, mode)``."""
+    project = project or os.environ.get("WANDB_PROJECT") or None
+    return project, (mode or os.environ.get("WANDB_MODE") or "online").strip().lower()
+
+
+def _has_wandb_credentials() -> bool:
+    """Whether W&B will find an API key without asking: ``WANDB_API_KEY``, an identity token file
+    (``WANDB_IDENTITY_TOKEN_FILE``), or a netrc entry (``NETRC`` or ``~/.netrc``, as ``wandb login``
+    writes it) for the host of ``WANDB_BASE_URL`` (default ``api.wandb.ai``)."""
+    import netrc
+    from urllib.parse import urlsplit
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    for path in (os.environ.get("NETRC"), os.path.expanduser("~/.netrc"), os.path.expanduser("~/_netrc")):
+        if path and os.path.isfile(path):
+            try:
+                if netrc.netrc(path).authenticators(host):
+                    return True
+            except (netrc.NetrcParseError, OSError):
+                continue
+    return False
+
+
+def check_wandb(run: Any) -> None:
+    """Check the W&B set-up of the ``run`` config section before anything is built (the logger
+    starts W&B only after the engine and trainers exist): ``wandb`` importable, a mode W&B knows
+    (``WANDB_MODE`` included), and for ``online`` an API key W&B can find. Nothing is checked when
+    no project is set (:func:`wandb_target`).
+
+    Raises:
+        WandbSetupError: naming the key or environment variable and the fix.
+    """
+    project, mode = wandb_target(run.wandb_project, run.wandb_mode)
+    if not project:
+        return
+    source = "run.wandb_project" if run.wandb_project else "the WANDB_PROJECT environment variable"
+    try:
+        importlib.import_module("wandb")
+    except ImportError as e:
+        raise WandbSetupError(f"{source} asks for W&B logging (project {project!r}) but wandb cannot be imported "
+                              f"({e}): pip install wandb, or unset {source}") from None
+    if mode not in WANDB_MODES:
+        where = "run.wandb_mode" if run.wandb_mode else "WANDB_MODE (environment variable)"
+        raise WandbSetupError(f"{where}: {mode!r} is not a W&B mode; use one of {', '.join(WANDB_MODES[:3])}")
+    if mode in ("online", "shared", "run") and not _has_wandb_credentials():
+        raise WandbSetupError(f"W&B logging to project {project!r} is online but no W&B API key was found "
+                              f"(WANDB_API_KEY, or ~/.netrc from `wandb login`): run `wandb login`, or log without "
+                              f"network with WANDB_MODE=offline (or run.wandb_mode=offline; `wandb sync` later)")
+
+
+def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, effective_mode: str, **kwargs: Any) -> Any:
     """``wandb.init`` that continues this run directory's W&B run: the same id (kept in
     ``<out_dir>/wandb/run_id``), rewound to ``start_step`` when resuming (``resume_from``);
-    falls back to ``resume="allow"`` where rewinding is not available."""
+    falls back to ``resume="allow"`` where rewinding is not available (``effective_mode``: the mode
+    W&B will run in, :func:`wandb_target`; ``kwargs`` go to ``wandb.init``)."""
     id_file = out_dir / "wandb" / "run_id"
     id_file.parent.mkdir(parents=True, exist_ok=True)
     run_id = id_file.read_text().strip() if id_file.is_file() else ""
     if not run_id:
-        run_id = wandb.util.generate_id() if hasattr(wandb, "util") else f"{out_dir.name}-{int(time.time())}"
+        gen = getattr(getattr(wandb, "util", None), "generate_id", None)  # gone from wandb.util in 0.2x+
+        run_id = gen() if callable(gen) else secrets.token_hex(4)  # 8 characters [0-9a-f], as W&B's own ids
         id_file.write_text(run_id + "\n")
-    if start_step and kwargs.get("mode") == "online":
+    if start_step and effective_mode == "online":
         try:
             return wandb.init(resume_from=f"{run_id}?_step={start_step}", **kwargs)
         except Exception as e:  # noqa: BLE001 - an older client or a server without run rewind
