@@ -54,15 +54,18 @@ class _Prompts:
         return self.prompts[self.offset - n:self.offset]
 
 
-def test_carried_samples_continue_under_the_new_weights(tiny_model_path):
-    """Rollout 0 trains the first 2 of 6 groups to complete and carries the rest; after a weight
-    update rollout 1 continues them: a trained sample holds version-0 tokens then version-1 tokens,
-    its log-probs those of the policy of each token."""
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap-schedule"])
+def test_carried_samples_continue_under_the_new_weights(tiny_model_path, overlap):
+    """Rollout 0 trains the first 2 of 6 groups to complete and carries the rest; after weight
+    updates later rollouts continue them: a trained sample holds the tokens and log-probs it had at
+    the stop, then tokens of the newer version, each token's log-prob that of its own policy. Also with the GPU's overlap scheduler (finished
+    sequences read back one step late; the abort drains them first)."""
     tok = load_tokenizer(tiny_model_path)
-    v0 = build_model(tiny_model_path, torch.float32)
-    v1 = build_model(tiny_model_path, torch.float32, random_init=True, seed=123)
+    models = [build_model(tiny_model_path, torch.float32)] + [
+        build_model(tiny_model_path, torch.float32, random_init=True, seed=123 + v) for v in range(1, 4)]
     engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32), EngineConfig(max_num_seqs=16, sync_interval=1),
                             max_model_len=128, seed=0, tokenizer=tok)
+    engine._overlap = overlap
     cfg = load_config(None, ["rollout.rollout_batch_size=2", "rollout.over_sampling_batch_size=6",
                              "rollout.n_samples_per_prompt=2", "rollout.partial_rollout=true",
                              "rollout.rollout_max_response_len=24", STOP])
@@ -77,31 +80,39 @@ def test_carried_samples_continue_under_the_new_weights(tiny_model_path):
                    for g in groups for s in g)
         assert [s.group_index for g in groups for s in g] == [0, 0, 1, 1]
         assert counts["rollout/over_sampled_prompts"] == 4 and counts["rollout/aborted_samples"] >= 1
-        cut = {id(p): (list(p.tokens), list(p.log_probs)) for g in rollout.pending for p in g.parts
-               if p.result is None and p.tokens}
+        def cut_samples():  # (tokens, log-probs) of the half-generated samples handed on
+            return [(list(p.tokens), list(p.log_probs)) for g in rollout.pending for p in g.parts
+                    if p.result is None and p.tokens]
+
+        cut = cut_samples()
         assert cut, "the early stop left no half-generated sample"
         assert rollout.state() == [g.prompt.index for g in rollout.pending] and len(rollout.pending) == 4
 
-        engine.update_weights(v1.named_parameters(), version=1)
-        engine.reseed(1)
-        groups = rollout(ctx, 1, data)
-        assert data.offset == 6 + 2  # 4 groups carried: 2 new prompts
-        spanning = [s for g in groups for s in g if set(s.token_versions()) == {0, 1}]
-        assert spanning, "no trained sample spans both weight versions"
+        # later rollouts under new weights: the carried samples continue (a rollout may also train
+        # only groups completed earlier, without stepping the engine)
+        spanning = []
+        for version in range(1, 4):
+            engine.update_weights(models[version].named_parameters(), version=version)
+            engine.reseed(version)
+            groups = rollout(ctx, version, data)
+            assert len(groups) == 2 and all(s.status != Status.ABORTED for g in groups for s in g)
+            m = off_policy_metrics([s for g in groups for s in g], version)
+            spanning += [s for g in groups for s in g if len(set(s.token_versions())) > 1]
+            cut += cut_samples()
+            if spanning:
+                assert 0 < m["rollout/off_policy_token_share"] < 1 and m["rollout/staleness_max"] >= 1
+                break
+        assert spanning, "no trained sample spans two weight versions"
         for s in spanning:
             versions = s.token_versions()
-            a = versions.count(0)
-            assert versions == [0] * a + [1] * (s.response_length - a)
-            assert len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
-            assert any(s.response_ids[:a] == t and s.rollout_log_probs[:a] == lp for t, lp in cut.values())
-            prompt = s.tokens[:s.prompt_length]
-            old = trainer_log_probs(v0, prompt, s.response_ids)
-            new = trainer_log_probs(v1, prompt, s.response_ids)
-            lps = torch.tensor(s.rollout_log_probs)
-            torch.testing.assert_close(lps[:a], old[:a], rtol=0, atol=1e-4)
-            torch.testing.assert_close(lps[a:], new[a:], rtol=0, atol=1e-4)
-        m = off_policy_metrics([s for g in groups for s in g], version=1)
-        assert 0 < m["rollout/off_policy_token_share"] < 1 and m["rollout/staleness_max"] == 1
+            assert versions == sorted(versions) and len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
+            a = versions.count(versions[0])
+            assert any(s.response_ids[:a] == t and s.rollout_log_probs[:a] == lp for t, lp in cut)
+            prompt, lps = s.tokens[:s.prompt_length], torch.tensor(s.rollout_log_probs)
+            for v in set(versions):  # each token's log-prob is its own policy's
+                at = torch.tensor([x == v for x in versions])
+                expect = trainer_log_probs(models[v], prompt, s.response_ids)
+                torch.testing.assert_close(lps[at], expect[at], rtol=0, atol=1e-4)
     finally:
         engine.shutdown()
 
