@@ -134,6 +134,8 @@ class RLLoop:
                                                                              stops), self.train_data, self.reward,
                           self.engine)
             if r.max_staleness > 0 else SyncRollouts(cfg, self.rollout_fn, self.ctx, self.train_data, self.reward))
+        if resume is not None:
+            self.source.load_data_state(self._resume_data)
         dump_config(cfg, self.out / "config.yaml")
 
     def _max_model_len(self) -> int:
@@ -176,7 +178,7 @@ class RLLoop:
             if getattr(saved, key) != getattr(self.cfg, key):
                 log.warning("resuming with different %s settings than the checkpoint's: the run will not "
                             "continue exactly", key)
-        self.train_data.load_state_dict(state["data"])
+        self._resume_data = state["data"]  # loaded by the rollout source (RolloutSource.load_data_state)
         ckpt.set_rng_state(rng)
         self.start_rollout = state["rollout_id"] + 1
         self.weight_version = state["weight_version"]

@@ -99,6 +99,10 @@ class Config:
         if r.partial_rollout and e.backend != "embedded":
             raise ConfigError(f"rollout.partial_rollout=true needs engine.backend=embedded (it is {e.backend}): "
                               f"only the embedded engine can interrupt and continue generation")
+        if r.over_sampling_batch_size is not None and (e.backend != "embedded" or c.mode != "local"):
+            raise ConfigError(f"rollout.over_sampling_batch_size steps the engine itself and aborts the samples left "
+                              f"at the early stop: it needs engine.backend=embedded and cluster.mode=local (they are "
+                              f"{e.backend} and {c.mode})")
         if e.backend == "hf" and r.custom_generate_function_path == "reinforge.rollout.agent:generate" \
                 and g.stop_after_tool_call:
             from ..tools.formats import TOOL_CALL_FORMATS as formats

@@ -112,14 +112,36 @@ class RolloutConfig(Section):
         ">= `i - max_staleness` while the trainer trains (AReaL's `max_head_offpolicyness`). 0 is the synchronous "
         "loop; 1 is one-step off-policy", ge=0)
     partial_rollout: bool = opt(
-        False, "with `max_staleness` > 0: a weight update interrupts the sequences in flight, loads the new "
-        "weights and continues them (their tokens, log-probs and versions kept; AReaL's interruptible generation, "
-        "slime's `--partial-rollout`); false: they finish under the weights they started with")
+        False, "keep unfinished samples and continue them under newer weights, their tokens, log-probs and "
+        "per-token policy versions kept (slime's `--partial-rollout`). With `max_staleness` > 0 a weight update "
+        "interrupts the sequences in flight and continues them (AReaL's interruptible generation); false: they "
+        "finish under the weights they started with. With `over_sampling_batch_size` the samples the early stop "
+        "cuts are carried into the next rollout; false: their groups are dropped")
+    over_sampling_batch_size: int | None = opt(
+        None, "synchronous loop, default rollout, embedded engine ([design.md](design.md#over-sampling-and-early-stop)"
+        "): prompts in flight per rollout (slime's `--over-sampling-batch-size`, APRIL); generation stops once "
+        "`rollout_batch_size` groups are complete and the rest are aborted (`partial_rollout`: carried into the next "
+        "rollout). Must be >= `rollout_batch_size`; null: every prompt's samples finish", ge=1)
 
     def check(self) -> None:
-        if self.partial_rollout and self.max_staleness == 0:
-            raise ConfigError("rollout.partial_rollout=true needs rollout.max_staleness > 0 (the synchronous loop "
-                              "never updates weights during generation)")
+        if self.partial_rollout and self.max_staleness == 0 and self.over_sampling_batch_size is None:
+            raise ConfigError("rollout.partial_rollout=true needs rollout.max_staleness > 0 or "
+                              "rollout.over_sampling_batch_size (the synchronous loop otherwise never leaves a sample "
+                              "unfinished)")
+        o = self.over_sampling_batch_size
+        if o is not None:
+            if o < self.rollout_batch_size:
+                raise ConfigError(f"rollout.over_sampling_batch_size={o} is below rollout.rollout_batch_size="
+                                  f"{self.rollout_batch_size}: it counts all prompts in flight, the trained ones "
+                                  f"included; set it >= {self.rollout_batch_size} (or null)")
+            if self.max_staleness > 0:
+                raise ConfigError(f"rollout.over_sampling_batch_size is for the synchronous loop: it cannot be "
+                                  f"combined with rollout.max_staleness={self.max_staleness} (set one of them "
+                                  f"to null / 0)")
+            for key in ("rollout_function_path", "custom_generate_function_path"):
+                if getattr(self, key):
+                    raise ConfigError(f"rollout.over_sampling_batch_size drives the default rollout's engine "
+                                      f"requests; rollout.{key} replaces them: unset one of the two")
         if len(self.rollout_stop_token_ids) > 6:
             raise ConfigError("rollout.rollout_stop_token_ids: at most 6 ids (the model's EOS ids take the rest of 8)")
         for key in ("rollout_function_path", "custom_generate_function_path"):

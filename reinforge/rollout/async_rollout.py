@@ -51,8 +51,10 @@ def describe_engine(engine: Any) -> str:
 
 
 @dataclass
-class _Partial:
-    """A sample being generated: the request it came from and what it has so far."""
+class PartialSample:
+    """A sample being generated, possibly over several engine calls (and policy versions): the request
+    it came from and its tokens, log-probs and per-token versions so far (asynchronous partial
+    rollouts; the synchronous over-sampling's carry-over, :mod:`.over_sampling`)."""
 
     request: GenerateRequest
     tokens: list[int] = field(default_factory=list)
@@ -123,8 +125,8 @@ class WeightGate:
             RolloutCancelled: the gate was closed (shutdown) before or during generation.
             Exception: whatever the engine raised.
         """
-        samples = [[_Partial(r) for _ in range(r.n)] for r in requests]
-        batch: list[tuple[GenerateRequest, list[_Partial]]] = list(zip(requests, samples))
+        samples = [[PartialSample(r) for _ in range(r.n)] for r in requests]
+        batch: list[tuple[GenerateRequest, list[PartialSample]]] = list(zip(requests, samples))
         while batch:
             t = time.perf_counter()
             self._open.wait()

@@ -13,7 +13,8 @@ from ..config import Config
 from ..data import Prompt
 from ..utils.imports import load_function
 from .async_client import AsyncEngine
-from ..records import FinishReason, GenerateRequest, RolloutEngine, Sample, SamplingParams, Status
+from ..records import (FinishReason, GenerateRequest, GenerateResult, RolloutEngine, Sample, SamplingParams,
+                       Status)
 
 log = logging.getLogger(__name__)
 
@@ -145,27 +146,29 @@ def generate_groups(ctx: RolloutContext, prompts: list[Prompt], n: int, params: 
         return generate_with(ctx, ctx.custom_generate, prompts, n, params, start_index)
     requests = [GenerateRequest(p.prompt_ids, params, n=n) for p in prompts]
     results = ctx.engine.generate(requests)
-    groups = []
-    for gi, (p, res) in enumerate(zip(prompts, results)):
-        group = []
-        for j, r in enumerate(res):
-            group.append(Sample(
-                prompt=p.prompt,
-                tokens=p.prompt_ids + r.token_ids,
-                response_length=len(r.token_ids),
-                response=ctx.tokenizer.decode(r.token_ids, skip_special_tokens=True),
-                label=p.label,
-                metadata=dict(p.metadata),
-                index=start_index + gi * n + j,
-                group_index=gi,
-                loss_mask=[1] * len(r.token_ids),
-                rollout_log_probs=list(r.log_probs),
-                status=_STATUS[r.finish_reason],
-                weight_version=r.weight_version,
-                weight_versions=list(r.token_versions) if r.token_versions else [],
-            ))
-        groups.append(group)
-    return groups
+    return [[sample_from_result(ctx, p, r, start_index + gi * n + j, gi) for j, r in enumerate(res)]
+            for gi, (p, res) in enumerate(zip(prompts, results))]
+
+
+def sample_from_result(ctx: RolloutContext, prompt: Prompt, r: GenerateResult, index: int,
+                       group_index: int) -> Sample:
+    """The (unscored) sample of one engine result: prompt + response tokens, one log-prob, loss-mask
+    entry and (when they differ) policy version per response token, status from the finish reason."""
+    return Sample(
+        prompt=prompt.prompt,
+        tokens=prompt.prompt_ids + r.token_ids,
+        response_length=len(r.token_ids),
+        response=ctx.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+        label=prompt.label,
+        metadata=dict(prompt.metadata),
+        index=index,
+        group_index=group_index,
+        loss_mask=[1] * len(r.token_ids),
+        rollout_log_probs=list(r.log_probs),
+        status=_STATUS[r.finish_reason],
+        weight_version=r.weight_version,
+        weight_versions=list(r.token_versions) if r.token_versions else [],
+    )
 
 
 GenerateFn = Callable[[RolloutContext, Sample, SamplingParams], Awaitable[Sample]]

@@ -11,11 +11,13 @@
   (evaluation);
 * :meth:`RolloutSource.data_state` ``(rollout_id)``: the data position a checkpoint after that
   rollout saves (asynchronous: the one before rollout ``rollout_id + 1`` started, so the rollouts in
-  flight are regenerated on resume);
+  flight are regenerated on resume; over-sampling: with the prompts handed on to the next rollout),
+  and :meth:`RolloutSource.load_data_state` to resume from it;
 * :meth:`RolloutSource.close` (stop producing) and :meth:`RolloutSource.shutdown`.
 
 Generation itself (:func:`generate_groups`) is shared: the rollout function, scoring, and DAPO's
-dynamic sampling.
+dynamic sampling. The synchronous source's rollout function is :class:`~.over_sampling.OverSampledRollout`
+when ``rollout.over_sampling_batch_size`` is set (early stop; ``rollout/off_policy_*`` metrics).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..records import Sample
 from ..utils import faults, seeds
 from .async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
 from .generate import RolloutContext, RolloutFn
+from .over_sampling import OverSampledRollout, off_policy_metrics
 
 
 @dataclass
@@ -58,6 +61,9 @@ class RolloutSource(Protocol):
     def exclusive(self) -> contextlib.AbstractContextManager: ...
 
     def data_state(self, rollout_id: int) -> dict: ...
+
+    def load_data_state(self, state: dict) -> None:
+        """Resume at ``state`` (of :meth:`data_state`, read from a checkpoint)."""
 
     def close(self) -> None:
         """Stop producing (idempotent; the loop may still evaluate with the engine)."""
@@ -114,7 +120,13 @@ class _Generator:
 
 
 class SyncRollouts(_Generator):
-    """Each rollout generated when the loop asks for it, with the current weights."""
+    """Each rollout generated when the loop asks for it, with the current weights; with
+    ``rollout.over_sampling_batch_size`` by :class:`~.over_sampling.OverSampledRollout` (which replaces
+    ``rollout_fn``, the default rollout: the config refuses custom ones with it)."""
+
+    def __init__(self, cfg: Any, rollout_fn: RolloutFn, ctx: RolloutContext, data: Any, reward: Any):
+        self.over_sampling = OverSampledRollout(cfg) if cfg.rollout.over_sampling_batch_size is not None else None
+        super().__init__(cfg, self.over_sampling or rollout_fn, ctx, data, reward)
 
     def start(self, first: int, last: int) -> None:
         pass
@@ -124,6 +136,9 @@ class SyncRollouts(_Generator):
         self.seed(self.ctx.engine, rollout_id)
         groups, generated, counts = self.generate(rollout_id)
         counts["time/generate"] = time.perf_counter() - t - counts["time/reward"]
+        if self.over_sampling is not None:
+            counts.update(self.over_sampling.pop_counts())
+            counts.update(off_policy_metrics([s for g in groups for s in g], self.ctx.engine.weight_version))
         return Rollout(groups, generated, counts, counts["time/generate"])
 
     def sync_weights(self, update: Callable[[], dict[str, float]], version: int) -> dict[str, float]:
@@ -133,7 +148,18 @@ class SyncRollouts(_Generator):
         return contextlib.nullcontext()
 
     def data_state(self, rollout_id: int) -> dict:
-        return self.data.state_dict()
+        """The data position; with over-sampling also ``pending_prompts``, the dataset indices of the
+        prompts handed on to the next rollout (generated again from scratch on resume)."""
+        state = self.data.state_dict()
+        if self.over_sampling is not None:
+            state["pending_prompts"] = self.over_sampling.state()
+        return state
+
+    def load_data_state(self, state: dict) -> None:
+        """Raises: ValueError: the checkpoint's data differ from this run's (the message says so)."""
+        self.data.load_state_dict(state)
+        if self.over_sampling is not None:
+            self.over_sampling.load_state(state.get("pending_prompts", []), self.data, self.ctx.sampling_params())
 
     def close(self) -> None:
         pass
@@ -213,6 +239,9 @@ class AsyncRollouts(_Generator):
         if self.producer is None:
             return self.data.state_dict()
         return self.producer.snapshot_before(rollout_id + 1, self.data.state_dict)
+
+    def load_data_state(self, state: dict) -> None:
+        self.data.load_state_dict(state)
 
     def close(self) -> None:
         """End the producer thread (interrupting its generation) and the producer's context; idempotent."""
