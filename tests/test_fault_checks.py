@@ -6,7 +6,6 @@ non-finite config values, non-UTF-8 files, and the commands of the "next:" line.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import logging
