@@ -8,7 +8,9 @@ x ``n_samples_per_prompt`` sequences of up to L new tokens (EOS not ignored), ``
 the last step is reported (the first captures CUDA graphs and compiles kernels).
 
 Columns: sequences, mean response length, generation seconds and its tokens/s, log-prob + training
-seconds, the whole step, generated tokens per second per GPU (generated tokens / step seconds).
+seconds, the whole step, generated tokens per second per GPU (the trained samples' response tokens /
+step seconds; with ``--over-sampling --carry-over`` a carried sample's tokens were partly generated in
+the step before).
 
     PYTHONPATH=.:bench python bench/grpo_long.py --lengths 8192 16384 --tokenizer DIR   # on a GPU
     PYTHONPATH=.:bench python bench/grpo_long.py --lengths 32 --seqs 4 --n 2 --device cpu --arch smollm2 \
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import tempfile
@@ -66,6 +69,10 @@ def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path
         f"train.num_rollout={args.steps}", f"train.device={args.device}", f"run.output_dir={out}",
         "run.progress=false", "run.tensorboard=false", "eval.eval_before_train=false", "run.save_final=false",
         "run.save_interval=null"]
+    if args.over_sampling:
+        over = math.ceil(seqs // n * args.over_sampling)
+        overrides += [f"rollout.over_sampling_batch_size={over}", f"engine.max_num_seqs={over * n}",
+                      f"rollout.partial_rollout={str(args.carry_over).lower()}"]
     loop = RLLoop(load_config(None, overrides))
     try:
         metrics = [loop.rollout_step(i)[0] for i in range(args.steps)]
@@ -92,6 +99,10 @@ def main() -> None:
     ap.add_argument("--kv-fraction", type=float, default=0.3, help="engine.kv_cache_memory_fraction")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer files")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--over-sampling", type=float, default=0.0,
+                    help="rollout.over_sampling_batch_size as a multiple of the prompts (0: off): the step stops "
+                         "once rollout_batch_size groups are complete")
+    ap.add_argument("--carry-over", action="store_true", help="rollout.partial_rollout: continue unfinished samples")
     ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
     args = ap.parse_args()
     rows = []
