@@ -95,17 +95,27 @@ def test_crash_is_restarted_and_loses_at_most_one_rollout(tmp_path, tiny_model_p
            recover_s=round(first_after - crash_t, 1), rollouts_done=len(set(before + after)))
 
 
+def start_until_first_rollout(tmp_path, args, out, **popen):
+    """``reinforge train`` started in the background, returned once its first rollout is logged (the
+    whole process group is killed, and the test fails, if none is within 300 s)."""
+    proc = cli_train(tmp_path, args, **popen)
+    deadline = time.monotonic() + 300
+    while not ((out / "metrics.jsonl").exists() and train_rows(out)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if popen.get("start_new_session"):
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            pytest.fail(f"no rollout finished: {proc.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    return proc
+
+
 def test_sigterm_writes_a_recover_checkpoint_and_resume_loses_nothing(tmp_path, tiny_model_path):
     out = tmp_path / "run"
     args = overrides(tiny_model_path, out, **{"train.num_rollout": 8, "run.save_interval": "null",
                                               "run.recover": "auto", "run.recover_interval_s": 3600})
-    proc = cli_train(tmp_path, args)
-    deadline = time.monotonic() + 300
-    while not ((out / "metrics.jsonl").exists() and train_rows(out)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no rollout finished: {proc.communicate()[0][-3000:]}")
-        time.sleep(0.2)
+    proc = start_until_first_rollout(tmp_path, args, out)
     t = time.time()
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=300)
@@ -230,13 +240,7 @@ def test_reward_failing_on_every_sample_stops_the_run(tmp_path, tiny_model_path)
 def test_supervisor_sigkill_stops_the_trainer_and_the_lock_keeps_a_second_one_out(tmp_path, tiny_model_path):
     out = tmp_path / "run"
     args = overrides(tiny_model_path, out, **{"train.num_rollout": 50, "run.save_interval": "null"})
-    sup = cli_train(tmp_path, ["--max-restarts", "2", *args], start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not ((out / "metrics.jsonl").exists() and train_rows(out)):
-        if sup.poll() is not None or time.monotonic() > deadline:
-            os.killpg(sup.pid, signal.SIGKILL)
-            pytest.fail(f"no rollout finished: {sup.communicate()[0][-3000:]}")
-        time.sleep(0.2)
+    sup = start_until_first_rollout(tmp_path, ["--max-restarts", "2", *args], out, start_new_session=True)
     child = int(Path(f"/proc/{sup.pid}/task/{sup.pid}/children").read_text().split()[0])
     second = cli_train(tmp_path, args)  # a rerun into the same directory
     log2, _ = second.communicate(timeout=300)
@@ -262,13 +266,7 @@ def test_sigint_writes_a_recover_checkpoint(tmp_path, tiny_model_path):
     out = tmp_path / "run"
     args = overrides(tiny_model_path, out, **{"train.num_rollout": 50, "run.save_interval": "null",
                                               "run.recover": "auto", "run.recover_interval_s": 3600})
-    proc = cli_train(tmp_path, args)
-    deadline = time.monotonic() + 300
-    while not ((out / "metrics.jsonl").exists() and train_rows(out)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no rollout finished: {proc.communicate()[0][-3000:]}")
-        time.sleep(0.2)
+    proc = start_until_first_rollout(tmp_path, args, out)
     t = time.time()
     proc.send_signal(signal.SIGINT)
     log, _ = proc.communicate(timeout=300)
