@@ -40,8 +40,9 @@ setup: setup-demo
 	  fi; \
 	fi
 
+# run.overwrite: a rerun replaces runs/demo_cpu (reinforge refuses to mix two runs in one directory)
 demo: setup-demo
-	$(BIN)/reinforge train --config examples/demo_cpu.yaml
+	$(BIN)/reinforge train --config examples/demo_cpu.yaml run.overwrite=true
 
 test: setup
 	$(BIN)/python -m pytest -q tests
