@@ -234,10 +234,16 @@ def test_fused_sampler_draws_follow_the_distribution_and_report_exact_log_probs(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the paged-attention kernel runs on CUDA")
-def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok):
+@pytest.mark.parametrize("splits", [None, 3], ids=["auto-splits", "split-K"])
+def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok, monkeypatch, splits):
     """On the GPU's default path (16-token blocks, Triton attention, fused sampler, CUDA graphs)
     fp32 engine log-probs equal the trainer's, under preemption too, and greedy tokens equal
-    those of the one-block-per-sequence layout."""
+    those of the one-block-per-sequence layout; also with every sequence's keys split over 3
+    programs (split-K: at these short contexts the automatic count is 1, and some splits are empty)."""
+    if splits is not None:
+        from reinforge.engine import paged_attention
+
+        monkeypatch.setattr(paged_attention, "decode_splits", lambda *a, **k: splits)
     model = build_model(tiny_model_path, torch.float32, "cuda")
     trainer = build_model(tiny_model_path, torch.float32, "cuda")
     ps = prompts(tok, 6, seed=1)
