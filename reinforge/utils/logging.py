@@ -62,9 +62,10 @@ class MetricsLogger:
             except ImportError as e:
                 raise ImportError(f"W&B logging is on (project {project!r}) but wandb is not installed: "
                                   f"pip install wandb") from e
-            kwargs = {"mode": wandb_mode} if wandb_mode is not None else {}  # None: W&B reads WANDB_MODE itself
+            # the mode resolved here (run.wandb_mode, else WANDB_MODE, else online) is passed explicitly: W&B
+            # reads its environment once per process, so a later WANDB_MODE would be missed
             self._wandb = _wandb_init(wandb, out_dir, start_step, mode, project=project, group=wandb_group,
-                                      name=out_dir.name, dir=str(out_dir), config=config, **kwargs)
+                                      name=out_dir.name, dir=str(out_dir), config=config, mode=mode)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
