@@ -225,13 +225,21 @@ def _bwrap_args(lim: SandboxLimits) -> list[str]:
     links, binds = _read_only_paths()
     args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--as-pid-1", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+    # an interpreter under /tmp (a virtualenv in a checkout there): /tmp becomes a tmpfs of its own, of the
+    # scratch folder's size, before the interpreter is bound inside it (the symlink to the scratch folder
+    # cannot be made there); the cgroup's memory limit counts both tmpfs
+    tmp_binds = any(p == "/tmp" or p.startswith("/tmp/") for p in binds)
+    if tmp_binds:
+        args += ["--perms", "1777", "--size", str(lim.disk_mb * 2**20), "--tmpfs", "/tmp"]
     for p in binds:
         args += ["--ro-bind", p, p]
     for target, p in links:
         args += ["--symlink", target, p]
     args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "0700", "--size", str(lim.disk_mb * 2**20), "--tmpfs", SCRATCH,
-             "--symlink", SCRATCH, "/tmp", "--chdir", SCRATCH, "--remount-ro", "/", "--clearenv"]
+             "--perms", "0700", "--size", str(lim.disk_mb * 2**20), "--tmpfs", SCRATCH]
+    if not tmp_binds:
+        args += ["--symlink", SCRATCH, "/tmp"]
+    args += ["--chdir", SCRATCH, "--remount-ro", "/", "--clearenv"]
     for k, v in _sandbox_env(SCRATCH).items():
         args += ["--setenv", k, v]
     return args
