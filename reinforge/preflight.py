@@ -94,7 +94,8 @@ class KVCachePlan:
         block_size: tokens per block.
         blocks_per_seq: blocks one sequence of ``max_model_len`` takes.
         num_layers, num_kv_heads, head_dim: the model's attention shape.
-        elem_bytes: bytes per element of the cache dtype (``engine.dtype``).
+        elem_bytes: bytes per element of the cache dtype (``engine.dtype``, also the weights').
+        num_params: the model's parameters (the engine's weights).
     """
 
     slots: int
@@ -105,6 +106,7 @@ class KVCachePlan:
     num_kv_heads: int
     head_dim: int
     elem_bytes: int
+    num_params: int
 
     @property
     def bytes_per_token(self) -> int:
@@ -151,18 +153,17 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def is_native(model_config: dict[str, Any]) -> bool:
+def is_native_config(model_config: dict[str, Any]) -> bool:
     """Whether the embedded engine runs the model itself (Llama / Qwen2 / Qwen3), not transformers."""
     from .models.transformer import SUPPORTED_MODEL_TYPES
 
     return model_config.get("model_type") in SUPPORTED_MODEL_TYPES
 
 
-def _dtype_bytes(dtype: str, device: torch.device) -> tuple[int, str]:
+def _engine_dtype(cfg: "Config", device: torch.device) -> torch.dtype:
     from .rollout.backends import engine_dtype
 
-    d = engine_dtype(dtype, device)
-    return torch.tensor([], dtype=d).element_size(), str(d).removeprefix("torch.")
+    return engine_dtype(cfg.engine.dtype, device)
 
 
 def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch.device,
@@ -180,8 +181,7 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     from .utils.triton import triton_available
 
     shape = model_shape(folder)
-    elem, _ = _dtype_bytes(cfg.engine.dtype, device)
-    dtype = {2: torch.bfloat16, 4: torch.float32}[elem]
+    dtype = _engine_dtype(cfg, device)
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
     kernel = triton_available(device.type)
     engine = engine_config_for(cfg, max_seqs)
@@ -191,7 +191,7 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
         uncapped = dataclasses.replace(engine, num_kv_blocks=0)
         layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
     return KVCachePlan(layout.num_slots, layout.num_blocks, layout.block_size, layout.blocks_per_seq,
-                       shape.num_layers, shape.num_kv_heads, shape.head_dim, elem)
+                       shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype.itemsize, shape.num_params)
 
 
 def _size(b: float) -> str:
@@ -273,13 +273,11 @@ def available_memory() -> float:
     return machine_resources()["memory"]
 
 
-def memory_problems(cfg: "Config", folder: Path, plan: KVCachePlan, n: Lengths, device: torch.device,
+def memory_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.device,
                     memory: float | None = None, response_key: str = "rollout.rollout_max_response_len") -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
-    from .models.shape import model_shape
-
     r = cfg.engine
-    elem, dtype = _dtype_bytes(r.dtype, device)
+    elem, dtype = plan.elem_bytes, str(_engine_dtype(cfg, device)).removeprefix("torch.")
     per_token = (f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
                  f"heads x {plan.head_dim} head dim x {elem} bytes, {dtype}; engine.dtype={r.dtype})")
     length = f"{n.max_model_len} tokens ({_prompt_words(n)} + the longest response {n.engine_response})"
@@ -296,7 +294,7 @@ def memory_problems(cfg: "Config", folder: Path, plan: KVCachePlan, n: Lengths, 
                 f"{device} is {_size(share)}: lower {response_key}, raise engine.kv_cache_memory_fraction, or use "
                 f"a GPU with more memory"]
     memory = available_memory() if memory is None else memory
-    weights = model_shape(folder).num_params * elem
+    weights = plan.num_params * elem
     need = plan.bytes + weights
     if need <= memory:
         return []
@@ -325,12 +323,12 @@ def _raise(problems: list[str]) -> None:
 
 def _engine_problems(cfg: "Config", folder: Path, model_config: dict, n: Lengths, device: torch.device,
                      memory: float | None, check_memory: bool, response_key: str) -> list[str]:
-    if cfg.engine.backend != "embedded" or not is_native(model_config):
+    if cfg.engine.backend != "embedded" or not is_native_config(model_config):
         return []  # other engines size their own caches (vLLM / SGLang) or grow them (transformers)
     plan = kv_cache_plan(cfg, folder, n.max_model_len, device)
     out = slot_problems(cfg, plan, n, device)
     if check_memory and not out:
-        out += memory_problems(cfg, folder, plan, n, device, memory, response_key)
+        out += memory_problems(cfg, plan, n, device, memory, response_key)
     return out
 
 
@@ -385,14 +383,14 @@ def check_generate(cfg: "Config", model_folder: Path, prompt_tokens: int, max_ne
                         f"set --max-new-tokens to at most {max(window.tokens - prompt_tokens, 0)}")
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
     device = device or resolve_device(cfg.train.device)
-    if not problems and cfg.engine.backend == "embedded" and is_native(model_config):
+    if not problems and cfg.engine.backend == "embedded" and is_native_config(model_config):
         plan = kv_cache_plan(cfg, Path(model_folder), total, device, max_seqs=n)  # the engine is built for --n
         if n > plan.slots:
             problems.append(f"--n={n} exceeds the engine's {plan.slots} slots: raise engine.max_num_seqs "
                             f"(and engine.num_kv_blocks, if set) to at least {n}")
         problems += slot_problems(cfg, plan, lengths, device)
         if not problems:
-            problems += memory_problems(cfg, Path(model_folder), plan, lengths, device, None, "--max-new-tokens")
+            problems += memory_problems(cfg, plan, lengths, device, None, "--max-new-tokens")
     _raise(problems)
 
 

@@ -111,19 +111,28 @@ def start_until_first_rollout(tmp_path, args, out, **popen):
     return proc
 
 
+def stop_with(proc, sig) -> tuple[str, float]:
+    """Send ``sig`` to a running ``reinforge train``; its log and the seconds it took to exit."""
+    t = time.time()
+    proc.send_signal(sig)
+    log, _ = proc.communicate(timeout=300)
+    return log, time.time() - t
+
+
+def latest_pointed(out: Path) -> Path:
+    """The checkpoint the run directory's ``checkpoints/latest`` pointer names."""
+    return out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+
+
 def test_sigterm_writes_a_recover_checkpoint_and_resume_loses_nothing(tmp_path, tiny_model_path):
     out = tmp_path / "run"
     args = overrides(tiny_model_path, out, **{"train.num_rollout": 8, "run.save_interval": "null",
                                               "run.recover": "auto", "run.recover_interval_s": 3600})
     proc = start_until_first_rollout(tmp_path, args, out)
-    t = time.time()
-    proc.send_signal(signal.SIGTERM)
-    log, _ = proc.communicate(timeout=300)
-    stopped = time.time() - t
+    log, stopped = stop_with(proc, signal.SIGTERM)
     assert proc.returncode == 143, log[-3000:]
     before = [int(r["rollout_id"]) for r in train_rows(out)]
-    saved = json.loads((out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
-                        / "state.json").read_text())["rollout_id"]
+    saved = json.loads((latest_pointed(out) / "state.json").read_text())["rollout_id"]
     assert saved == before[-1]  # the checkpoint holds the last rollout finished: nothing lost
     proc = cli_train(tmp_path, args)
     log, _ = proc.communicate(timeout=600)
@@ -253,7 +262,7 @@ def test_supervisor_sigkill_stops_the_trainer_and_the_lock_keeps_a_second_one_ou
         time.sleep(0.2)
     stopped = time.time() - t
     assert "SIGTERM received" in log, log[-3000:]
-    latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    latest = latest_pointed(out)
     assert json.loads((latest / "state.json").read_text())["rollout_id"] == max(
         int(r["rollout_id"]) for r in train_rows(out))  # the recover checkpoint holds the last rollout
     report(fault="SIGKILL of the supervisor", injected="kill -KILL <supervisor pid> after the first rollout",
@@ -267,12 +276,9 @@ def test_sigint_writes_a_recover_checkpoint(tmp_path, tiny_model_path):
     args = overrides(tiny_model_path, out, **{"train.num_rollout": 50, "run.save_interval": "null",
                                               "run.recover": "auto", "run.recover_interval_s": 3600})
     proc = start_until_first_rollout(tmp_path, args, out)
-    t = time.time()
-    proc.send_signal(signal.SIGINT)
-    log, _ = proc.communicate(timeout=300)
-    stopped = time.time() - t
+    log, stopped = stop_with(proc, signal.SIGINT)
     assert proc.returncode == 130, log[-3000:]
-    latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
+    latest = latest_pointed(out)
     assert json.loads((latest / "state.json").read_text())["rollout_id"] == int(train_rows(out)[-1]["rollout_id"])
     report(fault="SIGINT (Ctrl-C)", injected="kill -INT <pid> after the first rollout", what="SIGINT mid-run, "
            "run.recover=auto", happened=f"recover checkpoint at the end of the rollout in flight, exit 130 after "

@@ -110,8 +110,7 @@ class EmbeddedEngine:
         groups = [self.add_request(r) for r in requests]
         while self.has_unfinished():
             if self._interrupted:
-                for g in groups:
-                    self.abort(g.request.request_id)
+                self.abort(*(g.request.request_id for g in groups))
                 break
             self.step()
         return [g.results for g in groups]  # type: ignore[misc]
@@ -158,18 +157,20 @@ class EmbeddedEngine:
         self.scheduler.waiting.append(Pending(group, list(range(request.n)), list(request.prompt_ids)))
         return group
 
-    def abort(self, request_id: Any) -> None:
-        """Stop a queued or running request; its unfinished samples end with ``FinishReason.ABORT``."""
-        sched = self.scheduler
+    def abort(self, *request_ids: Any) -> None:
+        """Stop queued or running requests; their unfinished samples end with ``FinishReason.ABORT``
+        and keep the tokens generated so far. Several requests are aborted with one read-back of the
+        running sequences (the interrupt of :meth:`generate`, over-sampling's early stop)."""
+        ids, sched = set(request_ids), self.scheduler
         for pend in list(sched.waiting):
-            if pend.group.request.request_id == request_id:
+            if pend.group.request.request_id in ids:
                 sched.waiting.remove(pend)
                 for j in pend.samples:
                     pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
                                                            FinishReason.ABORT, self.weight_version)
-        if sched.request_slots(request_id):
+        if sched.request_slots(ids):
             self._drain()  # samples that finished meanwhile end normally
-            slots = sched.request_slots(request_id)
+            slots = sched.request_slots(ids)
             if slots:
                 self._process(self._snapshot(slots), abort=True)
 

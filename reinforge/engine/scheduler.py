@@ -98,9 +98,9 @@ class Scheduler:
         """Occupied slots whose sequence may still be running (not surely at its token budget)."""
         return [s for s in self.occupied() if self.gen_bound[s] < self.max_new[s]]
 
-    def request_slots(self, request_id) -> list[int]:
-        """Occupied slots of a request."""
-        return [s for s, o in enumerate(self.owner) if o is not None and o[0].group.request.request_id == request_id]
+    def request_slots(self, request_ids: set) -> list[int]:
+        """Occupied slots of the requests ``request_ids``."""
+        return [s for s, o in enumerate(self.owner) if o is not None and o[0].group.request.request_id in request_ids]
 
     def table_rows(self, slots: list[int]) -> list[list[int]]:
         """Block-table rows of ``slots``: their blocks, then the sink block."""
