@@ -1,0 +1,181 @@
+"""Liger-Kernel against reinforge's own training kernels (issue 28), one process, one GPU.
+
+One policy-gradient micro-batch (forward, PPO-clip loss over every token, backward) of a model with
+random weights (default: Qwen2.5-1.5B's architecture, 151,936-entry vocabulary), fp32 parameters
+under bf16 autocast with gradient checkpointing, as reinforge's trainer runs it. Rows of
+``--row-len`` tokens, ``tokens / row-len`` rows per micro-batch. Variants, each a fresh model:
+
+* ``eager``            RMSNorm / RoPE / SiLU-and-multiply in eager PyTorch; LM head -> bf16 logits
+                       [N, V] -> reinforge's chunked log-probs (``algo.logprobs.token_log_probs``).
+* ``ours``             reinforge's Triton kernels (``models/fused.py``), the same loss path.
+* ``liger``            Liger's RMSNorm, RoPE and SiLU-mul kernels in the same places, the same loss path.
+* ``ours+liger_loss``  our kernels; the LM head and the loss as Liger's ``LigerFusedLinearGRPOLoss``
+                       (chunked over rows: the [N, V] logits are never all in memory).
+* ``liger+liger_loss`` everything from Liger.
+
+Prints tokens/s, the share of the bf16 peak (model FLOPs: 6 x parameters x tokens plus causal
+attention, over 989 TFLOP/s dense on an H100 SXM; recomputation under checkpointing not counted),
+and the peak memory of the step (parameters and gradients included).
+
+    PYTHONPATH=. python bench/liger_train.py [--arch qwen2.5-1.5b] [--tokens 8192 16384] [--row-len 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, "bench")
+from archs import hf_config  # noqa: E402
+
+from reinforge.algo.logprobs import token_log_probs  # noqa: E402
+from reinforge.models import transformer as T  # noqa: E402
+
+VARIANTS = ("eager", "ours", "liger", "ours+liger_loss", "liger+liger_loss")
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
+EPS = 0.2
+
+
+def use_liger_kernels(model: T.CausalLM) -> None:
+    """Liger's RMSNorm, RoPE and SiLU-and-multiply in place of ours (forward and backward)."""
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.rope import LigerRopeFunction
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+    def norm(self, x):
+        return LigerRMSNormFunction.apply(x, self.weight, self.eps, 0.0, "llama", False)
+
+    def norm_and_rope(self, q, k, v, cos, sin):
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = LigerRopeFunction.apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q.transpose(1, 2), k.transpose(1, 2), v
+
+    def mlp(self, x):
+        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+
+    for m in model.modules():
+        if isinstance(m, T.RMSNorm):
+            m.forward = norm.__get__(m)
+        elif isinstance(m, T.Attention):
+            m._norm_and_rope = norm_and_rope.__get__(m)
+        elif isinstance(m, T.MLP):
+            m.forward = mlp.__get__(m)
+
+
+def ppo_clip(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    ratio = torch.exp(lp - old)
+    return -torch.minimum(ratio * adv, ratio.clamp(1 - EPS, 1 + EPS) * adv).mean()
+
+
+def build(arch: str, variant: str, device: torch.device) -> T.CausalLM:
+    torch.manual_seed(0)
+    model = T.CausalLM(hf_config(arch)).to(device)
+    model.init_weights()
+    model.init_rope()
+    model.gradient_checkpointing = True
+    model.train()
+    model.set_variant(T.Variant(fused_kernels=variant.startswith("ours")))
+    if variant.startswith("liger"):
+        use_liger_kernels(model)
+    return model
+
+
+def step_fn(model: T.CausalLM, variant: str, ids: torch.Tensor, old: torch.Tensor, adv: torch.Tensor):
+    """One forward + backward; returns the loss."""
+    targets = ids[:, 1:]
+    with torch.autocast("cuda", torch.bfloat16):
+        hidden = model.forward_hidden(ids)[:, :-1]
+        if variant.endswith("liger_loss"):
+            from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+            loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, epsilon_low=EPS, epsilon_high=EPS,
+                                               loss_type="bnpo", compiled=True, chunk_size=1)
+            out = loss_fn(hidden, model.lm_head.weight, targets, torch.ones_like(targets), adv,
+                          old_per_token_logps=old)
+            loss = out[0] if isinstance(out, tuple) else out
+        else:
+            logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1]))
+            lp, _ = token_log_probs(logits, targets.reshape(-1))
+            loss = ppo_clip(lp, old.reshape(-1), adv.repeat_interleave(targets.shape[1]))
+    loss.backward()
+    return loss.detach()
+
+
+def model_flops(cfg, n_params: int, tokens: int, row_len: int) -> float:
+    """6 x parameters x tokens + causal attention (QK^T and PV, forward and backward: 6 x layers x
+    row_len x heads x head_dim per token)."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = 6 * cfg.num_hidden_layers * row_len * cfg.num_attention_heads * head_dim
+    return tokens * (6 * n_params + attn)
+
+
+def measure(arch: str, variant: str, tokens: int, row_len: int, steps: int, device: torch.device) -> dict:
+    model = build(arch, variant, device)
+    rows = tokens // row_len
+    g = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, model.args.vocab_size, (rows, row_len), device=device, generator=g)
+    old = -torch.rand(rows, row_len - 1, device=device, generator=g) * 10
+    adv = torch.randn(rows, device=device, generator=g)
+    n_params = sum(p.numel() for p in model.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for _ in range(steps + 2):
+        model.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        losses.append(float(step_fn(model, variant, ids, old, adv)))
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    s = statistics.median(times[2:])
+    return dict(variant=variant, tokens=tokens, s=s, tok_s=tokens / s, peak_gib=peak, loss=losses[-1],
+                flops=model_flops(hf_config(arch), n_params, tokens, row_len))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="qwen2.5-1.5b")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384])
+    ap.add_argument("--row-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), float("nan"))
+    import liger_kernel
+    print(f"{args.arch}, rows of {args.row_len} tokens, {name}, torch {torch.__version__}, "
+          f"liger-kernel {getattr(liger_kernel, '__version__', '?')}")
+    print("| tokens/micro-batch | variant | s/step | tokens/s | vs ours | % of bf16 peak | peak GiB | loss |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for tokens in args.tokens:
+        rows = []
+        for v in args.variants:
+            try:
+                rows.append(measure(args.arch, v, tokens, args.row_len, args.steps, device))
+            except Exception as e:  # OOM, or a torch.compile failure inside Liger's chunked loss
+                rows.append(dict(variant=v, tokens=tokens, error=f"{type(e).__name__}: {str(e)[:60]}"))
+                gc.collect()
+                torch.cuda.empty_cache()
+            torch._dynamo.reset()  # Liger's compiled loss: a fresh compile per shape
+        base = next((r["tok_s"] for r in rows if r["variant"] == "ours" and "error" not in r), float("nan"))
+        for r in rows:
+            if "error" in r:
+                print(f"| {tokens} | {r['variant']} | {r['error']} | | | | | |")
+                continue
+            mfu = 100 * r["flops"] / r["s"] / peak
+            print(f"| {tokens} | {r['variant']} | {r['s']:.3f} | {r['tok_s']:,.0f} | {r['tok_s'] / base:.2f}x | "
+                  f"{mfu:.1f} | {r['peak_gib']:.1f} | {r['loss']:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
