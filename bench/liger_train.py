@@ -1,17 +1,20 @@
-"""Liger-Kernel against reinforge's own training kernels (issue 28), one process, one GPU.
+"""Liger-Kernel on a training micro-batch (issue 28), one process, one GPU.
 
 One policy-gradient micro-batch (forward, PPO-clip loss over every token, backward) of a model with
 random weights (default: Qwen2.5-1.5B's architecture, 151,936-entry vocabulary), fp32 parameters
 under bf16 autocast with gradient checkpointing, as reinforge's trainer runs it. Rows of
 ``--row-len`` tokens, ``tokens / row-len`` rows per micro-batch. Variants, each a fresh model:
 
-* ``eager``            RMSNorm / RoPE / SiLU-and-multiply in eager PyTorch; LM head -> bf16 logits
-                       [N, V] -> reinforge's chunked log-probs (``algo.logprobs.token_log_probs``).
-* ``ours``             reinforge's Triton kernels (``models/fused.py``), the same loss path.
-* ``liger``            Liger's RMSNorm, RoPE and SiLU-mul kernels in the same places, the same loss path.
-* ``ours+liger_loss``  our kernels; the LM head and the loss as Liger's ``LigerFusedLinearGRPOLoss``
-                       (chunked over rows: the [N, V] logits are never all in memory).
-* ``liger+liger_loss`` everything from Liger.
+* ``eager``             RMSNorm / RoPE / SiLU-and-multiply in eager PyTorch; LM head -> bf16 logits
+                        [N, V] -> reinforge's chunked log-probs (``algo.logprobs.token_log_probs``).
+* ``fused``             ``model.fused_kernels``: Liger-Kernel's RMSNorm, RoPE and SiLU-mul with
+                        gradients (``models/fused.py``), the same loss path.
+* ``fused+liger_loss``  the same kernels; the LM head and the loss as Liger's
+                        ``LigerFusedLinearGRPOLoss`` (chunked over rows: the [N, V] logits are never
+                        all in memory).
+
+At commit ed393e6 (before the project dropped its own backward kernels for Liger's) the script
+also measured those kernels ("ours"): docs/benchmarks.md has that table.
 
 Prints tokens/s, the share of the bf16 peak (model FLOPs: 6 x parameters x tokens plus causal
 attention, over 989 TFLOP/s dense on an H100 SXM; recomputation under checkpointing not counted),
@@ -36,36 +39,9 @@ from archs import hf_config  # noqa: E402
 from reinforge.algo.logprobs import token_log_probs  # noqa: E402
 from reinforge.models import transformer as T  # noqa: E402
 
-VARIANTS = ("eager", "ours", "liger", "ours+liger_loss", "liger+liger_loss")
+VARIANTS = ("eager", "fused", "fused+liger_loss")
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 EPS = 0.2
-
-
-def use_liger_kernels(model: T.CausalLM) -> None:
-    """Liger's RMSNorm, RoPE and SiLU-and-multiply in place of ours (forward and backward)."""
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-    from liger_kernel.ops.rope import LigerRopeFunction
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
-    def norm(self, x):
-        return LigerRMSNormFunction.apply(x, self.weight, self.eps, 0.0, "llama", False)
-
-    def norm_and_rope(self, q, k, v, cos, sin):
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = LigerRopeFunction.apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        return q.transpose(1, 2), k.transpose(1, 2), v
-
-    def mlp(self, x):
-        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
-
-    for m in model.modules():
-        if isinstance(m, T.RMSNorm):
-            m.forward = norm.__get__(m)
-        elif isinstance(m, T.Attention):
-            m._norm_and_rope = norm_and_rope.__get__(m)
-        elif isinstance(m, T.MLP):
-            m.forward = mlp.__get__(m)
 
 
 def ppo_clip(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
@@ -80,9 +56,7 @@ def build(arch: str, variant: str, device: torch.device) -> T.CausalLM:
     model.init_rope()
     model.gradient_checkpointing = True
     model.train()
-    model.set_variant(T.Variant(fused_kernels=variant.startswith("ours")))
-    if variant.startswith("liger"):
-        use_liger_kernels(model)
+    model.set_variant(T.Variant(fused_kernels=variant.startswith("fused")))
     return model
 
 
@@ -155,7 +129,7 @@ def main() -> None:
     import liger_kernel
     print(f"{args.arch}, rows of {args.row_len} tokens, {name}, torch {torch.__version__}, "
           f"liger-kernel {getattr(liger_kernel, '__version__', '?')}")
-    print("| tokens/micro-batch | variant | s/step | tokens/s | vs ours | % of bf16 peak | peak GiB | loss |")
+    print("| tokens/micro-batch | variant | s/step | tokens/s | vs fused | % of bf16 peak | peak GiB | loss |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for tokens in args.tokens:
         rows = []
@@ -167,7 +141,7 @@ def main() -> None:
                 gc.collect()
                 torch.cuda.empty_cache()
             torch._dynamo.reset()  # Liger's compiled loss: a fresh compile per shape
-        base = next((r["tok_s"] for r in rows if r["variant"] == "ours" and "error" not in r), float("nan"))
+        base = next((r["tok_s"] for r in rows if r["variant"] == "fused" and "error" not in r), float("nan"))
         for r in rows:
             if "error" in r:
                 print(f"| {tokens} | {r['variant']} | {r['error']} | | | | | |")

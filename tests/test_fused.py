@@ -1,14 +1,15 @@
-"""The fused RMSNorm, RoPE and SiLU-and-multiply kernels against the eager model code, forward and
-backward (CUDA only; checked on CPU with TRITON_INTERPRET=1 while writing them)."""
+"""The fused RMSNorm, RoPE and SiLU-and-multiply kernels against the eager model code: reinforge's
+forward kernels (no gradients) and Liger-Kernel's autograd functions (with gradients), CUDA only."""
 
 import pytest
 import torch
 
 from reinforge.models import fused
 from reinforge.models.transformer import RMSNorm, Variant, apply_rope
-from reinforge.utils.triton import triton_available
+from reinforge.utils.triton import liger_available, triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available("cuda"), reason="Triton kernels run on CUDA")
+needs_liger = pytest.mark.skipif(not liger_available(), reason="the training kernels come from liger-kernel")
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
@@ -26,7 +27,9 @@ def test_fused_rms_norm_and_rope_match_eager(dtype, tol):
         q = torch.randn(4, 7, heads, D, device="cuda").to(dtype)
         cos, sin = torch.randn(2, 4, 7, D, device="cuda").to(dtype)
         ref = apply_rope(q, cos, sin)
-        torch.testing.assert_close(fused.rope(q, cos, sin), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+        out = fused.rope_qk(q, q[:, :, :1], cos, sin)
+        torch.testing.assert_close(out[0], ref, atol=tol * ref.abs().max().item(), rtol=tol)
+        torch.testing.assert_close(out[1], ref[:, :, :1], atol=tol * ref.abs().max().item(), rtol=tol)
 
 
 def _value_and_grads(fn, *inputs):
@@ -37,6 +40,7 @@ def _value_and_grads(fn, *inputs):
     return [y] + [t.grad for t in inputs]
 
 
+@needs_liger
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_fused_backward_matches_eager(dtype, tol):
     torch.manual_seed(0)
@@ -46,8 +50,9 @@ def test_fused_backward_matches_eager(dtype, tol):
     pairs = [(lambda x, w: torch.func.functional_call(eager, {"weight": w}, (x,)),
               lambda x, w: fused.rms_norm(x, w, 1e-6), (x, w))]
     cos, sin = torch.randn(2, 3, 77, 64, device="cuda").to(dtype)
-    pairs.append((lambda q: apply_rope(q, cos, sin), lambda q: fused.rope(q, cos, sin),
-                  (torch.randn(3, 77, 9, 64, device="cuda").to(dtype),)))
+    pairs.append((lambda q, k: torch.cat([apply_rope(q, cos, sin), apply_rope(k, cos, sin)], 2),
+                  lambda q, k: torch.cat(fused.rope_qk(q * 1, k * 1, cos, sin), 2),  # (written in place)
+                  (torch.randn(3, 77, 9, 64, device="cuda").to(dtype), torch.randn(3, 77, 3, 64, device="cuda").to(dtype))))
     g, u = torch.randn(2, 3, 77, 1536, device="cuda").to(dtype)
     pairs.append((lambda g, u: torch.nn.functional.silu(g) * u, fused.silu_mul, (g, u)))
     for ref_fn, fused_fn, inputs in pairs:
@@ -72,9 +77,10 @@ def tiny_cuda_model(model_type: str, num_layers: int = 2):
     return model, torch.randint(0, 256, (3, 17), device="cuda")
 
 
+@needs_liger
 def test_fused_model_trains_like_eager():
-    """A whole model, forward and backward in fp32, with and without the fused kernels; under bf16
-    autocast the norms hand the next matmul bf16 directly."""
+    """A whole model, forward and backward in fp32, with and without the fused kernels (Liger's with
+    gradients); without gradients under bf16 autocast the norms hand the next matmul bf16 directly."""
     model, ids = tiny_cuda_model("llama")
 
     def run(on):
@@ -86,7 +92,7 @@ def test_fused_model_trains_like_eager():
 
     for ref, out in zip(run(False), run(True)):
         torch.testing.assert_close(out, ref, atol=1e-5 * ref.abs().max().item() + 1e-8, rtol=1e-4)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         assert model.model.norm(torch.randn(2, 128, device="cuda")).dtype == torch.bfloat16
 
 

@@ -49,8 +49,9 @@ class ModelConfig(Section):
                               "kernels of the norms, RoPE and SiLU in forward and backward; the first steps "
                               "compile); reinforge's own model code only, not with LoRA")
     fused_kernels: bool = opt(True, "fused Triton kernels for RMSNorm, RoPE and SiLU-and-multiply, forward and "
-                              "backward, in the trained models (fewer kernel launches); GPU only, off with "
-                              "`torch_compile`; `false`: eager PyTorch")
+                              "backward, in the trained models (fewer kernel launches): Liger-Kernel's "
+                              "(`pip install liger-kernel`; without it a warning and eager PyTorch); GPU only, off "
+                              "with `torch_compile`; `false`: eager PyTorch")
     train_dtype: Literal["auto", "fp32", "bf16"] = opt(
         "auto", "`auto`: bf16 autocast with fp32 master weights on GPU, fp32 on CPU; `fp32`; `bf16`")
     lora_rank: int = opt(0, "LoRA rank r (`peft`); 0 trains every weight. Only the adapters are optimised; "

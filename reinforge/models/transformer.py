@@ -205,6 +205,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + _rotate_half(x) * sin
 
 
+def apply_rope_qk(q, k, cos, sin):
+    """:func:`apply_rope` of the queries and the keys (eager; ``fused.rope_qk`` is the kernel)."""
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
@@ -219,7 +224,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rope = apply_rope  # or fused.rope (CausalLM.set_variant)
+        self.rope_qk = apply_rope_qk  # or fused.rope_qk (CausalLM.set_variant)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused projection (fuse_projection)
 
     def fuse_projection(self, on: bool) -> None:
@@ -262,7 +267,7 @@ class Attention(nn.Module):
     def _norm_and_rope(self, q, k, v, cos, sin):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return self.rope(q, cos, sin), self.rope(k, cos, sin), v
+        return *self.rope_qk(q, k, cos, sin), v
 
     def _fused_qkv(self, x, cos, sin):
         """One matmul for q/k/v (inference). With the fused kernels and no per-head norms, RoPE runs
@@ -270,7 +275,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, *self.qkv).view(B, T, H + 2 * KVH, D)
-        if self.rope is fused.rope and self.q_norm is None:
+        if self.rope_qk is fused.rope_qk and self.q_norm is None:
             fused.rope_(qkv, cos, sin, H + KVH)
             return qkv.split([H, KVH, KVH], dim=2)
         return self._norm_and_rope(*qkv.split([H, KVH, KVH], dim=2), cos, sin)
@@ -404,7 +409,7 @@ class CausalLM(nn.Module):
             if isinstance(m, (RMSNorm, MLP)):
                 m.fused = on
             elif isinstance(m, Attention):
-                m.rope = fused.rope if on else apply_rope
+                m.rope_qk = fused.rope_qk if on else apply_rope_qk
         self.variant = variant
         self.fuse_projections(variant.fused_projections)
         return variant

@@ -15,6 +15,7 @@ from torch import nn
 from ..models.transformer import CausalLM, Variant
 from ..records import Sample
 from ..utils import faults
+from ..utils.triton import liger_available
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
 from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
@@ -104,7 +105,10 @@ class ModelTrainer:
                  *, name: str, parallel: ParallelContext | None = None, pad_id: int = 0):
         self.device, self.name, self.optim, self.settings = device, name, optim, settings
         self.parallel = parallel or ParallelContext()
-        if settings.fused_kernels:  # (on CUDA with Triton; the policy, a critic's or reward model's backbone)
+        if settings.fused_kernels and device.type == "cuda" and not liger_available():
+            log.warning("model.fused_kernels: the training kernels come from Liger-Kernel, which is not installed "
+                        "(`pip install liger-kernel`); %s trains with eager PyTorch norms", name)
+        elif settings.fused_kernels:  # (on CUDA with Triton; the policy, a critic's or reward model's backbone)
             for m in model.modules():
                 if isinstance(m, CausalLM):
                     m.set_variant(Variant(fused_kernels=True))

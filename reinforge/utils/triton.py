@@ -18,3 +18,13 @@ except ImportError:  # pragma: no cover - depends on the install
 def triton_available(device_type: str) -> bool:
     """Whether Triton kernels can run on this device type (CUDA with Triton installed)."""
     return device_type == "cuda" and triton is not None and torch.cuda.is_available()
+
+
+@functools.lru_cache(maxsize=None)
+def liger_available() -> bool:
+    """Whether Liger-Kernel (the trainer's fused kernels with backward passes) can be imported."""
+    try:
+        import liger_kernel.ops  # noqa: F401
+    except ImportError:
+        return False
+    return True
