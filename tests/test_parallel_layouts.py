@@ -30,3 +30,27 @@ def test_two_ranks_match_one_process(tiny_model_path, tp, cp):
     data = make_data(6, seed=7)
     single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
     assert_same(single[:2], run_ranks(2, cfg, tiny_model_path, data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,cp", [(2, 1), (1, 2)])
+def test_fsdp_times_tp_or_cp_on_four_ranks(tiny_model_path, tp, cp):
+    """2 data x 2 tensor, 2 data x 2 context: FSDP2 over dp (x cp) composed with the other dimension."""
+    cfg = layout_cfg(tiny_model_path, tp, cp)
+    data = make_data(6, seed=8)
+    assert_same(run_single(make_cfg(tiny_model_path), tiny_model_path, data)[:2],
+                run_ranks(4, cfg, tiny_model_path, data))
+    # one sample: one data-parallel rank has none and runs a dummy micro-batch through the
+    # tensor / context parallel collectives and FSDP's (no hang, the same update)
+    data = make_data(1, seed=2)
+    assert_same(run_single(make_cfg(tiny_model_path), tiny_model_path, data)[:2],
+                run_ranks(4, cfg, tiny_model_path, data))
+
+
+def test_cp_packed_sequences(tiny_model_path):
+    """Context parallelism on packed rows: attention over the whole row is masked by its sequence
+    ids (rows of odd length are padded to a multiple of cp)."""
+    data = make_data(5, seed=9)
+    single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
+    cfg = layout_cfg(tiny_model_path, cp=2, **{"train.packing": "sequences"})
+    assert_same(single[:2], run_ranks(2, cfg, tiny_model_path, data))
