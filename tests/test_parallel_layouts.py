@@ -80,3 +80,25 @@ def test_tp_qwen3_checkpoint_resumes_on_one_process(tmp_path, smollm2_path):
     assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
     for k, v in w.named_weights():
         assert torch.allclose(v, single_weights[k], atol=2e-5, rtol=1e-4), k
+
+
+def test_config_and_preflight_name_keys_world_and_layout(tiny_model_path):
+    from reinforge.cluster.resources import ClusterError, check_placement
+    from reinforge.config import ConfigError, load_config
+    from reinforge.preflight import PreflightError, check_rl
+
+    ray = ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=4", f"model.path={tiny_model_path}"]
+    with pytest.raises(ConfigError, match=r"train.tensor_model_parallel_size=3 x train.context_parallel_size=1 = 3 "
+                                          r"does not divide the 4 trainer ranks"):
+        load_config(None, ray + ["train.tensor_model_parallel_size=3"])
+    cfg = load_config(None, ray + ["train.tensor_model_parallel_size=4"])  # 4 ranks, but 2 kv heads
+    with pytest.raises(PreflightError, match=r"tensor_model_parallel_size=4 must divide the model's "
+                                             r"num_key_value_heads=2"):
+        check_rl(cfg, tiny_model_path, 10, memory=1e15)
+    local = load_config(None, [f"model.path={tiny_model_path}", "train.context_parallel_size=2"])
+    with pytest.raises(PreflightError, match=r"does not divide the 1 trainer rank.*cluster.mode=ray"):
+        check_rl(local, tiny_model_path, 10, memory=1e15)
+    cfg = load_config(None, ray + ["train.tensor_model_parallel_size=2", "cluster.colocate=true"])
+    with pytest.raises(ClusterError, match=r"needs 4 GPUs \(actor_num_nodes \* actor_num_gpus_per_node = 4 "
+                                           r"\(4 trainer ranks = 2 data x 2 tensor\)\)"):
+        check_placement(cfg, {"GPU": 2, "CPU": 64})

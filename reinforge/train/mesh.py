@@ -23,6 +23,7 @@ Expert parallelism can be added as a fourth named dimension in :meth:`TrainMesh.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+log = logging.getLogger(__name__)
 
 KEYS = {"tp": "train.tensor_model_parallel_size", "cp": "train.context_parallel_size"}
 
@@ -108,6 +111,8 @@ class TrainMesh:
         if world != layout.world_size:
             raise ValueError(f"the layout {layout.words()} does not match the {world} ranks of the process group")
         mesh = init_device_mesh(device_type, (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+        if dist.get_rank() == 0:
+            log.info("trainer mesh: %s", layout.words())
         return cls(layout, mesh)
 
     def coordinate(self, dim: str) -> int:
