@@ -9,6 +9,9 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   RoPE scaling such as YaRN counted): the longest prompt + ``rollout.rollout_max_response_len``
   (training), + the evaluation response (``eval.eval_max_response_len``, else the rollout's),
   + ``--max-new-tokens`` (``reinforge generate``); the longest example (``reinforge offline``);
+* **parallel layout**: ``train.tensor_model_parallel_size`` x ``train.context_parallel_size``
+  must divide the trainer ranks, the model must be reinforge's own and its heads (and MLP
+  columns) divisible by them (:func:`parallel_problems`);
 * **token budgets**: ``train.max_tokens_per_gpu`` must hold one whole training sequence (a
   micro-batch never splits a sequence; verl refuses the same in its dynamic batching).
   ``engine.max_prefill_tokens`` and ``train.log_prob_chunk_size`` need not: a longer prompt is
@@ -315,6 +318,38 @@ def memory_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.
             f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"]
 
 
+def trainer_ranks(cfg: "Config") -> int:
+    """Trainer ranks of an RL run: one in ``cluster.mode=local``, else actor_num_nodes x actor_num_gpus_per_node."""
+    return cfg.cluster.num_trainers if cfg.cluster.mode == "ray" else 1
+
+
+def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: int | None) -> list[str]:
+    """``train.tensor_model_parallel_size`` / ``train.context_parallel_size`` against the trainer
+    ranks (None: not known here, e.g. torchrun's) and the model: reinforge's own model code, heads
+    and MLP columns they divide (:meth:`reinforge.train.mesh.Layout.model_problems`)."""
+    from .train.mesh import Layout
+
+    t = cfg.train
+    tp, cp = t.tensor_model_parallel_size, t.context_parallel_size
+    if tp * cp == 1:
+        return []
+    out = []
+    if world_size is not None:
+        try:
+            Layout.for_world(world_size, tp, cp)
+        except ValueError as e:
+            local = " (cluster.mode=local runs one trainer rank: use cluster.mode=ray)" if cfg.cluster.mode == "local" \
+                else ""
+            out.append(f"{e}{local}")
+    if not is_native_config(model_config):
+        out.append(f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need a Llama / Qwen2 / "
+                   f"Qwen3 model (reinforge's own model code), not model_type {model_config.get('model_type')!r}")
+        return out
+    heads = model_config["num_attention_heads"]
+    return out + Layout(1, cp, tp).model_problems(heads, model_config.get("num_key_value_heads") or heads,
+                                                  model_config["intermediate_size"])
+
+
 def _raise(problems: list[str]) -> None:
     if problems:
         parts = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p};" for i, p in enumerate(problems, 1))
@@ -356,6 +391,7 @@ def check_rl(cfg: "Config", model_folder: Path, max_prompt_tokens: int | None = 
     n = rl_lengths(cfg, max_prompt_tokens)
     name = Path(model_folder).name
     problems = context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
+    problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))
     device = device or resolve_device(cfg.train.device)
     problems += _engine_problems(cfg, Path(model_folder), model_config, n, device, memory,
                                  cfg.cluster.mode == "local", "rollout.rollout_max_response_len")
@@ -407,8 +443,9 @@ def check_offline(cfg: "Config", model_folder: Path, longest: int) -> None:
     Raises:
         PreflightError: naming ``offline.max_length`` / ``train.max_tokens_per_gpu`` and the limit.
     """
-    o, problems = cfg.offline, []
-    window = context_window(read_model_config(model_folder))
+    o, model_config = cfg.offline, read_model_config(model_folder)
+    problems = parallel_problems(cfg, model_config, None)  # (the world size is torchrun's: checked when the ranks start)
+    window = context_window(model_config)
     if window is not None and longest > window.tokens:
         problems.append(f"the longest example has {longest} tokens (prompt + response; offline.max_length="
                         f"{o.max_length}) but the model {Path(model_folder).name} holds {window.tokens} positions "

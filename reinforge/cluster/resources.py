@@ -95,6 +95,19 @@ def placement_counts(cfg: "Config") -> dict[str, int]:
     return {"trainers": trainers, "engines": engines, "gpus": gpus, "processes": processes}
 
 
+def layout_words(cfg: "Config", trainers: int) -> str:
+    """``trainers`` in words with their parallel layout, e.g. ``"4 (4 trainer ranks = 2 data x 2 tensor)"``
+    (the number alone when every rank is data parallel or the sizes do not divide it: config checks say so)."""
+    from ..train.mesh import Layout
+
+    t = cfg.train
+    try:
+        layout = Layout.for_world(trainers, t.tensor_model_parallel_size, t.context_parallel_size)
+    except ValueError:
+        return str(trainers)
+    return f"{trainers} ({layout.words()})" if layout.dp != trainers else str(trainers)
+
+
 def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Path | None = None,
                     max_model_len: int | None = None, where: str = "this machine") -> bool:
     """Check the placement of ``cfg`` against ``resources`` (``CPU``, ``GPU``, ``memory`` in
@@ -121,7 +134,7 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
     have_gpus, have_cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
     mode = ("local (cluster.mode=local: one process)" if c.mode == "local" else
             "colocated (cluster.colocate=true)" if c.colocate else "disaggregated (cluster.colocate=false)")
-    split = (f"actor_num_nodes * actor_num_gpus_per_node = {n['trainers']}"
+    split = (f"actor_num_nodes * actor_num_gpus_per_node = {layout_words(cfg, n['trainers'])}"
              + ("" if c.colocate or c.mode == "local" else f" + rollout_num_gpus = {c.rollout_num_gpus}"))
     if have_gpus and cfg.train.device != "cpu":
         if have_gpus < n["gpus"]:

@@ -126,6 +126,12 @@ class Config:
             if c.mode == "ray" and c.colocate:
                 raise ConfigError(f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
                                   f"needs engines on their own GPUs (cluster.colocate=false)")
+        per_replica = t.tensor_model_parallel_size * t.context_parallel_size
+        if c.mode == "ray" and c.num_trainers % per_replica:
+            raise ConfigError(f"train.tensor_model_parallel_size={t.tensor_model_parallel_size} x "
+                              f"train.context_parallel_size={t.context_parallel_size} = {per_replica} does not divide "
+                              f"the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes} x "
+                              f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): change either")
         if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
             raise ConfigError(f"engine.backend={e.backend} runs one engine per GPU: "
                               f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "

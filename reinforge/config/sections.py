@@ -446,6 +446,10 @@ class TrainConfig(Section):
     device: str = opt("auto", "`auto` (cuda when available), `cpu`, `cuda`, `cuda:1`, ...")
     fsdp_cpu_offload: bool = opt(False, "FSDP2 CPU offload of parameters, gradients and optimizer state "
                                  "(several trainer ranks)")
+    tensor_model_parallel_size: int = opt(1, "trainer ranks that split each decoder layer's projections (DTensor "
+                                          "tensor parallelism; docs/parallelism.md)", ge=1)
+    context_parallel_size: int = opt(1, "trainer ranks that split each micro-batch's positions (Ulysses "
+                                     "all-to-all attention over heads; docs/parallelism.md)", ge=1)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..utils.triton import triton_available
-from . import fused
+from . import fused, ulysses
 from .context import context_window
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -226,6 +226,9 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.rope_qk = apply_rope_qk  # or fused.rope_qk (CausalLM.set_variant)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused projection (fuse_projection)
+        # context parallelism (trainer): this rank holds 1/cp of the positions; attention exchanges
+        # them for 1/cp of the heads over this group (Ulysses, models/ulysses.py). None: off.
+        self.cp_group: Any = None
 
     def fuse_projection(self, on: bool) -> None:
         """Inference: concatenate the q/k/v weights (and biases) into one matrix whose row blocks
@@ -258,10 +261,10 @@ class Attention(nn.Module):
     def _separate_qkv(self, x, cos, sin):
         """Queries, keys and values from three matmuls (training; ``Variant.fused_projections`` off)."""
         B, T, _ = x.shape
-        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_proj(x).view(B, T, H, D)
-        k = self.k_proj(x).view(B, T, KVH, D)
-        v = self.v_proj(x).view(B, T, KVH, D)
+        D = self.head_dim  # head counts from the projections: local ones under tensor parallelism
+        q = self.q_proj(x).view(B, T, -1, D)
+        k = self.k_proj(x).view(B, T, -1, D)
+        v = self.v_proj(x).view(B, T, -1, D)
         return self._norm_and_rope(q, k, v, cos, sin)
 
     def _norm_and_rope(self, q, k, v, cos, sin):
@@ -282,14 +285,21 @@ class Attention(nn.Module):
 
     def _attend(self, q, k, v, ctx: AttentionContext | None):
         B, T = q.shape[:2]
-        if ctx is None:
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            ).transpose(1, 2)
+        if self.cp_group is not None:  # [B, T/cp, H, D] -> all positions, H/cp heads -> back
+            o = ulysses.heads_to_positions(self._attention(*ulysses.scatter_qkv(q, k, v, self.cp_group), ctx),
+                                           self.cp_group)
         else:
-            o = ctx.attend(self.layer, q, k, v)
-        return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))
+            o = self._attention(q, k, v, ctx)
+        return self.o_proj(o.reshape(B, T, -1))
+
+    def _attention(self, q, k, v, ctx: AttentionContext | None):
+        """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]: causal, or ``ctx``'s."""
+        if ctx is None:
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=q.shape[2] != k.shape[2],
+            ).transpose(1, 2)
+        return ctx.attend(self.layer, q, k, v)
 
 
 class MLP(nn.Module):

@@ -17,6 +17,7 @@ from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_
 from ..records import Sample
 from ..utils import faults, seeds
 from .batching import MicroBatch
+from .context_parallel import SequenceShard
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
 from .parallel import ParallelContext, full_tensor
 
@@ -38,13 +39,17 @@ class TrainData:
     ref_log_probs: list[torch.Tensor] | None = None
 
 
-def response_logits(model: nn.Module, mb: MicroBatch) -> torch.Tensor:
+def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | None = None) -> torch.Tensor:
     """Logits [N, V] that predict the N response tokens of ``mb`` (the response grid's row-major
     order); rows holding several sequences run with :class:`~reinforge.models.packing.PackedAttention`.
+    With ``shard`` (context parallelism) only this rank's positions run: logits [n, V] of the
+    tokens ``shard.own``.
 
     Raises:
         ValueError: a packed micro-batch (``train.packing`` other than ``none``) for a Hugging Face model.
     """
+    if shard is not None:
+        return model(shard.input_ids, shard.position_ids, shard.ctx, logits_mask=shard.index)
     index = (mb.logit_rows, mb.logit_cols)
     if is_native(model):
         return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index)
@@ -112,10 +117,15 @@ class Actor(ModelTrainer):
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(token) [N] at response positions, at the rollout temperature, and the
         entropy [N] (``entropy``: none, metric = without gradient, loss = with gradient)."""
+        shard = self.sequence_shard(mb)
         with self.autocast():
-            logits = response_logits(model, mb)
-        lp, ent = token_log_probs(logits, mb.targets[mb.response_mask], self.cfg.rollout.rollout_temperature,
-                                  self.settings.log_prob_chunk_size, with_entropy=entropy != "none")
+            logits = response_logits(model, mb, shard)
+        targets = mb.targets[mb.response_mask]
+        lp, ent = token_log_probs(logits, targets if shard is None else targets[shard.own],
+                                  self.cfg.rollout.rollout_temperature, self.settings.log_prob_chunk_size,
+                                  with_entropy=entropy != "none")
+        if shard is not None:  # every rank of the context-parallel group: all N tokens
+            lp, ent = shard.gather(lp), (shard.gather(ent) if ent is not None else None)
         return lp, (ent.detach() if entropy == "metric" else ent)
 
     @torch.no_grad()

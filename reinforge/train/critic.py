@@ -55,8 +55,12 @@ class Critic(ModelTrainer):
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         """V(s_t) on the [S, L] response grid: the value at the position that predicts each response token."""
+        shard = self.sequence_shard(mb)
         with self.autocast():
-            values = self.model(mb.input_ids, mb.position_ids, mb.attention())[mb.logit_rows, mb.logit_cols]
+            if shard is None:
+                values = self.model(mb.input_ids, mb.position_ids, mb.attention())[mb.logit_rows, mb.logit_cols]
+            else:  # context parallelism: this rank's positions, then all N values on every rank of the group
+                values = shard.gather(self.model(shard.input_ids, shard.position_ids, shard.ctx)[shard.index])
         return self.to_grid(mb, values)
 
     @torch.no_grad()

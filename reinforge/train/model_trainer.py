@@ -17,6 +17,8 @@ from ..records import Sample
 from ..utils import faults
 from ..utils.triton import liger_available
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
+from .context_parallel import SequenceShard
+from .mesh import clip_grads, sum_tensor_parallel_grads
 from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
 
@@ -112,8 +114,10 @@ class ModelTrainer:
             for m in model.modules():
                 if isinstance(m, CausalLM):
                     m.set_variant(Variant(fused_kernels=True))
-        if self.parallel.distributed:
-            model = self.shard(model)
+        # the mesh's layout: tensor / context parallel groups, FSDP2 over dp x cp (train/parallel.py)
+        sharded = shard_model(model, self.parallel, mixed_precision=self.compute_dtype() is not None,
+                              cpu_offload=settings.fsdp_cpu_offload)
+        self.fsdp, self.grad_divisor, self.tp_partial = sharded.fsdp, sharded.grad_divisor, sharded.tp_partial
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -134,14 +138,15 @@ class ModelTrainer:
         return torch.bfloat16
 
     def shard(self, model: nn.Module) -> nn.Module:
-        """FSDP2-shard a model of this trainer (bf16 compute through FSDP's mixed precision)."""
-        return shard_model(model, self.device, mixed_precision=self.compute_dtype() is not None,
-                           cpu_offload=self.settings.fsdp_cpu_offload)
+        """Place another model of this trainer (a frozen reference) on the mesh as the trained one
+        (bf16 compute through FSDP's mixed precision)."""
+        return shard_model(model, self.parallel, mixed_precision=self.compute_dtype() is not None,
+                           cpu_offload=self.settings.fsdp_cpu_offload).model
 
     def autocast(self):
-        """bf16 autocast for the unsharded model; FSDP's mixed precision does it when sharded."""
+        """bf16 autocast for a model outside FSDP; FSDP's mixed precision does it when sharded."""
         dtype = self.compute_dtype()
-        if dtype is None or self.parallel.distributed:
+        if dtype is None or self.fsdp:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
@@ -159,16 +164,16 @@ class ModelTrainer:
     def rank_micro_batches(self, samples: list[Sample], indices: list[int],
                            per_token: dict[str, list[torch.Tensor]] | None = None
                            ) -> tuple[list[MicroBatch], int]:
-        """This rank's share of ``indices`` (token-balanced; whole prompt groups with the
-        shared-prompt layout) as micro-batches, padded with dummy micro-batches to the largest
+        """This data-parallel rank's share of ``indices`` (token-balanced; whole prompt groups with
+        the shared-prompt layout; the same for the ranks of one tensor x context parallel group) as micro-batches, padded with dummy micro-batches to the largest
         count of any rank. Returns (batches, real count)."""
         p = self.parallel
         if p.distributed:
             tokens, rlen = [s.tokens for s in samples], [s.response_length for s in samples]
             shared = self.settings.packing == "shared_prompt"
             units = prompt_groups(tokens, rlen, indices) if shared else [[i] for i in indices]
-            parts = partition_by_tokens([row_length(tokens, rlen, u, shared) for u in units], p.world_size)
-            indices = [i for j in parts[p.rank] for i in units[j]]
+            parts = partition_by_tokens([row_length(tokens, rlen, u, shared) for u in units], p.dp_size)
+            indices = [i for j in parts[p.dp_rank] for i in units[j]]
         mbs = self.micro_batches(samples, indices, per_token) if indices else []
         real = len(mbs)
         for _ in range(p.max_int(real) - real):
@@ -194,8 +199,9 @@ class ModelTrainer:
             for p in self.model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.clip_grad)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if self.tp_partial:
+            sum_tensor_parallel_grads(self.tp_partial, self.parallel.mesh.group("tp"))
+        grad_norm = clip_grads([p for p in self.model.parameters() if p.requires_grad], self.optim.clip_grad)
         loss_sum = self.parallel.sum_floats({"loss": loss_sum})["loss"]
         applied = math.isfinite(grad_norm) and math.isfinite(loss_sum)
         if applied:
@@ -218,8 +224,15 @@ class ModelTrainer:
 
     @property
     def loss_scale(self) -> float:
-        """FSDP averages gradients over ranks; losses are multiplied back to sums."""
-        return float(self.parallel.world_size)
+        """FSDP averages gradients over its ``dp x cp`` ranks; losses are multiplied back to sums."""
+        return float(self.grad_divisor)
+
+    def sequence_shard(self, mb: MicroBatch) -> SequenceShard | None:
+        """This context-parallel rank's positions of ``mb`` (None without context parallelism)."""
+        p = self.parallel
+        if p.cp_group is None:
+            return None
+        return SequenceShard(mb, p.mesh.coordinate("cp"), p.layout.cp, p.cp_group, self.pad_id)
 
     def gather_rows(self, out: list[Any]) -> list[Any]:
         """Merge the per-sample results each rank filled in (``None`` elsewhere)."""

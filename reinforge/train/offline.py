@@ -69,6 +69,9 @@ class OfflineTrainer(ModelTrainer):
     def __init__(self, cfg: Config, model_path: str | Path, device: torch.device, total_steps: int,
                  parallel: ParallelContext | None = None, pad_id: int = 0):
         o, t, m = cfg.offline, cfg.train, cfg.model
+        if t.context_parallel_size > 1:
+            raise ValueError(f"train.context_parallel_size={t.context_parallel_size}: reinforge offline does not split "
+                             f"sequences over ranks yet; set it to 1 (tensor parallelism and FSDP apply)")
         self.o, self.info = o, OFFLINE_METHODS.info(o.method)
         self.loss_fn = OFFLINE_METHODS.get(o.method)
         self.is_reward = self.info["model"] == "reward"
@@ -110,7 +113,7 @@ class OfflineTrainer(ModelTrainer):
         p = self.parallel
         if p.distributed:
             cost = [sum(len(examples[i].prompt_ids) + len(r) for r in examples[i].responses) for i in ids]
-            ids = [ids[j] for j in partition_by_tokens(cost, p.world_size)[p.rank]]
+            ids = [ids[j] for j in partition_by_tokens(cost, p.dp_size)[p.dp_rank]]
         out: Batch = []
         budget = self.settings.max_tokens_per_gpu
         tokens: list[list[int]] = []

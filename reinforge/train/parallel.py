@@ -1,9 +1,11 @@
-"""Data parallelism for the trainer: the process group, FSDP2 sharding and rank-balanced work.
+"""Parallelism for the trainer: the process group and its device mesh (:mod:`.mesh`), sharding
+a model over it (tensor parallelism, context parallelism, FSDP2), and rank-balanced work.
 
 Rule that keeps ranks from hanging: every rank issues the same collectives in the same order
-whatever its data. Work is split by :func:`partition_by_tokens`; the number of micro-batches
-is made equal across ranks (:meth:`ParallelContext.max_int`), ranks with fewer run dummy
-micro-batches whose loss weight is 0; metrics are summed across ranks.
+whatever its data. Work is split over the data-parallel ranks by :func:`partition_by_tokens`
+(the ranks of one tensor x context parallel group get the same samples); the number of
+micro-batches is made equal across ranks (:meth:`ParallelContext.max_int`), ranks with fewer run
+dummy micro-batches whose loss weight is 0; metrics are summed over the data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -11,29 +13,58 @@ from __future__ import annotations
 import datetime
 import heapq
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .mesh import (KEYS, Layout, TrainMesh, apply_tensor_parallel, set_context_parallel,
+                   tensor_parallel_partial_params)
+
 
 @dataclass
 class ParallelContext:
-    """This process's place among the trainer processes (rank 0 of 1 when not distributed)."""
+    """This process's place among the trainer processes (rank 0 of 1 when not distributed) and,
+    with several, the device mesh (:class:`~reinforge.train.mesh.TrainMesh`)."""
 
     rank: int = 0
     world_size: int = 1
+    mesh: TrainMesh | None = None
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def layout(self) -> Layout:
+        return self.mesh.layout if self.mesh is not None else Layout(self.world_size)
+
+    @property
+    def dp_rank(self) -> int:
+        """Which share of the samples this rank takes (ranks of one tp x cp group share it)."""
+        return self.mesh.coordinate("dp") if self.mesh is not None else self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup | None:
+        """The context-parallel group, None when ``context_parallel_size`` is 1."""
+        return self.mesh.group("cp") if self.mesh is not None and self.layout.cp > 1 else None
+
     @classmethod
     def init(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
-             timeout_s: float = 1800) -> "ParallelContext":
-        """Join the trainers' default process group (NCCL on GPUs, gloo on CPU)."""
+             timeout_s: float = 1800, *, tensor_parallel: int = 1, context_parallel: int = 1) -> "ParallelContext":
+        """Join the trainers' default process group (NCCL on GPUs, gloo on CPU) and build the
+        mesh of ``world_size / (tensor_parallel * context_parallel)`` data-parallel ranks.
+
+        Raises:
+            ValueError: the parallel sizes do not divide ``world_size`` (:meth:`Layout.for_world`).
+        """
+        layout = Layout.for_world(world_size, tensor_parallel, context_parallel)
         if world_size > 1 and not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", master_addr)
             os.environ.setdefault("MASTER_PORT", str(master_port))
@@ -41,7 +72,8 @@ class ParallelContext:
                                     init_method=f"tcp://{master_addr}:{master_port}",
                                     timeout=datetime.timedelta(seconds=timeout_s),
                                     **({"device_id": device} if device.type == "cuda" else {}))
-        return cls(rank, world_size)
+        mesh = TrainMesh.build(layout, device.type) if world_size > 1 else None
+        return cls(rank, world_size, mesh)
 
     def _device(self) -> torch.device:
         if dist.get_backend() == "nccl":
@@ -56,12 +88,13 @@ class ParallelContext:
         return int(t.item())
 
     def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
-        """Element-wise sum of a dict of floats over ranks (same keys on every rank)."""
+        """Element-wise sum of a dict of floats over the data-parallel ranks (same keys on every
+        rank; the ranks of one tensor / context parallel group hold the same values, counted once)."""
         if not self.distributed or not values:
             return values
         keys = sorted(values)
         t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._device())
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.mesh.group("dp") if self.mesh is not None else None)
         return dict(zip(keys, t.tolist()))
 
     def gather_objects(self, obj: Any) -> list[Any]:
@@ -89,27 +122,71 @@ def partition_by_tokens(lengths: list[int], parts: int) -> list[list[int]]:
     return [sorted(p) for p in out]
 
 
-def shard_model(model: nn.Module, device: torch.device, mixed_precision: bool, cpu_offload: bool) -> nn.Module:
-    """Apply FSDP2 (``fully_shard``): one unit per decoder layer, the rest in the root unit.
+@dataclass
+class Sharded:
+    """A model placed on the mesh, and what the trainer must do for it.
+
+    Attributes:
+        model: the model (modified in place).
+        fsdp: FSDP2 wraps it (it averages gradients over its ranks; bf16 through its mixed precision).
+        grad_divisor: the number of ranks FSDP averages gradients over (losses are scaled by it
+            to stay sums).
+        tp_partial: parameters whose gradients must be summed over the tensor-parallel group.
+    """
+
+    model: nn.Module
+    fsdp: bool = False
+    grad_divisor: int = 1
+    tp_partial: list[nn.Parameter] = field(default_factory=list)
+
+
+def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bool, cpu_offload: bool) -> Sharded:
+    """Place ``model`` on the mesh of ``parallel``: tensor parallelism on every decoder layer's
+    projections, the context-parallel group on its attention, then FSDP2 (``fully_shard``: one unit
+    per decoder layer, the rest in the root unit) over the ``dp x cp`` ranks, composed with tensor
+    parallelism as 2-D DTensors (torchtitan's FSDP x TP).
 
     On CUDA with ``mixed_precision`` the unit all-gathers bf16 parameters and reduces
     gradients in fp32 (``MixedPrecisionPolicy``); ``cpu_offload`` keeps parameters, gradients
     and optimizer state on the CPU between uses (``CPUOffloadPolicy``).
+
+    Raises:
+        ValueError: tensor or context parallelism for a model that is not reinforge's own (or
+            wraps its projections, e.g. LoRA with tensor parallelism), or whose heads they do not divide.
     """
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    kwargs: dict[str, Any] = {"mesh": mesh}
+    mesh, layout = parallel.mesh, parallel.layout
+    if mesh is None:
+        return Sharded(model)
+    layers = _decoder_layers(model)
+    out = Sharded(model)
+    if layout.tp > 1 or layout.cp > 1:
+        args = getattr(model, "args", None) or getattr(getattr(model, "backbone", None), "args", None)
+        if args is None:
+            raise ValueError(f"{KEYS['tp']} / {KEYS['cp']} above 1 need a Llama / Qwen2 / Qwen3 model "
+                             f"(reinforge's own model code), not {type(model).__name__}")
+        problems = layout.model_problems(args.num_heads, args.num_kv_heads, args.intermediate_size)
+        if problems:
+            raise ValueError("; ".join(problems))
+    if layout.tp > 1:
+        apply_tensor_parallel(layers, mesh.mesh["tp"])
+        out.tp_partial = tensor_parallel_partial_params(model)
+    if layout.cp > 1:
+        set_context_parallel(layers, mesh.group("cp"))
+    fsdp_mesh = mesh.fsdp_mesh
+    if fsdp_mesh is None:
+        return out
+    kwargs: dict[str, Any] = {"mesh": fsdp_mesh}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    layers = _decoder_layers(model)
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
-    return model
+    out.fsdp, out.grad_divisor = True, layout.dp * layout.cp
+    return out
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -125,5 +202,6 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a (possibly FSDP-sharded) parameter; a collective when sharded."""
+    """The whole tensor of a (possibly FSDP- or tensor-parallel-sharded: a DTensor) parameter; a
+    collective when sharded."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -46,7 +46,10 @@ class TrainWorker:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
-        self.parallel = ParallelContext.init(rank, world_size, master_addr, master_port, self.device)
+        t = cfg.train
+        self.parallel = ParallelContext.init(rank, world_size, master_addr, master_port, self.device,
+                                             tensor_parallel=t.tensor_model_parallel_size,
+                                             context_parallel=t.context_parallel_size)
         torch.manual_seed(cfg.train.seed)
         self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel, pad_id=pad_id)
         self.critic: Critic | None = None
