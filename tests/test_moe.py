@@ -47,14 +47,16 @@ def make_tiny_moe(out, tokenizer_src, model_type, seed=0):
     return out
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
-def moe_path(request, tmp_path_factory, smollm2_path):
-    return make_tiny_moe(tmp_path_factory.mktemp(request.param), smollm2_path, request.param)
-
-
 @pytest.fixture(scope="module")
 def qwen3_moe_path(tmp_path_factory, smollm2_path):
     return make_tiny_moe(tmp_path_factory.mktemp("qwen3_moe"), smollm2_path, "qwen3_moe")
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def moe_path(request, tmp_path_factory, smollm2_path):
+    if request.param == "qwen3_moe":
+        return request.getfixturevalue("qwen3_moe_path")
+    return make_tiny_moe(tmp_path_factory.mktemp(request.param), smollm2_path, request.param)
 
 
 def ids_batch(seed=0, B=2, T=11):

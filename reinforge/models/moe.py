@@ -121,9 +121,11 @@ def _cuda_grouped_mm_runs(device_index: int) -> bool:
 
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the automatic choice uses ``torch._grouped_mm``: CUDA bf16 on compute capability
-    9.0 or later (Hopper), where torch 2.11 runs it with CUTLASS kernels. Elsewhere the loop over
-    the experts runs (the grouped path computes the same, and torch >= 2.13 runs it on CPU too:
-    :attr:`SparseMoeBlock.grouped` forces it)."""
+    9.0 or later (Hopper), where torch 2.11 runs it without reading back to the host (a CUDA graph
+    captures it; checked on an H100). Elsewhere the loop over the experts runs: the grouped path
+    computes the same there too (torch 2.11 runs fp32 on CUDA, but reads the offsets back to the
+    host, so no graph captures it; torch >= 2.13 runs it on CPU), :attr:`SparseMoeBlock.grouped`
+    forces it. The engine captures decode graphs of an MoE model only where this holds."""
     return (hasattr(torch, "_grouped_mm") and device.type == "cuda" and dtype == torch.bfloat16
             and _cuda_grouped_mm_runs(device.index if device.index is not None else torch.cuda.current_device()))
 
