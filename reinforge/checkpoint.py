@@ -379,7 +379,7 @@ def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[s
 
 # config.json keys that fix the shapes of a checkpoint's tensors.
 SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "vocab_size", "head_dim")
+              "num_key_value_heads", "vocab_size", "head_dim", "num_experts", "moe_intermediate_size")
 
 
 def check_model_shape(ckpt: Path, model_path: str | Path) -> None:

@@ -442,6 +442,10 @@ class TrainConfig(Section):
     adam_beta2: float = opt(0.999, "AdamW beta2", ge=0, lt=1)
     adam_eps: float = opt(1e-8, "AdamW epsilon", gt=0)
     clip_grad: float = opt(1.0, "gradient-norm clipping", gt=0)
+    moe_aux_loss_coeff: float = opt(0.0, "coefficient of the mixture-of-experts load-balancing loss (Switch "
+                                    "Transformer's, over the layers as transformers pools it) added to the policy "
+                                    "loss; needs a `qwen3_moe` / `qwen2_moe` model (slime's `--moe-aux-loss-coeff`)",
+                                    ge=0)
     seed: int = opt(1234, "torch / numpy / python seed, and the seed of mini-batch shuffling")
     device: str = opt("auto", "`auto` (cuda when available), `cpu`, `cuda`, `cuda:1`, ...")
     fsdp_cpu_offload: bool = opt(False, "FSDP2 CPU offload of parameters, gradients and optimizer state "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..models.moe import grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
 from .kv_cache import KVLayout
@@ -90,6 +91,11 @@ class ModelRunner:
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._graph_pool = None
         self._use_graphs = self.on_cuda and cuda_graph
+        if self._use_graphs and model.args.moe_layers and not grouped_mm_supported(self.device, self.dtype):
+            # the MoE experts' loop (and torch's fp32 grouped matmul) reads group sizes back to the host
+            log.warning("engine: no CUDA graphs for this mixture-of-experts model in %s (the expert computation "
+                        "reads back to the host; bf16 on Hopper or later is captured)", self.dtype)
+            self._use_graphs = False
         self._side_stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.layout: KVLayout | None = None
 

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from .moe import hub_named_tensors, stack_expert_weights
 from .transformer import CausalLM
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ def is_native(model: nn.Module) -> bool:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files; mixture-of-experts weights in the hub's
+    per-expert layout come back stacked (:func:`~reinforge.models.moe.stack_expert_weights`)."""
     from safetensors.torch import load_file
 
     index = path / "model.safetensors.index.json"
@@ -63,7 +66,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(path / f)))
-    return state
+    return stack_expert_weights(state, str(path))
 
 
 def build_model(
@@ -77,8 +80,9 @@ def build_model(
 ) -> nn.Module:
     """The causal LM stored in Hugging Face folder ``path``.
 
-    Llama / Qwen2 / Qwen3 load into reinforge's :class:`CausalLM` (shared by trainer and
-    engine); any other architecture loads as ``transformers.AutoModelForCausalLM`` with a
+    Llama / Qwen2 / Qwen3 / Qwen3-MoE / Qwen2-MoE load into reinforge's :class:`CausalLM` (shared
+    by trainer and engine; MoE experts from the hub's per-expert tensors or already stacked);
+    any other architecture loads as ``transformers.AutoModelForCausalLM`` with a
     warning. ``random_init`` ignores the stored weights (benchmarks, tests). ``head_optional``
     accepts a folder without ``lm_head.weight`` (a reward model's backbone; the head is zeros)
     and ignores its ``score.weight``.
@@ -171,6 +175,9 @@ def save_hf_state_dict(
 ) -> Path:
     """Write (Hugging Face name -> tensor) weights as a folder loadable by ``from_pretrained``.
 
+    Stacked mixture-of-experts parameters are written in the hub's per-expert layout
+    (:func:`~reinforge.models.moe.hub_named_tensors`), as published checkpoints are.
+
     Config, tokenizer, chat template and generation config are copied from ``source`` (the
     folder the model was loaded from); weights are written with ``huggingface_hub``'s
     ``save_torch_state_dict`` (sharded above 5 GB, tied tensors stored once), cast to
@@ -187,7 +194,7 @@ def save_hf_state_dict(
     if tied and "model.embed_tokens.weight" in state:
         state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
     state = {n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
-             for n, t in state.items()}
+             for n, t in hub_named_tensors(state.items())}
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":

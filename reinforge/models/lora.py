@@ -31,10 +31,15 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     """Inject LoRA adapters (``peft``) into ``model`` in place; the base weights are frozen and only
     the adapters require gradients (B starts at zero: the adapted model equals the base model).
 
+    With a mixture-of-experts model the routed experts (stacked 3-D parameters, not ``nn.Linear``)
+    are not LoRA targets: ``gate_proj`` / ``up_proj`` / ``down_proj`` adapt the dense layers' MLPs
+    and a shared expert; the router (``gate``) is an ``nn.Linear`` and may be named.
+
     Raises:
         ImportError: ``peft`` is not installed (``pip install peft``).
-        ValueError: no module matches ``target_modules``.
+        ValueError: no module matches ``target_modules``, or one names the routed experts.
     """
+    _refuse_expert_targets(model, target_modules)
     try:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:
@@ -44,6 +49,20 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     model.lora_config = config
     return model
+
+
+def _refuse_expert_targets(model: nn.Module, target_modules: list[str] | str) -> None:
+    """Raise ValueError when ``target_modules`` names a mixture-of-experts model's routed experts."""
+    from .moe import Experts
+
+    experts = [n for n, m in model.named_modules() if isinstance(m, Experts)]
+    if not experts or isinstance(target_modules, str):  # a string: peft's "all-linear" (Linear layers only)
+        return
+    for t in target_modules:
+        if t in ("gate_up_proj", "experts") or any(n == t or n.endswith("." + t) for n in experts):
+            raise ValueError(f"model.lora_target_modules: {t!r} names the routed experts of a mixture-of-experts "
+                             f"model ({experts[0]}, ...), which are not LoRA targets; adapt the attention "
+                             f"projections (q_proj, k_proj, v_proj, o_proj) and the dense / shared-expert MLPs instead")
 
 
 def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -9,9 +9,13 @@ Supported Hugging Face architectures (``config.json`` ``model_type``):
 * ``llama``   (Llama 2/3, SmolLM/SmolLM2, ...): RMSNorm, RoPE, SwiGLU MLP, GQA.
 * ``qwen2``   (Qwen2 / Qwen2.5): as Llama plus a bias on the q/k/v projections.
 * ``qwen3``   (Qwen3 dense): as Llama plus RMSNorm on each query and key head (``q_norm``/``k_norm``).
+* ``qwen3_moe`` (Qwen3-MoE, e.g. Qwen3-30B-A3B): Qwen3's attention, a sparse mixture-of-experts MLP
+  (top-k router, ``norm_topk_prob``) in the layers the config makes sparse (:mod:`.moe`).
+* ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, the MoE MLP plus a gated shared expert.
 
 Parameter names are exactly the Hugging Face ones (``model.layers.0.self_attn.q_proj.weight``...),
-so ``state_dict()`` is a Hugging Face checkpoint and weight sync needs no renaming.
+so ``state_dict()`` is a Hugging Face checkpoint and weight sync needs no renaming (MoE experts are
+stacked as in transformers 5's memory; the hub stores them per expert: :mod:`.moe`).
 
 Attention is pluggable: ``forward(..., ctx=None)`` runs causal attention over the given tokens
 (training, scoring; right-padded batches are exact because padding only follows real tokens);
@@ -32,8 +36,10 @@ from torch.utils.checkpoint import checkpoint
 from ..utils.triton import triton_available
 from . import fused, ulysses
 from .context import context_window
+from .moe import Routing, SparseMoeBlock
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
 # RoPE variants whose frequencies are fixed at load time (so a precomputed table is exact).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -92,6 +98,13 @@ class ModelArgs:
     qkv_bias: bool
     o_bias: bool
     qk_norm: bool
+    # mixture of experts (qwen3_moe, qwen2_moe; 0 / () for dense models): see .moe
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int = 0  # qwen2_moe's shared expert (0: none)
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse (the others are dense)
 
     @classmethod
     def from_hf_config(cls, cfg: Any) -> "ModelArgs":
@@ -118,6 +131,7 @@ class ModelArgs:
             raise NotImplementedError(f"rope_type {rope_type!r}")
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         attention_bias = bool(getattr(cfg, "attention_bias", False))
+        qwen2_like = model_type in ("qwen2", "qwen2_moe")
         return cls(
             model_type=model_type,
             vocab_size=cfg.vocab_size,
@@ -130,10 +144,35 @@ class ModelArgs:
             rms_norm_eps=cfg.rms_norm_eps,
             max_position_embeddings=cfg.max_position_embeddings,
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            qkv_bias=True if model_type == "qwen2" else attention_bias,
-            o_bias=False if model_type == "qwen2" else attention_bias,
-            qk_norm=model_type == "qwen3",
+            qkv_bias=bool(getattr(cfg, "qkv_bias", True)) if qwen2_like else attention_bias,
+            o_bias=False if qwen2_like else attention_bias,
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            **(_moe_args(cfg) if model_type in MOE_MODEL_TYPES else {}),
         )
+
+
+def _moe_args(cfg: Any) -> dict[str, Any]:
+    """The mixture-of-experts fields of :class:`ModelArgs` from a qwen3_moe / qwen2_moe config: a
+    layer is sparse unless it is in ``mlp_only_layers``, when ``num_experts > 0`` and
+    ``(layer + 1) % decoder_sparse_step == 0`` (as transformers' decoder layers decide).
+
+    Raises:
+        ValueError: ``decoder_sparse_step`` < 1 or ``num_experts_per_tok`` outside [1, num_experts].
+    """
+    num_experts, step = int(getattr(cfg, "num_experts", 0) or 0), int(getattr(cfg, "decoder_sparse_step", 1))
+    if step < 1:
+        raise ValueError(f"config.json: decoder_sparse_step={step} must be >= 1")
+    dense = set(getattr(cfg, "mlp_only_layers", None) or [])
+    layers = tuple(i for i in range(cfg.num_hidden_layers)
+                   if num_experts > 0 and i not in dense and (i + 1) % step == 0)
+    top_k = int(cfg.num_experts_per_tok)
+    if layers and not 0 < top_k <= num_experts:
+        raise ValueError(f"config.json: num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
+    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=cfg.moe_intermediate_size,
+                norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)),
+                shared_expert_intermediate_size=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0)
+                if cfg.model_type == "qwen2_moe" else 0,
+                moe_layers=layers)
 
 
 def rope_parameters(cfg: Any) -> dict:
@@ -303,11 +342,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        inter = intermediate_size or args.intermediate_size
+        self.gate_proj = nn.Linear(args.hidden_size, inter, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, inter, bias=False)
+        self.down_proj = nn.Linear(inter, args.hidden_size, bias=False)
         self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.set_variant)
         self.gate_up: torch.Tensor | None = None  # fused projection (fuse_projection)
 
@@ -344,15 +384,19 @@ class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.self_attn = Attention(args, layer)
-        self.mlp = MLP(args)
+        self.sparse = layer in args.moe_layers
+        self.mlp = _sparse_mlp(args, layer) if self.sparse else MLP(args)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, cos, sin, ctx=None):
+    def forward(self, x, cos, sin, ctx=None, routing: Routing | None = None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self._mlp(self.post_attention_layernorm(x), routing)
 
-    def forward_residual(self, x, residual, cos, sin, ctx=None):
+    def _mlp(self, h, routing: Routing | None):
+        return self.mlp(h, routing) if self.sparse else self.mlp(h)
+
+    def forward_residual(self, x, residual, cos, sin, ctx=None, routing: Routing | None = None):
         """:meth:`forward` with each residual add fused into the norm that follows it (inference,
         fused kernels). ``x`` is the previous layer's MLP output and ``residual`` the stream before
         it (None at the first layer, whose ``x`` is the embedding); returns the same pair for the
@@ -363,7 +407,13 @@ class DecoderLayer(nn.Module):
         else:
             h = self.input_layernorm.add_forward(x, residual)
         h = self.post_attention_layernorm.add_forward(self.self_attn(h, cos, sin, ctx), residual)
-        return self.mlp(h), residual
+        return self._mlp(h, routing), residual
+
+
+def _sparse_mlp(args: ModelArgs, layer: int) -> SparseMoeBlock:
+    shared = MLP(args, args.shared_expert_intermediate_size) if args.shared_expert_intermediate_size else None
+    return SparseMoeBlock(args.hidden_size, args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size,
+                          args.norm_topk_prob, layer, shared)
 
 
 class Decoder(nn.Module):
@@ -416,7 +466,7 @@ class CausalLM(nn.Module):
         on = variant.fused_kernels and triton_available(self.model.embed_tokens.weight.device.type)
         variant = Variant(on, variant.fused_residual and on, variant.fused_projections)
         for m in self.modules():
-            if isinstance(m, (RMSNorm, MLP)):
+            if isinstance(m, (RMSNorm, MLP, SparseMoeBlock)):
                 m.fused = on
             elif isinstance(m, Attention):
                 m.rope_qk = fused.rope_qk if on else apply_rope_qk
@@ -426,7 +476,8 @@ class CausalLM(nn.Module):
 
     def fuse_projections(self, on: bool = True) -> None:
         """Each layer's q/k/v and gate/up projections as one matmul each (``Variant.fused_projections``),
-        their parameters views into the fused matrices (weight sync's in-place copies still land).
+        their parameters views into the fused matrices (weight sync's in-place copies still land;
+        MoE experts are stacked already: only a shared expert fuses).
         Call with ``on=False`` before moving the model (``.to`` copies each view on its own) and again
         with ``on=True`` after."""
         for layer in self.model.layers:
@@ -455,8 +506,11 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         ctx: AttentionContext | None = None,
+        routing: Routing | None = None,
     ) -> torch.Tensor:
-        """input_ids, position_ids: [B, T] int64 -> final hidden states [B, T, hidden] (after norm)."""
+        """input_ids, position_ids: [B, T] int64 -> final hidden states [B, T, hidden] (after norm).
+        ``routing``: the MoE layers' replayed / recorded experts and load-balancing statistics
+        (:class:`~reinforge.models.moe.Routing`; ignored by a dense model)."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         x = self.model.embed_tokens(input_ids)
@@ -465,22 +519,23 @@ class CausalLM(nn.Module):
         if self.variant.fused_residual:
             residual = None
             for layer in self.model.layers:
-                x, residual = layer.forward_residual(x, residual, cos, sin, ctx)
+                x, residual = layer.forward_residual(x, residual, cos, sin, ctx, routing)
             return self.model.norm(x) if residual is None else self.model.norm.add_forward(x, residual)
         for layer in self.model.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, ctx, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, ctx, routing, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, ctx)
+                x = layer(x, cos, sin, ctx, routing)
         return self.model.norm(x)
 
     def forward(self, input_ids, position_ids=None, ctx=None,
-                logits_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                logits_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+                routing: Routing | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] in the parameters' dtype; with ``logits_mask`` ([B, T] bool, or
         (rows [N], columns [N]) index tensors, which may repeat a position) only the selected
         positions, [N, vocab] (saves the LM head's work on prompt tokens; goes through ``forward``
-        so FSDP's root hooks run)."""
-        hidden = self.forward_hidden(input_ids, position_ids, ctx)
+        so FSDP's root hooks run). ``routing``: as :meth:`forward_hidden`."""
+        hidden = self.forward_hidden(input_ids, position_ids, ctx, routing)
         if logits_mask is not None:
             hidden = hidden[logits_mask]
         return self.lm_head(hidden)

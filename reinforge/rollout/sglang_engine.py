@@ -44,6 +44,7 @@ from typing import Any, Iterable
 import torch
 
 from ..utils import seeds
+from ..models.moe import hub_named_tensors
 from ..weights.broadcast import send_each
 from ..weights.buckets import bucket_by_bytes
 from ..weights.disk import weights_folder
@@ -281,7 +282,7 @@ class SGLangEngine:
         return list(self.pool.map(one, range(len(requests))))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        named = [(n, t.detach()) for n, t in named_tensors]
+        named = [(n, t.detach()) for n, t in hub_named_tensors(named_tensors)]  # MoE experts: per expert
         if self.weight_update == "tensor":
             for bucket in bucket_by_bytes(named, self.bucket_bytes):
                 # one serialization per server and TP rank: a CPU tensor's shared-memory handle

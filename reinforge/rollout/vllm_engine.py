@@ -27,6 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from ..utils import seeds
+from ..models.moe import hub_named_tensors
 from ..records import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,9 @@ class VLLMEngine:
         return results
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load (Hugging Face name, tensor) pairs in place and drop the now stale prefix cache."""
-        named = [(n, t.detach()) for n, t in named_tensors]
+        """Load (Hugging Face name, tensor) pairs in place and drop the now stale prefix cache
+        (mixture-of-experts parameters go in the hub's per-expert layout, which vLLM's loaders read)."""
+        named = [(n, t.detach()) for n, t in hub_named_tensors(named_tensors)]  # MoE experts: per expert
         names = {n for n, _ in named}
         if self.tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
             # vLLM keeps its own processed copy of a tied LM head (e.g. repacked on CPU): reloading

@@ -14,6 +14,7 @@ from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
+from ..models.moe import Routing
 from ..records import Sample
 from ..utils import faults, seeds
 from .batching import MicroBatch
@@ -39,20 +40,25 @@ class TrainData:
     ref_log_probs: list[torch.Tensor] | None = None
 
 
-def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | None = None) -> torch.Tensor:
+def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | None = None,
+                    routing: Routing | None = None) -> torch.Tensor:
     """Logits [N, V] that predict the N response tokens of ``mb`` (the response grid's row-major
     order); rows holding several sequences run with :class:`~reinforge.models.packing.PackedAttention`.
     With ``shard`` (context parallelism) only this rank's positions run: logits [n, V] of the
-    tokens ``shard.own``.
+    tokens ``shard.own``. ``routing``: a mixture-of-experts model's
+    :class:`~reinforge.models.moe.Routing` (native models; not with ``shard``).
 
     Raises:
         ValueError: a packed micro-batch (``train.packing`` other than ``none``) for a Hugging Face model.
     """
     if shard is not None:
+        if routing is not None:
+            raise ValueError("context parallelism with a mixture-of-experts routing record / replay / aux loss is not "
+                             "supported: set train.context_parallel_size=1 for this model")
         return model(shard.input_ids, shard.position_ids, shard.ctx, logits_mask=shard.index)
     index = (mb.logit_rows, mb.logit_cols)
     if is_native(model):
-        return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index)
+        return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index, routing=routing)
     if mb.packed:
         raise ValueError("train.packing: sequences / shared_prompt need a Llama / Qwen2 / Qwen3 model (reinforge's own "
                          "model code); use train.packing=none for this model")
@@ -82,6 +88,9 @@ class Actor(ModelTrainer):
             model.compile_layers()
         if m.lora_rank:
             model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
+        if t.moe_aux_loss_coeff > 0 and not (is_native(model) and model.args.moe_layers):
+            raise ValueError(f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs a mixture-of-experts model "
+                             f"(qwen3_moe / qwen2_moe); {model_path} has none: set train.moe_aux_loss_coeff=0")
         model.train()
         super().__init__(model, device, OptimizerSettings.for_actor(t), TrainSettings.from_config(m, t), name="actor",
                          parallel=parallel, pad_id=pad_id)
@@ -113,13 +122,13 @@ class Actor(ModelTrainer):
         state = {n: t.detach().cpu() for n, t in self.named_weights()}
         return state if self.parallel.rank == 0 else {}
 
-    def _token_log_probs(self, model: nn.Module, mb: MicroBatch, entropy: str = "none"
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_log_probs(self, model: nn.Module, mb: MicroBatch, entropy: str = "none",
+                         routing: Routing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(token) [N] at response positions, at the rollout temperature, and the
         entropy [N] (``entropy``: none, metric = without gradient, loss = with gradient)."""
         shard = self.sequence_shard(mb)
         with self.autocast():
-            logits = response_logits(model, mb, shard)
+            logits = response_logits(model, mb, shard, routing)
         targets = mb.targets[mb.response_mask]
         lp, ent = token_log_probs(logits, targets if shard is None else targets[shard.own],
                                   self.cfg.rollout.rollout_temperature, self.settings.log_prob_chunk_size,
@@ -197,8 +206,13 @@ class Actor(ModelTrainer):
         mbs, real = self.rank_micro_batches(samples, idx, per_token)
         # per-token sums stay on the device until the step ends (one synchronisation, not ~10 per micro-batch)
         sums: dict[str, float | torch.Tensor] = dict.fromkeys(("loss", "trained_tokens", *STAT_KEYS), 0.0)
+        aux_coeff = self.cfg.train.moe_aux_loss_coeff
+        if aux_coeff > 0:  # every rank reports the key (the sum over ranks needs the same keys)
+            sums["moe_aux_loss"] = 0.0
         for mb in mbs:
-            lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric")
+            # the load-balancing loss over the micro-batch's real tokens (padding left out)
+            routing = Routing(aux_loss=True, token_mask=mb.attention_mask) if aux_coeff > 0 else None
+            lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric", routing)
             lp_grid, f = self.to_grid(mb, lp), mb.fields
             inputs = ObjectiveInputs(
                 log_probs=lp_grid, old_log_probs=f["old_log_probs"] if "old_log_probs" in f else lp_grid.detach(),
@@ -206,6 +220,10 @@ class Actor(ModelTrainer):
                 entropy=self.to_grid(mb, ent), ref_log_probs=f.get("ref_log_probs"))
             loss, stats = policy_objective(inputs, a, decoupled=self.cfg.decoupled_loss, num_tokens=num_tokens,
                                            num_seqs=num_seqs, norm_length=self.cfg.rollout.rollout_max_response_len)
+            if routing is not None:  # weighted by the micro-batch's share of the step's loss tokens
+                aux = routing.load_balancing_loss() * (mb.loss_mask.sum() / max(num_tokens, 1.0))
+                loss = loss + aux_coeff * aux
+                sums["moe_aux_loss"] += aux.detach() * num_tokens  # mean over tokens below
             if faults.hit("nan_loss"):  # fault injection (tests); a no-op unless REINFORGE_FAULT arms it
                 loss = loss * float("nan")
             (loss * self.loss_scale).backward()
