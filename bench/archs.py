@@ -21,7 +21,30 @@ ARCHS = {
                          num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                          max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
                          rms_norm_eps=1e-6),
+    # Issue 25's one-GPU MoE: Qwen3-MoE's layout scaled to 2.6B total / 0.52B active parameters (64 experts,
+    # 8 per token, the 151,936-entry vocabulary), and a dense Qwen3 of the same active size (MLP width 8 x 512)
+    "qwen3-moe-2.6b-a0.5b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=1024, intermediate_size=4096,
+                                 moe_intermediate_size=512, num_experts=64, num_experts_per_tok=8, norm_topk_prob=True,
+                                 decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=24,
+                                 num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                                 max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+                                 rms_norm_eps=1e-6),
+    "qwen3-dense-0.5b": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=4096,
+                             num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                             max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+                             rms_norm_eps=1e-6),
 }
+
+
+def active_params(model) -> int:
+    """Parameters a token passes through: all of a dense model's; of an MoE model's experts only
+    ``num_experts_per_tok / num_experts`` (the stacked ``experts.*`` parameters)."""
+    cfg = model.config
+    E, k = getattr(cfg, "num_experts", 0) or 0, getattr(cfg, "num_experts_per_tok", 0) or 0
+    total = 0
+    for name, p in model.named_parameters():
+        total += p.numel() * k // E if E and ".experts." in name else p.numel()
+    return total
 
 
 def hf_config(name: str, **overrides):

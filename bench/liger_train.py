@@ -34,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, "bench")
-from archs import hf_config  # noqa: E402
+from archs import active_params, hf_config  # noqa: E402
 
 from reinforge.algo.logprobs import token_log_probs  # noqa: E402
 from reinforge.models import transformer as T  # noqa: E402
@@ -82,7 +82,7 @@ def step_fn(model: T.CausalLM, variant: str, ids: torch.Tensor, old: torch.Tenso
 
 
 def model_flops(cfg, n_params: int, tokens: int, row_len: int) -> float:
-    """6 x parameters x tokens + causal attention (QK^T and PV, forward and backward: 6 x layers x
+    """6 x active parameters x tokens + causal attention (QK^T and PV, forward and backward: 6 x layers x
     row_len x heads x head_dim per token)."""
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     attn = 6 * cfg.num_hidden_layers * row_len * cfg.num_attention_heads * head_dim
@@ -96,7 +96,7 @@ def measure(arch: str, variant: str, tokens: int, row_len: int, steps: int, devi
     ids = torch.randint(0, model.args.vocab_size, (rows, row_len), device=device, generator=g)
     old = -torch.rand(rows, row_len - 1, device=device, generator=g) * 10
     adv = torch.randn(rows, device=device, generator=g)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = active_params(model)
     torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     for _ in range(steps + 2):

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Device run for issue 25 on one GPU: the MoE and fused-kernel tests on CUDA, then a Qwen3-MoE-shaped model
+# (2.6B total / 0.53B active, random weights) next to a dense Qwen3 of the same active size: engine tokens/s
+# (bench/rollout.py), training tokens/s (bench/liger_train.py), GRPO end to end (bench/grpo_long.py).
+# Carry `.device` (whl/ with liger-kernel; cache/ with SmolLM2's tokenizer files). PARTS selects the parts
+# (default: "tests engine train grpo"). Output under $OUT.
+set -uo pipefail
+export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+parts=${PARTS:-tests engine train grpo}
+moe=qwen3-moe-2.6b-a0.5b dense=qwen3-dense-0.5b
+python -c "import liger_kernel" 2>/dev/null || python -m pip install -q --no-deps --no-index \
+    --root-user-action=ignore .device/whl/liger_kernel-*.whl
+if [[ $parts == *tests* ]]; then
+  python -m pytest -q tests/test_moe.py tests/test_fused.py 2>&1 | tail -4 | tee "$OUT/tests.log"
+fi
+if [[ $parts == *engine* ]]; then
+  python bench/rollout.py --models $moe,$dense --num-prompts 32 --n 8 --max-new-tokens 512 --skip-baselines \
+      2>&1 | grep -v Warning | tail -4 | tee "$OUT/engine.log"
+fi
+if [[ $parts == *train* ]]; then
+  for a in $moe $dense; do
+    python bench/liger_train.py --arch $a --variants eager fused --tokens 8192 16384 2>&1 | grep "^|\|^qwen" \
+        | tee "$OUT/train_$a.log"
+  done
+fi
+if [[ $parts == *grpo* ]]; then
+  for a in $moe $dense; do
+    python bench/grpo_long.py --arch $a --lengths ${LENGTHS:-2048} --seqs 128 --kv-fraction 0.25 \
+        --tokenizer .device/cache/models/smollm2-135m-instruct 2>&1 | grep -v -e Warning -e "Writing model" \
+        | tail -5 | tee "$OUT/grpo_$a.log"
+  done
+fi
