@@ -99,6 +99,26 @@ def test_threads_get_their_own_tracks_and_spans_time_without_a_trace(tmp_path):
     assert [e["args"]["index"] for e in _spans(events, "item")] == [0, 1]
 
 
+def test_span_depths_and_png(tmp_path):
+    from reinforge.utils.trace_plot import plot_trace, span_depths
+
+    spans = [{"ts": 0, "dur": 10}, {"ts": 2, "dur": 3}, {"ts": 5, "dur": 5}, {"ts": 3, "dur": 1}, {"ts": 11, "dur": 1}]
+    assert span_depths(spans) == [0, 1, 1, 2, 0]
+    path = tmp_path / "trace.json"
+    trace.start_trace(path)
+    with trace.span("outer"):
+        with trace.span("inner"):
+            trace.instant("preempt")
+    trace.stop_trace()
+    out = plot_trace(path, tmp_path / "t.png", title="t")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    empty = tmp_path / "empty.json"
+    trace.start_trace(empty)
+    trace.stop_trace()
+    with pytest.raises(ValueError, match="no spans"):
+        plot_trace(empty, tmp_path / "e.png")
+
+
 # ---------------------------------------------------------------------------------------- mismatch
 def test_quantiles_match_the_hand_computation_and_numpy():
     x = torch.tensor([0.4, 0.0, 0.2, 0.1, 0.3])
