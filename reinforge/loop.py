@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import random
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
 from .records import ReplicatedEngine, Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
-from .utils import seeds
+from .utils import seeds, trace
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -193,6 +192,10 @@ class RLLoop:
                      self.cfg.train.num_rollout, state["data"]["epoch"], state["data"]["offset"])
 
     def save(self, rollout_id: int) -> Path:
+        with trace.span("checkpoint", "io", rollout_id=rollout_id):
+            return self._save(rollout_id)
+
+    def _save(self, rollout_id: int) -> Path:
         state = {
             "rollout_id": rollout_id,
             "weight_version": self.weight_version,
@@ -217,11 +220,11 @@ class RLLoop:
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:
             return None
-        t = time.perf_counter()
-        with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
-            self._seed_engine(seeds.EVAL_OFFSET + step)
-            metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
-        metrics["time/eval"] = time.perf_counter() - t
+        with trace.span("eval", "eval", label=label) as s:
+            with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
+                self._seed_engine(seeds.EVAL_OFFSET + step)
+                metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
+        metrics["time/eval"] = s.seconds
         write_eval(self.out, label, metrics, samples)
         logger.log(step, metrics)
         self.evals.append((label, metrics))
@@ -242,15 +245,18 @@ class RLLoop:
         flat = [s for g in groups for s in g]
         counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg.algo, flat))
         cl.before_train()
-        t = time.perf_counter()
         old_lp = ref_lp = values = None
-        if cfg.needs_old_log_probs:
-            old_lp = cl.compute_log_probs(flat)
-        if cl.has_reference:
-            ref_lp = cl.compute_log_probs(flat, reference=True)
-        if cl.has_critic:
-            values = cl.compute_values(flat)
-        timings["time/logprob"] = time.perf_counter() - t
+        with trace.span("log_probs", "train") as s:
+            if cfg.needs_old_log_probs:
+                with trace.span("old_log_probs", "train"):
+                    old_lp = cl.compute_log_probs(flat)
+            if cl.has_reference:
+                with trace.span("ref_log_probs", "train"):
+                    ref_lp = cl.compute_log_probs(flat, reference=True)
+            if cl.has_critic:
+                with trace.span("values", "train"):
+                    values = cl.compute_values(flat)
+        timings["time/logprob"] = s.seconds
         adv = compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len, values=values,
                                  old_log_probs=old_lp, ref_log_probs=ref_lp)
         metrics = rollout_metrics(cfg, groups, adv.advantages)
@@ -260,15 +266,16 @@ class RLLoop:
         metrics.update(counts)
         metrics.update(rollout_stats([s for g in generated for s in g]))
         if cl.has_critic:
-            t = time.perf_counter()
-            metrics.update(cl.train_critic(flat, adv.returns, values, rollout_id))
-            timings["time/train_critic"] = time.perf_counter() - t
-        t = time.perf_counter()
-        if not cl.has_critic or rollout_id >= cfg.critic.num_warmup_rollouts:
-            metrics.update(cl.train_actor(TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
-        timings["time/train"] = time.perf_counter() - t
+            with trace.span("train_critic", "train") as s:
+                metrics.update(cl.train_critic(flat, adv.returns, values, rollout_id))
+            timings["time/train_critic"] = s.seconds
+        with trace.span("train", "train", rollout_id=rollout_id, samples=len(flat)) as s:
+            if not cl.has_critic or rollout_id >= cfg.critic.num_warmup_rollouts:
+                metrics.update(cl.train_actor(TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
+        timings["time/train"] = s.seconds
         cl.after_train()
-        sync = self.sync_weights()
+        with trace.span("weight_sync", "sync", version=self.weight_version + 1):
+            sync = self.sync_weights()
         timings["time/sync"] = sync.pop("time/sync")
         metrics.update(sync)
         out_tokens = sum(s.response_length for g in generated for s in g)
@@ -291,6 +298,8 @@ class RLLoop:
         timer = RecoverTimer(cfg.run.recover_interval_s) if cfg.run.recover == "auto" else None
         if timer is not None:
             timer.install()
+        if cfg.run.trace:
+            trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
             if self.start_rollout == 0:
                 logger.log(0, {"data/num_prompts": float(len(self.train_data)),
@@ -305,7 +314,8 @@ class RLLoop:
                 bar = tqdm(total=cfg.train.num_rollout, initial=self.start_rollout, desc="rollouts",
                            unit="rollout", dynamic_ncols=True)
             for rollout_id in range(self.start_rollout, cfg.train.num_rollout):
-                metrics, groups = self.rollout_step(rollout_id)
+                with trace.span("rollout_step", rollout_id=rollout_id):
+                    metrics, groups = self.rollout_step(rollout_id)
                 result.prompts.append([str(g[0].prompt) for g in groups])
                 metrics["rollout_id"] = float(rollout_id)
                 self.history.append({k: metrics[k] for k in ("rollout/reward_mean", "rollout/correct")})
@@ -341,6 +351,7 @@ class RLLoop:
                     self.save(cfg.train.num_rollout - 1)
         finally:
             self.source.close()
+            trace.stop_trace()
             if timer is not None:
                 timer.uninstall()
             logger.close()

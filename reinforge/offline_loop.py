@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from .models.reward_model import save_reward_model
 from .preflight import check_offline, longest_example
 from .train.offline import OfflineTrainer, RefLogps
 from .train.parallel import ParallelContext, full_tensor
+from .utils import trace
 from .utils.device import resolve_device
 from .utils.logging import MetricsLogger
 
@@ -107,10 +107,9 @@ class OfflineLoop:
             raise RuntimeError(f"{path} is missing: a resumed run cannot recompute the reference log-probs (the "
                                f"weights have changed); start the run again or set "
                                f"offline.precompute_ref_log_probs=false")
-        t = time.perf_counter()
-        ref = self.trainer.reference_logps(dataset.examples)
-        log.info("reference log-probs of %d %s examples in %.1f s", len(dataset.examples), name,
-                 time.perf_counter() - t)
+        with trace.span("ref_log_probs", "train", examples=len(dataset.examples)) as s:
+            ref = self.trainer.reference_logps(dataset.examples)
+        log.info("reference log-probs of %d %s examples in %.1f s", len(dataset.examples), name, s.seconds)
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             torch.save(ref.to_dict(), path)
@@ -129,16 +128,16 @@ class OfflineLoop:
         """Loss and reward metrics on the held-out examples (no update), averaged over them."""
         if self.eval_set is None:
             return None
-        t = time.perf_counter()
         n, b = len(self.eval_set.examples), self.cfg.offline.global_batch_size
         totals: dict[str, float] = {}
-        for start in range(0, n, b):
-            ids = list(range(start, min(start + b, n)))
-            for k, v in self.trainer.step(self.eval_set.examples, ids, self.eval_ref, train=False).items():
-                totals[k] = totals.get(k, 0.0) + v * len(ids) / n
+        with trace.span("eval", "eval", label=label) as s:
+            for start in range(0, n, b):
+                ids = list(range(start, min(start + b, n)))
+                for k, v in self.trainer.step(self.eval_set.examples, ids, self.eval_ref, train=False).items():
+                    totals[k] = totals.get(k, 0.0) + v * len(ids) / n
         metrics = {f"eval/{k}": v for k, v in totals.items()}
         metrics["eval/num_examples"] = float(n)
-        metrics["time/eval"] = time.perf_counter() - t
+        metrics["time/eval"] = s.seconds
         if logger is not None:
             logger.log(step, metrics)
         self.evals.append((label, metrics))
@@ -161,14 +160,16 @@ class OfflineLoop:
 
             bar = tqdm(total=self.total_steps, initial=self.start_step, desc=cfg.offline.method, unit="step",
                        dynamic_ncols=True)
+        if r.trace and self.is_main:
+            trace.start_trace(self.out / trace.TRACE_FILE, f"reinforge offline {cfg.offline.method}")
         try:
             if e.eval_before_train and self.start_step == 0:
                 self.evaluate("before", 0, logger)
             for step in range(self.start_step, self.total_steps):
-                t = time.perf_counter()
-                metrics = {f"train/{k}": v for k, v in self.trainer.step(self.train_set.examples, self.step_ids(step),
-                                                                          self.ref).items()}
-                metrics["time/step"] = time.perf_counter() - t
+                with trace.span("train", "train", step=step) as s:
+                    metrics = {f"train/{k}": v for k, v in self.trainer.step(self.train_set.examples,
+                                                                              self.step_ids(step), self.ref).items()}
+                metrics["time/step"] = s.seconds
                 metrics["epoch"] = step / self.steps_per_epoch
                 if logger is not None:
                     logger.log(step + 1, metrics)
@@ -185,6 +186,7 @@ class OfflineLoop:
                 if r.save_final:
                     self.save(self.total_steps - 1)
         finally:
+            trace.stop_trace()
             if bar is not None:
                 bar.close()
             if logger is not None:
@@ -200,14 +202,15 @@ class OfflineLoop:
     def save(self, step: int) -> Path | None:
         """Checkpoint after optimizer step ``step`` (every rank takes part; rank 0 renames it into place)."""
         state = {"step": step, "config": self.cfg.to_dict(), "evals": self.evals, "method": self.cfg.offline.method}
-        if self.is_main:
-            path = ckpt.save_checkpoint(self.out / "checkpoints", step, self._write, state,
-                                        keep_last=self.cfg.run.keep_last_n_checkpoints, prefix="step")
-            log.info("saved checkpoint %s", path)
-        else:
-            self._write(None)
-            path = None
-        self.parallel.barrier()
+        with trace.span("checkpoint", "io", step=step):
+            if self.is_main:
+                path = ckpt.save_checkpoint(self.out / "checkpoints", step, self._write, state,
+                                            keep_last=self.cfg.run.keep_last_n_checkpoints, prefix="step")
+                log.info("saved checkpoint %s", path)
+            else:
+                self._write(None)
+                path = None
+            self.parallel.barrier()
         return path
 
     def _write(self, directory: Path | None) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -28,7 +27,7 @@ import torch
 
 from ..config import Config
 from ..records import GenerateRequest, GenerateResult, Sample
-from ..utils import faults, seeds
+from ..utils import faults, seeds, trace
 from ..utils.net import free_port
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
@@ -378,16 +377,17 @@ class RayCluster:
             ray.kill(self.engine.handles[j])
         except Exception:  # already gone
             pass
-        t = time.perf_counter()
-        h = self._new_engine(j)
-        self.engine.infos[j] = ray.get(h.setup.remote(self.cfg, *self._engine_setup, j))
-        self.engine.handles[j] = h
-        version = self.engine.weight_version
-        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
-        ray.get([w.send_weights.remote(h if i == 0 else None, version, bucket) for i, w in enumerate(self.workers)])
-        if not self.cfg.cluster.colocate:
-            self._init_weight_group()
-        log.info("rollout engine %d replaced in %.1f s (weights version %d)", j, time.perf_counter() - t, version)
+        with trace.span("replace_engine", "rollout", engine=j) as s:
+            h = self._new_engine(j)
+            self.engine.infos[j] = ray.get(h.setup.remote(self.cfg, *self._engine_setup, j))
+            self.engine.handles[j] = h
+            version = self.engine.weight_version
+            bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
+            ray.get([w.send_weights.remote(h if i == 0 else None, version, bucket)
+                     for i, w in enumerate(self.workers)])
+            if not self.cfg.cluster.colocate:
+                self._init_weight_group()
+        log.info("rollout engine %d replaced in %.1f s (weights version %d)", j, s.seconds, version)
 
     def _on_every_rank(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run a :class:`TrainWorker` method on every rank; rank 0's result (the first failure
@@ -419,17 +419,17 @@ class RayCluster:
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
         broadcasts buckets to all engines. All ranks take part (FSDP all-gathers)."""
-        t = time.perf_counter()
-        bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
-        handles = self.engine.handles
-        if self.cfg.cluster.colocate:
-            targets = handles + [None] * (len(self.workers) - len(handles))
-            get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
-        else:
-            get_all([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
-                     for i, w in enumerate(self.workers)])
-        self.engine.weight_version = version
-        return {"time/sync": time.perf_counter() - t}
+        with trace.span("update_weights", "sync", version=version) as s:
+            bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
+            handles = self.engine.handles
+            if self.cfg.cluster.colocate:
+                targets = handles + [None] * (len(self.workers) - len(handles))
+                get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+            else:
+                get_all([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
+                         for i, w in enumerate(self.workers)])
+            self.engine.weight_version = version
+        return {"time/sync": s.seconds}
 
     def save(self, directory: Path) -> None:
         self._on_every_rank("save", str(directory))

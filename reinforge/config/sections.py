@@ -543,6 +543,9 @@ class RunConfig(Section):
         "W&B's own choice (the `WANDB_MODE` environment variable, else `online`). Checked before anything is built")
     progress: bool = opt(True, "console progress bar with ETA")
     dump_rollouts: bool = opt(False, "write every rollout's samples to `rollouts/<id>.jsonl`")
+    trace: bool = opt(False, "write a timeline of the run (generation, reward, log-probs, training, weight sync, "
+                      "checkpoints, eval) to `trace.json` in the Chrome / Perfetto trace format; open it in "
+                      "ui.perfetto.dev ([tracing.md](tracing.md))")
     recover: Literal["off", "auto"] = opt(
         "off", "`auto`: resume from the newest complete checkpoint in `output_dir` (falling back to older ones if "
         "it is damaged; `load` only when there is none), write recover checkpoints every `recover_interval_s` and on "

@@ -38,6 +38,7 @@ from ..config.sections import EngineConfig
 from ..models.loading import copy_weights_
 from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult
+from ..utils import trace
 from .attention import bucket
 from .kv_cache import plan_kv_layout
 from .runner import LENGTH, MAX_STOP_IDS, STOP, ModelRunner, Snapshot
@@ -273,6 +274,7 @@ class EmbeddedEngine:
     def _preempt(self, slot: int) -> None:
         """Recompute preemption of ``slot`` (after :meth:`_drain`: it reads the sequence's state)."""
         ids, lps = self.runner.generated(slot)
+        trace.instant("preempt", "engine", slot=slot, generated_tokens=len(ids))
         self.scheduler.requeue(slot, ids, lps)
         self.runner.release([slot])
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from ..records import (FinishReason, GenerateRequest, GenerateResult, InterruptibleEngine, ReplicatedEngine,
                        RolloutEngine)
+from ..utils import trace
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +129,20 @@ class WeightGate:
         samples = [[PartialSample(r) for _ in range(r.n)] for r in requests]
         batch: list[tuple[GenerateRequest, list[PartialSample]]] = list(zip(requests, samples))
         while batch:
-            t = time.perf_counter()
-            self._open.wait()
-            with self._lock:
-                self.idle_s += time.perf_counter() - t
+            with trace.span("wait_engine", "rollout") as span:  # weight updates and evaluations go first
+                self._open.wait()
+                self._lock.acquire()
+            try:
+                self.idle_s += span.seconds
                 if self._closed:
                     raise RolloutCancelled()
                 asked = self._interruptions
-                results = self.engine.generate([req for req, _ in batch])
-                interrupted = self.partial_rollout and self._interruptions != asked
+                with trace.span("engine_generate", "rollout", requests=len(batch)) as call:
+                    results = self.engine.generate([req for req, _ in batch])
+                    interrupted = self.partial_rollout and self._interruptions != asked
+                    call.args["interrupted"] = interrupted
+            finally:
+                self._lock.release()
             for (_, parts), res in zip(batch, results):
                 for part, r in zip(parts, res):
                     part.add(r, interrupted)
@@ -173,11 +179,16 @@ class WeightGate:
         try:
             if interrupt:
                 self._interruptions += 1
+                trace.instant("interrupt_generation", "rollout")
                 self.engine.interrupt()
-            with self._lock:
+            with trace.span("wait_engine", "sync", interrupt=interrupt):  # the generation in flight ends
+                self._lock.acquire()
+            try:
                 if interrupt:
                     self.engine.resume()
                 yield time.perf_counter() - t
+            finally:
+                self._lock.release()
         finally:
             self._open.set()
 
@@ -263,8 +274,9 @@ class AsyncRolloutProducer(Generic[T]):
         try:
             for j in range(self.first, self.last):
                 t = time.perf_counter()
-                if not self.gate.wait_for_version(j - self.k):
-                    return
+                with trace.span("wait_staleness", "rollout", rollout_id=j, needs_version=j - self.k):
+                    if not self.gate.wait_for_version(j - self.k):
+                        return
                 with self._cond:
                     self._idle += time.perf_counter() - t
                     if self.snapshot is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 from ..records import Sample
-from ..utils import faults, seeds
+from ..utils import faults, seeds, trace
 from .async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
 from .generate import RolloutContext, RolloutFn
 from .over_sampling import OverSampledRollout, off_policy_metrics
@@ -86,13 +86,14 @@ def generate_groups(rollout_fn: RolloutFn, ctx: RolloutContext, rollout_id: int,
     counts: dict[str, float] = {}
     rounds = 0
     while True:
-        groups = rollout_fn(ctx, rollout_id, data)
+        with trace.span("generate", "rollout", rollout_id=rollout_id, round=rounds):
+            groups = rollout_fn(ctx, rollout_id, data)
         faults.hit("rollout")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
         unscored = [s for g in groups for s in g if s.reward is None]
-        t = time.perf_counter()
-        for k, v in (reward.score(unscored) if unscored else {}).items():
-            counts[k] = counts.get(k, 0.0) + v
-        counts["time/reward"] = counts.get("time/reward", 0.0) + time.perf_counter() - t
+        with trace.span("reward", "rollout", rollout_id=rollout_id, samples=len(unscored)) as span:
+            for k, v in (reward.score(unscored) if unscored else {}).items():
+                counts[k] = counts.get(k, 0.0) + v
+        counts["time/reward"] = counts.get("time/reward", 0.0) + span.seconds
         generated += groups
         rounds += 1
         if not algo.dynamic_sampling:
@@ -132,10 +133,10 @@ class SyncRollouts(_Generator):
         pass
 
     def take(self, rollout_id: int) -> Rollout:
-        t = time.perf_counter()
-        self.seed(self.ctx.engine, rollout_id)
-        groups, generated, counts = self.generate(rollout_id)
-        counts["time/generate"] = time.perf_counter() - t - counts["time/reward"]
+        with trace.span("rollout", "rollout", rollout_id=rollout_id) as span:
+            self.seed(self.ctx.engine, rollout_id)
+            groups, generated, counts = self.generate(rollout_id)
+        counts["time/generate"] = span.seconds - counts["time/reward"]
         if self.over_sampling is not None:
             counts.update(self.over_sampling.pop_counts())
             counts.update(off_policy_metrics([s for g in groups for s in g], self.ctx.engine.weight_version))
@@ -194,15 +195,16 @@ class AsyncRollouts(_Generator):
 
     def _produce(self, rollout_id: int):
         """Rollout ``rollout_id`` in the producer thread: seeded as the synchronous one."""
-        self.seed(self.gate, rollout_id)
-        return self.generate(rollout_id)
+        with trace.span("rollout", "rollout", rollout_id=rollout_id, version=self.gate.version):
+            self.seed(self.gate, rollout_id)
+            return self.generate(rollout_id)
 
     def take(self, rollout_id: int) -> Rollout:
         """The producer's rollout ``rollout_id``, its groups checked against the staleness bound."""
         assert self.producer is not None, "start() first"
-        t = time.perf_counter()
         k, version = self.cfg.rollout.max_staleness, self.gate.version
-        got = self.producer.take(rollout_id)
+        with trace.span("wait_rollout", "rollout", rollout_id=rollout_id) as span:
+            got = self.producer.take(rollout_id)
         groups, generated, counts = got.value
         counts = dict(counts)
         counts["async/producer_reward_s"] = counts.pop("time/reward")
@@ -215,7 +217,7 @@ class AsyncRollouts(_Generator):
         counts["async/trainer_wait_s"] = got.trainer_wait_s
         counts["async/engine_idle_s"] = got.engine_idle_s
         counts["async/producer_generate_s"] = got.generate_s
-        counts["time/generate"] = time.perf_counter() - t  # the trainer's wait for the rollout
+        counts["time/generate"] = span.seconds  # the trainer's wait for the rollout
         now = time.perf_counter()
         counts["async/samples_per_s"] = sum(len(g) for g in groups) / max(now - self._t_prev, 1e-9)
         self._t_prev = now

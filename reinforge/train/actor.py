@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 from ..algo.logprobs import token_log_probs
+from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.moe import Routing
 from ..records import Sample
-from ..utils import faults, seeds
+from ..utils import faults, seeds, trace
 from .batching import MicroBatch
 from .context_parallel import SequenceShard
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
@@ -171,7 +172,9 @@ class Actor(ModelTrainer):
         ``tis_clip`` with TIS; MIS still masks): :func:`~reinforge.algo.losses.decoupled_policy_loss`.
 
         Returns:
-            metrics averaged over the optimizer steps (``train/...``).
+            metrics averaged over the optimizer steps (``train/...``), and the tail of the trainer-vs-engine
+            mismatch (:func:`~reinforge.algo.mismatch.mismatch_stats`) over every rank's tokens: those of all
+            samples when the old log-probs were computed first, else those of the samples the step ran.
         """
         cfg = self.cfg
         samples = data.samples
@@ -188,10 +191,20 @@ class Actor(ModelTrainer):
             per_token["ref_log_probs"] = (data.ref_log_probs if data.ref_log_probs is not None
                                           else self.compute_log_probs(samples, reference=True))
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
-        return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
+        ratios: list[torch.Tensor] | None = None if "old_log_probs" in per_token else []
+        metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios) for idx in batches])
+        if ratios is None:  # every rank holds every sample's old log-probs
+            log_ratio = token_log_ratios(per_token["old_log_probs"], per_token["rollout_log_probs"],
+                                         [s.loss_mask for s in samples])
+        else:  # the step's forward pass gave them: each rank's tokens, gathered
+            log_ratio = torch.cat(self.parallel.gather_objects(torch.cat(ratios) if ratios else torch.zeros(0),
+                                                                dp_only=True))
+        metrics.update({f"train/{k}": v for k, v in mismatch_stats(log_ratio).items()})
+        return metrics
 
-    def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
-                    ) -> dict[str, float]:
+    def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]],
+                    ratios: list[torch.Tensor] | None = None) -> dict[str, float]:
+        """One optimizer step; appends ``old - rollout`` at this rank's loss-mask tokens to ``ratios`` if given."""
         a = self.cfg.algo
         use_kl = "ref_log_probs" in per_token
         self.model.train()
@@ -209,7 +222,8 @@ class Actor(ModelTrainer):
         aux_coeff = self.cfg.train.moe_aux_loss_coeff
         if aux_coeff > 0:  # every rank reports the key (the sum over ranks needs the same keys)
             sums["moe_aux_loss"] = 0.0
-        for mb in mbs:
+        log_ratio_grids = []
+        for mb in trace.spans_over("micro_batch", mbs, "train"):
             # the load-balancing loss over the micro-batch's real tokens (padding left out)
             routing = Routing(aux_loss=True, token_mask=mb.attention_mask) if aux_coeff > 0 else None
             lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric", routing)
@@ -230,10 +244,15 @@ class Actor(ModelTrainer):
             sums["loss"] += loss.detach()
             for k, v in stats.items():
                 sums[k] += v
+            if ratios is not None:
+                log_ratio_grids.append((inputs.old_log_probs - inputs.rollout_log_probs, mb.loss_mask))
         for mb in mbs[:real]:
             sums["trained_tokens"] += mb.loss_mask.sum()
         sums = to_floats(sums)
-        grad_norm, _ = self.optimizer_step(sums["loss"], bool(mbs))
+        with trace.span("optimizer_step", "train"):
+            grad_norm, _ = self.optimizer_step(sums["loss"], bool(mbs))
+        if ratios is not None:
+            ratios += [r[m.bool()].float().cpu() for r, m in log_ratio_grids]
         sums = self.parallel.sum_floats(sums)
         trained_tokens, loss_sum = sums.pop("trained_tokens"), sums.pop("loss")
         metrics = {f"train/{k}": v / max(trained_tokens, 1.0) for k, v in sums.items()}

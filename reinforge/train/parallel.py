@@ -97,11 +97,14 @@ class ParallelContext:
         dist.all_reduce(t, group=self.mesh.group("dp") if self.mesh is not None else None)
         return dict(zip(keys, t.tolist()))
 
-    def gather_objects(self, obj: Any) -> list[Any]:
+    def gather_objects(self, obj: Any, dp_only: bool = False) -> list[Any]:
+        """Every rank's ``obj`` (a collective); ``dp_only``: one per data-parallel rank (the ranks of
+        one tensor / context parallel group hold the same samples: counted once)."""
         if not self.distributed:
             return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        group = self.mesh.group("dp") if dp_only and self.mesh is not None else None
+        out: list[Any] = [None] * (dist.get_world_size(group) if group is not None else self.world_size)
+        dist.all_gather_object(out, obj, group=group)
         return out
 
     def barrier(self) -> None:

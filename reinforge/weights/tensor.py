@@ -3,12 +3,11 @@ value through Ray's object store (CPU engines in Ray mode)."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Iterable
 
 import torch
 
-from ..utils import faults
+from ..utils import faults, trace
 
 if TYPE_CHECKING:
     from ..records import RolloutEngine
@@ -17,9 +16,9 @@ if TYPE_CHECKING:
 def sync_in_process(named: Iterable[tuple[str, torch.Tensor]], engine: "RolloutEngine", version: int
                     ) -> dict[str, float]:
     """Copy the policy's tensors into ``engine`` in place; returns ``{"time/sync": seconds}``."""
-    t = time.perf_counter()
-    engine.update_weights(with_fault_point(named), version)
-    return {"time/sync": time.perf_counter() - t}
+    with trace.span("update_weights", "sync", version=version) as s:
+        engine.update_weights(with_fault_point(named), version)
+    return {"time/sync": s.seconds}
 
 
 def with_fault_point(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:

@@ -1,0 +1,225 @@
+"""A timeline of a run in the Chrome / Perfetto trace-event format (``run.trace``).
+
+Every phase of the loop runs inside a :func:`span`: it measures the phase's wall time (the
+``time/*`` metrics read :attr:`Span.seconds`) and, while a trace is being written
+(:func:`start_trace`), also records it as a complete event (``"ph": "X"``) on the track of the
+thread that ran it. The loop's thread, the asynchronous rollout producer and the trainer each get
+a track, so rollouts generated during training show as overlapping spans. With no trace open a
+span costs two clock reads; nothing is allocated beyond the span itself and nothing is written.
+
+File format (the Trace Event Format of Chrome's trace viewer, which ui.perfetto.dev and
+chrome://tracing read): the JSON object format, ``{"displayTimeUnit": "ms", "otherData": {...},
+"traceEvents": [...]}``. Times ``ts`` and ``dur`` are microseconds; ``ts`` counts from the Unix
+epoch (so a resumed run appending to the same file continues the same time axis). The file is
+valid JSON after every event: each event is written with one ``pwrite`` over the closing ``]}``,
+which it writes again after itself. A run that crashes or is killed keeps every event written
+before, in a file every JSON reader loads. (The format lets a writer leave out the closing
+bracket of the array form, but Perfetto's importer has refused such files, google/perfetto#926:
+keeping the file complete avoids the question.)
+
+Usage::
+
+    start_trace(run_dir / TRACE_FILE)
+    with span("train", cat="train", rollout_id=3) as s:
+        ...
+    seconds = s.seconds
+    instant("preempt", slot=4)
+    stop_trace()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, TypeVar
+
+__all__ = ["TRACE_FILE", "Span", "TraceWriter", "active", "instant", "read_trace", "span", "spans_over",
+           "start_trace", "stop_trace"]
+
+TRACE_FILE = "trace.json"
+"""Its name inside the run directory."""
+
+T = TypeVar("T")
+_TAIL = b"\n]}\n"
+_HEAD = '{{"displayTimeUnit": "ms", "otherData": {otherData}, "traceEvents": [\n'
+
+
+class TraceWriter:
+    """Appends trace events to ``path`` (thread-safe), keeping the file a complete JSON object.
+
+    An existing file that ends like one this class writes (a resumed run) is continued; any other
+    file at ``path`` is replaced.
+
+    Args:
+        path: the ``trace.json`` to write.
+        process_name: the name of this process's track group in the viewer.
+
+    Raises:
+        OSError: ``path`` cannot be opened for writing.
+    """
+
+    def __init__(self, path: str | Path, process_name: str = "reinforge"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._named: set[int] = set()
+        # the clock: perf_counter (monotonic) shifted to Unix time once, so events of one process never go back
+        self._offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        size = os.fstat(self._fd).st_size
+        continued = size > len(_TAIL) and os.pread(self._fd, len(_TAIL), size - len(_TAIL)) == _TAIL
+        if continued:
+            self._end, self._first = size - len(_TAIL), False
+        else:
+            os.ftruncate(self._fd, 0)
+            head = _HEAD.format(otherData=json.dumps({"producer": "reinforge", "start_unix_s": time.time()}))
+            data = head.encode() + _TAIL
+            os.pwrite(self._fd, data, 0)
+            self._end, self._first = len(head.encode()), True
+        self.write({"ph": "M", "name": "process_name", "pid": self.pid, "tid": 0, "args": {"name": process_name}})
+        self.write({"ph": "M", "name": "process_labels", "pid": self.pid, "tid": 0,
+                    "args": {"labels": f"pid {self.pid}" + (" (continued)" if continued else "")}})
+
+    def now_us(self, perf_ns: int | None = None) -> float:
+        """Microseconds since the Unix epoch of ``perf_ns`` (a ``time.perf_counter_ns()`` reading; now if None)."""
+        return ((time.perf_counter_ns() if perf_ns is None else perf_ns) + self._offset_ns) / 1000.0
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Append one event (a dict of the trace-event format; ``pid`` is filled in when missing)."""
+        event.setdefault("pid", self.pid)
+        text = json.dumps(event, separators=(",", ":"), default=str).encode()
+        with self._lock:
+            if self._fd < 0:
+                return
+            data = (b"" if self._first else b",\n") + text
+            os.pwrite(self._fd, data + _TAIL, self._end)
+            self._end += len(data)
+            self._first = False
+
+    def thread_track(self) -> int:
+        """This thread's track id (its native thread id); names the track on first use
+        (``loop`` for the main thread, else the thread's name)."""
+        tid = threading.get_native_id()
+        if tid not in self._named:
+            self._named.add(tid)
+            t = threading.current_thread()
+            main = t is threading.main_thread()
+            self.write({"ph": "M", "name": "thread_name", "tid": tid, "args": {"name": "loop" if main else t.name}})
+            self.write({"ph": "M", "name": "thread_sort_index", "tid": tid, "args": {"sort_index": 0 if main else 1}})
+        return tid
+
+    def complete(self, name: str, cat: str, start_ns: int, end_ns: int, args: dict[str, Any] | None) -> None:
+        """A complete event (``"ph": "X"``) from two ``perf_counter_ns`` readings, on this thread's track."""
+        event = {"ph": "X", "name": name, "cat": cat, "ts": round(self.now_us(start_ns), 3),
+                 "dur": round(max(end_ns - start_ns, 0) / 1000.0, 3), "tid": self.thread_track()}
+        if args:
+            event["args"] = args
+        self.write(event)
+
+    def close(self) -> None:
+        """Stop writing (the file is already complete); idempotent."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+_writer: TraceWriter | None = None
+
+
+def start_trace(path: str | Path, process_name: str = "reinforge") -> TraceWriter:
+    """Open the process's trace at ``path`` (closing one already open) and make :func:`span`,
+    :func:`instant` record into it."""
+    global _writer
+    stop_trace()
+    _writer = TraceWriter(path, process_name)
+    return _writer
+
+
+def stop_trace() -> None:
+    """Close the process's trace, if one is open; spans stop recording."""
+    global _writer
+    writer, _writer = _writer, None
+    if writer is not None:
+        writer.close()
+
+
+def active() -> bool:
+    """Whether a trace is being written."""
+    return _writer is not None
+
+
+class Span:
+    """A timed phase: a context manager that measures its wall time and records it as a complete
+    event when a trace is open. Use :func:`span` to make one.
+
+    Attributes:
+        seconds: the phase's wall time in seconds (``time.perf_counter``), set when it ends (0.0 before).
+        args: shown with the event in the viewer; may be added to inside the block.
+    """
+
+    __slots__ = ("name", "cat", "args", "seconds", "_start")
+
+    def __init__(self, name: str, cat: str, args: dict[str, Any]):
+        self.name, self.cat, self.args = name, cat, args
+        self.seconds = 0.0
+        self._start = 0
+
+    def __enter__(self) -> "Span":
+        self._start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        end = time.perf_counter_ns()
+        self.seconds = (end - self._start) / 1e9
+        writer = _writer
+        if writer is not None:
+            if exc_type is not None:
+                self.args["error"] = exc_type.__name__
+            writer.complete(self.name, self.cat, self._start, end, self.args)
+
+
+def span(name: str, cat: str = "loop", **args: Any) -> Span:
+    """A :class:`Span` named ``name`` (category ``cat``; ``args`` are shown with the event)."""
+    return Span(name, cat, args)
+
+
+def spans_over(name: str, items: Iterable[T], cat: str = "loop") -> Iterator[T]:
+    """``items``, each loop body that handles one inside a span ``name`` (args: its ``index``):
+    ``for mb in spans_over("micro_batch", mbs, "train"): ...`` times every iteration without
+    indenting the loop."""
+    for i, item in enumerate(items):
+        with Span(name, cat, {"index": i}):
+            yield item
+
+
+def instant(name: str, cat: str = "loop", **args: Any) -> None:
+    """A point event (``"ph": "i"``, thread scope) on this thread's track, when a trace is open."""
+    writer = _writer
+    if writer is not None:
+        writer.write({"ph": "i", "s": "t", "name": name, "cat": cat, "ts": round(writer.now_us(), 3),
+                      "tid": writer.thread_track(), **({"args": args} if args else {})})
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    """The events of a trace file (this module's object form, or the array form with or without
+    its closing bracket).
+
+    Raises:
+        ValueError: the file is not a trace (the message names it).
+    """
+    text = Path(path).read_text().strip()
+    if text.startswith("[") and not text.endswith("]"):
+        text = text.rstrip(",") + "]"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a JSON trace ({e})") from e
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"{path}: no traceEvents list")
+    return events
