@@ -203,7 +203,8 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
     Args:
         q: [B, T, H, D], k: [B, T, KVH, D] on CUDA, D even and D / 2 a power of two.
-        cos, sin: [B, T, D] (no gradient).
+        cos, sin: [B, T, D] (no gradient), each the concatenation of two equal halves as RoPE tables
+            are (:func:`~reinforge.models.transformer.rope_tables`; Liger reads the first half).
 
     Returns:
         (q, k) rotated, in their dtypes.
