@@ -24,6 +24,8 @@ import itertools
 import logging
 from typing import Callable
 
+import torch
+
 from ..records import GenerateRequest, GenerateResult
 from .kv_cache import BlockAllocator, KVLayout
 
@@ -42,14 +44,18 @@ class Group:
 
 class Pending:
     """Samples of a request waiting to be prefilled together: all ``n`` of a new request, or one
-    preempted sample, whose prompt then ends with the tokens it had generated (``carried``)."""
+    preempted sample, whose prompt then ends with the tokens it had generated (``carried``; with
+    their recorded expert routes [len(carried_ids), num_moe_layers, k] when the engine records them:
+    the recomputed prefill records only the route of its last position, for the next token)."""
 
-    __slots__ = ("group", "samples", "prompt_ids", "carried_ids", "carried_logprobs", "slots")
+    __slots__ = ("group", "samples", "prompt_ids", "carried_ids", "carried_logprobs", "carried_routes", "slots")
 
     def __init__(self, group: Group, samples: list[int], prompt_ids: list[int],
-                 carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None):
+                 carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None,
+                 carried_routes: torch.Tensor | None = None):
         self.group, self.samples, self.prompt_ids = group, samples, prompt_ids
         self.carried_ids, self.carried_logprobs = carried_ids or [], carried_logprobs or []
+        self.carried_routes = carried_routes
         self.slots: list[int] = []
 
     @property
@@ -216,12 +222,15 @@ class Scheduler:
             self.len_bound[s] += steps
             self.gen_bound[s] += steps
 
-    def requeue(self, slot: int, token_ids: list[int], log_probs: list[float]) -> None:
-        """Preempt ``slot``'s sequence, which has generated ``token_ids`` (with ``log_probs``) since
-        its admission: free its slot and blocks and queue it first, its prompt extended by them."""
+    def requeue(self, slot: int, token_ids: list[int], log_probs: list[float],
+                routes: torch.Tensor | None = None) -> None:
+        """Preempt ``slot``'s sequence, which has generated ``token_ids`` (with ``log_probs`` and, when
+        recorded, ``routes``) since its admission: free its slot and blocks and queue it first, its
+        prompt extended by them."""
         pend, k = self.owner[slot]
         ids, lps = pend.carried_ids + token_ids, pend.carried_logprobs + log_probs
-        again = Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps)
+        routes = carry_routes(pend.carried_routes, routes)
+        again = Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps, routes)
         self.release([slot])
         self.waiting.appendleft(again)
         self.num_preemptions += 1
@@ -235,3 +244,10 @@ class Scheduler:
             self.blocks[s] = []
             self.owner[s] = None
             heapq.heappush(self.free, s)
+
+
+def carry_routes(carried: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor | None:
+    """Routes carried from earlier admissions followed by ``new`` ones (None when not recorded)."""
+    if new is None:
+        return carried
+    return new if carried is None else torch.cat([carried, new])
