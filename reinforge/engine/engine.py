@@ -41,7 +41,7 @@ from ..records import FinishReason, GenerateRequest, GenerateResult
 from .attention import bucket
 from .kv_cache import plan_kv_layout
 from .runner import LENGTH, MAX_STOP_IDS, STOP, ModelRunner, Snapshot
-from .scheduler import Group, Pending, Scheduler, carry_routes
+from .scheduler import Group, Pending, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +278,8 @@ class EmbeddedEngine:
     def _preempt(self, slot: int) -> None:
         """Recompute preemption of ``slot`` (after :meth:`_drain`: it reads the sequence's state)."""
         ids, lps, routes = self.runner.generated(slot)
+        if routes is not None:  # those of the tokens carried from earlier admissions, then these
+            routes = torch.cat([self._carried_routes(self.scheduler.owner[slot][0]), routes])
         self.scheduler.requeue(slot, ids, lps, routes)
         self.runner.release([slot])
 
@@ -341,7 +343,7 @@ class EmbeddedEngine:
             else:
                 reason = FinishReason.ABORT if abort else FinishReason.LENGTH
             t, lp = pend.carried_ids + toks[i][:n], pend.carried_logprobs + lps[i][:n]
-            r = carry_routes(self._carried_routes(pend), routes[i, :n].clone()) if routes is not None else None
+            r = torch.cat([self._carried_routes(pend), routes[i, :n]]) if routes is not None else None
             if params.stop and reason == FinishReason.STOP:
                 cut = stop_string_cut(self.tokenizer, t, params.stop)
                 if cut is not None:

@@ -22,9 +22,7 @@ import collections
 import heapq
 import itertools
 import logging
-from typing import Callable
-
-import torch
+from typing import Any, Callable
 
 from ..records import GenerateRequest, GenerateResult
 from .kv_cache import BlockAllocator, KVLayout
@@ -52,7 +50,7 @@ class Pending:
 
     def __init__(self, group: Group, samples: list[int], prompt_ids: list[int],
                  carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None,
-                 carried_routes: torch.Tensor | None = None):
+                 carried_routes: Any = None):
         self.group, self.samples, self.prompt_ids = group, samples, prompt_ids
         self.carried_ids, self.carried_logprobs = carried_ids or [], carried_logprobs or []
         self.carried_routes = carried_routes
@@ -222,14 +220,13 @@ class Scheduler:
             self.len_bound[s] += steps
             self.gen_bound[s] += steps
 
-    def requeue(self, slot: int, token_ids: list[int], log_probs: list[float],
-                routes: torch.Tensor | None = None) -> None:
-        """Preempt ``slot``'s sequence, which has generated ``token_ids`` (with ``log_probs`` and, when
-        recorded, ``routes``) since its admission: free its slot and blocks and queue it first, its
-        prompt extended by them."""
+    def requeue(self, slot: int, token_ids: list[int], log_probs: list[float], routes: Any = None) -> None:
+        """Preempt ``slot``'s sequence, which has generated ``token_ids`` (with ``log_probs``) since
+        its admission: free its slot and blocks and queue it first, its prompt extended by them.
+        ``routes``: the recorded expert routes of all its tokens so far, carried ones included (the
+        engine's, opaque here), or None."""
         pend, k = self.owner[slot]
         ids, lps = pend.carried_ids + token_ids, pend.carried_logprobs + log_probs
-        routes = carry_routes(pend.carried_routes, routes)
         again = Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps, routes)
         self.release([slot])
         self.waiting.appendleft(again)
@@ -244,10 +241,3 @@ class Scheduler:
             self.blocks[s] = []
             self.owner[s] = None
             heapq.heappush(self.free, s)
-
-
-def carry_routes(carried: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor | None:
-    """Routes carried from earlier admissions followed by ``new`` ones (None when not recorded)."""
-    if new is None:
-        return carried
-    return new if carried is None else torch.cat([carried, new])
