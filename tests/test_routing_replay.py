@@ -237,3 +237,17 @@ def test_routes_recorded_inside_decode_cuda_graphs(moe_path):
         own = torch.stack([routing.experts[i][P - 1:P - 1 + n] for i in trainer.args.moe_layers], 1).cpu()
         agree.append((own.sort(-1).values == g.routed_experts.long().sort(-1).values).all(-1).float())
     assert torch.cat(agree).mean().item() > 0.8  # bf16 rounding flips some near-ties; most agree
+
+
+def test_partial_rollouts_stitch_their_routes():
+    """A sample continued after a weight update (asynchronous partial rollouts, over-sampling's
+    carry-over) keeps the routes of every piece, in order."""
+    from reinforge.records import FinishReason, GenerateResult
+    from reinforge.rollout.async_rollout import PartialSample
+
+    part = PartialSample(GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=5)))
+    a, b = torch.zeros(2, 2, K, dtype=torch.uint8), torch.ones(3, 2, K, dtype=torch.uint8)
+    part.add(GenerateResult([4, 5], [-0.1, -0.2], FinishReason.ABORT, 0, routed_experts=a), interrupted=True)
+    assert part.result is None and part.continuation().prompt_ids == [1, 2, 3, 4, 5]
+    part.add(GenerateResult([6, 7, 8], [-0.3] * 3, FinishReason.LENGTH, 1, routed_experts=b), interrupted=False)
+    assert part.result.token_ids == [4, 5, 6, 7, 8] and torch.equal(part.result.routed_experts, torch.cat([a, b]))
