@@ -343,7 +343,8 @@ class ModelRunner:
         self.out_tokens[rows, w] = torch.where(active, tok, self.out_tokens[rows, w])
         self.out_logprobs[rows, w] = torch.where(active, lp, self.out_logprobs[rows, w])
         if routing is not None:  # the experts at this step's input token (they predicted tok)
-            self.out_routes[rows, w] = torch.where(active[:, None, None], self._routes(routing), self.out_routes[rows, w])
+            prev = self.out_routes[rows, w]
+            self.out_routes[rows, w] = torch.where(active[:, None, None], self._routes(routing), prev)
         new_g = g + active
         is_stop = active & (tok[:, None] == self.stop_ids[:B]).any(-1)
         hit_len = active & ~is_stop & ((new_g >= self.max_new[:B]) | (pos + 1 >= self.max_model_len))
