@@ -85,9 +85,10 @@ def test_replay_rows_of_minus_one_are_left_to_the_router(moe_path):
         assert torch.equal(again.experts[i][-1], forced[i][-1])
 
 
-@pytest.mark.parametrize("pool", [None, 20])  # an ample pool; one small enough to preempt (recompute)
-def test_engine_routes_equal_the_trainers_router(moe_path, pool):
-    eng = engine(moe_path, sync_interval=3, num_kv_blocks=pool)
+# an ample pool; one small enough to preempt (recompute); prompts prefilled in chunks of columns
+@pytest.mark.parametrize("pool,prefill", [(None, 8192), (20, 8192), (None, 4)], ids=["ample", "preempt", "chunked"])
+def test_engine_routes_equal_the_trainers_router(moe_path, pool, prefill):
+    eng = engine(moe_path, sync_interval=3, num_kv_blocks=pool, max_prefill_tokens=prefill)
     eng._overlap = pool is not None  # the overlap scheduler's bookkeeping too (exercised on CPU)
     trainer = build_model(moe_path, torch.float32).eval()
     ps = prompts()
