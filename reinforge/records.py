@@ -62,6 +62,10 @@ class GenerateResult:
     # policy version of each token when they differ (a partial rollout continued after a weight
     # update); None: every token has ``weight_version``
     token_versions: list[int] | None = None
+    # a mixture-of-experts model's experts behind each token when the engine records them (rollout
+    # routing replay): [len(token_ids), num_moe_layers, k] uint8 / int16 on the CPU, row j the experts
+    # of the position that predicted token j; None when not recorded
+    routed_experts: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -155,6 +159,10 @@ class Sample:
     weight_version: int = 0  # policy version that generated the response (its first token, if several did)
     # policy version of each response token, when they differ (partial rollouts); empty: all are weight_version
     weight_versions: list[int] = field(default_factory=list)
+    # rollout routing replay (``algo.use_rollout_routing_replay``): [response_length, num_moe_layers, k]
+    # uint8 / int16 CPU tensor, the experts each MoE layer used at the position that predicted each
+    # response token (slime's ``rollout_routed_experts``); None for dense models or when not recorded
+    routed_experts: torch.Tensor | None = None
 
     def token_versions(self) -> list[int]:
         """The policy version of each of the ``response_length`` response tokens."""
@@ -169,7 +177,8 @@ class Sample:
         return self.tokens[self.prompt_length:]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (for dumping rollouts)."""
+        """JSON-serialisable form (for dumping rollouts), without ``routed_experts``."""
         d = dict(self.__dict__)
         d["status"] = self.status.value
+        d.pop("routed_experts")  # tokens x layers x k ints per sample: training input, too big for a dump
         return d

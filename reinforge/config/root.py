@@ -126,6 +126,17 @@ class Config:
             if c.mode == "ray" and c.colocate:
                 raise ConfigError(f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
                                   f"needs engines on their own GPUs (cluster.colocate=false)")
+        if a.use_rollout_routing_replay:
+            if e.backend != "embedded":
+                raise ConfigError(f"algo.use_rollout_routing_replay=true needs an engine that records each token's "
+                                  f"experts: engine.backend={e.backend} does not; use engine.backend=embedded")
+            if r.custom_generate_function_path:
+                raise ConfigError("algo.use_rollout_routing_replay=true is not supported with "
+                                  "rollout.custom_generate_function_path (multi-turn / agent samples carry no "
+                                  "recorded routes): unset one of them")
+            if t.context_parallel_size > 1:
+                raise ConfigError(f"algo.use_rollout_routing_replay=true is not supported with "
+                                  f"train.context_parallel_size={t.context_parallel_size}: set it to 1")
         per_replica = t.tensor_model_parallel_size * t.context_parallel_size
         if c.mode == "ray" and c.num_trainers % per_replica:
             raise ConfigError(f"train.tensor_model_parallel_size={t.tensor_model_parallel_size} x "

@@ -310,6 +310,10 @@ class AlgoConfig(Section):
         "`[tis_clip_low, tis_clip]`)")
     tis_clip: float = opt(2.0, "upper cap of the importance weight", ge=1)
     tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` mode", ge=0, lt=1)
+    use_rollout_routing_replay: bool = opt(
+        False, "mixture-of-experts models: the engine records each generated token's experts and the trainer's "
+        "policy forward passes use them at the response positions (slime's `--use-rollout-routing-replay`; "
+        "[algorithms.md](algorithms.md#rollout-routing-replay)); needs `engine.backend: embedded`")
     use_decoupled_loss: bool | None = opt(
         None, "decoupled PPO objective (AReaL, Fu et al. 2025): clip against the trainer's proximal log-probs and "
         "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); "

@@ -61,14 +61,17 @@ class EmbeddedEngine:
         max_model_len: the longest prompt + response a slot holds, in tokens.
         seed: seed of the sampling streams (:meth:`reseed` restarts them).
         tokenizer: needed only for requests with stop strings.
+        record_routes: record the experts behind every generated token of a mixture-of-experts
+            model (``GenerateResult.routed_experts``; rollout routing replay). Off: nothing is recorded.
 
     Raises:
         TypeError: ``model`` is not a reinforge ``CausalLM``.
+        ValueError: ``record_routes`` for a dense model.
         MemoryError, ValueError: the KV cache cannot hold one sequence (:func:`.kv_cache.plan_kv_layout`).
     """
 
     def __init__(self, model: CausalLM, config: EngineConfig | None = None, *, max_model_len: int = 1024,
-                 seed: int = 0, tokenizer: Any = None):
+                 seed: int = 0, tokenizer: Any = None, record_routes: bool = False):
         if not isinstance(model, CausalLM):
             raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
         self.model = model.eval().requires_grad_(False)
@@ -77,7 +80,8 @@ class EmbeddedEngine:
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.weight_version = 0
-        self.runner = ModelRunner(self.model, self.kernels, max_model_len, self.config.cuda_graph, seed)
+        self.runner = ModelRunner(self.model, self.kernels, max_model_len, self.config.cuda_graph, seed,
+                                  record_routes=record_routes)
         self.device = self.runner.device
         # launch the next decode steps before reading back the last ones (no gain without an
         # asynchronous device; tests turn it on on a CPU to exercise the same bookkeeping)
@@ -168,7 +172,8 @@ class EmbeddedEngine:
                 sched.waiting.remove(pend)
                 for j in pend.samples:
                     pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
-                                                           FinishReason.ABORT, self.weight_version)
+                                                           FinishReason.ABORT, self.weight_version,
+                                                           routed_experts=self._carried_routes(pend))
         if sched.request_slots(ids):
             self._drain()  # samples that finished meanwhile end normally
             slots = sched.request_slots(ids)
@@ -273,10 +278,21 @@ class EmbeddedEngine:
 
     def _preempt(self, slot: int) -> None:
         """Recompute preemption of ``slot`` (after :meth:`_drain`: it reads the sequence's state)."""
-        ids, lps = self.runner.generated(slot)
+        ids, lps, routes = self.runner.generated(slot)
         trace.instant("preempt", "engine", slot=slot, generated_tokens=len(ids))
-        self.scheduler.requeue(slot, ids, lps)
+        if routes is not None:  # those of the tokens carried from earlier admissions, then these
+            routes = torch.cat([self._carried_routes(self.scheduler.owner[slot][0]), routes])
+        self.scheduler.requeue(slot, ids, lps, routes)
         self.runner.release([slot])
+
+    def _carried_routes(self, pend: Pending) -> torch.Tensor | None:
+        """The routes of a waiting entry's carried tokens ([0, layers, k] when it has none), None
+        when routes are not recorded."""
+        if not self.runner.record_routes:
+            return None
+        if pend.carried_routes is not None:
+            return pend.carried_routes
+        return torch.zeros(0, *self.runner.out_routes.shape[2:], dtype=self.runner.route_dtype)
 
     def _snapshot(self, slots: list[int]) -> Snapshot:
         return self.runner.snapshot(slots, [self.scheduler.admitted[s] for s in slots])
@@ -310,7 +326,7 @@ class EmbeddedEngine:
         rows, check = finished + check, set(check)
         if not rows:
             return
-        toks, lps = self.runner.read_outputs(rows, max(lens[s] for s in rows))
+        toks, lps, routes = self.runner.read_outputs(rows, max(lens[s] for s in rows))
         ended = []
         for i, s in enumerate(rows):
             pend, k = sched.owner[s]
@@ -329,11 +345,13 @@ class EmbeddedEngine:
             else:
                 reason = FinishReason.ABORT if abort else FinishReason.LENGTH
             t, lp = pend.carried_ids + toks[i][:n], pend.carried_logprobs + lps[i][:n]
+            r = torch.cat([self._carried_routes(pend), routes[i, :n]]) if routes is not None else None
             if params.stop and reason == FinishReason.STOP:
                 cut = stop_string_cut(self.tokenizer, t, params.stop)
                 if cut is not None:
                     t, lp = t[:cut], lp[:cut]
-            pend.group.results[pend.samples[k]] = GenerateResult(t, lp, reason, self.weight_version)
+                    r = r[:cut] if r is not None else None
+            pend.group.results[pend.samples[k]] = GenerateResult(t, lp, reason, self.weight_version, routed_experts=r)
             ended.append(s)
         if ended:
             sched.release(ended)

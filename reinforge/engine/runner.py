@@ -5,6 +5,12 @@ finish flags, outputs), the random streams, the CUDA graphs and the read-backs (
 It runs prefills (:meth:`ModelRunner.prefill`) and decode steps (:meth:`ModelRunner.decode`) over
 that state; it makes no scheduling decision (:mod:`.scheduler` does).
 
+Routing record (rollout routing replay, ``record_routes``; mixture-of-experts models): beside each
+output token ``out_tokens[s, j]`` the buffer ``out_routes[s, j]`` [num_moe_layers, k] holds the
+experts every MoE layer used at the position that predicted it: the prefill's last prompt position
+for ``j = 0`` (only the sampled row is kept), the decode step's input token after that. Decode steps
+write it like the tokens (inside the CUDA graph, into the static buffer); it is read back with them.
+
 Sampling state, lengths and outputs are device tensors, so a decode step is a fixed sequence of
 tensor ops over static buffers (no per-token Python work), captured as a CUDA graph per
 (batch bucket, key range, filters) shape. On CUDA, host-to-device copies go through pinned memory
@@ -20,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..models.moe import grouped_mm_supported
+from ..models.moe import Routing, grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
 from .kv_cache import KVLayout
@@ -78,10 +84,24 @@ class ModelRunner:
         max_model_len: longest prompt + response of a slot (the output buffers' width).
         cuda_graph: capture decode steps as CUDA graphs (CUDA only).
         seed: seed of the sampling streams.
+        record_routes: keep the experts behind every sampled token (``out_routes``, see the module
+            docstring); needs a mixture-of-experts model.
+
+    Raises:
+        ValueError: ``record_routes`` for a dense model.
     """
 
-    def __init__(self, model: CausalLM, kernels: bool, max_model_len: int, cuda_graph: bool, seed: int):
+    def __init__(self, model: CausalLM, kernels: bool, max_model_len: int, cuda_graph: bool, seed: int,
+                 record_routes: bool = False):
         self.model, self.kernels, self.max_model_len = model, kernels, max_model_len
+        if record_routes and not model.args.moe_layers:
+            raise ValueError("algo.use_rollout_routing_replay=true: the embedded engine records expert routes of a "
+                             "mixture-of-experts model (qwen3_moe / qwen2_moe); this model is dense: set "
+                             "algo.use_rollout_routing_replay=false")
+        self.record_routes = record_routes
+        # expert ids fit a byte up to 256 experts (Qwen3-MoE: 128, DeepSeek-V3: 256)
+        self.route_dtype = torch.uint8 if model.args.num_experts <= 256 else torch.int16
+        self.out_routes: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.on_cuda = self.device.type == "cuda"
@@ -127,6 +147,10 @@ class ModelRunner:
         self.stop_ids = torch.full((S, MAX_STOP_IDS), -1, dtype=torch.long, **z)
         self.out_tokens = torch.zeros(S, L, dtype=torch.long, **z)
         self.out_logprobs = torch.zeros(S, L, dtype=torch.float32, **z)
+        if self.record_routes:
+            self.out_routes = torch.zeros(S, L, len(a.moe_layers), a.num_experts_per_tok, dtype=self.route_dtype, **z)
+            log.info("embedded engine: routing record buffer of %.1f MiB (rollout routing replay)",
+                     self.out_routes.numel() * self.out_routes.element_size() / 2**20)
         log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB)%s", S, layout.num_blocks,
                  layout.block_size, 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
                  ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "")
@@ -135,7 +159,7 @@ class ModelRunner:
         """Drop the KV cache and the buffers (and the graphs that point into them)."""
         self._graphs.clear()
         self._graph_pool = None
-        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs"):
+        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs", "out_routes"):
             setattr(self, name, None)
         self.layout = None
 
@@ -157,8 +181,10 @@ class ModelRunner:
     def snapshot(self, slots: list[int], admitted: list[int]) -> Snapshot:
         return Snapshot(self, slots, admitted)
 
-    def read_outputs(self, slots: list[int], width: int) -> tuple[list[list[int]], list[list[float]]]:
-        """The first ``width`` output tokens and log-probs of ``slots`` (host lists). On CUDA on a side
+    def read_outputs(self, slots: list[int], width: int
+                     ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
+        """The first ``width`` output tokens and log-probs of ``slots`` (host lists), and with
+        ``record_routes`` their routes (CPU [len(slots), width, num_moe_layers, k], else None). On CUDA on a side
         stream: the decode steps queued meanwhile on the main stream leave these entries unchanged
         (finished rows are idle; running rows write past their read lengths), so the read need not
         wait for them."""
@@ -166,13 +192,23 @@ class ModelRunner:
         with side:
             idx = self.h2d(slots)
             toks, lps = self.out_tokens[idx, :width].cpu(), self.out_logprobs[idx, :width].cpu()
-        return toks.tolist(), lps.tolist()
+            routes = self.out_routes[idx, :width].cpu() if self.out_routes is not None else None
+        return toks.tolist(), lps.tolist(), routes
 
-    def generated(self, slot: int) -> tuple[list[int], list[float]]:
-        """The tokens and log-probs ``slot`` has generated (synchronous: call with nothing queued
-        that changes them, i.e. after the engine drained)."""
+    def generated(self, slot: int) -> tuple[list[int], list[float], torch.Tensor | None]:
+        """The tokens, log-probs and (``record_routes``) routes [n, num_moe_layers, k] ``slot`` has
+        generated (synchronous: call with nothing queued that changes them, i.e. after the engine drained)."""
         n = int(self.gen_lens[slot])
-        return self.out_tokens[slot, :n].tolist(), self.out_logprobs[slot, :n].tolist()
+        routes = self.out_routes[slot, :n].cpu() if self.out_routes is not None else None
+        return self.out_tokens[slot, :n].tolist(), self.out_logprobs[slot, :n].tolist(), routes
+
+    def _routing(self) -> Routing | None:
+        """A recording :class:`Routing` for one forward pass when routes are recorded, else None."""
+        return Routing(record=True) if self.record_routes else None
+
+    def _routes(self, routing: Routing) -> torch.Tensor:
+        """The recorded experts of a forward pass over N tokens: [N, num_moe_layers, k] (route dtype)."""
+        return torch.stack([routing.experts[i] for i in self.model.args.moe_layers], 1).to(self.route_dtype)
 
     def release(self, slots: list[int]) -> None:
         """The slots' rows become idle (done, every block the sink)."""
@@ -205,15 +241,20 @@ class ModelRunner:
         ids, lens_d, blk = self.h2d(ids), self.h2d(lens), self.h2d(blk)
         off = (torch.arange(T, device=dev) % bs).expand(P, T)
         width = max(1, max_prefill_tokens // P)
-        last = None
+        last = last_routes = None
         for a in range(0, T, width):
             b = min(T, a + width)
             ctx = PrefillContext(self, blk[:, a:b], off[:, a:b], blk[:, :a] if a else None, off[:, :a] if a else None)
             pos = torch.arange(a, b, device=dev).expand(P, b - a)
-            hidden = self.model.forward_hidden(ids[:, a:b], pos, ctx)
-            here = hidden[torch.arange(P, device=dev), (lens_d - 1 - a).clamp(0, b - a - 1)]
+            routing = self._routing()
+            hidden = self.model.forward_hidden(ids[:, a:b], pos, ctx, routing)
+            rows, cols = torch.arange(P, device=dev), (lens_d - 1 - a).clamp(0, b - a - 1)
+            here = hidden[rows, cols]
             ends = ((lens_d - 1 >= a) & (lens_d - 1 < b))[:, None]
             last = here if last is None else torch.where(ends, here, last)
+            if routing is not None:  # the experts at the last prompt position (predicts the first token)
+                r = self._routes(routing).view(P, b - a, *self.out_routes.shape[2:])[rows, cols]
+                last_routes = r if last_routes is None else torch.where(ends[:, :, None], r, last_routes)
         logits = self.model.lm_head(last).float()
         if tail_copies:
             src = self.h2d([a for a, _ in tail_copies])
@@ -221,11 +262,12 @@ class ModelRunner:
             r = min(T, bs)
             self.k_cache[:, dst, :, :r] = self.k_cache[:, src, :, :r]
             self.v_cache[:, dst, :, :r] = self.v_cache[:, src, :, :r]
-        self._start_slots(chosen, slots, logits)
+        self._start_slots(chosen, slots, logits, last_routes)
 
-    def _start_slots(self, chosen: list["Pending"], slots: list[int], logits: torch.Tensor) -> None:
+    def _start_slots(self, chosen: list["Pending"], slots: list[int], logits: torch.Tensor,
+                     routes: torch.Tensor | None = None) -> None:
         """Per-slot state of the admitted samples, and their first tokens sampled from ``logits``
-        (one row per entry, repeated for its samples)."""
+        (one row per entry, repeated for its samples; ``routes`` [entries, num_moe_layers, k] likewise)."""
         reps = self.h2d([len(p.slots) for p in chosen])
         params = [p.group.request.params for p in chosen for _ in p.slots]
         slot_t = self.h2d(slots)
@@ -249,6 +291,8 @@ class ModelRunner:
                                 self.top_p[slot_t] if filt else None, self.generator)
         self.out_tokens[slot_t, 0] = tok
         self.out_logprobs[slot_t, 0] = lp
+        if routes is not None:
+            self.out_routes[slot_t, 0] = routes.repeat_interleave(reps, dim=0, output_size=len(slots))
         self.gen_lens[slot_t] = 1
         self.last_token[slot_t] = tok
         is_stop = (tok[:, None] == self.stop_ids[slot_t]).any(-1)
@@ -284,7 +328,8 @@ class ModelRunner:
         pos = self.seq_lens[:B]
         active = ~self.done[:B]
         ctx = self.Decode(self, B, Lk, pos, active)
-        hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx)
+        routing = self._routing()
+        hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx, routing)
         logits = self.model.lm_head(hidden[:, 0])
         if self.kernels and not filters:
             tok, lp = sample_tokens_fused(logits, self.temperature[:B], self._philox)
@@ -297,6 +342,9 @@ class ModelRunner:
         w = g.clamp(max=self.max_model_len - 1)
         self.out_tokens[rows, w] = torch.where(active, tok, self.out_tokens[rows, w])
         self.out_logprobs[rows, w] = torch.where(active, lp, self.out_logprobs[rows, w])
+        if routing is not None:  # the experts at this step's input token (they predicted tok)
+            prev = self.out_routes[rows, w]
+            self.out_routes[rows, w] = torch.where(active[:, None, None], self._routes(routing), prev)
         new_g = g + active
         is_stop = active & (tok[:, None] == self.stop_ids[:B]).any(-1)
         hit_len = active & ~is_stop & ((new_g >= self.max_new[:B]) | (pos + 1 >= self.max_model_len))

@@ -22,7 +22,7 @@ import collections
 import heapq
 import itertools
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from ..records import GenerateRequest, GenerateResult
 from .kv_cache import BlockAllocator, KVLayout
@@ -42,14 +42,18 @@ class Group:
 
 class Pending:
     """Samples of a request waiting to be prefilled together: all ``n`` of a new request, or one
-    preempted sample, whose prompt then ends with the tokens it had generated (``carried``)."""
+    preempted sample, whose prompt then ends with the tokens it had generated (``carried``; with
+    their recorded expert routes [len(carried_ids), num_moe_layers, k] when the engine records them:
+    the recomputed prefill records only the route of its last position, for the next token)."""
 
-    __slots__ = ("group", "samples", "prompt_ids", "carried_ids", "carried_logprobs", "slots")
+    __slots__ = ("group", "samples", "prompt_ids", "carried_ids", "carried_logprobs", "carried_routes", "slots")
 
     def __init__(self, group: Group, samples: list[int], prompt_ids: list[int],
-                 carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None):
+                 carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None,
+                 carried_routes: Any = None):
         self.group, self.samples, self.prompt_ids = group, samples, prompt_ids
         self.carried_ids, self.carried_logprobs = carried_ids or [], carried_logprobs or []
+        self.carried_routes = carried_routes
         self.slots: list[int] = []
 
     @property
@@ -216,12 +220,14 @@ class Scheduler:
             self.len_bound[s] += steps
             self.gen_bound[s] += steps
 
-    def requeue(self, slot: int, token_ids: list[int], log_probs: list[float]) -> None:
+    def requeue(self, slot: int, token_ids: list[int], log_probs: list[float], routes: Any = None) -> None:
         """Preempt ``slot``'s sequence, which has generated ``token_ids`` (with ``log_probs``) since
-        its admission: free its slot and blocks and queue it first, its prompt extended by them."""
+        its admission: free its slot and blocks and queue it first, its prompt extended by them.
+        ``routes``: the recorded expert routes of all its tokens so far, carried ones included (the
+        engine's, opaque here), or None."""
         pend, k = self.owner[slot]
         ids, lps = pend.carried_ids + token_ids, pend.carried_logprobs + log_probs
-        again = Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps)
+        again = Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps, routes)
         self.release([slot])
         self.waiting.appendleft(again)
         self.num_preemptions += 1

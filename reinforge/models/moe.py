@@ -49,7 +49,9 @@ every block; None costs nothing):
   [num_layers, N, k] tensor): the given experts replace the router's choice and the gate
   weights are the router's probabilities of those experts, renormalised as ``norm_topk_prob``
   says: slime's / verl's *routing replay* (the trainer computes with the experts the engine
-  used). Values must be in [0, E) (not checked: that would read back to the host);
+  used). Values must be in [0, E) (not checked: that would read back to the host), except a row
+  whose first id is -1 (signed dtypes): there the router decides (rollout routing replay replays
+  the response-predicting positions only, :mod:`reinforge.train.routing_replay`);
 * ``Routing(aux_loss=True, token_mask=mask)``: each block keeps the statistics of the
   load-balancing loss, :meth:`Routing.load_balancing_loss` combines them over the layers.
 """
@@ -78,7 +80,8 @@ class Routing:
 
     Attributes:
         replay: layer -> [N, k] integer expert ids that override the router (N = the tokens of the
-            forward pass, its [B, T] input flattened row-major), or None.
+            forward pass, its [B, T] input flattened row-major; a row starting with -1 is left to
+            the router), or None.
         record: fill ``experts``.
         aux_loss: fill ``stats`` (the load-balancing loss's inputs, with gradient).
         token_mask: [B, T] (bool or 0/1) tokens that count in the load-balancing loss (1 at real
@@ -192,6 +195,8 @@ class SparseMoeBlock(nn.Module):
                 raise ValueError(f"Routing.replay[{self.layer}]: shape {tuple(replay.shape)}, expected "
                                  f"[tokens={x.shape[0]}, num_experts_per_tok={self.top_k}]")
             ids = replay.to(device=x.device, dtype=torch.long)
+            if replay.dtype.is_signed:  # rows whose first id is -1: the router decides
+                ids = torch.where(ids[:, :1] >= 0, ids, torch.topk(probs, self.top_k, dim=-1).indices)
             weights = probs.gather(1, ids)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)

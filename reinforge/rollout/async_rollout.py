@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+import torch
+
 from ..records import (FinishReason, GenerateRequest, GenerateResult, InterruptibleEngine, ReplicatedEngine,
                        RolloutEngine)
 from ..utils import trace
@@ -61,6 +63,7 @@ class PartialSample:
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: list[Any] = field(default_factory=list)  # recorded expert routes per engine call (routing replay)
     result: GenerateResult | None = None
 
     def continuation(self) -> GenerateRequest:
@@ -75,12 +78,17 @@ class PartialSample:
         self.tokens += list(r.token_ids)
         self.log_probs += list(r.log_probs)
         self.versions += list(r.token_versions) if r.token_versions else [r.weight_version] * len(r.token_ids)
+        if r.routed_experts is not None:
+            self.routes.append(r.routed_experts)
         budget_left = self.request.params.max_new_tokens - len(self.tokens)
         if interrupted and r.finish_reason == FinishReason.ABORT and budget_left > 0:
             return  # interrupted: continue under the next weights
         first = self.versions[0] if self.versions else r.weight_version
+        routes = None
+        if self.routes:  # every piece was recorded (the engine records all of its results or none)
+            routes = self.routes[0] if len(self.routes) == 1 else torch.cat(self.routes)
         self.result = GenerateResult(self.tokens, self.log_probs, r.finish_reason, first,
-                                     None if len(set(self.versions)) <= 1 else list(self.versions))
+                                     None if len(set(self.versions)) <= 1 else list(self.versions), routes)
 
 
 class WeightGate:

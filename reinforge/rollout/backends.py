@@ -13,7 +13,8 @@ then register it here::
     BACKENDS.register("my_engine", "reinforge.rollout.my_engine:from_spec")
 
 Registration properties: ``tensor_parallel`` (one engine may span several GPUs,
-``cluster.rollout_num_gpus_per_engine > 1``).
+``cluster.rollout_num_gpus_per_engine > 1``); ``routing_record`` (it records each generated
+token's experts: ``algo.use_rollout_routing_replay``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ..config import Config, EngineConfig
 
 BACKENDS: Registry[Callable[["EngineSpec"], RolloutEngine]] = Registry("rollout backend", "engine.backend")
-BACKENDS.register("embedded", "reinforge.rollout.embedded:from_spec")
+BACKENDS.register("embedded", "reinforge.rollout.embedded:from_spec", routing_record=True)
 BACKENDS.register("hf", "reinforge.rollout.hf_engine:from_spec")
 BACKENDS.register("vllm", "reinforge.rollout.vllm_engine:from_spec", tensor_parallel=True)
 BACKENDS.register("sglang", "reinforge.rollout.sglang_engine:from_spec", tensor_parallel=True)
@@ -58,6 +59,8 @@ class EngineSpec:
         bucket_bytes: weight-sync bucket size (``cluster.weight_sync_bucket_mb``).
         log_dir: where launched servers write their logs.
         random_init, init_seed: ``model.random_init`` and the seed of that initialisation.
+        record_routes: record each generated token's experts (a mixture-of-experts model;
+            ``algo.use_rollout_routing_replay``); only backends registered with ``routing_record``.
     """
 
     engine: "EngineConfig"
@@ -75,6 +78,7 @@ class EngineSpec:
     log_dir: Path = Path("runs/default")
     random_init: bool = False
     init_seed: int = 0
+    record_routes: bool = False
 
 
 def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -132,7 +136,8 @@ def engine_spec(cfg: "Config", model_path: Path, tokenizer: Any, device: torch.d
         tensor_parallel_size=c.rollout_num_gpus_per_engine,
         num_engines=1 if c.mode == "ray" else max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine),
         colocate=c.colocate, bucket_bytes=c.weight_sync_bucket_mb << 20, log_dir=Path(cfg.run.output_dir),
-        random_init=cfg.model.random_init, init_seed=cfg.train.seed)
+        random_init=cfg.model.random_init, init_seed=cfg.train.seed,
+        record_routes=cfg.algo.use_rollout_routing_replay)
 
 
 def build_engine(spec: EngineSpec) -> RolloutEngine:
@@ -141,5 +146,11 @@ def build_engine(spec: EngineSpec) -> RolloutEngine:
     Raises:
         KeyError: the backend is not registered (the message lists those that are).
         ImportError: the backend's library is not installed (the message says what to install).
+        ValueError: ``spec.record_routes`` with a backend that cannot record expert routes.
     """
-    return BACKENDS.get(spec.engine.backend)(spec)
+    factory = BACKENDS.get(spec.engine.backend)
+    if spec.record_routes and not BACKENDS.info(spec.engine.backend).get("routing_record"):
+        raise ValueError(f"algo.use_rollout_routing_replay=true needs an engine that records expert routes; "
+                         f"engine.backend={spec.engine.backend} does not: use engine.backend=embedded or set "
+                         f"algo.use_rollout_routing_replay=false")
+    return factory(spec)

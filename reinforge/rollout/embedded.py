@@ -19,9 +19,14 @@ def from_spec(spec) -> Any:
     if not is_native(model):
         from .hf_engine import HFEngine
 
+        if spec.record_routes:
+            raise ValueError(f"algo.use_rollout_routing_replay=true: {spec.model_path} is not a model the embedded "
+                             f"engine implements, and the transformers fallback (engine.backend=hf) cannot record "
+                             f"expert routes; set algo.use_rollout_routing_replay=false")
+
         log.warning("engine.backend=embedded needs a Llama/Qwen2/Qwen3 model; falling back to transformers' "
                     "generate (engine.backend=hf)")
         return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs,
                         seed=spec.seed)
     return EmbeddedEngine(model, spec.engine, max_model_len=spec.max_model_len, seed=spec.seed,
-                          tokenizer=spec.tokenizer)
+                          tokenizer=spec.tokenizer, record_routes=spec.record_routes)

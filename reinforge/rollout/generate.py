@@ -168,6 +168,7 @@ def sample_from_result(ctx: RolloutContext, prompt: Prompt, r: GenerateResult, i
         status=_STATUS[r.finish_reason],
         weight_version=r.weight_version,
         weight_versions=list(r.token_versions) if r.token_versions else [],
+        routed_experts=r.routed_experts,
     )
 
 

@@ -22,6 +22,7 @@ from .batching import MicroBatch
 from .context_parallel import SequenceShard
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
 from .parallel import ParallelContext, full_tensor
+from .routing_replay import replay_experts
 
 __all__ = ["Actor", "TrainData", "response_logits"]
 
@@ -92,6 +93,11 @@ class Actor(ModelTrainer):
         if t.moe_aux_loss_coeff > 0 and not (is_native(model) and model.args.moe_layers):
             raise ValueError(f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs a mixture-of-experts model "
                              f"(qwen3_moe / qwen2_moe); {model_path} has none: set train.moe_aux_loss_coeff=0")
+        self.replay_routes = a.use_rollout_routing_replay
+        if self.replay_routes and not (is_native(model) and model.args.moe_layers):
+            raise ValueError(f"algo.use_rollout_routing_replay=true needs a mixture-of-experts model (qwen3_moe / "
+                             f"qwen2_moe); {model_path} is dense: set algo.use_rollout_routing_replay=false")
+        self._moe_shape = (model.args.moe_layers, model.args.num_experts_per_tok) if self.replay_routes else None
         model.train()
         super().__init__(model, device, OptimizerSettings.for_actor(t), TrainSettings.from_config(m, t), name="actor",
                          parallel=parallel, pad_id=pad_id)
@@ -151,11 +157,23 @@ class Actor(ModelTrainer):
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
         with base:
-            for mb in mbs:
-                lp, _ = self._token_log_probs(model, mb)
+            for mb in mbs:  # the reference model's router decides (no replay)
+                lp, _ = self._token_log_probs(model, mb, routing=self._routing(mb, samples, replay=not reference))
                 self.split_rows(mb, self.to_grid(mb, lp), out)
         model.train(was_training)
         return self.gather_rows(out)
+
+    def _routing(self, mb: MicroBatch, samples: list[Sample], aux_loss: bool = False,
+                 replay: bool = True) -> Routing | None:
+        """The :class:`Routing` of a policy forward pass over ``mb``: the rollout's experts replayed at
+        the response positions (``algo.use_rollout_routing_replay`` and ``replay``,
+        :mod:`.routing_replay`), the load-balancing statistics (``aux_loss``); None when neither."""
+        ids = None
+        if replay and self.replay_routes:
+            ids = replay_experts(mb, samples, *self._moe_shape)
+        if ids is None and not aux_loss:
+            return None
+        return Routing(replay=ids, aux_loss=aux_loss, token_mask=mb.attention_mask if aux_loss else None)
 
     def train(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         """Run ``train.num_steps_per_rollout`` optimizer steps over the rollout's samples.
@@ -225,7 +243,7 @@ class Actor(ModelTrainer):
         log_ratio_grids = []
         for mb in trace.spans_over("micro_batch", mbs, "train"):
             # the load-balancing loss over the micro-batch's real tokens (padding left out)
-            routing = Routing(aux_loss=True, token_mask=mb.attention_mask) if aux_coeff > 0 else None
+            routing = self._routing(mb, samples, aux_loss=aux_coeff > 0)
             lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric", routing)
             lp_grid, f = self.to_grid(mb, lp), mb.fields
             inputs = ObjectiveInputs(
@@ -234,7 +252,7 @@ class Actor(ModelTrainer):
                 entropy=self.to_grid(mb, ent), ref_log_probs=f.get("ref_log_probs"))
             loss, stats = policy_objective(inputs, a, decoupled=self.cfg.decoupled_loss, num_tokens=num_tokens,
                                            num_seqs=num_seqs, norm_length=self.cfg.rollout.rollout_max_response_len)
-            if routing is not None:  # weighted by the micro-batch's share of the step's loss tokens
+            if aux_coeff > 0 and routing is not None:  # weighted by the micro-batch's share of the step's loss tokens
                 aux = routing.load_balancing_loss() * (mb.loss_mask.sum() / max(num_tokens, 1.0))
                 loss = loss + aux_coeff * aux
                 sums["moe_aux_loss"] += aux.detach() * num_tokens  # mean over tokens below
