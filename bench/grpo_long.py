@@ -73,6 +73,7 @@ def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path
         over = math.ceil(seqs // n * args.over_sampling)
         overrides += [f"rollout.over_sampling_batch_size={over}", f"engine.max_num_seqs={over * n}",
                       f"rollout.partial_rollout={str(args.carry_over).lower()}"]
+    overrides += args.set
     loop = RLLoop(load_config(None, overrides))
     try:
         metrics = [loop.rollout_step(i)[0] for i in range(args.steps)]
@@ -84,7 +85,9 @@ def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path
     train_s = m["time/logprob"] + m.get("time/train", 0.0)
     return {"seqs": m["rollout/num_samples"], "mean_len": m["rollout/response_len_mean"], "gen_s": gen_s,
             "gen_tok_s": generated / gen_s, "train_s": train_s, "step_s": m["time/rollout_step"],
-            "tok_s_gpu": generated / m["time/rollout_step"]}
+            "tok_s_gpu": generated / m["time/rollout_step"],
+            **{k[len("train/"):]: v for k, v in m.items() if k.startswith(("train/logprob_abs_diff",
+                                                                           "train/importance_weight"))}}
 
 
 def main() -> None:
@@ -104,6 +107,7 @@ def main() -> None:
                          "once rollout_batch_size groups are complete")
     ap.add_argument("--carry-over", action="store_true", help="rollout.partial_rollout: continue unfinished samples")
     ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
+    ap.add_argument("--set", nargs="*", default=[], help="further config overrides (key=value)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,6 +136,11 @@ def main() -> None:
             continue
         print(f"| {length} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
               f"{r['train_s']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |")
+    mismatch = [k for k in rows[0][1] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
+    if mismatch:  # the trainer's log-probs against the engine's, last step (algo/mismatch.py)
+        print("\n| responses <= | " + " | ".join(mismatch) + " |")
+        for length, r in rows:
+            print(f"| {length} | " + " | ".join(f"{r.get(k, float('nan')):.4g}" for k in mismatch) + " |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # (2.6B total / 0.53B active, random weights) next to a dense Qwen3 of the same active size: engine tokens/s
 # (bench/rollout.py), training tokens/s (bench/liger_train.py), GRPO end to end (bench/grpo_long.py).
 # Carry `.device` (whl/ with liger-kernel; cache/ with SmolLM2's tokenizer files). PARTS selects the parts
-# (default: "tests engine train grpo"). Output under $OUT.
+# (default: "tests engine train grpo"; "replay": the train-vs-rollout log-prob difference with and without
+# algo.use_rollout_routing_replay, bf16 engine, against the dense model). Output under $OUT.
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 parts=${PARTS:-tests engine train grpo}
@@ -11,7 +12,8 @@ moe=qwen3-moe-2.6b-a0.5b dense=qwen3-dense-0.5b
 python -c "import liger_kernel" 2>/dev/null || python -m pip install -q --no-deps --no-index \
     --root-user-action=ignore .device/whl/liger_kernel-*.whl
 if [[ $parts == *tests* ]]; then
-  python -m pytest -q tests/test_moe.py tests/test_fused.py 2>&1 | tail -4 | tee "$OUT/tests.log"
+  REINFORGE_CACHE=$PWD/.device/cache python -m pytest -q tests/test_moe.py tests/test_fused.py \
+      tests/test_routing_replay.py -k "not grpo" 2>&1 | tail -4 | tee "$OUT/tests.log"
 fi
 if [[ $parts == *engine* ]]; then
   python bench/rollout.py --models $moe,$dense --num-prompts 32 --n 8 --max-new-tokens 512 --skip-baselines \
@@ -28,5 +30,13 @@ if [[ $parts == *grpo* ]]; then
     python bench/grpo_long.py --arch $a --lengths ${LENGTHS:-2048} --seqs 128 --kv-fraction 0.25 \
         --tokenizer .device/cache/models/smollm2-135m-instruct 2>&1 | grep -v -e Warning -e "Writing model" \
         | tail -5 | tee "$OUT/grpo_$a.log"
+  done
+fi
+if [[ $parts == *replay* ]]; then
+  for run in "$moe false" "$moe true" "$dense false"; do
+    set -- $run
+    python bench/grpo_long.py --arch $1 --lengths ${LENGTHS:-1024} --seqs 64 --kv-fraction 0.25 \
+        --set algo.use_rollout_routing_replay=$2 --tokenizer .device/cache/models/smollm2-135m-instruct 2>&1 \
+        | grep -v -e Warning -e "Writing model" | tail -8 | tee "$OUT/replay_$1_$2.log"
   done
 fi
