@@ -132,6 +132,15 @@ class Config:
                               f"train.context_parallel_size={t.context_parallel_size} = {per_replica} does not divide "
                               f"the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes} x "
                               f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): change either")
+        if c.mode == "ray" and not c.num_trainers % per_replica and t.expert_model_parallel_size > 1:
+            from ..train.mesh import Layout
+
+            try:
+                Layout.for_world(c.num_trainers, t.tensor_model_parallel_size, t.context_parallel_size,
+                                 t.expert_model_parallel_size)
+            except ValueError as err:
+                raise ConfigError(f"{err} (cluster.actor_num_nodes={c.actor_num_nodes} x "
+                                  f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node})") from None
         if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
             raise ConfigError(f"engine.backend={e.backend} runs one engine per GPU: "
                               f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "
