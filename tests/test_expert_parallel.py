@@ -117,13 +117,24 @@ def test_ep2_matches_one_process(request, model):
     assert_same(single[:2], run_ranks(2, ep_cfg(path, 2), path, data))
 
 
-def test_ep2_dummy_micro_batch_and_aux_loss(qwen3_moe_path):
-    """One sample: one rank has none and runs a dummy micro-batch through the dispatch; with the
-    load-balancing loss on (routing statistics of the local router)."""
-    extra = {"train.moe_aux_loss_coeff": 0.01}
+def test_ep2_dummy_micro_batch(qwen3_moe_path):
+    """One sample: one rank has none and runs a dummy micro-batch through the dispatch (no hang,
+    the same update as one process)."""
     data = make_data(1, seed=2)
-    single = run_single(make_cfg(qwen3_moe_path, **extra), qwen3_moe_path, data)
-    assert_same(single[:2], run_ranks(2, ep_cfg(qwen3_moe_path, 2, **extra), qwen3_moe_path, data))
+    single = run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)
+    assert_same(single[:2], run_ranks(2, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data))
+
+
+@pytest.mark.slow
+def test_ep2_aux_loss_matches_data_parallel(qwen3_moe_path):
+    """The load-balancing loss's statistics are those of each rank's own router (computed before
+    the dispatch): EP=2 gives the update of plain data parallelism on 2 ranks (a dummy micro-batch included)."""
+    data = make_data(1, seed=2)
+    aux = {"train.moe_aux_loss_coeff": 0.01}
+    metrics, weights = run_ranks(2, ep_cfg(qwen3_moe_path, 2, **aux), qwen3_moe_path, data)
+    dp_metrics, dp_weights = run_ranks(2, ep_cfg(qwen3_moe_path, 1, **aux), qwen3_moe_path, data)
+    assert metrics[0]["train/moe_aux_loss"] == pytest.approx(dp_metrics[0]["train/moe_aux_loss"], rel=1e-5)
+    assert_same((dp_metrics, dp_weights), (metrics, weights))
 
 
 @pytest.mark.slow
@@ -165,7 +176,7 @@ def test_config_and_preflight_name_keys(qwen3_moe_path, tiny_model_path):
 
     ray = ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=4"]
     with pytest.raises(ConfigError, match=r"train.expert_model_parallel_size=3 does not divide the 4 data-parallel "
-                                          r"ranks.*actor_num_gpus_per_node=4"):
+                                          r"rank.*of the 4 trainer rank.*actor_num_gpus_per_node=4"):
         load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=3"])
     cfg = load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=4"])
     check_rl(cfg, qwen3_moe_path, 10, memory=1e15)  # 8 experts over 4 ranks: fine

@@ -141,6 +141,7 @@ class TrainMesh:
 
     layout: Layout
     mesh: "DeviceMesh"
+    dp_mesh: "DeviceMesh | None" = None  # with expert parallelism: edp x ep flattened (kept, not sliced by name)
 
     @classmethod
     def build(cls, layout: Layout, device_type: str) -> "TrainMesh":
@@ -153,18 +154,23 @@ class TrainMesh:
         if layout.ep > 1:
             mesh = init_device_mesh(device_type, (layout.edp, layout.ep, layout.cp, layout.tp),
                                     mesh_dim_names=("edp", "ep", "cp", "tp"))
-            mesh["edp", "ep"]._flatten("dp")
+            dp_mesh = mesh["edp", "ep"]._flatten("dp")
         else:
             mesh = init_device_mesh(device_type, (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+            dp_mesh = None
         if dist.get_rank() == 0:
             log.info("trainer mesh: %s", layout.words())
-        return cls(layout, mesh)
+        return cls(layout, mesh, dp_mesh)
+
+    def sub(self, dim: str) -> "DeviceMesh":
+        """The 1-D mesh of dimension ``dim`` (``dp``, ``cp``, ``tp``; with expert parallelism also ``edp``, ``ep``)."""
+        return self.dp_mesh if dim == "dp" and self.dp_mesh is not None else self.mesh[dim]
 
     def coordinate(self, dim: str) -> int:
-        return self.mesh[dim].get_local_rank()
+        return self.sub(dim).get_local_rank()
 
     def group(self, dim: str) -> dist.ProcessGroup:
-        return self.mesh[dim].get_group()
+        return self.sub(dim).get_group()
 
     @property
     def fsdp_mesh(self) -> "DeviceMesh | None":
@@ -172,7 +178,7 @@ class TrainMesh:
         if self.layout.dp * self.layout.cp == 1:
             return None
         if self.layout.cp == 1:
-            return self.mesh["dp"]
+            return self.sub("dp")
         if self.layout.dp == 1:
             return self.mesh["cp"]
         return self.mesh["dp", "cp"]._flatten("dp_cp")
