@@ -345,7 +345,9 @@ def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: i
                 else ""
             out.append(f"{e}{local}")
     if ep > 1:
-        experts = (model_config.get("num_experts") or 0) if is_native_config(model_config) else 0
+        # (the hub's configs say num_experts; transformers 5 writes num_local_experts, its attribute map's target)
+        experts = model_config.get("num_experts") or model_config.get("num_local_experts") or 0
+        experts = experts if is_native_config(model_config) else 0
         out += Layout(ep, 1, 1, ep).expert_problems(experts)
     if tp * cp == 1:
         return out
