@@ -143,6 +143,10 @@ def test_fsdp_times_ep_on_four_ranks(qwen3_moe_path):
     data = make_data(6, seed=8)
     assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
                 run_ranks(4, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data))
+    # one sample: three ranks run dummy micro-batches through the dispatch and the experts' FSDP unit
+    data = make_data(1, seed=2)
+    assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
+                run_ranks(4, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data))
 
 
 def test_ep_checkpoint_and_hf_export_load_on_one_process(tmp_path, qwen2_moe_path):

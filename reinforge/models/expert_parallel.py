@@ -35,13 +35,10 @@ the expert gradients equal one process's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from .moe import SparseMoeBlock
 
 __all__ = ["all_to_all", "expert_parallel_experts", "local_experts"]
 
@@ -91,15 +88,17 @@ def local_experts(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def expert_parallel_experts(block: "SparseMoeBlock", x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                            dtype: torch.dtype,
+def expert_parallel_experts(group: dist.ProcessGroup, gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor,
+                            ids: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype,
                             compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
                             ) -> torch.Tensor:
-    """``sum_j weights[:, j] * expert_{ids[:, j]}(x)`` with the experts split over ``block.ep_group``
+    """``sum_j weights[:, j] * expert_{ids[:, j]}(x)`` with the experts split over ``group``
     (see the module docstring).
 
     Args:
-        block: the MoE block (its ``experts`` hold this rank's ``E / ep`` experts, its ``ep_group`` the group).
+        group: the expert-parallel group (E / ep experts on each of its ep ranks, in rank order).
+        gate_up: [E, 2I, H] sharded by experts (a DTensor ``Shard(0)``) or this rank's [E/ep, 2I, H];
+        down: [E, H, I] likewise (the parameters as the FSDP unit of the experts presents them).
         x: [N, H] this rank's tokens (N may be 0); ids: [N, k] int64 global expert ids in [0, E);
         weights: [N, k] gate weights; dtype: the compute dtype of the experts.
         compute: ``(rows [M, H] sorted by local expert, gate_up [El, 2I, H], down [El, H, I],
@@ -107,15 +106,16 @@ def expert_parallel_experts(block: "SparseMoeBlock", x: torch.Tensor, ids: torch
     Returns:
         [N, H] in ``dtype``.
     Raises:
-        ValueError: the block's local experts times the group size is not E (the router's width).
+        ValueError: the local experts times the group size is not E (the number of experts the
+            ids refer to, ``gate_up``'s global first dimension).
     """
-    group = block.ep_group
     ep = dist.get_world_size(group)
-    gate_up = local_experts(block.experts.gate_up_proj)
-    down = local_experts(block.experts.down_proj)
-    n_local, E = gate_up.shape[0], block.gate.out_features
+    E = gate_up.shape[0] if hasattr(gate_up, "to_local") else gate_up.shape[0] * ep
+    gate_up, down = local_experts(gate_up), local_experts(down)
+    n_local = gate_up.shape[0]
     if n_local * ep != E:
-        raise ValueError(f"expert parallelism: {n_local} local experts x {ep} ranks != num_experts={E}")
+        raise ValueError(f"expert parallelism: {n_local} local experts x {ep} ranks != num_experts={E} (the "
+                         f"experts' parameters are not split evenly over the expert-parallel group)")
     scale = 1.0 / ep
     gate_up, down = _ScaleGrad.apply(gate_up, scale).to(dtype), _ScaleGrad.apply(down, scale).to(dtype)
     N, k = ids.shape

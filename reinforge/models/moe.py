@@ -61,7 +61,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -142,6 +142,12 @@ class Experts(nn.Module):
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``fn(gate_up_proj, down_proj)``: a call through the module, so that an FSDP unit of the
+        experts alone (expert parallelism with ``dp / ep`` > 1) gathers them for it and reduces
+        their gradients after the backward pass."""
+        return fn(self.gate_up_proj, self.down_proj)
 
 
 class SparseMoeBlock(nn.Module):
@@ -227,7 +233,8 @@ class SparseMoeBlock(nn.Module):
         N, k = ids.shape
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         if self.ep_group is not None:
-            return expert_parallel_experts(self, x, ids, weights, dtype, self._compute)
+            return self.experts(lambda gate_up, down: expert_parallel_experts(
+                self.ep_group, gate_up, down, x, ids, weights, dtype, self._compute))
         gate_up, down = self.experts.gate_up_proj.to(dtype), self.experts.down_proj.to(dtype)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
