@@ -182,6 +182,9 @@ def test_config_and_preflight_name_keys(qwen3_moe_path, tiny_model_path):
     with pytest.raises(ConfigError, match=r"train.expert_model_parallel_size=3 does not divide the 4 data-parallel "
                                           r"rank.*of the 4 trainer rank.*actor_num_gpus_per_node=4"):
         load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=3"])
+    with pytest.raises(ConfigError, match=r"expert_model_parallel_size=2 with train.tensor_model_parallel_size=2"):
+        load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=2",
+                                 "train.tensor_model_parallel_size=2"])
     cfg = load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=4"])
     check_rl(cfg, qwen3_moe_path, 10, memory=1e15)  # 8 experts over 4 ranks: fine
     cfg = load_config(None, ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=3", f"model.path={qwen3_moe_path}",
