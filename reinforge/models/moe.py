@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -74,10 +73,14 @@ __all__ = ["Routing", "SparseMoeBlock", "Experts", "grouped_mm_supported", "stac
            "hub_named_tensors"]
 
 
-@dataclass
 class Routing:
     """One forward pass's expert routing: replayed choices in, recorded choices and the
     load-balancing statistics out (see the module docstring).
+
+    A plain class on purpose, not a dataclass: FSDP2 rebuilds dataclass arguments of a unit's
+    forward (``dataclasses.replace``: its input cast under mixed precision, and, in torch 2.13, its
+    gradient hooks on the tensors inside dataclasses), so the blocks of later layers would fill a
+    copy and the caller's ``stats`` / ``experts`` would miss them (``tests/test_expert_parallel.py``).
 
     Attributes:
         replay: layer -> [N, k] integer expert ids that override the router (N = the tokens of the
@@ -91,12 +94,15 @@ class Routing:
             summed per expert [E] fp32, counted tokens: a 0-d fp32 tensor).
     """
 
-    replay: Any = None
-    record: bool = False
-    aux_loss: bool = False
-    token_mask: torch.Tensor | None = None
-    experts: dict[int, torch.Tensor] = field(default_factory=dict)
-    stats: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    def __init__(self, replay: Any = None, record: bool = False, aux_loss: bool = False,
+                 token_mask: torch.Tensor | None = None):
+        self.replay, self.record, self.aux_loss, self.token_mask = replay, record, aux_loss, token_mask
+        self.experts: dict[int, torch.Tensor] = {}
+        self.stats: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def __repr__(self) -> str:
+        return (f"Routing(replay={'set' if self.replay is not None else None}, record={self.record}, "
+                f"aux_loss={self.aux_loss}, layers recorded={sorted(self.experts)}, with stats={sorted(self.stats)})")
 
     def load_balancing_loss(self) -> torch.Tensor:
         """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) pooled over the MoE
