@@ -66,7 +66,8 @@ class OfflineLoop:
             torch.cuda.set_device(self.device)
         self.parallel = ParallelContext.init(rank, world, master_addr or env_addr, master_port or env_port,
                                              self.device, tensor_parallel=cfg.train.tensor_model_parallel_size,
-                                             context_parallel=cfg.train.context_parallel_size)
+                                             context_parallel=cfg.train.context_parallel_size,
+                                             expert_parallel=cfg.train.expert_model_parallel_size)
         self.is_main = self.parallel.rank == 0
         torch.manual_seed(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)

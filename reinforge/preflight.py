@@ -11,7 +11,8 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   + ``--max-new-tokens`` (``reinforge generate``); the longest example (``reinforge offline``);
 * **parallel layout**: ``train.tensor_model_parallel_size`` x ``train.context_parallel_size``
   must divide the trainer ranks, the model must be reinforge's own and its heads (and MLP
-  columns) divisible by them (:func:`parallel_problems`);
+  columns) divisible by them; ``train.expert_model_parallel_size`` must divide the data-parallel
+  ranks and the model's ``num_experts`` (a mixture-of-experts model) (:func:`parallel_problems`);
 * **token budgets**: ``train.max_tokens_per_gpu`` must hold one whole training sequence (a
   micro-batch never splits a sequence; verl refuses the same in its dynamic batching).
   ``engine.max_prefill_tokens`` and ``train.log_prob_chunk_size`` need not: a longer prompt is
@@ -324,23 +325,32 @@ def trainer_ranks(cfg: "Config") -> int:
 
 
 def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: int | None) -> list[str]:
-    """``train.tensor_model_parallel_size`` / ``train.context_parallel_size`` against the trainer
-    ranks (None: not known here, e.g. torchrun's) and the model: reinforge's own model code, heads
-    and MLP columns they divide (:meth:`reinforge.train.mesh.Layout.model_problems`)."""
+    """``train.tensor_model_parallel_size`` / ``train.context_parallel_size`` /
+    ``train.expert_model_parallel_size`` against the trainer ranks (None: not known here, e.g.
+    torchrun's) and the model: reinforge's own model code, heads and MLP columns they divide
+    (:meth:`reinforge.train.mesh.Layout.model_problems`), experts (a mixture-of-experts model
+    whose ``num_experts`` the expert-parallel size divides: :meth:`~reinforge.train.mesh.Layout.expert_problems`)."""
     from .train.mesh import Layout
 
     t = cfg.train
-    tp, cp = t.tensor_model_parallel_size, t.context_parallel_size
-    if tp * cp == 1:
+    tp, cp, ep = t.tensor_model_parallel_size, t.context_parallel_size, t.expert_model_parallel_size
+    if tp * cp * ep == 1:
         return []
     out = []
     if world_size is not None:
         try:
-            Layout.for_world(world_size, tp, cp)
+            Layout.for_world(world_size, tp, cp, ep)
         except ValueError as e:
             local = " (cluster.mode=local runs one trainer rank: use cluster.mode=ray)" if cfg.cluster.mode == "local" \
                 else ""
             out.append(f"{e}{local}")
+    if ep > 1:
+        # (the hub's configs say num_experts; transformers 5 writes num_local_experts, its attribute map's target)
+        experts = model_config.get("num_experts") or model_config.get("num_local_experts") or 0
+        experts = experts if is_native_config(model_config) else 0
+        out += Layout(ep, 1, 1, ep).expert_problems(experts)
+    if tp * cp == 1:
+        return out
     if not is_native_config(model_config):
         out.append(f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need a Llama / Qwen2 / "
                    f"Qwen3 model (reinforge's own model code), not model_type {model_config.get('model_type')!r}")

@@ -102,10 +102,11 @@ def layout_words(cfg: "Config", trainers: int) -> str:
 
     t = cfg.train
     try:
-        layout = Layout.for_world(trainers, t.tensor_model_parallel_size, t.context_parallel_size)
+        layout = Layout.for_world(trainers, t.tensor_model_parallel_size, t.context_parallel_size,
+                                  t.expert_model_parallel_size)
     except ValueError:
         return str(trainers)
-    return f"{trainers} ({layout.words()})" if layout.dp != trainers else str(trainers)
+    return f"{trainers} ({layout.words()})" if layout.dp != trainers or layout.ep > 1 else str(trainers)
 
 
 def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Path | None = None,

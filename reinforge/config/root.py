@@ -143,6 +143,17 @@ class Config:
                               f"train.context_parallel_size={t.context_parallel_size} = {per_replica} does not divide "
                               f"the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes} x "
                               f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): change either")
+        ep = t.expert_model_parallel_size
+        if ep > 1 and per_replica > 1:
+            raise ConfigError(f"train.expert_model_parallel_size={ep} with train.tensor_model_parallel_size="
+                              f"{t.tensor_model_parallel_size} / train.context_parallel_size={t.context_parallel_size}: "
+                              f"expert parallelism combines with data parallelism (FSDP) only for now; set the other "
+                              f"two to 1")
+        if c.mode == "ray" and ep > 1 and c.num_trainers % ep:
+            raise ConfigError(f"train.expert_model_parallel_size={ep} does not divide the {c.num_trainers} data-parallel "
+                              f"ranks of the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes}"
+                              f" x cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): experts are split over "
+                              f"data-parallel ranks; choose a divisor of {c.num_trainers}")
         if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
             raise ConfigError(f"engine.backend={e.backend} runs one engine per GPU: "
                               f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "

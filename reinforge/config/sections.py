@@ -458,6 +458,10 @@ class TrainConfig(Section):
                                           "tensor parallelism; docs/parallelism.md)", ge=1)
     context_parallel_size: int = opt(1, "trainer ranks that split each micro-batch's positions (Ulysses "
                                      "all-to-all attention over heads; docs/parallelism.md)", ge=1)
+    expert_model_parallel_size: int = opt(1, "data-parallel trainer ranks that split each mixture-of-experts layer's "
+                                          "experts (num_experts / size each; tokens sent to their experts by "
+                                          "all-to-all; must divide num_experts and the data-parallel ranks; "
+                                          "docs/parallelism.md)", ge=1)
 
 
 @dataclass

@@ -39,6 +39,8 @@ one ``torch._grouped_mm`` over the groups where it runs (:func:`grouped_mm_suppo
 on Hopper and later, CPU and fp32 in torch >= 2.13 only when asked for), else a loop over the
 experts (CPU, fp32). The grouped path reads nothing back to the host, so the engine can capture
 it in a CUDA graph. The k outputs of a token are put back in order and summed with their weights.
+With expert parallelism (``train.expert_model_parallel_size``) each rank holds ``E / ep`` experts
+and the pairs travel to them and back by all-to-all (:mod:`.expert_parallel`).
 
 Routing interface (:class:`Routing`, passed as ``CausalLM.forward(..., routing=...)`` and down to
 every block; None costs nothing):
@@ -60,23 +62,27 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import fused
+from .expert_parallel import expert_parallel_experts
 
 __all__ = ["Routing", "SparseMoeBlock", "Experts", "grouped_mm_supported", "stack_expert_weights",
            "hub_named_tensors"]
 
 
-@dataclass
 class Routing:
     """One forward pass's expert routing: replayed choices in, recorded choices and the
     load-balancing statistics out (see the module docstring).
+
+    A plain class on purpose, not a dataclass: FSDP2 rebuilds dataclass arguments of a unit's
+    forward (``dataclasses.replace``: its input cast under mixed precision, and, in torch 2.13, its
+    gradient hooks on the tensors inside dataclasses), so the blocks of later layers would fill a
+    copy and the caller's ``stats`` / ``experts`` would miss them (``tests/test_expert_parallel.py``).
 
     Attributes:
         replay: layer -> [N, k] integer expert ids that override the router (N = the tokens of the
@@ -91,12 +97,15 @@ class Routing:
             summed per expert [E] fp32, counted tokens: a 0-d fp32 tensor).
     """
 
-    replay: Any = None
-    record: bool = False
-    aux_loss: bool = False
-    token_mask: torch.Tensor | None = None
-    experts: dict[int, torch.Tensor] = field(default_factory=dict)
-    stats: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    def __init__(self, replay: Any = None, record: bool = False, aux_loss: bool = False,
+                 token_mask: torch.Tensor | None = None):
+        self.replay, self.record, self.aux_loss, self.token_mask = replay, record, aux_loss, token_mask
+        self.experts: dict[int, torch.Tensor] = {}
+        self.stats: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def __repr__(self) -> str:
+        return (f"Routing(replay={'set' if self.replay is not None else None}, record={self.record}, "
+                f"aux_loss={self.aux_loss}, layers recorded={sorted(self.experts)}, with stats={sorted(self.stats)})")
 
     def load_balancing_loss(self) -> torch.Tensor:
         """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) pooled over the MoE
@@ -143,6 +152,12 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
+    def forward(self, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``fn(gate_up_proj, down_proj)``: a call through the module, so that an FSDP unit of the
+        experts alone (expert parallelism with ``dp / ep`` > 1) gathers them for it and reduces
+        their gradients after the backward pass."""
+        return fn(self.gate_up_proj, self.down_proj)
+
 
 class SparseMoeBlock(nn.Module):
     """A decoder layer's mixture-of-experts MLP (see the module docstring).
@@ -170,6 +185,8 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = shared_expert
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_expert is not None else None
         self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.set_variant)
+        # expert parallelism: the group whose ranks hold the experts (train/mesh.py sets it), None: all here
+        self.ep_group: Any = None
 
     def fuse_projection(self, on: bool) -> None:
         """The experts' gate and up projections are stacked already; the shared expert's fuse
@@ -222,35 +239,45 @@ class SparseMoeBlock(nn.Module):
 
     def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """sum_j weights[:, j] * expert_{ids[:, j]}(x): x [N, H], ids [N, k] int64, weights [N, k]
-        -> [N, H]."""
+        -> [N, H]. With :attr:`ep_group` set the experts live on the ranks of that group
+        (:func:`~reinforge.models.expert_parallel.expert_parallel_experts`)."""
         N, k = ids.shape
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        if self.ep_group is not None:
+            return self.experts(lambda gate_up, down: expert_parallel_experts(
+                self.ep_group, gate_up, down, x, ids, weights, dtype, self._compute))
         gate_up, down = self.experts.gate_up_proj.to(dtype), self.experts.down_proj.to(dtype)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
         ends = torch.searchsorted(flat[order], torch.arange(gate_up.shape[0], device=x.device), right=True)
-        xs = x.to(dtype)[order // k]  # [N*k, H]
-        grouped = self.grouped if self.grouped is not None else grouped_mm_supported(x.device, dtype)
-        if grouped:
-            offs = ends.to(torch.int32)
-            ys = torch._grouped_mm(self._act(torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)),
-                                   down.transpose(1, 2), offs=offs)
-        else:
-            ys = self._loop(xs, gate_up, down, [0] + ends.tolist())
+        ys = self._compute(x.to(dtype)[order // k], gate_up, down, ends)  # [N*k, H]
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
-        ys = ys[inverse].view(N, k, -1)  # back to (token, slot) order
+        ys = ys[inverse].view(N, k, ys.shape[-1])  # back to (token, slot) order
         return (ys * weights.to(ys.dtype).unsqueeze(-1)).sum(1)
+
+    def _compute(self, xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """The experts on rows grouped by expert: xs [M, H] (expert e's rows ``[ends[e-1], ends[e])``),
+        gate_up [E', 2I, H], down [E', H, I], ends [E'] int64 -> [M, H]."""
+        grouped = self.grouped if self.grouped is not None else grouped_mm_supported(xs.device, xs.dtype)
+        if grouped:
+            offs = ends.to(torch.int32)
+            return torch._grouped_mm(self._act(torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)),
+                                     down.transpose(1, 2), offs=offs)
+        return self._loop(xs, gate_up, down, [0] + ends.tolist())
 
     def _loop(self, xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, bounds: list[int]) -> torch.Tensor:
         """The grouped product as a loop over the experts that received tokens (reads the group
-        bounds on the host)."""
+        bounds on the host). With no rows at all the result [0, H] still depends on the weights
+        (zero gradients), so that every expert-parallel rank has expert gradients to reduce."""
         parts = []
         for e in range(gate_up.shape[0]):
             a, b = bounds[e], bounds[e + 1]
             if b > a:
                 parts.append(F.linear(self._act(F.linear(xs[a:b], gate_up[e])), down[e]))
-        return torch.cat(parts) if parts else xs.new_zeros(0, down.shape[1])
+        if not parts:
+            return F.linear(self._act(F.linear(xs[:0], gate_up[0])), down[0])
+        return torch.cat(parts)
 
     def _act(self, gu: torch.Tensor) -> torch.Tensor:
         """SiLU(gate) * up on the packed [M, 2I] output of the gate/up projection."""

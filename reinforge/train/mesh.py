@@ -18,7 +18,14 @@ ranks, on one node when it fits):
   same samples); FSDP2 shards the parameters and averages the gradients over ``dp x cp``
   (context-parallel ranks hold the same weights and each computed part of the gradient).
 
-Expert parallelism can be added as a fourth named dimension in :meth:`TrainMesh.build`.
+* ``ep`` (``train.expert_model_parallel_size``): carved out of ``dp`` (Megatron's and
+  torchtitan's convention). The ``dp`` ranks are laid out as ``edp x ep`` (``ep`` innermost): the
+  ranks of one ``ep`` group hold ``num_experts / ep`` experts each of every mixture-of-experts
+  layer (a DTensor ``Shard(0)`` of the stacked expert weights over the ``ep`` dimension) and send
+  each token to the ranks of its experts (:mod:`reinforge.models.expert_parallel`); the ``edp``
+  ranks that hold the same experts shard them again with FSDP (when ``edp`` > 1). Every other
+  parameter is FSDP-sharded over ``dp`` as without expert parallelism. Samples are still split
+  over all ``dp`` ranks.
 """
 
 from __future__ import annotations
@@ -36,42 +43,74 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEYS = {"tp": "train.tensor_model_parallel_size", "cp": "train.context_parallel_size"}
+KEYS = {"tp": "train.tensor_model_parallel_size", "cp": "train.context_parallel_size",
+        "ep": "train.expert_model_parallel_size"}
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How many trainer ranks each dimension takes: ``dp * cp * tp`` = the world size."""
+    """How many trainer ranks each dimension takes: ``dp * cp * tp`` = the world size; ``ep``
+    (expert parallelism) divides ``dp``: its ranks are data-parallel ranks too."""
 
     dp: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1
+
+    @property
+    def edp(self) -> int:
+        """The data-parallel ranks that hold the same experts (FSDP shards the experts over them)."""
+        return self.dp // self.ep
 
     @property
     def world_size(self) -> int:
         return self.dp * self.cp * self.tp
 
     @classmethod
-    def for_world(cls, world_size: int, tp: int = 1, cp: int = 1) -> "Layout":
-        """The layout of ``world_size`` ranks with ``tp`` x ``cp`` ranks per model replica.
+    def for_world(cls, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1) -> "Layout":
+        """The layout of ``world_size`` ranks with ``tp`` x ``cp`` ranks per model replica and the
+        experts split over ``ep`` of the data-parallel ranks.
 
         Raises:
-            ValueError: ``tp`` or ``cp`` below 1, or ``tp * cp`` does not divide ``world_size``
-                (the message names the keys and the world size).
+            ValueError: a size below 1, ``tp * cp`` does not divide ``world_size``, ``ep`` does not
+                divide the data-parallel ranks ``world_size / (tp * cp)``, or ``ep`` > 1 with
+                ``tp`` or ``cp`` > 1 (not supported yet); the message names the keys and the world size.
         """
-        if tp < 1 or cp < 1:
-            raise ValueError(f"{KEYS['tp']}={tp} and {KEYS['cp']}={cp} must be >= 1")
+        if tp < 1 or cp < 1 or ep < 1:
+            raise ValueError(f"{KEYS['tp']}={tp}, {KEYS['cp']}={cp} and {KEYS['ep']}={ep} must be >= 1")
         if world_size % (tp * cp):
             raise ValueError(f"{KEYS['tp']}={tp} x {KEYS['cp']}={cp} = {tp * cp} does not divide the {world_size} "
                              f"trainer rank(s) (cluster.actor_num_nodes x cluster.actor_num_gpus_per_node, or "
                              f"torchrun's WORLD_SIZE): choose sizes whose product divides it")
-        return cls(world_size // (tp * cp), cp, tp)
+        dp = world_size // (tp * cp)
+        if ep > 1 and (tp > 1 or cp > 1):
+            raise ValueError(f"{KEYS['ep']}={ep} with {KEYS['tp']}={tp} / {KEYS['cp']}={cp}: expert parallelism "
+                             f"combines with data parallelism (FSDP) only for now; set the other two to 1")
+        if dp % ep:
+            raise ValueError(f"{KEYS['ep']}={ep} does not divide the {dp} data-parallel rank(s) of the {world_size} "
+                             f"trainer rank(s) (world size / ({KEYS['tp']}={tp} x {KEYS['cp']}={cp})): experts are "
+                             f"split over data-parallel ranks; choose a divisor of {dp}")
+        return cls(dp, cp, tp, ep)
 
     def words(self) -> str:
-        """E.g. ``"4 trainer ranks = 2 data x 2 tensor"`` (dimensions of size 1 left out, but for data)."""
-        parts = [f"{self.dp} data"] + [f"{n} {name}" for n, name in ((self.cp, "context"), (self.tp, "tensor"))
-                                       if n > 1]
+        """E.g. ``"4 trainer ranks = 2 data x 2 tensor"``, ``"4 trainer ranks = 4 data (experts over 2)"``
+        (dimensions of size 1 left out, but for data)."""
+        parts = [f"{self.dp} data" + (f" (experts over {self.ep})" if self.ep > 1 else "")]
+        parts += [f"{n} {name}" for n, name in ((self.cp, "context"), (self.tp, "tensor")) if n > 1]
         return f"{self.world_size} trainer rank{'s' if self.world_size > 1 else ''} = {' x '.join(parts)}"
+
+    def expert_problems(self, num_experts: int) -> list[str]:
+        """What the model's experts do not allow (empty: fine): ``ep`` must divide ``num_experts``
+        (0 for a dense model, which expert parallelism does not apply to)."""
+        if self.ep == 1:
+            return []
+        if num_experts == 0:
+            return [f"{KEYS['ep']}={self.ep} needs a mixture-of-experts model (qwen3_moe / qwen2_moe); this one is "
+                    f"dense: set {KEYS['ep']}=1"]
+        if num_experts % self.ep:
+            return [f"{KEYS['ep']}={self.ep} must divide the model's num_experts={num_experts} (each expert-parallel "
+                    f"rank holds num_experts / {KEYS['ep']} experts)"]
+        return []
 
     def model_problems(self, num_heads: int, num_kv_heads: int, intermediate_size: int) -> list[str]:
         """What the model's shape does not allow (empty: fine). Tensor parallelism splits the query
@@ -96,11 +135,13 @@ class TrainMesh:
 
     Attributes:
         layout: the sizes.
-        mesh: the 3-D ``DeviceMesh`` (dims ``dp``, ``cp``, ``tp``).
+        mesh: the 3-D ``DeviceMesh`` (dims ``dp``, ``cp``, ``tp``); with expert parallelism 4-D
+            (``edp``, ``ep``, ``cp``, ``tp``, with ``dp`` their first two flattened).
     """
 
     layout: Layout
     mesh: "DeviceMesh"
+    dp_mesh: "DeviceMesh | None" = None  # with expert parallelism: edp x ep flattened (kept, not sliced by name)
 
     @classmethod
     def build(cls, layout: Layout, device_type: str) -> "TrainMesh":
@@ -110,16 +151,26 @@ class TrainMesh:
         world = dist.get_world_size()
         if world != layout.world_size:
             raise ValueError(f"the layout {layout.words()} does not match the {world} ranks of the process group")
-        mesh = init_device_mesh(device_type, (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+        if layout.ep > 1:
+            mesh = init_device_mesh(device_type, (layout.edp, layout.ep, layout.cp, layout.tp),
+                                    mesh_dim_names=("edp", "ep", "cp", "tp"))
+            dp_mesh = mesh["edp", "ep"]._flatten("dp")
+        else:
+            mesh = init_device_mesh(device_type, (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
+            dp_mesh = None
         if dist.get_rank() == 0:
             log.info("trainer mesh: %s", layout.words())
-        return cls(layout, mesh)
+        return cls(layout, mesh, dp_mesh)
+
+    def sub(self, dim: str) -> "DeviceMesh":
+        """The 1-D mesh of dimension ``dim`` (``dp``, ``cp``, ``tp``; with expert parallelism also ``edp``, ``ep``)."""
+        return self.dp_mesh if dim == "dp" and self.dp_mesh is not None else self.mesh[dim]
 
     def coordinate(self, dim: str) -> int:
-        return self.mesh[dim].get_local_rank()
+        return self.sub(dim).get_local_rank()
 
     def group(self, dim: str) -> dist.ProcessGroup:
-        return self.mesh[dim].get_group()
+        return self.sub(dim).get_group()
 
     @property
     def fsdp_mesh(self) -> "DeviceMesh | None":
@@ -127,7 +178,7 @@ class TrainMesh:
         if self.layout.dp * self.layout.cp == 1:
             return None
         if self.layout.cp == 1:
-            return self.mesh["dp"]
+            return self.sub("dp")
         if self.layout.dp == 1:
             return self.mesh["cp"]
         return self.mesh["dp", "cp"]._flatten("dp_cp")
@@ -152,6 +203,47 @@ def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: "DeviceMesh") -> Non
                                  f"({type(layer.get_submodule(name)).__name__}); tensor parallelism needs reinforge's "
                                  f"own model code without LoRA")
         parallelize_module(layer, tp_mesh, plan)
+
+
+def apply_expert_parallel(model: nn.Module, mesh: TrainMesh, fsdp_kwargs: dict[str, Any]) -> list[nn.Parameter]:
+    """Split the experts of every mixture-of-experts block over the ``ep`` dimension (see the module
+    doc): each rank keeps its ``num_experts / ep`` experts of ``experts.gate_up_proj`` [E, 2I, H] and
+    ``experts.down_proj`` [E, H, I] as a DTensor ``Shard(0)`` over ``mesh.mesh["ep"]`` (a slice of
+    the weights every rank loaded: no communication), and the block dispatches its tokens over the
+    ``ep`` group. With ``edp`` > 1 the experts become an FSDP unit of their own over the ``edp``
+    ranks (``fsdp_kwargs``: the mixed precision / offload of the other units).
+
+    Returns:
+        the expert parameters FSDP must leave alone (``edp`` = 1: no rank shares them), for the
+        ``ignored_params`` of the enclosing units.
+    Raises:
+        ValueError: the model has no mixture-of-experts block, or ``ep`` does not divide its
+            ``num_experts`` (names the key).
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Shard
+
+    from ..models.moe import SparseMoeBlock
+
+    layout, ep_mesh = mesh.layout, mesh.mesh["ep"]
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    problems = layout.expert_problems(blocks[0].experts.num_experts if blocks else 0)
+    if problems:
+        raise ValueError(f"{type(model).__name__}: {problems[0]}")
+    rank, ignored = ep_mesh.get_local_rank(), []
+    for block in blocks:
+        n = block.experts.num_experts // layout.ep
+        for name in ("gate_up_proj", "down_proj"):
+            p = getattr(block.experts, name)
+            local = p.detach()[rank * n:(rank + 1) * n].clone()
+            dt = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
+            setattr(block.experts, name, nn.Parameter(dt, requires_grad=p.requires_grad))
+        block.ep_group = ep_mesh.get_group()
+        if layout.edp > 1:
+            fully_shard(block.experts, mesh=mesh.mesh["edp"], **fsdp_kwargs)
+        else:
+            ignored += [block.experts.gate_up_proj, block.experts.down_proj]
+    return ignored
 
 
 def set_context_parallel(layers: list[nn.Module], group: dist.ProcessGroup | None) -> None:

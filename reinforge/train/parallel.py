@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .mesh import (KEYS, Layout, TrainMesh, apply_tensor_parallel, set_context_parallel,
+from .mesh import (KEYS, Layout, TrainMesh, apply_expert_parallel, apply_tensor_parallel, set_context_parallel,
                    tensor_parallel_partial_params)
 
 
@@ -57,14 +57,16 @@ class ParallelContext:
 
     @classmethod
     def init(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
-             timeout_s: float = 1800, *, tensor_parallel: int = 1, context_parallel: int = 1) -> "ParallelContext":
+             timeout_s: float = 1800, *, tensor_parallel: int = 1, context_parallel: int = 1,
+             expert_parallel: int = 1) -> "ParallelContext":
         """Join the trainers' default process group (NCCL on GPUs, gloo on CPU) and build the
-        mesh of ``world_size / (tensor_parallel * context_parallel)`` data-parallel ranks.
+        mesh of ``world_size / (tensor_parallel * context_parallel)`` data-parallel ranks, the
+        experts split over ``expert_parallel`` of them.
 
         Raises:
             ValueError: the parallel sizes do not divide ``world_size`` (:meth:`Layout.for_world`).
         """
-        layout = Layout.for_world(world_size, tensor_parallel, context_parallel)
+        layout = Layout.for_world(world_size, tensor_parallel, context_parallel, expert_parallel)
         if world_size > 1 and not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", master_addr)
             os.environ.setdefault("MASTER_PORT", str(master_port))
@@ -147,7 +149,9 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
     """Place ``model`` on the mesh of ``parallel``: tensor parallelism on every decoder layer's
     projections, the context-parallel group on its attention, then FSDP2 (``fully_shard``: one unit
     per decoder layer, the rest in the root unit) over the ``dp x cp`` ranks, composed with tensor
-    parallelism as 2-D DTensors (torchtitan's FSDP x TP).
+    parallelism as 2-D DTensors (torchtitan's FSDP x TP). With expert parallelism the experts are
+    split over ``ep`` first (:func:`~reinforge.train.mesh.apply_expert_parallel`: their own FSDP
+    unit over the ``dp / ep`` ranks that hold the same experts, or left out of FSDP when that is 1).
 
     On CUDA with ``mixed_precision`` the unit all-gathers bf16 parameters and reduces
     gradients in fp32 (``MixedPrecisionPolicy``); ``cpu_offload`` keeps parameters, gradients
@@ -155,7 +159,8 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
 
     Raises:
         ValueError: tensor or context parallelism for a model that is not reinforge's own (or
-            wraps its projections, e.g. LoRA with tensor parallelism), or whose heads they do not divide.
+            wraps its projections, e.g. LoRA with tensor parallelism), or whose heads they do not divide;
+            expert parallelism for a model without experts, or whose ``num_experts`` it does not divide.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -180,14 +185,18 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
     fsdp_mesh = mesh.fsdp_mesh
     if fsdp_mesh is None:
         return out
-    kwargs: dict[str, Any] = {"mesh": fsdp_mesh}
+    kwargs: dict[str, Any] = {}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if layout.ep > 1:
+        ignored = apply_expert_parallel(model, mesh, kwargs)
+        if ignored:
+            kwargs["ignored_params"] = set(ignored)
     for layer in layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(layer, mesh=fsdp_mesh, **kwargs)
+    fully_shard(model, mesh=fsdp_mesh, **kwargs)
     out.fsdp, out.grad_divisor = True, layout.dp * layout.cp
     return out
 

@@ -49,7 +49,8 @@ class TrainWorker:
         t = cfg.train
         self.parallel = ParallelContext.init(rank, world_size, master_addr, master_port, self.device,
                                              tensor_parallel=t.tensor_model_parallel_size,
-                                             context_parallel=t.context_parallel_size)
+                                             context_parallel=t.context_parallel_size,
+                                             expert_parallel=t.expert_model_parallel_size)
         torch.manual_seed(cfg.train.seed)
         self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel, pad_id=pad_id)
         self.critic: Critic | None = None
