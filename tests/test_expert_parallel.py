@@ -190,3 +190,14 @@ def test_config_and_preflight_name_keys(qwen3_moe_path, tiny_model_path):
     local = load_config(None, [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=2"])
     with pytest.raises(PreflightError, match=r"does not divide the 1 data-parallel rank.*cluster.mode=ray"):
         check_rl(local, qwen3_moe_path, 10, memory=1e15)
+
+
+@pytest.mark.parametrize("tp,cp", [(2, 1), (1, 2)])
+def test_moe_model_with_tensor_or_context_parallelism(qwen3_moe_path, tp, cp):
+    """An MoE model under tensor parallelism (attention split; each MoE layer's experts whole on
+    every tensor-parallel rank) or context parallelism (the experts see each rank's positions):
+    the loss, gradient norm and updated weights of one process."""
+    data = make_data(4, seed=11)
+    cfg = make_cfg(qwen3_moe_path, **{"train.tensor_model_parallel_size": tp, "train.context_parallel_size": cp})
+    assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
+                run_ranks(2, cfg, qwen3_moe_path, data))

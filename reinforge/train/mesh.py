@@ -193,10 +193,14 @@ def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: "DeviceMesh") -> Non
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    attention = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                 "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel()}
+    mlp = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
     for layer in layers:
+        # a mixture-of-experts layer's MLP stays whole on every tensor-parallel rank (its input, the
+        # attention's all-reduced output, is the same there): the experts are split by
+        # train.expert_model_parallel_size, not by tp
+        plan = attention if getattr(layer, "sparse", False) else {**attention, **mlp}
         for name in plan:
             if type(layer.get_submodule(name)) is not nn.Linear:
                 raise ValueError(f"{KEYS['tp']}: {name} of {type(layer).__name__} is not a plain nn.Linear "
