@@ -158,7 +158,7 @@ def read_model_config(folder: Path) -> dict[str, Any]:
 
 
 def is_native_config(model_config: dict[str, Any]) -> bool:
-    """Whether the embedded engine runs the model itself (Llama / Qwen2 / Qwen3), not transformers."""
+    """Whether the embedded engine runs the model itself (Llama / Qwen2 / Qwen3 (-MoE)), not transformers."""
     from .models.transformer import SUPPORTED_MODEL_TYPES
 
     return model_config.get("model_type") in SUPPORTED_MODEL_TYPES
@@ -353,7 +353,7 @@ def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: i
         return out
     if not is_native_config(model_config):
         out.append(f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need a Llama / Qwen2 / "
-                   f"Qwen3 model (reinforge's own model code), not model_type {model_config.get('model_type')!r}")
+                   f"Qwen3 (or -MoE) model (reinforge's own model code), not model_type {model_config.get('model_type')!r}")
         return out
     heads = model_config["num_attention_heads"]
     return out + Layout(1, cp, tp).model_problems(heads, model_config.get("num_key_value_heads") or heads,

@@ -311,3 +311,22 @@ def test_grpo_runs_on_a_tiny_moe_model_with_the_aux_loss(tmp_path, qwen3_moe_pat
     before, after = build_model(qwen3_moe_path, torch.float32), build_model(ckpt / "model", torch.float32)
     gate = "model.layers.0.mlp.gate.weight"
     assert not torch.equal(before.state_dict()[gate], after.state_dict()[gate])
+
+
+def test_model_shape_counts_the_experts_of_a_folder_without_weights(tmp_path):
+    """The resource checks' parameter count of a config-only (random_init) MoE folder includes every
+    expert (within the estimate's attention approximation)."""
+    import json
+
+    from reinforge.models.shape import model_shape
+    from reinforge.models.transformer import CausalLM
+
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=1000, hidden_size=64, moe_intermediate_size=128,
+                               num_experts=32, num_experts_per_tok=4, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=4, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    with torch.device("meta"):
+        exact = sum(p.numel() for p in CausalLM(cfg).parameters())
+    assert abs(model_shape(tmp_path).num_params - exact) / exact < 0.1

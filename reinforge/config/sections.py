@@ -433,7 +433,7 @@ class TrainConfig(Section):
         "none", "layout of the RL trainer's forward pass (docs/packing.md): `none` one right-padded row per sample "
         "(any model); `sequences` samples side by side without padding (varlen attention on the GPU); "
         "`shared_prompt` one row per prompt group, its prompt computed once for all its responses. The last two need "
-        "a Llama / Qwen2 / Qwen3 model (reinforge's own model code) and compute the same log-probs")
+        "a Llama / Qwen2 / Qwen3 (or -MoE) model (reinforge's own model code) and compute the same log-probs")
     log_prob_chunk_size: int = opt(2048, "response tokens per chunk of the log-prob / entropy computation over "
                                    "the vocabulary (bounds its fp32 memory: ~3 x chunk x vocab x 4 bytes)", ge=1)
     lr: float = opt(1e-6, "peak learning rate (AdamW)", gt=0)

@@ -30,7 +30,7 @@ class RewardModel(nn.Module):
     def __init__(self, backbone: nn.Module, pad_token_id: int | None):
         super().__init__()
         if not is_native(backbone):
-            raise ValueError("the reward model needs a Llama / Qwen2 / Qwen3 backbone")
+            raise ValueError("the reward model needs a Llama / Qwen2 / Qwen3 (or -MoE) backbone")
         self.backbone = backbone
         self.pad_token_id = pad_token_id
         p = next(backbone.parameters())

@@ -41,8 +41,17 @@ def model_shape(folder: Path) -> ModelShape:
             header = json.loads(fh.read(n))
         params += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
     if not params:  # no weights on disk yet (random_init): count from the config
-        inter = int(cfg.get("intermediate_size", 4 * hidden))
-        params = layers * (4 * hidden * hidden + 3 * hidden * inter) + vocab * hidden * (
+        params = layers * (4 * hidden * hidden + 3 * hidden * _mlp_width(cfg, hidden)) + vocab * hidden * (
             1 if cfg.get("tie_word_embeddings", True) else 2)
     return ModelShape(params, vocab, layers, int(cfg.get("num_key_value_heads", heads)),
                       int(cfg.get("head_dim") or hidden // heads))
+
+
+def _mlp_width(cfg: dict, hidden: int) -> int:
+    """The summed width of a layer's MLP matrices: a dense model's ``intermediate_size``; a
+    mixture-of-experts model's experts (``num_experts`` x ``moe_intermediate_size``, every layer
+    counted sparse) plus a shared expert's width."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if experts:
+        return experts * int(cfg["moe_intermediate_size"]) + int(cfg.get("shared_expert_intermediate_size") or 0)
+    return int(cfg.get("intermediate_size", 4 * hidden))

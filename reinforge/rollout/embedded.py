@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def from_spec(spec) -> Any:
     """The ``embedded`` backend's factory (:mod:`reinforge.rollout.backends`): the engine on its own
-    copy of the model; a model the engine does not implement (not Llama / Qwen2 / Qwen3) falls back
+    copy of the model; a model the engine does not implement (not Llama / Qwen2 / Qwen3 (-MoE)) falls back
     to transformers' ``generate`` with a warning."""
     model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
     if not is_native(model):
@@ -24,7 +24,7 @@ def from_spec(spec) -> Any:
                              f"engine implements, and the transformers fallback (engine.backend=hf) cannot record "
                              f"expert routes; set algo.use_rollout_routing_replay=false")
 
-        log.warning("engine.backend=embedded needs a Llama/Qwen2/Qwen3 model; falling back to transformers' "
+        log.warning("engine.backend=embedded needs a Llama/Qwen2/Qwen3(-MoE) model; falling back to transformers' "
                     "generate (engine.backend=hf)")
         return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs,
                         seed=spec.seed)

@@ -62,8 +62,8 @@ def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | Non
     if is_native(model):
         return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index, routing=routing)
     if mb.packed:
-        raise ValueError("train.packing: sequences / shared_prompt need a Llama / Qwen2 / Qwen3 model (reinforge's own "
-                         "model code); use train.packing=none for this model")
+        raise ValueError("train.packing: sequences / shared_prompt need a Llama / Qwen2 / Qwen3 (or -MoE) model "
+                         "(reinforge's own model code); use train.packing=none for this model")
     return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[index]
 
 
@@ -85,7 +85,8 @@ class Actor(ModelTrainer):
                 model.gradient_checkpointing_enable()
         if m.torch_compile:
             if not is_native(model) or m.lora_rank:
-                raise ValueError("model.torch_compile needs a Llama / Qwen2 / Qwen3 model (reinforge's own model code) "
+                raise ValueError("model.torch_compile needs a Llama / Qwen2 / Qwen3 (or -MoE) model "
+                                 "(reinforge's own model code) "
                                  "without LoRA: set model.torch_compile=false")
             model.compile_layers()
         if m.lora_rank:

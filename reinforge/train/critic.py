@@ -27,7 +27,7 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module):
         super().__init__()
         if not is_native(backbone):
-            raise ValueError("the critic needs a Llama / Qwen2 / Qwen3 model (critic.path)")
+            raise ValueError("the critic needs a Llama / Qwen2 / Qwen3 (or -MoE) model (critic.path)")
         self.backbone = backbone
         param = next(backbone.parameters())
         self.value_head = nn.Linear(backbone.args.hidden_size, 1, device=param.device, dtype=param.dtype)
