@@ -6,8 +6,10 @@ Layouts (``--world`` ranks, default 4): one process; FSDP2 over all ranks (the r
 parallelism alone). Random weights of ``--arch`` (default Qwen3-dense-0.5B's shape: 8 query / 4 key-value
 heads, so t = 2 and 4 divide them). Per layout: the last step's loss and gradient norm, and two
 distances of the weights after the last step from the reference's, over every parameter tensor w:
-the largest relative difference of ||w|| and of <w, g> (g a fixed seeded Gaussian of w's shape, which
-also catches permuted or misplaced shards), and the median s/step.
+the largest relative difference of ||w||, and the largest |<w - w_ref, g>| / ||w_ref|| (g a fixed
+seeded Gaussian of w's shape: the weight difference along a random direction, relative to the
+weight's size, which also catches permuted or misplaced shards) with the parameter it occurs in, and
+the median s/step.
 
     PYTHONPATH=.:bench python bench/tp_fsdp.py --world 4 --tp 2 4 --steps 4                 # 4 GPUs, NCCL
     PYTHONPATH=.:bench python bench/tp_fsdp.py --world 4 --tp 2 4 --steps 2 --samples 8 --tiny --device cpu  # gloo
@@ -67,6 +69,11 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
+def projection_diff(prints: dict, ref: dict) -> tuple[float, str]:
+    """The largest |<w - w_ref, g>| / ||w_ref|| over the parameters, and that parameter's name."""
+    return max((abs(prints[k][1] - ref[k][1]) / max(ref[k][0], 1e-12), k) for k in ref)
+
+
 def main(argv: list[str] | None = None) -> list[tuple]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="qwen3-dense-0.5b")
@@ -100,9 +107,9 @@ def main(argv: list[str] | None = None) -> list[tuple]:
           "projection | s/step |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for world, tp, loss, gn, step_s, prints in rows:
         dn = max(rel(prints[k][0], ref[k][0]) for k in ref)
-        dp = max(rel(prints[k][1], ref[k][1]) for k in ref)
+        dp, where = projection_diff(prints, ref)
         layout = "one process" if world == 1 else (f"{world // tp} data x {tp} tensor" if tp > 1 else f"FSDP2 {world}")
-        print(f"| {world} | {layout} | {loss:.6f} | {gn:.4f} | {dn:.2e} | {dp:.2e} | {step_s:.3f} |")
+        print(f"| {world} | {layout} | {loss:.6f} | {gn:.4f} | {dn:.2e} | {dp:.2e} ({where}) | {step_s:.3f} |")
     return rows
 
 
