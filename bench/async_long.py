@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer files")
     ap.add_argument("--output-dir", type=Path, required=True)
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # key=value overrides may come between the options
     args.output_dir.mkdir(parents=True, exist_ok=True)
     model, prompts = args.output_dir / "model", args.output_dir / "prompts.jsonl"
     if not (model / "config.json").exists():

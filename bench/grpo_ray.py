@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="where the random model is written once and reused (default: --output-dir)")
     ap.add_argument("--timeout", type=float, default=3000, help="seconds before the run is stopped")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for the run")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # key=value overrides may come between the options
     if args.trainers % args.nodes:
         raise SystemExit(f"--trainers {args.trainers} is not a multiple of --nodes {args.nodes}")
     args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,17 @@ H=$(( G / 2 ))
 RAY=$(dirname "$(command -v "$PY")")/ray
 [[ -x $RAY ]] || RAY=ray
 PORT=${RAY_PORT:-6390}
+# its own temp dir: a plain ray.init() elsewhere on this host (which reads /tmp/ray/ray_current_cluster)
+# does not find these nodes and join them
+RTMP=/tmp/mray$PORT
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}  # one host, loopback addresses: no token to hand between nodes
 if [[ $DRY == 1 ]]; then
   NODE=(--num-cpus=2 --num-gpus=0)
   GPUS_A="" GPUS_B=""
   ARGS_DI="--trainers 1 --engines 1" ARGS_CO="--colocate --nodes 2 --trainers 2 --engines 2"
   EXTRA=(--tiny --length 16 --seqs 4 --n 2 --steps 2 train.device=cpu cluster.weight_sync_bucket_mb=1)
-  EXTRA_DI=(cluster.num_cpus_per_worker=2) EXTRA_CO=(cluster.num_cpus_per_worker=1)
-  ROWS=${ROWS:-di}
+  EXTRA_DI=(cluster.num_cpus_per_worker=2) EXTRA_CO=(cluster.num_cpus_per_worker=2)
+  ROWS=${ROWS:-di co}
 else
   NODE=(--num-cpus=$(( $(nproc) / 2 )) --num-gpus=$H)
   GPUS_A=$(seq -s, 0 $(( H - 1 ))) GPUS_B=$(seq -s, $H $(( G - 1 )))
@@ -34,15 +38,15 @@ PGIDS=()
 stop_nodes() { for p in "${PGIDS[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done; sleep 3
                for p in "${PGIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done; }
 trap stop_nodes EXIT
-CUDA_VISIBLE_DEVICES=$GPUS_A setsid "$RAY" start --head --port="$PORT" --node-ip-address=127.0.0.1 \
+CUDA_VISIBLE_DEVICES=$GPUS_A setsid "$RAY" start --head --port="$PORT" --node-ip-address=127.0.0.1 --temp-dir="$RTMP" \
     --include-dashboard=false --dashboard-agent-listen-port=$(( PORT + 1 )) "${NODE[@]}" --block \
     > "$OUT/ray_head.log" 2>&1 &
 PGIDS+=($!)
 sleep 8
-CUDA_VISIBLE_DEVICES=$GPUS_B setsid "$RAY" start --address=127.0.0.1:"$PORT" --node-ip-address=127.0.0.2 \
+CUDA_VISIBLE_DEVICES=$GPUS_B setsid "$RAY" start --address=127.0.0.1:"$PORT" --node-ip-address=127.0.0.2 --temp-dir="$RTMP" \
     --dashboard-agent-listen-port=$(( PORT + 2 )) "${NODE[@]}" --block > "$OUT/ray_node2.log" 2>&1 &
 PGIDS+=($!)
-$PY - "$PORT" <<'PY' || { tail -20 "$OUT"/ray_*.log; exit 5; }
+$PY - "$PORT" <<'PY' || { tail -n 20 "$OUT"/ray_*.log; exit 5; }
 import sys, time, ray
 ray.init(address=f"127.0.0.1:{sys.argv[1]}", log_to_driver=False)
 for _ in range(60):
