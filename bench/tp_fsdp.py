@@ -84,13 +84,17 @@ def main(argv: list[str] | None = None) -> list[tuple]:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--device", default="cuda", help="cpu: gloo ranks")
+    ap.add_argument("--adam-eps", type=float, default=1e-8,
+                    help="train.adam_eps; 1e-3 keeps Adam's updates proportional to the gradient, so that the "
+                         "reduction-order noise of near-zero gradients (whose first Adam step is ~lr x sign) does "
+                         "not show as lr-sized weight differences")
     args = ap.parse_args(argv)
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         raise SystemExit(f"needs {args.world} GPUs, found {torch.cuda.device_count()}")
     folder = Path(tempfile.mkdtemp()) / args.arch
     write_random_model(args.arch, folder, **(tiny_overrides(args.arch) if args.tiny else {}))
     data = make_data(args.samples, ARCHS[args.arch]["vocab_size"])
-    base = [f"model.path={folder}", "train.lr=1e-5", f"train.max_tokens_per_gpu={args.max_tokens}",
+    base = [f"model.path={folder}", "train.lr=1e-5", f"train.adam_eps={args.adam_eps}", f"train.max_tokens_per_gpu={args.max_tokens}",
             "train.packing=sequences"]
     layouts = [(1, 1), (args.world, 1)] + [(args.world, t) for t in args.tp]
     rows = []

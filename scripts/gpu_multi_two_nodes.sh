@@ -7,8 +7,8 @@
 # G engines spread over both). $GPUS defaults to 4. Device kind: nvidia-h200-x4 (x2 with GPUS=2); Ray
 # installed (scripts/device_setup.sh), carry .device. Output: $OUT/two_nodes/results.jsonl, $OUT/two_nodes_*.log
 # (the table row, where each trainer and engine was placed). Both Ray nodes are stopped at the end (their
-# process groups only). DRY_RUN=1: CPU nodes of 2 CPUs each, one trainer and one engine of 2 CPUs each (so
-# they land on different nodes), gloo, a tiny model.
+# process groups only). DRY_RUN=1: CPU nodes of 2 CPUs each and bundles of 2 CPUs (so each node takes one):
+# `di` 1 trainer + 1 engine, `co` 2 trainers + 2 colocated engines (cluster.actor_num_nodes=2), gloo, a tiny model.
 source "$(dirname "$0")/multi_common.sh"
 G=${GPUS:-4}
 need_gpus "$G"; need_ray
