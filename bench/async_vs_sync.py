@@ -87,9 +87,10 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         acc = "n/a" if r["greedy_accuracy"] is None else f"{100 * r['greedy_accuracy']:.1f}%"
         seed = "default" if r.get("seed") is None else r["seed"]
-        lines.append(f"| {r['max_staleness']} | {seed} | {'yes' if r['partial_rollout'] else 'no'} | {r['samples']:.0f} "
-                     f"| {r['wall_s']:.1f} | {r['samples_per_s']:.2f} | {r.get('tokens_per_s', 0.0):.1f} | "
-                     f"{r['samples_per_s'] / base:.2f}x | {r['trainer_wait_s']:.1f} | {r['staleness_mean']:.2f} | {acc} |")
+        partial = "yes" if r["partial_rollout"] else "no"
+        lines.append(f"| {r['max_staleness']} | {seed} | {partial} | {r['samples']:.0f} | {r['wall_s']:.1f} | "
+                     f"{r['samples_per_s']:.2f} | {r.get('tokens_per_s', 0.0):.1f} | {r['samples_per_s'] / base:.2f}x | "
+                     f"{r['trainer_wait_s']:.1f} | {r['staleness_mean']:.2f} | {acc} |")
     return "\n".join(lines)
 
 

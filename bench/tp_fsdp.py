@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> list[tuple]:
     folder = Path(tempfile.mkdtemp()) / args.arch
     write_random_model(args.arch, folder, **(tiny_overrides(args.arch) if args.tiny else {}))
     data = make_data(args.samples, ARCHS[args.arch]["vocab_size"])
-    base = [f"model.path={folder}", "train.lr=1e-5", f"train.adam_eps={args.adam_eps}", f"train.max_tokens_per_gpu={args.max_tokens}",
+    base = [f"model.path={folder}", "train.lr=1e-5", f"train.adam_eps={args.adam_eps}",
+            f"train.max_tokens_per_gpu={args.max_tokens}",
             "train.packing=sequences"]
     layouts = [(1, 1), (args.world, 1)] + [(args.world, t) for t in args.tp]
     rows = []
@@ -105,10 +106,12 @@ def main(argv: list[str] | None = None) -> list[tuple]:
         print(f"ranks {world} tp {tp}: loss {m['train/loss']:.6f} grad norm {m['train/grad_norm']:.4f}", flush=True)
     ref = rows[1][5]
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (gloo)"
-    print(f"\n{args.arch}{' (tiny)' if args.tiny else ''}, {args.samples} samples, {args.steps} actor steps, {where}; "
+    print(f"\n{args.arch}{' (tiny)' if args.tiny else ''}, {args.samples} samples, {args.steps} actor steps, "
+          f"adam_eps {args.adam_eps:g}, {where}; "
           f"reference: FSDP2 over {args.world} ranks")
-    print("| ranks | layout | loss (last step) | grad norm | max rel. diff of a weight norm | max rel. diff of a weight "
-          "projection | s/step |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| ranks | layout | loss (last step) | grad norm | max rel. diff of a weight norm "
+          "| max weight diff along a random direction / norm (where) | s/step |\n"
+          "| ---: | --- | ---: | ---: | ---: | --- | ---: |")
     for world, tp, loss, gn, step_s, prints in rows:
         dn = max(rel(prints[k][0], ref[k][0]) for k in ref)
         dp, where = projection_diff(prints, ref)
