@@ -33,7 +33,31 @@ ARCHS = {
                              num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
                              max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
                              rms_norm_eps=1e-6),
+    # Issue 26's multi-GPU runs: Qwen2.5-7B's layers (untied embeddings); Qwen3-30B-A3B's layout (128 experts,
+    # 8 per token; 30.5B total / 3.3B active) and the same with half the layers (15.5B / 1.8B active)
+    "qwen2.5-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=False,
+                       rms_norm_eps=1e-6),
+    "qwen3-moe-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                              moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                              decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48,
+                              num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                              max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=False,
+                              rms_norm_eps=1e-6),
 }
+ARCHS["qwen3-moe-15b-a1.8b"] = {**ARCHS["qwen3-moe-30b-a3b"], "num_hidden_layers": 24}
+
+# Dry runs on CPU: each family's shape shrunk to 2 layers of width 64 (head counts divisible by 4, so tensor
+# parallelism up to 4 applies), keeping the model type (and the MoE routing)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            head_dim=16)
+TINY_MOE = dict(TINY, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+
+
+def tiny_overrides(name: str) -> dict:
+    """Overrides that shrink architecture ``name`` to a CPU-sized model of the same family."""
+    return dict(TINY_MOE if "num_experts" in ARCHS[name] else TINY)
 
 
 def active_params(model) -> int:

@@ -17,8 +17,11 @@ Two GPUs, disaggregated (one trainer, one engine), e.g.::
         cluster.mode=ray cluster.rollout_num_gpus=1
 
 Trailing ``key=value`` arguments override the config for every run. ``--partial-rollout`` turns on
-``rollout.partial_rollout`` in the asynchronous runs. Results go to ``--output-dir`` (one run folder
-per setting, ``table.md`` and ``results.json``).
+``rollout.partial_rollout`` in the asynchronous runs. ``--seeds`` repeats every setting with each seed
+(``train.seed`` and ``rollout.seed``) and adds, per setting, the mean and the spread (max - min) of
+the held-out accuracy over the seeds. Results go to ``--output-dir`` (one run folder per setting
+and seed, ``table.md`` and ``results.json``). Tokens/s counts the trained samples' response tokens
+(``rollout/response_len_mean`` x ``rollout/num_samples`` per rollout) over the same wall time.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def run_one(config: str, k: int, args: argparse.Namespace, out: Path) -> dict:
-    """One training run with ``rollout.max_staleness=k`` in a fresh process; its summary."""
-    overrides = list(args.overrides) + [
+def run_one(config: str, k: int, args: argparse.Namespace, out: Path, seed: int | None = None) -> dict:
+    """One training run with ``rollout.max_staleness=k`` (and ``seed``) in a fresh process; its summary."""
+    seeds = [] if seed is None else [f"train.seed={seed}", f"rollout.seed={seed}"]
+    overrides = list(args.overrides) + seeds + [
         f"train.num_rollout={args.num_rollout}", f"rollout.max_staleness={k}", f"run.output_dir={out}",
         "eval.eval_before_train=false", "eval.eval_interval=null", "run.save_interval=null", "run.save_final=false",
         "run.progress=false", "run.tensorboard=false"]
@@ -57,14 +61,17 @@ def run_one(config: str, k: int, args: argparse.Namespace, out: Path) -> dict:
         raise SystemExit(f"max_staleness={k}: no training rows in {out / 'metrics.jsonl'}")
     wall = train[-1]["time"] - rows[0]["time"]
     samples = sum(r["rollout/num_samples"] for r in train)
+    tokens = sum(r["rollout/num_samples"] * r.get("rollout/response_len_mean", 0.0) for r in train)
     evals = read_jsonl(out / "eval.jsonl")
     acc = evals[-1].get("eval/greedy_accuracy") if evals else None
     return {
         "max_staleness": k,
+        "seed": seed,
         "partial_rollout": bool(k > 0 and args.partial_rollout),
         "samples": samples,
         "wall_s": wall,
         "samples_per_s": samples / max(wall, 1e-9),
+        "tokens_per_s": tokens / max(wall, 1e-9),
         "trainer_wait_s": sum(r.get("time/generate", 0.0) for r in train),
         "staleness_mean": (sum(r.get("async/staleness_mean", 0.0) for r in train) / len(train)),
         "greedy_accuracy": acc,
@@ -73,15 +80,28 @@ def run_one(config: str, k: int, args: argparse.Namespace, out: Path) -> dict:
 
 
 def format_table(results: list[dict]) -> str:
-    head = ("| max_staleness | partial | samples | wall s | samples/s | speed-up | generate (wait) s | staleness "
-            "| greedy acc |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    head = ("| max_staleness | seed | partial | samples | wall s | samples/s | tokens/s | speed-up | generate (wait) s "
+            "| staleness | greedy acc |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     base = results[0]["samples_per_s"]
     lines = [head]
     for r in results:
         acc = "n/a" if r["greedy_accuracy"] is None else f"{100 * r['greedy_accuracy']:.1f}%"
-        lines.append(f"| {r['max_staleness']} | {'yes' if r['partial_rollout'] else 'no'} | {r['samples']:.0f} | "
-                     f"{r['wall_s']:.1f} | {r['samples_per_s']:.2f} | {r['samples_per_s'] / base:.2f}x | "
+        seed = "default" if r.get("seed") is None else r["seed"]
+        partial = "yes" if r["partial_rollout"] else "no"
+        lines.append(f"| {r['max_staleness']} | {seed} | {partial} | {r['samples']:.0f} | {r['wall_s']:.1f} | "
+                     f"{r['samples_per_s']:.2f} | {r.get('tokens_per_s', 0.0):.1f} | {r['samples_per_s'] / base:.2f}x | "
                      f"{r['trainer_wait_s']:.1f} | {r['staleness_mean']:.2f} | {acc} |")
+    return "\n".join(lines)
+
+
+def accuracy_spread(results: list[dict]) -> str:
+    """Per ``max_staleness``: held-out accuracy mean and spread (max - min) over the seeds, as a table."""
+    lines = ["| max_staleness | seeds | greedy acc mean | spread (max - min) |", "| --- | --- | --- | --- |"]
+    for k in dict.fromkeys(r["max_staleness"] for r in results):
+        accs = [r["greedy_accuracy"] for r in results if r["max_staleness"] == k and r["greedy_accuracy"] is not None]
+        if accs:
+            lines.append(f"| {k} | {len(accs)} | {100 * sum(accs) / len(accs):.1f}% | "
+                         f"{100 * (max(accs) - min(accs)):.1f} points |")
     return "\n".join(lines)
 
 
@@ -91,14 +111,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--num-rollout", type=int, required=True, help="rollouts per run (the fixed sample budget)")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values to compare")
+    p.add_argument("--seeds", type=int, nargs="*", default=None,
+                   help="repeat each setting with these seeds (train.seed, rollout.seed); default: the config's")
     p.add_argument("--partial-rollout", action="store_true", help="rollout.partial_rollout=true in async runs")
     p.add_argument("--output-dir", default="runs/bench_async_vs_sync", help="where the runs and the table go")
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = p.parse_args(argv)
     root = Path(args.output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    results = [run_one(args.config, k, args, root / f"staleness_{k}") for k in args.staleness]
+    if args.seeds:
+        results = [run_one(args.config, k, args, root / f"staleness_{k}_seed_{s}", s)
+                   for k in args.staleness for s in args.seeds]
+    else:
+        results = [run_one(args.config, k, args, root / f"staleness_{k}") for k in args.staleness]
     table = format_table(results)
+    if args.seeds:
+        table += "\n\n" + accuracy_spread(results)
     (root / "table.md").write_text(table + "\n")
     (root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print("\n" + table, flush=True)

@@ -47,6 +47,18 @@ def test_fsdp_times_tp_or_cp_on_four_ranks(tiny_model_path, tp, cp):
                 run_ranks(4, cfg, tiny_model_path, data))
 
 
+@pytest.mark.slow
+def test_fsdp_times_tp_qwen3_sums_q_norm_grads(tmp_path, smollm2_path):
+    """2 data x 2 tensor on Qwen3: the per-head q_norm / k_norm gradients are summed over the tensor-
+    parallel group also when FSDP2 has replaced the parameters with sharded ones (before the fix the
+    sum used the pre-FSDP parameters, whose gradients stay None: q_norm / k_norm moved lr-sized off)."""
+    from tests.conftest import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "qwen3", smollm2_path, "qwen3")
+    data = make_data(6, seed=10)
+    assert_same(run_single(make_cfg(path), path, data)[:2], run_ranks(4, layout_cfg(path, tp=2), path, data))
+
+
 def test_cp_packed_sequences(tiny_model_path):
     """Context parallelism on packed rows: attention over the whole row is masked by its sequence
     ids (rows of odd length are padded to a multiple of cp)."""

@@ -197,6 +197,8 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
     for layer in layers:
         fully_shard(layer, mesh=fsdp_mesh, **kwargs)
     fully_shard(model, mesh=fsdp_mesh, **kwargs)
+    if layout.tp > 1:  # fully_shard registered new (sharded) parameters: the list must hold those, not the old
+        out.tp_partial = tensor_parallel_partial_params(model)
     out.fsdp, out.grad_divisor = True, layout.dp * layout.cp
     return out
 
