@@ -42,7 +42,13 @@ def make_data(n: int, vocab: int, seed: int = 0):
     return TrainData(samples, adv)
 
 
-def worker(rank, world, port, overrides, path, data, steps, device, queue):
+def weight_norm(name: str, t: torch.Tensor) -> float:
+    return float(t.float().norm())
+
+
+def worker(rank, world, port, overrides, path, data, steps, device, queue, summarize=weight_norm):
+    """One trainer rank: ``steps`` training steps of ``data``; rank 0 puts (last metrics, median
+    step seconds, {name: summarize(name, full weight)}) on ``queue``."""
     from reinforge.config import load_config
     from reinforge.train.worker import TrainWorker
 
@@ -60,9 +66,9 @@ def worker(rank, world, port, overrides, path, data, steps, device, queue):
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    norms = {n: float(t.float().norm()) for n, t in w.named_weights()}  # every rank consumes it (FSDP)
+    summary = {n: summarize(n, t) for n, t in w.named_weights()}  # full tensors: every rank iterates (FSDP)
     if rank == 0:
-        queue.put((metrics[-1], statistics.median(times[1:] or times), norms))
+        queue.put((metrics[-1], statistics.median(times[1:] or times), summary))
     w.parallel.barrier()
 
 

@@ -18,10 +18,8 @@ the median s/step.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from archs import ARCHS, tiny_overrides, write_random_model  # noqa: E402
 from fsdp_two_gpus import make_data  # noqa: E402
+from fsdp_two_gpus import worker as fsdp_worker  # noqa: E402
 
 from tests.ranks import spawn_ranks  # noqa: E402
 
@@ -42,27 +41,8 @@ def fingerprint(name: str, w: torch.Tensor) -> tuple[float, float]:
 
 
 def worker(rank, world, port, overrides, path, data, steps, device, queue):
-    from reinforge.config import load_config
-    from reinforge.train.worker import TrainWorker
-
-    cuda = device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    cfg = load_config(None, overrides + [f"train.device={f'cuda:{rank}' if cuda else 'cpu'}"])
-    w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
-    metrics, times = [], []
-    for r in range(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        metrics.append(w.train_actor(data, r))
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    prints = {n: fingerprint(n, t) for n, t in w.named_weights()}  # full tensors: every rank iterates
-    if rank == 0:
-        queue.put((metrics[-1], statistics.median(times[1:] or times), prints))
-    w.parallel.barrier()
+    """bench/fsdp_two_gpus.py's rank, each weight summarised by :func:`fingerprint`."""
+    fsdp_worker(rank, world, port, overrides, path, data, steps, device, queue, summarize=fingerprint)
 
 
 def rel(a: float, b: float) -> float:

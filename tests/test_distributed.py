@@ -70,6 +70,30 @@ def assert_same(a, b):
         assert torch.allclose(wa[k], wb[k], atol=2e-5, rtol=1e-4), k
 
 
+def assert_resumes_on_one_process(path, cfg, data, ckpt) -> dict[str, torch.Tensor]:
+    """One step on 2 ranks under ``cfg`` (a parallel layout), saved to ``ckpt``: the same loss as one
+    process; the checkpoint and its Hugging Face folder hold the same weights on one process, and
+    a second step from it equals an uninterrupted one-process run's. Returns the 2-rank weights."""
+    from reinforge.models.loading import build_model
+    from reinforge.train.worker import TrainWorker
+
+    single_metrics, single_weights, _ = run_single(make_cfg(path), path, data, steps=2)
+    metrics, weights = run_ranks(2, cfg, path, data, save_dir=str(ckpt))
+    assert_same((single_metrics[:1], {}), (metrics, {}))
+    w = TrainWorker(make_cfg(path), path)
+    w.load(str(ckpt))
+    loaded = dict(w.named_weights())
+    hf = dict(build_model(ckpt / "model", torch.float32).named_parameters())
+    for k in weights:
+        assert torch.equal(weights[k], loaded[k]), k
+        assert torch.equal(weights[k], hf[k].detach()), k
+    m = w.train_actor(data, 1)
+    assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
+    for k, v in w.named_weights():
+        assert torch.allclose(v, single_weights[k], atol=2e-5, rtol=1e-4), k
+    return weights
+
+
 def test_partition_by_tokens():
     parts = partition_by_tokens([10, 1, 9, 2, 5], 2)
     assert sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]

@@ -2,10 +2,10 @@
 gradient norm and updated weights of one process (fp32), also with ranks that get no samples."""
 
 import pytest
-import torch
 
 from reinforge.train.mesh import Layout
-from tests.test_distributed import assert_same, make_cfg, make_data, run_ranks, run_single
+from tests.test_distributed import (assert_resumes_on_one_process, assert_same, make_cfg, make_data, run_ranks,
+                                    run_single)
 
 
 def layout_cfg(path, tp=1, cp=1, **extra):
@@ -72,26 +72,10 @@ def test_tp_qwen3_checkpoint_resumes_on_one_process(tmp_path, smollm2_path):
     """Qwen3 (per-head q_norm / k_norm, whose gradients are summed over the tensor-parallel ranks):
     TP=2 matches one process; its checkpoint (DCP with DTensor shards, and the Hugging Face folder of
     full tensors) loads on one process and a second step equals an uninterrupted run's."""
-    from reinforge.models.loading import build_model
-    from reinforge.train.worker import TrainWorker
     from tests.conftest import make_tiny_model
 
     path = make_tiny_model(tmp_path / "qwen3", smollm2_path, "qwen3")
-    data = make_data(6, seed=10)
-    single_metrics, single_weights, _ = run_single(make_cfg(path), path, data, steps=2)
-    metrics, weights = run_ranks(2, layout_cfg(path, tp=2), path, data, save_dir=str(tmp_path / "ckpt"))
-    assert_same((single_metrics[:1], {}), (metrics, {}))
-    w = TrainWorker(make_cfg(path), path)
-    w.load(str(tmp_path / "ckpt"))
-    loaded = dict(w.named_weights())
-    hf = dict(build_model(tmp_path / "ckpt" / "model", torch.float32).named_parameters())
-    for k in weights:
-        assert torch.equal(weights[k], loaded[k]), k
-        assert torch.equal(weights[k], hf[k].detach()), k
-    m = w.train_actor(data, 1)
-    assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
-    for k, v in w.named_weights():
-        assert torch.allclose(v, single_weights[k], atol=2e-5, rtol=1e-4), k
+    assert_resumes_on_one_process(path, layout_cfg(path, tp=2), make_data(6, seed=10), tmp_path / "ckpt")
 
 
 def test_config_and_preflight_name_keys_world_and_layout(tiny_model_path):
