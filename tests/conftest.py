@@ -32,9 +32,9 @@ def make_tiny_model(out: Path, tokenizer_src: Path, model_type: str = "llama", s
     cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # larger weights than the default init, so outputs vary with the input
+    with torch.no_grad():  # larger weights than the default init, so outputs (and MoE routing) vary with the input
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # (3-D: an MoE model's stacked experts)
                 p.normal_(0, 0.2)
             elif name.endswith("bias"):
                 p.normal_(0, 0.1)

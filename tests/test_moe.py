@@ -12,7 +12,7 @@ from reinforge.models.loading import build_model, save_hf_folder
 from reinforge.models.moe import Routing, SparseMoeBlock, hub_named_tensors, stack_expert_weights
 from reinforge.models.transformer import CausalLM, Variant
 
-from tests.conftest import TOKENIZER_FILES
+from tests.conftest import make_tiny_model
 
 CONFIGS = {
     # layer 1 dense through mlp_only_layers; norm_topk_prob as Qwen3-30B-A3B
@@ -25,26 +25,8 @@ CONFIGS = {
 
 def make_tiny_moe(out, tokenizer_src, model_type, seed=0):
     """A random tiny MoE model saved by transformers (the hub's per-expert layout) with SmolLM2's tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    kwargs = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
-                  num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    kwargs.update(CONFIGS[model_type])
-    cfg = AutoConfig.for_model(model_type, **kwargs)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # larger weights than the default init, so that routing and outputs vary with the input
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.2)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.1)
-    model.save_pretrained(out)
-    for f in TOKENIZER_FILES:
-        if (tokenizer_src / f).exists():
-            shutil.copy2(tokenizer_src / f, out / f)
-    return out
+    return make_tiny_model(out, tokenizer_src, model_type, seed, intermediate_size=96, moe_intermediate_size=32,
+                           num_experts=8, num_experts_per_tok=2, **CONFIGS[model_type])
 
 
 @pytest.fixture(scope="module")

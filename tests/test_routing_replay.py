@@ -5,7 +5,6 @@ A tiny random qwen3_moe model with 16 experts (top 2) whose last decoder layer i
 exactness test perturbs only that layer's router, so the prompt positions' routing (left to the
 router) cannot change what the response positions see."""
 
-import shutil
 
 import pytest
 import torch
@@ -16,32 +15,16 @@ from reinforge.models.loading import build_model
 from reinforge.models.moe import Routing
 from reinforge.records import GenerateRequest, Sample, SamplingParams
 
-from tests.conftest import TOKENIZER_FILES
+from tests.conftest import make_tiny_model
 
 E, K = 16, 2
 
 
 @pytest.fixture(scope="module")
 def moe_path(tmp_path_factory, smollm2_path):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("qwen3_moe_16")
-    cfg = AutoConfig.for_model(
-        "qwen3_moe", vocab_size=49152, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-        num_experts=E, num_experts_per_tok=K, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True, max_position_embeddings=1024,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # large weights: routing and outputs vary with the input
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.2)
-    model.save_pretrained(out)
-    for f in TOKENIZER_FILES:
-        if (smollm2_path / f).exists():
-            shutil.copy2(smollm2_path / f, out / f)
-    return out
+    return make_tiny_model(tmp_path_factory.mktemp("qwen3_moe_16"), smollm2_path, "qwen3_moe",
+                           intermediate_size=96, moe_intermediate_size=32, num_experts=E, num_experts_per_tok=K,
+                           head_dim=16, num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True)
 
 
 def prompts(n=3):
