@@ -55,20 +55,28 @@ def write_prompts(path: Path, n: int) -> None:
                                 "label": "none"}) + "\n")
 
 
+def workload_overrides(model: Path, data: Path, out: Path, *, length: int, seqs: int, n: int, max_num_seqs: int,
+                       kv_fraction: float, max_tokens: int, steps: int) -> list[str]:
+    """The config of this benchmark's GRPO workload (random rewards, packed sequences, gradient
+    checkpointing, no eval or checkpoints), shared with bench/grpo_ray.py."""
+    return [
+        f"model.path={model}", "model.gradient_checkpointing=true", f"data.prompt_data={data}",
+        "data.n_eval_prompts=0", "data.apply_chat_template=true", f"rollout.rollout_batch_size={seqs // n}",
+        f"rollout.n_samples_per_prompt={n}", f"rollout.rollout_max_response_len={length}",
+        f"engine.max_num_seqs={max_num_seqs}", f"engine.kv_cache_memory_fraction={kv_fraction}",
+        "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
+        f"train.max_tokens_per_gpu={max_tokens or max(16384, length + 256)}", "train.lr=1e-6",
+        f"train.num_rollout={steps}", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
+        "eval.eval_before_train=false", "run.save_final=false", "run.save_interval=null"]
+
+
 def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path) -> dict[str, float]:
     from reinforge.config import load_config
     from reinforge.loop import RLLoop
 
-    overrides = [
-        f"model.path={model}", "model.gradient_checkpointing=true", f"data.prompt_data={data}",
-        "data.n_eval_prompts=0", "data.apply_chat_template=true", f"rollout.rollout_batch_size={seqs // n}",
-        f"rollout.n_samples_per_prompt={n}", f"rollout.rollout_max_response_len={length}",
-        f"engine.max_num_seqs={seqs}", f"engine.kv_cache_memory_fraction={args.kv_fraction}",
-        "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
-        f"train.max_tokens_per_gpu={args.max_tokens or max(16384, length + 256)}", "train.lr=1e-6",
-        f"train.num_rollout={args.steps}", f"train.device={args.device}", f"run.output_dir={out}",
-        "run.progress=false", "run.tensorboard=false", "eval.eval_before_train=false", "run.save_final=false",
-        "run.save_interval=null"]
+    overrides = workload_overrides(model, data, out, length=length, seqs=seqs, n=n, max_num_seqs=seqs,
+                                   kv_fraction=args.kv_fraction, max_tokens=args.max_tokens, steps=args.steps)
+    overrides.append(f"train.device={args.device}")
     if args.over_sampling:
         over = math.ceil(seqs // n * args.over_sampling)
         overrides += [f"rollout.over_sampling_batch_size={over}", f"engine.max_num_seqs={over * n}",

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from async_long import build_model  # noqa: E402
-from grpo_long import write_prompts  # noqa: E402
+from grpo_long import workload_overrides, write_prompts  # noqa: E402
 
 
 def summarize(rows: list[dict], gpus: int) -> dict:
@@ -103,19 +103,15 @@ def main(argv: list[str] | None = None) -> dict:
         write_prompts(prompts, 4096)
     out = args.output_dir / args.name
     kv = args.kv_fraction or (0.3 if args.colocate else 0.85)
-    overrides = [
-        f"model.path={model}", "model.gradient_checkpointing=true", f"data.prompt_data={prompts}",
-        "data.n_eval_prompts=0", "data.apply_chat_template=true", f"rollout.rollout_batch_size={args.seqs // args.n}",
-        f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.length}",
-        f"engine.max_num_seqs={max(1, -(-args.seqs // args.engines))}", f"engine.kv_cache_memory_fraction={kv}",
-        "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
-        f"train.max_tokens_per_gpu={max(16384, args.length + 256)}", "train.lr=1e-6",
-        "train.num_steps_per_rollout=1", f"train.num_rollout={args.steps}",
-        f"train.tensor_model_parallel_size={args.tp}", f"train.context_parallel_size={args.cp}",
+    overrides = workload_overrides(model, prompts, out, length=args.length, seqs=args.seqs, n=args.n,
+                                   max_num_seqs=max(1, -(-args.seqs // args.engines)), kv_fraction=kv, max_tokens=0,
+                                   steps=args.steps)
+    overrides += [
+        "train.num_steps_per_rollout=1", f"train.tensor_model_parallel_size={args.tp}",
+        f"train.context_parallel_size={args.cp}", "eval.eval_interval=null",
         "cluster.mode=ray", f"cluster.colocate={str(args.colocate).lower()}", f"cluster.actor_num_nodes={args.nodes}",
         f"cluster.actor_num_gpus_per_node={args.trainers // args.nodes}", f"cluster.rollout_num_gpus={args.engines}",
-        f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false", "eval.eval_before_train=false",
-        "eval.eval_interval=null", "run.save_final=false", "run.save_interval=null", *args.overrides]
+        *args.overrides]
     cmd = [sys.executable, "-m", "reinforge", "train", *overrides]
     print("$", " ".join(cmd), flush=True)
     t = time.perf_counter()
