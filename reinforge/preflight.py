@@ -98,7 +98,9 @@ class KVCachePlan:
         block_size: tokens per block.
         blocks_per_seq: blocks one sequence of ``max_model_len`` takes.
         num_layers, num_kv_heads, head_dim: the model's attention shape.
-        elem_bytes: bytes per element of the cache dtype (``engine.dtype``, also the weights').
+        elem_bytes: bytes per element of the cache dtype (``engine.kv_cache_dtype``; ``auto``: ``engine.dtype``).
+        weight_elem_bytes: bytes per weight (``engine.dtype``).
+        kv_dtype: the cache dtype's name (``bfloat16``, ``float8_e4m3fn``, ...).
         num_params: the model's parameters (the engine's weights).
     """
 
@@ -110,7 +112,9 @@ class KVCachePlan:
     num_kv_heads: int
     head_dim: int
     elem_bytes: int
+    weight_elem_bytes: int
     num_params: int
+    kv_dtype: str
 
     @property
     def bytes_per_token(self) -> int:
@@ -184,8 +188,14 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     from .rollout.backends import engine_config_for
     from .utils.triton import triton_available
 
+    from .engine.kv_cache import kv_cache_dtype
+
     shape = model_shape(folder)
-    dtype = _engine_dtype(cfg, device)
+    weight_dtype = _engine_dtype(cfg, device)
+    try:
+        dtype = kv_cache_dtype(cfg.engine.kv_cache_dtype, weight_dtype, device)
+    except ValueError as e:
+        raise PreflightError(f"this run cannot start: {e}") from None
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
     kernel = triton_available(device.type)
     engine = engine_config_for(cfg, max_seqs)
@@ -195,7 +205,8 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
         uncapped = dataclasses.replace(engine, num_kv_blocks=0)
         layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
     return KVCachePlan(layout.num_slots, layout.num_blocks, layout.block_size, layout.blocks_per_seq,
-                       shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype.itemsize, shape.num_params)
+                       shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype.itemsize, weight_dtype.itemsize,
+                       shape.num_params, str(dtype).removeprefix("torch."))
 
 
 def _size(b: float) -> str:
@@ -281,9 +292,10 @@ def memory_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.
                     memory: float | None = None, response_key: str = "rollout.rollout_max_response_len") -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
     r = cfg.engine
-    elem, dtype = plan.elem_bytes, str(_engine_dtype(cfg, device)).removeprefix("torch.")
+    elem = plan.elem_bytes
     per_token = (f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
-                 f"heads x {plan.head_dim} head dim x {elem} bytes, {dtype}; engine.dtype={r.dtype})")
+                 f"heads x {plan.head_dim} head dim x {elem} bytes, {plan.kv_dtype}; engine.dtype={r.dtype}, "
+                 f"engine.kv_cache_dtype={r.kv_cache_dtype})")
     length = f"{n.max_model_len} tokens ({_prompt_words(n)} + the longest response {n.engine_response})"
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -298,7 +310,7 @@ def memory_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.
                 f"{device} is {_size(share)}: lower {response_key}, raise engine.kv_cache_memory_fraction, or use "
                 f"a GPU with more memory"]
     memory = available_memory() if memory is None else memory
-    weights = plan.num_params * elem
+    weights = plan.num_params * plan.weight_elem_bytes
     need = plan.bytes + weights
     if need <= memory:
         return []

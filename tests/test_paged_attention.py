@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from reinforge.engine import paged_attention as pa
+from reinforge.engine.kv_cache import cache_write, to_cache
 from reinforge.engine.paged_attention import (decode_splits, gather_blocks, masked_decode_attention,
                                                paged_decode_attention_triton)
 from reinforge.utils.triton import triton, triton_available
@@ -72,20 +73,26 @@ def test_decode_splits():
         decode_splits(0, 2, 100, 132)
 
 
-def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, **kw):
+def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=None, **kw):
     """Kernel output and cache after the call, against the reference: write the new K/V, then
-    gather and attend. Returns (out, ref, cache_after, cache_ref)."""
+    gather and attend (``cache_dtype``: an 8-bit cache, written through ``cache_write`` and read
+    back in fp32). Returns (out, ref, cache_after, cache_ref)."""
     q, k, v, table, lens, mb = _paged_case(B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=device, seed=seed,
                                            lens=lens)
+    if cache_dtype is not None:
+        k, v = to_cache(k, cache_dtype), to_cache(v, cache_dtype)
     g = torch.Generator().manual_seed(seed + 1)
     kn = torch.randn(q.shape[0], KVH, D, generator=g).to(device=device, dtype=dtype)
     vn = torch.randn(q.shape[0], KVH, D, generator=g).to(device=device, dtype=dtype)
+    if cache_dtype is not None:  # beyond the 8-bit format's range: saturated where stored and where attended
+        kn[0, 0, 0], vn[1, 0, 1] = 1e6, -1e6
     pos = lens - 1
     w_blk = table.long().gather(1, (pos // BS)[:, None])[:, 0]
     w_off = pos % BS
     k_ref, v_ref = k.clone(), v.clone()
-    k_ref[w_blk, :, w_off], v_ref[w_blk, :, w_off] = kn, vn
-    keys, values = gather_blocks(k_ref, table, mb).float(), gather_blocks(v_ref, table, mb).float()
+    cache_write(k_ref, (w_blk, slice(None), w_off), kn)
+    cache_write(v_ref, (w_blk, slice(None), w_off), vn)
+    keys, values = gather_blocks(k_ref, table, mb, torch.float32), gather_blocks(v_ref, table, mb, torch.float32)
     ref = masked_decode_attention(q.float(), keys, values, _bias(lens, keys.shape[2]))
     out = paged_decode_attention_triton(q, kn, vn, k, v, table, lens, w_blk, w_off, **kw)
     return out.float(), ref, (k, v), (k_ref, v_ref)
@@ -95,7 +102,9 @@ def _check(case, tol):
     out, ref, cache, cache_ref = case
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-    assert torch.equal(cache[0], cache_ref[0]) and torch.equal(cache[1], cache_ref[1])
+    for c, c_ref in zip(cache, cache_ref):  # (bytes: torch.equal does not take every float8 type)
+        assert torch.equal(c.view(torch.uint8) if c.element_size() == 1 else c,
+                           c_ref.view(torch.uint8) if c.element_size() == 1 else c_ref)
 
 
 DTYPES = [(torch.float32, 1e-5)] + ([(torch.bfloat16, 2e-2)] if KERNEL_DEVICE == "cuda" else [])
@@ -119,6 +128,26 @@ def test_split_kernel_equals_gathered_attention(dtype, tol, num_splits, monkeypa
     monkeypatch.setattr(pa, "MIN_KEYS_PER_SPLIT", 16)
     for H, KVH, D, BS in [(12, 2, 64, 16), (6, 3, 32, 4)]:
         _check(kernel_case(H, KVH, D, BS, dtype, KERNEL_DEVICE, lens=LENS, block_n=16, num_splits=num_splits), tol)
+
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+needs_fp8 = pytest.mark.skipif(KERNEL_DEVICE != "cuda" or torch.cuda.get_device_capability() < (8, 9),
+                               reason="Triton's fp8 conversions: CUDA, compute capability 8.9+")
+
+
+@needs_fp8
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_over_an_fp8_cache_equals_gathered_attention(cache_dtype, dtype, tol, num_splits, monkeypatch):
+    """An 8-bit cache (engine.kv_cache_dtype): the kernel converts the keys it loads, and stores
+    the new token rounded and saturated exactly as ``cache_write`` does (same bytes), attending to
+    it rounded; the output equals attention over the rounded cache in fp32 (large new values
+    saturate at the format's limit)."""
+    monkeypatch.setattr(pa, "MIN_KEYS_PER_SPLIT", 16)
+    for H, KVH, D, BS in [(12, 2, 64, 16), (8, 8, 128, 32)]:
+        _check(kernel_case(H, KVH, D, BS, dtype, KERNEL_DEVICE, lens=LENS, cache_dtype=cache_dtype, block_n=16,
+                           num_splits=num_splits), tol)
 
 
 @needs_kernel

@@ -224,6 +224,23 @@ def test_kv_cache_larger_than_memory_refused_in_words(tmp_path):
                                 "train.max_tokens_per_gpu=30000"]), folder, 100, memory=GIB)
 
 
+def test_fp8_kv_cache_is_counted_at_one_byte(tmp_path, monkeypatch):
+    """engine.kv_cache_dtype=fp8 stores a quarter of fp32's bytes per token: the run refused above at
+    8 GiB fits; the message names the key; a GPU without e4m3 is refused up front."""
+    folder = write_config(tmp_path / "m", max_position_embeddings=131072)
+    long = ["rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000",
+            "rollout.n_samples_per_prompt=4", "engine.kv_cache_dtype=fp8"]
+    check_rl(rl_cfg(*long), folder, 100, memory=8 * GIB)  # 17 x 20100 x 14336 bytes = 4.6 GiB
+    msg = refused(check_rl, rl_cfg(*long), folder, 100, memory=2 * GIB)
+    for part in ("KV cache needs 4.6 GiB", "14336 bytes per token", "x 1 bytes, float8_e4m3fn",
+                 "engine.kv_cache_dtype=fp8"):
+        assert part in msg, msg
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "use fp8_e5m2 or auto" in refused(check_rl, load_config(None, long), folder, 100,
+                                              device=torch.device("cuda"))
+
+
 @pytest.mark.parametrize("triton", [True, False])
 def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypatch, triton):
     """The engine's own rule on a GPU (engine/kv_cache.py: plan_kv_layout): one sequence and one spare block must fit in

@@ -158,8 +158,14 @@ class EngineConfig(Section):
     name = "engine"
     backend: str = opt("embedded", "rollout engine (docs/engines.md): `embedded` (reinforge's engine), `hf` "
                        "(transformers `generate`, any architecture), `vllm`, `sglang`", choices=BACKENDS)
-    dtype: Literal["auto", "fp32", "bf16"] = opt("auto", "engine weights and KV cache: `auto` = bf16 on GPU, "
+    dtype: Literal["auto", "fp32", "bf16"] = opt("auto", "engine weights (and KV cache): `auto` = bf16 on GPU, "
                                                  "fp32 on CPU")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = opt(
+        "auto", "KV cache storage (vLLM's and SGLang's `kv_cache_dtype`): `auto` = `engine.dtype`; `fp8` (= "
+        "`fp8_e4m3`, GPUs of compute capability 8.9+) or `fp8_e5m2`: 8-bit floats, scale 1, saturated: half the "
+        "bytes per cached token, so long-context decode reads half as much and the cache holds twice the tokens; "
+        "the engine's log-probs then differ more from the trainer's (`train/logprob_abs_diff`; "
+        "`algo.use_tis` corrects for it). Embedded, vLLM and SGLang engines")
     max_num_seqs: int = opt(
         256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`), at most; an engine is built with no "
         "more slots than the run holds at once (one rollout, `rollout_batch_size * n_samples_per_prompt`, or one "
@@ -196,6 +202,10 @@ class EngineConfig(Section):
     def check(self) -> None:
         if self.backend != "sglang" and (self.sglang_urls or self.sglang_server_args or self.sglang_router):
             raise ConfigError(f"engine.sglang_* settings need engine.backend=sglang (it is {self.backend})")
+        if self.kv_cache_dtype != "auto" and self.backend == "hf":
+            raise ConfigError(f"engine.kv_cache_dtype={self.kv_cache_dtype}: the hf backend (transformers `generate`) "
+                              "keeps its cache in the model's dtype; use engine.backend=embedded, vllm or sglang, or "
+                              "engine.kv_cache_dtype=auto")
 
 
 @dataclass

@@ -16,7 +16,11 @@
     range itself, views and no copies.
 
 Shapes: ``q`` [B, T, H, D]; ``k``, ``v`` [B, T, KVH, D] with RoPE applied; per-layer caches
-``[blocks + 1, KVH, block_size, D]`` (the last block is the sink idle rows write into).
+``[blocks + 1, KVH, block_size, D]`` (the last block is the sink idle rows write into). An fp8 cache
+(``engine.kv_cache_dtype``) is written and read through :func:`.kv_cache.cache_write` /
+:func:`.kv_cache.cache_read` (read back in the queries' dtype). Every path attends to the keys and
+values as the cache holds them: a prefill chunk to its own rounded to the cache's format too, so
+chunked prefill and a preempted sequence's recompute give the values of one pass.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .kv_cache import cache_read, cache_write, to_cache
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 
 if TYPE_CHECKING:
@@ -56,7 +61,8 @@ class PrefillContext:
                  prefix_blk: torch.Tensor | None = None, prefix_off: torch.Tensor | None = None):
         self.r, self.blk, self.off = runner, blk.flatten(), off.flatten()
         self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
-        self.prefix = (prefix_blk.flatten(), prefix_off.flatten()) if self.start else None
+        # the cache index of the earlier positions' keys
+        self.prefix = (prefix_blk.flatten(), slice(None), prefix_off.flatten()) if self.start else None
         if self.start:  # query i (position start + i) sees keys [0, start + i]
             T = blk.shape[1]
             keys = torch.arange(self.start + T, device=blk.device)
@@ -65,13 +71,13 @@ class PrefillContext:
     def attend(self, layer, q, k, v):
         P, T, KVH, D = k.shape
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
-        kc[self.blk, :, self.off] = k.reshape(P * T, KVH, D)
-        vc[self.blk, :, self.off] = v.reshape(P * T, KVH, D)
+        k, v = to_cache(k, kc.dtype).to(k.dtype), to_cache(v, vc.dtype).to(v.dtype)  # as the cache holds them
+        cache_write(kc, (self.blk, slice(None), self.off), k.reshape(P * T, KVH, D))
+        cache_write(vc, (self.blk, slice(None), self.off), v.reshape(P * T, KVH, D))
         mask = None
         if self.start:
-            pb, po = self.prefix
-            k = torch.cat([kc[pb, :, po].view(P, self.start, KVH, D), k], dim=1)
-            v = torch.cat([vc[pb, :, po].view(P, self.start, KVH, D), v], dim=1)
+            k = torch.cat([cache_read(kc, self.prefix, k.dtype).view(P, self.start, KVH, D), k], dim=1)
+            v = torch.cat([cache_read(vc, self.prefix, v.dtype).view(P, self.start, KVH, D), v], dim=1)
             mask = self.mask
         kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, keys, D]
         o = torch.nn.functional.scaled_dot_product_attention(
@@ -108,8 +114,9 @@ class _Decode:
 
     def write(self, layer, k, v):
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
-        kc[self.w_blk, :, self.w_off] = k[:, 0]
-        vc[self.w_blk, :, self.w_off] = v[:, 0]
+        at = (self.w_blk, slice(None), self.w_off)
+        cache_write(kc, at, k[:, 0])
+        cache_write(vc, at, v[:, 0])
         return kc, vc
 
 
@@ -120,7 +127,8 @@ class SlotDecode(_Decode):
     def attend(self, layer, q, k, v):
         kc, vc = self.write(layer, k, v)
         B, Lk = self.B, self.Lk
-        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk], vc[:B, :, :Lk], self.bias)[:, None]
+        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype),
+                                       self.bias)[:, None]
 
 
 class GatherDecode(_Decode):
@@ -135,8 +143,8 @@ class GatherDecode(_Decode):
     def attend(self, layer, q, k, v):
         kc, vc = self.write(layer, k, v)
         nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[:self.B]
-        return masked_decode_attention(q[:, 0], gather_blocks(kc, table, nb), gather_blocks(vc, table, nb),
-                                       self.bias)[:, None]
+        return masked_decode_attention(q[:, 0], gather_blocks(kc, table, nb, q.dtype),
+                                       gather_blocks(vc, table, nb, q.dtype), self.bias)[:, None]
 
 
 class KernelDecode(_Decode):

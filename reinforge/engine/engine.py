@@ -66,7 +66,8 @@ class EmbeddedEngine:
 
     Raises:
         TypeError: ``model`` is not a reinforge ``CausalLM``.
-        ValueError: ``record_routes`` for a dense model.
+        ValueError: ``record_routes`` for a dense model; ``engine.kv_cache_dtype`` unusable here
+            (:func:`.kv_cache.kv_cache_dtype`).
         MemoryError, ValueError: the KV cache cannot hold one sequence (:func:`.kv_cache.plan_kv_layout`).
     """
 
@@ -81,7 +82,7 @@ class EmbeddedEngine:
         self.tokenizer = tokenizer
         self.weight_version = 0
         self.runner = ModelRunner(self.model, self.kernels, max_model_len, self.config.cuda_graph, seed,
-                                  record_routes=record_routes)
+                                  record_routes=record_routes, kv_cache_dtype=self.config.kv_cache_dtype)
         self.device = self.runner.device
         # launch the next decode steps before reading back the last ones (no gain without an
         # asynchronous device; tests turn it on on a CPU to exercise the same bookkeeping)
@@ -94,7 +95,7 @@ class EmbeddedEngine:
         self._allocate()
 
     def _allocate(self) -> None:
-        layout = plan_kv_layout(self.model.args, self.runner.dtype, self.device, self.config, self.max_model_len,
+        layout = plan_kv_layout(self.model.args, self.runner.kv_dtype, self.device, self.config, self.max_model_len,
                                 self.kernels)
         self.runner.allocate(layout)
         self.scheduler = Scheduler(layout, self.config.max_prefill_tokens, self.config.sync_interval)

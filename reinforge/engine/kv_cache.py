@@ -10,6 +10,12 @@ the tokens a sequence holds, not ``max_model_len`` (the paged attention of vLLM:
 
 Blocks are reference-counted: the ``n`` samples of a request share the prompt's full blocks, and
 only the prompt's last, partial block is copied per sample (its rest is written by each sample).
+
+The cache dtype is the engine's (bf16 on a GPU) or, with ``engine.kv_cache_dtype: fp8``, 8-bit floats
+(:func:`kv_cache_dtype`): half the bytes a decode step reads per cached token, twice the tokens a
+memory budget holds. Keys and values are stored with a scale of 1, saturated at the format's
+largest finite value (:func:`to_cache`), and turned back into the model's dtype when read; vLLM's
+``kv_cache_dtype="fp8"`` without calibrated scales (``k_scale = v_scale = 1.0``) does the same.
 """
 
 from __future__ import annotations
@@ -21,6 +27,68 @@ import torch
 
 if TYPE_CHECKING:
     from ..config.sections import EngineConfig
+
+
+# engine.kv_cache_dtype -> storage dtype ("auto": the model's); vLLM's names
+KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The storage dtype of the KV cache for ``engine.kv_cache_dtype``.
+
+    Args:
+        name: ``auto`` (the model's dtype), ``fp8`` / ``fp8_e4m3`` (float8 e4m3fn: 3 mantissa bits,
+            finite up to 448) or ``fp8_e5m2`` (2 mantissa bits, up to 57344).
+        model_dtype: the engine's weights' dtype.
+        device: where the cache lives.
+
+    Raises:
+        ValueError: an unknown name, or e4m3 on a CUDA GPU before compute capability 8.9 (Ada,
+            Hopper), whose Triton has no e4m3 conversion (e5m2 works there).
+    """
+    if name == "auto":
+        return model_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"engine.kv_cache_dtype={name!r}: choose one of auto, {', '.join(KV_CACHE_DTYPES)}")
+    dtype = KV_CACHE_DTYPES[name]
+    if dtype == torch.float8_e4m3fn and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        raise ValueError(f"engine.kv_cache_dtype={name}: the e4m3 format needs a GPU of compute capability 8.9 or "
+                         f"later (Ada, Hopper); this one is {cap}: use fp8_e5m2 or auto")
+    return dtype
+
+
+def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in the cache's dtype: unchanged when it already is; for an 8-bit float, clamped to the
+    format's largest finite value first (saturation, not inf/NaN), scale 1."""
+    if x.dtype == dtype:
+        return x
+    if dtype.itemsize == 1 and dtype.is_floating_point:
+        big = torch.finfo(dtype).max
+        x = x.clamp(-big, big)
+    return x.to(dtype)
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """An 8-bit-float tensor viewed as uint8 (indexing kernels take uint8 on every device and torch
+    version, not all take float8); any other tensor unchanged."""
+    return x.view(torch.uint8) if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else x
+
+
+def cache_write(cache: torch.Tensor, index: tuple, values: torch.Tensor) -> None:
+    """``cache[index] = values`` in the cache's dtype (:func:`to_cache`)."""
+    _bytes(cache)[index] = _bytes(to_cache(values, cache.dtype))
+
+
+def cache_read(cache: torch.Tensor, index: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """``cache[index]`` (a copy) in ``dtype``."""
+    return _bytes(cache)[index].view(cache.dtype).to(dtype)
+
+
+def cache_copy(cache: torch.Tensor, dst: tuple, src: tuple) -> None:
+    """``cache[dst] = cache[src]``, bytes as they are."""
+    b = _bytes(cache)
+    b[dst] = b[src]
 
 
 class OutOfBlocks(Exception):
@@ -113,7 +181,7 @@ class KVLayout:
 
 def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of keys and values of one block over all layers."""
-    elem = torch.tensor([], dtype=dtype).element_size()
+    elem = dtype.itemsize
     return 2 * num_layers * num_kv_heads * head_dim * block_size * elem
 
 
@@ -123,7 +191,7 @@ def plan_kv_layout(args: Any, dtype: torch.dtype, device: torch.device, cfg: "En
 
     Args:
         args: the model's :class:`~reinforge.models.transformer.ModelArgs` (layers, KV heads, head size).
-        dtype, device: of the cache.
+        dtype, device: of the cache (its storage dtype: :func:`kv_cache_dtype`).
         cfg: the ``engine`` config section (``max_num_seqs``, ``kv_block_size``, ``num_kv_blocks``,
             ``kv_cache_memory_fraction``).
         max_model_len: the longest prompt + response a slot holds.

@@ -23,6 +23,7 @@ import functools
 import torch
 
 from ..utils.triton import tl, triton
+from .kv_cache import cache_read
 
 
 def masked_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -45,19 +46,21 @@ def masked_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     return torch.matmul(probs, values).view(B, H, D)
 
 
-def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int) -> torch.Tensor:
+def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
     """The first ``num_blocks`` blocks of each row of ``table`` as one padded key range.
 
     Args:
-        cache: [blocks, KVH, BS, D] one layer's keys or values.
+        cache: [blocks, KVH, BS, D] one layer's keys or values (an 8-bit float cache too).
         table: [B, >= num_blocks] integer block ids.
+        dtype: of the result (None: the cache's).
 
     Returns:
         [B, KVH, num_blocks * BS, D] (a copy).
     """
     B = table.shape[0]
     _, KVH, BS, D = cache.shape
-    g = cache[table[:, :num_blocks].long()]  # [B, nb, KVH, BS, D]
+    g = cache_read(cache, (table[:, :num_blocks].long(),), dtype or cache.dtype)  # [B, nb, KVH, BS, D]
     return g.transpose(1, 2).reshape(B, KVH, num_blocks * BS, D)
 
 
@@ -103,7 +106,8 @@ if triton is not None:
                              s_qb, s_qh, s_nb, s_nh, s_kb, s_kh, s_kt, s_tb, s_ob, s_oh,
                              H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                              BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                             MIN_KEYS: tl.constexpr, IEEE: tl.constexpr):
+                             MIN_KEYS: tl.constexpr, IEEE: tl.constexpr, KV_FP8: tl.constexpr,
+                             FP8_MAX: tl.constexpr):
         # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -124,6 +128,9 @@ if triton is not None:
         # registers by split 0 (no race: no program reads position n_cached from memory)
         kn = tl.load(KN + b * s_nb + h * s_nh + d)
         vn = tl.load(VN + b * s_nb + h * s_nh + d)
+        if KV_FP8:  # an 8-bit cache: saturate and round, and attend to the rounded token like later steps
+            kn = tl.minimum(tl.maximum(kn.to(tl.float32), -FP8_MAX), FP8_MAX).to(K.dtype.element_ty)
+            vn = tl.minimum(tl.maximum(vn.to(tl.float32), -FP8_MAX), FP8_MAX).to(V.dtype.element_ty)
         if sp == 0:
             w = tl.load(WBLK + b).to(tl.int64) * s_kb + h * s_kh + tl.load(WOFF + b).to(tl.int64) * s_kt
             tl.store(K + w + d, kn)
@@ -141,6 +148,8 @@ if triton is not None:
             blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
             row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
             k = tl.load(K + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            if KV_FP8:
+                k = k.to(Q.dtype.element_ty)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -151,6 +160,8 @@ if triton is not None:
             p = tl.exp(s - m_new[:, None])
             denom = denom * alpha + tl.sum(p, 1)
             v = tl.load(V + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            if KV_FP8:
+                v = v.to(Q.dtype.element_ty)
             if IEEE:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -205,7 +216,11 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
     Args:
         q: [B, H, D] queries, contiguous in D.
         k_new, v_new: [B, KVH, D] the new token's key (RoPE applied) and value, contiguous in D.
-        k_cache, v_cache: [blocks, KVH, BS, D] one layer's cache, contiguous; D a power of two.
+        k_cache, v_cache: [blocks, KVH, BS, D] one layer's cache, contiguous; D a power of two. In
+            ``q``'s dtype, or an 8-bit float (``float8_e4m3fn`` / ``float8_e5m2``, scale 1): loads
+            are converted to ``q``'s dtype, and the new token is saturated and rounded to the
+            cache's format both where it is stored and where this step attends to it (so every
+            step sees the same keys as :func:`masked_decode_attention` over the written cache).
         table: [>= B, max_blocks] int32 block ids; row b lists sequence b's blocks in order.
         lens: [B] int64 keys sequence b attends to: cached positions ``[0, lens[b] - 1)`` and the
             new token (>= 1).
@@ -234,6 +249,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
+    fp8 = k_cache.dtype.itemsize == 1
     out = torch.empty_like(q)
     if num_splits == 1:
         pm = pl = pacc = out  # unused
@@ -246,7 +262,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
         H=H, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n, SPLITS=num_splits,
-        MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, num_warps=4)
+        MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, KV_FP8=fp8,
+        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, num_warps=4)
     if num_splits > 1:
         _combine_splits_kernel[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(1), H=H, D=D,
                                        SPLITS=num_splits, S_PAD=max(2, triton.next_power_of_2(num_splits)),

@@ -29,7 +29,7 @@ import torch
 from ..models.moe import Routing, grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
-from .kv_cache import KVLayout
+from .kv_cache import KVLayout, cache_copy, kv_cache_dtype as resolve_kv_dtype
 from .sampling import sample_tokens, sample_tokens_fused
 
 if TYPE_CHECKING:
@@ -86,13 +86,15 @@ class ModelRunner:
         seed: seed of the sampling streams.
         record_routes: keep the experts behind every sampled token (``out_routes``, see the module
             docstring); needs a mixture-of-experts model.
+        kv_cache_dtype: ``engine.kv_cache_dtype`` (:func:`.kv_cache.kv_cache_dtype`): the cache's
+            storage dtype, ``kv_dtype``.
 
     Raises:
-        ValueError: ``record_routes`` for a dense model.
+        ValueError: ``record_routes`` for a dense model; an unusable ``kv_cache_dtype``.
     """
 
     def __init__(self, model: CausalLM, kernels: bool, max_model_len: int, cuda_graph: bool, seed: int,
-                 record_routes: bool = False):
+                 record_routes: bool = False, kv_cache_dtype: str = "auto"):
         self.model, self.kernels, self.max_model_len = model, kernels, max_model_len
         if record_routes and not model.args.moe_layers:
             raise ValueError("algo.use_rollout_routing_replay=true: the embedded engine records expert routes of a "
@@ -104,6 +106,7 @@ class ModelRunner:
         self.out_routes: torch.Tensor | None = None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, self.dtype, self.device)
         self.on_cuda = self.device.type == "cuda"
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # the fused sampler's Philox key: seed in the high 32 bits, decode steps in the low ones
@@ -130,8 +133,8 @@ class ModelRunner:
         self.layout = layout
         self.Decode = decode_context(layout.paged, self.kernels)
         shape = (a.num_layers, layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=dev)
+        self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
         z = dict(device=dev)
         self.arange = torch.arange(max(S, L, layout.block_size * layout.blocks_per_seq), **z)
@@ -151,8 +154,9 @@ class ModelRunner:
             self.out_routes = torch.zeros(S, L, len(a.moe_layers), a.num_experts_per_tok, dtype=self.route_dtype, **z)
             log.info("embedded engine: routing record buffer of %.1f MiB (rollout routing replay)",
                      self.out_routes.numel() * self.out_routes.element_size() / 2**20)
-        log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB)%s", S, layout.num_blocks,
-                 layout.block_size, 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+        log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s", S,
+                 layout.num_blocks, layout.block_size, 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+                 str(self.kv_dtype).removeprefix("torch."),
                  ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "")
 
     def free(self) -> None:
@@ -260,8 +264,9 @@ class ModelRunner:
             src = self.h2d([a for a, _ in tail_copies])
             dst = self.h2d([b for _, b in tail_copies])
             r = min(T, bs)
-            self.k_cache[:, dst, :, :r] = self.k_cache[:, src, :, :r]
-            self.v_cache[:, dst, :, :r] = self.v_cache[:, src, :, :r]
+            for cache in (self.k_cache, self.v_cache):
+                cache_copy(cache, (slice(None), dst, slice(None), slice(None, r)),
+                           (slice(None), src, slice(None), slice(None, r)))
         self._start_slots(chosen, slots, logits, last_routes)
 
     def _start_slots(self, chosen: list["Pending"], slots: list[int], logits: torch.Tensor,

@@ -105,6 +105,14 @@ def server_flags(args: dict[str, Any]) -> list[str]:
     return out
 
 
+def kv_cache_flag(kv_cache_dtype: str) -> dict[str, str]:
+    """SGLang's ``--kv-cache-dtype`` for ``engine.kv_cache_dtype`` (SGLang spells vLLM's ``fp8`` as
+    ``fp8_e4m3``); none for ``auto``."""
+    if kv_cache_dtype == "auto":
+        return {}
+    return {"kv_cache_dtype": "fp8_e4m3" if kv_cache_dtype == "fp8" else kv_cache_dtype}
+
+
 def launch_command(model_path: str, host: str, port: int, nccl_port: int, dist_init_port: int, *,
                    tp_size: int = 1, base_gpu_id: int = 0, mem_fraction_static: float = 0.5, seed: int = 0,
                    enable_memory_saver: bool = False, extra_args: dict[str, Any] | None = None) -> list[str]:
@@ -377,7 +385,8 @@ def from_spec(spec) -> SGLangEngine:
         servers = []
         for i in range(spec.num_engines):
             port, nccl, dist_init = ports.take(1), ports.take(1), ports.take(31)
-            extra = {"context_length": spec.max_model_len, **(r.sglang_server_args or {})}
+            extra = {"context_length": spec.max_model_len, **kv_cache_flag(r.kv_cache_dtype),
+                     **(r.sglang_server_args or {})}
             cmd = launch_command(str(spec.model_path), r.sglang_host, port, nccl, dist_init, tp_size=tp,
                                  base_gpu_id=i * tp, mem_fraction_static=r.kv_cache_memory_fraction, seed=spec.seed + i,
                                  enable_memory_saver=spec.colocate, extra_args=extra)

