@@ -14,7 +14,8 @@ read the same keys and values).
 
 * ``ours 1``: one program per (sequence, KV head); ``ours auto``: the split count the engine
   would use (``decode_splits`` from the batch, KV heads, context and the SM count); ``ours S``:
-  the ``--splits`` sweep.
+  the ``--splits`` sweep; ``... fp8``: the same kernel over a copy of the cache in float8 e4m3
+  (``engine.kv_cache_dtype: fp8``; half the K+V bytes; ``--no-fp8`` leaves these rows out).
 * ``flex``: ``torch.compile(flex_attention)`` on ``q [B, H, 1, D]`` against one flat cache
   ``[1, KVH, pages * P, D]`` (``--flex-page`` tokens per page, pages scattered), with a
   ``BlockMask`` listing each sequence's pages (full pages unmasked, the last one through a
@@ -37,6 +38,7 @@ import traceback
 
 import torch
 
+from reinforge.engine.kv_cache import to_cache
 from reinforge.engine.paged_attention import (_num_sms, decode_splits, gather_blocks,
                                                paged_decode_attention_triton)
 
@@ -65,12 +67,15 @@ class Case:
         self.w_blk = self.table.long().gather(1, (pos // BS)[:, None])[:, 0]
         self.w_off = pos % BS
 
-    def ours(self, num_splits: int | None):
-        return lambda: paged_decode_attention_triton(self.q, self.kn, self.vn, self.k, self.v, self.table, self.lens,
+    def ours(self, num_splits: int | None, fp8: bool = False):
+        if fp8 and not hasattr(self, "k8"):
+            self.k8, self.v8 = to_cache(self.k, torch.float8_e4m3fn), to_cache(self.v, torch.float8_e4m3fn)
+        k, v = (self.k8, self.v8) if fp8 else (self.k, self.v)
+        return lambda: paged_decode_attention_triton(self.q, self.kn, self.vn, k, v, self.table, self.lens,
                                                      self.w_blk, self.w_off, num_splits=num_splits)
 
-    def kv_bytes(self) -> int:
-        return int(self.lens.sum()) * self.KVH * self.D * 2 * self.k.element_size()
+    def kv_bytes(self, elem: int | None = None) -> int:
+        return int(self.lens.sum()) * self.KVH * self.D * 2 * (elem or self.k.element_size())
 
 
 def flex_setup(c: Case, page: int, compiled: bool):
@@ -211,6 +216,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--no-flashinfer", action="store_true")
+    p.add_argument("--no-fp8", action="store_true", help="leave out the rows over an fp8 cache")
     args = p.parse_args()
     dev = torch.device(args.device)
     cpu = dev.type == "cpu"  # a smoke run under TRITON_INTERPRET=1: tiny sizes, fp32, eager flex
@@ -231,6 +237,8 @@ def main() -> None:
             ref = c.ours(1)()  # also writes the new token's K/V: every kernel below sees the same cache
             kernels = [("ours", 1, c.ours(1)), ("ours auto", auto, c.ours(None))]
             kernels += [("ours", s, c.ours(s)) for s in sweep if s not in (1, auto)]
+            if not args.no_fp8 and not cpu:
+                kernels += [("ours fp8", 1, c.ours(1, fp8=True)), ("ours auto fp8", auto, c.ours(None, fp8=True))]
             extra = {}
             if not args.no_flex:
                 try:
@@ -246,8 +254,8 @@ def main() -> None:
                         kernels.append((name, "-", flashinfer_setup(c, tc)))
                     except Exception:  # noqa: BLE001
                         extra[name] = "unavailable: " + traceback.format_exc(limit=1).strip().splitlines()[-1]
-            gb = c.kv_bytes() / 1e9
             for name, s, fn in kernels:
+                gb = c.kv_bytes(1 if "fp8" in name else None) / 1e9
                 try:
                     diff = (fn().float() - ref.float()).abs().max().item()
                     sec, how = timed(fn, dev, args.iters, args.reps)

@@ -70,13 +70,14 @@ def workload_overrides(model: Path, data: Path, out: Path, *, length: int, seqs:
         "eval.eval_before_train=false", "run.save_final=false", "run.save_interval=null"]
 
 
-def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path) -> dict[str, float]:
+def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path,
+        kv_cache_dtype: str = "auto") -> dict[str, float]:
     from reinforge.config import load_config
     from reinforge.loop import RLLoop
 
     overrides = workload_overrides(model, data, out, length=length, seqs=seqs, n=n, max_num_seqs=seqs,
                                    kv_fraction=args.kv_fraction, max_tokens=args.max_tokens, steps=args.steps)
-    overrides.append(f"train.device={args.device}")
+    overrides += [f"train.device={args.device}", f"engine.kv_cache_dtype={kv_cache_dtype}"]
     if args.over_sampling:
         over = math.ceil(seqs // n * args.over_sampling)
         overrides += [f"rollout.over_sampling_batch_size={over}", f"engine.max_num_seqs={over * n}",
@@ -114,6 +115,8 @@ def main() -> None:
                     help="rollout.over_sampling_batch_size as a multiple of the prompts (0: off): the step stops "
                          "once rollout_batch_size groups are complete")
     ap.add_argument("--carry-over", action="store_true", help="rollout.partial_rollout: continue unfinished samples")
+    ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"],
+                    help="engine.kv_cache_dtype values to run at each length (auto, fp8, ...)")
     ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
     ap.add_argument("--set", nargs="*", default=[], help="further config overrides (key=value)")
     args = ap.parse_args()
@@ -125,30 +128,31 @@ def main() -> None:
         write_prompts(tmp / "prompts.jsonl", 512)
         for length in args.lengths:
             seqs = args.seqs or SEQS.get(length, 64)
-            try:
-                r = run(length, seqs, args.n, args, model, tmp / "prompts.jsonl", tmp / f"run{length}")
-            except Exception as e:  # a failed row is reported, the table goes on
-                r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-            rows.append((length, r))
-            print(length, r, flush=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            for kvd in args.kv_cache_dtypes:
+                try:
+                    r = run(length, seqs, args.n, args, model, tmp / "prompts.jsonl", tmp / f"run{length}{kvd}", kvd)
+                except Exception as e:  # a failed row is reported, the table goes on
+                    r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                rows.append((length, kvd, r))
+                print(length, kvd, r, flush=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"\n{name}, torch {torch.__version__}; last of {args.steps} steps")
-    print("| responses <= | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
+    print("| responses <= | KV cache | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
           "step s | generated tok/s per GPU |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for length, r in rows:
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for length, kvd, r in rows:
         if "error" in r:
-            print(f"| {length} | {r['error']} |")
+            print(f"| {length} | {kvd} | {r['error']} |")
             continue
-        print(f"| {length} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
+        print(f"| {length} | {kvd} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
               f"{r['train_s']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |")
-    mismatch = [k for k in rows[0][1] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
+    mismatch = [k for k in rows[0][2] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
     if mismatch:  # the trainer's log-probs against the engine's, last step (algo/mismatch.py)
-        print("\n| responses <= | " + " | ".join(mismatch) + " |")
-        for length, r in rows:
-            print(f"| {length} | " + " | ".join(f"{r.get(k, float('nan')):.4g}" for k in mismatch) + " |")
+        print("\n| responses <= | KV cache | " + " | ".join(mismatch) + " |")
+        for length, kvd, r in rows:
+            print(f"| {length} | {kvd} | " + " | ".join(f"{r.get(k, float('nan')):.4g}" for k in mismatch) + " |")
 
 
 if __name__ == "__main__":

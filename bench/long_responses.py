@@ -57,10 +57,11 @@ def kv_gib(eng, blocks: int) -> float:
 
     a = eng.model.args
     return blocks * bytes_per_block(a.num_layers, a.num_kv_heads, a.head_dim, eng.scheduler.layout.block_size,
-                                    eng.runner.dtype) / 2**30
+                                    eng.runner.kv_dtype) / 2**30
 
 
-def bench_generation(folder: Path, length: int, args, device: torch.device) -> dict[str, float]:
+def bench_generation(folder: Path, length: int, args, device: torch.device, kv_cache_dtype: str = "auto"
+                     ) -> dict[str, float]:
     from reinforge.models.loading import build_model
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
@@ -73,8 +74,8 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     g = torch.Generator().manual_seed(0)
     prompt_len = args.prompt_len + length - args.window
     prompts = [torch.randint(100, vocab - 100, (prompt_len,), generator=g).tolist() for _ in range(args.seqs)]
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs,
-                                             kv_cache_memory_fraction=0.9, cuda_graph=device.type == "cuda"),
+    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, kv_cache_memory_fraction=0.9,
+                                             cuda_graph=device.type == "cuda", kv_cache_dtype=kv_cache_dtype),
                          max_model_len=args.prompt_len + length)
     sp = SamplingParams(max_new_tokens=args.window, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
@@ -95,7 +96,7 @@ def bench_generation(folder: Path, length: int, args, device: torch.device) -> d
     decode_s = time.perf_counter() - t
     new = sum(len(r.token_ids) for g in groups for r in g.results) - args.seqs * warm
     # the physical limit of a decode step: every weight and every cached key/value read once
-    a, elem = model.args, torch.tensor([], dtype=dtype).element_size()
+    a, elem = model.args, eng.runner.kv_dtype.itemsize
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_bytes = args.seqs * (args.prompt_len + length) * a.num_layers * a.num_kv_heads * a.head_dim * 2 * elem
     step_ms = 1e3 * decode_s / (args.window - warm)
@@ -222,6 +223,8 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16384, help="train.max_tokens_per_gpu")
     ap.add_argument("--logprob-tokens", type=int, default=16384)
+    ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"],
+                    help="generation: engine.kv_cache_dtype values to run (auto, fp8, ...)")
     ap.add_argument("--parts", nargs="+", default=["generation", "training", "logprob"],
                     choices=["generation", "paging", "training", "logprob"])
     ap.add_argument("--pool-shares", nargs="+", type=float, default=[1.0, 0.4, 0.2],
@@ -246,8 +249,9 @@ def main() -> None:
             write_random_model(arch, folder, max_position_embeddings=max(32768, 2 * max(args.lengths)))
             for length in args.lengths:
                 if "generation" in args.parts:
-                    gen.append((arch, length, attempt(bench_generation, folder, length, args, device)))
-                    print(gen[-1], flush=True)
+                    for kvd in args.kv_cache_dtypes:
+                        gen.append((arch, length, kvd, attempt(bench_generation, folder, length, args, device, kvd)))
+                        print(gen[-1], flush=True)
                 if "paging" in args.parts:
                     for share in args.pool_shares:
                         paging.append((arch, length, share, attempt(bench_paging, folder, length, args, device,
@@ -272,11 +276,11 @@ def main() -> None:
         print(f"\nGeneration: {args.seqs} sequences, context {args.prompt_len} + length; decode timed over the last "
               f"{args.window} tokens")
         print(f"(limit: weights + every cached K/V read once per step at {args.peak_tbs} TB/s)")
-        print("| arch | new tokens | slots | prefill tok/s | decode tok/s | ms/step | limit ms | share of limit | "
-              "KV pool GiB | KV held GiB | peak GiB |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for arch, length, r in gen:
-            print(f"| {arch} | {length} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
+        print("| arch | new tokens | KV cache | slots | prefill tok/s | decode tok/s | ms/step | limit ms | "
+              "share of limit | KV pool GiB | KV held GiB | peak GiB |")
+        print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for arch, length, kvd, r in gen:
+            print(f"| {arch} | {length} | {kvd} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
                   f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'step_ms', '.2f')} | {cell(r, 'limit_ms', '.2f')} | "
                   f"{cell(r, 'share', '.0%')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
                   f"{cell(r, 'peak_gib', '.1f')} |")
