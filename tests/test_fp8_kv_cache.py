@@ -127,7 +127,7 @@ def test_cuda_kernel_engine_over_fp8_equals_the_one_block_layout(tiny_model_path
     one = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, kv_block_size=96, kv_cache_dtype="fp8"),
                          max_model_len=96)
     want = _greedy(one, ps, 60)
-    for blocks in (0, 30):
+    for blocks in (0, 16):  # ample pool; a pool that forces preemption
         eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, sync_interval=3, num_kv_blocks=blocks,
                                                  kv_cache_dtype="fp8"), max_model_len=96)
         assert eng.runner.Decode.__name__ == "KernelDecode" and eng.runner.k_cache.dtype == E4M3

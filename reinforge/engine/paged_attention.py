@@ -107,7 +107,7 @@ if triton is not None:
                              H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                              BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                              MIN_KEYS: tl.constexpr, IEEE: tl.constexpr, KV_FP8: tl.constexpr,
-                             FP8_MAX: tl.constexpr):
+                             FP8_MAX: tl.constexpr, WHOLE_BLOCKS: tl.constexpr):
         # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -136,6 +136,10 @@ if triton is not None:
             tl.store(K + w + d, kn)
             tl.store(V + w + d, vn)
         q = tl.load(Q + b * s_qb + (h * G + g)[:, None] * s_qh + d[None, :], mask=head_ok, other=0.0)
+        if KV_FP8 and not IEEE:
+            # fp8 -> fp16 is one conversion instruction per pair (fp8 -> bf16 is several), so the
+            # products run in fp16 (10 mantissa bits; bf16 queries beyond its range are clamped)
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
         first = sp == 0
         s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
         # running max, sum of exp and weighted values; a split without the new token starts neutral
@@ -145,11 +149,16 @@ if triton is not None:
         for start in range(lo, hi, BLOCK_N):  # every iteration has >= 1 valid key: m stays finite
             tok = start + t
             valid = tok < hi
-            blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
-            row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
+            if WHOLE_BLOCKS:  # the tile is BLOCK_N // BS whole blocks: one table read per block
+                nb = start // BS + tl.arange(0, BLOCK_N // BS)
+                blk = tl.load(TABLE + b * s_tb + nb, mask=nb * BS < hi, other=0).to(tl.int64)
+                row = tl.reshape((blk * s_kb + h * s_kh)[:, None] + (tl.arange(0, BS) * s_kt)[None, :], [BLOCK_N])
+            else:
+                blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
+                row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
             k = tl.load(K + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             if KV_FP8:
-                k = k.to(Q.dtype.element_ty)
+                k = k.to(q.dtype)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -161,7 +170,7 @@ if triton is not None:
             denom = denom * alpha + tl.sum(p, 1)
             v = tl.load(V + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             if KV_FP8:
-                v = v.to(Q.dtype.element_ty)
+                v = v.to(q.dtype)
             if IEEE:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -201,7 +210,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
                                   v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
                                   write_block: torch.Tensor, write_offset: torch.Tensor,
                                   block_n: int = 64, num_splits: int | None = None,
-                                  max_len: int | None = None) -> torch.Tensor:
+                                  max_len: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
     stores the new token's key and value in the cache, exactly once (one kernel instead of two
     scatters).
@@ -220,18 +229,21 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
             ``q``'s dtype, or an 8-bit float (``float8_e4m3fn`` / ``float8_e5m2``, scale 1): loads
             are converted to ``q``'s dtype, and the new token is saturated and rounded to the
             cache's format both where it is stored and where this step attends to it (so every
-            step sees the same keys as :func:`masked_decode_attention` over the written cache).
+            step sees the same keys as :func:`masked_decode_attention` over the written cache). With
+            bf16 / fp16 queries the products over an 8-bit cache run in fp16.
         table: [>= B, max_blocks] int32 block ids; row b lists sequence b's blocks in order.
         lens: [B] int64 keys sequence b attends to: cached positions ``[0, lens[b] - 1)`` and the
             new token (>= 1).
         write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
             idle rows).
-        block_n: cached keys per loop iteration (may span several blocks).
+        block_n: cached keys per loop iteration (may span several blocks; a multiple of the block
+            size reads the block table once per block, otherwise once per key).
         num_splits: programs per (sequence, KV head); None: :func:`decode_splits` from ``B``,
             ``KVH``, ``max_len`` and the device's SM count.
         max_len: host bound on ``lens`` used to choose the splits (it affects speed only, not the
             result); None: the table's capacity, ``max_blocks * BS`` (the engine's
             ``max_model_len``), fixed for a captured graph.
+        num_warps: Triton warps per program.
 
     Returns:
         [B, H, D] in ``q``'s dtype. fp32 inputs use IEEE fp32 dot products (no TF32).
@@ -263,7 +275,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
         H=H, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n, SPLITS=num_splits,
         MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, KV_FP8=fp8,
-        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, num_warps=4)
+        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, WHOLE_BLOCKS=block_n % BS == 0,
+        num_warps=num_warps)
     if num_splits > 1:
         _combine_splits_kernel[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(1), H=H, D=D,
                                        SPLITS=num_splits, S_PAD=max(2, triton.next_power_of_2(num_splits)),
