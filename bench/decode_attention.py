@@ -67,15 +67,25 @@ class Case:
         self.w_blk = self.table.long().gather(1, (pos // BS)[:, None])[:, 0]
         self.w_off = pos % BS
 
-    def ours(self, num_splits: int | None, fp8: bool = False, **kw):
+    def ours(self, num_splits: int | None, fp8: bool = False, fn=paged_decode_attention_triton, **kw):
         if fp8 and not hasattr(self, "k8"):
             self.k8, self.v8 = to_cache(self.k, torch.float8_e4m3fn), to_cache(self.v, torch.float8_e4m3fn)
         k, v = (self.k8, self.v8) if fp8 else (self.k, self.v)
-        return lambda: paged_decode_attention_triton(self.q, self.kn, self.vn, k, v, self.table, self.lens,
+        return lambda: fn(self.q, self.kn, self.vn, k, v, self.table, self.lens,
                                                      self.w_blk, self.w_off, num_splits=num_splits, **kw)
 
     def kv_bytes(self, elem: int | None = None) -> int:
         return int(self.lens.sum()) * self.KVH * self.D * 2 * (elem or self.k.element_size())
+
+
+def load_baseline(path: str):
+    """``paged_decode_attention_triton`` of the file at ``path`` (imports absolute)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_paged_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.paged_decode_attention_triton
 
 
 def flex_setup(c: Case, page: int, compiled: bool):
@@ -217,6 +227,8 @@ def main() -> None:
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--no-flashinfer", action="store_true")
     p.add_argument("--no-fp8", action="store_true", help="leave out the rows over an fp8 cache")
+    p.add_argument("--baseline", default="", help="a .py file with another paged_decode_attention_triton (e.g. "
+                   "the kernel of an earlier commit, `git show REV:reinforge/engine/paged_attention.py`): 'base' rows")
     p.add_argument("--tune", default="", help="comma-separated BLOCK_NxWARPS (e.g. 64x8,128x4): 'ours auto' "
                    "(and fp8) rows with these keys per iteration and warps besides the defaults (64x4)")
     args = p.parse_args()
@@ -241,6 +253,8 @@ def main() -> None:
             kernels += [("ours", s, c.ours(s)) for s in sweep if s not in (1, auto)]
             if not args.no_fp8 and not cpu:
                 kernels += [("ours fp8", 1, c.ours(1, fp8=True)), ("ours auto fp8", auto, c.ours(None, fp8=True))]
+            if args.baseline:
+                kernels.append(("base auto", auto, c.ours(None, fn=load_baseline(args.baseline))))
             for knob in [x for x in args.tune.split(",") if x]:
                 bn, nw = map(int, knob.split("x"))
                 for fp8 in [False] + ([True] if not args.no_fp8 and not cpu else []):

@@ -3,7 +3,8 @@
 # PARTS selects (default "tests kernel decode16"):
 #   tests     the CUDA tests of the decode kernel and the engine over fp8 (and the bf16 ones beside them)
 #   kernel    the decode-attention kernel table, bf16 cache vs fp8 cache (bench/decode_attention.py, no flex;
-#             TUNE=64x8,128x4 adds rows with other keys-per-iteration x warps)
+#             TUNE=64x8,128x4 adds rows with other keys-per-iteration x warps; BASELINE=FILE rows of another
+#             kernel file, e.g. `git show REV:reinforge/engine/paged_attention.py` with its imports made absolute)
 #   decode16  engine decode at 4k / 16k / 32k context, 16 sequences, auto vs fp8 (bench/long_responses.py)
 #   decode64  the same, 64 sequences, 16k / 32k
 #   grpo      GRPO end to end (bench/grpo_long.py) at $LENGTHS (default 16384), auto vs fp8; extra arguments
@@ -20,7 +21,7 @@ if [[ $parts == *tests* ]]; then
       tests/test_kv_cache.py tests/test_engine.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
 fi
 if [[ $parts == *kernel* ]]; then
-  timeout 240 python bench/decode_attention.py --no-flex --no-flashinfer ${TUNE:+--tune $TUNE} 2>&1 | grep -v Warning \
+  timeout 240 python bench/decode_attention.py --no-flex --no-flashinfer ${TUNE:+--tune $TUNE} ${BASELINE:+--baseline $BASELINE} 2>&1 | grep -v Warning \
       | tee "$out/decode_attention_fp8.log" | tail -${TAIL:-16}
 fi
 for seqs in 16 64; do

@@ -71,6 +71,7 @@ def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int,
 TARGET_PROGRAMS_PER_SM = 4  # programs the split aims for, per SM (several per SM hide memory latency)
 MIN_KEYS_PER_SPLIT = 256  # a split covers at least this many cached keys (a multiple of block_n)
 MAX_SPLITS = 64
+RESCALE_LOG2 = 8.0  # the decode kernel's lazy rescaling threshold (log2 units: p <= 256 between rescales)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +108,7 @@ if triton is not None:
                              H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                              BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                              MIN_KEYS: tl.constexpr, IEEE: tl.constexpr, KV_FP8: tl.constexpr,
-                             FP8_MAX: tl.constexpr, WHOLE_BLOCKS: tl.constexpr):
+                             FP8_MAX: tl.constexpr, RESCALE: tl.constexpr):
         # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -141,6 +142,7 @@ if triton is not None:
             # products run in fp16 (10 mantissa bits; bf16 queries beyond its range are clamped)
             q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
         first = sp == 0
+        scale = scale * 1.4426950408889634  # scores in log2 units: exp2 below
         s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
         # running max, sum of exp and weighted values; a split without the new token starts neutral
         m = tl.where(first, s_new, float("-inf"))
@@ -149,13 +151,8 @@ if triton is not None:
         for start in range(lo, hi, BLOCK_N):  # every iteration has >= 1 valid key: m stays finite
             tok = start + t
             valid = tok < hi
-            if WHOLE_BLOCKS:  # the tile is BLOCK_N // BS whole blocks: one table read per block
-                nb = start // BS + tl.arange(0, BLOCK_N // BS)
-                blk = tl.load(TABLE + b * s_tb + nb, mask=nb * BS < hi, other=0).to(tl.int64)
-                row = tl.reshape((blk * s_kb + h * s_kh)[:, None] + (tl.arange(0, BS) * s_kt)[None, :], [BLOCK_N])
-            else:
-                blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
-                row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
+            blk = tl.load(TABLE + b * s_tb + tok // BS, mask=valid, other=0).to(tl.int64)
+            row = blk * s_kb + h * s_kh + (tok % BS) * s_kt
             k = tl.load(K + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             if KV_FP8:
                 k = k.to(q.dtype)
@@ -165,9 +162,15 @@ if triton is not None:
                 s = tl.dot(q, tl.trans(k))
             s = tl.where(valid[None, :], s * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            denom = denom * alpha + tl.sum(p, 1)
+            # lazy rescaling (FlashAttention-4's): the running max moves only when some row's grew by
+            # more than RESCALE (log2 units); until then exp2(s - m) <= 2**RESCALE (fp32 sums, fp16/bf16 p)
+            if tl.max(m_new - m, 0) > RESCALE:
+                alpha = tl.exp2(m - m_new)
+                denom = denom * alpha
+                acc = acc * alpha[:, None]
+                m = m_new
+            p = tl.exp2(s - m[:, None])
+            denom = denom + tl.sum(p, 1)
             v = tl.load(V + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             if KV_FP8:
                 v = v.to(q.dtype)
@@ -175,13 +178,12 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            acc = acc + pv
         if SPLITS == 1:
             out = acc / denom[:, None]
             tl.store(O + b * s_ob + (h * G + g)[:, None] * s_oh + d[None, :], out.to(O.dtype.element_ty),
                      mask=head_ok)
-        else:  # partials [B, H, SPLITS] (max, sum of exp) and [B, H, SPLITS, D] (unnormalised values), fp32
+        else:  # partials, fp32: [B, H, SPLITS] (max in log2 units, sum of exp2), [B, H, SPLITS, D] (unnormalised)
             part = (b * H + h * G + g) * SPLITS + sp
             tl.store(PM + part, m, mask=g < G)
             tl.store(PL + part, denom, mask=g < G)
@@ -201,7 +203,7 @@ if triton is not None:
         l = tl.load(PL + base + j, mask=ok, other=0.0)
         acc = tl.load(PACC + (base + j)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
         m_max = tl.max(m, 0)  # finite: split 0 holds the new token
-        w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)  # empty splits weigh 0
+        w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)  # empty splits weigh 0
         out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
         tl.store(O + b * s_ob + qh * s_oh + d, out.to(O.dtype.element_ty))
 
@@ -236,8 +238,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
             new token (>= 1).
         write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
             idle rows).
-        block_n: cached keys per loop iteration (may span several blocks; a multiple of the block
-            size reads the block table once per block, otherwise once per key).
+        block_n: cached keys per loop iteration (may span several blocks).
         num_splits: programs per (sequence, KV head); None: :func:`decode_splits` from ``B``,
             ``KVH``, ``max_len`` and the device's SM count.
         max_len: host bound on ``lens`` used to choose the splits (it affects speed only, not the
@@ -275,8 +276,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
         H=H, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n, SPLITS=num_splits,
         MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, KV_FP8=fp8,
-        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, WHOLE_BLOCKS=block_n % BS == 0,
-        num_warps=num_warps)
+        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, RESCALE=RESCALE_LOG2, num_warps=num_warps)
     if num_splits > 1:
         _combine_splits_kernel[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(1), H=H, D=D,
                                        SPLITS=num_splits, S_PAD=max(2, triton.next_power_of_2(num_splits)),
