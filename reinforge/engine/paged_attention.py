@@ -211,7 +211,7 @@ if triton is not None:
 def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
                                   v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
                                   write_block: torch.Tensor, write_offset: torch.Tensor,
-                                  block_n: int = 64, num_splits: int | None = None,
+                                  block_n: int | None = None, num_splits: int | None = None,
                                   max_len: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
     stores the new token's key and value in the cache, exactly once (one kernel instead of two
@@ -238,7 +238,9 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
             new token (>= 1).
         write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
             idle rows).
-        block_n: cached keys per loop iteration (may span several blocks).
+        block_n: cached keys per loop iteration (may span several blocks); None: 64, or 128 over an
+            8-bit cache (each iteration's fixed work then covers as many bytes; H100 sweep in
+            docs/benchmarks.md).
         num_splits: programs per (sequence, KV head); None: :func:`decode_splits` from ``B``,
             ``KVH``, ``max_len`` and the device's SM count.
         max_len: host bound on ``lens`` used to choose the splits (it affects speed only, not the
@@ -263,6 +265,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
     fp8 = k_cache.dtype.itemsize == 1
+    block_n = block_n or (128 if fp8 else 64)
     out = torch.empty_like(q)
     if num_splits == 1:
         pm = pl = pacc = out  # unused
