@@ -8,7 +8,7 @@
 #   decode16  engine decode at 4k / 16k / 32k context, 16 sequences, auto vs fp8 (bench/long_responses.py)
 #   decode64  the same, 64 sequences, 16k / 32k
 #   grpo      GRPO end to end (bench/grpo_long.py) at $LENGTHS (default 16384), auto vs fp8; extra arguments
-#             go to the script (e.g. --kv-fraction 0.55)
+#             go to the script (e.g. --kv-fraction 0.55); KV_DTYPES="fp8" runs only that one
 # Carry .device (whl/ with liger-kernel; cache/ with SmolLM2's tokenizer files). Output under $OUT.
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" REINFORGE_CACHE="$PWD/.device/cache" PYTHONUNBUFFERED=1
@@ -33,7 +33,7 @@ for seqs in 16 64; do
 done
 if [[ $parts == *grpo* ]]; then
   lengths=${LENGTHS:-16384}
-  python bench/grpo_long.py --lengths $lengths --kv-cache-dtypes auto fp8 "$@" \
+  python bench/grpo_long.py --lengths $lengths --kv-cache-dtypes ${KV_DTYPES:-auto fp8} "$@" \
       --tokenizer .device/cache/models/smollm2-135m-instruct 2>&1 | grep -v -e Warning -e "Writing model" \
       | tee "$out/grpo_long_fp8_${lengths// /_}.log" | tail -12
 fi
