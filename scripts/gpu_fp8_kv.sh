@@ -7,6 +7,7 @@
 #             kernel file, e.g. `git show REV:reinforge/engine/paged_attention.py` with its imports made absolute)
 #   decode16  engine decode at 4k / 16k / 32k context, 16 sequences, auto vs fp8 (bench/long_responses.py)
 #   decode64  the same, 64 sequences, 16k / 32k
+#   profile   what a decode step is made of (bench/decode_profile.py): 16 x 4k and 64 x 16k, auto and fp8
 #   grpo      GRPO end to end (bench/grpo_long.py) at $LENGTHS (default 16384), auto vs fp8; extra arguments
 #             go to the script (e.g. --kv-fraction 0.55); KV_DTYPES="fp8" runs only that one
 # Carry .device (whl/ with liger-kernel; cache/ with SmolLM2's tokenizer files). Output under $OUT.
@@ -31,6 +32,15 @@ for seqs in 16 64; do
       --parts generation --window 64 --kv-cache-dtypes auto fp8 2>&1 | grep -v Warning \
       | tee "$out/long_decode_fp8_$seqs.log" | tail -9)
 done
+if [[ $parts == *profile* ]]; then
+  for shape in "16 4096" "64 16384"; do
+    read -r seqs ctx <<< "$shape"
+    for kvd in auto fp8; do
+      timeout 150 python bench/decode_profile.py --seqs "$seqs" --context "$ctx" --kv-cache-dtype $kvd 2>&1 \
+          | grep -v -e Warning -e "Writing model" -e USDT | tee -a "$out/decode_profile.log" | tail -9
+    done
+  done
+fi
 if [[ $parts == *grpo* ]]; then
   lengths=${LENGTHS:-16384}
   python bench/grpo_long.py --lengths $lengths --kv-cache-dtypes ${KV_DTYPES:-auto fp8} "$@" \
