@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 # engine.kv_cache_dtype -> storage dtype ("auto": the model's); vLLM's names
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_DTYPES = frozenset(KV_CACHE_DTYPES.values())
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -63,7 +64,7 @@ def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     format's largest finite value first (saturation, not inf/NaN), scale 1."""
     if x.dtype == dtype:
         return x
-    if dtype.itemsize == 1 and dtype.is_floating_point:
+    if dtype in FP8_DTYPES:
         big = torch.finfo(dtype).max
         x = x.clamp(-big, big)
     return x.to(dtype)
@@ -72,7 +73,7 @@ def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _bytes(x: torch.Tensor) -> torch.Tensor:
     """An 8-bit-float tensor viewed as uint8 (indexing kernels take uint8 on every device and torch
     version, not all take float8); any other tensor unchanged."""
-    return x.view(torch.uint8) if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else x
+    return x.view(torch.uint8) if x.dtype in FP8_DTYPES else x
 
 
 def cache_write(cache: torch.Tensor, index: tuple, values: torch.Tensor) -> None:
