@@ -229,8 +229,9 @@ def main() -> None:
     p.add_argument("--no-fp8", action="store_true", help="leave out the rows over an fp8 cache")
     p.add_argument("--baseline", default="", help="a .py file with another paged_decode_attention_triton (e.g. "
                    "the kernel of an earlier commit, `git show REV:reinforge/engine/paged_attention.py`): 'base' rows")
-    p.add_argument("--tune", default="", help="comma-separated BLOCK_NxWARPS (e.g. 64x8,128x4): 'ours auto' "
-                   "(and fp8) rows with these keys per iteration and warps besides the defaults (64x4)")
+    p.add_argument("--tune", default="", help="comma-separated BLOCK_NxWARPS[xSTAGES] (e.g. 64x8,128x4x2): "
+                   "'ours auto' (and fp8) rows with these keys per iteration, warps and pipelining stages "
+                   "besides the defaults (64x4x3, fp8 128x4x3)")
     args = p.parse_args()
     dev = torch.device(args.device)
     cpu = dev.type == "cpu"  # a smoke run under TRITON_INTERPRET=1: tiny sizes, fp32, eager flex
@@ -256,10 +257,10 @@ def main() -> None:
             if args.baseline:
                 kernels.append(("base auto", auto, c.ours(None, fn=load_baseline(args.baseline))))
             for knob in [x for x in args.tune.split(",") if x]:
-                bn, nw = map(int, knob.split("x"))
+                bn, nw, *st = map(int, knob.split("x"))
                 for fp8 in [False] + ([True] if not args.no_fp8 and not cpu else []):
                     kernels.append((f"ours auto{' fp8' if fp8 else ''} {knob}", auto,
-                                    c.ours(None, fp8=fp8, block_n=bn, num_warps=nw)))
+                                    c.ours(None, fp8=fp8, block_n=bn, num_warps=nw, num_stages=st[0] if st else 3)))
             extra = {}
             if not args.no_flex:
                 try:

@@ -12,6 +12,8 @@ under bf16 autocast with gradient checkpointing, as reinforge's trainer runs it.
 * ``fused+liger_loss``  the same kernels; the LM head and the loss as Liger's
                         ``LigerFusedLinearGRPOLoss`` (chunked over rows: the [N, V] logits are never
                         all in memory).
+* ``fused+no_checkpointing``  ``fused`` without gradient checkpointing (every layer's activations
+                        kept: no recomputation, more memory).
 
 At commit ed393e6 (before the project dropped its own backward kernels for Liger's) the script
 also measured those kernels ("ours"): docs/benchmarks.md has that table.
@@ -39,7 +41,7 @@ from archs import active_params, hf_config  # noqa: E402
 from reinforge.algo.logprobs import token_log_probs  # noqa: E402
 from reinforge.models import transformer as T  # noqa: E402
 
-VARIANTS = ("eager", "fused", "fused+liger_loss")
+VARIANTS = ("eager", "fused", "fused+liger_loss", "fused+no_checkpointing")
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 EPS = 0.2
 
@@ -54,7 +56,7 @@ def build(arch: str, variant: str, device: torch.device) -> T.CausalLM:
     model = T.CausalLM(hf_config(arch)).to(device)
     model.init_weights()
     model.init_rope()
-    model.gradient_checkpointing = True
+    model.gradient_checkpointing = not variant.endswith("no_checkpointing")
     model.train()
     model.set_variant(T.Variant(fused_kernels=variant.startswith("fused")))
     return model

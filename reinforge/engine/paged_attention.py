@@ -71,6 +71,7 @@ def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int,
 TARGET_PROGRAMS_PER_SM = 4  # programs the split aims for, per SM (several per SM hide memory latency)
 MIN_KEYS_PER_SPLIT = 256  # a split covers at least this many cached keys (a multiple of block_n)
 MAX_SPLITS = 64
+BLOCK_N_128_MAX_SPLITS = 8  # bf16: 128 keys per iteration up to this many splits (64+ sequences), else 64
 RESCALE_LOG2 = 8.0  # the decode kernel's lazy rescaling threshold (log2 units: p <= 256 between rescales)
 
 
@@ -212,7 +213,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
                                   v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
                                   write_block: torch.Tensor, write_offset: torch.Tensor,
                                   block_n: int | None = None, num_splits: int | None = None,
-                                  max_len: int | None = None, num_warps: int = 4) -> torch.Tensor:
+                                  max_len: int | None = None, num_warps: int = 4,
+                                  num_stages: int = 3) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
     stores the new token's key and value in the cache, exactly once (one kernel instead of two
     scatters).
@@ -238,15 +240,18 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
             new token (>= 1).
         write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
             idle rows).
-        block_n: cached keys per loop iteration (may span several blocks); None: 64, or 128 over an
-            8-bit cache (each iteration's fixed work then covers as many bytes; H100 sweep in
-            docs/benchmarks.md).
+        block_n: cached keys per loop iteration (may span several blocks); None: 128 over an 8-bit
+            cache (each iteration's fixed work then covers as many bytes) or with at most
+            ``BLOCK_N_128_MAX_SPLITS`` splits (many programs already: longer iterations read more per
+            program), else 64 (H100 sweeps in docs/benchmarks.md).
         num_splits: programs per (sequence, KV head); None: :func:`decode_splits` from ``B``,
             ``KVH``, ``max_len`` and the device's SM count.
         max_len: host bound on ``lens`` used to choose the splits (it affects speed only, not the
             result); None: the table's capacity, ``max_blocks * BS`` (the engine's
             ``max_model_len``), fixed for a captured graph.
         num_warps: Triton warps per program.
+        num_stages: Triton software-pipelining stages of the key loop (loads issued that many
+            iterations ahead).
 
     Returns:
         [B, H, D] in ``q``'s dtype. fp32 inputs use IEEE fp32 dot products (no TF32).
@@ -265,7 +270,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
     fp8 = k_cache.dtype.itemsize == 1
-    block_n = block_n or (128 if fp8 else 64)
+    block_n = block_n or (128 if fp8 or num_splits <= BLOCK_N_128_MAX_SPLITS else 64)
     out = torch.empty_like(q)
     if num_splits == 1:
         pm = pl = pacc = out  # unused
@@ -279,7 +284,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
         H=H, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n, SPLITS=num_splits,
         MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, KV_FP8=fp8,
-        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, RESCALE=RESCALE_LOG2, num_warps=num_warps)
+        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, RESCALE=RESCALE_LOG2, num_warps=num_warps,
+        num_stages=num_stages)
     if num_splits > 1:
         _combine_splits_kernel[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(1), H=H, D=D,
                                        SPLITS=num_splits, S_PAD=max(2, triton.next_power_of_2(num_splits)),
