@@ -27,6 +27,8 @@ class LocalCluster:
         self.worker = TrainWorker(cfg, spec.base_path, spec.critic_path, pad_id=spec.pad_id)
         self.engine = build_engine(engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device),
                                                spec.max_model_len))
+        self.offload_rollout = cfg.cluster.offload_rollout
+        self.offload_engine_weights = cfg.cluster.offload_engine_weights
         self.has_reference = self.worker.has_reference
         self.has_critic = self.worker.critic is not None
 
@@ -44,10 +46,16 @@ class LocalCluster:
         return self.worker.train_critic(samples, returns, values, rollout_id)
 
     def before_train(self) -> None:
-        pass  # the engine's KV cache stays: one process, its memory is not needed elsewhere
+        """With ``cluster.offload_rollout`` the engine frees its KV cache (and its weights go to the CPU
+        with ``cluster.offload_engine_weights``); otherwise the cache stays allocated."""
+        if self.offload_rollout:
+            self.engine.sleep(offload_weights=self.offload_engine_weights)
 
     def after_train(self) -> None:
-        pass
+        if self.offload_rollout:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the trainer's cached blocks back to the driver for the KV cache
+            self.engine.wake_up()
 
     def sync_weights(self, version: int) -> dict[str, float]:
         return sync_in_process(self.worker.named_weights(), self.engine, version)

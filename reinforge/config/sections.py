@@ -45,6 +45,10 @@ class ModelConfig(Section):
     random_init: bool = opt(False, "ignore the stored weights and initialise randomly (tests, benchmarks)")
     gradient_checkpointing: bool = opt(False, "recompute layer activations in the backward pass (less memory, "
                                        "~30% more compute)")
+    recompute_num_layers: int | None = opt(
+        None, "with `gradient_checkpointing`: recompute only the first N decoder layers and keep the others' "
+        "activations (Megatron-LM's `--recompute-method block --recompute-num-layers`): less compute for more "
+        "memory; `null`: every layer; reinforge's own model code only", ge=0)
     torch_compile: bool = opt(False, "`torch.compile` each decoder layer of the trained model (fuses the elementwise "
                               "kernels of the norms, RoPE and SiLU in forward and backward; the first steps "
                               "compile); reinforge's own model code only, not with LoRA")
@@ -514,7 +518,12 @@ class ClusterConfig(Section):
                                   "starts a local one")
     num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer rank and per engine", gt=0)
     weight_sync_bucket_mb: int = opt(256, "weight sync sends the policy in buckets of about this many MB", ge=1)
-    offload_engine_weights: bool = opt(False, "colocate: move engine weights to the CPU while the trainers train")
+    offload_engine_weights: bool = opt(False, "colocate (or `offload_rollout`): move engine weights to the CPU while "
+                                       "the trainers train")
+    offload_rollout: bool = opt(False, "local mode: the engine frees its KV cache while the trainer trains (slime's "
+                                "`--offload-rollout`): the memory goes to the trainer's activations (e.g. fewer "
+                                "`model.recompute_num_layers`), at the cost of reallocating the cache and recapturing "
+                                "its CUDA graphs each rollout; Ray `colocate` engines always do this")
     memory_check: Literal["error", "warn", "off"] = opt(
         "error", "CPU-mode Ray placements: an estimate of the memory every process needs (docs/reliability.md) "
         "against the available memory: `error` refuses to start, `warn` logs, `off` skips (local mode only warns)")

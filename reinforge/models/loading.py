@@ -51,6 +51,29 @@ def is_native(model: nn.Module) -> bool:
     return isinstance(model, CausalLM)
 
 
+def set_gradient_checkpointing(model: nn.Module, enabled: bool, recompute_num_layers: int | None = None) -> None:
+    """Activation recomputation for a trained model (``model.gradient_checkpointing`` and
+    ``model.recompute_num_layers``; the one place they are applied). reinforge's own model
+    recomputes every decoder layer, or only the first ``recompute_num_layers`` (Megatron-LM's
+    ``--recompute-method block --recompute-num-layers``: the rest keep their activations, less
+    compute for more memory); other models use transformers' ``gradient_checkpointing_enable``.
+
+    Raises:
+        ValueError: ``recompute_num_layers`` without ``enabled``, or for a model that is not
+            reinforge's own (Llama / Qwen2 / Qwen3 / -MoE).
+    """
+    if recompute_num_layers is not None and not enabled:
+        raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs model.gradient_checkpointing=true")
+    if is_native(model):
+        model.gradient_checkpointing = enabled
+        model.recompute_num_layers = recompute_num_layers
+    elif recompute_num_layers is not None:
+        raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs a Llama / Qwen2 / Qwen3 (or -MoE) "
+                         "model (reinforge's own model code); set it to null")
+    elif enabled:
+        model.gradient_checkpointing_enable()
+
+
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files; mixture-of-experts weights in the hub's
     per-expert layout come back stacked (:func:`~reinforge.models.moe.stack_expert_weights`)."""

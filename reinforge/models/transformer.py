@@ -440,6 +440,9 @@ class CausalLM(nn.Module):
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False
+        # with gradient_checkpointing: the first N decoder layers are recomputed, the rest keep their
+        # activations (Megatron's --recompute-method block --recompute-num-layers N); None: all layers
+        self.recompute_num_layers: int | None = None
         self.variant = Variant()  # how this copy computes (set_variant)
         # RoPE table: the context window, RoPE scaling (YaRN, linear) counted (models/context.py)
         self._max_positions = max_positions or context_window(hf_config).tokens
@@ -521,8 +524,10 @@ class CausalLM(nn.Module):
             for layer in self.model.layers:
                 x, residual = layer.forward_residual(x, residual, cos, sin, ctx, routing)
             return self.model.norm(x) if residual is None else self.model.norm.add_forward(x, residual)
-        for layer in self.model.layers:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        n_recompute = len(self.model.layers) if self.recompute_num_layers is None else self.recompute_num_layers
+        for i, layer in enumerate(self.model.layers):
+            if recompute and i < n_recompute:
                 x = checkpoint(layer, x, cos, sin, ctx, routing, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, ctx, routing)

@@ -13,7 +13,7 @@ from ..algo.logprobs import token_log_probs
 from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
-from ..models.loading import build_model, is_native, named_weights
+from ..models.loading import build_model, is_native, named_weights, set_gradient_checkpointing
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.moe import Routing
 from ..records import Sample
@@ -78,11 +78,7 @@ class Actor(ModelTrainer):
                  ref_path: str | Path | None = None, parallel: ParallelContext | None = None, pad_id: int = 0):
         t, m, a = cfg.train, cfg.model, cfg.algo
         model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        if m.gradient_checkpointing:
-            if is_native(model):
-                model.gradient_checkpointing = True
-            else:
-                model.gradient_checkpointing_enable()
+        set_gradient_checkpointing(model, m.gradient_checkpointing, m.recompute_num_layers)
         if m.torch_compile:
             if not is_native(model) or m.lora_rank:
                 raise ValueError("model.torch_compile needs a Llama / Qwen2 / Qwen3 (or -MoE) model "

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..algo.losses import aggregate, clipped_value_loss
 from ..config import Config
-from ..models.loading import build_model, is_native
+from ..models.loading import build_model, is_native, set_gradient_checkpointing
 from ..records import Sample
 from .batching import MicroBatch
 from ..utils import seeds
@@ -47,7 +47,7 @@ class Critic(ModelTrainer):
                  pad_id: int = 0):
         c, t, m = cfg.critic, cfg.train, cfg.model
         backbone = build_model(path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        backbone.gradient_checkpointing = m.gradient_checkpointing
+        set_gradient_checkpointing(backbone, m.gradient_checkpointing, m.recompute_num_layers)
         model = ValueModel(backbone).train()
         super().__init__(model, device, OptimizerSettings.for_critic(c, t), TrainSettings.from_config(m, t),
                          name="critic", parallel=parallel, pad_id=pad_id)

@@ -23,7 +23,7 @@ from ..algo.logprobs import token_log_probs
 from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
 from ..data.offline import OfflineExample
-from ..models.loading import build_model, is_native
+from ..models.loading import build_model, is_native, set_gradient_checkpointing
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
 from .actor import response_logits
@@ -79,7 +79,8 @@ class OfflineTrainer(ModelTrainer):
             model: nn.Module = build_reward_model(model_path, torch.float32, device, m.random_init, t.seed, pad_id)
         else:
             model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        (model.backbone if self.is_reward else model).gradient_checkpointing = m.gradient_checkpointing
+        set_gradient_checkpointing(model.backbone if self.is_reward else model, m.gradient_checkpointing,
+                                   m.recompute_num_layers)
         if m.lora_rank:
             if self.is_reward:
                 raise ValueError("model.lora_rank: LoRA is for the policy methods; train reward models in full "
