@@ -1,12 +1,14 @@
 """cluster.offload_rollout: in local mode the engine frees its KV cache while the trainer trains
 (slime's --offload-rollout) and takes it back for the next rollout, changing no result."""
 
+import json
+
 import pytest
 
 from reinforge.config import load_config
 from reinforge.config.fields import ConfigError
 from reinforge.loop import RLLoop
-from tests.test_integration import tiny_overrides
+from tests.test_integration import TASK, tiny_overrides
 
 KEYS = ("rollout/response_len_mean", "rollout/reward_mean", "train/loss", "train/grad_norm")
 
@@ -22,9 +24,12 @@ def test_config_refuses_offload_rollout_where_it_does_not_apply(overrides, match
 
 def run(tmp_path, model_path, offload: bool, weights: bool = False):
     """Two rollout steps; returns whether the engine was asleep at each train call, and metrics."""
-    cfg = load_config(None, tiny_overrides(model_path, tmp_path / f"run{offload}{weights}", **{
+    data = tmp_path / "prompts.jsonl"  # plain prompts: no task generator needed
+    data.write_text("".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(64)))
+    overrides = [o for o in tiny_overrides(model_path, tmp_path / f"run{offload}{weights}", **{
         "cluster.offload_rollout": str(offload).lower(), "cluster.offload_engine_weights": str(weights).lower(),
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token"}))
+        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token"}) if o not in TASK]
+    cfg = load_config(None, overrides + [f"data.prompt_data={data}"])
     loop = RLLoop(cfg)
     asleep, train_actor = [], loop.cluster.train_actor
 
