@@ -255,7 +255,10 @@ def main() -> None:
             if not args.no_fp8 and not cpu:
                 kernels += [("ours fp8", 1, c.ours(1, fp8=True)), ("ours auto fp8", auto, c.ours(None, fp8=True))]
             if args.baseline:
-                kernels.append(("base auto", auto, c.ours(None, fn=load_baseline(args.baseline))))
+                base = load_baseline(args.baseline)
+                kernels.append(("base auto", auto, c.ours(None, fn=base)))
+                if not args.no_fp8 and not cpu:
+                    kernels.append(("base auto fp8", auto, c.ours(None, fp8=True, fn=base)))
             for knob in [x for x in args.tune.split(",") if x]:
                 bn, nw, *st = map(int, knob.split("x"))
                 for fp8 in [False] + ([True] if not args.no_fp8 and not cpu else []):

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-# sequences per rollout by response length: the table (the KV cache of one H100 bounds them)
+# sequences per rollout by response length: the table (the KV cache of one H100 bounds them; an fp8
+# cache holds twice as many: `--seqs 128` at 16384, docs/benchmarks.md)
 SEQS = {8192: 128, 16384: 64, 32768: 16}
 
 
