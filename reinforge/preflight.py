@@ -184,11 +184,9 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """
     from .models.shape import model_shape
-    from .engine.kv_cache import plan_kv_layout
+    from .engine.kv_cache import kv_cache_dtype, plan_kv_layout
     from .rollout.backends import engine_config_for
     from .utils.triton import triton_available
-
-    from .engine.kv_cache import kv_cache_dtype
 
     shape = model_shape(folder)
     weight_dtype = _engine_dtype(cfg, device)

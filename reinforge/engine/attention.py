@@ -71,9 +71,10 @@ class PrefillContext:
     def attend(self, layer, q, k, v):
         P, T, KVH, D = k.shape
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
-        k, v = to_cache(k, kc.dtype).to(k.dtype), to_cache(v, vc.dtype).to(v.dtype)  # as the cache holds them
-        cache_write(kc, (self.blk, slice(None), self.off), k.reshape(P * T, KVH, D))
-        cache_write(vc, (self.blk, slice(None), self.off), v.reshape(P * T, KVH, D))
+        k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
+        cache_write(kc, (self.blk, slice(None), self.off), k8.reshape(P * T, KVH, D))
+        cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
+        k, v = k8.to(k.dtype), v8.to(v.dtype)  # as the cache holds them
         mask = None
         if self.start:
             k = torch.cat([cache_read(kc, self.prefix, k.dtype).view(P, self.start, KVH, D), k], dim=1)

@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ..utils.triton import tl, triton
-from .kv_cache import cache_read
+from .kv_cache import FP8_DTYPES, cache_read
 
 
 def masked_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -269,7 +269,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
-    fp8 = k_cache.dtype.itemsize == 1
+    fp8 = k_cache.dtype in FP8_DTYPES
     block_n = block_n or (128 if fp8 or num_splits <= BLOCK_N_128_MAX_SPLITS else 64)
     out = torch.empty_like(q)
     if num_splits == 1:
