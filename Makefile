@@ -29,14 +29,15 @@ setup-demo: $(BIN)/uv
 	$(BIN)/reinforge models pull smollm2-135m-instruct
 
 # everything the tests use as well (pytest, wandb, Ray), and bubblewrap: the sandbox of the python tool
-# (installed with apt-get when missing and run as root; otherwise say how)
+# and libseccomp (its system-call filter), installed with apt-get when bwrap is missing and run as root;
+# otherwise say how
 setup: setup-demo
 	$(INSTALL) torch==$(TORCH_VERSION) -e ".[test,plot,ray]"
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2; \
 	  else \
-	    echo "bubblewrap (bwrap) is missing: the python tool and its tests need it; install the bubblewrap package"; \
+	    echo "bubblewrap (bwrap) is missing: the python tool and its tests need it; install the bubblewrap and libseccomp2 packages"; \
 	  fi; \
 	fi
 

@@ -231,6 +231,17 @@ def test_every_tool_failure_is_an_error_message_and_counted(tok, text, kind, mes
     assert s.status == Status.COMPLETED and s.metadata["tool_calls"][0]["error"] == kind
 
 
+@pytest.mark.parametrize("text", ["<tool_call>" + "[" * 995 + "</tool_call>",
+                                  '<tool_call>{"name": "echo", "arguments": "' + "[" * 995 + '"}</tool_call>'])
+def test_deeply_nested_call_is_a_parse_error_not_the_end_of_the_run(tok, text):
+    """Hostile nesting (a RecursionError inside ``json.loads``) becomes a tool error for the model."""
+    engine = ScriptedEngine(tok, lambda p, turn: text if turn == 0 else "No.", char_level=False)
+    ctx = agent_ctx(tok, engine, "rollout.rollout_max_response_len=3000")
+    (s,) = run_agent(ctx, "Use a tool.")
+    st = s.metadata["rollout_stats"]
+    assert st["agent/tool_errors/parse"] == 1 and "nested too deeply" in s.metadata["tool_calls"][0]["output"]
+
+
 def test_limits_max_turns_budget_turn_tokens_and_output_length(tok):
     always = ScriptedEngine(tok, lambda p, turn: call("echo", text=f"turn {turn}"))
     ctx = agent_ctx(tok, always, "agent.max_turns=3")

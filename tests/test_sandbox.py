@@ -284,16 +284,18 @@ def test_setsid_children_do_not_outlive_the_sandbox(wait):
 
 @needs_bwrap
 def test_killing_the_parent_or_host_processes_fails():
-    """``os.kill(os.getppid(), 9)``: the parent is outside the pid namespace (``getppid()`` is 0;
-    kill(0) reaches only the sandbox's own group). A host process's pid is not found."""
+    """``os.kill(os.getppid(), 9)``: the parent is bubblewrap's reaper, pid 1 of the sandbox's pid
+    namespace, which ignores signals from inside; the trainer and host processes are not found."""
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         code = ATTEMPT + (f"print(os.getppid())\nattempt('victim', lambda: os.kill({victim.pid}, 9))\n"
                           f"attempt('trainer', lambda: os.kill({os.getpid()}, 9))\n"
-                          "print(json.dumps(out))\nimport sys; sys.stdout.flush()\nos.kill(os.getppid(), 9)\n")
+                          "attempt('pid1', lambda: os.kill(1, 9))\nimport time; time.sleep(0.2)\n"
+                          "print(json.dumps(out))\n")
         r = run(code)
-        assert r.stdout.split("\n")[0] == "0", r
-        assert report(r) == {"victim": "ProcessLookupError", "trainer": "ProcessLookupError"}
+        assert r.stdout.split("\n")[0] == "1", r
+        assert report(r) == {"victim": "ProcessLookupError", "trainer": "ProcessLookupError", "pid1": "ok"}
+        assert r.returncode == 0  # pid 1 ignored the SIGKILL: the program ran on to its end
         assert victim.poll() is None  # still running; and so are we
     finally:
         victim.send_signal(signal.SIGKILL)
@@ -383,3 +385,264 @@ def test_calculator_refuses_huge_results_through_the_tool_set():
         assert r.error == "exception" and "too large" in r.output, r
     assert time.perf_counter() - t < 1.0
     ts.close()
+
+
+# ---------------------------------------------------------------- issue 34: never root on the host, no shared kernel state
+def in_trainer(script: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``script`` in a separate Python process (a stand-in trainer), so that what it does to its
+    own keyrings or to its own life does not touch the test process."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(PROJECT))
+
+
+def syscall_numbers(*names: str) -> dict[str, int]:
+    import pyseccomp
+
+    return {n: int(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, n)) for n in names}
+
+
+@needs_bwrap
+def test_the_program_is_not_root_on_the_host():
+    """The escape of issue 34: bwrap started by root mapped the sandbox's uid to host root, so the
+    program could write host-wide sysctls (``kernel.core_pattern`` -> code run as root on the host).
+    Now the host sees the program's process as the unprivileged ``agent.python_sandbox_uid`` (the
+    trainer's own uid when it is not root), with no capabilities, and ``/proc/sys`` is not writable
+    inside. The write attempt writes the value the host already has, so nothing changes if it held."""
+    token = uuid.uuid4().hex
+    core_pattern = Path("/proc/sys/kernel/core_pattern").read_text()
+    code = ATTEMPT + (f"attempt('core_pattern', lambda: open('/proc/sys/kernel/core_pattern', 'w').write({core_pattern!r}))\n"
+                      "attempt('hostname', lambda: open('/proc/sys/kernel/hostname', 'w').write('x'))\n"
+                      "out['writable'] = os.access('/proc/sys/kernel/core_pattern', os.W_OK)\n"
+                      "print(json.dumps(out), flush=True)\n"
+                      f"import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(2)', '{token}'])")
+
+    async def run_and_look():
+        task = asyncio.ensure_future(run_python(code, SandboxLimits(timeout=8)))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if pids := host_processes_with(token):
+                break
+        status = Path(f"/proc/{pids[0]}/status").read_text()
+        return await task, status
+
+    r, status = asyncio.run(run_and_look())
+    fields = {line.split(":")[0]: line.split()[1:] for line in status.splitlines() if ":" in line}
+    expected = sb.DEFAULT_SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
+    assert fields["Uid"] == [str(expected)] * 4 and fields["Gid"] == [str(expected)] * 4, status
+    assert int(fields["CapEff"][0], 16) == 0 and int(fields["CapPrm"][0], 16) == 0, status
+    assert fields["Seccomp"] == ["2"] and fields["NoNewPrivs"] == ["1"], status
+    res = report(r)
+    assert res["core_pattern"] in ("PermissionError", "OSError") and res["hostname"] in ("PermissionError", "OSError")
+    assert res["writable"] is False, res
+
+
+@needs_bwrap
+def test_seccomp_denies_keyrings_tracing_and_namespaces():
+    """Each system call of the issue's list fails with EPERM (the filter answers before the kernel
+    looks at the arguments); a system call of the x32 ABI (another architecture's numbering) does not
+    get through either (the process is killed or the call fails)."""
+    names = ["keyctl", "add_key", "request_key", "ptrace", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
+             "io_uring_enter", "io_uring_register", "mount", "unshare", "setns"]
+    numbers = syscall_numbers(*names)
+    code = f"""
+import ctypes, json, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = {{}}
+for name, nr in {numbers!r}.items():
+    ctypes.set_errno(0)
+    rc = libc.syscall(nr, 0, 0, 0, 0, 0)
+    out[name] = ctypes.get_errno() if rc < 0 else "allowed"
+x32 = subprocess.run([sys.executable, "-c", "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                      "print(l.syscall(0x40000000 + {numbers['keyctl']}, 0, -3, 0))"], capture_output=True, text=True)
+out["x32"] = [x32.returncode, x32.stdout.strip()]
+print(json.dumps(out))
+"""
+    res = report(run(code))
+    x32 = res.pop("x32")
+    assert res == {n: 1 for n in names}, res  # EPERM
+    assert x32[0] != 0 or int(x32[1]) < 0, x32
+
+
+@needs_bwrap
+def test_the_trainers_keyrings_are_not_reachable():
+    """A stand-in trainer stores a secret in its session keyring; the program cannot read it, list
+    its name in /proc/keys, or add a key that the trainer then sees (a fresh session keyring, and
+    the keyring system calls denied)."""
+    nr = syscall_numbers("add_key", "keyctl")
+    secret, name = "s3cret-" + uuid.uuid4().hex, "reinforge-test-" + uuid.uuid4().hex[:8]
+    program = ("import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
+               "out['keys'] = open('/proc/keys').read()\n"
+               f"out['add'] = libc.syscall({nr['add_key']}, b'user', b'planted', b'x', 1, -3)\n"
+               f"buf = ctypes.create_string_buffer(256)\nout['read'] = libc.syscall({nr['keyctl']}, 11, -3, buf, 256)\n"
+               "out['buf'] = buf.raw.rstrip(b'\\0').decode(errors='replace')\nprint(json.dumps(out))")
+    script = f"""
+import asyncio, ctypes, json
+from reinforge.tools.sandbox import SandboxLimits, run_python
+libc = ctypes.CDLL(None, use_errno=True)
+key = libc.syscall({nr['add_key']}, b"user", {name.encode()!r}, {secret.encode()!r}, {len(secret)}, -3)
+assert key > 0, ctypes.get_errno()
+r = asyncio.run(run_python({program!r}, SandboxLimits(timeout=8)))
+keys = open("/proc/keys").read()
+print(json.dumps({{"stdout": r.stdout, "planted": "planted" in keys, "mine": {name!r} in keys}}))
+"""
+    p = in_trainer(script)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["mine"] and not res["planted"], res  # the trainer's own key is there; nothing was added
+    inside = json.loads(res["stdout"].strip().splitlines()[-1])
+    assert inside["add"] == -1 and inside["read"] == -1, inside
+    assert name not in inside["keys"] and secret not in inside["buf"] + inside["keys"], inside
+
+
+@needs_bwrap
+def test_nothing_outlives_a_killed_trainer(tmp_path):
+    """The program clears its parent-death signal and sleeps; the trainer is SIGKILLed. The sandbox
+    dies with it (bwrap's pid 1 has the signal and the program cannot touch pid 1), and the cgroup
+    folder the trainer left is removed when the next trainer makes its first cgroup."""
+    from reinforge.tools import cgroup as cg
+
+    token = uuid.uuid4().hex
+    program = ("import ctypes, time\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\nprint('started', flush=True)\n"
+               f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', '{token}'])")
+    script = f"""
+import asyncio
+from reinforge.tools.sandbox import SandboxLimits, run_python
+asyncio.run(run_python({program!r}, SandboxLimits(timeout=60)))
+"""
+    trainer = subprocess.Popen([sys.executable, "-c", script], cwd=str(PROJECT))
+    try:
+        deadline = time.monotonic() + 30
+        while not host_processes_with(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_processes_with(token), "the program did not start"
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 5
+    while host_processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes_with(token) == []
+    left = [p for p in _sandbox_cgroups() if f"{cg.PREFIX}{trainer.pid}-" in p]
+    cg.remove_stale()
+    assert all(not Path(p).exists() for p in left), left
+
+
+def without_cgroup(monkeypatch):
+    monkeypatch.setattr(sb, "_group_limits", lambda lim: None)
+
+
+@needs_bwrap
+def test_limits_hold_without_a_cgroup(monkeypatch):
+    """Where no cgroup can be made: RLIMIT_NPROC holds (the uid is not root: 100 forks stop below 16),
+    /dev/shm is a tmpfs of its share of ``disk_mb`` (300 MiB cannot be written there with 32 MiB),
+    and /dev itself is read-only."""
+    without_cgroup(monkeypatch)
+    forks = run("""
+import os, time
+n = 0
+try:
+    for i in range(100):
+        if os.fork() == 0:
+            time.sleep(2)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("stopped", type(e).__name__)
+print(n)
+""", max_processes=16)
+    assert "stopped" in forks.stdout and int(forks.stdout.split()[-1]) < 16, forks
+    shm = run(ATTEMPT + """
+def fill(path):
+    with open(path, "wb") as f:
+        for i in range(300):
+            f.write(b"x" * 2**20)
+attempt("shm", lambda: fill("/dev/shm/big"))
+attempt("dev", lambda: open("/dev/new", "w"))
+out["shm_bytes"] = os.path.getsize("/dev/shm/big")
+print(json.dumps(out))
+""", disk_mb=32)
+    res = report(shm)
+    assert res["shm"] == "OSError" and res["shm_bytes"] <= 32 * 2**20, res  # ENOSPC
+    assert res["dev"] in ("OSError", "PermissionError"), res
+
+
+@needs_bwrap
+def test_sandboxes_at_once_are_bounded():
+    """Twelve calls of one turn (``asyncio.gather``) with ``agent.max_concurrent_sandboxes=2``: at most
+    two programs run at any moment (their start / end times, on the host's monotonic clock), and
+    waiting for a slot does not count against ``agent.tool_timeout``."""
+    from reinforge.config import load_config
+
+    cfg = load_config(None, ["agent.max_concurrent_sandboxes=2", "agent.tool_timeout=3"]).agent
+    ts = ToolSet(load_tools(["python"], cfg), timeout=cfg.tool_timeout)
+    code = "import time\na = time.monotonic()\ntime.sleep(0.4)\nprint(a, time.monotonic())"
+
+    async def many():
+        return await asyncio.gather(*(ts.call(ToolCall("python", {"code": code})) for _ in range(12)))
+
+    results = asyncio.run(many())
+    ts.close()
+    assert all(r.error is None for r in results), [r.output for r in results if r.error]
+    spans = [tuple(map(float, r.output.split())) for r in results]
+    most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+    assert most <= 2, spans
+    assert sb.default_max_sandboxes(SandboxLimits()) >= 1
+
+
+@needs_bwrap
+def test_outcome_labels_cannot_be_forged_into_success_or_failure():
+    """There is no descriptor the program can write a "network attempt" to: a program that writes to
+    every descriptor and prints the network message but exits 0 succeeds; a child killed at the
+    group's memory limit is a memory error even when the program exits 0."""
+    from reinforge.tools.builtin import sandbox_output
+    from reinforge.tools.toolset import ToolError
+
+    forged = run("import os, sys\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'1')\n"
+                 "    except OSError:\n        pass\n"
+                 f"print({sb.NETWORK_DENIED!r}, file=sys.stderr)\nprint('fine')")
+    assert forged.returncode == 0 and not forged.network_denied and sandbox_output(forged) == "fine", forged
+    oom = run("""
+import os
+pid = os.fork()
+if pid == 0:
+    b = bytearray(150 * 2**20)
+    for j in range(0, len(b), 4096):
+        b[j] = 1
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent exits 0")
+""", memory_mb=100)
+    if oom.oom_kills == 0:  # no cgroup here: the child's own address-space limit stopped it
+        assert "MemoryError" in oom.stderr, oom
+        return
+    assert oom.returncode == 0, oom
+    with pytest.raises(ToolError) as e:
+        sandbox_output(oom)
+    assert e.value.kind == "memory" and "killed at the memory limit" in str(e.value)
+
+
+@needs_bwrap
+def test_host_details_are_hidden():
+    """The kernel command line is empty inside; the environment is the sandbox's few variables."""
+    r = run("import os\nprint(repr(open('/proc/cmdline').read()))\nprint(sorted(os.environ))")
+    lines = r.stdout.splitlines()
+    assert lines[0] == "''", r
+    from reinforge.tools.isolation import sandbox_env
+
+    assert set(eval(lines[1])) <= set(sandbox_env(sb.SCRATCH)) | {"PWD"}, r  # bwrap sets PWD
+
+
+@needs_bwrap
+def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(monkeypatch):
+    """A launcher step that fails (here: joining a cgroup that does not exist) is reported as the
+    sandbox's failure, kind ``sandbox``, never as the program's error."""
+    from reinforge.tools.builtin import sandbox_output
+    from reinforge.tools.cgroup import Cgroup
+    from reinforge.tools.toolset import SANDBOX_FAILURE, ToolError
+
+    monkeypatch.setattr(sb, "_group_limits", lambda lim: Cgroup([Path("/nonexistent-cgroup")], 2))
+    r = run("print(1)")
+    assert r.infra_error and "joining the cgroup" in r.infra_error, r
+    with pytest.raises(ToolError) as e:
+        sandbox_output(r)
+    assert e.value.kind == SANDBOX_FAILURE

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Config
-from ..tools import ToolCallFormat, ToolResult, ToolSet, get_format, load_tools
+from ..tools import ParsedMessage, ToolCallFormat, ToolResult, ToolSet, get_format, load_tools
 from ..tools.toolset import PARSE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .generate import STATS_KEY, RolloutContext
@@ -120,7 +120,7 @@ class Agent:
             ended_by_token = (res.finish_reason == FinishReason.STOP and bool(res.token_ids)
                               and res.token_ids[-1] in params.stop_token_ids)
             text = tok.decode(res.token_ids[:-1] if ended_by_token else res.token_ids, skip_special_tokens=False)
-            parsed = self.format.parse(text)
+            parsed = self._parse(text)
             if parsed.is_final:
                 stats["agent/final_answer"] = 1
                 status = Status.COMPLETED if res.finish_reason == FinishReason.STOP else Status.TRUNCATED
@@ -166,6 +166,14 @@ class Agent:
 
     def close(self) -> None:
         self.tools.close()
+
+    def _parse(self, text: str) -> ParsedMessage:
+        """The calls of one turn; a format that raises (a plug-in's bug, input it did not expect)
+        gives a parse error for the model, never an exception that ends the rollout."""
+        try:
+            return self.format.parse(text)
+        except Exception as e:  # noqa: BLE001 - any failure to read the turn is the turn's parse error
+            return ParsedMessage(errors=[f"the tool call could not be read ({type(e).__name__}: {str(e)[:200]})"])
 
     def _messages(self, results: list[ToolResult], outputs: list[str]) -> list[dict[str, Any]]:
         """Tool messages: one per result for the ``tool`` role; otherwise one message of that role

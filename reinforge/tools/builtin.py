@@ -8,8 +8,9 @@ import math
 import operator
 from typing import TYPE_CHECKING, Any, Callable
 
-from .sandbox import SandboxLimits, SandboxResult, check_sandbox, run_python
-from .toolset import ToolError
+from .sandbox import (SandboxLimits, SandboxResult, SandboxSlots, check_sandbox, default_max_sandboxes,
+                      run_python)
+from .toolset import SANDBOX_FAILURE, ToolError
 
 if TYPE_CHECKING:
     from ..config.sections import AgentConfig
@@ -101,21 +102,29 @@ async def python(code: str) -> str:
 
 def make_python(agent: "AgentConfig | None") -> Callable[..., Any]:
     """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
-    ``python_memory_mb``, ``python_sandbox``); the defaults of :class:`SandboxLimits` and the
-    bubblewrap sandbox without one.
+    ``python_memory_mb``, ``python_sandbox``, ``python_sandbox_uid``, ``max_concurrent_sandboxes``);
+    the defaults of :class:`SandboxLimits` and the bubblewrap sandbox without one.
+
+    The tool bounds its own time (``self_timed``): a call first waits for one of the
+    ``max_concurrent_sandboxes`` slots, then runs at most ``tool_timeout`` seconds.
 
     Raises:
         SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
     """
-    limits = SandboxLimits() if agent is None else SandboxLimits(timeout=agent.tool_timeout,
-                                                                 memory_mb=agent.python_memory_mb)
+    limits = SandboxLimits() if agent is None else SandboxLimits(
+        timeout=agent.tool_timeout, memory_mb=agent.python_memory_mb, sandbox_uid=agent.python_sandbox_uid)
     isolation = "bwrap" if agent is None else agent.python_sandbox
-    check_sandbox(isolation)
+    check_sandbox(isolation, limits.sandbox_uid)
+    bound = None if agent is None else agent.max_concurrent_sandboxes
+    slots = SandboxSlots(bound or default_max_sandboxes(limits))
 
     async def python(code: str) -> str:
-        return sandbox_output(await run_python(code, limits, isolation))
+        async with slots:
+            return sandbox_output(await run_python(code, limits, isolation, checked=True))
 
     python.__doc__ = globals()["python"].__doc__
+    python.self_timed = True  # type: ignore[attr-defined]
+    python.slots = slots  # type: ignore[attr-defined]
     return python
 
 
@@ -123,17 +132,23 @@ def sandbox_output(r: SandboxResult) -> str:
     """The tool output of a sandbox run.
 
     Raises:
-        ToolError: kind ``network`` (the program tried the network), ``timeout``, ``memory``
-            (``MemoryError`` under the per-process limit, or a process killed at the sandbox's
-            memory limit) or ``program_error`` (non-zero exit); the message holds the program's
-            output.
+        ToolError: kind ``sandbox`` (the sandbox itself failed to start: infrastructure, not the
+            program), ``timeout``, ``memory`` (a process killed at the sandbox's memory limit, even
+            when the program then exited 0; or ``MemoryError`` under the per-process limit),
+            ``network`` (the program failed on the network guard) or ``program_error`` (non-zero
+            exit); the message holds the program's output.
     """
     both = (r.stdout + ("\n" if r.stdout and r.stderr else "") + r.stderr).strip()
-    if r.network_attempts:
-        raise ToolError(f"network access is disabled in the python tool.\n{both}".strip(), "network")
+    if r.infra_error:
+        raise ToolError(f"the sandbox failed to start (not your program's fault): {r.infra_error}", SANDBOX_FAILURE)
     if r.timed_out:
         raise ToolError(f"the program did not finish within the time limit.\n{both}".strip(), "timeout")
+    if r.oom_kills:
+        raise ToolError(f"a process of the program was killed at the memory limit (exit status {r.returncode})."
+                        f"\n{both}".strip(), "memory")
     if r.returncode != 0:
+        if r.network_denied:
+            raise ToolError(f"network access is disabled in the python tool.\n{both}".strip(), "network")
         kind = "memory" if r.out_of_memory else "program_error"
         raise ToolError(f"the program exited with status {r.returncode}.\n{both}".strip(), kind)
     return r.stdout.strip() or both or "(the program printed nothing)"

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _counter = itertools.count()
+_swept: list[bool] = []  # remove_stale ran in this process
+PREFIX = "reinforge-sandbox-"  # + trainer pid + "-" + counter
 _CPU_PERIOD_US = 100_000
 
 
@@ -116,7 +118,10 @@ def create_cgroup(memory_bytes: int, max_pids: int, cpus: float) -> Cgroup:
     """
     mounts = _cgroup_mounts()
     own = _own_cgroups()
-    name = f"reinforge-sandbox-{os.getpid()}-{next(_counter)}"
+    if not _swept:
+        _swept.append(True)
+        remove_stale(mounts, own)
+    name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
     reasons = []
     if "" in mounts:
         try:
@@ -131,6 +136,30 @@ def create_cgroup(memory_bytes: int, max_pids: int, cpus: float) -> Cgroup:
     else:
         reasons.append("no cgroup v1 memory and pids hierarchies mounted")
     raise OSError("; ".join(reasons))
+
+
+def remove_stale(mounts: dict[str, str] | None = None, own: dict[str, str] | None = None) -> list[Path]:
+    """Remove the sandbox cgroups that a trainer which no longer runs left behind (it was killed
+    with runs in flight): ``reinforge-sandbox-<pid>-<n>`` folders beside ours whose ``<pid>`` is
+    gone. Their processes died with that trainer (parent-death signal); any left are killed.
+    Called once per process, before the first cgroup is made. Returns the folders removed."""
+    mounts = _cgroup_mounts() if mounts is None else mounts
+    own = _own_cgroups() if own is None else own
+    parents = {Path(root) / own.get(c, "/").lstrip("/") for c, root in mounts.items()}
+    removed = []
+    for parent in parents:
+        try:
+            entries = list(parent.glob(PREFIX + "*"))
+        except OSError:
+            continue
+        for d in entries:
+            pid = d.name[len(PREFIX):].split("-")[0]
+            if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+                continue
+            stale = Cgroup([d], 2 if "" in mounts and str(parent).startswith(mounts[""]) else 1)
+            if stale.remove(0.5):
+                removed.append(d)
+    return removed
 
 
 def _create_v2(path: Path, memory_bytes: int, max_pids: int, cpus: float) -> Cgroup:

@@ -7,9 +7,9 @@ Each format is registered in :data:`TOOL_CALL_FORMATS` under the name vLLM's too
 * ``llama3_json`` (Llama 3.1 / 3.2): the whole message is ``{"name": ..., "parameters": {...}}``
   (optionally after ``<|python_tag|>``; several calls separated by ``;``).
 
-A message with no call is the final answer. A call that cannot be decoded (bad JSON, no name,
-an unclosed tag) is reported as a parse error, which the agent turns into an error message for the
-model (it is not a final answer).
+A message with no call is the final answer. A call that cannot be decoded (bad JSON, nesting too
+deep for the decoder, no name, an unclosed tag) is reported as a parse error, which the agent turns
+into an error message for the model (it is not a final answer); ``parse`` never raises for any text.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def _call_from_json(obj: Any, arg_keys: tuple[str, ...]) -> ToolCall:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
             raise ValueError(f"the arguments of {obj['name']!r} are a string that is not JSON: {e.msg}") from None
+        except RecursionError:
+            raise ValueError(f"the arguments of {obj['name']!r} are nested too deeply") from None
     return ToolCall(obj["name"], args)
 
 
@@ -90,6 +92,8 @@ class HermesFormat(ToolCallFormat):
                 out.calls.append(_call_from_json(json.loads(body), ("arguments", "parameters")))
             except json.JSONDecodeError as e:
                 out.errors.append(f"the tool call is not valid JSON ({e.msg} at position {e.pos}): {body[:200]}")
+            except RecursionError:
+                out.errors.append(f"the tool call is nested too deeply to decode: {body[:200]}")
             except ValueError as e:
                 out.errors.append(str(e))
         return out
@@ -129,6 +133,9 @@ class Llama3JsonFormat(ToolCallFormat):
             except json.JSONDecodeError as e:
                 out.errors.append(f"the tool call is not valid JSON ({e.msg} at position {e.pos}): "
                                   f"{body[pos:pos + 200]}")
+                break
+            except RecursionError:
+                out.errors.append(f"the tool call is nested too deeply to decode: {body[pos:pos + 200]}")
                 break
             try:
                 out.calls.append(_call_from_json(obj, ("parameters", "arguments")))

@@ -1,27 +1,20 @@
 """Running model-written Python in an operating-system sandbox (bubblewrap).
 
-A program of the ``python`` tool runs under ``bwrap`` (the Debian / Ubuntu / Fedora package
-``bubblewrap``) with every namespace unshared (user, mount, pid, network, IPC, UTS, cgroup):
+How the sandbox is built, and what the program can and cannot reach, is in
+:mod:`reinforge.tools.isolation` and docs/agents.md#threat-model. In short: nothing inside is
+root anywhere (the trainer, if root, drops to the unprivileged ``agent.python_sandbox_uid``
+before ``bwrap`` makes the user namespace); every namespace is new; a seccomp filter denies the
+kernel keyrings, ptrace, bpf, perf, io_uring, mounts and namespaces; the program sees the system
+folders and the interpreter read-only, an empty ``/proc/cmdline``, and its own scratch ``tmpfs``;
+it dies with ``bwrap``, and ``bwrap`` dies with the trainer.
 
-* **files**: an empty root, read-only; the system folders (``/usr`` and the ``/bin``, ``/lib*``
-  links), the dynamic loader's cache and the interpreter's own prefixes (``sys.prefix``,
-  ``sys.base_prefix``: the standard library and site-packages) bound **read-only**; a fresh
-  ``tmpfs`` of ``disk_mb`` MiB as working directory, ``HOME``, ``TMPDIR`` and ``/tmp``, holding
-  ``main.py`` (gone with the sandbox). Nothing else of the host exists inside: not ``/etc``, not the
-  project, the models (``~/.cache/reinforge``), the run directory or other users' files;
-* **processes**: a new pid namespace whose first process is the program (``--as-pid-1``): it sees
-  only its own descendants, cannot signal the trainer, and when it exits, or bwrap or the trainer
-  dies (``--die-with-parent``), the kernel kills every process left inside, ``setsid`` ones
-  included, so a background child cannot hold the output pipes open; a new session, no
-  capabilities, no nested user namespaces, an environment of a few fixed variables;
-* **network**: an empty network namespace (a loopback interface only), so no socket reaches
-  another machine or a Unix socket of the host; a prelude also replaces Python's ``socket`` so
-  that the usual calls fail with a clear ``PermissionError`` (and the attempt is reported);
-* **limits of the whole group** (a cgroup, :mod:`reinforge.tools.cgroup`): memory
-  ``memory_mb + disk_mb`` (the tmpfs is charged to it), ``max_processes`` processes, one CPU; per
-  process: ``RLIMIT_AS`` = ``memory_mb`` (a large allocation raises ``MemoryError``),
-  ``RLIMIT_FSIZE`` = ``file_size_mb``, ``RLIMIT_CPU``, ``RLIMIT_NPROC``, no core dumps; the
-  wall-clock ``timeout`` kills the sandbox (the group, then the cgroup).
+Limits of one run (:class:`SandboxLimits`): of the whole group (a cgroup, :mod:`.cgroup`):
+memory ``memory_mb + disk_mb`` (tmpfs pages are charged to it), ``max_processes``, one CPU; per
+process: ``RLIMIT_AS`` = ``memory_mb`` (a large allocation raises ``MemoryError``),
+``RLIMIT_FSIZE``, ``RLIMIT_CPU``, ``RLIMIT_NPROC`` (held per sandbox: it counts in the sandbox's
+own user namespace, also where no cgroup can be made), no core dumps; all files together at most
+``disk_mb`` (the tmpfs sizes); the wall-clock ``timeout`` kills the sandbox. How many sandboxes run
+at once is bounded by :class:`SandboxSlots` (``agent.max_concurrent_sandboxes``).
 
 Without bubblewrap (or where it cannot make namespaces, e.g. a container that forbids user
 namespaces) the ``python`` tool refuses to start (:func:`check_sandbox`), unless the config opts
@@ -33,49 +26,47 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
+from ..config.sections import AgentConfig
 from .cgroup import Cgroup, create_cgroup
+from .isolation import (SCRATCH, SandboxUnavailable, bwrap_args, bwrap_path, host_env, host_uid,
+                        launcher_command, sandbox_env, seccomp_program, staged_paths)
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "none")
 OPT_OUT = "agent.python_sandbox=none"
-SCRATCH = "/scratch"  # the working directory inside the sandbox
+DEFAULT_SANDBOX_UID: int = AgentConfig.python_sandbox_uid  # the one default, in the config
+NETWORK_DENIED = "network access is disabled in this sandbox"
+
+__all__ = ["ISOLATIONS", "OPT_OUT", "SandboxLimits", "SandboxResult", "SandboxSlots", "SandboxUnavailable",
+           "bwrap_path", "check_sandbox", "default_max_sandboxes", "run_python"]
 
 # Runs before the user's code (the user's program is main.py in the working directory).
 _PRELUDE = r"""
 import os, resource, sys
-_mem, _fsize, _cpu, _nproc, _mark = (int(a) for a in sys.argv[1:6])
+_mem, _fsize, _cpu, _nproc = (int(a) for a in sys.argv[1:5])
 resource.setrlimit(resource.RLIMIT_AS, (_mem, _mem))
 resource.setrlimit(resource.RLIMIT_FSIZE, (_fsize, _fsize))
 resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 if _nproc > 0:
     resource.setrlimit(resource.RLIMIT_NPROC, (_nproc, _nproc))
-try:
-    os.set_blocking(_mark, False)
-    os.set_inheritable(_mark, False)
-except OSError:
-    _mark = -1
 
 import socket as _socket_mod, _socket
 
 def _deny(*args, **kwargs):
-    try:
-        os.write(_mark, b"1")
-    except OSError:
-        pass
-    raise PermissionError(1, "network access is disabled in this sandbox")
+    raise PermissionError(1, "%s")
 
 _INET = (_socket.AF_INET, _socket.AF_INET6)
 
@@ -107,20 +98,17 @@ except BaseException as _e:  # show the user's frames only
     traceback.print_exception(type(_e), _e, _tb)
     sys.stderr.flush()
     os._exit(1)
-"""
-
-
-class SandboxUnavailable(RuntimeError):
-    """The operating-system sandbox cannot run here; the message says why and what to do."""
+""" % NETWORK_DENIED
 
 
 @dataclass
 class SandboxLimits:
     """Limits of one run: wall-clock ``timeout`` (seconds); ``memory_mb`` (MiB: the address space
     of each process, and with ``disk_mb`` the memory of the whole group); ``file_size_mb`` (MiB,
-    the largest file written); ``disk_mb`` (MiB, all files written together: the size of the
-    scratch tmpfs); ``max_processes`` (processes and threads at once); ``max_output_bytes``
-    captured per stream."""
+    the largest file written); ``disk_mb`` (MiB, all files written together, ``/dev/shm`` and
+    ``/tmp`` included); ``max_processes`` (processes and threads at once); ``max_output_bytes``
+    captured per stream; ``sandbox_uid`` (the host uid and gid the sandbox runs as when the trainer
+    is root)."""
 
     timeout: float = 10.0
     memory_mb: int = 1024
@@ -128,36 +116,40 @@ class SandboxLimits:
     disk_mb: int = 64
     max_processes: int = 64
     max_output_bytes: int = 65536
+    sandbox_uid: int = DEFAULT_SANDBOX_UID
 
 
 @dataclass
 class SandboxResult:
     """What a run did: its output (decoded, capped), exit status (None when killed at the time
-    limit; 128 + the signal number when the program was killed by a signal under bwrap), whether
-    it timed out, its wall-clock ``seconds``, network attempts the prelude caught, and processes
-    the kernel killed at the group's memory limit (``oom_kills``)."""
+    limit; 128 + the signal number when the program was killed by a signal), whether it timed out,
+    its wall-clock ``seconds``, processes the kernel killed at the group's memory limit
+    (``oom_kills``), and ``infra_error``: a message when the sandbox itself failed to start (the
+    launcher or bubblewrap, never the program), else None."""
 
     stdout: str
     stderr: str
     returncode: int | None
     timed_out: bool
     seconds: float
-    network_attempts: int = 0
     oom_kills: int = 0
+    infra_error: str | None = None
 
     @property
     def out_of_memory(self) -> bool:
         return self.oom_kills > 0 or "MemoryError" in self.stderr
 
+    @property
+    def network_denied(self) -> bool:
+        """The program failed with the sandbox's network message. This is read from the program's
+        own output (which it could forge): a label for the model and the metrics, never a decision
+        about safety (the empty network namespace is what holds)."""
+        return self.returncode not in (0, None) and NETWORK_DENIED in self.stderr
 
-def bwrap_path() -> str | None:
-    """The ``bwrap`` executable, or None."""
-    return shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
 
-
-def check_sandbox(isolation: str = "bwrap") -> None:
-    """Check that runs with ``isolation`` can start (``bwrap``: installed, and a trial sandbox
-    runs; checked once per process).
+def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
+    """Check that runs with ``isolation`` can start (``bwrap``: installed, libseccomp present, and
+    a trial sandbox runs as it will for the model's code; checked once per process and uid).
 
     Raises:
         SandboxUnavailable: what is missing, how to install it, and the opt-out key.
@@ -166,92 +158,66 @@ def check_sandbox(isolation: str = "bwrap") -> None:
     if isolation not in ISOLATIONS:
         raise ValueError(f"agent.python_sandbox: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
     if isolation == "bwrap":
-        problem = _bwrap_problem()
+        problem = _bwrap_problem(sandbox_uid)
         if problem:
             raise SandboxUnavailable(
                 f"the python tool runs model-written code in a bubblewrap sandbox, which {problem}. Install it "
-                f"(`apt-get install bubblewrap`, `dnf install bubblewrap`; `make setup` does it as root), or set "
+                f"(`apt-get install bubblewrap libseccomp2`; `make setup` does it as root), or set "
                 f"{OPT_OUT} to run that code without isolation (unsafe: it can read and change your files).")
 
 
-@functools.lru_cache(maxsize=1)
-def _bwrap_problem() -> str | None:
-    exe = bwrap_path()
-    if exe is None or not sys.platform.startswith("linux"):
+@functools.lru_cache(maxsize=4)
+def _bwrap_problem(sandbox_uid: int) -> str | None:
+    if bwrap_path() is None or not sys.platform.startswith("linux"):
         return "is not installed (no `bwrap` on PATH)"
     try:
-        r = subprocess.run([exe, *_bwrap_args(SandboxLimits()), "--", sys.executable, "-I", "-c", "pass"],
-                           capture_output=True, timeout=30, env=_host_env())
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"could not be started ({e})"
-    if r.returncode != 0:
-        err = r.stderr.decode(errors="replace").strip()
-        return f"fails here ({err or f'exit status {r.returncode}'}; user namespaces may be disabled)"
+        seccomp_program()
+    except SandboxUnavailable as e:
+        return f"cannot filter system calls here: {e}"
+    trial = run_python("print(6 * 7)", SandboxLimits(timeout=30, sandbox_uid=sandbox_uid), checked=True)
+    with ThreadPoolExecutor(1) as pool:  # its own event loop: the caller may be inside one
+        r = pool.submit(asyncio.run, trial).result()
+    if r.infra_error or r.stdout.strip() != "42":
+        why = r.infra_error or r.stderr.strip() or f"exit status {r.returncode}"
+        hint = ("user namespaces may be disabled, or root lacks CAP_SYS_ADMIN" if os.geteuid() == 0
+                else "user namespaces may be disabled")
+        return f"fails here ({why}; {hint})"
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _read_only_paths() -> tuple[list[tuple[str, str]], list[str]]:
-    """(symlinks as (target, path), folders to bind read-only): the system folders, the loader's
-    files and the interpreter's prefixes, without any folder inside another.
-
-    Raises:
-        SandboxUnavailable: a prefix would expose the models cache (``~/.cache/reinforge``).
-    """
-    links, binds = [], []
-    for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(p):
-            links.append((os.readlink(p), p))
-        elif os.path.isdir(p):
-            binds.append(p)
-    binds += [p for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
-                          "/etc/localtime") if os.path.exists(p)]
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                str(Path(os.path.realpath(sys.executable)).parent.parent)}
-    from ..models.hub import cache_dir
-
-    models = os.path.realpath(cache_dir())
-    for p in sorted(os.path.realpath(p) for p in prefixes):
-        if any(p == b or p.startswith(b.rstrip("/") + "/") for b in binds):
-            continue
-        if p == "/" or models == p or models.startswith(p + "/"):
-            raise SandboxUnavailable(f"the python interpreter's prefix {p} holds the models cache {models}; the "
-                                     f"sandbox would expose it: use a virtualenv elsewhere or set REINFORGE_CACHE")
-        binds.append(p)
-    return links, binds
+def default_max_sandboxes(limits: SandboxLimits) -> int:
+    """Sandboxes at once when ``agent.max_concurrent_sandboxes`` is null: half the memory the
+    machine has available now (``MemAvailable``) divided by one sandbox's memory limit
+    (``memory_mb + disk_mb``), at least 1."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 1
+    return max(1, avail_kb * 1024 // 2 // ((limits.memory_mb + limits.disk_mb) * 2**20))
 
 
-def _bwrap_args(lim: SandboxLimits) -> list[str]:
-    links, binds = _read_only_paths()
-    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--as-pid-1", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
-    # an interpreter under /tmp (a virtualenv in a checkout there): /tmp becomes a tmpfs of its own, of the
-    # scratch folder's size, before the interpreter is bound inside it (the symlink to the scratch folder
-    # cannot be made there); the cgroup's memory limit counts both tmpfs
-    tmp_binds = any(p == "/tmp" or p.startswith("/tmp/") for p in binds)
-    if tmp_binds:
-        args += ["--perms", "1777", "--size", str(lim.disk_mb * 2**20), "--tmpfs", "/tmp"]
-    for p in binds:
-        args += ["--ro-bind", p, p]
-    for target, p in links:
-        args += ["--symlink", target, p]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "0700", "--size", str(lim.disk_mb * 2**20), "--tmpfs", SCRATCH]
-    if not tmp_binds:
-        args += ["--symlink", SCRATCH, "/tmp"]
-    args += ["--chdir", SCRATCH, "--remount-ro", "/", "--clearenv"]
-    for k, v in _sandbox_env(SCRATCH).items():
-        args += ["--setenv", k, v]
-    return args
+class SandboxSlots:
+    """The bound on sandboxes running at once, across every sample and tool call of a run
+    (``agent.max_concurrent_sandboxes``). A call waits for a slot before its time limit starts.
+    One semaphore per event loop (asyncio primitives belong to one loop; a run has one)."""
 
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._sems: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
 
-def _sandbox_env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    def _sem(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        held = self._sems.get(id(loop))
+        if held is None or held[0] is not loop:
+            held = self._sems[id(loop)] = (loop, asyncio.Semaphore(self.limit))
+        return held[1]
 
+    async def __aenter__(self) -> None:
+        await self._sem().acquire()
 
-def _host_env() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+    async def __aexit__(self, *exc: object) -> None:
+        self._sem().release()
 
 
 _warned_no_cgroup = False
@@ -264,59 +230,79 @@ def _group_limits(lim: SandboxLimits) -> Cgroup | None:
     except OSError as e:
         if not _warned_no_cgroup:
             _warned_no_cgroup = True
-            log.warning("python tool: no cgroup could be made (%s); memory and CPU are limited per process only, "
-                        "not for the sandbox as a whole", e)
+            log.warning("python tool: no cgroup could be made (%s); memory is limited per process and by the tmpfs "
+                        "sizes, processes per sandbox, CPU per process; not the sandbox's memory as a whole", e)
         return None
 
 
-async def run_python(code: str, limits: SandboxLimits | None = None, isolation: str = "bwrap") -> SandboxResult:
+def _data_fd(data: bytes) -> int:
+    """A readable descriptor of ``data`` (a pipe when it fits its buffer, else a temporary file)."""
+    if len(data) <= 32768:
+        r, w = os.pipe()
+        os.write(w, data)
+        os.close(w)
+        return r
+    f = tempfile.TemporaryFile()
+    f.write(data)
+    f.flush()
+    fd = os.dup(f.fileno())
+    f.close()
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+async def run_python(code: str, limits: SandboxLimits | None = None, isolation: str = "bwrap",
+                     checked: bool = False) -> SandboxResult:
     """Run ``code`` as a Python program under ``limits`` (module docstring).
 
     Cancelling the coroutine (a caller's own timeout) kills the sandbox. Never raises for what
     the program does: failures are in the result (exit status, stderr, ``timed_out``,
-    ``network_attempts``, ``oom_kills``).
+    ``oom_kills``); a sandbox that could not start is ``infra_error``.
 
     Args:
         isolation: ``bwrap`` (the sandbox) or ``none`` (a plain subprocess: per-process limits
             only, unsafe; ``agent.python_sandbox=none``).
+        checked: skip :func:`check_sandbox` (it calls this for its trial run).
 
     Raises:
         SandboxUnavailable: ``isolation="bwrap"`` and bubblewrap cannot run here.
         OSError: the interpreter could not be started.
     """
     lim = limits or SandboxLimits()
-    check_sandbox(isolation)
+    if not checked:
+        check_sandbox(isolation, lim.sandbox_uid)
     start = time.perf_counter()
     proc = reads = cgroup = None
-    mark_r, mark_w = os.pipe()
-    source = tempfile.TemporaryFile()
+    fds: dict[str, int] = {}
     host_scratch = None
     try:
-        prelude_args = [str(lim.memory_mb * 2**20), str(lim.file_size_mb * 2**20), str(max(1, int(lim.timeout) + 1))]
-        python = [sys.executable, "-I", "-c", _PRELUDE, *prelude_args]
+        python = [sys.executable, "-I", "-c", _PRELUDE, str(lim.memory_mb * 2**20), str(lim.file_size_mb * 2**20),
+                  str(max(1, int(lim.timeout) + 1))]
         if isolation == "bwrap":
-            source.write(code.encode())
-            source.flush()
-            source.seek(0)
-            cmd = [bwrap_path(), *_bwrap_args(lim), "--file", str(source.fileno()), f"{SCRATCH}/main.py", "--",
-                   *python, str(lim.max_processes), str(mark_w)]
+            fds = {"program": _data_fd(code.encode()), "seccomp": _data_fd(seccomp_program()),
+                   "empty": _data_fd(b"")}
+            fds["status"], status_w = os.pipe()
+            fds["status_w"] = status_w
+            uid = host_uid(lim.sandbox_uid)
+            stage_of = staged_paths(uid)
+            argv = [bwrap_path(), *bwrap_args(lim.disk_mb, stage_of, {**fds, "status": status_w}), "--",
+                    *python, str(lim.max_processes)]
             cgroup = _group_limits(lim)
-            if cgroup is not None:  # join the cgroup before bwrap starts anything
-                files = cgroup.procs_files
-                cmd = ["/bin/sh", "-c", 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
-                       'n=$((n-1)); done; exec "$@"', "sh", str(len(files)), *files, *cmd]
-            cwd, env, scratch, fds = None, _host_env(), SCRATCH, (mark_w, source.fileno())
+            cmd = launcher_command(argv, cgroup.procs_files if cgroup else [], uid, stage_of)
+            cwd, env, scratch = None, host_env(), SCRATCH
+            pass_fds = (fds["program"], fds["seccomp"], fds["empty"], status_w)
         else:
             host_scratch = scratch = tempfile.mkdtemp(prefix="reinforge-sandbox-")
             with open(os.path.join(scratch, "main.py"), "w") as f:
                 f.write(code)
-            cmd, cwd, env, fds = [*python, "0", str(mark_w)], scratch, _sandbox_env(scratch), (mark_w,)
+            cmd, cwd, env, pass_fds = [*python, "0"], scratch, sandbox_env(scratch), ()
             env["PATH"] = os.environ.get("PATH", os.defpath)
         proc = await asyncio.create_subprocess_exec(
             *cmd, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=fds)
-        os.close(mark_w)
-        mark_w = -1
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
+        for key in ("program", "seccomp", "empty", "status_w"):  # the child holds its copies
+            if key in fds:
+                os.close(fds.pop(key))
         reads = asyncio.ensure_future(asyncio.gather(_read_capped(proc.stdout, lim.max_output_bytes),
                                                      _read_capped(proc.stderr, lim.max_output_bytes, tail=True)))
         timed_out = False
@@ -332,10 +318,12 @@ async def run_python(code: str, limits: SandboxLimits | None = None, isolation: 
             out, err = await asyncio.wait_for(reads, 2.0)
         except TimeoutError:
             out, err = "", "(output lost: a background process kept the output open)"
-        attempts = _count_marks(mark_r)
+        infra = None
+        if isolation == "bwrap" and not timed_out and not _program_started(fds["status"]):
+            infra = err.strip() or f"the sandbox exited with status {proc.returncode} before the program started"
         out, err = out.replace(scratch + os.sep, ""), err.replace(scratch + os.sep, "")
         return SandboxResult(out, err, None if timed_out else proc.returncode, timed_out,
-                             time.perf_counter() - start, attempts, cgroup.oom_kills() if cgroup else 0)
+                             time.perf_counter() - start, cgroup.oom_kills() if cgroup else 0, infra)
     finally:
         if proc is not None and proc.returncode is None:  # cancelled: do not leave it running
             _kill(proc, cgroup)
@@ -346,23 +334,33 @@ async def run_python(code: str, limits: SandboxLimits | None = None, isolation: 
             transport.close()
         if cgroup is not None and not cgroup.remove():
             log.warning("python tool: cgroup %s could not be removed", cgroup.dirs)
-        for fd in (mark_r, mark_w):
-            if fd >= 0:
-                os.close(fd)
-        source.close()
+        for fd in fds.values():
+            os.close(fd)
         if host_scratch is not None:
             shutil.rmtree(host_scratch, ignore_errors=True)
 
 
-def _count_marks(fd: int) -> int:
-    os.set_blocking(fd, False)
-    n = 0
+def _program_started(status_fd: int) -> bool:
+    """Whether bwrap reported the program's start (a ``child-pid`` record on its JSON status
+    descriptor, which the program cannot write to)."""
+    os.set_blocking(status_fd, False)
+    data = b""
     try:
-        while chunk := os.read(fd, 65536):
-            n += len(chunk)
+        while chunk := os.read(status_fd, 65536):
+            data += chunk
     except BlockingIOError:
         pass
-    return n
+    decoder, text, pos = json.JSONDecoder(), data.decode(errors="replace"), 0
+    while pos < len(text):
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return False
+        if isinstance(obj, dict) and "child-pid" in obj:
+            return True
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return False
 
 
 def _kill(proc: asyncio.subprocess.Process, cgroup: Cgroup | None) -> None:

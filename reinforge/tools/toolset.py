@@ -36,6 +36,7 @@ TOOLS.register("python", "reinforge.tools.builtin:make_python", factory=True)
 # Error kinds (ToolResult.error); tools may raise ToolError with their own.
 PARSE, UNKNOWN_TOOL, BAD_ARGUMENTS = "parse", "unknown_tool", "bad_arguments"
 EXCEPTION, TIMEOUT = "exception", "timeout"
+SANDBOX_FAILURE = "sandbox"  # the sandbox itself failed (infrastructure, not the model's doing)
 
 
 class ToolError(Exception):
@@ -59,7 +60,8 @@ class ToolCall:
 class ToolResult:
     """A call's outcome: ``output`` (shown to the model; an error message when it failed),
     ``error`` (None, or the kind: ``parse``, ``unknown_tool``, ``bad_arguments``, ``exception``,
-    ``timeout``, or a tool's own ``ToolError.kind``), and wall-clock ``seconds``."""
+    ``timeout``, ``sandbox`` (infrastructure), or a tool's own ``ToolError.kind``), and wall-clock
+    ``seconds``."""
 
     name: str | None
     output: str
@@ -121,7 +123,9 @@ class ToolSet:
     in a thread pool of ``max_workers``, every call bounded by ``timeout`` seconds.
 
     A plain function past its timeout keeps its worker thread until it returns (Python cannot
-    stop a thread); ``async`` tools are cancelled (the ``python`` tool kills its process).
+    stop a thread); ``async`` tools are cancelled (the ``python`` tool kills its process). A tool
+    function with the attribute ``self_timed = True`` bounds its own time (the ``python`` tool:
+    waiting for a sandbox slot is not the model's time) and is not cut at ``timeout``.
     """
 
     def __init__(self, tools: list[Tool], timeout: float = 10.0, max_workers: int = 8):
@@ -150,7 +154,8 @@ class ToolSet:
         start = time.perf_counter()
         try:
             if inspect.iscoroutinefunction(tool.fn):
-                out = await asyncio.wait_for(tool.fn(**args), self.timeout)
+                timeout = None if getattr(tool.fn, "self_timed", False) else self.timeout
+                out = await asyncio.wait_for(tool.fn(**args), timeout)
             else:
                 loop = asyncio.get_running_loop()
                 out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: tool.fn(**args)), self.timeout)

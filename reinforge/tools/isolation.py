@@ -1,0 +1,299 @@
+"""How a sandbox is built on the host: the launcher, the bubblewrap arguments, the seccomp filter.
+
+Threat model (docs/agents.md#threat-model): the program is hostile. Nothing inside may be root
+anywhere, share kernel state with the trainer, or outlive it. A run is started as
+
+    python -I -S -c LAUNCHER SPEC -- bwrap ARGS -- python -I -c PRELUDE ...
+
+The **launcher** (:data:`LAUNCHER`, a few lines of Python run before ``bwrap``; it reads no
+input of the model's) does, in this order:
+
+1. joins the run's cgroup (memory, processes, CPU of the whole sandbox: :mod:`.cgroup`);
+2. when the trainer is root and a folder to bind is not reachable by the sandbox's uid (an
+   interpreter under ``/root``): makes a private mount namespace of its own and binds those folders
+   at ``STAGE/<i>``, a path any uid can traverse (nothing of it is visible on the host);
+3. when the trainer is root: drops to ``agent.python_sandbox_uid`` (uid and gid, no supplementary
+   groups), so that the user namespace ``bwrap`` makes maps the sandbox to that unprivileged host
+   uid, not to root (which would let the program write host-wide ``/proc/sys`` settings);
+4. joins a fresh, empty session keyring (nothing of the trainer's keys is reachable);
+5. sets its parent-death signal (SIGKILL: the trainer's death kills it) and checks that the
+   trainer is still there; then ``exec``\\ s ``bwrap``.
+
+``bwrap`` then unshares every namespace (user, mount, pid, network, IPC, UTS, cgroup), forbids
+nested user namespaces, keeps its own reaper as pid 1 (``--die-with-parent``: when the trainer or
+``bwrap`` dies, pid 1 dies and the kernel kills every process of the pid namespace; the program
+cannot clear pid 1's parent-death signal), installs the seccomp filter (:data:`DENIED_SYSCALLS`
+fail with ``EPERM``; other architectures' system calls kill the process), and starts the program
+as uid 65534 inside with no capabilities.
+
+Files: an empty root, read-only; ``/usr`` and the loader's files; the interpreter's prefixes
+read-only; ``/proc`` of the new pid namespace with ``/proc/cmdline`` empty; ``/dev`` read-only with
+a ``/dev/shm`` of its own; the scratch ``tmpfs`` (working directory, ``HOME``, ``/tmp``). The sizes
+of all tmpfs mounts together are ``disk_mb`` (:func:`tmpfs_sizes`).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+SCRATCH = "/scratch"  # the working directory inside the sandbox
+STAGE = "/run/reinforge-sandbox"  # where the launcher binds what the sandbox's uid cannot reach (its own mounts)
+INSIDE_UID = 65534  # the program's uid and gid inside the sandbox ("nobody")
+LAUNCHER_EXIT = 125  # the launcher's exit status when a step failed (its stderr says which)
+
+DENIED_SYSCALLS = (
+    # kernel keyrings (the trainer's secrets), tracing and kernel-programming interfaces
+    "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev", "bpf",
+    "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # namespaces and mounts
+    "mount", "umount2", "pivot_root", "unshare", "setns", "open_tree", "move_mount", "fsopen", "fsconfig",
+    "fsmount", "fspick", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
+    # the machine
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
+    "swapoff", "acct", "syslog", "quotactl", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+    "lookup_dcookie", "vhangup", "iopl", "ioperm",
+)
+"""System calls the sandboxed program may not make (``EPERM``): Docker's default profile's list
+narrowed to what a Python program never needs, and the issue 34 set (keyrings, ptrace, bpf,
+perf, userfaultfd, io_uring, mount, unshare, setns)."""
+
+LAUNCHER = r"""
+import ctypes, json, os, sys
+spec = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+
+def fail(step, err):
+    os.write(2, ("reinforge sandbox launcher: %s: %s\n" % (step, err)).encode())
+    os._exit(125)
+
+def call(rc, step):
+    if rc != 0:
+        fail(step, os.strerror(ctypes.get_errno()))
+
+try:
+    for f in spec["cgroup_procs"]:
+        with open(f, "w") as out:
+            out.write(str(os.getpid()))
+except OSError as e:
+    fail("joining the cgroup", e)
+if spec["stage"]:
+    stage = spec["stage"]
+    call(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+    call(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None), "making the mount namespace private")
+    try:
+        fds = [os.open(p, os.O_PATH) for p in spec["stage_sources"]]
+    except OSError as e:
+        fail("opening a folder to bind", e)
+    call(libc.mount(b"tmpfs", stage.encode(), b"tmpfs", 0x2 | 0x4 | 0x8, b"mode=0755,size=64k"), "tmpfs on " + stage)
+    for i, fd in enumerate(fds):
+        point = "%s/%d" % (stage, i)
+        if os.path.isdir("/proc/self/fd/%d" % fd):
+            os.mkdir(point, 0o755)
+        else:
+            open(point, "w").close()
+        call(libc.mount(("/proc/self/fd/%d" % fd).encode(), point.encode(), None, 0x1000 | 0x4000, None),
+             "binding " + spec["stage_sources"][i])
+        os.close(fd)
+uid = spec["uid"]
+if uid is not None:
+    try:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    except OSError as e:
+        fail("dropping to uid %d" % uid, e)
+if libc.syscall(spec["keyctl"], 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, anonymous: a fresh, empty one
+    fail("joining a new session keyring", os.strerror(ctypes.get_errno()))
+call(libc.prctl(1, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+if os.getppid() != spec["parent"]:
+    fail("checking the trainer", "it has exited")
+os.execv(spec["command"][0], spec["command"])
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The operating-system sandbox cannot run here; the message says why and what to do."""
+
+
+def bwrap_path() -> str | None:
+    """The ``bwrap`` executable, or None."""
+    return shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
+
+
+def host_uid(sandbox_uid: int) -> int | None:
+    """The host uid the sandbox runs as: ``sandbox_uid`` when the trainer is root (it drops to it),
+    else None (the trainer's own, unprivileged, uid)."""
+    return sandbox_uid if os.geteuid() == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_program() -> bytes:
+    """The compiled seccomp filter (classic BPF for ``bwrap --seccomp``): :data:`DENIED_SYSCALLS`
+    return ``EPERM``, everything else is allowed, system calls of another architecture kill the
+    process (libseccomp's default for a foreign architecture). Names this kernel's libseccomp
+    does not know are left out.
+
+    Raises:
+        SandboxUnavailable: libseccomp (``libseccomp.so.2``) or its binding is missing.
+    """
+    try:
+        import pyseccomp
+    except (ImportError, OSError, RuntimeError) as e:
+        raise SandboxUnavailable(f"the python tool's seccomp filter needs libseccomp ({e}); install libseccomp2 "
+                                 f"(`apt-get install libseccomp2`) and the pyseccomp package") from None
+    f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        except (RuntimeError, ValueError, OSError):
+            pass  # not a system call of this architecture / libseccomp version
+    with tempfile.TemporaryFile() as t:
+        f.export_bpf(t)
+        t.flush()
+        t.seek(0)
+        return t.read()
+
+
+@functools.lru_cache(maxsize=1)
+def keyctl_number() -> int:
+    """The ``keyctl`` system call's number on this machine (the launcher calls it)."""
+    import pyseccomp
+
+    return int(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "keyctl"))
+
+
+@functools.lru_cache(maxsize=1)
+def read_only_paths() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """(symlinks as (target, path), folders and files to bind read-only): the system folders, the
+    loader's files and the interpreter's prefixes, without any folder inside another.
+
+    Raises:
+        SandboxUnavailable: a prefix would expose the models cache (``~/.cache/reinforge``).
+    """
+    links, binds = [], []
+    for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(p):
+            links.append((os.readlink(p), p))
+        elif os.path.isdir(p):
+            binds.append(p)
+    binds += [p for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
+                          "/etc/localtime") if os.path.exists(p)]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                str(Path(os.path.realpath(sys.executable)).parent.parent)}
+    from ..models.hub import cache_dir
+
+    models = os.path.realpath(cache_dir())
+    for p in sorted(os.path.realpath(p) for p in prefixes):
+        if any(p == b or p.startswith(b.rstrip("/") + "/") for b in binds):
+            continue
+        if p == "/" or models == p or models.startswith(p + "/"):
+            raise SandboxUnavailable(f"the python interpreter's prefix {p} holds the models cache {models}; the "
+                                     f"sandbox would expose it: use a virtualenv elsewhere or set REINFORGE_CACHE")
+        binds.append(p)
+    return tuple(links), tuple(binds)
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether any uid can reach ``path``: every folder above it searchable by others (``o+x``)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
+def tmpfs_sizes(disk_mb: int, tmp_mount: bool) -> dict[str, int]:
+    """Bytes of each writable tmpfs, together ``disk_mb`` MiB: ``/dev/shm`` an eighth (at least
+    1 MiB), ``/tmp`` another eighth when it must be a mount of its own (an interpreter under
+    ``/tmp``; otherwise ``/tmp`` is the scratch folder), the scratch folder the rest."""
+    total = disk_mb * 2**20
+    part = max(2**20, total // 8)
+    sizes = {"/dev/shm": part, "/tmp": part if tmp_mount else 0}
+    sizes[SCRATCH] = max(2**20, total - sum(sizes.values()))
+    return sizes
+
+
+def bwrap_args(disk_mb: int, stage_of: dict[str, str], fds: dict[str, int]) -> list[str]:
+    """The bubblewrap arguments of one run (module docstring).
+
+    Args:
+        disk_mb: the MiB of all writable tmpfs mounts together.
+        stage_of: folders the launcher binds at ``STAGE/<i>`` first (bound from there).
+        fds: file descriptors bwrap reads: ``program`` (main.py), ``seccomp`` (the filter),
+            ``empty`` (an empty file, shown as ``/proc/cmdline``), ``status`` (bwrap's JSON status).
+    """
+    links, binds = read_only_paths()
+    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--cap-drop", "ALL",
+            "--json-status-fd", str(fds["status"]), "--seccomp", str(fds["seccomp"])]
+    # an interpreter under /tmp (a virtualenv in a checkout there): /tmp becomes a tmpfs of its own before the
+    # interpreter is bound inside it (the symlink to the scratch folder cannot be made there)
+    tmp_mount = any(p == "/tmp" or p.startswith("/tmp/") for p in binds)
+    sizes = tmpfs_sizes(disk_mb, tmp_mount)
+    if tmp_mount:
+        args += ["--perms", "1777", "--size", str(sizes["/tmp"]), "--tmpfs", "/tmp"]
+    for p in binds:
+        args += ["--ro-bind", stage_of.get(p, p), p]
+    for target, p in links:
+        args += ["--symlink", target, p]
+    args += ["--proc", "/proc", "--ro-bind-data", str(fds["empty"]), "/proc/cmdline",
+             "--dev", "/dev", "--perms", "1777", "--size", str(sizes["/dev/shm"]), "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev",
+             "--perms", "0700", "--size", str(sizes[SCRATCH]), "--tmpfs", SCRATCH]
+    if not tmp_mount:
+        args += ["--symlink", SCRATCH, "/tmp"]
+    args += ["--chdir", SCRATCH, "--remount-ro", "/", "--clearenv"]
+    for k, v in sandbox_env(SCRATCH).items():
+        args += ["--setenv", k, v]
+    args += ["--file", str(fds["program"]), f"{SCRATCH}/main.py"]
+    return args
+
+
+def staged_paths(uid: int | None) -> dict[str, str]:
+    """The read-only folders the launcher binds at ``STAGE/<i>`` first: those the host ``uid`` the
+    sandbox runs as cannot reach (none when it runs as the trainer's own uid, ``uid=None``)."""
+    if uid is None:
+        return {}
+    _, binds = read_only_paths()
+    return {p: f"{STAGE}/{i}" for i, p in enumerate(p for p in binds if not reachable_by_others(p))}
+
+
+def launcher_command(command: list[str], cgroup_procs: list[str], uid: int | None,
+                     stage_of: dict[str, str]) -> list[str]:
+    """``python -I -S -c LAUNCHER SPEC``: it prepares the process (module docstring) and
+    ``exec``\\ s ``command`` (bwrap and its arguments).
+
+    Args:
+        cgroup_procs: the ``cgroup.procs`` files to join (none without a cgroup).
+        uid: the host uid to drop to (:func:`host_uid`), or None to keep the trainer's.
+        stage_of: :func:`staged_paths` of that uid.
+    """
+    if stage_of:
+        os.makedirs(STAGE, mode=0o755, exist_ok=True)
+    spec = {"cgroup_procs": cgroup_procs, "stage": STAGE if stage_of else None, "stage_sources": list(stage_of),
+            "uid": uid, "keyctl": keyctl_number(), "parent": os.getpid(), "command": command}
+    return [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec)]
+
+
+def sandbox_env(home: str) -> dict[str, str]:
+    """The program's whole environment (nothing of the trainer's)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+            "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def host_env() -> dict[str, str]:
+    """The launcher's and bwrap's environment."""
+    return {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
