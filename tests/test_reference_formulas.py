@@ -1,6 +1,8 @@
-"""Every advantage estimator, policy loss, KL estimator and loss aggregation against values
-computed here from the published formulas, in plain Python over lists of floats (written from
-the papers and verl's documented definitions, independently of reinforge/algo/).
+"""Every advantage estimator (and the rollout glue that feeds it: KL in the reward, shaping) against
+values computed here from the published formulas, in plain Python over lists of floats (written from
+the papers and verl's documented definitions, independently of reinforge/algo/). The policy loss, KL
+estimators, loss aggregation, off-policy corrections and offline losses are in
+tests/test_reference_formulas_losses.py.
 
 Inputs are random, with the cases where implementations tend to differ: right padding, groups
 of one sample, groups with equal rewards, extreme log-ratios, non-finite values outside the
@@ -17,8 +19,6 @@ import pytest
 import torch
 
 from reinforge.algo.advantages import ADV_ESTIMATORS, AdvantageInputs, gae_advantages
-from reinforge.algo.losses import (aggregate, behaviour_importance_weight, clipped_value_loss, gspo_ratio,
-                                   kl_penalty, ppo_clip_loss)
 from reinforge.algo.passk import pass_at_k
 from reinforge.config import load_config
 from reinforge.records import Sample
@@ -76,16 +76,6 @@ def ref_discounted_returns(rewards, loss_mask, gamma):
     return {t: sum(gamma ** (j - k) * r[j] for j in range(k, len(steps))) for k, t in enumerate(steps)}
 
 
-def ref_ppo(log_p, old_log_p, adv, eps_low, eps_high, clip_c=None):
-    """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(clamp(log r, -20, 20)) (PPO eq. 7 with
-    verl's clamp); dual clip (Ye et al. 2020): for A < 0 at most -clip_c A."""
-    r = math.exp(max(-20.0, min(20.0, log_p - old_log_p)))
-    loss = max(-r * adv, -min(max(r, 1 - eps_low), 1 + eps_high) * adv)
-    if clip_c is not None and adv < 0:
-        loss = min(loss, -clip_c * adv)
-    return loss
-
-
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -135,11 +125,25 @@ def rows(t, lengths):
 # ----------------------------------------------------------------------------- outcome estimators
 
 
+def ref_kl_sum(kl, loss_mask):
+    """The KL penalty of a sequence in the reward: summed over its loss-mask tokens only (verl's
+    apply_kl_penalty: kld * response_mask, the response mask 0 on tool outputs)."""
+    return sum(x for x, m in zip(kl, loss_mask) if m)
+
+
+def ref_token_rewards(outcome, kl, loss_mask):
+    """verl's token_level_rewards: the outcome at the last token, minus the KL on loss-mask tokens."""
+    out = [-x if m else 0.0 for x, m in zip(kl, loss_mask)]
+    out[-1] += outcome
+    return out
+
+
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tool_tokens", [False, True])
 @pytest.mark.parametrize("est", ["grpo", "grpo_no_std", "dr_grpo", "rloo"])
-def test_outcome_estimators(seed, est):
+def test_outcome_estimators(seed, tool_tokens, est):
     rng = random.Random(seed)
-    rewards, lengths, loss_masks, kl = rand_batch(rng, groups=4, n=4, max_len=6)
+    rewards, lengths, loss_masks, kl = rand_batch(rng, groups=4, n=4, max_len=6, tool_tokens=tool_tokens)
     rewards[0] = [0.7] * 4  # equal rewards: only the KL differs
     inp = inputs_of(rewards, lengths, loss_masks, kl, pad_fill=float("nan"))
     name = "grpo" if est == "grpo_no_std" else est
@@ -147,7 +151,7 @@ def test_outcome_estimators(seed, est):
     assert ret is None
     k = 0
     for g, row in enumerate(rewards):
-        s = [row[j] - sum(kl[g * 4 + j]) for j in range(4)]  # outcome: r minus the summed KL
+        s = [row[j] - ref_kl_sum(kl[g * 4 + j], loss_masks[g * 4 + j]) for j in range(4)]  # r minus the KL
         for j in range(4):
             others = [s[i] for i in range(4) if i != j]
             if est == "grpo":
@@ -167,6 +171,26 @@ def test_equal_rewards_give_zero_advantage():
         assert adv.abs().max().item() == 0.0
 
 
+@pytest.mark.parametrize("est", ["grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_equal_non_dyadic_rewards_give_exactly_zero_advantage(est):
+    """All-equal groups of rewards that fp32 cannot hold exactly: the fp32 group mean differs from
+    them by an ulp, which (r - mean) / (std + 1e-6) turned into advantages up to 0.8 (and batch
+    whitening into order 1). The published formula gives 0 (r_i = mean), so the samples are skipped."""
+    values = [0.1, 0.7, 10.1, 123.456, 1 / 3]
+    rewards = [[v] * 8 for v in values]
+    lengths = [3] * (8 * len(values))
+    inp = inputs_of(rewards, lengths, [[1] * 3] * len(lengths))
+    name = "grpo" if est == "grpo_no_std" else est
+    adv, _ = ADV_ESTIMATORS.get(name)(inp, algo(grpo_std_normalization=est != "grpo_no_std"))
+    assert adv.abs().max().item() == 0.0
+    if est == "grpo":  # through the rollout glue: every sample's advantages are exactly 0 (skipped by the actor)
+        cfg = load_config(None, ["n_samples_per_prompt=3"])
+        groups = [[Sample(prompt="p", tokens=[1] * 4, response_length=2, reward=0.1, loss_mask=[1, 1])
+                   for _ in range(3)]]
+        out = compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len)
+        assert not any(bool(a.any()) for a in out.advantages)
+
+
 # ----------------------------------------------------------------------------- REINFORCE++
 
 
@@ -180,8 +204,7 @@ def test_reinforce_plus_plus(seed, gamma):
     flat_r = [r for row in rewards for r in row]
     per_seq = []
     for i, L in enumerate(lengths):
-        token_r = [-x for x in kl[i]]
-        token_r[L - 1] += flat_r[i]  # the outcome at the last token, -kl_coef * KL at every token
+        token_r = ref_token_rewards(flat_r[i], kl[i], loss_masks[i])  # -kl_coef * KL on loss-mask tokens
         G = ref_discounted_returns(token_r, loss_masks[i], gamma)
         per_seq.append([G[t] for t in sorted(G)])
     white = ref_whiten(per_seq)
@@ -247,9 +270,7 @@ def test_gae_estimator(seed, gamma, lam):
     flat_r = [r for row in rewards for r in row]
     raw, rets = [], []
     for i, L in enumerate(lengths):
-        token_r = [-x for x in kl[i]]
-        token_r[L - 1] += flat_r[i]
-        a, R = ref_gae(token_r, values[i], loss_masks[i], gamma, lam)
+        a, R = ref_gae(ref_token_rewards(flat_r[i], kl[i], loss_masks[i]), values[i], loss_masks[i], gamma, lam)
         raw.append([a[t] for t in sorted(a)])
         rets.append(R)
     white = ref_whiten(raw)
@@ -283,162 +304,71 @@ def test_loss_mask_reaches_gae_from_samples():
         assert torch.allclose(x, y)
 
 
-# ----------------------------------------------------------------------------- policy loss
+def ref_verl_gae(token_rewards, values, response_mask, gamma, lam):
+    """verl's compute_gae_advantage_return, its loop written out (observation tokens, response_mask 0,
+    carry the next value and the running advantage); returns (advantages before whitening, returns)."""
+    next_value, last, adv = 0.0, 0.0, [0.0] * len(values)
+    for t in reversed(range(len(values))):
+        delta = token_rewards[t] + gamma * next_value - values[t]
+        stepped = delta + gamma * lam * last
+        m = response_mask[t]
+        next_value = values[t] * m + (1 - m) * next_value
+        last = stepped * m + (1 - m) * last
+        adv[t] = last
+    return adv, [a + v for a, v in zip(adv, values)]
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("eps_low,eps_high,clip_c", [(0.2, 0.2, None), (0.2, 0.28, None), (0.2, 0.28, 3.0)])
-def test_ppo_clip_loss(seed, eps_low, eps_high, clip_c):
+def kl_in_reward_samples(rewards, loss_masks, tool_kl):
+    """Samples of one group, and old / ref log-probs whose k1 KL is ``tool_kl[i]`` on each tool token
+    (loss mask 0) of sample i and 0 elsewhere."""
+    samples, old, ref = [], [], []
+    for r, lm, k in zip(rewards, loss_masks, tool_kl):
+        samples.append(Sample(prompt="p", tokens=[1] * (len(lm) + 2), response_length=len(lm), reward=r,
+                              loss_mask=list(lm)))
+        old.append(torch.zeros(len(lm)))
+        ref.append(torch.tensor([0.0 if m else -k for m in lm]))
+    return [samples], old, ref
+
+
+def test_kl_in_reward_skips_tool_tokens_issue_example():
+    """Rewards (1, 0), KL only on tool tokens (sample 0: 2 nats, times kl_coef 0.5 = its whole reward):
+    verl's apply_kl_penalty masks the KL with the response mask, so GRPO gives (0.707, -0.707)."""
+    cfg = load_config(None, ["n_samples_per_prompt=2", "algo.use_kl_in_reward=true", "algo.kl_coef=0.5"])
+    groups, old, ref = kl_in_reward_samples([1.0, 0.0], [[1, 1, 0, 0, 1]] * 2, [1.0, 0.0])
+    out = compute_advantages(cfg.algo, groups, 64, old_log_probs=old, ref_log_probs=ref)
+    want = 0.5 / (ref_std([1.0, 0.0]) + 1e-6)
+    assert out.advantages[0].tolist() == pytest.approx([want] * 5)
+    assert out.advantages[1].tolist() == pytest.approx([-want] * 5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kl_in_reward_gae_matches_verl(seed):
+    """GAE with KL in the reward, tool spans with KL (and garbage values) on them: the returns equal
+    verl's (apply_kl_penalty then compute_gae_advantage_return) on the policy tokens, and the
+    advantages verl's whitened over the response mask."""
     rng = random.Random(seed)
-    n = 64
-    lp = [rng.uniform(-5, 0) for _ in range(n)]
-    old = [x + rng.choice([rng.uniform(-0.5, 0.5), rng.uniform(-150, 150)]) for x in lp]  # some extreme
-    adv = [rng.choice([rng.uniform(-2, 2), 0.0]) for _ in range(n)]
-    lp_t = torch.tensor([lp], requires_grad=True)
-    loss, ratio, clipped = ppo_clip_loss(lp_t, torch.tensor([old]), torch.tensor([adv]), eps_low, eps_high, clip_c)
-    want = [ref_ppo(a, b, c, eps_low, eps_high, clip_c) for a, b, c in zip(lp, old, adv)]
-    assert loss[0].tolist() == pytest.approx(want, rel=1e-4, abs=1e-6)
-    loss.sum().backward()
-    assert torch.isfinite(lp_t.grad).all()
-
-
-def test_ppo_extreme_log_ratio_is_finite_with_zero_gradient_when_clipped():
-    """log ratio 100 (fp32 exp overflows above ~88.7): the ratio is exp(20), the loss finite, and the
-    clipped token's gradient 0 (not NaN)."""
-    lp = torch.tensor([[0.0, 0.0, -200.0, 0.0]], requires_grad=True)
-    old = torch.tensor([[-100.0, -100.0, 0.0, -100.0]])
-    adv = torch.tensor([[1.0, -1.0, -1.0, 0.0]])
-    loss, ratio, clipped = ppo_clip_loss(lp, old, adv, 0.2, 0.2, 3.0)
-    assert torch.isfinite(loss).all() and torch.isfinite(ratio).all()
-    assert ratio[0, 0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
-    assert loss[0].tolist() == pytest.approx([-1.2, 3.0, 0.8, 0.0])  # clip high, dual clip, clip low, A = 0
-    loss.sum().backward()
-    assert lp.grad.tolist() == [[0.0, 0.0, 0.0, 0.0]]
-
-
-def test_behaviour_weight_is_finite():
-    w = behaviour_importance_weight(torch.tensor([0.0, 0.0]), torch.tensor([-100.0, 0.5]))
-    assert torch.isfinite(w).all() and w[0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
-    assert w[1].item() == pytest.approx(math.exp(-0.5))
-
-
-def test_gspo_ratio_ignores_masked_tokens():
-    """GSPO (Zheng et al. 2025, eq. 7): s_i = exp(mean over the sequence's tokens of log r)."""
-    lp = torch.tensor([[-1.0, -2.0, -3.0]])
-    old = torch.tensor([[-1.5, -1.0, float("-inf")]])
-    r = gspo_ratio(lp, old, torch.tensor([[1.0, 1.0, 0.0]]))
-    assert r[0, :2].tolist() == pytest.approx([math.exp((0.5 - 1.0) / 2)] * 2)
-
-
-def test_clipped_value_loss():
-    rng = random.Random(0)
-    v, old, R = ([rng.uniform(-2, 2) for _ in range(32)] for _ in range(3))
-    loss, _ = clipped_value_loss(torch.tensor(v), torch.tensor(old), torch.tensor(R), 0.2)
-    want = [0.5 * max((a - c) ** 2, (b + max(-0.2, min(0.2, a - b)) - c) ** 2) for a, b, c in zip(v, old, R)]
-    assert loss.tolist() == pytest.approx(want, rel=1e-5)
-
-
-# ----------------------------------------------------------------------------- KL estimators
-
-
-@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
-def test_kl_estimators(kind):
-    """Schulman 2020, "Approximating KL Divergence", with log r = log pi - log pi_ref; low_var_kl as
-    verl's: log r clamped to [-20, 20], the estimate to [-10, 10]."""
-    rng = random.Random(1)
-    lp = [rng.uniform(-8, 0) for _ in range(64)] + [0.0, -30.0]
-    ref = [rng.uniform(-8, 0) for _ in range(64)] + [-30.0, 0.0]
-    got = kl_penalty(torch.tensor(lp), torch.tensor(ref), kind).tolist()
-    want = []
-    for a, b in zip(lp, ref):
-        x = a - b
-        if kind == "k1":
-            want.append(x)
-        elif kind == "k2":
-            want.append(x * x / 2)
-        elif kind == "k3":
-            want.append(math.exp(-x) - 1 + x)
-        else:
-            x = max(-20.0, min(20.0, x))
-            want.append(max(-10.0, min(10.0, math.exp(-x) - 1 + x)))
-    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
-
-
-def test_k3_on_a_masked_tool_token_keeps_loss_and_gradient_finite():
-    """A tool token where log pi - log pi_ref = -100 (k3 = exp(100) = inf in fp32): with the mask given
-    to kl_penalty and aggregate, the loss and its gradient are finite and the other token's are k3's."""
-    lp = torch.tensor([[-1.0, -120.0]], requires_grad=True)
-    ref = torch.tensor([[-1.5, -20.0]])
-    mask = torch.tensor([[1.0, 0.0]])
-    loss = aggregate(kl_penalty(lp, ref, "k3", mask), mask, "token_mean")
-    assert loss.item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
-    loss.backward()
-    assert lp.grad[0].tolist() == pytest.approx([1 - math.exp(-0.5), 0.0])
-
-
-# ----------------------------------------------------------------------------- aggregation
-
-
-def ref_aggregate(values, mask, mode, norm_mask=None, norm_length=None):
-    """verl's agg_loss definitions (global-batch form), written out per sequence."""
-    norm_mask = norm_mask or mask
-    sums = [sum(v for v, m in zip(vs, ms) if m) for vs, ms in zip(values, mask)]
-    counts = [sum(1 for m in ms if m) for ms in norm_mask]
-    live = [i for i, c in enumerate(counts) if c > 0]
-    if mode == "token_mean":
-        return sum(sums) / sum(counts)
-    per_seq = {"seq_mean_token_sum": lambda i: sums[i],
-               "seq_mean_token_mean": lambda i: sums[i] / counts[i],
-               "seq_mean_token_sum_norm": lambda i: sums[i] / norm_length}[mode]
-    return sum(per_seq(i) for i in live) / len(live)
-
-
-MODES = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("mode", MODES)
-def test_aggregation_modes(seed, mode):
-    rng = random.Random(seed)
-    B, T = 5, 7
-    lengths = [rng.randint(1, T) for _ in range(B)]
-    mask = [[1 if t < L and rng.random() > 0.2 else 0 for t in range(T)] for L in lengths]
-    mask[0] = [0] * T  # a fully masked sequence (over-long filtered): not a sequence of the mean
-    vals = [[rng.uniform(-3, 3) if mask[i][t] else rng.choice([float("nan"), float("inf"), 1e30])
-             for t in range(T)] for i in range(B)]
-    v = torch.tensor(vals, requires_grad=True)
-    got = aggregate(v, torch.tensor(mask, dtype=torch.float32), mode, norm_length=T)
-    assert got.item() == pytest.approx(ref_aggregate(vals, mask, mode, norm_length=T), rel=1e-5)
-    got.backward()
-    assert torch.isfinite(v.grad).all()
-    assert v.grad[torch.tensor(mask) == 0].abs().sum().item() == 0.0
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_masked_importance_sampling_keeps_dropped_tokens_in_normalisers(mode):
-    """tis_mode: mask drops tokens from the sums (``mask``) and keeps them in every normaliser
-    (``norm_mask`` = the loss mask), as docs/algorithms.md says."""
-    vals = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 0.0, 0.0, 0.0]]
-    loss_mask = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
-    kept = [[1, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]]  # sequence 2: every token dropped, still counted
-    got = aggregate(torch.tensor(vals), torch.tensor(kept, dtype=torch.float32), mode, norm_length=8,
-                    norm_mask=torch.tensor(loss_mask, dtype=torch.float32))
-    want = ref_aggregate(vals, kept, mode, norm_mask=loss_mask, norm_length=8)
-    assert got.item() == pytest.approx(want)
-    if mode == "seq_mean_token_mean":
-        assert want == pytest.approx(((1 + 3 + 4) / 4 + 6 / 2 + 0) / 3)
-
-
-def test_seq_mean_token_sum_norm_is_dr_grpo():
-    """Dr. GRPO (Liu et al. 2025, eq. 3): (1 / G) sum_i sum_t loss_it / L, L the max response length;
-    independent of how the sequences are split into micro-batches."""
-    vals = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
-    whole = aggregate(vals, mask, "seq_mean_token_sum_norm", norm_length=10)
-    assert whole.item() == pytest.approx((6 + 4 + 1) / 10 / 3)
-    parts = sum(aggregate(vals[i:i + 1], mask[i:i + 1], "seq_mean_token_sum_norm", num_seqs=3, norm_length=10)
-                for i in range(3))
-    assert parts.item() == pytest.approx(whole.item())
+    cfg = load_config(None, ["algo.advantage_estimator=gae", "n_samples_per_prompt=2", "algo.use_kl_in_reward=true",
+                             "algo.kl_coef=0.3", "algo.gamma=0.95", "algo.lambd=0.9"])
+    rewards = [rng.uniform(-1, 2), rng.uniform(-1, 2)]
+    loss_masks = [[1] * 6 + [0] * 2 + [1], [1, 0, 0, 1, 1]]  # a tool span in each
+    lengths = [len(lm) for lm in loss_masks]
+    old = [torch.tensor([rng.uniform(-2, 0) for _ in range(L)]) for L in lengths]
+    ref = [o - torch.tensor([rng.uniform(-1, 1) for _ in range(len(o))]) for o in old]
+    values = [torch.tensor([rng.uniform(-1, 1) if m else 50.0 for m in lm]) for lm in loss_masks]
+    groups = [[Sample(prompt="p", tokens=[1] * (L + 2), response_length=L, reward=r, loss_mask=lm)
+               for r, L, lm in zip(rewards, lengths, loss_masks)]]
+    out = compute_advantages(cfg.algo, groups, 64, values=values, old_log_probs=old, ref_log_probs=ref)
+    raw = []
+    for i, lm in enumerate(loss_masks):
+        kl = (0.3 * (old[i] - ref[i])).tolist()
+        a, R = ref_verl_gae(ref_token_rewards(rewards[i], kl, lm), values[i].tolist(), lm, 0.95, 0.9)
+        steps = ref_policy_tokens(lm)
+        assert [out.returns[i][t].item() for t in steps] == pytest.approx([R[t] for t in steps], rel=1e-5, abs=1e-5)
+        raw.append([a[t] for t in steps])
+    white = ref_whiten(raw)
+    for i, lm in enumerate(loss_masks):
+        assert [out.advantages[i][t].item() for t in ref_policy_tokens(lm)] == pytest.approx(white[i], rel=1e-4,
+                                                                                              abs=1e-5)
 
 
 # ----------------------------------------------------------------------------- pass@k

@@ -5,7 +5,10 @@ sample into one advantage per sample (broadcast to its tokens); token-level esti
 (REINFORCE++, GAE) turn per-token rewards (the outcome at the last token, minus any KL penalty) and, for GAE, a
 critic's values into per-token advantages and returns. Tokens with loss mask 0 inside a
 response (tool outputs of a multi-turn rollout) are not the policy's actions: the token-level
-estimators step over them.
+estimators step over them, and a KL penalty in the reward counts only the loss-mask tokens (verl's
+``apply_kl_penalty`` multiplies the KL by its ``response_mask``, 0 on tool outputs). Groups whose
+outcomes are all exactly equal get advantage exactly 0 (decided by comparing the values, before any
+division).
 
 Every registered estimator has the signature ``fn(inputs: AdvantageInputs, algo) ->
 (advantages [N, T], returns [N, T] | None)`` where ``algo`` is the ``algo`` config section.
@@ -42,7 +45,10 @@ class AdvantageInputs:
         rewards: [G, n] float32 scalar rewards after shaping (over-long penalty, clip, normalisation).
         mask: [N, T] float32, 1 on response tokens (right-padded to the longest response T).
         loss_mask: [N, T] float32, additionally 0 on tokens excluded from the loss.
-        token_kl: [N, T] float32 ``kl_coef * KL`` per token (KL in the reward), or None.
+        token_kl: [N, T] float32 ``kl_coef * KL`` per token (KL in the reward), or None. Only the
+            tokens where ``mask`` and ``loss_mask`` are both 1 count (tool outputs and padding are
+            selected out, whatever they hold), as verl's ``apply_kl_penalty``
+            (``kld * response_mask``, its response mask being 0 on tool outputs).
         values: [N, T] float32 critic values, or None (estimators registered ``needs_critic`` get them).
     """
 
@@ -52,21 +58,30 @@ class AdvantageInputs:
     token_kl: torch.Tensor | None = None
     values: torch.Tensor | None = None
 
-    def outcome(self) -> torch.Tensor:
-        """[G, n] rewards minus each sequence's summed KL penalty (outcome estimators)."""
+    def reward_kl(self) -> torch.Tensor | None:
+        """[N, T] ``token_kl`` on the policy's tokens (``mask`` and ``loss_mask`` 1), 0 elsewhere; None
+        without KL in the reward."""
         if self.token_kl is None:
+            return None
+        return masked_select(self.token_kl, (self.mask != 0) & (self.loss_mask != 0))
+
+    def outcome(self) -> torch.Tensor:
+        """[G, n] rewards minus each sequence's KL penalty summed over its loss-mask tokens (outcome
+        estimators; verl's outcome estimators sum ``token_level_rewards`` likewise)."""
+        kl = self.reward_kl()
+        if kl is None:
             return self.rewards
-        return self.rewards - masked_select(self.token_kl, self.mask).sum(-1).view_as(self.rewards)
+        return self.rewards - kl.sum(-1).view_as(self.rewards)
 
     def token_rewards(self, outcome: torch.Tensor) -> torch.Tensor:
-        """[N, T]: ``outcome`` ([G, n] or [N]) at each response's last token, minus the KL penalty."""
+        """[N, T]: ``outcome`` ([G, n] or [N]) at each response's last token, minus the KL penalty on
+        the loss-mask tokens (verl's ``token_level_rewards``)."""
         lengths = self.mask.sum(-1).long()
         out = torch.zeros_like(self.mask)
         rows = torch.nonzero(lengths > 0).flatten()
         out[rows, lengths[rows] - 1] = outcome.flatten()[rows].to(out.dtype)
-        if self.token_kl is not None:
-            out = out - masked_select(self.token_kl, self.mask)
-        return out
+        kl = self.reward_kl()
+        return out if kl is None else out - kl
 
     def broadcast(self, per_sample: torch.Tensor) -> torch.Tensor:
         """[G, n] or [N] per-sample values -> [N, T] on the response tokens."""
@@ -78,13 +93,34 @@ def _check_groups(rewards: torch.Tensor) -> None:
         raise ValueError(f"rewards must be [num_groups, n_samples_per_prompt], got shape {tuple(rewards.shape)}")
 
 
+def group_centered(rewards: torch.Tensor) -> torch.Tensor:
+    """r_i - mean(r_group) per group, exactly 0 in a group whose values are all equal.
+
+    Equality is decided on the values themselves (max == min), not on the rounded difference:
+    the fp32 mean of three equal non-dyadic values (0.1, 0.1, 0.1) can differ from them by an
+    ulp, which the std normalisation of GRPO (dividing by a std of the same order plus 1e-6)
+    would turn into advantages of order 1. Such a group gets exactly 0, so the trainer skips
+    its samples (no policy gradient) as it does for any all-equal group.
+
+    Args:
+        rewards: [num_groups, n] float.
+    Returns:
+        [num_groups, n], same dtype.
+    """
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    equal = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
+    return torch.where(equal, torch.zeros_like(centered), centered)
+
+
 def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """Group-relative advantages (GRPO, Shao et al. 2024, "DeepSeekMath", sec. 4.1.2).
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps), or r_i - mean(r_group) without
     std normalisation (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like Training").
     The std is the unbiased sample std, as in verl's ``compute_grpo_outcome_advantage``;
-    a group of one sample gets advantage 0.
+    a group of one sample gets advantage 0, and so does a group whose rewards are all exactly
+    equal (:func:`group_centered`: decided before dividing, so fp32 rounding of the mean is
+    not amplified by the std normalisation).
 
     Args:
         rewards: [num_groups, n_samples_per_prompt] float.
@@ -94,7 +130,7 @@ def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: 
     _check_groups(rewards)
     if rewards.shape[1] < 2:
         return torch.zeros_like(rewards)
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    centered = group_centered(rewards)
     if not std_normalization:
         return centered
     return centered / (rewards.std(dim=1, keepdim=True) + eps)
@@ -104,13 +140,14 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics").
 
     A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean(r_group)).
-    Groups of one sample get advantage 0.
+    Groups of one sample, and groups whose rewards are all exactly equal (:func:`group_centered`),
+    get advantage 0.
     """
     _check_groups(rewards)
     n = rewards.shape[1]
     if n < 2:
         return torch.zeros_like(rewards)
-    return (rewards - rewards.mean(dim=1, keepdim=True)) * (n / (n - 1))
+    return group_centered(rewards) * (n / (n - 1))
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -144,9 +181,11 @@ def reinforce_plus_plus_returns(token_rewards: torch.Tensor, mask: torch.Tensor,
     ``compute_reinforce_plus_plus_outcome_advantage``), which is then whitened over the batch.
 
     Tokens with ``mask`` 1 but ``loss_mask`` 0 (tool outputs inside a multi-turn response) are
-    not time steps: the return passes over them undiscounted and their rewards are added to the
-    preceding policy token's (verl instead restarts the return at such tokens, so earlier turns
-    never see the outcome; with a loss mask of all ones both are the same).
+    not time steps: the return passes over them undiscounted (as verl since 0.9.0, PR #7300,
+    "carry running_return through observation spans"; verl 0.8 and older restarted the return
+    there, so earlier turns never saw the outcome) and their rewards, if any, are added to the
+    preceding policy token's (verl drops them; the KL penalty is 0 there in both, so they differ
+    only when a response ends in a tool's output, where the outcome reward sits).
 
     Args:
         token_rewards, mask: [B, T] float; right-padded responses, ``mask`` 1 on response tokens.
@@ -248,8 +287,10 @@ def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor) -> torch.Tens
     ``compute_reinforce_plus_plus_baseline_outcome_advantage``).
 
     A_i = s_i - mean(s_group), s_i the sample's outcome (reward minus its summed KL penalty, if
-    KL is in the reward); a group of one sample keeps s_i (no baseline), as verl. No discount:
-    the same value goes to every token of the sample, and the caller whitens over the batch.
+    KL is in the reward); a group of one sample keeps s_i (no baseline), as verl; a group whose
+    outcomes are all exactly equal gets exactly 0 (:func:`group_centered`: otherwise the batch
+    whitening would scale the mean's rounding error up to order 1). No discount: the same value
+    goes to every token of the sample, and the caller whitens over the batch.
 
     Args:
         outcome: [num_groups, n_samples_per_prompt] float.
@@ -259,7 +300,7 @@ def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor) -> torch.Tens
     _check_groups(outcome)
     if outcome.shape[1] < 2:
         return outcome.clone()
-    return outcome - outcome.mean(dim=1, keepdim=True)
+    return group_centered(outcome)
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")

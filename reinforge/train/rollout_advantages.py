@@ -76,7 +76,9 @@ def compute_advantages(a: AlgoConfig, groups: list[list[Sample]], max_response_l
     """Advantages of every sample of ``groups`` (flattened group-major) for ``algo.advantage_estimator``.
 
     With ``algo.use_kl_in_reward`` each token's reward loses ``kl_coef * (log pi_old - log pi_ref)``
-    (k1, as verl's ``apply_kl_penalty``); outcome estimators use the sequence's total.
+    (k1) on the tokens with loss mask 1 only: tool outputs (loss mask 0) carry no KL penalty, as in
+    verl's ``apply_kl_penalty`` (``kld * response_mask``); outcome estimators use the sequence's
+    total over those tokens (:meth:`~reinforge.algo.advantages.AdvantageInputs.reward_kl`).
 
     Raises:
         ValueError: an estimator that needs a critic without ``values``, or KL in the reward

@@ -1,0 +1,187 @@
+"""The policy loss, KL estimators, loss aggregation, the off-policy corrections between engine and
+trainer (TIS, masked IS, rejection, the decoupled objective) and the offline preference losses against
+values computed here from the published formulas and the reference implementations (verl, slime,
+TRL), written out in plain Python over floats (float64), independently of reinforge/algo/.
+The advantage estimators are in tests/test_reference_formulas.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from reinforge.algo.losses import (aggregate, behaviour_importance_weight, clipped_value_loss, gspo_ratio,
+                                   kl_penalty, ppo_clip_loss)
+
+# ----------------------------------------------------------------------------- reference formulas
+
+
+def ref_ppo(log_p, old_log_p, adv, eps_low, eps_high, clip_c=None):
+    """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(clamp(log r, -20, 20)) (PPO eq. 7 with
+    verl's clamp); dual clip (Ye et al. 2020): for A < 0 at most -clip_c A."""
+    r = math.exp(max(-20.0, min(20.0, log_p - old_log_p)))
+    loss = max(-r * adv, -min(max(r, 1 - eps_low), 1 + eps_high) * adv)
+    if clip_c is not None and adv < 0:
+        loss = min(loss, -clip_c * adv)
+    return loss
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("eps_low,eps_high,clip_c", [(0.2, 0.2, None), (0.2, 0.28, None), (0.2, 0.28, 3.0)])
+def test_ppo_clip_loss(seed, eps_low, eps_high, clip_c):
+    rng = random.Random(seed)
+    n = 64
+    lp = [rng.uniform(-5, 0) for _ in range(n)]
+    old = [x + rng.choice([rng.uniform(-0.5, 0.5), rng.uniform(-150, 150)]) for x in lp]  # some extreme
+    adv = [rng.choice([rng.uniform(-2, 2), 0.0]) for _ in range(n)]
+    lp_t = torch.tensor([lp], requires_grad=True)
+    loss, ratio, clipped = ppo_clip_loss(lp_t, torch.tensor([old]), torch.tensor([adv]), eps_low, eps_high, clip_c)
+    want = [ref_ppo(a, b, c, eps_low, eps_high, clip_c) for a, b, c in zip(lp, old, adv)]
+    assert loss[0].tolist() == pytest.approx(want, rel=1e-4, abs=1e-6)
+    loss.sum().backward()
+    assert torch.isfinite(lp_t.grad).all()
+
+
+def test_ppo_extreme_log_ratio_is_finite_with_zero_gradient_when_clipped():
+    """log ratio 100 (fp32 exp overflows above ~88.7): the ratio is exp(20), the loss finite, and the
+    clipped token's gradient 0 (not NaN)."""
+    lp = torch.tensor([[0.0, 0.0, -200.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-100.0, -100.0, 0.0, -100.0]])
+    adv = torch.tensor([[1.0, -1.0, -1.0, 0.0]])
+    loss, ratio, clipped = ppo_clip_loss(lp, old, adv, 0.2, 0.2, 3.0)
+    assert torch.isfinite(loss).all() and torch.isfinite(ratio).all()
+    assert ratio[0, 0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
+    assert loss[0].tolist() == pytest.approx([-1.2, 3.0, 0.8, 0.0])  # clip high, dual clip, clip low, A = 0
+    loss.sum().backward()
+    assert lp.grad.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+
+
+def test_behaviour_weight_is_finite():
+    w = behaviour_importance_weight(torch.tensor([0.0, 0.0]), torch.tensor([-100.0, 0.5]))
+    assert torch.isfinite(w).all() and w[0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
+    assert w[1].item() == pytest.approx(math.exp(-0.5))
+
+
+def test_gspo_ratio_ignores_masked_tokens():
+    """GSPO (Zheng et al. 2025, eq. 7): s_i = exp(mean over the sequence's tokens of log r)."""
+    lp = torch.tensor([[-1.0, -2.0, -3.0]])
+    old = torch.tensor([[-1.5, -1.0, float("-inf")]])
+    r = gspo_ratio(lp, old, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert r[0, :2].tolist() == pytest.approx([math.exp((0.5 - 1.0) / 2)] * 2)
+
+
+def test_clipped_value_loss():
+    rng = random.Random(0)
+    v, old, R = ([rng.uniform(-2, 2) for _ in range(32)] for _ in range(3))
+    loss, _ = clipped_value_loss(torch.tensor(v), torch.tensor(old), torch.tensor(R), 0.2)
+    want = [0.5 * max((a - c) ** 2, (b + max(-0.2, min(0.2, a - b)) - c) ** 2) for a, b, c in zip(v, old, R)]
+    assert loss.tolist() == pytest.approx(want, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- KL estimators
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
+def test_kl_estimators(kind):
+    """Schulman 2020, "Approximating KL Divergence", with log r = log pi - log pi_ref; low_var_kl as
+    verl's: log r clamped to [-20, 20], the estimate to [-10, 10]."""
+    rng = random.Random(1)
+    lp = [rng.uniform(-8, 0) for _ in range(64)] + [0.0, -30.0]
+    ref = [rng.uniform(-8, 0) for _ in range(64)] + [-30.0, 0.0]
+    got = kl_penalty(torch.tensor(lp), torch.tensor(ref), kind).tolist()
+    want = []
+    for a, b in zip(lp, ref):
+        x = a - b
+        if kind == "k1":
+            want.append(x)
+        elif kind == "k2":
+            want.append(x * x / 2)
+        elif kind == "k3":
+            want.append(math.exp(-x) - 1 + x)
+        else:
+            x = max(-20.0, min(20.0, x))
+            want.append(max(-10.0, min(10.0, math.exp(-x) - 1 + x)))
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def test_k3_on_a_masked_tool_token_keeps_loss_and_gradient_finite():
+    """A tool token where log pi - log pi_ref = -100 (k3 = exp(100) = inf in fp32): with the mask given
+    to kl_penalty and aggregate, the loss and its gradient are finite and the other token's are k3's."""
+    lp = torch.tensor([[-1.0, -120.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -20.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    loss = aggregate(kl_penalty(lp, ref, "k3", mask), mask, "token_mean")
+    assert loss.item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([1 - math.exp(-0.5), 0.0])
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def ref_aggregate(values, mask, mode, norm_mask=None, norm_length=None):
+    """verl's agg_loss definitions (global-batch form), written out per sequence."""
+    norm_mask = norm_mask or mask
+    sums = [sum(v for v, m in zip(vs, ms) if m) for vs, ms in zip(values, mask)]
+    counts = [sum(1 for m in ms if m) for ms in norm_mask]
+    live = [i for i, c in enumerate(counts) if c > 0]
+    if mode == "token_mean":
+        return sum(sums) / sum(counts)
+    per_seq = {"seq_mean_token_sum": lambda i: sums[i],
+               "seq_mean_token_mean": lambda i: sums[i] / counts[i],
+               "seq_mean_token_sum_norm": lambda i: sums[i] / norm_length}[mode]
+    return sum(per_seq(i) for i in live) / len(live)
+
+
+MODES = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregation_modes(seed, mode):
+    rng = random.Random(seed)
+    B, T = 5, 7
+    lengths = [rng.randint(1, T) for _ in range(B)]
+    mask = [[1 if t < L and rng.random() > 0.2 else 0 for t in range(T)] for L in lengths]
+    mask[0] = [0] * T  # a fully masked sequence (over-long filtered): not a sequence of the mean
+    vals = [[rng.uniform(-3, 3) if mask[i][t] else rng.choice([float("nan"), float("inf"), 1e30])
+             for t in range(T)] for i in range(B)]
+    v = torch.tensor(vals, requires_grad=True)
+    got = aggregate(v, torch.tensor(mask, dtype=torch.float32), mode, norm_length=T)
+    assert got.item() == pytest.approx(ref_aggregate(vals, mask, mode, norm_length=T), rel=1e-5)
+    got.backward()
+    assert torch.isfinite(v.grad).all()
+    assert v.grad[torch.tensor(mask) == 0].abs().sum().item() == 0.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_masked_importance_sampling_keeps_dropped_tokens_in_normalisers(mode):
+    """tis_mode: mask drops tokens from the sums (``mask``) and keeps them in every normaliser
+    (``norm_mask`` = the loss mask), as docs/algorithms.md says."""
+    vals = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 0.0, 0.0, 0.0]]
+    loss_mask = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
+    kept = [[1, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]]  # sequence 2: every token dropped, still counted
+    got = aggregate(torch.tensor(vals), torch.tensor(kept, dtype=torch.float32), mode, norm_length=8,
+                    norm_mask=torch.tensor(loss_mask, dtype=torch.float32))
+    want = ref_aggregate(vals, kept, mode, norm_mask=loss_mask, norm_length=8)
+    assert got.item() == pytest.approx(want)
+    if mode == "seq_mean_token_mean":
+        assert want == pytest.approx(((1 + 3 + 4) / 4 + 6 / 2 + 0) / 3)
+
+
+def test_seq_mean_token_sum_norm_is_dr_grpo():
+    """Dr. GRPO (Liu et al. 2025, eq. 3): (1 / G) sum_i sum_t loss_it / L, L the max response length;
+    independent of how the sequences are split into micro-batches."""
+    vals = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    whole = aggregate(vals, mask, "seq_mean_token_sum_norm", norm_length=10)
+    assert whole.item() == pytest.approx((6 + 4 + 1) / 10 / 3)
+    parts = sum(aggregate(vals[i:i + 1], mask[i:i + 1], "seq_mean_token_sum_norm", num_seqs=3, norm_length=10)
+                for i in range(3))
+    assert parts.item() == pytest.approx(whole.item())
