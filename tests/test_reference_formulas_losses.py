@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from reinforge.algo.losses import (aggregate, behaviour_importance_weight, clipped_value_loss, gspo_ratio,
                                    kl_penalty, ppo_clip_loss)
+from reinforge.algo.objective import ObjectiveInputs, policy_objective
 
 # ----------------------------------------------------------------------------- reference formulas
 
@@ -185,3 +187,67 @@ def test_seq_mean_token_sum_norm_is_dr_grpo():
     parts = sum(aggregate(vals[i:i + 1], mask[i:i + 1], "seq_mean_token_sum_norm", num_seqs=3, norm_length=10)
                 for i in range(3))
     assert parts.item() == pytest.approx(whole.item())
+
+
+# ----------------------------------------------------------------------------- off-policy correction
+
+
+def ref_objective(lp, old, roll, adv, mask, ref_lp, *, mode, decoupled, loss, clip, low, eps, eps_high, kl_coef):
+    """The token-mean loss of policy_objective, per token: c * pg + kl_coef * k1 over the tokens kept,
+    divided by the loss-mask token count. w = exp(clamp(old - rollout, -20, 20)) and c is
+    * truncate: min(w, clip)                       (TIS, Yao et al. 2025)
+    * mask:     w if low <= w <= clip else 0       (slime icepop_function; verl IcePop)
+    * reject:   1, tokens outside leave the loss   (verl rollout_rs token_k1)
+    * no TIS:   w with the decoupled objective (AReaL eq. 5), else 1.
+    GSPO's sequence ratio exp(mean log r) runs over the tokens kept (all loss tokens but under reject)."""
+    total, count = 0.0, sum(sum(m) for m in mask)
+    for i in range(len(lp)):
+        T = len(lp[i])
+        w = [math.exp(max(-20.0, min(20.0, old[i][t] - roll[i][t]))) for t in range(T)]
+        inside = [low <= x <= clip for x in w]
+        kept = [bool(mask[i][t]) and (mode != "reject" or inside[t]) for t in range(T)]
+        c = {"truncate": [min(x, clip) for x in w], "mask": [x if ok else 0.0 for x, ok in zip(w, inside)],
+             "reject": [1.0] * T, None: w if decoupled else [1.0] * T}[mode]
+        if loss == "gspo":
+            toks = [t for t in range(T) if kept[t]]
+            s = math.exp(min(10.0, sum(lp[i][t] - old[i][t] for t in toks) / max(len(toks), 1)))
+            pg = [max(-s * a, -min(max(s, 1 - eps), 1 + eps_high) * a) for a in adv[i]]
+        else:
+            pg = [ref_ppo(lp[i][t], old[i][t], adv[i][t], eps, eps_high) for t in range(T)]
+        total += sum(c[t] * pg[t] + kl_coef * (lp[i][t] - ref_lp[i][t]) for t in range(T) if kept[t])
+    return total / count
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("loss", ["ppo", "gspo"])
+@pytest.mark.parametrize("decoupled", [False, True])
+@pytest.mark.parametrize("mode", [None, "truncate", "mask", "reject"])
+def test_off_policy_correction(seed, loss, decoupled, mode):
+    """Each tis_mode gives the same loss in the plain and the decoupled objective; ``mask`` weights the
+    kept tokens by w (masked IS as slime's icepop_function / verl's IcePop), ``reject`` drops the
+    tokens outside without weighting the others (verl's rollout_rs)."""
+    rng = random.Random(seed)
+    B, T = 3, 6
+    mask = [[1, 1, 0, 0, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]  # tool span, padding
+    lp = [[rng.uniform(-3, -0.1) for _ in range(T)] for _ in range(B)]
+    old = [[x + rng.uniform(-0.3, 0.3) for x in row] for row in lp]
+    roll = [[x + rng.uniform(-0.9, 0.9) for x in row] for row in old]  # w from 0.4 to 2.5
+    adv = [[rng.uniform(-2, 2)] * T for _ in range(B)]
+    ref_lp = [[x + rng.uniform(-0.5, 0.5) for x in row] for row in lp]
+    a = SimpleNamespace(policy_loss=loss, eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=None, use_tis=mode is not None,
+                        tis_mode=mode or "truncate", tis_clip=1.5, tis_clip_low=0.6, kl_loss_type="k1",
+                        kl_loss_coef=0.1, entropy_coef=0.0, loss_agg_mode="token_mean")
+    t = lambda rows: torch.tensor(rows, dtype=torch.float32)  # noqa: E731
+    x = ObjectiveInputs(log_probs=t(lp).requires_grad_(), old_log_probs=t(old), rollout_log_probs=t(roll),
+                        advantages=t(adv), mask=t(mask), entropy=torch.zeros(B, T), ref_log_probs=t(ref_lp))
+    got, stats = policy_objective(x, a, decoupled=decoupled, num_tokens=sum(map(sum, mask)), num_seqs=B,
+                                  norm_length=T)
+    want = ref_objective(lp, old, roll, adv, mask, ref_lp, mode=mode, decoupled=decoupled, loss=loss, clip=1.5,
+                         low=0.6, eps=0.2, eps_high=0.28, kl_coef=0.1)
+    assert got.item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+    if mode in ("mask", "reject"):
+        outside = sum(1 for i in range(B) for j in range(T) if mask[i][j]
+                      and not 0.6 <= math.exp(old[i][j] - roll[i][j]) <= 1.5)
+        assert 0 < outside < sum(map(sum, mask)) and stats["tis_masked"].item() == outside
+    got.backward()
+    assert torch.isfinite(x.log_probs.grad).all()

@@ -76,9 +76,16 @@ def gspo_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch
     """GSPO's sequence-level importance ratio, per token (Zheng et al. 2025, "Group Sequence
     Policy Optimization", eq. 7-10; verl ``compute_policy_loss_gspo``).
 
-    s_i = exp(mean_t (log pi - log pi_old) over the sequence's loss tokens); each token gets
+    s_i = exp(mean_t (log pi - log pi_old) over the sequence's ``mask`` tokens); each token gets
     s_i' = sg(s_i) * exp(log pi_t - sg(log pi_t)): the value is s_i, the gradient that of
-    log pi_t scaled by s_i. Returns [B, T].
+    log pi_t scaled by s_i; the log is clamped at 10 as verl's. The objective passes the loss mask,
+    or under ``tis_mode: reject`` the kept tokens only (verl's ``rollout_rs`` edits the response
+    mask its GSPO averages over; masked-IS tokens, weight 0, stay in).
+
+    Args:
+        log_probs, old_log_probs: [B, T] float; mask: [B, T] 0/1.
+    Returns:
+        [B, T] ratios, ``log_probs``' dtype.
     """
     count = (mask != 0).sum(-1).clamp(min=1).to(log_probs.dtype)
     seq_log_ratio = masked_select(log_probs - old_log_probs, mask).sum(-1) / count
@@ -107,6 +114,54 @@ def behaviour_importance_weight(prox_log_probs: torch.Tensor, behav_log_probs: t
     return w if max_weight is None else w.clamp(max=max_weight)
 
 
+TIS_MODES = ("truncate", "mask", "reject")
+"""The values of ``algo.tis_mode`` (:func:`importance_correction`)."""
+
+
+def importance_correction(weight: torch.Tensor, mode: str, clip: float, clip_low: float = 0.0
+                          ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The off-policy correction between the engine that sampled a token and the trainer, per token.
+
+    ``weight`` is w = pi_train / pi_rollout = exp(log pi_old - log pi_rollout) (log clamped to
+    [-20, 20], :func:`safe_ratio`; with the decoupled objective pi_old is the proximal policy, so w
+    is AReaL's pi_prox / pi_behav). The policy loss of each token is multiplied by the returned
+    factor (the importance weight carries no gradient):
+
+    * ``truncate``: ``min(w, clip)``: truncated importance sampling (TIS; Yao et al. 2025, "Your
+      Efficient RL Framework Secretly Brings You Off-Policy RL Training"; verl's ``rollout_is:
+      token`` with a single ``rollout_is_threshold``).
+    * ``mask``: ``w`` where ``clip_low <= w <= clip``, 0 elsewhere: masked importance sampling, the
+      kept tokens weighted by their w (IcePop: slime's ``icepop_function``, ``ice_weight =
+      where(low <= ratio <= high, ratio, 0)``; verl's ``rollout_is: token`` with a
+      ``"lower_upper"`` ``rollout_is_threshold``). The token stays in the loss mask: its KL and
+      entropy terms and the normalisers are unchanged, only its policy loss is 0.
+    * ``reject``: no factor (None): the tokens with w outside ``[clip_low, clip]`` leave the loss
+      and the kept ones are not weighted: rejection sampling (verl's ``rollout_rs: token_k1`` with
+      ``rollout_rs_threshold: "lower_upper"``; the caller removes the rejected tokens from the
+      loss sums).
+
+    Args:
+        weight: [B, T] float w >= 0, detached.
+        mode: one of :data:`TIS_MODES`.
+        clip, clip_low: the bounds (``algo.tis_clip`` >= 1, ``algo.tis_clip_low`` in [0, 1)).
+
+    Returns:
+        (factor [B, T] of ``weight``'s dtype, or None for ``reject``; inside [B, T] bool,
+        ``clip_low <= w <= clip``).
+
+    Raises:
+        ValueError: unknown ``mode``.
+    """
+    if mode not in TIS_MODES:
+        raise ValueError(f"unknown tis_mode {mode!r}; choose one of {list(TIS_MODES)}")
+    inside = (weight >= clip_low) & (weight <= clip)
+    if mode == "truncate":
+        return weight.clamp(max=clip), inside
+    if mode == "mask":
+        return torch.where(inside, weight, torch.zeros((), dtype=weight.dtype, device=weight.device)), inside
+    return None, inside
+
+
 def decoupled_policy_loss(policy_loss: PolicyLoss, log_probs: torch.Tensor, prox_log_probs: torch.Tensor,
                           behav_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any,
                           max_weight: float | None = None
@@ -122,7 +177,8 @@ def decoupled_policy_loss(policy_loss: PolicyLoss, log_probs: torch.Tensor, prox
     policy that sampled the token (an older policy version in asynchronous RL; the engine's
     numerics in any case). ``policy_loss`` (a :data:`POLICY_LOSSES` entry: token PPO, GSPO...)
     computes the clipped term with pi_prox as its "old" policy. With pi_behav = pi_prox the
-    weight is 1 and the loss is ``policy_loss``'s.
+    weight is 1 and the loss is ``policy_loss``'s. With ``algo.use_tis`` the trainer replaces the
+    weight by :func:`importance_correction`'s factor (the same as in the plain objective).
 
     Args:
         policy_loss: ``fn(log_probs, old_log_probs, advantages, mask, algo) -> (loss, ratio, clipped)``.
@@ -279,7 +335,9 @@ def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advant
 @POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                      mask: torch.Tensor, algo: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GSPO: the PPO clip applied to the sequence-level ratio (:func:`gspo_ratio`)."""
+    """GSPO: the PPO clip applied to the sequence-level ratio (:func:`gspo_ratio`), with the dual clip
+    ``algo.eps_clip_c`` when set, as slime (its ``compute_policy_loss`` takes the GSPO sequence
+    log-ratio and applies ``eps_clip_c``); verl's ``compute_policy_loss_gspo`` has no dual clip."""
     ratio = gspo_ratio(log_probs, old_log_probs, mask)
     return ppo_clip_loss(log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c,
                          ratio)

@@ -2,7 +2,7 @@
 
 :func:`policy_objective` combines the pieces the ``algo`` section chooses: the policy loss
 (:data:`~.losses.POLICY_LOSSES`, e.g. the PPO clip), the off-policy correction between the
-trainer and the engine (truncated or masked importance sampling, or AReaL's decoupled
+trainer and the engine (truncated or masked importance sampling, rejection, or AReaL's decoupled
 objective), the KL penalty to the reference, the entropy bonus, and the aggregation
 (:data:`~.losses.LOSS_AGG_MODES`). It returns the loss to backpropagate and its statistics
 (verl's policy losses likewise return their metrics as part of the contract); the actor only
@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
-from .losses import POLICY_LOSSES, aggregate, decoupled_policy_loss, kl_penalty, safe_ratio
+from .losses import POLICY_LOSSES, aggregate, importance_correction, kl_penalty, safe_ratio
 
 STAT_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "ratio", "importance_weight", "tis_truncated", "tis_masked",
              "approx_kl", "logprob_abs_diff")
 """Statistics of :func:`policy_objective`: sums over the loss-mask tokens (divide by their count
-for means); ``kl`` only with a reference, ``tis_*`` only with ``algo.use_tis``."""
+for means); ``kl`` only with a reference, ``tis_*`` only with ``algo.use_tis`` (``tis_truncated`` with
+``tis_mode: truncate``, ``tis_masked`` with ``mask`` / ``reject``)."""
 
 
 @dataclass
@@ -55,13 +56,26 @@ def policy_objective(x: ObjectiveInputs, algo: Any, *, decoupled: bool, num_toke
                      norm_length: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch and its statistics.
 
-    Per token: ``pg = policy_loss(log_probs, old, advantages)`` (times the truncated importance
-    weight ``min(exp(old - rollout), tis_clip)`` with ``algo.use_tis`` and ``tis_mode: truncate``,
-    Yao et al. 2025; with ``tis_mode: mask`` the tokens whose weight is outside ``[tis_clip_low,
-    tis_clip]`` leave the loss instead; with ``decoupled`` AReaL's objective, Fu et al. 2025:
-    :func:`~.losses.decoupled_policy_loss`), ``+ kl_loss_coef * KL(policy || reference)``
-    (``kl_loss_type``), ``- entropy_coef * entropy``; then aggregated by ``loss_agg_mode`` with the
-    global step's token / sequence counts.
+    Per token: ``pg = policy_loss(log_probs, old, advantages) * c``, then ``+ kl_loss_coef *
+    KL(policy || reference)`` (``kl_loss_type``) ``- entropy_coef * entropy``, aggregated by
+    ``loss_agg_mode`` with the global step's token / sequence counts. The factor ``c`` corrects
+    for the engine that sampled the tokens, ``w = exp(old - rollout)`` per token:
+
+    * ``algo.use_tis``: :func:`~.losses.importance_correction` for ``algo.tis_mode``, the same
+      with and without ``decoupled``: ``truncate`` ``c = min(w, tis_clip)`` (TIS, Yao et al.
+      2025); ``mask`` ``c = w`` inside ``[tis_clip_low, tis_clip]``, 0 outside (masked importance
+      sampling as slime's ``icepop_function`` / verl's IcePop; the token keeps its KL and
+      entropy terms and its place in the GSPO sequence ratio); ``reject`` ``c = 1`` and the tokens
+      outside leave the loss sums altogether (policy, KL and entropy terms, and the GSPO sequence
+      ratio, which then averages the kept tokens only: verl's ``rollout_rs``, which removes them
+      from its response mask).
+    * otherwise, with ``decoupled``: ``c = w`` uncapped, AReaL's decoupled objective (Fu et al.
+      2025, eq. 5; :func:`~.losses.decoupled_policy_loss` is the same formula); without: ``c = 1``.
+
+    ``old`` is the rollout's old policy (the proximal policy with ``decoupled``). Dropped tokens
+    (``reject``) and zero-weighted ones (``mask``) stay in every normaliser (the loss mask's
+    counts), as slime, whose rejection functions keep the per-rollout denominators of the original
+    loss masks (verl's ``rollout_rs`` takes them out of its token counts).
 
     Args:
         x: the micro-batch's tensors (:class:`ObjectiveInputs`).
@@ -73,28 +87,28 @@ def policy_objective(x: ObjectiveInputs, algo: Any, *, decoupled: bool, num_toke
 
     Returns:
         (loss, a scalar with gradient; statistics: detached scalar sums over the loss-mask tokens,
-        keys of :data:`STAT_KEYS`, those that do not apply left out).
+        keys of :data:`STAT_KEYS`, those that do not apply left out: ``tis_truncated`` counts the
+        tokens with ``w > tis_clip`` (``truncate``), ``tis_masked`` those outside the bounds
+        (``mask``, ``reject``)).
     """
     policy_loss = POLICY_LOSSES.get(algo.policy_loss)
     old, behav, mask = x.old_log_probs, x.rollout_log_probs, x.mask
-    iw = safe_ratio(old - behav)  # trainer vs engine: exp(old - rollout), clamped log-ratio
+    iw = safe_ratio((old - behav).detach())  # trainer vs engine: exp(old - rollout), clamped log-ratio
     stats: dict[str, torch.Tensor] = {}
-    weight, kept = None, mask
-    if algo.use_tis and algo.tis_mode == "truncate":
-        weight = iw.clamp(max=algo.tis_clip)
-        stats["tis_truncated"] = _token_sum((iw > algo.tis_clip).float(), mask)
-    elif algo.use_tis:
-        keep = ((iw >= algo.tis_clip_low) & (iw <= algo.tis_clip)).to(mask.dtype)
-        stats["tis_masked"] = (mask * (1 - keep)).sum()
-        kept = mask * keep
-    if decoupled:  # AReaL's objective: clip against pi_prox (old), weight pi_prox / pi_behav
-        cap = algo.tis_clip if weight is not None else None
-        pg, ratio, clipped, _ = decoupled_policy_loss(policy_loss, x.log_probs, old, behav, x.advantages, kept, algo,
-                                                      cap)
-    else:
-        pg, ratio, clipped = policy_loss(x.log_probs, old, x.advantages, kept, algo)
-        if weight is not None:
-            pg = pg * weight
+    factor, kept = None, mask
+    if algo.use_tis:
+        factor, inside = importance_correction(iw, algo.tis_mode, algo.tis_clip, algo.tis_clip_low)
+        if algo.tis_mode == "truncate":
+            stats["tis_truncated"] = _token_sum((iw > algo.tis_clip).float(), mask)
+        else:
+            stats["tis_masked"] = _token_sum((~inside).float(), mask)
+        if algo.tis_mode == "reject":
+            kept = mask * inside.to(mask.dtype)
+    elif decoupled:  # AReaL's objective: clip against pi_prox (old), weight pi_prox / pi_behav
+        factor = iw
+    pg, ratio, clipped = policy_loss(x.log_probs, old, x.advantages, kept, algo)
+    if factor is not None:
+        pg = pg * factor
     total = pg
     if x.ref_log_probs is not None:
         kl = kl_penalty(x.log_probs, x.ref_log_probs, algo.kl_loss_type, mask)

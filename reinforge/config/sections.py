@@ -319,11 +319,11 @@ class AlgoConfig(Section):
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
     loss_agg_mode: str = opt("token_mean", "how per-token losses become one (verl's names)", choices=LOSS_AGG_MODES)
     use_tis: bool = opt(False, "importance-sampling correction between the engine's and the trainer's log-probs")
-    tis_mode: Literal["truncate", "mask"] = opt(
-        "truncate", "`truncate` (TIS: weight `min(w, tis_clip)`) or `mask` (MIS: drop tokens with `w` outside "
-        "`[tis_clip_low, tis_clip]`)")
+    tis_mode: Literal["truncate", "mask", "reject"] = opt(
+        "truncate", "`truncate` (TIS: weight `min(w, tis_clip)`), `mask` (MIS / IcePop: weight `w` inside "
+        "`[tis_clip_low, tis_clip]`, 0 outside) or `reject` (drop the tokens outside, no weight: verl's `rollout_rs`)")
     tis_clip: float = opt(2.0, "upper cap of the importance weight", ge=1)
-    tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` mode", ge=0, lt=1)
+    tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` and `reject` modes", ge=0, lt=1)
     use_rollout_routing_replay: bool = opt(
         False, "mixture-of-experts models: the engine records each generated token's experts and the trainer's "
         "policy forward passes use them at the response positions (slime's `--use-rollout-routing-replay`; "

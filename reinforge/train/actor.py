@@ -164,7 +164,10 @@ class Actor(ModelTrainer):
                  replay: bool = True) -> Routing | None:
         """The :class:`Routing` of a policy forward pass over ``mb``: the rollout's experts replayed at
         the response positions (``algo.use_rollout_routing_replay`` and ``replay``,
-        :mod:`.routing_replay`), the load-balancing statistics (``aux_loss``); None when neither."""
+        :mod:`.routing_replay`), the load-balancing statistics (``aux_loss``); None when neither.
+        With both, the load-balancing loss counts the replayed experts (those the pass used), not
+        the router's own top-k as Megatron-LM's ``compute_routing_scores_for_aux_loss`` (kept by
+        verl's and slime's replay) does: docs/algorithms.md#rollout-routing-replay."""
         ids = None
         if replay and self.replay_routes:
             ids = replay_experts(mb, samples, *self._moe_shape)
@@ -179,12 +182,16 @@ class Actor(ModelTrainer):
         step; with one step per rollout and none given they equal the log-probs of that
         step's forward pass (detached), which saves a forward pass. The importance weight
         ``exp(old - rollout)`` between trainer and engine is reported, and applied when
-        ``algo.use_tis`` (truncated importance sampling, Yao et al. 2025, "Your Efficient RL
-        Framework Secretly Brings You Off-Policy RL Training"; ``tis_mode: mask`` drops the
-        tokens outside ``[tis_clip_low, tis_clip]`` instead: masked importance sampling).
+        ``algo.use_tis`` (:func:`~reinforge.algo.losses.importance_correction`): ``tis_mode:
+        truncate`` caps it at ``tis_clip`` (TIS, Yao et al. 2025, "Your Efficient RL Framework
+        Secretly Brings You Off-Policy RL Training"); ``mask`` weights the tokens inside
+        ``[tis_clip_low, tis_clip]`` by it and the others by 0 (masked IS, slime's IcePop);
+        ``reject`` drops the others and does not weight the kept ones (verl's ``rollout_rs``).
         With the decoupled objective (``Config.decoupled_loss``) the old log-probs are the
-        proximal policy's and every token is weighted by ``exp(old - rollout)`` (capped at
-        ``tis_clip`` with TIS; MIS still masks): :func:`~reinforge.algo.losses.decoupled_policy_loss`.
+        proximal policy's and every token is weighted by ``exp(old - rollout)``, uncapped
+        (:func:`~reinforge.algo.losses.decoupled_policy_loss`), unless ``use_tis`` replaces that
+        weight by its mode's factor: the same loss as without the decoupled objective
+        (:func:`~reinforge.algo.objective.policy_objective`).
 
         Returns:
             metrics averaged over the optimizer steps (``train/...``), and the tail of the trainer-vs-engine
