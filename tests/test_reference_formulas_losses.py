@@ -17,6 +17,7 @@ import torch
 from reinforge.algo.losses import (aggregate, behaviour_importance_weight, clipped_value_loss, gspo_ratio,
                                    kl_penalty, ppo_clip_loss)
 from reinforge.algo.objective import ObjectiveInputs, policy_objective
+from reinforge.algo.preference import PairLogps, orpo_loss, sequence_logps
 
 # ----------------------------------------------------------------------------- reference formulas
 
@@ -251,3 +252,48 @@ def test_off_policy_correction(seed, loss, decoupled, mode):
         assert 0 < outside < sum(map(sum, mask)) and stats["tis_masked"].item() == outside
     got.backward()
     assert torch.isfinite(x.log_probs.grad).all()
+
+
+# ----------------------------------------------------------------------------- offline losses
+
+
+def ref_trl_orpo(chosen, rejected, beta):
+    """TRL's odds_ratio_loss term in float64: log_odds = (c - r) - (log1p(-exp(c)) - log1p(-exp(r))),
+    loss = -beta log sigma(log_odds); and its derivatives in c and r (d/dx [x - log(1 - e^x)] =
+    1 / (1 - e^x), with 1 - e^x = -expm1(x) to keep float64's precision)."""
+    lo = (chosen - rejected) - (math.log1p(-math.exp(chosen)) - math.log1p(-math.exp(rejected)))
+    loss = beta * (math.log1p(math.exp(-lo)) if lo > -30 else -lo)  # -log sigma(lo)
+    dlo = -beta / (1.0 + math.exp(lo))  # d loss / d log_odds = -beta sigma(-lo)
+    return loss, dlo / -math.expm1(chosen), -dlo / -math.expm1(rejected)
+
+
+@pytest.mark.parametrize("chosen,rejected", [(-1e-8, -0.5), (-1e-5, -1e-3), (-0.5, -1e-8), (-0.69, -0.7),
+                                             (-2.0, -3.0), (-40.0, -0.01), (-1e-3, -1e-3)])
+def test_orpo_matches_float64_reference_near_p_one(chosen, rejected):
+    """Mean log p near 0 (p near 1): log(1 - p) as log1mexp matches TRL's formula evaluated in float64,
+    value and gradient (fp32 log1p(-exp(x)) rounds exp(-1e-8) to 1)."""
+    c = torch.tensor([chosen], requires_grad=True)
+    r = torch.tensor([rejected], requires_grad=True)
+    loss, _, _ = orpo_loss(PairLogps(c, r), beta=0.5)
+    want, dc, dr = ref_trl_orpo(chosen, rejected, 0.5)
+    assert loss.item() == pytest.approx(want, rel=1e-4, abs=1e-7)
+    loss.sum().backward()
+    assert [c.grad.item(), r.grad.item()] == pytest.approx([dc, dr], rel=1e-3, abs=1e-6)
+
+
+def test_orpo_at_p_one_is_finite():
+    c = torch.tensor([0.0, -0.2], requires_grad=True)
+    loss, _, _ = orpo_loss(PairLogps(c[:1], c[1:]), beta=1.0)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(c.grad).all()
+
+
+def test_sequence_logps_selects_masked_positions():
+    """-inf (or NaN) at a masked position: the sum and mean over the mask's tokens, a finite gradient."""
+    lp = torch.tensor([[-1.0, -2.0, float("-inf")], [-0.5, float("nan"), -1.5]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    assert sequence_logps(lp, mask, mean=False).tolist() == [-3.0, -2.0]
+    means = sequence_logps(lp, mask, mean=True)
+    assert means.tolist() == [-1.5, -1.0]
+    means.sum().backward()
+    assert lp.grad.tolist() == [[0.5, 0.5, 0.0], [0.5, 0.0, 0.5]]

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..utils.registry import Registry
+from .masking import masked_select
 
 OFFLINE_METHODS: Registry[Callable[..., Any]] = Registry("offline method", "offline.method")
 
@@ -95,13 +96,49 @@ def simpo_loss(lp: PairLogps, beta: float, gamma: float, label_smoothing: float 
     return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
 
 
+LOG1MEXP_MAX = -1e-30
+""":func:`log1mexp` clamps its argument to at most this: log(1 - e^x) is -inf at x = 0 (p = 1, reached
+in fp32 when every token's probability rounds to 1); at -1e-30 it is -69.1, finite with a finite gradient."""
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x <= 0, accurate over the whole range (Maechler 2012, "Accurately Computing
+    log(1 - exp(-|a|))", eq. 7): ``log(-expm1(x))`` for x > -ln 2, ``log1p(-exp(x))`` otherwise.
+
+    The naive ``log1p(-exp(x))`` (TRL's ORPO) rounds ``exp(x)`` to 1 near x = 0 in fp32
+    (x > -6e-8 gives log(0) = -inf); ``expm1`` keeps x's relative precision there. ``x`` is first
+    clamped to at most :data:`LOG1MEXP_MAX` (so x = 0 gives a finite value and gradient).
+
+    Args:
+        x: float tensor of log-probabilities (<= 0), any shape.
+    Returns:
+        a tensor of ``x``'s shape and dtype.
+    """
+    x = x.clamp(max=LOG1MEXP_MAX)
+    near_zero = x > -0.6931471805599453
+    # each branch evaluated where it is accurate; the other side's argument is replaced so that
+    # neither branch produces a non-finite value (whose gradient would be NaN through where)
+    small = torch.log(-torch.expm1(torch.where(near_zero, x, torch.full_like(x, -1.0))))
+    large = torch.log1p(-torch.exp(torch.where(near_zero, torch.full_like(x, -1.0), x)))
+    return torch.where(near_zero, small, large)
+
+
 def orpo_loss(lp: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ORPO's odds-ratio term (Hong et al. 2024, eq. 6-7), weighted by lambda = ``beta``:
     log odds(y) = log p - log(1 - p) with p = exp(mean log pi(y));
     loss = -lambda * log sigma(log odds(y_w) - log odds(y_l)); the trainer adds the NLL of the chosen
-    responses (the SFT term, eq. 6). Rewards are ``beta * mean log pi`` (TRL's)."""
-    log_odds = (lp.chosen - lp.rejected) - (torch.log1p(-torch.exp(lp.chosen).clamp(max=1 - 1e-6))
-                                             - torch.log1p(-torch.exp(lp.rejected).clamp(max=1 - 1e-6)))
+    responses (the SFT term, eq. 6). Rewards are ``beta * mean log pi`` (TRL's).
+
+    TRL's ``odds_ratio_loss`` computes log(1 - p) as ``log1p(-exp(logps))``; here it is
+    :func:`log1mexp`, the same value in exact arithmetic, accurate in fp32 near p = 1 (mean log p =
+    -1e-8: log(1 - p) = -18.42, where the fp32 ``log1p(-exp(.))`` gives -inf).
+
+    Args:
+        lp: [P] token-mean log-probs (``chosen``, ``rejected``).
+    Returns:
+        (losses [P], chosen rewards [P], rejected rewards [P]); rewards detached.
+    """
+    log_odds = (lp.chosen - lp.rejected) - (log1mexp(lp.chosen) - log1mexp(lp.rejected))
     losses = -beta * F.logsigmoid(log_odds)
     return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
 
@@ -139,9 +176,20 @@ def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tens
 
 
 def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, mean: bool) -> torch.Tensor:
-    """[B, T] token log-probs and 0/1 mask -> [B] sums (or means over the masked tokens)."""
-    total = (token_logps * mask).sum(-1)
-    return total / mask.sum(-1).clamp(min=1) if mean else total
+    """Sequence log-probs: sums (or means) of the token log-probs over the mask's tokens.
+
+    The tokens outside the mask are selected out (``torch.where``), not multiplied by 0: a -inf or
+    NaN there (a masked position's log-prob) does not reach the sum or its gradient.
+
+    Args:
+        token_logps: [B, T] float token log-probs.
+        mask: [B, T] 0/1 (any dtype), the response tokens.
+        mean: divide by each row's token count (at least 1).
+    Returns:
+        [B] of ``token_logps``' dtype.
+    """
+    total = masked_select(token_logps, mask).sum(-1)
+    return total / (mask != 0).sum(-1).clamp(min=1).to(total.dtype) if mean else total
 
 
 # ---------------------------------------------------------------------------- registered methods
