@@ -562,7 +562,9 @@ out["shm_bytes"] = os.path.getsize("/dev/shm/big")
 print(json.dumps(out))
 """, disk_mb=32)
     res = report(shm)
-    assert res["shm"] == "OSError" and res["shm_bytes"] <= 32 * 2**20, res  # ENOSPC
+    from reinforge.tools.isolation import tmpfs_sizes
+
+    assert res["shm"] == "OSError" and res["shm_bytes"] <= tmpfs_sizes(32, False)["/dev/shm"] == 4 * 2**20, res
     assert res["dev"] in ("OSError", "PermissionError"), res
 
 
