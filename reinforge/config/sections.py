@@ -283,6 +283,12 @@ class AgentConfig(Section):
     python_sandbox: Literal["bwrap", "none"] = opt(
         "bwrap", "`python` tool isolation: `bwrap` (a bubblewrap sandbox; the tool refuses to start without it) or "
         "`none` (unsafe: a plain subprocess that can read and change your files)")
+    python_sandbox_uid: int = opt(990000, "`python` tool: the host uid and gid the sandbox runs as when the trainer "
+                                  "is root (the trainer drops to it before bubblewrap starts, so nothing inside is "
+                                  "root on the host); pick one no account or other service uses", ge=1, lt=2**32 - 1)
+    max_concurrent_sandboxes: int | None = opt(
+        None, "`python` tool: sandboxes running at once across all samples (a call waits for a slot before its time "
+        "limit starts); `null`: half the memory available at start / (`python_memory_mb` + 64 MiB of disk)", ge=1)
 
     def check(self) -> None:
         for i, spec in enumerate(self.tools):
