@@ -50,6 +50,10 @@ class AdvantageInputs:
             selected out, whatever they hold), as verl's ``apply_kl_penalty``
             (``kld * response_mask``, its response mask being 0 on tool outputs).
         values: [N, T] float32 critic values, or None (estimators registered ``needs_critic`` get them).
+        valid: [G, n] bool, False for samples left out of their group's statistics (an episode that
+            failed for infrastructure reasons: their loss mask is all 0 and their advantage 0), or
+            None (all valid). Group statistics are then those of the group's valid samples: a
+            group of k valid samples is treated as a group of k.
     """
 
     rewards: torch.Tensor
@@ -57,6 +61,7 @@ class AdvantageInputs:
     loss_mask: torch.Tensor
     token_kl: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
 
     def reward_kl(self) -> torch.Tensor | None:
         """[N, T] ``token_kl`` on the policy's tokens (``mask`` and ``loss_mask`` 1), 0 elsewhere; None
@@ -93,7 +98,7 @@ def _check_groups(rewards: torch.Tensor) -> None:
         raise ValueError(f"rewards must be [num_groups, n_samples_per_prompt], got shape {tuple(rewards.shape)}")
 
 
-def group_centered(rewards: torch.Tensor) -> torch.Tensor:
+def group_centered(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """r_i - mean(r_group) per group, exactly 0 in a group whose values are all equal.
 
     Equality is decided on the values themselves (max == min), not on the rounded difference:
@@ -104,15 +109,30 @@ def group_centered(rewards: torch.Tensor) -> torch.Tensor:
 
     Args:
         rewards: [num_groups, n] float.
+        valid: [num_groups, n] bool or None: the mean, the equality test and the result use the
+            valid entries only (0 at the others).
     Returns:
         [num_groups, n], same dtype.
     """
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
-    equal = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
+    v = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    count = v.sum(dim=1, keepdim=True).clamp(min=1).to(rewards.dtype)
+    mean = torch.where(v, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True) / count
+    centered = torch.where(v, rewards - mean, torch.zeros_like(rewards))
+    inf = torch.full_like(rewards, float("inf"))
+    equal = torch.where(v, rewards, -inf).amax(dim=1, keepdim=True) == torch.where(v, rewards, inf).amin(dim=1,
+                                                                                                        keepdim=True)
     return torch.where(equal, torch.zeros_like(centered), centered)
 
 
-def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def _valid_counts(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """[num_groups, 1] number of valid samples per group (``n`` everywhere when ``valid`` is None)."""
+    if valid is None:
+        return torch.full((rewards.shape[0], 1), rewards.shape[1], dtype=rewards.dtype)
+    return valid.bool().sum(dim=1, keepdim=True).to(rewards.dtype)
+
+
+def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: float = 1e-6,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
     """Group-relative advantages (GRPO, Shao et al. 2024, "DeepSeekMath", sec. 4.1.2).
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps), or r_i - mean(r_group) without
@@ -124,30 +144,38 @@ def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: 
 
     Args:
         rewards: [num_groups, n_samples_per_prompt] float.
+        valid: [num_groups, n_samples_per_prompt] bool or None: statistics over the valid
+            samples only (a group of k valid samples is a group of k); 0 at the others.
     Returns:
         advantages of the same shape and dtype.
     """
     _check_groups(rewards)
-    if rewards.shape[1] < 2:
-        return torch.zeros_like(rewards)
-    centered = group_centered(rewards)
+    k = _valid_counts(rewards, valid)
+    centered = torch.where(k >= 2, group_centered(rewards, valid), torch.zeros_like(rewards))
     if not std_normalization:
         return centered
-    return centered / (rewards.std(dim=1, keepdim=True) + eps)
+    v = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    mean = torch.where(v, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True) / k.clamp(min=1)
+    raw = torch.where(v, rewards - mean, torch.zeros_like(rewards))
+    std = ((raw ** 2).sum(dim=1, keepdim=True) / (k - 1).clamp(min=1)).sqrt()
+    return centered / (std + eps)
 
 
-def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def rloo_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics").
 
-    A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean(r_group)).
-    Groups of one sample, and groups whose rewards are all exactly equal (:func:`group_centered`),
-    get advantage 0.
+    A_i = r_i - mean_{j != i} r_j = k / (k - 1) * (r_i - mean(r_group)), k the group's (valid)
+    samples. Groups of one sample, and groups whose rewards are all exactly equal
+    (:func:`group_centered`), get advantage 0.
+
+    Args:
+        rewards: [num_groups, n] float.
+        valid: [num_groups, n] bool or None, as in :func:`grpo_advantages`.
     """
     _check_groups(rewards)
-    n = rewards.shape[1]
-    if n < 2:
-        return torch.zeros_like(rewards)
-    return group_centered(rewards) * (n / (n - 1))
+    k = _valid_counts(rewards, valid)
+    factor = torch.where(k >= 2, k / (k - 1).clamp(min=1), torch.zeros_like(k))
+    return group_centered(rewards, valid) * factor
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -257,19 +285,20 @@ def gae_advantages(
 @ADV_ESTIMATORS.register("grpo", group_based=True, reads=("grpo_std_normalization",))
 def grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """GRPO (:func:`grpo_advantages`), optionally without the std (``algo.grpo_std_normalization``)."""
-    return inputs.broadcast(grpo_advantages(inputs.outcome(), std_normalization=algo.grpo_std_normalization)), None
+    return inputs.broadcast(grpo_advantages(inputs.outcome(), algo.grpo_std_normalization,
+                                             valid=inputs.valid)), None
 
 
 @ADV_ESTIMATORS.register("dr_grpo", group_based=True)
 def dr_grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """Dr. GRPO: the group-mean baseline without std normalisation (Liu et al. 2025)."""
-    return inputs.broadcast(grpo_advantages(inputs.outcome(), std_normalization=False)), None
+    return inputs.broadcast(grpo_advantages(inputs.outcome(), std_normalization=False, valid=inputs.valid)), None
 
 
 @ADV_ESTIMATORS.register("rloo", group_based=True)
 def rloo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """RLOO (:func:`rloo_advantages`)."""
-    return inputs.broadcast(rloo_advantages(inputs.outcome())), None
+    return inputs.broadcast(rloo_advantages(inputs.outcome(), inputs.valid)), None
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus", reads=("gamma",))
@@ -281,7 +310,7 @@ def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[t
     return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
 
 
-def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor) -> torch.Tensor:
+def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE++ with a group baseline, per sample, before whitening (Hu 2025, "REINFORCE++",
     the "baseline" variant for many samples per prompt; verl
     ``compute_reinforce_plus_plus_baseline_outcome_advantage``).
@@ -294,13 +323,14 @@ def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor) -> torch.Tens
 
     Args:
         outcome: [num_groups, n_samples_per_prompt] float.
+        valid: [num_groups, n_samples_per_prompt] bool or None, as in :func:`grpo_advantages`.
     Returns:
         [num_groups, n_samples_per_prompt] group-centred outcomes.
     """
     _check_groups(outcome)
-    if outcome.shape[1] < 2:
-        return outcome.clone()
-    return group_centered(outcome)
+    k = _valid_counts(outcome, valid)
+    alone = torch.where(valid.bool(), outcome, torch.zeros_like(outcome)) if valid is not None else outcome
+    return torch.where(k >= 2, group_centered(outcome, valid), alone)
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
@@ -308,7 +338,7 @@ def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -
     """REINFORCE++-baseline (:func:`reinforce_plus_plus_baseline_advantages`) on every response
     token, whitened over the batch's loss tokens, as verl's ``reinforce_plus_plus_baseline``.
     It reads no ``algo.gamma`` (verl's ignores it; setting it is refused)."""
-    per_sample = inputs.broadcast(reinforce_plus_plus_baseline_advantages(inputs.outcome()))
+    per_sample = inputs.broadcast(reinforce_plus_plus_baseline_advantages(inputs.outcome(), inputs.valid))
     return masked_whiten(per_sample, inputs.mask * inputs.loss_mask), None
 
 

@@ -1,34 +1,48 @@
-"""The tool-using agent: ``rollout.custom_generate_function_path: reinforge.rollout.agent:generate``.
+"""The agent loop: ``rollout.custom_generate_function_path: reinforge.rollout.agent:generate``.
 
-Per sample: generate -> parse tool calls (``agent.tool_call_format``) -> run the tools -> append
-their outputs as tool messages -> generate again, until the model answers without a call, it has
-had ``agent.max_turns`` turns, or the response budget (``params.max_new_tokens``, i.e.
-``rollout.rollout_max_response_len``) is spent.
+Per sample, one episode of ``agent.environment`` (:mod:`reinforge.envs`; default ``tools``, the
+tool-calling environment): generate a turn -> parse its tool calls (``agent.tool_call_format``) ->
+``env.step(turn)`` -> append the observation messages -> generate again, until the environment says
+``done`` (for ``tools``: the model answered without a call), the model has had ``agent.max_turns``
+turns, or the response budget (``params.max_new_tokens``, i.e. ``rollout.rollout_max_response_len``)
+is spent.
 
 Token in, token out: the sample's tokens are the prompt, then exactly the ids the engine sampled,
-then the ids the chat template puts between that turn and the next (tool messages, turn markers,
-the next generation prompt; :mod:`reinforge.rollout.chat_turns`), and so on; nothing is ever
-re-tokenised. ``loss_mask`` is 1 on sampled ids and 0 on the others, whose
+then the ids the chat template puts between that turn and the next (observation messages, turn
+markers, the next generation prompt; :mod:`reinforge.rollout.chat_turns`), and so on; nothing is
+ever re-tokenised. ``loss_mask`` is 1 on sampled ids and 0 on the others, whose
 ``rollout_log_probs`` are 0.0. Tool failures of any kind become error messages for the model and
-are counted (:mod:`reinforge.tools.toolset`); they never end the rollout.
+are counted (:mod:`reinforge.tools.toolset`); they never end the rollout. An environment that
+fails (raises, hangs past ``agent.env_timeout``, answers malformed) or a sandbox that cannot start
+ends the episode as an infrastructure failure: the sample's status is ``failed``, its
+``metadata["infra_failure"]`` says why, and the trainer leaves it out of its group's statistics
+and of the loss (never a reward of 0 for the model).
+
+Rewards: the sum of the environment's per-turn rewards and its final ``reward()`` when any is a
+number (``sample.reward``); otherwise the configured reward scores the sample.
 
 Per-sample numbers go to ``sample.metadata["rollout_stats"]`` (averaged into the rollout
 metrics): ``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors`` (and
 ``agent/tool_errors/<kind>``), ``agent/tool_time`` (seconds), ``agent/tool_tokens`` (masked
-response tokens), ``agent/final_answer`` (1 when the last turn made no call). The calls are listed
-in ``sample.metadata["tool_calls"]``.
+response tokens), ``agent/final_answer`` (1 when the last turn made no call),
+``agent/infra_failures``, and the environment's ``env/<key>`` numbers. The calls are listed in
+``sample.metadata["tool_calls"]``, the turns' rewards in ``sample.metadata["turn_rewards"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
+import inspect
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Config
-from ..tools import ParsedMessage, ToolCallFormat, ToolResult, ToolSet, get_format, load_tools
-from ..tools.toolset import PARSE
+from ..data.dataset import render_prompt
+from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load_environment
+from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format
+from ..tools.toolset import SANDBOX_FAILURE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .generate import STATS_KEY, RolloutContext
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
@@ -55,19 +69,24 @@ class PromptTools:
 
 
 def prompt_tools(cfg: Config, tokenizer: Any) -> PromptTools:
-    """How the prompts present ``agent.tools`` (``agent.tools_prompt``): ``template`` passes the
-    schemas to the chat template, ``system`` describes them in the system prompt in the format's
-    words, ``auto`` takes the template when it renders ``tools=`` (SmolLM2's does not), ``none``
-    leaves the prompts alone. Nothing when no tools are configured.
+    """How the prompts present the environment's tools (``agent.tools`` for ``tools``;
+    ``agent.tools_prompt``): ``template`` passes the schemas to the chat template, ``system``
+    describes them in the system prompt in the format's words, ``auto`` takes the template when it
+    renders ``tools=`` (SmolLM2's does not), ``none`` leaves the prompts alone. Nothing when the
+    environment offers no tools.
 
     Raises:
-        ValueError: ``template`` with a chat template that ignores ``tools=``, or a tool that
-            does not load.
+        ValueError: ``template`` with a chat template that ignores ``tools=``, a tool that does not
+            load, or an unknown ``agent.environment``.
     """
     a = cfg.agent
-    if not a.tools or a.tools_prompt == "none":
+    if a.tools_prompt == "none":
         return PromptTools()
-    schemas = [t.schema for t in load_tools(a.tools, a)]
+    if not (a.tools or a.mcp_servers) and a.environment == "tools":  # no agent configured: import nothing
+        return PromptTools()
+    schemas = load_environment(a.environment).tool_schemas(a)
+    if not schemas:
+        return PromptTools()
     renders = template_renders_tools(tokenizer, schemas)
     if a.tools_prompt == "template" and not renders:
         raise ValueError("agent.tools_prompt=template, but the chat template ignores tools=: use system or auto")
@@ -76,96 +95,203 @@ def prompt_tools(cfg: Config, tokenizer: Any) -> PromptTools:
     return PromptTools(system_text=get_format(a.tool_call_format).describe_tools(schemas))
 
 
+@dataclass
+class Episode:
+    """What one sample's episode accumulates: tokens after the prompt with their mask, log-probs
+    and policy versions, the turns' rewards, the stats and the tool-call log."""
+
+    tokens: list[int]
+    mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    rewards: list[float | None] = field(default_factory=list)  # per turn
+    final_reward: float | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=lambda: {
+        "agent/turns": 0, "agent/tool_calls": 0, "agent/tool_errors": 0, "agent/tool_time": 0.0,
+        "agent/tool_tokens": 0, "agent/final_answer": 0, "agent/infra_failures": 0})
+
+    def add(self, ids: list[int], log_probs: list[float], versions: list[int], sampled: bool) -> None:
+        self.tokens += ids
+        self.mask += [int(sampled)] * len(ids)
+        self.log_probs += log_probs
+        self.versions += versions
+
+    def count(self, key: str, value: float = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + value
+
+
 class Agent:
-    """The per-run part of the agent: tools, call format, turn renderer (built once per run)."""
+    """The per-run part of the agent: environment class, tools, call format, turn renderer (built once
+    per run); :meth:`run` plays one episode."""
 
     def __init__(self, cfg: Config, tokenizer: Any):
+        self.config = cfg
         self.cfg = cfg.agent
         self.tokenizer = tokenizer
+        self.env_class = load_environment(self.cfg.environment)
         self.tools = ToolSet.from_config(self.cfg)
+        self.env_ctx = EnvContext(self.cfg, self.tools, dict(self.cfg.environment_kwargs))
         self.format: ToolCallFormat = get_format(self.cfg.tool_call_format)
         self.renderer = TurnRenderer(tokenizer)
         role = self.cfg.tool_role
         self.tool_role = ("tool" if template_has_tool_role(tokenizer) else "user") if role == "auto" else role
         self._specials = [t for t in tokenizer.all_special_tokens if t]
+        self._pool = ThreadPoolExecutor(max_workers=self.cfg.tool_concurrency, thread_name_prefix="env")
+        self._prompt_tools: PromptTools | None = None
 
     async def run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
-        a, tok = self.cfg, self.tokenizer
-        budget = params.max_new_tokens
+        row = {"prompt": sample.prompt, "label": sample.label, "metadata": sample.metadata}
+        ep = Episode(tokens=list(sample.tokens))
+        status, version = Status.COMPLETED, sample.weight_version
+        env = None
+        try:
+            env = await self._env_call(self.env_class, row, self.env_ctx)
+            first = await self._env_call(env.reset)
+            if first is not None:
+                ep.tokens = self._render_prompt(ctx, self._checked_messages(first, "reset"))
+            prompt_len = len(ep.tokens)
+            status, version = await self._play(ctx, env, ep, params, version)
+            final = await self._env_call(env.reward)
+            if final is not None and not isinstance(final, (int, float)):
+                raise EnvironmentFailure(f"reward() returned {type(final).__name__}, not a number or None")
+            ep.final_reward = final
+        except (EnvironmentFailure, SandboxInfraError) as e:
+            status = Status.FAILED
+            sample.metadata["infra_failure"] = str(e)[:2000]
+            ep.count("agent/infra_failures")
+            prompt_len = len(ep.tokens) - len(ep.mask)
+        finally:
+            if env is not None:
+                try:
+                    await self._env_call(env.close)
+                except EnvironmentFailure as e:
+                    sample.metadata.setdefault("env_close_error", str(e)[:2000])
+        sample.tokens = ep.tokens
+        sample.response_length = len(ep.mask)
+        sample.loss_mask = ep.mask if status != Status.FAILED else [0] * len(ep.mask)
+        sample.rollout_log_probs = ep.log_probs
+        sample.response = self.tokenizer.decode(ep.tokens[prompt_len:], skip_special_tokens=True)
+        sample.status = status
+        sample.weight_version = ep.versions[0] if ep.versions else version
+        sample.weight_versions = ep.versions if len(set(ep.versions)) > 1 else []
+        given = [r for r in [*ep.rewards, ep.final_reward] if r is not None]
+        if status == Status.FAILED:
+            sample.reward = 0.0  # a placeholder: failed samples are left out of the statistics and the loss
+        elif given:
+            sample.reward = float(sum(given))
+        sample.metadata["turn_rewards"] = ep.rewards
+        sample.metadata[STATS_KEY] = {k: float(v) for k, v in ep.stats.items()}
+        sample.metadata["tool_calls"] = ep.calls
+        return sample
+
+    async def _play(self, ctx: RolloutContext, env: Environment, ep: Episode, params: SamplingParams,
+                    version: int) -> tuple[Status, int]:
+        """The turns of one episode; returns the sample's status and the last policy version."""
+        a, tok, budget = self.cfg, self.tokenizer, params.max_new_tokens
         turn_params = dataclasses.replace(params, stop=list(params.stop))
         if a.stop_after_tool_call:
             turn_params.stop += [s for s in self.format.stop if s not in turn_params.stop]
-        tokens = list(sample.tokens)
-        mask: list[int] = []
-        log_probs: list[float] = []
-        versions: list[int] = []  # policy version of each response token (asynchronous RL: turns may differ)
-        stats = {"agent/turns": 0, "agent/tool_calls": 0, "agent/tool_errors": 0, "agent/tool_time": 0.0,
-                 "agent/tool_tokens": 0, "agent/final_answer": 0}
-        calls_log: list[dict[str, Any]] = []
-        status, version = Status.COMPLETED, sample.weight_version
         while True:
-            room = budget - len(mask)
-            request = GenerateRequest(list(tokens), dataclasses.replace(
+            room = budget - len(ep.mask)
+            request = GenerateRequest(list(ep.tokens), dataclasses.replace(
                 turn_params, max_new_tokens=min(room, a.max_turn_tokens or room)))
             (res,) = await ctx.async_engine.generate(request)
-            stats["agent/turns"] += 1
-            tokens += res.token_ids
-            mask += [1] * len(res.token_ids)
-            log_probs += res.log_probs
+            ep.count("agent/turns")
             version = res.weight_version
-            versions += res.token_versions or [res.weight_version] * len(res.token_ids)
+            ep.add(res.token_ids, list(res.log_probs), res.token_versions or [version] * len(res.token_ids), True)
             if res.finish_reason == FinishReason.ABORT:
-                status = Status.ABORTED
-                break
+                return Status.ABORTED, version
             ended_by_token = (res.finish_reason == FinishReason.STOP and bool(res.token_ids)
                               and res.token_ids[-1] in params.stop_token_ids)
             text = tok.decode(res.token_ids[:-1] if ended_by_token else res.token_ids, skip_special_tokens=False)
             parsed = self._parse(text)
-            if parsed.is_final:
-                stats["agent/final_answer"] = 1
-                status = Status.COMPLETED if res.finish_reason == FinishReason.STOP else Status.TRUNCATED
-                break
-            if len(mask) >= budget:
-                status = Status.TRUNCATED
-                break
-            if stats["agent/turns"] >= a.max_turns:
-                break
-            results = [ToolResult.failure(None, PARSE, f"{e}") for e in parsed.errors]
-            results += await asyncio.gather(*(self.tools.call(c) for c in parsed.calls))
-            for r, c in zip(results, [None] * len(parsed.errors) + parsed.calls):
-                stats["agent/tool_calls"] += 1
-                stats["agent/tool_time"] += r.seconds
-                if r.error:
-                    stats["agent/tool_errors"] += 1
-                    key = f"agent/tool_errors/{r.error}"
-                    stats[key] = stats.get(key, 0) + 1
-                calls_log.append({"name": r.name, "arguments": None if c is None else c.arguments,
-                                  "output": r.output, "error": r.error})
-            outputs = [self._clip(r.output) for r in results]
+            finished = Status.COMPLETED if res.finish_reason == FinishReason.STOP else Status.TRUNCATED
+            if not parsed.is_final and len(ep.mask) >= budget:  # a call that cannot be answered: not stepped
+                return Status.TRUNCATED, version
+            if not parsed.is_final and ep.stats["agent/turns"] >= a.max_turns:
+                return finished, version
+            index = int(ep.stats["agent/turns"]) - 1
+            step = self._checked_step(await self._env_call(env.step, Turn(text, parsed.calls, parsed.errors, index)))
+            ep.rewards.append(step.reward)
+            self._count(ep, step)
+            if step.done:
+                ep.stats["agent/final_answer"] = float(parsed.is_final)
+                return finished, version
+            if len(ep.mask) >= budget:
+                return Status.TRUNCATED, version
+            if ep.stats["agent/turns"] >= a.max_turns:
+                return finished, version
             ended_with = tok.decode(res.token_ids[-1:]) if ended_by_token else None
-            delta = self.renderer.append_ids(self._messages(results, outputs), ended_with)
-            if len(mask) + len(delta) >= budget:  # no room for the tool output and a further turn
-                status = Status.TRUNCATED
-                break
-            tokens += delta
-            mask += [0] * len(delta)
-            log_probs += [0.0] * len(delta)
-            versions += [version] * len(delta)
-            stats["agent/tool_tokens"] += len(delta)
-        sample.tokens = tokens
-        sample.response_length = len(mask)
-        sample.loss_mask = mask
-        sample.rollout_log_probs = log_probs
-        sample.response = tok.decode(tokens[len(tokens) - len(mask):], skip_special_tokens=True)
-        sample.status = status
-        sample.weight_version = versions[0] if versions else version
-        sample.weight_versions = versions if len(set(versions)) > 1 else []
-        sample.metadata[STATS_KEY] = {k: float(v) for k, v in stats.items()}
-        sample.metadata["tool_calls"] = calls_log
-        return sample
+            delta = self.renderer.append_ids(self._observations(step.messages), ended_with)
+            if len(ep.mask) + len(delta) >= budget:  # no room for the observation and a further turn
+                return Status.TRUNCATED, version
+            ep.add(delta, [0.0] * len(delta), [version] * len(delta), False)
+            ep.count("agent/tool_tokens", len(delta))
+
+    def _count(self, ep: Episode, step: Step) -> None:
+        for r in step.tool_results:
+            if r.error == SANDBOX_FAILURE:  # the sandbox, not the model: the episode is not scored
+                raise SandboxInfraError(r.output)
+            ep.count("agent/tool_calls")
+            ep.count("agent/tool_time", r.seconds)
+            if r.error:
+                ep.count("agent/tool_errors")
+                ep.count(f"agent/tool_errors/{r.error}")
+            ep.calls.append({"name": r.name, "arguments": r.arguments, "output": r.output, "error": r.error})
+        for k, v in step.info.items():
+            ep.stats[f"env/{k}"] = float(v)
+
+    async def _env_call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` of the environment, within ``agent.env_timeout``: awaited when it is
+        async, in a worker thread otherwise.
+
+        Raises:
+            EnvironmentFailure: it raised or timed out (the message names the method).
+        """
+        name = getattr(fn, "__qualname__", repr(fn))
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await asyncio.wait_for(fn(*args), self.cfg.env_timeout)
+            loop = asyncio.get_running_loop()
+            out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: fn(*args)), self.cfg.env_timeout)
+            return await asyncio.wait_for(out, self.cfg.env_timeout) if inspect.isawaitable(out) else out
+        except TimeoutError:
+            raise EnvironmentFailure(f"{name} did not return within agent.env_timeout={self.cfg.env_timeout:g} s") from None
+        except (EnvironmentFailure, SandboxInfraError):
+            raise
+        except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
+            raise EnvironmentFailure(f"{name} raised {type(e).__name__}: {str(e)[:500]}") from e
+
+    @staticmethod
+    def _checked_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise EnvironmentFailure(f"{where}: messages must be a list of {{'role': str, 'content': str}} dicts, "
+                                     f"got {str(messages)[:200]}")
+        return messages
+
+    def _checked_step(self, step: Any) -> Step:
+        if not isinstance(step, Step):
+            raise EnvironmentFailure(f"step() returned {type(step).__name__}, not a reinforge.envs.Step")
+        self._checked_messages(step.messages, "step()")
+        if step.reward is not None and not isinstance(step.reward, (int, float)):
+            raise EnvironmentFailure(f"step() returned a reward of type {type(step.reward).__name__}")
+        return step
+
+    def _render_prompt(self, ctx: RolloutContext, messages: list[dict[str, Any]]) -> list[int]:
+        """The ids of an environment's initial messages, with the tools presented as the data's prompts."""
+        if self._prompt_tools is None:
+            self._prompt_tools = prompt_tools(self.config, self.tokenizer)
+        pt = self._prompt_tools
+        text = render_prompt(self.tokenizer, messages, True, self.config.data.system_prompt, pt.schemas,
+                             pt.system_text)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def close(self) -> None:
         self.tools.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _parse(self, text: str) -> ParsedMessage:
         """The calls of one turn; a format that raises (a plug-in's bug, input it did not expect)
@@ -175,20 +301,34 @@ class Agent:
         except Exception as e:  # noqa: BLE001 - any failure to read the turn is the turn's parse error
             return ParsedMessage(errors=[f"the tool call could not be read ({type(e).__name__}: {str(e)[:200]})"])
 
-    def _messages(self, results: list[ToolResult], outputs: list[str]) -> list[dict[str, Any]]:
-        """Tool messages: one per result for the ``tool`` role; otherwise one message of that role
-        holding every result wrapped in the format's result tags."""
-        if self.tool_role == "tool":
-            return [{"role": "tool", "name": r.name or "", "content": o} for r, o in zip(results, outputs)]
-        return [{"role": self.tool_role, "content": "\n".join(self.format.wrap_result(o) for o in outputs)}]
+    def _observations(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages shown to the model, cut (:meth:`_clip`); ``tool`` messages as the template
+        shows them: kept for a template with a tool role, otherwise consecutive ones merged into one
+        message of ``agent.tool_role`` holding each output in the format's result tags."""
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            content = self._clip(m["content"])
+            if m["role"] != "tool" or self.tool_role == "tool":
+                out.append({**m, "content": content})
+            elif out and out[-1].get("_tools"):
+                out[-1]["content"] += "\n" + self.format.wrap_result(content)
+            else:
+                out.append({"role": self.tool_role, "content": self.format.wrap_result(content), "_tools": True})
+        return [{k: v for k, v in m.items() if k != "_tools"} for m in out]
 
     def _clip(self, output: str) -> str:
-        """A tool output without special-token strings (a tool cannot end a turn) and cut to
-        ``agent.tool_output_max_tokens`` tokens."""
+        """An observation without special-token strings (it cannot end a turn) and cut to
+        ``agent.tool_output_max_tokens`` tokens (a huge one is cut in characters first, so that it is
+        never tokenised whole)."""
+        limit = self.cfg.tool_output_max_tokens
+        output = output[:limit * 32]
         for t in self._specials:
             output = output.replace(t, "")
-        limit = self.cfg.tool_output_max_tokens
         ids = self.tokenizer(output, add_special_tokens=False)["input_ids"]
         if len(ids) <= limit:
             return output
         return self.tokenizer.decode(ids[:limit]) + TRUNCATION_NOTE
+
+
+class SandboxInfraError(RuntimeError):
+    """A tool call's sandbox failed to start: the episode ends as an infrastructure failure."""

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
-from ..records import Sample
+from ..records import Sample, Status
 from ..utils import faults, seeds, trace
 from .async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
 from .generate import RolloutContext, RolloutFn
@@ -98,7 +98,7 @@ def generate_groups(rollout_fn: RolloutFn, ctx: RolloutContext, rollout_id: int,
         rounds += 1
         if not algo.dynamic_sampling:
             return groups, generated, counts
-        kept += [g for g in groups if len({s.reward for s in g}) > 1]
+        kept += [g for g in groups if len({s.reward for s in g if s.status != Status.FAILED}) > 1]
         if len(kept) >= want or rounds >= algo.dynamic_sampling_max_rounds:
             break
     counts["rollout/dynamic_sampling_rounds"] = float(rounds)

@@ -31,15 +31,24 @@ def shaped_rewards(a: AlgoConfig, groups: list[list[Sample]], max_response_len: 
     """[num_groups, n] rewards after over-long punishment, clipping and normalisation
     (``max_response_len``: ``rollout.rollout_max_response_len``)."""
     rewards = torch.tensor([[float(s.reward) for s in g] for g in groups], dtype=torch.float32)
+    valid = valid_samples(groups)
     if a.overlong_buffer_len:
         pen = [[overlong_penalty(s.response_length, max_response_len, a.overlong_buffer_len,
                                  a.overlong_penalty_factor) for s in g] for g in groups]
         rewards = rewards + torch.tensor(pen)
     if a.reward_clip is not None:
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
-    if a.normalize_rewards and rewards.numel() > 1:
-        rewards = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    if a.normalize_rewards and int(valid.sum()) > 1:
+        kept = rewards[valid]
+        rewards = torch.where(valid, (rewards - kept.mean()) / (kept.std() + 1e-6), torch.zeros_like(rewards))
     return rewards
+
+
+def valid_samples(groups: list[list[Sample]]) -> torch.Tensor:
+    """[num_groups, n] bool: False for samples whose episode failed for infrastructure reasons
+    (status ``failed``: a sandbox or environment failure, not the model's doing). They are left
+    out of their group's statistics and of batch normalisations, and get advantage 0."""
+    return torch.tensor([[s.status != Status.FAILED for s in g] for g in groups], dtype=torch.bool)
 
 
 def apply_overlong_filter(a: AlgoConfig, samples: list[Sample]) -> int:
@@ -96,6 +105,10 @@ def compute_advantages(a: AlgoConfig, groups: list[list[Sample]], max_response_l
         rewards=rewards, mask=_grid([torch.ones(n) for n in lengths]),
         loss_mask=_grid([torch.tensor(s.loss_mask, dtype=torch.float32) for s in flat]),
         token_kl=token_kl, values=_grid(values) if values is not None else None)
+    valid = valid_samples(groups)
+    if not bool(valid.all()):
+        inputs.valid = valid
+        inputs.loss_mask = inputs.loss_mask * valid.flatten()[:, None].to(inputs.loss_mask.dtype)
     adv, returns = ADV_ESTIMATORS.get(a.advantage_estimator)(inputs, a)
 
     def rows(grid: torch.Tensor) -> list[torch.Tensor]:

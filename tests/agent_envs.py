@@ -1,0 +1,59 @@
+"""Environments for the environment tests (loaded by `module:Class` path from agent.environment)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from reinforge.envs import Environment, Step, Turn
+
+
+class Countdown(Environment):
+    """A stateful game: the user says a number; each model turn that says "next" gets the number
+    minus one back and reward 0.25; a turn that says "stop" ends the episode with reward 1 when the
+    number has reached the label. Initial messages come from reset() (the data prompt is replaced)."""
+
+    def __init__(self, row, ctx):
+        super().__init__(row, ctx)
+        self.n = int(ctx.kwargs.get("start", 3))
+
+    async def reset(self):
+        return [{"role": "user", "content": f"Count down from {self.n}."}]
+
+    async def step(self, turn: Turn) -> Step:
+        if "stop" in turn.text:
+            return Step(done=True, reward=1.0 if str(self.n) == str(self.row["label"]) else 0.0,
+                        info={"left": self.n})
+        self.n -= 1
+        return Step(messages=[{"role": "user", "content": str(self.n)}], reward=0.25)
+
+    async def reward(self):
+        return 0.5  # a final reward, added to the turns'
+
+
+class Broken(Environment):
+    """Fails in the way ``ctx.kwargs["how"]`` names, on the first step of samples whose index is in
+    ``ctx.kwargs["which"]`` (all when absent); otherwise a plain one-turn episode with reward 1."""
+
+    def step(self, turn: Turn) -> Step:  # a plain (sync) method: run in a worker thread
+        which = self.ctx.kwargs.get("which")
+        if which is not None and self.row["metadata"].get("i") not in which:
+            return Step(done=True, reward=1.0)
+        how = self.ctx.kwargs["how"]
+        if how == "raise":
+            raise KeyError("boom")
+        if how == "hang":
+            time.sleep(5)
+        if how == "malformed":
+            return Step(messages=[{"role": "user"}])
+        if how == "not_a_step":
+            return {"done": True}
+        if how == "huge":
+            return Step(messages=[{"role": "user", "content": "x" * 10_000_000}])
+        return Step(done=True, reward=1.0)
+
+
+class SlowAsync(Environment):
+    async def step(self, turn):
+        await asyncio.sleep(5)
+        return Step(done=True)
