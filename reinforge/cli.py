@@ -106,19 +106,21 @@ def eval_config(args: argparse.Namespace):
 def _eval(args: argparse.Namespace) -> None:
     cfg = eval_config(args)
     _preflight_rl(cfg)
-    from .eval.evaluate import format_table
+    from .eval.evaluate import format_table, model_label
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
 
     loop = RLLoop(cfg)
     try:
         if loop.eval_data is None:
-            raise ValueError("no evaluation prompts: pass --data (a .jsonl file or reasoning_gym:<task>)")
+            raise ValueError("no evaluation prompts: pass --data (reasoning_gym:<task>, or a .jsonl / .json / "
+                             ".parquet file or saved `datasets` folder of prompts), or data.n_eval_prompts > 0")
         logger = MetricsLogger(loop.out, tensorboard=False)
         metrics = loop.run_eval("eval", 0, logger)
         logger.close()
-        print(format_table([(Path(str(loop.base_path)).name, metrics)]))
+        print(format_table([(model_label(loop.base_path), metrics)]))
         print(f"\ncompletions: {loop.out / 'eval' / 'eval.jsonl'}")
+        loop.reward.check_run()  # every reward failed: the table's zeros measure the reward, not the model
     finally:
         loop.close()
 
@@ -314,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    from .reward.manager import RewardFunctionFailing
     from .utils.fs import DirectoryLocked
 
     try:
@@ -324,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except RewardFunctionFailing as e:  # one line: the function, a sample, the exception (no traceback)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
+        return 1
     return code or 0
 
 

@@ -7,6 +7,8 @@ the rollout function; :meth:`RLLoop.rollout_step` is one iteration, :meth:`RLLoo
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import sys
@@ -29,6 +31,7 @@ from .recover import Preempted, RecoverTimer, check_compatible, recover_candidat
 from .reward import RewardManager
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
+from .reward.manager import reward_info_metrics
 from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
 from .records import ReplicatedEngine, Sample, Status
 from .train.actor import TrainData
@@ -103,6 +106,8 @@ class RLLoop:
         self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer, tools.schemas, tools.system_text)
         self.start_rollout = 0
         self.weight_version = 0
+        self.data_digest = prompts_digest(self.train_data.prompts)
+        self.timer = RecoverTimer(cfg.run.recover_interval_s if cfg.run.recover == "auto" else None)
         candidates = (ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path)
                       if cfg.run.load else [])  # a run directory: its newest intact checkpoint first
         if cfg.run.recover == "auto":
@@ -150,40 +155,55 @@ class RLLoop:
         with ``run.recover=auto`` a failure falls back to the next one with a warning.
 
         Raises:
-            RuntimeError: none of the candidates loads (the message lists why each failed).
+            CheckpointError: the checkpoint of ``run.load`` does not load, or none of the
+                candidates does (the message lists why each failed).
         """
         errors = []
         for path in candidates:
             log.info("resuming from %s", path)
             try:
-                self.cluster.load(path)
-                return path
+                without = self.cluster.load(path)
+            except (KeyboardInterrupt, SystemExit):
+                raise
             except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
-                if (len(candidates) == 1 and self.cfg.run.recover != "auto"
-                        or isinstance(e, (KeyboardInterrupt, SystemExit))):
-                    raise
-                errors.append(f"{path.name}: {type(e).__name__}: {e}")
-                log.warning("could not load checkpoint %s (%s: %s): falling back to an older one", path,
-                            type(e).__name__, e)
+                why = ckpt.describe_load_error(e)
+                if len(candidates) == 1 and self.cfg.run.recover != "auto":
+                    raise ckpt.CheckpointError(f"run.load: checkpoint {path} does not load ({why}); it is damaged or "
+                                               f"of another run: load an older checkpoint of its run, or its run "
+                                               f"directory to fall back automatically") from e
+                errors.append(f"{path.name}: {why}")
+                log.warning("could not load checkpoint %s (%s): falling back to an older one", path, why)
+                continue
+            if without:
+                log.warning("checkpoint %s holds no optimizer state for the %s (run.save_optimizer): AdamW's moments "
+                            "restart from zero, so the run does not continue exactly", path, " and ".join(without))
+            return path
         if errors:
-            raise RuntimeError(f"run.recover=auto: no checkpoint in {self.out / 'checkpoints'} loads ("
-                               f"{'; '.join(errors)}); move them away to start from scratch")
+            raise all_damaged(self.out / "checkpoints", "; ".join(errors))
         return None
 
     def _restore(self, path: Path) -> None:
         state, rng = ckpt.load_checkpoint_state(path)
-        saved = config_from_dict(state["config"])
-        for key in ("data", "rollout"):
-            if getattr(saved, key) != getattr(self.cfg, key):
-                log.warning("resuming with different %s settings than the checkpoint's: the run will not "
-                            "continue exactly", key)
+        changed = changed_settings(state["config"], self.cfg)
+        if changed:
+            log.warning("resuming %s with settings that differ from the checkpoint's: %s; the run will not continue "
+                        "exactly", path, "; ".join(changed))
+        saved_digest = state.get("data_digest")
+        if saved_digest is not None and saved_digest != self.data_digest:
+            what = (f"the prompts of data.prompt_data={self.cfg.data.prompt_data} differ from those checkpoint {path} "
+                    f"was trained on (same count, other contents)")
+            if self.cfg.run.recover == "auto":
+                raise ConfigError(f"run.recover=auto cannot resume: {what}. Restore the file, choose a new "
+                                  f"run.output_dir, or resume explicitly with run.load={path} (and run.recover=off) "
+                                  f"to continue on the new prompts")
+            log.warning("%s: continuing at the saved position of the new prompts", what)
         self._resume_data = state["data"]  # loaded by the rollout source (RolloutSource.load_data_state)
         ckpt.set_rng_state(rng)
         self.start_rollout = state["rollout_id"] + 1
         self.weight_version = state["weight_version"]
         self.engine.weight_version = self.weight_version
         self.history = state.get("history", [])
-        self.evals = [tuple(e) for e in state.get("evals", [])]
+        self.evals = [(ckpt.resumed_label(e[0], self.start_rollout, "rollout"), e[1]) for e in state.get("evals", [])]
         if self.start_rollout >= self.cfg.train.num_rollout:
             log.warning("checkpoint %s is at rollout %d of train.num_rollout=%d: nothing left to train (raise "
                         "train.num_rollout to continue)", path, state["rollout_id"] + 1, self.cfg.train.num_rollout)
@@ -192,7 +212,7 @@ class RLLoop:
                      self.cfg.train.num_rollout, state["data"]["epoch"], state["data"]["offset"])
 
     def save(self, rollout_id: int) -> Path:
-        with trace.span("checkpoint", "io", rollout_id=rollout_id):
+        with trace.span("checkpoint", "io", rollout_id=rollout_id), self.timer.saving():
             return self._save(rollout_id)
 
     def _save(self, rollout_id: int) -> Path:
@@ -203,10 +223,13 @@ class RLLoop:
             "config": self.cfg.to_dict(),
             "history": self.history,
             "evals": self.evals,
+            "data_digest": self.data_digest,
         }
-        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id, self.cluster.save, state,
-                                    keep_last=self.cfg.run.keep_last_n_checkpoints)
-        log.info("saved checkpoint %s", path)
+        keep = self.cfg.run.save_optimizer
+        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id,
+                                    lambda d: self.cluster.save(d, optimizer=keep != "none"), state,
+                                    keep_last=self.cfg.run.keep_last_n_checkpoints, drop_older_optimizer=keep == "newest")
+        log.info("saved checkpoint %s (%s)", path, ckpt.size_summary(path))
         return path
 
     # ------------------------------------------------------------------ phases
@@ -290,6 +313,7 @@ class RLLoop:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:
+        metrics.update(reward_info_metrics([s for g in generated for s in g]))  # a custom reward's extra numbers
         cfg = self.cfg
         logger = MetricsLogger(self.out, cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
                                wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict(),
@@ -352,8 +376,7 @@ class RLLoop:
         finally:
             self.source.close()
             trace.stop_trace()
-            if timer is not None:
-                timer.uninstall()
+            timer.uninstall()
             logger.close()
         result.evals = list(self.evals)
         result.history = list(self.history)
@@ -370,6 +393,7 @@ class RLLoop:
         with (d / f"{rollout_id:06d}.jsonl").open("w") as f:
             for g in groups:
                 for s in g:
+            self.reward.check_run()  # every reward failed: exit non-zero however short the run
                     f.write(json.dumps(s.to_dict(), default=str) + "\n")
 
     def close(self) -> None:
@@ -377,6 +401,16 @@ class RLLoop:
         self.ctx.close()
         self.reward.close()
         self.cluster.shutdown()
+
+
+def prompts_digest(prompts: list) -> str:
+    """SHA-256 of the prompts' contents and labels, in order (a checkpoint stores it, so a resume on
+    a file whose rows changed but whose count did not is noticed)."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(json.dumps([p.prompt, p.label], sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def run_training(cfg: Config) -> RunResult:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: reward worker processes import this module without torch
+    import torch
 
 
 @dataclass

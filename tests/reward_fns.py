@@ -1,5 +1,7 @@
 """Reward functions for tests (loaded through reward.function_path)."""
 
+from os import _exit  # a module that holds the real os._exit before any guard could replace it
+
 
 def even_first_token(sample):
     """1 when the first response token id is even: learnable by a tiny random model."""
@@ -68,3 +70,37 @@ async def async_blocks(sample):
     if sample.metadata.get("hang"):
         time.sleep(3.0)
     return 1.0
+
+
+def exits_via_imported_name(sample):
+    """``os._exit`` reached through a name imported at module load (no patch of ``os`` sees it)."""
+    _exit(7)
+
+
+def exits_from_a_thread(sample):
+    """Returns 1.0, but a thread it starts ends the process 50 ms later."""
+    import os
+    import threading
+    import time
+
+    threading.Thread(target=lambda: (time.sleep(0.05), os._exit(5)), daemon=True).start()
+    time.sleep(0.2)  # the thread ends the process during the call
+    return 1.0
+
+
+def returns_a_string(sample):
+    return "1.0"
+
+
+def worker_pid(sample):
+    """1.0, with the process it ran in under reward_info['pid']."""
+    import os
+
+    sample.reward_info["pid"] = os.getpid()
+    return 1.0
+
+
+def with_info(sample):
+    """even_first_token as verl's dict, with extra numbers (averaged into reward_info/* metrics) and a string."""
+    r = even_first_token(sample)
+    return {"score": r, "format_ok": 1, "odd": r == 0.0, "pred": "text"}

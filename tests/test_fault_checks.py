@@ -320,9 +320,29 @@ def manager(fn: str, **kw):
     return RewardManager(RewardConfig(type="custom", function_path=f"tests.reward_fns:{fn}", **kw))
 
 
-@pytest.mark.parametrize("fn,says", [("exits", "called os._exit(1)"), ("sys_exits", "raised SystemExit(3)")])
+@pytest.mark.parametrize("fn,says", [("exits", "ended its worker process (exit code 1"),
+                                     ("sys_exits", "raised SystemExit(3)"),
+                                     ("exits_via_imported_name", "ended its worker process (exit code 7"),
+                                     ("exits_from_a_thread", "ended its worker process (exit code 5")])
 def test_a_reward_that_exits_the_process_is_an_error_with_its_name(fn, says, caplog):
+    """Issue 38: `from os import _exit` at import and os._exit from a thread bypassed the in-process
+    guard and ended the trainer; a worker process takes the exit instead, and is replaced."""
     m = manager(fn)
+    samples = [sample(i) for i in range(3)]
+    with caplog.at_level("WARNING", logger="reinforge.reward.manager"):
+        counts = m.score(samples)  # still alive
+    assert counts["reward/errors"] == 3 and all(s.reward == 0.0 for s in samples)
+    assert says in samples[0].reward_info["reward_failure"]
+    line = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"][0]
+    assert f"reward function tests.reward_fns:{fn} failed on sample 0 (prompt 'p'): {says}" in line
+    assert "\n" not in line
+    assert m.score([sample(0)])["reward/errors"] == 1  # replaced workers answer again
+    m.close()
+
+
+@pytest.mark.parametrize("fn,says", [("exits", "called os._exit(1)"), ("sys_exits", "raised SystemExit(3)")])
+def test_a_reward_in_a_thread_that_exits_the_process_is_an_error(fn, says):
+    m = manager(fn, isolation="thread")
     samples = [sample(i) for i in range(3)]
     counts = m.score(samples)  # still alive
     assert counts["reward/errors"] == 3 and all(s.reward == 0.0 for s in samples)
@@ -333,7 +353,7 @@ def test_a_reward_that_exits_the_process_is_an_error_with_its_name(fn, says, cap
 def test_os_exit_outside_rewards_and_in_forked_children_is_untouched():
     from reinforge.reward import manager as mod
 
-    manager("even_first_token")
+    manager("even_first_token", isolation="thread")
     assert os._exit is mod._guarded_exit
     pid = os.fork()
     if pid == 0:  # a forked child: the real exit, even inside a reward context
@@ -343,15 +363,29 @@ def test_os_exit_outside_rewards_and_in_forked_children_is_untouched():
 
 
 def test_hung_sync_rewards_do_not_starve_healthy_samples():
+    """A timed-out call's worker is stopped (issue 38: each hung call used to leave its thread behind)."""
     m = manager("hangs_when_flagged", concurrency=2, timeout=0.3)
     hung = [sample(i, hang=True) for i in range(4)]
     healthy = [sample(i) for i in range(6)]
     t = time.perf_counter()
     counts = m.score(hung + healthy)
     assert counts["reward/timeouts"] == 4 and all(s.reward == 1.0 for s in healthy)
-    counts = m.score([sample(i) for i in range(6)])  # the hung threads still sleep: no slot is held
-    assert counts["reward/timeouts"] == 0 and counts["reward/abandoned_threads"] >= 1
-    assert time.perf_counter() - t < 3.0
+    counts = m.score([sample(i) for i in range(6)])
+    assert counts["reward/timeouts"] == 0 and counts["reward/abandoned_threads"] == 0
+    assert time.perf_counter() - t < 6.0
+    assert len(m.pool.workers) <= 2 and all(w.proc.poll() is None for w in m.pool.workers)
+    m.close()
+    m = manager("hangs_when_flagged", concurrency=2, timeout=0.3, isolation="thread")
+    counts = m.score([sample(0, hang=True)] + [sample(i) for i in range(3)])
+    assert counts["reward/timeouts"] == 1 and counts["reward/abandoned_threads"] == 1  # a thread cannot be stopped
+
+
+def test_custom_rewards_run_outside_the_trainer_and_keep_reward_info():
+    m = manager("worker_pid")
+    s = sample(0)
+    m.score([s])
+    assert s.reward == 1.0 and s.reward_info["pid"] != os.getpid()
+    m.close()
 
 
 def test_a_blocking_async_reward_honours_the_timeout():

@@ -141,7 +141,7 @@ def test_custom_reward_timeouts(custom_module):
         s = [sample("slow"), sample("fast")]
         t = time.time()
         counts = mgr.score(s)
-        assert time.time() - t < 3
+        assert time.time() - t < 4.5  # not the 5 s of the call (a stopped worker is replaced: a process start)
         assert counts["reward/timeouts"] >= 1.0 and s[0].reward == 0.0
         mgr.close()
 

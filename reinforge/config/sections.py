@@ -216,10 +216,13 @@ class EngineConfig(Section):
 class RewardConfig(Section):
     """A custom reward (`type: custom`, `function_path: "module:function"`) is `fn(sample)`, plain or `async`,
     returning a number or a dict. A dict holds the scalar reward under `"reward"` or under `"score"` (verl's
-    `compute_score` convention; not both); its other keys are kept in `sample.reward_info` and averaged into the
-    metrics when numeric: `{"score": 1.0, "format_ok": 1}`. A function that raises, returns anything else (a dict
-    with neither key, a non-finite number) or times out scores 0 and is counted (`reward/errors`,
-    `reward/timeouts`); when every sample of a rollout fails, an error is logged with the first message."""
+    `compute_score` convention; not both); its other keys are kept in `sample.reward_info`, and the numeric ones
+    (bools too) are averaged into the metrics as `reward_info/<key>` (`eval/reward_info/<key>` in evaluations):
+    `{"score": 1.0, "format_ok": 1}`. A function that raises, returns anything else (a dict with neither key, a
+    non-finite number, a string) or times out scores 0 and is counted (`reward/errors`, `reward/timeouts`); the
+    first failure of each kind is logged in one line naming the function, the sample and the exception. A run
+    stops (exit status 1, one line) after 3 rollouts in a row whose every reward failed, and a shorter run whose
+    every reward failed ends with exit status 1 too."""
 
     name = "reward"
     type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model"] = opt(
@@ -230,7 +233,13 @@ class RewardConfig(Section):
     answer_extraction: Literal["tag", "tag_or_last_number", "boxed", "last_number", "none"] = opt(
         "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`")
     timeout: float = opt(10.0, "seconds per sample; a timeout scores 0 and is counted in `reward/timeouts`", gt=0)
-    concurrency: int = opt(16, "reward calls in flight", ge=1)
+    concurrency: int = opt(16, "reward calls in flight (with `isolation: process`, worker processes at most)", ge=1)
+    isolation: Literal["process", "thread"] = opt(
+        "process", "where a `custom` function runs. `process`: worker processes (started when needed, kept between "
+        "rollouts): a function that calls `os._exit` or crashes ends its worker only (the sample scores 0), a call "
+        "past `timeout` is ended by stopping its worker. `thread`: threads of the trainer (one memory: a model or "
+        "client loaded once is shared; a timed-out call keeps running, and an exit that bypasses Python ends the "
+        "run). Built-in rewards run in threads")
     correct_threshold: float = opt(
         1.0, "a sample counts as correct (`eval/greedy_accuracy`, `eval/pass@k`, `rollout/correct`) when its reward is "
         "at least this. With `type: model` it is a threshold on the reward model's score, and the evaluation reports "

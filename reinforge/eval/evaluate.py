@@ -10,6 +10,7 @@ from ..algo.passk import pass_at_k
 from ..data import Prompt
 from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
 from ..records import Sample, Status
+from ..reward.manager import reward_info_metrics
 
 
 def threshold_metric_names(reward_type: str) -> tuple[str, str]:
@@ -71,12 +72,24 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, floa
         m["eval/sampled_truncated"] = _mean([s.status == Status.TRUNCATED for g in sampled for s in g])
     m["eval/reward_errors"] = counts.get("reward/errors", 0.0) + counts.get("reward/timeouts", 0.0)
     m.update({f"eval/{k}": v for k, v in rollout_stats(flat).items()})  # e.g. agent tool use
+    m.update(reward_info_metrics(flat, prefix="eval/reward_info/"))  # a custom reward's extra numbers
     return m, flat
 
 
 def _mean(xs: list[Any]) -> float:
     xs = [float(x) for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else 0.0
+
+
+def model_label(path: str | Path) -> str:
+    """How an eval table names a model folder: ``runs/x/checkpoints/rollout_000099/model`` is
+    ``x/rollout_000099`` (not ``model``), any other folder its name."""
+    p = Path(str(path))
+    if p.name == "model" and p.parent.parent.name == "checkpoints":
+        return f"{p.parent.parent.parent.name}/{p.parent.name}"
+    if p.name == "model":
+        return p.parent.name
+    return p.name
 
 
 def format_table(rows: list[tuple[str, dict[str, float]]]) -> str:

@@ -1,5 +1,7 @@
 """Runs a reward function over samples: concurrently, with a per-sample timeout, never crashing
-on one bad sample, and stopping the run when the function fails on everything."""
+on one bad sample, and stopping the run when the function fails on everything. User functions
+(``reward.function_path``) run in worker processes (:mod:`reinforge.reward.workers`) unless
+``reward.isolation: thread``; built-in rewards run in threads of the trainer."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ class RewardExit(Exception):
 
 class RewardFunctionFailing(RuntimeError):
     """The reward function failed on every sample of ``RewardManager.ALL_FAILED_LIMIT``
-    consecutive batches: the run stops (training on all-zero rewards teaches nothing)."""
+    consecutive batches, or on every sample of a whole run: the run stops with this one-line
+    message (training on all-zero rewards teaches nothing)."""
 
 
 # The reward function running in this thread / task (a name), for the os._exit guard.
@@ -82,6 +85,28 @@ class _AsyncRunner:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def reward_info_metrics(samples: list[Sample], prefix: str = "reward_info/") -> dict[str, float]:
+    """``reward_info/<key>``: the mean of each number (or bool) a reward function returned beside its
+    reward (``{"score": 1.0, "format_ok": 1}``), over the samples that hold the key."""
+    sums: dict[str, list[float]] = {}
+    for s in samples:
+        for k, v in s.reward_info.items():
+            if isinstance(v, (bool, int, float)) and math.isfinite(v):
+                acc = sums.setdefault(k, [0.0, 0.0])
+                acc[0] += float(v)
+                acc[1] += 1
+    return {f"{prefix}{k}": total / n for k, (total, n) in sorted(sums.items())}
+
+
+def describe_sample(sample: Sample) -> str:
+    """``sample 3 (prompt 'What is 2 + 2?...')``: which sample a message is about."""
+    p = sample.prompt
+    if isinstance(p, list):  # chat messages: the last one's content
+        p = p[-1].get("content", "") if p and isinstance(p[-1], dict) else str(p)
+    text = " ".join(str(p).split())
+    return f"sample {sample.index} (prompt {text[:60] + ('...' if len(text) > 60 else '')!r})"
+
+
 class RewardManager:
     """Scores samples in place (``sample.reward``, ``sample.reward_info``).
 
@@ -92,16 +117,26 @@ class RewardManager:
     (plain or ``async``; a dict holds the scalar under ``"reward"`` or ``"score"``, verl's key, not
     both; other keys are kept in ``sample.reward_info`` and averaged into the metrics when numeric).
 
+    A custom function runs in worker processes (``reward.isolation: process``, the default;
+    :class:`~reinforge.reward.workers.RewardProcessPool`): one that calls ``os._exit`` (however it
+    reaches it), crashes or hangs ends or loses only its worker, which is replaced; a call past
+    ``reward.timeout`` is ended by stopping its worker. Changes the function makes to
+    ``sample.reward_info`` come back; other changes to the sample stay in the worker.
+
     A function that raises, returns something that is not a finite number, tries to end the
-    process (``os._exit``, ``sys.exit``: :class:`RewardExit`) or runs past ``reward.timeout``
-    seconds gives reward 0 and is counted (``reward/errors``, ``reward/timeouts``); the first
-    failure of each kind is logged with its message. At most ``reward.concurrency`` calls run at
-    once. Each plain call runs in a thread of its own: a call that times out stops counting
-    against the concurrency (its thread is left to finish, counted in
-    ``reward/abandoned_threads``), so hung calls cannot starve healthy samples. ``async``
-    functions run on a separate event loop (:class:`_AsyncRunner`), so one that blocks still
-    times out. When every sample of ``ALL_FAILED_LIMIT`` consecutive :meth:`score` calls (one
-    per rollout) failed, :class:`RewardFunctionFailing` stops the run.
+    process or runs past ``reward.timeout`` seconds gives reward 0 and is counted
+    (``reward/errors``, ``reward/timeouts``); the first failure of each kind is logged in one line
+    naming the function, the sample and the exception. At most ``reward.concurrency`` calls run at
+    once. In threads (built-in rewards, ``reward.isolation: thread``) each plain call runs in a
+    thread of its own: a call that times out stops counting against the concurrency (its thread is
+    left to finish, counted in ``reward/abandoned_threads``); ``async`` functions run on a separate
+    event loop (:class:`_AsyncRunner`), so one that blocks still times out. When every sample of
+    ``ALL_FAILED_LIMIT`` consecutive :meth:`score` calls (one per rollout) failed,
+    :class:`RewardFunctionFailing` stops the run; :meth:`check_run` raises it at the end of a
+    shorter run whose every reward failed.
+
+    Raises:
+        ValueError: (constructor) ``reward.function_path`` cannot be imported or is not a function.
     """
 
     ALL_FAILED_LIMIT = 3
@@ -109,7 +144,13 @@ class RewardManager:
     def __init__(self, cfg: RewardConfig, pad_id: int = 0):
         self.cfg = cfg
         self.custom: Callable[..., Any] | None = None
-        if cfg.function_path:
+        self.pool = None
+        if cfg.function_path and cfg.isolation == "process":
+            from .workers import RewardProcessPool
+
+            self.pool = RewardProcessPool(cfg.function_path, cfg.concurrency, cfg.timeout)
+            self.pool.start()  # import errors now, in words, before the first rollout
+        elif cfg.function_path:
             self.custom = load_function(cfg.function_path, "reward.function_path")
         self.model = None
         if cfg.type == "model":
@@ -120,7 +161,11 @@ class RewardManager:
         self._abandoned: list[threading.Thread] = []
         self._runner: _AsyncRunner | None = None
         self._all_failed_streak = 0
-        install_exit_guard()
+        self.num_scored = 0  # samples scored by this manager, and how many of them failed
+        self.num_failed = 0
+        self.first_failure = ""
+        if self.pool is None:
+            install_exit_guard()
 
     def function_for(self, sample: Sample) -> Callable[..., Any]:
         t, ex = self.cfg.type, self.cfg.answer_extraction
@@ -136,31 +181,60 @@ class RewardManager:
             return functools.partial(exact_match_reward, extraction=ex)
         raise ValueError(f"reward.type={t!r} needs reward.function_path")
 
-    def _name(self, fn: Callable[..., Any]) -> str:
-        if self.custom is not None and self.cfg.function_path:
+    def _name(self, fn: Callable[..., Any] | None = None) -> str:
+        if self.cfg.function_path and (self.custom is not None or self.pool is not None):
             return self.cfg.function_path
+        if self.model is not None:
+            return f"reward model {self.cfg.model_path}"
         fn = getattr(fn, "func", fn)  # functools.partial
         return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
     def score(self, samples: list[Sample]) -> dict[str, float]:
         """Score ``samples`` in place; returns counts (``reward/errors``, ``reward/timeouts``,
-        ``reward/abandoned_threads``: timed-out calls still running).
+        ``reward/abandoned_threads``: timed-out calls still running in threads).
 
         Raises:
             RewardFunctionFailing: every sample failed in ``ALL_FAILED_LIMIT`` consecutive calls.
+            RuntimeError: called inside a running event loop (use :meth:`ascore`).
         """
         if self.model is not None:  # one batched pass over all samples
             for s, r in zip(samples, self.model(samples)):
                 self._apply(s, r)
+            self.num_scored += len(samples)
             return {"reward/errors": 0.0, "reward/timeouts": 0.0}
+        if self.pool is not None:
+            return self._score_in_processes(samples)
         try:
             asyncio.get_running_loop()
+            inside = True
         except RuntimeError:
-            return asyncio.run(self.ascore(samples))
-        raise RuntimeError("RewardManager.score() called inside an event loop: await ascore() instead")
+            inside = False
+        if inside:
+            raise RuntimeError("RewardManager.score() called inside an event loop: await ascore() instead")
+        return asyncio.run(self.ascore(samples))  # outside the except block: a failure has no chained context
+
+    def _score_in_processes(self, samples: list[Sample]) -> dict[str, float]:
+        counts = {"errors": 0, "timeouts": 0}
+        first: list[str] = []
+        for sample, o in zip(samples, self.pool.run(samples)):
+            kind, msg = ("timeout" if o.kind == "timeout" else "error"), o.message
+            if o.kind == "ok":
+                try:
+                    self._apply(sample, o.value)
+                    sample.reward_info.update({k: v for k, v in (o.info or {}).items() if k not in sample.reward_info})
+                    continue
+                except ValueError as e:
+                    msg = f"{type(e).__name__}: {e}"
+            counts[kind + "s"] += 1
+            first.append(self._fail(sample, kind, msg))
+        out = self._finish(len(samples), counts, first)
+        out["reward/abandoned_threads"] = 0.0  # a stuck call's worker is stopped: nothing is left running
+        return out
 
     async def ascore(self, samples: list[Sample]) -> dict[str, float]:
         """:meth:`score` in a running event loop."""
+        if self.pool is not None:
+            return await asyncio.to_thread(self._score_in_processes, samples)
         sem = asyncio.Semaphore(self.cfg.concurrency)
         counts = {"errors": 0, "timeouts": 0}
         first: list[str] = []
@@ -176,21 +250,33 @@ class RewardManager:
                     self._apply(sample, result)
                 except TimeoutError:
                     counts["timeouts"] += 1
-                    msg = f"reward function ran past reward.timeout={self.cfg.timeout}s"
-                    first.append(msg)
-                    self._fail(sample, "timeout", msg)
+                    first.append(self._fail(sample, "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s",
+                                            fn))
                 except Exception as e:  # a reward bug must not kill a training run
                     counts["errors"] += 1
-                    msg = f"{type(e).__name__}: {e}"
-                    first.append(msg)
-                    self._fail(sample, "error", msg)
+                    first.append(self._fail(sample, "error", f"{type(e).__name__}: {e}", fn))
 
         await asyncio.gather(*(one(s) for s in samples))
         self._abandoned = [t for t in self._abandoned if t.is_alive()]
-        out = {f"reward/{k}": float(v) for k, v in counts.items()}
+        out = self._finish(len(samples), counts, first)
         out["reward/abandoned_threads"] = float(len(self._abandoned))
-        self._check_all_failed(len(samples), counts, first[0] if first else "")
         return out
+
+    def _finish(self, n: int, counts: dict[str, int], first: list[str]) -> dict[str, float]:
+        self.num_scored += n
+        self.num_failed += counts["errors"] + counts["timeouts"]
+        if first and not self.first_failure:
+            self.first_failure = first[0]
+        out = {f"reward/{k}": float(v) for k, v in counts.items()}
+        self._check_all_failed(n, counts, first[0] if first else "")
+        return out
+
+    def _hint(self, example: str) -> str:
+        if "reward.timeout" in example:
+            return "make the function faster or raise reward.timeout"
+        if self.cfg.function_path:
+            return f"fix {self.cfg.function_path}"
+        return "check reward.type against the data (docs/data.md)"
 
     def _check_all_failed(self, n: int, counts: dict[str, int], example: str) -> None:
         if not n:
@@ -199,16 +285,28 @@ class RewardManager:
             self._all_failed_streak = 0
             return
         self._all_failed_streak += 1
-        log.error("reward: all %d samples failed and scored 0 (e.g. %s); check reward.function_path / reward.type "
-                  "(%d of %d such batches in a row stop the run)", n, example, self._all_failed_streak,
-                  self.ALL_FAILED_LIMIT)
+        log.error("reward: all %d samples failed and scored 0 (%d of %d such batches in a row stop the run); "
+                  "e.g. %s", n, self._all_failed_streak, self.ALL_FAILED_LIMIT, example)
         if self._all_failed_streak >= self.ALL_FAILED_LIMIT:
             which = self.cfg.function_path or f"reward.type={self.cfg.type}"
             raise RewardFunctionFailing(
                 f"the reward function ({which}) failed on every sample of "
                 f"{self._all_failed_streak} consecutive batches (the last: {n} samples, {counts['errors']} errors, "
-                f"{counts['timeouts']} timeouts; e.g. {example}): stopping instead of training on all-zero rewards. "
-                f"Fix the function (or raise reward.timeout) and resume with run.recover=auto")
+                f"{counts['timeouts']} timeouts); e.g. {example}. Stopping instead of training on all-zero rewards: "
+                f"{self._hint(example)}, then resume with run.recover=auto")
+
+    def check_run(self) -> None:
+        """Raise when every sample this manager scored failed (a run too short for
+        ``ALL_FAILED_LIMIT`` batches still must not end as a success).
+
+        Raises:
+            RewardFunctionFailing: at least one sample was scored and none succeeded.
+        """
+        if self.num_scored and self.num_failed == self.num_scored:
+            which = self.cfg.function_path or f"reward.type={self.cfg.type}"
+            raise RewardFunctionFailing(
+                f"every reward of this run failed ({self.num_scored} samples scored 0 by {which}); e.g. "
+                f"{self.first_failure}. Training on all-zero rewards taught nothing: {self._hint(self.first_failure)}")
 
     async def _call_in_thread(self, fn: Callable[..., Any], sample: Sample) -> Any:
         """``fn(sample)`` in a new daemon thread, awaited for at most ``reward.timeout`` s."""
@@ -285,14 +383,19 @@ class RewardManager:
         sample.reward = float(result)
         sample.reward_info.update(info)
 
-    def _fail(self, sample: Sample, kind: str, message: str) -> None:
+    def _fail(self, sample: Sample, kind: str, message: str, fn: Callable[..., Any] | None = None) -> str:
+        """Score ``sample`` 0 and return the one-line account of it (logged for the first of each kind)."""
         sample.reward = 0.0
         sample.reward_info["reward_failure"] = message
+        line = f"reward function {self._name(fn)} failed on {describe_sample(sample)}: {message}"
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("reward %s (scored 0; further ones are only counted): %s", kind, message)
+            log.warning("%s (scored 0; further reward %ss are only counted)", line, kind)
+        return line
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         if self._runner is not None:
             self._runner.stop()
             self._runner = None
