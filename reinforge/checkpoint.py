@@ -3,9 +3,11 @@
 Layout of ``<output_dir>/checkpoints/rollout_000012/``::
 
     model/              the policy as a Hugging Face folder (fp32 safetensors, config, tokenizer)
-    dcp/actor/          policy + optimizer, torch.distributed.checkpoint (sharded: loads on any
-                        number of trainer ranks)
-    dcp/critic/         the same for the critic (PPO with a critic only)
+    dcp/actor/          the policy's trainable weights, torch.distributed.checkpoint (sharded: loads
+                        on any number of trainer ranks; with LoRA the adapters only)
+    dcp/actor_optim/    its AdamW state (``run.save_optimizer``: in every checkpoint, the newest only,
+                        or none)
+    dcp/critic/, dcp/critic_optim/   the same for the critic (PPO with a critic only)
     trainer_state.pt    LR schedulers and skipped-step counters
     rng.pt              the driver's Python, NumPy, torch CPU and CUDA generator states
     state.json          rollout_id, weight_version, data iterator position, config, metric history
@@ -21,14 +23,20 @@ written and the newest intact one.
 Before a checkpoint is loaded, :func:`checkpoint_problem` checks its required files, the keys of
 ``state.json`` and the manifest (sizes, and CRC-32 of the contents unless ``deep=False``), so a
 missing ``model.safetensors`` or a shard with overwritten bytes is found before training
-resumes; :func:`load_candidates` falls back to an older checkpoint of a run directory when the
-newest is damaged, and :func:`check_model_shape` refuses a checkpoint of a differently shaped model.
+resumes (a checkpoint without its manifest is damaged too: nothing in it could be verified);
+:func:`load_candidates` falls back to an older checkpoint of a run directory when the newest is
+damaged, and :func:`check_model_shape` refuses a checkpoint of a differently shaped model. After a
+save, :func:`prune_checkpoints` keeps the new checkpoint and the newest intact older ones
+(``run.keep_last_n_checkpoints``) and can drop the optimizer state of the older ones
+(``run.save_optimizer: newest``).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
+import os
 import pickle
 import random
 import shutil
@@ -41,10 +49,13 @@ import numpy as np
 import torch
 
 from .utils import faults
-from .utils.fs import atomic_directory, atomic_write_text
+from .utils.fs import atomic_directory, atomic_write_text, held_by_another
+
+log = logging.getLogger(__name__)
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
+OPTIM_SUFFIX = "_optim"  # dcp/actor_optim: the optimizer state of dcp/actor
 
 
 class DiskFullError(OSError):
@@ -59,6 +70,12 @@ class CheckpointError(ValueError):
 def checkpoint_name(index: int, prefix: str = "rollout") -> str:
     """``rollout_000012`` (RL: the rollout id) or ``step_000012`` (offline: the optimizer step)."""
     return f"{prefix}_{index:06d}"
+
+
+def resumed_label(label: str, start: int, unit: str) -> str:
+    """An evaluation label of the run before a resume at ``start``: ``before`` stays, the earlier
+    ``after`` becomes ``after <unit> N (earlier run)`` so the table says which run each row is."""
+    return f"after {unit} {start} (earlier run)" if label in ("after", "final") else label
 
 
 def rng_state() -> dict[str, Any]:
@@ -84,16 +101,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root: Path, index: int, write: Callable[[Path], None], state: dict[str, Any],
-                    keep_last: int | None = None, prefix: str = "rollout") -> Path:
+                    keep_last: int | None = None, prefix: str = "rollout", drop_older_optimizer: bool = False) -> Path:
     """Write checkpoint ``root/<prefix>_<index>`` atomically and point ``root/latest`` at it.
 
     Args:
         root: the run's ``checkpoints`` directory.
         write: fills the temporary directory with the trainers' part (model, dcp/, trainer_state.pt).
         state: JSON-serialisable loop state (rollout_id or step, data position, config...).
-        keep_last: delete older checkpoints of this prefix beyond this many (None keeps all).
+        keep_last: how many checkpoints of this prefix to keep (:func:`prune_checkpoints`; None keeps all).
+        drop_older_optimizer: delete the optimizer state of the other checkpoints (``run.save_optimizer: newest``).
     Returns:
         the checkpoint directory.
+    Raises:
+        DiskFullError: the filesystem filled during the save (nothing already written changed).
     """
     root = Path(root)
     final = root / checkpoint_name(index, prefix)
@@ -116,30 +136,117 @@ def save_checkpoint(root: Path, index: int, write: Callable[[Path], None], state
         raise DiskFullError(errno.ENOSPC, f"disk full: checkpoint {final} was written but {root / LATEST} could "
                                           f"not be updated (run.recover=auto and --load of the run directory still "
                                           f"find it); free space before the next save") from e
-    if keep_last is not None:
-        done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{prefix}_"))
-        for p in done[:-keep_last]:
-            shutil.rmtree(p, ignore_errors=True)
+    prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
     return final
 
 
+def prune_checkpoints(root: Path, newest: Path, keep_last: int | None, prefix: str = "rollout",
+                      drop_optimizer: bool = False) -> list[Path]:
+    """After ``newest`` was written: keep it and the ``keep_last - 1`` intact checkpoints of
+    ``prefix`` with the highest index below it; delete older ones and damaged ones (files missing
+    or of another size: :func:`checkpoint_problem` without CRC-32; ``keep_last=None`` deletes nothing).
+    Checkpoints with a higher index
+    than ``newest`` are left alone when intact (an earlier point of the run was resumed; they are
+    not counted). With ``drop_optimizer`` the kept older ones lose their optimizer state
+    (:func:`drop_optimizer_state`). Returns the checkpoints deleted."""
+    index = int(newest.name[len(prefix) + 1:])
+    others = [p for p in list_checkpoints(root, prefix) if p != newest]
+    kept, gone = [], []
+    for p in others:
+        broken = keep_last is not None and checkpoint_problem(p, deep=False) is not None
+        if broken or (int(p.name[len(prefix) + 1:]) < index and keep_last is not None and len(kept) >= keep_last - 1):
+            gone.append(p)
+        elif int(p.name[len(prefix) + 1:]) < index:
+            kept.append(p)
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    if drop_optimizer:
+        for p in kept:
+            drop_optimizer_state(p)
+    return gone
+
+
+def drop_optimizer_state(ckpt: Path) -> int:
+    """Delete the optimizer state (``dcp/*_optim``) of checkpoint ``ckpt``; returns the bytes freed.
+    The manifest is rewritten first (an interruption leaves intact, unlisted optimizer files)."""
+    ckpt = Path(ckpt)
+    folders = [d for d in (ckpt / "dcp").glob(f"*{OPTIM_SUFFIX}") if d.is_dir()]
+    if not folders:
+        return 0
+    entries = manifest_entries(ckpt)
+    if entries is not None:
+        names = {d.relative_to(ckpt).as_posix() + "/" for d in folders}
+        kept = {k: v for k, v in entries.items() if not any(k.startswith(n) for n in names)}
+        atomic_write_text(ckpt / MANIFEST, json.dumps({"version": 1, "checksum": "crc32", "files": kept}, indent=1))
+    freed = sum(f.stat().st_size for d in folders for f in d.rglob("*") if f.is_file())
+    for d in folders:
+        shutil.rmtree(d, ignore_errors=True)
+    return freed
+
+
+def has_optimizer_state(ckpt: Path) -> bool:
+    """Whether checkpoint ``ckpt`` holds optimizer state (in ``dcp/*_optim``, or in the older
+    layout inside ``dcp/actor`` / ``dcp/model``)."""
+    ckpt = Path(ckpt)
+    return any((ckpt / "dcp").glob(f"*{OPTIM_SUFFIX}/.metadata")) or _old_layout(ckpt)
+
+
+def _old_layout(ckpt: Path) -> bool:
+    meta = next((p for p in ((ckpt / "dcp" / n / ".metadata") for n in ("actor", "model")) if p.is_file()), None)
+    if meta is None:
+        return False
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return any(k.startswith("optim.") for k in FileSystemReader(str(meta.parent)).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - unreadable: checkpoint_problem reports it
+        return False
+
+
+def size_summary(ckpt: Path) -> str:
+    """``2.2 GB: model/ 0.54 GB, dcp/ weights 0.54 GB, optimizer state 1.1 GB`` for a log line."""
+    ckpt = Path(ckpt)
+    parts = {"model/ (Hugging Face, fp32)": 0, "adapter/": 0, "dcp/ weights": 0, "optimizer state": 0, "other": 0}
+    for f in ckpt.rglob("*"):
+        if not f.is_file():
+            continue
+        rel = f.relative_to(ckpt).parts
+        key = ("model/ (Hugging Face, fp32)" if rel[0] == "model" else "adapter/" if rel[0] == "adapter"
+               else ("optimizer state" if rel[1].endswith(OPTIM_SUFFIX) else "dcp/ weights") if rel[0] == "dcp"
+               else "other")
+        parts[key] += f.stat().st_size
+    total = sum(parts.values())
+    return f"{_gb(total)}: " + ", ".join(f"{k} {_gb(v)}" for k, v in parts.items() if v and k != "other")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
 # Messages of torch's zip writer (``torch.save``, DCP) when a write came up short: it reports
-# the position it expected instead of the errno.
-_SHORT_WRITE = ("unexpected pos", "file write failed", "no space left", "enospc")
+# the position it expected instead of the errno (ambiguous: checked against the free space).
+_SHORT_WRITE = ("unexpected pos", "file write failed")
+# The errno's own words in the message of a writer that does not raise ``OSError`` (safetensors:
+# ``SafetensorError: ... No space left on device (os error 28)``, the partial file already removed).
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "enospc")
 _LOW_FREE_BYTES = 64 << 20
 
 
 def is_disk_full(e: BaseException, where: Path) -> bool:
     """Whether ``e`` (or an exception it was raised from) is a failed write on a full disk:
-    an ``OSError`` with ``errno`` ENOSPC / EDQUOT, or torch's short-write ``RuntimeError``
-    (``unexpected pos ...``) while the filesystem of ``where`` has under 64 MiB or 1 % free."""
+    an ``OSError`` with ``errno`` ENOSPC / EDQUOT, an error whose message carries that errno
+    (safetensors' ``os error 28``), or torch's short-write ``RuntimeError`` (``unexpected pos
+    ...``) while the filesystem of ``where`` has under 64 MiB or 1 % free."""
     seen: set[int] = set()
     short_write = False
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if any(m in str(e).lower() for m in _SHORT_WRITE):
+        text = str(e).lower()
+        if any(m in text for m in _NO_SPACE):
+            return True
+        if any(m in text for m in _SHORT_WRITE):
             short_write = True
         e = e.__cause__ or e.__context__
     if not short_write:
@@ -196,18 +303,31 @@ def write_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_manifest(directory: Path, deep: bool = True) -> str | None:
-    """Why ``directory`` does not match its ``manifest.json`` (a missing file, a different size,
-    a different CRC-32 when ``deep``), or None when it matches (or has no manifest: checkpoints
-    written before manifests existed)."""
+def manifest_entries(directory: Path) -> dict[str, Any] | None:
+    """The ``files`` of ``directory/manifest.json`` (None: missing or unreadable)."""
+    try:
+        entries = json.loads((Path(directory) / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return entries if isinstance(entries, dict) else None
+
+
+def verify_manifest(directory: Path, deep: bool = True, required: tuple[str, ...] = ()) -> str | None:
+    """Why ``directory`` does not match its ``manifest.json`` (the manifest missing or unreadable,
+    a file of ``required`` not listed in it, a listed file missing, a different size, a different
+    CRC-32 when ``deep``), or None when it matches. A missing manifest is damage: it is written last,
+    so its absence means an unfinished save or a deleted file, and nothing could be verified."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
-        return None
-    try:
-        entries = json.loads(path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        return f"{MANIFEST} is unreadable ({type(e).__name__}: {e})"
+        return (f"{MANIFEST} is missing (every save writes it last; without it no file can be verified against "
+                f"damage)")
+    entries = manifest_entries(directory)
+    if entries is None:
+        return f"{MANIFEST} is unreadable (not a JSON object with 'files')"
+    unlisted = [n for n in required if n not in entries]
+    if unlisted:
+        return f"{unlisted[0]} is not listed in {MANIFEST} (the manifest was emptied or is of another checkpoint)"
     for name, entry in entries.items():
         f = directory / name
         if not f.is_file():
@@ -279,7 +399,8 @@ def checkpoint_problem(ckpt: Path, deep: bool = True) -> str | None:
     """Why ``ckpt`` cannot be resumed from, or None when it is intact: a required file or
     ``model/*.safetensors`` missing, ``state.json`` / ``rng.pt`` / ``trainer_state.pt``
     unreadable, a key of ``state.json`` missing, or a file that differs from ``manifest.json``
-    (size; CRC-32 of the contents when ``deep``: reads every file, about 1 s per 2 GB)."""
+    (size; CRC-32 of the contents when ``deep``: reads every file, about 1 s per 2 GB), or no
+    ``manifest.json`` (or one that does not list the required files)."""
     ckpt = Path(ckpt)
     kind = "step" if ckpt.name.startswith("step_") else "rollout"
     required = REQUIRED_FILES if kind == "rollout" else tuple(
@@ -287,9 +408,10 @@ def checkpoint_problem(ckpt: Path, deep: bool = True) -> str | None:
     for name in required:
         if not (ckpt / name).is_file():
             return f"{name} is missing"
-    if not any((ckpt / "model").glob("*.safetensors")):
+    weights = sorted(p.relative_to(ckpt).as_posix() for p in (ckpt / "model").glob("*.safetensors"))
+    if not weights:
         return "model/model.safetensors is missing"
-    problem = verify_manifest(ckpt, deep=deep)
+    problem = verify_manifest(ckpt, deep=deep, required=(*required, *weights))
     if problem is not None:
         return problem
     try:
@@ -347,7 +469,8 @@ def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[s
                     model_path: str | Path | None = None) -> list[Path]:
     """Checkpoints to try for ``run.load=path``, in order. A run directory or a ``checkpoints``
     directory gives its intact checkpoints newest first (damaged ones skipped with a warning
-    through ``warn``, as ``run.recover=auto`` does); a checkpoint directory gives itself.
+    through ``warn``, as ``run.recover=auto`` does; the hidden folders of interrupted saves are
+    deleted unless another live process holds the run directory); a checkpoint directory gives itself.
 
     Args:
         model_path: the run's ``model.path`` folder; when given, the checkpoint's model must
@@ -368,6 +491,10 @@ def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[s
         found = [one]
     else:
         root = roots[0]
+        if not held_by_another(root.parent if root.name == "checkpoints" else root):  # never a live run's save
+            gone = remove_partial_saves(root)
+            if gone:
+                (warn or log.warning)(f"removed {len(gone)} interrupted checkpoint save(s) in {root}: {', '.join(gone)}")
         found = find_resumable(root, prefix, warn=warn)
         if not found:
             raise CheckpointError(f"run.load={str(path)!r}: every checkpoint in {root} is damaged (see the warnings "
@@ -375,6 +502,32 @@ def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[s
     if model_path is not None:
         check_model_shape(found[0], model_path)
     return found
+
+
+def describe_load_error(e: BaseException) -> str:
+    """``Type: first line`` of an error raised while loading a checkpoint; for DCP's
+    ``CheckpointException`` (``ranks:dict_keys([0])``) that of the first rank's own error."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) and inner else inner  # (exception, traceback frames)
+        if isinstance(inner, BaseException):
+            e = inner
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def newest_intact(path: str | Path, warn: Callable[[str], None] | None = None) -> Path:
+    """The checkpoint ``reinforge convert`` exports: ``path`` itself when it is a checkpoint, else
+    the newest intact one of the run (or ``checkpoints``) directory, RL or offline.
+
+    Raises:
+        FileNotFoundError: nothing resumable at ``path``.
+        CheckpointError: the checkpoint is damaged, or every one of the run directory is.
+    """
+    p = Path(path)
+    prefix = "step" if any(list_checkpoints(r, "step") for r in (p, p / "checkpoints")) else "rollout"
+    return load_candidates(p, prefix, warn=warn)[0]
 
 
 # config.json keys that fix the shapes of a checkpoint's tensors.

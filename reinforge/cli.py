@@ -170,12 +170,12 @@ def _models(args: argparse.Namespace) -> None:
 def _convert(args: argparse.Namespace) -> None:
     import shutil
 
-    from .checkpoint import resolve_checkpoint
+    from .checkpoint import newest_intact
     from .models.loading import build_model, parse_dtype, save_hf_folder
     from .models.reward_model import build_reward_model, is_reward_model_folder, save_reward_model
     from .utils.fs import atomic_directory
 
-    ckpt = resolve_checkpoint(args.checkpoint)
+    ckpt = newest_intact(args.checkpoint, warn=log.warning)  # a damaged one: the one before it, or refused in words
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.force:
         raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
@@ -316,12 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    from .checkpoint import DiskFullError
+    from .supervisor import DISK_FULL, record_failure
     from .reward.manager import RewardFunctionFailing
     from .utils.fs import DirectoryLocked
 
     try:
         code = args.func(args)
     except (*USAGE_ERRORS, FileExistsError, DirectoryLocked) as e:
+        record_failure(e)
         if args.verbose:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
@@ -332,6 +335,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except DiskFullError as e:  # one message in words; the supervisor does not relaunch it
+        record_failure(e)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
+        return DISK_FULL
+    except KeyboardInterrupt as e:  # a Ctrl-C outside a rollout boundary (or a second one)
+        print(f"reinforge {args.command}: interrupted ({e or 'Ctrl-C'}); no checkpoint was written at this "
+              f"point (the newest one is kept)", file=sys.stderr)
+        return 130
+    except Exception as e:
+        record_failure(e)
+        raise
     return code or 0
 
 

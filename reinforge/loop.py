@@ -21,17 +21,17 @@ import torch
 from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
 from .cluster.resources import check_placement, machine_resources
-from .config import Config, config_from_dict, dump_config
+from .config import Config, ConfigError, dump_config
 from .data import load_datasets
 from .eval.evaluate import eval_plot_keys, evaluate, write_eval
 from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
-from .recover import Preempted, RecoverTimer, check_compatible, recover_candidates
+from .recover import Preempted, RecoverTimer, all_damaged, changed_settings, check_compatible, recover_candidates
 from .reward import RewardManager
+from .reward.manager import reward_info_metrics
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
-from .reward.manager import reward_info_metrics
 from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
 from .records import ReplicatedEngine, Sample, Status
 from .train.actor import TrainData
@@ -51,11 +51,12 @@ def seed_everything(seed: int) -> None:
 
 def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[torch.Tensor]) -> dict[str, float]:
     """Reward, advantage and length statistics of the groups trained on."""
-    flat = [s for g in groups for s in g]
+    every = [s for g in groups for s in g]
+    flat = [s for s in every if s.status != Status.FAILED] or every  # failed episodes: counted, not averaged
     rewards = torch.tensor([s.reward for s in flat], dtype=torch.float32)
     lens = torch.tensor([s.response_length for s in flat], dtype=torch.float32)
     adv = torch.cat([a for a in advantages if len(a)]) if any(len(a) for a in advantages) else torch.zeros(1)
-    same = [len({s.reward for s in g}) == 1 for g in groups]
+    same = [len({s.reward for s in g if s.status != Status.FAILED}) <= 1 for g in groups]
     return {
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0,
@@ -68,6 +69,7 @@ def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[to
         "rollout/response_len_max": float(lens.max()),
         "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in flat) / len(flat),
         "rollout/num_samples": float(len(flat)),
+        "rollout/infra_failed_samples": float(len(every) - len(flat)),
     }
 
 
@@ -283,11 +285,13 @@ class RLLoop:
         adv = compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len, values=values,
                                  old_log_probs=old_lp, ref_log_probs=ref_lp)
         metrics = rollout_metrics(cfg, groups, adv.advantages)
-        all_rewards = torch.tensor([s.reward for g in generated for s in g], dtype=torch.float32)
+        all_rewards = torch.tensor([s.reward for g in generated for s in g if s.status != Status.FAILED] or [0.0],
+                                   dtype=torch.float32)
         metrics["rollout/generated_reward_mean"] = float(all_rewards.mean())
         metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
         metrics.update(counts)
         metrics.update(rollout_stats([s for g in generated for s in g]))
+        metrics.update(reward_info_metrics([s for g in generated for s in g]))  # a custom reward's extra numbers
         if cl.has_critic:
             with trace.span("train_critic", "train") as s:
                 metrics.update(cl.train_critic(flat, adv.returns, values, rollout_id))
@@ -313,15 +317,13 @@ class RLLoop:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:
-        metrics.update(reward_info_metrics([s for g in generated for s in g]))  # a custom reward's extra numbers
         cfg = self.cfg
         logger = MetricsLogger(self.out, cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
                                wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict(),
                                start_step=self.start_rollout + 1 if self.start_rollout else 0)  # drop redone rows
         result = RunResult(self.out, self.start_rollout - 1)
-        timer = RecoverTimer(cfg.run.recover_interval_s) if cfg.run.recover == "auto" else None
-        if timer is not None:
-            timer.install()
+        timer = self.timer  # SIGTERM / SIGINT: a checkpoint at the end of the rollout in flight, then stop
+        timer.install()
         if cfg.run.trace:
             trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
@@ -359,15 +361,18 @@ class RLLoop:
                 path = None
                 if s and (rollout_id + 1) % s == 0 and not last:
                     path = self.save(rollout_id)
-                elif timer is not None and not last and timer.due():
+                elif not last and timer.due():
                     path = self.save(rollout_id)  # a recover checkpoint
-                if timer is not None and path is not None:
+                if path is not None:
                     timer.saved()
                     if timer.signal is not None:
+                        log.warning("stopped after %s: checkpoint %s holds rollout %d; resume with --load %s",
+                                    timer.signal, path, rollout_id, self.out)
                         raise Preempted(timer.signal, path)
                 result.last_rollout_id = rollout_id
             if bar is not None:
                 bar.close()
+            self.reward.check_run()  # every reward failed: exit non-zero however short the run
             self.source.close()
             if self.start_rollout < cfg.train.num_rollout:
                 self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
@@ -393,7 +398,6 @@ class RLLoop:
         with (d / f"{rollout_id:06d}.jsonl").open("w") as f:
             for g in groups:
                 for s in g:
-            self.reward.check_run()  # every reward failed: exit non-zero however short the run
                     f.write(json.dumps(s.to_dict(), default=str) + "\n")
 
     def close(self) -> None:

@@ -84,7 +84,8 @@ class OfflineLoop:
         self.start_step = 0
         self.evals: list[tuple[str, dict[str, float]]] = []
         if cfg.run.load:
-            self._restore(ckpt.resolve_checkpoint(cfg.run.load))
+            self._restore(ckpt.load_candidates(cfg.run.load, prefix="step", warn=log.warning,
+                                               model_path=self.base_path)[0])
         self.ref = self._reference(self.train_set, "train")
         self.eval_ref = self._reference(self.eval_set, "eval") if self.eval_set else None
         if self.is_main:
@@ -204,10 +205,12 @@ class OfflineLoop:
         """Checkpoint after optimizer step ``step`` (every rank takes part; rank 0 renames it into place)."""
         state = {"step": step, "config": self.cfg.to_dict(), "evals": self.evals, "method": self.cfg.offline.method}
         with trace.span("checkpoint", "io", step=step):
+            keep = self.cfg.run.save_optimizer
             if self.is_main:
                 path = ckpt.save_checkpoint(self.out / "checkpoints", step, self._write, state,
-                                            keep_last=self.cfg.run.keep_last_n_checkpoints, prefix="step")
-                log.info("saved checkpoint %s", path)
+                                            keep_last=self.cfg.run.keep_last_n_checkpoints, prefix="step",
+                                            drop_older_optimizer=keep == "newest")
+                log.info("saved checkpoint %s (%s)", path, ckpt.size_summary(path))
             else:
                 self._write(None)
                 path = None
@@ -217,7 +220,7 @@ class OfflineLoop:
     def _write(self, directory: Path | None) -> None:
         d = Path(self.parallel.gather_objects(str(directory) if directory else None)[0])
         t = self.trainer
-        trainer_state = t.save(str(d / "dcp" / "model"))
+        trainer_state = t.save(str(d / "dcp" / "model"), optimizer=self.cfg.run.save_optimizer != "none")
         lora = has_lora(t.model)
         if lora:  # the merged policy, and the adapter alone
             full = {n: v.cpu() for n, v in merged_named_weights(t.model, full_tensor)}
@@ -241,11 +244,25 @@ class OfflineLoop:
             raise ValueError(f"{path} is a checkpoint of offline.method={state.get('method')!r}, not "
                              f"{self.cfg.offline.method!r}")
         trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-        self.trainer.load(str(path / "dcp" / "model"), trainer_state)
+        try:
+            restored = self.trainer.load(str(path / "dcp" / "model"), trainer_state)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
+            raise ckpt.CheckpointError(f"run.load: checkpoint {path} does not load ({ckpt.describe_load_error(e)}); "
+                                       f"load an older checkpoint of its run") from e
+        if not restored:
+            log.warning("checkpoint %s holds no optimizer state (run.save_optimizer): AdamW's moments restart from "
+                        "zero, so the run does not continue exactly", path)
         self.start_step = state["step"] + 1
-        self.evals = [tuple(e) for e in state.get("evals", [])]
+        self.evals = [(ckpt.resumed_label(e[0], self.start_step, "step"), e[1]) for e in state.get("evals", [])]
         self.out = Path(self.cfg.run.output_dir)
-        log.info("resumed from %s at step %d", path, self.start_step)
+        if self.start_step >= self.total_steps:
+            log.warning("checkpoint %s is at step %d of %d (offline.num_epochs=%d x %d steps): nothing left to train "
+                        "(raise offline.num_epochs to continue)", path, self.start_step, self.total_steps,
+                        self.cfg.offline.num_epochs, self.steps_per_epoch)
+        else:
+            log.info("resumed from %s at step %d of %d", path, self.start_step, self.total_steps)
 
     def close(self) -> None:
         if self.parallel.distributed and torch.distributed.is_initialized():

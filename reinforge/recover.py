@@ -4,22 +4,26 @@ its config allows it, and when the running loop writes recover checkpoints.
 * :func:`recover_candidates` lists the complete checkpoints of ``<output_dir>/checkpoints``,
   newest first, skipping damaged ones with a warning (the loop then tries them in order, so a
   checkpoint whose shards fail to load falls back to the previous one too); hidden folders of
-  saves interrupted by a crash are deleted.
+  saves interrupted by a crash are deleted. When every checkpoint is damaged it refuses in words:
+  starting over would overwrite the run's history (metrics rows, checkpoints).
 * :func:`check_compatible` refuses a resume whose batch size, group size, optimizer steps per
   rollout or trainer world size changed, saying which key and what to do.
 * :class:`RecoverTimer` decides at the end of each rollout whether to write a recover
-  checkpoint: every ``run.recover_interval_s`` seconds, or at once after SIGTERM or SIGINT
-  (Ctrl-C; then the run stops with :class:`Preempted`; a second SIGINT interrupts at once).
+  checkpoint: every ``run.recover_interval_s`` seconds (``recover: auto``), or at once after
+  SIGTERM or SIGINT (Ctrl-C; whatever ``run.recover``; then the run stops with :class:`Preempted`;
+  a second SIGINT interrupts at once, except during a save, which is finished first).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import checkpoint as ckpt
 from .config import Config, ConfigError
@@ -70,30 +74,71 @@ def check_compatible(saved: dict[str, Any], cfg: Config, path: Path) -> None:
             f"or resume from it explicitly with run.load={path} (and run.recover=off) to accept the change")
 
 
+# Keys whose change on resume is expected: where the run writes, how it is resumed, how long it trains,
+# what is evaluated and logged.
+NOT_COMPARED = ("run.", "eval.", "train.num_rollout", "offline.num_epochs")
+
+
+def changed_settings(saved: dict[str, Any], cfg: Config) -> list[str]:
+    """``key: old -> new`` for each setting of ``cfg`` that differs from the checkpoint's config
+    ``saved`` (keys the checkpoint does not have, and :data:`NOT_COMPARED`, are not compared)."""
+    now = json.loads(json.dumps(cfg.to_dict(), default=str))  # as state.json holds it (tuples as lists)
+    out = []
+    for section, values in now.items():
+        old = saved.get(section)
+        if not isinstance(old, dict) or not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            if key in old and old[key] != value and not any(name.startswith(x) for x in NOT_COMPARED):
+                out.append(f"{name} {old[key]!r} -> {value!r}")
+    return out
+
+
 def recover_candidates(output_dir: Path) -> list[Path]:
-    """Complete checkpoints of ``output_dir/checkpoints`` to try, newest first (empty: start
-    from scratch). Damaged ones are skipped with a warning; leftovers of interrupted saves removed."""
+    """Complete checkpoints of ``output_dir/checkpoints`` to try, newest first (empty: no checkpoint
+    was ever written, start from scratch). Damaged ones are skipped with a warning; leftovers of
+    interrupted saves removed.
+
+    Raises:
+        CheckpointError: there are checkpoints but every one is damaged (starting over would drop
+            the run's metrics and its checkpoints would be deleted by newer ones).
+    """
     root = Path(output_dir) / "checkpoints"
     gone = ckpt.remove_partial_saves(root)
     if gone:
         log.warning("removed %d interrupted checkpoint save(s) in %s: %s", len(gone), root, ", ".join(gone))
-    return ckpt.find_resumable(root, warn=log.warning)
+    found = ckpt.find_resumable(root, warn=log.warning)
+    if not found and ckpt.list_checkpoints(root):
+        raise all_damaged(root)
+    return found
+
+
+def all_damaged(root: Path, why: str = "see the warnings above") -> ckpt.CheckpointError:
+    """The refusal of ``run.recover=auto`` when no checkpoint of ``root`` can be resumed."""
+    return ckpt.CheckpointError(
+        f"run.recover=auto: every checkpoint in {root} is damaged ({why}); starting from scratch would overwrite "
+        f"this run's history (metrics.jsonl, checkpoints), so nothing was changed. Restore a checkpoint from a "
+        f"backup, move {root} away to start over in {root.parent} (its metrics rows from the first step on are "
+        f"then replaced), or choose a new run.output_dir")
 
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class RecoverTimer:
-    """When to write recover checkpoints: every ``interval_s`` seconds of training and after
-    SIGTERM or SIGINT. :meth:`install` makes these signals set a flag (checked at the end of
-    each rollout: a checkpoint needs a consistent state, which exists only between rollouts);
-    a second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint: the user insisted)."""
+    """When to write recover checkpoints: every ``interval_s`` seconds of training (None: never
+    on a timer, ``recover: off``) and after SIGTERM or SIGINT. :meth:`install` makes these
+    signals set a flag (checked at the end of each rollout: a checkpoint needs a consistent state,
+    which exists only between rollouts); a second SIGINT raises ``KeyboardInterrupt`` at once (no
+    checkpoint: the user insisted), except inside :meth:`saving`: a save is finished first."""
 
-    def __init__(self, interval_s: float):
+    def __init__(self, interval_s: float | None):
         self.interval_s = interval_s
         self.last = time.monotonic()
         self.signal: str | None = None
         self._previous: dict[int, Any] = {}
+        self._saving = False
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -105,17 +150,32 @@ class RecoverTimer:
             signal.signal(s, handler)
         self._previous = {}
 
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        """A checkpoint is being written: signals wait until it is complete."""
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
+        if self._saving:
+            log.warning("%s received while a checkpoint is being written: stopping once it is complete "
+                        "(kill -9 stops at once, without it)", name)
+            self.signal = self.signal or name
+            return
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: stopping without a checkpoint")
         self.signal = name
-        log.warning("%s received: writing a recover checkpoint at the end of this rollout, then stopping%s", name,
+        log.warning("%s received: writing a checkpoint at the end of this rollout, then stopping%s", name,
                     " (Ctrl-C again to stop at once, without it)" if signum == signal.SIGINT else "")
 
     def due(self) -> bool:
         """Whether a recover checkpoint should be written now."""
-        return self.signal is not None or time.monotonic() - self.last >= self.interval_s
+        return self.signal is not None or (self.interval_s is not None
+                                           and time.monotonic() - self.last >= self.interval_s)
 
     def saved(self) -> None:
         self.last = time.monotonic()

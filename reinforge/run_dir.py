@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import ConfigError
-from .utils.fs import check_not_locked
+from .utils.fs import LOCK_FILE, check_not_locked, lock_directory
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -41,8 +41,8 @@ def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
 
     Resuming: ``run.recover: auto``, ``run.max_restarts > 0`` (the supervisor resumes with
     ``recover: auto``), or ``run.load`` pointing inside ``run.output_dir``. ``run.overwrite: true``
-    deletes the directory (rank 0 only; other ranks skip the check), refused for the working
-    directory, one of its parents or the home directory.
+    deletes what the directory holds, under its lock (rank 0 only; other ranks skip the check),
+    refused for the working directory, one of its parents or the home directory.
 
     Raises:
         DirectoryLocked: a live reinforge process holds the directory.
@@ -67,7 +67,14 @@ def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
             raise ConfigError(f"run.overwrite=true refuses to delete {out.resolve()}: it holds the working directory "
                               f"or is the home directory; choose a run.output_dir of its own")
         log.warning("run.overwrite=true: deleting the earlier run in %s", out)
-        shutil.rmtree(out)
+        with lock_directory(out):  # two runs overwriting at once: the second is refused (DirectoryLocked)
+            for entry in out.iterdir():
+                if entry.name == LOCK_FILE:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         return
     if resumes_here or run.max_restarts > 0:
         return

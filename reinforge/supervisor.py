@@ -5,7 +5,12 @@ with ``run.recover=auto``) and relaunches it when it dies: killed by a signal (O
 SIGKILL), a crashed trainer rank or engine that ended the run, any non-zero exit other than a
 usage error. Each relaunch resumes from the newest complete checkpoint of the same
 ``run.output_dir``, so at most the rollouts since that checkpoint are redone. Every exit is
-recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran).
+recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran, the
+error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), and a
+failure whose error (type and first line of the message, which the child writes through
+:func:`record_failure`) repeats that of the attempt before: the same cause twice will not go away
+by relaunching (a reward module's syntax error, every reward failing). Deaths by a signal carry no
+message and are relaunched up to the limit.
 
 SIGTERM / SIGINT sent to the supervisor are forwarded to the child (which writes a recover
 checkpoint and stops) and end supervision: a preempted job is not relaunched here. The child
@@ -28,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,7 +41,22 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
+DISK_FULL = 74  # `reinforge` exits 74 (sysexits' EX_IOERR) when the disk is full: relaunching would fail again
 PARENT_ENV = "REINFORGE_SUPERVISOR_PID"  # set in the child: the supervisor's pid, for watch_parent
+FAILURE_ENV = "REINFORGE_FAILURE_FILE"  # set in the child: where record_failure writes the error that ended it
+
+
+def record_failure(e: BaseException) -> None:
+    """In a supervised child (``REINFORGE_FAILURE_FILE`` set): write ``Type: first line of the
+    message`` of the exception that ends the process, for the supervisor to compare attempts."""
+    path = os.environ.get(FAILURE_ENV)
+    if not path:
+        return
+    text = str(e).strip().splitlines()
+    try:
+        Path(path).write_text(f"{type(e).__name__}: {text[0] if text else ''}"[:2000])
+    except OSError:
+        pass  # (a full disk): the exit status still tells
 _PR_SET_PDEATHSIG = 1
 
 
@@ -81,7 +102,7 @@ def _describe(code: int) -> str:
     return f"exit status {code}"
 
 
-def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int:
+def supervise(train_args: list[str], output_dir: Path, max_restarts: int, command: list[str] | None = None) -> int:
     """Run ``reinforge train <train_args> run.recover=auto run.max_restarts=0 run.overwrite=false`` and relaunch it
     after each crash, at most ``max_restarts`` times.
 
@@ -89,12 +110,13 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
         train_args: the ``train`` command's arguments (config file option and overrides).
         output_dir: the run directory (``restarts.jsonl`` goes there).
         max_restarts: relaunches allowed (0: run once).
+        command: the child's command line instead of ``reinforge train`` (tests).
     Returns:
         the exit status to end with: 0 when an attempt finished, else the last attempt's
         (128 + signal number when it was killed by a signal).
     """
-    cmd = [sys.executable, "-m", "reinforge", "train", *train_args, "run.recover=auto", "run.max_restarts=0",
-           "run.overwrite=false"]  # an overwrite was done before supervising; relaunches resume
+    cmd = command or [sys.executable, "-m", "reinforge", "train", *train_args, "run.recover=auto",
+                      "run.max_restarts=0", "run.overwrite=false"]  # an overwrite was done before; relaunches resume
     output_dir.mkdir(parents=True, exist_ok=True)
     record = output_dir / "restarts.jsonl"
     stop: list[int] = []
@@ -105,18 +127,23 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
         if child and child[0].poll() is None:
             child[0].send_signal(signum)
 
+    fd, failure_file = tempfile.mkstemp(prefix="reinforge-failure-")
+    os.close(fd)
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         attempt = 0
+        last_error = None
         while True:
             t = time.monotonic()
             me = os.getpid()
-            child[:] = [subprocess.Popen(cmd, env={**os.environ, PARENT_ENV: str(me)},
+            Path(failure_file).write_text("")
+            child[:] = [subprocess.Popen(cmd, env={**os.environ, PARENT_ENV: str(me), FAILURE_ENV: failure_file},
                                          preexec_fn=lambda: _child_setup(me))]
             code = child[0].wait()
             seconds = time.monotonic() - t
+            error = Path(failure_file).read_text().strip() or None if code else None
             with record.open("a") as f:
-                f.write(json.dumps({"attempt": attempt, "exit_code": code, "cause": _describe(code),
+                f.write(json.dumps({"attempt": attempt, "exit_code": code, "cause": _describe(code), "error": error,
                                     "seconds": round(seconds, 3), "time": time.time()}) + "\n")
             if code == 0:
                 if attempt:
@@ -130,12 +157,22 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int) -> int
             if code == USAGE_ERROR:
                 log.error("training failed with a usage error (exit status 2): not relaunching")
                 return status
+            if code == DISK_FULL:
+                log.error("training stopped on a full disk (exit status %d): not relaunching; free space, then resume "
+                          "with the same command", DISK_FULL)
+                return status
+            if error is not None and error == last_error:
+                log.error("training failed twice with the same error (%s): not relaunching, a restart would fail "
+                          "again", error)
+                return status
             if attempt >= max_restarts:
                 log.error("training %s; no restarts left (--max-restarts %d)", _describe(code), max_restarts)
                 return status
+            last_error = error
             attempt += 1
             log.warning("training %s after %.1f s: relaunching (restart %d of %d) from the newest checkpoint in %s",
                         _describe(code), seconds, attempt, max_restarts, output_dir)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        Path(failure_file).unlink(missing_ok=True)

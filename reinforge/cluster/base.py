@@ -74,11 +74,14 @@ class Cluster(Protocol):
         Returns ``{"time/sync": seconds}``."""
         ...
 
-    def save(self, directory: Path) -> None:
-        """The trainers' part of a checkpoint (sharded model and optimizer, HF folder)."""
+    def save(self, directory: Path, optimizer: bool = True) -> None:
+        """The trainers' part of a checkpoint (sharded model, with ``optimizer`` the optimizer
+        state, HF folder)."""
         ...
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path) -> list[str]:
+        """Load the trainers' state; returns the models whose optimizer state was not in the
+        checkpoint (``TrainWorker.load``)."""
         ...
 
     def shutdown(self) -> None:

@@ -60,11 +60,11 @@ class LocalCluster:
     def sync_weights(self, version: int) -> dict[str, float]:
         return sync_in_process(self.worker.named_weights(), self.engine, version)
 
-    def save(self, directory: Path) -> None:
-        self.worker.save(str(directory))
+    def save(self, directory: Path, optimizer: bool = True) -> None:
+        self.worker.save(str(directory), optimizer)
 
-    def load(self, directory: Path) -> None:
-        self.worker.load(str(directory))
+    def load(self, directory: Path) -> list[str]:
+        return self.worker.load(str(directory))
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -431,11 +431,11 @@ class RayCluster:
             self.engine.weight_version = version
         return {"time/sync": s.seconds}
 
-    def save(self, directory: Path) -> None:
-        self._on_every_rank("save", str(directory))
+    def save(self, directory: Path, optimizer: bool = True) -> None:
+        self._on_every_rank("save", str(directory), optimizer)
 
-    def load(self, directory: Path) -> None:
-        self._on_every_rank("load", str(directory))
+    def load(self, directory: Path) -> list[str]:
+        return self._on_every_rank("load", str(directory))
 
     def shutdown(self) -> None:
         import ray

@@ -316,6 +316,12 @@ def config_yaml(cfg: Config, changed_only: bool = False) -> str:
 def dump_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config to ``path`` (a run's ``config.yaml``) as :func:`config_yaml`:
     every key but those the run does not read, so ``reinforge train / eval / offline -c path``
-    loads it again."""
-    Path(path).write_text("# the resolved config of this run (keys it does not read are left out; docs/config.md)\n"
-                          + config_yaml(cfg))
+    loads it again. It describes the run, not the act of starting it: ``run.load`` and
+    ``run.overwrite`` are written as their defaults (a config that kept ``run.load`` would make
+    ``eval -c`` load the checkpoint and a new run from it silently continue the old one). The file
+    is replaced atomically."""
+    from ..utils.fs import atomic_write_text
+
+    run = dataclasses.replace(cfg.run, load=None, overwrite=False)
+    atomic_write_text(Path(path), "# the resolved config of this run (keys it does not read are left out; "
+                                  "docs/config.md)\n" + config_yaml(dataclasses.replace(cfg, run=run)))

@@ -104,11 +104,14 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
     if checkpoint is None:
         return ("no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume "
                 "or export")
-    cfg = q(str(run_dir / "config.yaml"))
-    parts = [f"resume: reinforge {command} -c {cfg} --load {q(str(run_dir))} {more_key}=<more>"]
+    def opt(name: str, path: Path) -> str:  # --name=value: a path starting with "-" is not taken for an option
+        return q(f"--{name}={path}")
+
+    cfg = opt("config", run_dir / "config.yaml")
+    parts = [f"resume: reinforge {command} {cfg} {opt('load', run_dir)} {more_key}=<more>"]
     if policy:
-        parts.append(f"evaluate: reinforge eval -c {cfg} --model {q(str(checkpoint / 'model'))}")
-    parts.append(f"export: reinforge convert --checkpoint {q(str(run_dir))} --out {q(str(run_dir / 'hf'))}")
+        parts.append(f"evaluate: reinforge eval {cfg} {opt('model', checkpoint / 'model')}")
+    parts.append(f"export: reinforge convert {opt('checkpoint', run_dir)} {opt('out', run_dir / 'hf')}")
     return "next: " + "  |  ".join(parts)
 
 

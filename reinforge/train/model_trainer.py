@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -251,31 +252,54 @@ class ModelTrainer:
         for s, i in enumerate(mb.indices):
             out[i] = grid[s][mb.response_mask[s]].detach().float().cpu()
 
-    def save(self, directory: str) -> dict[str, Any]:
-        """Model and optimizer state with ``torch.distributed.checkpoint`` into ``directory``
-        (each rank writes its shards; loadable on any number of ranks). Returns the small
-        replicated state (scheduler, counters) for the caller to store."""
+    def save(self, directory: str, optimizer: bool = True) -> dict[str, Any]:
+        """The model's trainable weights into ``directory`` and, with ``optimizer``, the AdamW state
+        into ``directory + "_optim"``, with ``torch.distributed.checkpoint`` (each rank writes its
+        shards; loadable on any number of ranks). Frozen weights (the base model under LoRA) are
+        not written: they are rebuilt from ``model.path``. Returns the small replicated state
+        (scheduler, counters) for the caller to store."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         with _single_process_dcp(self.parallel):
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+            dcp.save({"model": self._trainable(model_sd)}, checkpoint_id=directory)
+            if optimizer:
+                dcp.save({"optim": optim_sd}, checkpoint_id=optimizer_dir(directory))
         return {"scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
 
-    def load(self, directory: str, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`save` (resharding to this run's number of ranks)."""
+    def _trainable(self, model_sd: dict[str, Any]) -> dict[str, Any]:
+        """``model_sd`` without the frozen parameters (all of it when every parameter trains)."""
+        frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+        return {k: v for k, v in model_sd.items() if k not in frozen} if frozen else model_sd
+
+    def load(self, directory: str, state: dict[str, Any]) -> bool:
+        """Inverse of :meth:`save` (resharding to this run's number of ranks); also reads the
+        older layout with the optimizer state inside ``directory``. Returns whether the optimizer
+        state was restored (False: the checkpoint has none; AdamW's moments start from zero)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
+                                                             set_state_dict)
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        loaded = {"model": model_sd, "optim": optim_sd}
+        model_sd = self._trainable(model_sd)
+        combined = _has_optimizer_state(directory)  # written before the optimizer got its own folder
         with _single_process_dcp(self.parallel):
-            dcp.load(loaded, checkpoint_id=directory)
-        set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
-                       optim_state_dict=loaded["optim"])
+            dcp.load({"model": model_sd, **({"optim": optim_sd} if combined else {})}, checkpoint_id=directory)
+            restored = combined or Path(optimizer_dir(directory), ".metadata").is_file()
+            if restored and not combined:
+                loaded = {"optim": optim_sd}
+                dcp.load(loaded, checkpoint_id=optimizer_dir(directory))
+                optim_sd = loaded["optim"]
+        options = StateDictOptions(strict=False)  # frozen weights are not in the checkpoint
+        if restored:
+            set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                           options=options)
+        else:
+            set_model_state_dict(self.model, model_sd, options=options)
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        return restored
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model state on CPU (rank 0 gets it; other ranks get {}); a collective."""
@@ -284,6 +308,19 @@ class ModelTrainer:
         if not self.parallel.distributed:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_dir(directory: str) -> str:
+    """Where :meth:`ModelTrainer.save` writes the optimizer state of the weights in ``directory``."""
+    return str(directory).rstrip("/") + "_optim"
+
+
+def _has_optimizer_state(directory: str) -> bool:
+    """Whether the DCP checkpoint ``directory`` holds optimizer entries beside the model's."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(directory).read_metadata().state_dict_metadata
+    return any(k.startswith("optim.") for k in keys)
 
 
 @contextlib.contextmanager

@@ -85,15 +85,16 @@ class TrainWorker:
         return bucket_by_bytes(self.named_weights(), bucket_bytes)
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, directory: str) -> None:
+    def save(self, directory: str, optimizer: bool = True) -> None:
         """Write this rank's part of a checkpoint into ``directory`` (shared by all ranks):
-        ``dcp/actor`` and ``dcp/critic`` (sharded, any-rank-count loadable), and from rank 0
+        ``dcp/actor`` and ``dcp/critic`` (sharded, any-rank-count loadable; trainable weights only),
+        with ``optimizer`` their AdamW states in ``dcp/actor_optim`` and ``dcp/critic_optim``, and from rank 0
         ``model/`` (the policy as a Hugging Face folder, LoRA merged), ``adapter/`` (with LoRA: the
         PEFT adapter folder) and ``trainer_state.pt``."""
         d = Path(directory)
-        state = {"actor": self.actor.save(str(d / "dcp" / "actor"))}
+        state = {"actor": self.actor.save(str(d / "dcp" / "actor"), optimizer)}
         if self.critic is not None:
-            state["critic"] = self.critic.save(str(d / "dcp" / "critic"))
+            state["critic"] = self.critic.save(str(d / "dcp" / "critic"), optimizer)
         full = self.actor.hf_state_dict()
         adapter = adapter_state_dict(self.actor.model, full_tensor) if has_lora(self.actor.model) else None
         if self.parallel.rank == 0:
@@ -103,14 +104,21 @@ class TrainWorker:
             torch.save(state, d / "trainer_state.pt")
         self.parallel.barrier()
 
-    def load(self, directory: str) -> None:
+    def load(self, directory: str) -> list[str]:
+        """Inverse of :meth:`save`. Returns the models whose optimizer state the checkpoint does not
+        hold (``["actor"]``: AdamW's moments restart from zero).
+
+        Raises:
+            ValueError: a critic run from a checkpoint without a critic."""
         d = Path(directory)
         state = torch.load(d / "trainer_state.pt", map_location="cpu", weights_only=True)
-        self.actor.load(str(d / "dcp" / "actor"), state["actor"])
+        without = [] if self.actor.load(str(d / "dcp" / "actor"), state["actor"]) else ["actor"]
         if self.critic is not None:
             if "critic" not in state:
                 raise ValueError(f"{d}: the checkpoint has no critic (it was not a gae run)")
-            self.critic.load(str(d / "dcp" / "critic"), state["critic"])
+            if not self.critic.load(str(d / "dcp" / "critic"), state["critic"]):
+                without.append("critic")
+        return without
 
     def describe(self) -> dict[str, Any]:
         info = {"rank": self.parallel.rank, "device": str(self.device)}

@@ -89,6 +89,20 @@ def atomic_write_text(path: Path, text: str) -> None:
 LOCK_FILE = ".reinforge.lock"
 
 
+_HELD: set[Path] = set()  # directories whose lock this process holds
+
+
+def held_by_another(directory: Path) -> bool:
+    """Whether another live process holds ``directory``'s lock (:func:`lock_directory`)."""
+    if Path(directory).resolve() in _HELD:
+        return False
+    try:
+        check_not_locked(directory)
+    except DirectoryLocked:
+        return True
+    return False
+
+
 class DirectoryLocked(RuntimeError):
     """Another live process holds the run directory's lock; the message names its pid."""
 
@@ -134,6 +148,10 @@ def lock_directory(directory: Path, what: str = "run.output_dir", create: bool =
         import sys
 
         os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
-        yield path
+        _HELD.add(directory.resolve())
+        try:
+            yield path
+        finally:
+            _HELD.discard(directory.resolve())
     finally:
         os.close(fd)  # releases the lock

@@ -68,8 +68,17 @@ class MetricsLogger:
                                       name=out_dir.name, dir=str(out_dir), config=config, mode=mode)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self._file.flush()
+        """Append one row (and the same scalars to TensorBoard / W&B).
+
+        Raises:
+            DiskFullError: the disk is full (the row was not written; the file keeps its whole rows).
+        """
+        row = json.dumps({"step": step, "time": time.time(), **metrics}) + "\n"
+        try:
+            self._file.write(row)
+            self._file.flush()
+        except OSError as e:
+            self._disk_full(e, step)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         if self._tb is not None:
             for k, v in scalars.items():
@@ -78,8 +87,31 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
 
+    def _disk_full(self, e: OSError, step: int) -> None:
+        import errno
+
+        from ..checkpoint import DiskFullError
+
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise e
+        try:  # drop what was buffered, and cut the file back to its last whole row
+            self._file.close()
+        except OSError:
+            pass
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            f.truncate(data.rfind(b"\n") + 1)
+        self._file = self.path.open("a")
+        raise DiskFullError(errno.ENOSPC, f"disk full: the metrics of step {step} could not be appended to {self.path} "
+                                          f"(the rows before it are intact). Free space or move run.output_dir to a "
+                                          f"larger disk, then resume with --load {self.path.parent} (or "
+                                          f"run.recover=auto)") from e
+
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # a full disk: the buffered row is lost, the file keeps its whole rows
+            pass
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
