@@ -272,6 +272,10 @@ class AgentConfig(Section):
     name = "agent"
     tools: list[str] = opt([], "tools the model may call: registered names (`calculator`, `python`) or "
                            "`module:function` paths of plain functions with type hints and a Google-style docstring")
+    mcp_servers: list[dict[str, Any]] = opt(
+        [], "MCP servers (stdio) whose tools the model may call beside `tools`: a list of `{name, command, args, env, "
+        "cwd, tools, prefix, startup_timeout, max_restarts}` ([agents.md](agents.md#mcp-tools)); your own trusted "
+        "processes, not sandboxed")
     tool_call_format: str = opt("hermes", "how calls are written: `hermes` (`<tool_call>{json}</tool_call>`, Qwen), "
                                 "`llama3_json`", choices=TOOL_CALL_FORMATS)
     max_turns: int = opt(4, "model turns (generations) per sample at most; the last one may not call a tool", ge=1)
@@ -308,6 +312,14 @@ class AgentConfig(Section):
                                   f"(or write 'package.module:function')")
         if not self.tool_role.strip():
             raise ConfigError("agent.tool_role must be `auto` or a role name")
+        if self.mcp_servers:
+            from ..tools.mcp import parse_server_specs, require_sdk
+
+            try:
+                parse_server_specs(self.mcp_servers)
+                require_sdk()
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 @dataclass

@@ -3,7 +3,8 @@
 A tool is a plain Python function (sync or ``async``) with type hints and a Google-style
 docstring; its JSON schema is derived from them (:mod:`reinforge.tools.schema`). The config
 names tools in ``agent.tools``, either by a name registered in :data:`TOOLS` (the built-ins:
-``calculator``, ``python``) or by a ``module:function`` path.
+``calculator``, ``python``) or by a ``module:function`` path; ``agent.mcp_servers`` adds the tools
+of MCP servers (:mod:`reinforge.tools.mcp`).
 
 :meth:`ToolSet.call` never raises for anything the model or the tool does: an unknown tool, bad
 arguments, an exception, a call past ``agent.tool_timeout``, a sandboxed program that tries the
@@ -37,6 +38,7 @@ TOOLS.register("python", "reinforge.tools.builtin:make_python", factory=True)
 PARSE, UNKNOWN_TOOL, BAD_ARGUMENTS = "parse", "unknown_tool", "bad_arguments"
 EXCEPTION, TIMEOUT = "exception", "timeout"
 SANDBOX_FAILURE = "sandbox"  # the sandbox itself failed (infrastructure, not the model's doing)
+MCP_SERVER = "mcp_server"  # an MCP server stopped, hangs or is down (infrastructure, not the model's doing)
 
 
 class ToolError(Exception):
@@ -75,11 +77,17 @@ class ToolResult:
 
 @dataclass
 class Tool:
-    """A callable with its function-calling schema (``{"type": "function", "function": {...}}``)."""
+    """A callable with its function-calling schema (``{"type": "function", "function": {...}}``).
+
+    ``resource``: what the tool needs running (the MCP servers of :mod:`reinforge.tools.mcp`), an
+    object with ``start()`` and ``close()``, shared by several tools; the :class:`ToolSet` that takes
+    the tool starts it and closes it with itself.
+    """
 
     name: str
     fn: Callable[..., Any]
     schema: dict[str, Any]
+    resource: Any = None
 
     @classmethod
     def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> "Tool":
@@ -89,11 +97,15 @@ class Tool:
 
 
 def load_tools(names: list[str], agent: "AgentConfig | None" = None) -> list[Tool]:
-    """The tools of ``agent.tools``: registered names or ``module:function`` paths.
+    """The tools of ``agent.tools``: registered names or ``module:function`` paths; then, when
+    ``agent`` is given, those of its ``mcp_servers`` (each server started once to read its tool
+    list; the servers the tools call start when a :class:`ToolSet` takes them).
 
     Raises:
         ValueError: an unknown name, a path that does not import, two tools with one name, or a
-            function without a usable schema (the message names ``agent.tools``).
+            function without a usable schema (the message names ``agent.tools``); an MCP server
+            that does not start or whose tools clash (``MCPStartError``, naming
+            ``agent.mcp_servers[i]``).
     """
     tools: list[Tool] = []
     for i, spec in enumerate(names):
@@ -115,6 +127,10 @@ def load_tools(names: list[str], agent: "AgentConfig | None" = None) -> list[Too
         if any(t.name == tool.name for t in tools):
             raise ValueError(f"{key}={spec!r}: a tool named {tool.name!r} is already loaded")
         tools.append(tool)
+    if agent is not None and getattr(agent, "mcp_servers", None):
+        from .mcp import load_mcp_tools
+
+        tools += load_mcp_tools(agent, {t.name: f"agent.tools[{i}]" for i, t in enumerate(tools)})
     return tools
 
 
@@ -126,11 +142,25 @@ class ToolSet:
     stop a thread); ``async`` tools are cancelled (the ``python`` tool kills its process). A tool
     function with the attribute ``self_timed = True`` bounds its own time (the ``python`` tool:
     waiting for a sandbox slot is not the model's time) and is not cut at ``timeout``.
+
+    The tools' resources (``Tool.resource``: MCP servers) start here and stop at :meth:`close`.
+
+    Raises:
+        Exception: what a resource's ``start()`` raises (e.g. ``MCPStartError``); those already
+            started are closed again.
     """
 
     def __init__(self, tools: list[Tool], timeout: float = 10.0, max_workers: int = 8):
         self.tools = {t.name: t for t in tools}
         self.timeout = timeout
+        self._resources: list[Any] = []
+        for r in {id(t.resource): t.resource for t in tools if t.resource is not None}.values():
+            try:
+                r.start()
+            except BaseException:
+                self.close()
+                raise
+            self._resources.append(r)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
 
     @classmethod
@@ -171,7 +201,12 @@ class ToolSet:
                           time.perf_counter() - start)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the tools' resources (MCP servers) and the thread pool; safe to call twice."""
+        resources, self._resources = self._resources, []
+        for r in resources:
+            r.close()
+        if hasattr(self, "_pool"):
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _to_text(value: Any) -> str:
