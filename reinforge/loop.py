@@ -105,7 +105,9 @@ class RLLoop:
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)
-        self.train_data, self.eval_data = load_datasets(cfg.data, self.tokenizer, tools.schemas, tools.system_text)
+        self.train_data, self.eval_data = load_datasets(  # (a custom rollout may score samples itself)
+            cfg.data, self.tokenizer, tools.schemas, tools.system_text,
+            reward=None if r.rollout_function_path or r.custom_generate_function_path else cfg.reward)
         self.start_rollout = 0
         self.weight_version = 0
         self.data_digest = prompts_digest(self.train_data.prompts)

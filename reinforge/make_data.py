@@ -46,11 +46,15 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
     Raises:
         ValueError: unknown ``kind``.
     """
+    The engine's KV cache holds one chunk of work (at most ``batch_prompts`` prompts x
+    ``rollout.n_samples_per_prompt`` sequences), not ``engine.max_num_seqs``.
+
     if kind not in KINDS:
         raise ValueError(f"make-data: kind must be one of {KINDS}, got {kind!r}")
+        DataError: unreadable prompt data, or prompts ``reward.type`` cannot score (pairs, kto).
     path = resolve_model_path(cfg.model.path)
     tok = load_tokenizer(path)
-    train, _ = load_datasets(cfg.data, tok)
+    train, _ = load_datasets(cfg.data, tok, reward=cfg.reward if kind in ("pairs", "kto") else None)
     prompts = train.prompts[:num_prompts]
     system = cfg.data.system_prompt
     out = Path(out)
@@ -68,8 +72,8 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
 
     r = cfg.rollout
     max_len = train.max_prompt_tokens + r.rollout_max_response_len
-    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), max_len,
-                                      max_seqs=batch_prompts * r.n_samples_per_prompt))
+    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), max_len,  # KV cache for
+                                      max_seqs=min(batch_prompts, len(prompts)) * r.n_samples_per_prompt))  # the work
     reward = RewardManager(cfg.reward, pad_id=tok.pad_token_id or 0)
     ctx = RolloutContext(cfg, engine, tok, reward, model_stop_token_ids(tok, str(path), r.rollout_stop_token_ids))
     thr = cfg.reward.correct_threshold

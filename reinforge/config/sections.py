@@ -74,10 +74,12 @@ class DataConfig(Section):
                            "`reasoning_gym:<task>`, or a `.jsonl` / `.json` / `.parquet` file or saved `datasets` "
                            "folder of prompts, slime's or verl's layout ([data.md](data.md)) (slime's `--prompt-data`)")
     task_kwargs: dict[str, Any] = opt({}, "keyword arguments of `reasoning_gym.create_dataset` "
-                                      "(e.g. `{min_terms: 2, max_digits: 2}`)")
+                                      "(e.g. `{min_terms: 2, max_digits: 2}`); ignored, with a warning, for a file")
     num_prompts: int = opt(10000, "number of problems generated for a reasoning-gym training source", ge=1)
-    eval_prompt_data: str | None = opt(None, "held-out prompts; `null`: the training task with `eval_seed` "
-                                       "(reasoning-gym) or no eval (jsonl)")
+    eval_prompt_data: str | None = opt(None, "held-out prompts (a task or a file, as `prompt_data`); `null`: the "
+                                       "training task with `eval_seed` (reasoning-gym), or `n_eval_prompts` rows of "
+                                       "the `prompt_data` file drawn with `eval_seed` and left out of training (when "
+                                       "it has at least twice as many; else no eval, with a warning)")
     n_eval_prompts: int = opt(64, "held-out prompts evaluated (0 disables evaluation)", ge=0)
     eval_seed: int = opt(1_000_003, "seed of the held-out reasoning-gym problems (differs from `seed`)")
     input_key: str = opt("prompt", "key of the prompt (a string or a list of chat messages); keys may be dotted "

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .files import DataError
 from .sources import PromptRecord, is_reasoning_gym, load_source
 
 if TYPE_CHECKING:
-    from ..config import DataConfig
+    from ..config import DataConfig, RewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,21 +127,83 @@ class PromptDataset:
 
 
 def load_datasets(d: "DataConfig", tokenizer: Any, tools: list[dict[str, Any]] | None = None,
-                  tools_text: str | None = None) -> tuple[PromptDataset, PromptDataset | None]:
+                  tools_text: str | None = None, reward: "RewardConfig | None" = None,
+                  ) -> tuple[PromptDataset, PromptDataset | None]:
     """The training prompts and the held-out prompts (None when there are none) of the ``data``
-    section: a reasoning-gym task's held-out split is drawn with ``eval_seed``. ``tools`` /
-    ``tools_text`` present the agent's tools in every prompt (:func:`render_prompt`)."""
+    section. Held-out prompts come from ``data.eval_prompt_data`` when set; otherwise a
+    reasoning-gym task's held-out split is drawn with ``eval_seed``, and a file gives
+    ``n_eval_prompts`` of its rows (drawn with ``eval_seed``, logged, left out of training) when it
+    has at least twice as many; a smaller file gets no evaluation, with a warning saying why.
+    ``tools`` / ``tools_text`` present the agent's tools in every prompt (:func:`render_prompt`).
+    With ``reward`` (the ``reward`` section), prompts the reward cannot score are refused.
+
+    Raises:
+        DataError: unreadable data (:func:`~reinforge.data.sources.load_source`), or prompts that
+            ``reward.type`` cannot score (reasoning-gym scorer without reasoning-gym prompts, a
+            label-comparing reward without labels).
+        ValueError: no prompt fits ``data.rollout_max_prompt_len``.
+    """
     common = dict(apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt,
                   max_prompt_len=d.rollout_max_prompt_len, tools=tools, tools_text=tools_text)
     records = load_source(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
                           size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
+    eval_records, eval_source = None, d.eval_prompt_data
+    if d.n_eval_prompts > 0 and eval_source is None and not is_reasoning_gym(d.prompt_data):
+        records, eval_records = hold_out(records, d.n_eval_prompts, d.eval_seed, d.prompt_data)
+        eval_source = f"{d.prompt_data} (held out)" if eval_records else None
+    check_reward_fits(reward, records, d.prompt_data, d.label_key)
     train = PromptDataset(records, tokenizer, shuffle=d.rollout_shuffle, seed=d.seed, name=d.prompt_data, **common)
-    eval_source = d.eval_prompt_data or (d.prompt_data if is_reasoning_gym(d.prompt_data) else None)
+    if eval_records is None and d.n_eval_prompts > 0:
+        eval_source = eval_source or (d.prompt_data if is_reasoning_gym(d.prompt_data) else None)
+        if eval_source:
+            kwargs = d.task_kwargs if is_reasoning_gym(eval_source) else None
+            eval_records = load_source(eval_source, input_key=d.input_key, label_key=d.label_key,
+                                       metadata_key=d.metadata_key, size=d.n_eval_prompts, seed=d.eval_seed,
+                                       task_kwargs=kwargs)[: d.n_eval_prompts]
     evalset = None
-    if eval_source and d.n_eval_prompts > 0:
-        kwargs = d.task_kwargs if is_reasoning_gym(eval_source) else None
-        records = load_source(eval_source, input_key=d.input_key, label_key=d.label_key,
-                              metadata_key=d.metadata_key, size=d.n_eval_prompts, seed=d.eval_seed,
-                              task_kwargs=kwargs)[: d.n_eval_prompts]
-        evalset = PromptDataset(records, tokenizer, shuffle=False, name=eval_source, **common)
+    if eval_records:
+        check_reward_fits(reward, eval_records, eval_source, d.label_key)
+        evalset = PromptDataset(eval_records, tokenizer, shuffle=False, name=eval_source, **common)
     return train, evalset
+
+
+def hold_out(records: list[PromptRecord], n: int, seed: int, source: str
+             ) -> tuple[list[PromptRecord], list[PromptRecord] | None]:
+    """``(training rows, n held-out rows)`` of a prompt file: ``n`` rows drawn with ``seed``, in file
+    order, when the file has at least ``2 n`` rows; else ``(records, None)`` with a warning."""
+    if len(records) < 2 * n:
+        log.warning("no evaluation: %s has %d prompts, too few to hold out data.n_eval_prompts=%d of them (at most "
+                    "half are); set data.eval_prompt_data to a file of held-out prompts, or data.n_eval_prompts to "
+                    "at most %d (0: no evaluation, no warning)", source, len(records), n, len(records) // 2)
+        return records, None
+    held = set(np.random.default_rng(seed).choice(len(records), n, replace=False).tolist())
+    log.info("%s: %d of its %d prompts held out for evaluation (drawn with data.eval_seed=%d; left out of training). "
+             "data.eval_prompt_data=FILE evaluates on another file instead, data.n_eval_prompts=0 keeps them all "
+             "for training", source, n, len(records), seed)
+    return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
+
+
+def check_reward_fits(reward: "RewardConfig | None", records: list[PromptRecord], source: str | None,
+                      label_key: str | None) -> None:
+    """Refuse prompts that ``reward.type`` cannot score (every sample would score 0).
+
+    Raises:
+        DataError: ``reasoning_gym`` with prompts that do not come from a reasoning-gym task, or
+            ``math`` / ``exact_match`` / ``auto`` (on non-reasoning-gym prompts) with no label at all.
+    """
+    if reward is None or reward.function_path or reward.type in ("custom", "model"):
+        return
+    gym = sum(bool(r.metadata.get("reasoning_gym")) for r in records)
+    if reward.type == "reasoning_gym" and gym < len(records):
+        raise DataError(f"reward.type=reasoning_gym scores with a reasoning-gym task's own scorer, but "
+                        f"{len(records) - gym} of the {len(records)} prompts of {source} do not come from a "
+                        f"reasoning-gym task (no metadata.reasoning_gym): every sample would score 0. Use "
+                        f"reward.type=auto (math-verify against each prompt's label), math or exact_match, or a "
+                        f"custom reward (reward.function_path)")
+    needs_label = [r for r in records if not (reward.type == "auto" and r.metadata.get("reasoning_gym"))]
+    if reward.type in ("math", "exact_match", "auto") and needs_label and all(r.label is None for r in needs_label):
+        how = "math-verify" if reward.type in ("math", "auto") else "exact match"
+        raise DataError(f"reward.type={reward.type} scores by comparing each response with the prompt's label "
+                        f"({how}), but no prompt of {source} has one (data.label_key={label_key}): every sample "
+                        f"would score 0. Set data.label_key to the reference answer's key, or use a custom reward "
+                        f"(reward.function_path) or a reward model (reward.type=model)")

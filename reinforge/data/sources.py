@@ -46,6 +46,9 @@ def load_source(
     """Records of a source: ``reasoning_gym:<task>`` (``size`` entries from ``seed``) or a data file /
     saved ``datasets`` folder (:func:`load_prompt_file`).
 
+    ``task_kwargs`` (and ``size`` / ``seed``) apply to reasoning-gym sources only; with a file,
+    ``task_kwargs`` is ignored with a warning.
+
     Raises:
         DataError: a malformed row (file and line or row in the message), a label key no row holds,
             an unknown reasoning-gym task or invalid task arguments.
@@ -53,8 +56,9 @@ def load_source(
     """
     if is_reasoning_gym(source):
         return load_reasoning_gym(source[len(REASONING_GYM_PREFIX):], size=size, seed=seed, **(task_kwargs or {}))
-    if task_kwargs:
-        raise DataError(f"data.task_kwargs is only for reasoning_gym sources, but prompt data is {source!r}")
+    if task_kwargs:  # an example config pointed at a file: say so, but do not make the user unset it
+        log.warning("data.task_kwargs=%s applies to reasoning_gym:<task> sources only: ignored for the file %s",
+                    task_kwargs, source)
     return load_prompt_file(source, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
 
 

@@ -270,7 +270,7 @@ class ModelTrainer:
 
     def _trainable(self, model_sd: dict[str, Any]) -> dict[str, Any]:
         """``model_sd`` without the frozen parameters (all of it when every parameter trains)."""
-        frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+        frozen = {n for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}  # tied too
         return {k: v for k, v in model_sd.items() if k not in frozen} if frozen else model_sd
 
     def load(self, directory: str, state: dict[str, Any]) -> bool:
