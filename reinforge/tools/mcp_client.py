@@ -128,10 +128,21 @@ class MCPServers:
         """
         server = self._index[index]
         loop = self.loop
+        gone = ToolError(f"{exposed} is unavailable: its MCP server {server.spec.name!r} is not running", MCP_SERVER)
         if loop is None or self._closed:
-            raise ToolError(f"{exposed} is unavailable: its MCP server {server.spec.name!r} is not running", MCP_SERVER)
+            raise gone
         future = asyncio.run_coroutine_threadsafe(server.call(tool, exposed, arguments), loop)
-        return await asyncio.wrap_future(future)
+        # every wait inside is bounded; this bound only guards against a loop stopped under the call
+        bound = server.spec.startup_timeout + 2 * STOP_GRACE + self.call_timeout
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), bound)
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise gone from None
+        except asyncio.CancelledError:
+            if self._closed and future.cancelled():  # closed during the call, not the caller cancelled
+                raise gone from None
+            raise
 
     def close(self) -> None:
         """Stop every server (stdin closed, then SIGTERM / SIGKILL to its process group by the SDK)
@@ -176,6 +187,7 @@ class _Server:
         self._error = ""
         self._runner: asyncio.Task[None] | None = None
         self._probing = False
+        self._closing = False
         self._stderr: _StderrTail | None = None
 
     # lifetime
@@ -191,6 +203,7 @@ class _Server:
             raise MCPStartError(f"{self.spec.label}: could not start `{self._command()}`: {self._error}")
 
     async def stop(self) -> None:
+        self._closing = True
         self.state = "closed"
         if self._stop is not None:
             self._stop.set()
@@ -211,12 +224,14 @@ class _Server:
                 reason = self._reason or "its connection closed"
             except Exception as e:  # noqa: BLE001 - any failure of the process or the session
                 reason = _describe(e, self.spec.startup_timeout)
-            if self.state == "closed":
+            if self._closing:
                 return
             came_up = came_up or self.state in ("up", "restarting")
-            reason += self._stderr_tail()
             if self._ready is None or self._ready.done():
-                self._ready = loop.create_future()
+                self._ready = loop.create_future()  # calls from now on wait for the restart
+            reason += await self._stderr_tail()
+            if self._closing:
+                return
             if not came_up:
                 self.state, self._error = "failed", reason
                 self._ready.set_result(None)
@@ -246,6 +261,8 @@ class _Server:
                 read = _EndWatch(read, lambda: self._died(stop, "its process exited (the connection closed)"))
                 async with ClientSession(read, write) as session:
                     await asyncio.wait_for(self._handshake(session), spec.startup_timeout)
+                    if self._closing:
+                        return
                     self.state = "up"
                     assert self._ready is not None
                     if self._ready.done():
@@ -344,8 +361,9 @@ class _Server:
     def _command(self) -> str:
         return " ".join([self.spec.command, *self.spec.args])
 
-    def _stderr_tail(self) -> str:
-        tail = self._stderr.tail() if self._stderr is not None else ""
+    async def _stderr_tail(self) -> str:
+        stderr = self._stderr
+        tail = await asyncio.get_running_loop().run_in_executor(None, stderr.tail) if stderr is not None else ""
         return f"; its stderr ended with:\n{tail}" if tail else ""
 
 
