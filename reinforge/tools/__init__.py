@@ -1,7 +1,8 @@
 """Tools for agent rollouts: plain functions with a JSON schema from their signature
 (``schema.py``), the registry and the safe call path (``toolset.py``), tool-call formats
-(``formats.py``), the built-ins (``builtin.py``: calculator, python) and the sandbox the python tool
-runs in (``sandbox.py``). See docs/agents.md."""
+(``formats.py``), the built-ins (``builtin.py``: calculator, python), the sandbox the python tool
+runs in (``sandbox.py``) and the tools of MCP servers (``mcp.py``, ``mcp_client.py``:
+``agent.mcp_servers``). See docs/agents.md."""
 
 from .formats import TOOL_CALL_FORMATS, ParsedMessage, ToolCallFormat, get_format
 from .schema import ToolArgumentError, check_arguments, function_schema
