@@ -43,15 +43,15 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
     """Write ``kind`` examples for up to ``num_prompts`` training prompts of ``data.prompt_data`` to ``out``
     (jsonl). Returns counts (prompts, examples written, prompts without a correct/incorrect mix).
 
-    Raises:
-        ValueError: unknown ``kind``.
-    """
     The engine's KV cache holds one chunk of work (at most ``batch_prompts`` prompts x
     ``rollout.n_samples_per_prompt`` sequences), not ``engine.max_num_seqs``.
 
+    Raises:
+        ValueError: unknown ``kind``.
+        DataError: unreadable prompt data, or prompts ``reward.type`` cannot score (pairs, kto).
+    """
     if kind not in KINDS:
         raise ValueError(f"make-data: kind must be one of {KINDS}, got {kind!r}")
-        DataError: unreadable prompt data, or prompts ``reward.type`` cannot score (pairs, kto).
     path = resolve_model_path(cfg.model.path)
     tok = load_tokenizer(path)
     train, _ = load_datasets(cfg.data, tok, reward=cfg.reward if kind in ("pairs", "kto") else None)
