@@ -275,3 +275,40 @@ def test_the_agent_calls_mcp_tools_and_counts_a_dead_server(tok):
     assert stats["agent/tool_calls"] == 4 and stats["agent/tool_errors"] == 2
     assert stats["agent/tool_errors/mcp_server"] == 1 and stats["agent/tool_errors/bad_arguments"] == 1
     assert "42" in tok.decode(sample.tokens) and sample.status.value == "completed"
+
+
+def mcp_children():
+    """Processes of tests/mcp_server.py that are children of this process."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if SERVER in cmd and ppid == os.getpid():
+            found.append(int(d.name))
+    return found
+
+
+def test_training_with_mcp_tools_end_to_end(tmp_path, tiny_model_path, monkeypatch):
+    from reinforge.loop import run_training
+    from reinforge.tools import TOOL_CALL_FORMATS
+    from reinforge.utils.registry import Entry
+    from tests.test_agent import AlwaysCall
+    from tests.test_integration import read_metrics, tiny_overrides
+
+    monkeypatch.setitem(TOOL_CALL_FORMATS._entries, "always_call", Entry("always_call", AlwaysCall))
+    out = tmp_path / "run"
+    entry = f"{{name: t, command: {sys.executable}, args: [{SERVER}], tools: [echo]}}"
+    result = run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
+        "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate", "agent.mcp_servers": f"[{entry}]",
+        "agent.tool_call_format": "always_call", "agent.max_turns": 3, "agent.max_turn_tokens": 6,
+        "agent.tool_output_max_tokens": 4, "rollout.rollout_max_response_len": 96, "reward.type": "custom",
+        "reward.function_path": "tests.reward_fns:even_first_token", "run.save_final": "false"})))
+    assert result.last_rollout_id == 1
+    rows = [m for m in read_metrics(out) if "train/loss" in m]
+    assert len(rows) == 2
+    for m in rows:  # every turn but the last calls echo on the MCP server, and every call succeeds
+        assert m["agent/turns"] == 3 and m["agent/tool_calls"] == 2 and m["agent/tool_errors"] == 0
+    assert wait_until(lambda: not mcp_children())  # the servers were stopped with the run
