@@ -203,13 +203,21 @@ def _config(args: argparse.Namespace) -> None:
         unknown = [x for x in args.section if x not in SECTIONS]
         if unknown:
             raise ConfigError(f"--section {', '.join(unknown)}: no such section; sections: {', '.join(SECTIONS)}")
-    from .config import config_dict
+    import dataclasses
 
     import yaml
+
+    from .config import config_dict
 
     d = config_dict(cfg, changed_only=args.changed)
     if args.section:
         d = {k: v for k, v in d.items() if k in args.section}
+        for name in (x for x in args.section if x not in d and not args.changed):  # left out: unread
+            print(f"# {name}: not read by this config (e.g. critic.* without algo.advantage_estimator=gae), so left "
+                  f"out of the resolved config; its values would be:")
+            print(yaml.safe_dump({name: dataclasses.asdict(getattr(cfg, name))}, sort_keys=False), end="")
+        if not d:
+            return
     print(yaml.safe_dump(d, sort_keys=False) if d else "{}", end="" if d else "\n")
 
 
@@ -265,20 +273,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="evaluate a model on held-out prompts", epilog=epilog, formatter_class=fmt)
     e.add_argument("--model", help="HF folder, checkpoint model/ folder or known model name")
-    e.add_argument("--data", help="a .jsonl file or reasoning_gym:<task>")
+    e.add_argument("--data", help="reasoning_gym:<task>, or a .jsonl / .json / .parquet file or saved `datasets` "
+                                  "folder of prompts (docs/data.md); default: the config's held-out prompts")
     e.add_argument("--config", "-c", help="YAML config (eval settings, task kwargs)")
     e.add_argument("--output-dir", help="where to write eval results (default run.output_dir)")
     e.add_argument("overrides", nargs="*")
     e.set_defaults(func=_eval)
 
     g = sub.add_parser("generate", help="sample completions for one prompt")
-    g.add_argument("--model")
-    g.add_argument("--config", "-c")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--system")
-    g.add_argument("--n", type=int, default=1)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--model", help="HF folder, checkpoint model/ folder, known model name or cached hub id "
+                                    "(default: the config's model.path)")
+    g.add_argument("--config", "-c", help="YAML config (model, engine, data.apply_chat_template / system_prompt)")
+    g.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
+    g.add_argument("--system", help="system message (default: data.system_prompt)")
+    g.add_argument("--n", type=int, default=1, help="completions to sample (default: %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per completion at most (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: %(default)s)")
     g.set_defaults(func=_generate)
 
     m = sub.add_parser("models", help="list or pull known models")

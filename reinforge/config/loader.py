@@ -54,13 +54,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
+        if len(errors) == 1:  # `X | None`: X's own message (a Literal's allowed values), or null
+            raise ConfigError(f"{errors[0]} (or null)")
         raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if isinstance(value, bool) and ("on" if value else "off") in choices:
             value = "on" if value else "off"  # YAML 1.1 reads `off` / `on` as booleans
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+            import difflib
+
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}{hint}")
         return value
     if origin is list:
         if not isinstance(value, (list, tuple)):

@@ -36,10 +36,14 @@ def parse_jsonl_line(line: str, where: str) -> dict[str, Any]:
     Raises:
         DataError: not valid JSON, or not an object (the message starts with ``where``, e.g. ``file:line``).
     """
+    text = line.rstrip("\r\n")
     try:
-        obj = json.loads(line)
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if e.pos >= len(text.rstrip()):  # json counts the line's end as a new line: say where it really is
+            raise DataError(f"{where}: not valid JSON ({e.msg} at the end of the line, column {len(text) + 1}: the "
+                            f"object is not closed; jsonl holds one whole JSON object per line)") from None
+        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.pos + 1})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj

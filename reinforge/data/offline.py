@@ -227,7 +227,11 @@ def build_examples(rows: list[Row], name: str, tok: Tokenizer, o: "OfflineConfig
             log.warning("%s: %s: %d examples (offline.max_length=%d, truncation=%s)", name, k, v, o.max_length,
                         o.truncation)
     if not out:
-        raise DataError(f"{name}: no usable example (see the counts above: raise offline.max_length?)")
+        if not rows:
+            raise DataError(f"{name}: no rows (an empty file?): offline data needs at least one example")
+        why = ("raise offline.max_length, or offline.truncation" if counts.get("dropped_too_long") else
+               "see the counts above")
+        raise DataError(f"{name}: none of its {len(rows)} rows is a usable example ({why})")
     return OfflineDataset(out, counts, formats)
 
 

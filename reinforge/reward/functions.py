@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from ..records import Sample
@@ -37,6 +38,8 @@ def math_reward(sample: Sample, extraction: str = "none") -> float:
     """
     from math_verify import parse, verify
 
+    _quiet_math_verify()
+
     label = label_text(sample, "math")
     text = sample.response if extraction == "none" else (extract_answer(sample.response, extraction) or "")
     gold = parse(_as_math(label), parsing_timeout=None)
@@ -59,6 +62,19 @@ def label_text(sample: Sample, reward: str) -> str:
         raise TypeError(f"the {reward} reward needs a string or number label (data.label_key), got "
                         f"{type(label).__name__} {label!r:.80}")
     return str(label)
+
+
+class _NoTimeoutWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+@functools.lru_cache(maxsize=None)
+def _quiet_math_verify() -> None:
+    """Drop math-verify's "Timeout is disabled" warning (up to one per concurrent first call, 22 per
+    eval): its signal timeouts are off on purpose, ``reward.timeout`` bounds each call instead."""
+    for name in ("math_verify.grader", "math_verify.parser"):
+        logging.getLogger(name).addFilter(_NoTimeoutWarning())
 
 
 def _as_math(label: str) -> str:
