@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     md = sub.add_parser("make-data", help="build offline data from data.prompt_data with the policy: preference "
                                           "pairs, KTO examples, or SFT targets from reference answers")
-    md.add_argument("kind", choices=["pairs", "kto", "sft"])
+    md.add_argument("kind", choices=["pairs", "kto", "sft", "tool-sft"],
+                    help="tool-sft: tool-use conversations (call, tool output, answer) written from the task's data")
     md.add_argument("--config", "-c", help="YAML config (model, data, rollout sampling, reward)")
     md.add_argument("--out", required=True, help="output .jsonl")
     md.add_argument("--num-prompts", type=int, default=1000)

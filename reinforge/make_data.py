@@ -5,7 +5,10 @@
   with an incorrect one of the same prompt (preference data for RM / DPO / IPO / CPO / SimPO / ORPO);
 * ``kto``: every scored completion with ``label`` = correct (unpaired data for KTO);
 * ``sft``: the prompt with the task's reference answer written in the answer format
-  (``--answer-format``, e.g. ``<answer>{answer}</answer>``), no sampling (SFT data).
+  (``--answer-format``, e.g. ``<answer>{answer}</answer>``), no sampling (SFT data);
+* ``tool-sft``: a tool-use conversation (call the tool, read its output, answer) written by the
+  program from the task's expression and answer (:mod:`reinforge.tool_traces`), for SFT before
+  agentic RL.
 
 Prompts are written as chat messages (with ``data.system_prompt`` when set), so the files are
 self-contained. Everything runs offline on the configured engine (CPU or GPU).
@@ -28,7 +31,7 @@ from .utils.device import resolve_device
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pairs", "kto", "sft")
+KINDS = ("pairs", "kto", "sft", "tool-sft")
 
 
 def _messages(prompt: str | list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
@@ -60,6 +63,16 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts = {"prompts": float(len(prompts)), "examples": 0.0, "prompts_without_pair": 0.0}
+    if kind == "tool-sft":
+        from .tool_traces import tool_trace
+
+        with out.open("w") as f:
+            for p in prompts:
+                msgs = tool_trace(cfg, tok, p, answer_format)
+                if msgs is not None:
+                    f.write(json.dumps({"messages": msgs}) + "\n")
+                    counts["examples"] += 1
+        return counts
     if kind == "sft":
         with out.open("w") as f:
             for p in prompts:

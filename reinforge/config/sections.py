@@ -20,6 +20,7 @@ LOSS_AGG_MODES = registered("reinforge.algo.losses:LOSS_AGG_MODES")
 BACKENDS = registered("reinforge.rollout.backends:BACKENDS")
 OFFLINE_METHODS = registered("reinforge.algo.preference:OFFLINE_METHODS")
 TOOL_CALL_FORMATS = registered("reinforge.tools.formats:TOOL_CALL_FORMATS")
+ENVIRONMENTS = registered("reinforge.envs.base:ENVIRONMENTS")
 TOOLS = registered("reinforge.tools.toolset:TOOLS")
 
 
@@ -272,6 +273,13 @@ class AgentConfig(Section):
     (`eval.eval_max_response_len` in evaluation)."""
 
     name = "agent"
+    environment: str = opt("tools", "the episode's environment: a registered name (`tools`: the model calls "
+                           "`agent.tools` until it answers without a call) or a `module:Class` path of a "
+                           "`reinforge.envs.Environment` subclass ([agents.md](agents.md#environments))")
+    environment_kwargs: dict[str, Any] = opt({}, "keyword settings of the environment (its docstring lists them)")
+    env_timeout: float = opt(60.0, "seconds an environment's `reset`, `step`, `reward` or `close` may take; past "
+                             "it, or when it raises, the sample is an infrastructure failure (left out of the "
+                             "statistics, never scored 0)", gt=0)
     tools: list[str] = opt([], "tools the model may call: registered names (`calculator`, `python`) or "
                            "`module:function` paths of plain functions with type hints and a Google-style docstring")
     mcp_servers: list[dict[str, Any]] = opt(
@@ -322,6 +330,11 @@ class AgentConfig(Section):
                 require_sdk()
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        if ":" in self.environment:
+            _check_function_path("agent.environment", self.environment)
+        elif self.environment not in ENVIRONMENTS():
+            raise ConfigError(f"agent.environment: unknown environment {self.environment!r}; registered: "
+                              f"{', '.join(ENVIRONMENTS())} (or write 'package.module:Class')")
 
 
 @dataclass

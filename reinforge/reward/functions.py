@@ -24,7 +24,7 @@ def reasoning_gym_reward(sample: Sample, extraction: str = "tag_or_last_number")
         KeyError: the sample did not come from a reasoning-gym source.
     """
     info = sample.metadata["reasoning_gym"]
-    answer = extract_answer(sample.response, extraction)
+    answer = extract_answer(answer_text(sample), extraction)
     return float(_rg_scorer(info["task"])(answer, info["entry"]))
 
 
@@ -41,10 +41,18 @@ def math_reward(sample: Sample, extraction: str = "none") -> float:
     _quiet_math_verify()
 
     label = label_text(sample, "math")
-    text = sample.response if extraction == "none" else (extract_answer(sample.response, extraction) or "")
+    text = answer_text(sample)
+    text = text if extraction == "none" else (extract_answer(text, extraction) or "")
     gold = parse(_as_math(label), parsing_timeout=None)
     pred = parse(text, parsing_timeout=None)
     return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+
+
+def answer_text(sample: Sample) -> str:
+    """The text a built-in reward reads: the response, or for a multi-turn (agent) sample its final
+    answer only (``metadata["final_answer"]``: the last turn when it made no tool call, else empty),
+    so that a number a tool printed is never taken for the model's answer."""
+    return sample.metadata.get("final_answer", sample.response)
 
 
 def label_text(sample: Sample, reward: str) -> str:
@@ -88,5 +96,5 @@ def _normalise(s: Any) -> str:
 def exact_match_reward(sample: Sample, extraction: str = "tag_or_last_number") -> float:
     """1.0 when the extracted answer equals the label after whitespace/case normalisation."""
     label = label_text(sample, "exact_match")
-    answer = extract_answer(sample.response, extraction)
+    answer = extract_answer(answer_text(sample), extraction)
     return 1.0 if answer is not None and _normalise(answer) == _normalise(label) else 0.0

@@ -25,8 +25,12 @@ Per-sample numbers go to ``sample.metadata["rollout_stats"]`` (averaged into the
 metrics): ``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors`` (and
 ``agent/tool_errors/<kind>``), ``agent/tool_time`` (seconds), ``agent/tool_tokens`` (masked
 response tokens), ``agent/final_answer`` (1 when the last turn made no call),
-``agent/infra_failures``, and the environment's ``env/<key>`` numbers. The calls are listed in
-``sample.metadata["tool_calls"]``, the turns' rewards in ``sample.metadata["turn_rewards"]``.
+``agent/infra_failures``, ``agent/well_formed_call`` (1 when the sample called a tool and every
+call of it parsed), and the environment's ``env/<key>`` numbers. The calls are listed in
+``sample.metadata["tool_calls"]``, the turns' rewards in ``sample.metadata["turn_rewards"]``, and
+the final answer (the last turn's text when it made no call, else empty) in
+``sample.metadata["final_answer"]``: the built-in rewards read that, not the whole response, so a
+number a tool printed is never taken for the model's answer.
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)  # per turn
     final_reward: float | None = None
+    final_answer: str = ""  # the last turn's text when it made no call (what built-in rewards read)
     calls: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=lambda: {
         "agent/turns": 0, "agent/tool_calls": 0, "agent/tool_errors": 0, "agent/tool_time": 0.0,
@@ -181,6 +186,9 @@ class Agent:
         elif given:
             sample.reward = float(sum(given))
         sample.metadata["turn_rewards"] = ep.rewards
+        sample.metadata["final_answer"] = ep.final_answer
+        ep.stats["agent/well_formed_call"] = float(ep.stats["agent/tool_calls"] > 0
+                                                   and not ep.stats.get("agent/tool_errors/parse"))
         sample.metadata[STATS_KEY] = {k: float(v) for k, v in ep.stats.items()}
         sample.metadata["tool_calls"] = ep.calls
         return sample
@@ -217,6 +225,7 @@ class Agent:
             self._count(ep, step)
             if step.done:
                 ep.stats["agent/final_answer"] = float(parsed.is_final)
+                ep.final_answer = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if parsed.is_final else ""
                 return finished, version
             if len(ep.mask) >= budget:
                 return Status.TRUNCATED, version

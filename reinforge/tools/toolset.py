@@ -69,10 +69,12 @@ class ToolResult:
     output: str
     error: str | None = None
     seconds: float = 0.0
+    arguments: Any = None  # the call's arguments as the model wrote them (None for a call that did not parse)
 
     @classmethod
-    def failure(cls, name: str | None, kind: str, message: str, seconds: float = 0.0) -> "ToolResult":
-        return cls(name, f"Error: {message}", kind, seconds)
+    def failure(cls, name: str | None, kind: str, message: str, seconds: float = 0.0,
+                arguments: Any = None) -> "ToolResult":
+        return cls(name, f"Error: {message}", kind, seconds, arguments)
 
 
 @dataclass
@@ -172,7 +174,13 @@ class ToolSet:
         return [t.schema for t in self.tools.values()]
 
     async def call(self, call: ToolCall) -> ToolResult:
-        """Run one call; never raises (failures are results with ``error`` set)."""
+        """Run one call; never raises (failures are results with ``error`` set); the result carries
+        the call's ``arguments``."""
+        result = await self._call(call)
+        result.arguments = call.arguments
+        return result
+
+    async def _call(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(self.tools) or "none"
