@@ -49,18 +49,13 @@ import numpy as np
 import torch
 
 from .utils import faults
-from .utils.fs import atomic_directory, atomic_write_text, held_by_another
+from .utils.fs import DiskFullError, atomic_directory, atomic_write_text, held_by_another  # noqa: F401 (DiskFullError)
 
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
 OPTIM_SUFFIX = "_optim"  # dcp/actor_optim: the optimizer state of dcp/actor
-
-
-class DiskFullError(OSError):
-    """A checkpoint could not be written because its filesystem is full (``errno.ENOSPC``); the
-    message names the checkpoint that was not written and the newest intact one."""
 
 
 class CheckpointError(ValueError):

@@ -597,15 +597,11 @@ class RunConfig(Section):
                           "eval_table.txt, checkpoints/")
     save_interval: int | None = opt(None, "rollouts (offline: optimizer steps) between checkpoints", ge=1)
     save_final: bool = opt(True, "checkpoint after the last rollout")
-    keep_last_n_checkpoints: int | None = opt(2, "after each save keep this many checkpoints: the new one and the "
-                                              "newest intact older ones; older and damaged ones are deleted "
-                                              "(`null` keeps all)", ge=1)
+    keep_last_n_checkpoints: int | None = opt(2, "keep the new checkpoint and the newest intact older ones, this many in "
+                                              "all; delete older and damaged ones (`null` keeps all)", ge=1)
     save_optimizer: Literal["all", "newest", "none"] = opt(
-        "newest", "the optimizer state (AdamW's two moments: 8 bytes per trained parameter, twice the fp32 weights) in "
-        "checkpoints, like slime's / Megatron's `--no-save-optim` and TRL's `save_only_model`: `all` keeps it in every "
-        "checkpoint; `newest` only in the newest (older checkpoints lose it once a newer one is complete); `none` "
-        "writes weights only. A resume from a checkpoint without it is not exact (the moments restart from zero) "
-        "and says so. With LoRA only the adapters and their optimizer state are in `dcp/`")
+        "newest", "AdamW's state (8 bytes per trained parameter) in checkpoints (slime's `--no-save-optim`, TRL's "
+        "`save_only_model`): in `all`, in the `newest` only, or `none`; a resume without it says it is not exact")
     load: str | None = opt(None, "resume from a checkpoint, a `checkpoints/` directory or a run directory "
                            "(`--load` on the CLI)")
     overwrite: bool = opt(False, "`reinforge train` / `offline` refuse an `output_dir` that already holds a run "

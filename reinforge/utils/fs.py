@@ -86,6 +86,12 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+class DiskFullError(OSError):
+    """A checkpoint or a metrics row could not be written because its filesystem is full
+    (``errno.ENOSPC``); the message names what was not written and what is intact
+    (``reinforge.checkpoint.DiskFullError`` is this class)."""
+
+
 LOCK_FILE = ".reinforge.lock"
 
 

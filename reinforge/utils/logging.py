@@ -90,7 +90,7 @@ class MetricsLogger:
     def _disk_full(self, e: OSError, step: int) -> None:
         import errno
 
-        from ..checkpoint import DiskFullError
+        from .fs import DiskFullError
 
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise e
