@@ -1,4 +1,4 @@
-"""Command line: ``reinforge train | offline | make-data | eval | generate | models | convert | config``."""
+"""Command line: ``reinforge train | offline | make-data | eval | generate | models | convert | plan | config``."""
 
 from __future__ import annotations
 
@@ -56,6 +56,34 @@ def _preflight_rl(cfg) -> None:
     check_rl(cfg, resolve_model_path(cfg.model.path))
 
 
+def _resolved(cfg, offline: bool = False):
+    """``cfg`` with its ``auto`` keys chosen by the planner for this machine (reinforge/plan; ``train``
+    and ``eval`` do it in ``RLLoop``, where the plan is logged)."""
+    from .models.hub import resolve_model_path
+    from .plan import auto_keys, resolve_config
+
+    if not auto_keys(cfg):
+        return cfg
+    return resolve_config(cfg, resolve_model_path(cfg.model.path), offline=offline, log_plan=True)[0]
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Print the plan of a config: each phase's peak memory and predicted time, and the value chosen
+    for each ``auto`` key with its reason; exit 1 when the training step cannot fit (the refusal
+    ``reinforge train`` would give)."""
+    cfg = load_config(args.config, list(args.overrides))
+    from .models.hub import resolve_model_path
+    from .plan import format_plan, named, resolve_config, training_problems
+
+    gpu = named(args.gpu) if args.gpu else "detect"
+    _, plan = resolve_config(cfg, resolve_model_path(cfg.model.path), gpu=gpu, prompt_len=args.prompt_len)
+    print(format_plan(plan))
+    problems = training_problems(plan)
+    for p in problems:
+        print(f"refused: {p}")
+    return 1 if problems else 0
+
+
 def offline_config(args: argparse.Namespace):
     """The config ``reinforge offline`` runs with: ``--config``, then overrides and ``--load``."""
     overrides = list(args.overrides)
@@ -65,7 +93,7 @@ def offline_config(args: argparse.Namespace):
 
 
 def _offline(args: argparse.Namespace) -> None:
-    cfg = offline_config(args)
+    cfg = _resolved(offline_config(args), offline=True)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
     check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
     if main_rank:
@@ -80,7 +108,7 @@ def _offline(args: argparse.Namespace) -> None:
 
 
 def _make_data(args: argparse.Namespace) -> None:
-    cfg = load_config(args.config, list(args.overrides))
+    cfg = _resolved(load_config(args.config, list(args.overrides)))
     from .make_data import make_data
 
     counts = make_data(cfg, args.kind, args.out, args.num_prompts, answer_format=args.answer_format,
@@ -126,7 +154,7 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    cfg = load_config(args.config, [f"model.path={args.model}"] if args.model else [])
+    cfg = _resolved(load_config(args.config, [f"model.path={args.model}"] if args.model else []))
     from .data import render_prompt
     from .models.hub import resolve_model_path
     from .models.loading import load_tokenizer
@@ -305,6 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true")
     c.add_argument("--adapter-out", help="also write the LoRA adapter (a PEFT folder) of a LoRA run here")
     c.set_defaults(func=_convert)
+
+    pl = sub.add_parser("plan", help="each phase's memory and predicted time on a GPU, and the value of each `auto` "
+                                     "key (docs/planner.md)", epilog=epilog, formatter_class=fmt)
+    pl.add_argument("--config", "-c", help="YAML config file")
+    pl.add_argument("--gpu", help="plan for this GPU (h100, h200, a100, a100 80gb, l40s, 4090) instead of this "
+                                  "machine's")
+    pl.add_argument("--prompt-len", type=int, help="the longest prompt in tokens (default: "
+                                                   "data.rollout_max_prompt_len; the datasets are not read)")
+    pl.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_tokens_per_gpu=auto")
+    pl.set_defaults(func=_plan)
 
     cf = sub.add_parser("config", help="print the resolved config (defaults, -c file, key=value overrides) as YAML",
                         epilog=epilog, formatter_class=fmt)

@@ -101,6 +101,10 @@ class RLLoop:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
+        from .plan import resolve_config  # `auto` keys chosen for this GPU, and the plan logged (docs/planner.md)
+
+        cfg, self.plan = resolve_config(cfg, self.base_path, log_plan=True)
+        self.cfg = cfg
         if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)

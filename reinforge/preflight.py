@@ -20,6 +20,10 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
 * **engine slots** (embedded engine): a prompt's samples are decoded together, so
   ``rollout.n_samples_per_prompt`` and ``eval.n_samples_per_eval_prompt`` must not exceed its
   slots; ``engine.num_kv_blocks`` must hold one sequence;
+* **training memory** (a GPU the planner knows, :mod:`reinforge.plan`): the training step's peak
+  (weights, gradients, AdamW, a micro-batch's activations and logits, the engine beside it) against
+  the GPU's memory, naming the ``train.max_tokens_per_gpu`` and ``model.recompute_num_layers`` that fit
+  (:func:`reinforge.plan.training_problems`);
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape
   ``[layers, blocks + 1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU,
   its slots (``engine.max_num_seqs`` capped at the sequences the run holds at once,
@@ -53,6 +57,7 @@ from .models.context import ContextWindow, context_window
 
 if TYPE_CHECKING:
     from .config import Config
+    from .plan.hardware import GPU
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -388,7 +393,7 @@ def _engine_problems(cfg: "Config", folder: Path, model_config: dict, n: Lengths
 
 
 def check_rl(cfg: "Config", model_folder: Path, max_prompt_tokens: int | None = None, *,
-             memory: float | None = None, device: torch.device | None = None) -> Lengths:
+             memory: float | None = None, device: torch.device | None = None, gpu: "GPU | None" = None) -> Lengths:
     """Every check of an RL run (``reinforge train``, ``reinforge eval``) before anything is built.
 
     Args:
@@ -399,22 +404,30 @@ def check_rl(cfg: "Config", model_folder: Path, max_prompt_tokens: int | None = 
         memory: bytes available for a CPU engine (default: this machine's MemAvailable).
         device: where the engine runs (default ``train.device``). The KV-cache memory is checked
             in ``cluster.mode=local`` only (Ray engines run elsewhere).
+        gpu: the GPU whose memory the training step is checked against (:mod:`reinforge.plan`;
+            default: the CUDA device of ``device``, none on a CPU). ``auto`` keys are resolved as
+            :func:`reinforge.plan.resolve_config` resolves them for the run.
     Returns:
         the lengths checked.
     Raises:
         PreflightError: every problem found, in one message.
         FileNotFoundError: ``model_folder`` has no config.json.
     """
+    from .plan.planner import resolve_config, training_problems
     from .utils.device import resolve_device
 
     model_config = read_model_config(model_folder)
+    device = device or resolve_device(cfg.train.device)
+    cfg, plan = resolve_config(cfg, model_folder, gpu=gpu if gpu is not None else
+                               "detect" if device.type == "cuda" else None)  # `auto` keys as the run resolves them
     n = rl_lengths(cfg, max_prompt_tokens)
     name = Path(model_folder).name
     problems = context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
     problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))
-    device = device or resolve_device(cfg.train.device)
     problems += _engine_problems(cfg, Path(model_folder), model_config, n, device, memory,
                                  cfg.cluster.mode == "local", "rollout.rollout_max_response_len")
+    if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
+        problems += training_problems(plan, n.prompt)
     _raise(problems)
     return n
 

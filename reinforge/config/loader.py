@@ -26,6 +26,8 @@ from .root import SECTIONS, Config
 # --------------------------------------------------------------------------- loading
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:  # `int | Literal["auto"]`: "int or 'auto'"
+        return " or ".join(repr(c) for c in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -86,10 +86,10 @@ class Config:
                 f"rollout.rollout_batch_size * rollout.n_samples_per_prompt = {samples} samples is not divisible "
                 f"by train.num_steps_per_rollout={t.num_steps_per_rollout}: each optimizer step needs the same "
                 f"global batch size")
-        if self.model.recompute_num_layers is not None and not self.model.gradient_checkpointing:
+        if self.model.recompute_num_layers not in (None, "auto") and not self.model.gradient_checkpointing:
             raise ConfigError(f"model.recompute_num_layers={self.model.recompute_num_layers} applies with "
                               f"model.gradient_checkpointing=true: set that, or model.recompute_num_layers=null")
-        if c.offload_rollout and (c.mode != "local" or r.max_staleness > 0):
+        if c.offload_rollout is True and (c.mode != "local" or r.max_staleness > 0):
             raise ConfigError(f"cluster.offload_rollout=true frees the engine's KV cache while the trainer trains in "
                               f"cluster.mode=local with rollout.max_staleness=0 (here mode={c.mode}, max_staleness="
                               f"{r.max_staleness}): Ray colocated engines sleep anyway (cluster.colocate), and an "

@@ -46,10 +46,12 @@ class ModelConfig(Section):
     random_init: bool = opt(False, "ignore the stored weights and initialise randomly (tests, benchmarks)")
     gradient_checkpointing: bool = opt(False, "recompute layer activations in the backward pass (less memory, "
                                        "~30% more compute)")
-    recompute_num_layers: int | None = opt(
+    recompute_num_layers: int | Literal["auto"] | None = opt(
         None, "with `gradient_checkpointing`: recompute only the first N decoder layers and keep the others' "
         "activations (Megatron-LM's `--recompute-method block --recompute-num-layers`): less compute for more "
-        "memory; `null`: every layer; reinforge's own model code only", ge=0)
+        "memory; `null`: every layer; `auto`: the fewest layers with which the micro-batch fits the GPU (the "
+        "planner, [planner.md](planner.md); sets `gradient_checkpointing`; a CPU run: `null`); reinforge's own "
+        "model code only", ge=0)
     torch_compile: bool = opt(False, "`torch.compile` each decoder layer of the trained model (fuses the elementwise "
                               "kernels of the norms, RoPE and SiLU in forward and backward; the first steps "
                               "compile); reinforge's own model code only, not with LoRA")
@@ -173,11 +175,12 @@ class EngineConfig(Section):
         "bytes per cached token, so long-context decode reads half as much and the cache holds twice the tokens; "
         "the engine's log-probs then differ more from the trainer's (`train/logprob_abs_diff`; "
         "`algo.use_tis` corrects for it). Embedded, vLLM and SGLang engines")
-    max_num_seqs: int = opt(
+    max_num_seqs: int | Literal["auto"] = opt(
         256, "engine slots: sequences decoded at once (vLLM: `max_num_seqs`), at most; an engine is built with no "
         "more slots than the run holds at once (one rollout, `rollout_batch_size * n_samples_per_prompt`, or one "
         "evaluation pass, `n_eval_prompts * max(1, n_samples_per_eval_prompt)`; `reinforge generate`: `--n`), so "
-        "the embedded engine's KV cache is sized by the run", ge=1)
+        "the embedded engine's KV cache is sized by the run; `auto`: those sequences, capped at what the KV cache "
+        "holds at prompt + 3/4 of the response each (the planner, [planner.md](planner.md); a CPU run: 256)", ge=1)
     kv_cache_memory_fraction: float = opt(
         0.3, "GPU: share of free memory the KV cache may take (vLLM: `gpu_memory_utilization`; SGLang: "
         "`--mem-fraction-static`)", gt=0, lt=1)
@@ -483,8 +486,11 @@ class TrainConfig(Section):
     name = "train"
     num_rollout: int = opt(10, "rollouts (RL iterations) to run", ge=0)
     num_steps_per_rollout: int = opt(1, "optimizer steps per rollout", ge=1)
-    max_tokens_per_gpu: int = opt(8192, "tokens per micro-batch (with padding for `packing: none` and "
-                                  "`shared_prompt`; real tokens for `sequences`)", ge=1)
+    max_tokens_per_gpu: int | Literal["auto"] = opt(
+        8192, "tokens per micro-batch (with padding for `packing: none` and `shared_prompt`; real tokens for "
+        "`sequences`); `auto`: the largest that fits the GPU's memory beside everything else, at most 32768 and at "
+        "least one sequence (the planner, [planner.md](planner.md); a CPU run: 8192). A value that cannot fit is "
+        "refused at start with the one that does", ge=1)
     packing: Literal["none", "sequences", "shared_prompt"] = opt(
         "none", "layout of the RL trainer's forward pass (docs/packing.md): `none` one right-padded row per sample "
         "(any model); `sequences` samples side by side without padding (varlen attention on the GPU); "
@@ -562,10 +568,11 @@ class ClusterConfig(Section):
     weight_sync_bucket_mb: int = opt(256, "weight sync sends the policy in buckets of about this many MB", ge=1)
     offload_engine_weights: bool = opt(False, "colocate (or `offload_rollout`): move engine weights to the CPU while "
                                        "the trainers train")
-    offload_rollout: bool = opt(False, "local mode: the engine frees its KV cache while the trainer trains (slime's "
-                                "`--offload-rollout`): the memory goes to the trainer's activations (e.g. fewer "
-                                "`model.recompute_num_layers`), at the cost of reallocating the cache and recapturing "
-                                "its CUDA graphs each rollout; Ray `colocate` engines always do this")
+    offload_rollout: bool | Literal["auto"] = opt(
+        False, "local mode: the engine frees its KV cache while the trainer trains (slime's `--offload-rollout`): the "
+        "memory goes to the trainer's activations (e.g. fewer `model.recompute_num_layers`), at the cost of "
+        "reallocating the cache and recapturing its CUDA graphs each rollout; Ray `colocate` engines always do this; "
+        "`auto`: on where it lets the trainer keep more (the planner, [planner.md](planner.md); a CPU run: off)")
     memory_check: Literal["error", "warn", "off"] = opt(
         "error", "CPU-mode Ray placements: an estimate of the memory every process needs (docs/reliability.md) "
         "against the available memory: `error` refuses to start, `warn` logs, `off` skips (local mode only warns)")

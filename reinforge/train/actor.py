@@ -153,12 +153,27 @@ class Actor(ModelTrainer):
         model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
-        with base:
+        with base, self._out_of_memory_in("reference log-prob pass" if reference else "log-prob pass"):
             for mb in mbs:  # the reference model's router decides (no replay)
+                self._current_mb = mb
                 lp, _ = self._token_log_probs(model, mb, routing=self._routing(mb, samples, replay=not reference))
                 self.split_rows(mb, self.to_grid(mb, lp), out)
         model.train(was_training)
         return self.gather_rows(out)
+
+    @contextlib.contextmanager
+    def _out_of_memory_in(self, phase: str):
+        """A CUDA out-of-memory error in ``phase`` stops the run in words: the phase, the micro-batch
+        (``self._current_mb``) and the keys to change (:func:`reinforge.plan.out_of_memory`)."""
+        from ..plan.planner import out_of_memory
+
+        self._current_mb = None
+        try:
+            yield
+        except torch.OutOfMemoryError as e:
+            mb = self._current_mb
+            tokens, rows = (int(mb.input_ids.numel()), int(mb.input_ids.shape[0])) if mb is not None else (0, 0)
+            raise out_of_memory(self.cfg, phase, tokens, rows, e) from None
 
     def _routing(self, mb: MicroBatch, samples: list[Sample], aux_loss: bool = False,
                  replay: bool = True) -> Routing | None:
@@ -214,7 +229,8 @@ class Actor(ModelTrainer):
                                           else self.compute_log_probs(samples, reference=True))
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
         ratios: list[torch.Tensor] | None = None if "old_log_probs" in per_token else []
-        metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios) for idx in batches])
+        with self._out_of_memory_in("training step"):
+            metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios) for idx in batches])
         if ratios is None:  # every rank holds every sample's old log-probs
             log_ratio = token_log_ratios(per_token["old_log_probs"], per_token["rollout_log_probs"],
                                          [s.loss_mask for s in samples])
@@ -246,6 +262,7 @@ class Actor(ModelTrainer):
             sums["moe_aux_loss"] = 0.0
         log_ratio_grids = []
         for mb in trace.spans_over("micro_batch", mbs, "train"):
+            self._current_mb = mb
             # the load-balancing loss over the micro-batch's real tokens (padding left out)
             routing = self._routing(mb, samples, aux_loss=aux_coeff > 0)
             lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric", routing)

@@ -1,0 +1,486 @@
+"""The planner's memory and time model: pure functions of a model's shape, a GPU and a workload.
+
+Memory (bytes), per phase of a colocated RL step on one GPU:
+
+* **trainer, resident**: fp32 master weights (4 B / parameter), fp32 gradients (4 B, freed after each
+  optimizer step: ``zero_grad(set_to_none=True)``), AdamW's two fp32 moments (8 B), all divided by the
+  FSDP shards (data x context parallel ranks) and the tensor-parallel size; LoRA: the adapters only.
+  A frozen reference model adds 2 B / parameter (bf16; 4 B and sharded under FSDP).
+* **activations of one micro-batch of N tokens** (bf16 autocast over fp32 weights, flash / varlen
+  attention, so no [T, T] term), counted per token and per decoder layer after Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models" (sec. 4.1: 34 h bytes per token
+  per layer for a GPT layer with dropout, 5 a s / h more without flash attention), re-derived for a
+  Llama / Qwen2 layer as reinforge's trainer runs it:
+
+  - a layer whose activations are kept: ``18 h + 4 q + 4 kv + 6 I`` bytes: the fp32 residual input of
+    each RMSNorm (2 x 4 h), the bf16 casts autocast makes of the normed input for q, k, v, gate and up
+    (5 x 2 h), q and the attention output (2 x 2 q), k and v (2 x 2 kv), gate, up and SiLU-mul outputs
+    (3 x 2 I); q = heads x head_dim, kv = kv_heads x head_dim, I = intermediate size. A MoE layer
+    replaces ``4 h + 6 I`` by its router (2 h + 8 E), the k routed copies of the input and output
+    (2 x 2 h k) and the experts' gate, up and SiLU-mul (6 I_moe k), plus a shared expert (4 h + 6 I_s);
+  - a recomputed layer (``model.recompute_num_layers``): its fp32 input only, ``4 h``;
+  - the LM head: the last hidden states (fp32 norm input and output, bf16 cast: 14 h) and the bf16
+    logits of the response tokens with their gradient (2 x 2 V), plus
+    :data:`LOGIT_CHUNK_TEMPS` fp32 [chunk, V] temporaries of the chunked log-softmax backward
+    (``algo/logprobs.py``; ``train.log_prob_chunk_size``);
+  - the bf16 copies of the kept layers' weights (and the LM head's) that autocast makes and the
+    backward pass holds (2 B / parameter; under FSDP two layers' unsharded weights instead).
+
+  Calibrated against docs/benchmarks.md (bench/liger_train.py, Qwen2.5-1.5B's shape, 151,936
+  vocabulary, peak of parameters + gradients + activations): every layer recomputed 23.9 / 30.0 /
+  42.1 GiB at 8k / 16k / 32k tokens, none 44.0 / 67.7 GiB at 8k / 16k; this model gives 23.8 / 30.0 /
+  42.2 and 43.9 / 67.6 (tests/test_plan.py). The log-prob pass (no gradient) holds the logits and
+  :data:`LOGIT_CHUNK_TEMPS_FORWARD` chunks: 8.1 GiB above the weights at 16k, as measured.
+* **engine**: its weights (``engine.dtype``: 2 B / parameter on a GPU), its KV cache: 2 x layers x
+  kv_heads x head_dim x dtype bytes per token, in blocks of 16, for ``slots`` sequences of
+  ``max_model_len`` tokens, capped at ``engine.kv_cache_memory_fraction`` of the memory free when it
+  is allocated (``engine/kv_cache.py: plan_kv_layout``); a prefill workspace. With
+  ``cluster.offload_rollout`` the cache is freed while the trainer trains.
+
+Time (seconds), at assumed efficiencies (:data:`DECODE_EFFICIENCY`, :data:`TRAIN_MFU`, :data:`FORWARD_MFU`):
+
+* generation: bandwidth-bound decode; every step reads the weights (a MoE model: the experts the
+  step's tokens select, in expectation) and the KV cache of every running sequence, so a wave of
+  sequences of lengths L_i reads ``max L_i x W + sum_i kv x (P L_i + L_i^2 / 2)`` bytes (the bound of
+  docs/benchmarks.md, "What 9k tok/s per GPU at 16k would take"), over HBM bandwidth x efficiency;
+* log-probs: ``2 x active parameters x tokens + 2 x layers x q x sum L_i^2`` FLOPs (causal attention
+  forward), at the forward MFU;
+* training: 3 x that (forward and backward) plus the recomputed layers' forward again, at the
+  training MFU (Kaplan et al. 2020's 6 N FLOPs per token, attention as in bench/liger_train.py);
+* weight sync: the fp32 weights read and bf16 written on the device (local / colocated), or the
+  fp32 buckets over the network (disaggregated, :data:`BROADCAST_BYTES_PER_S`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .hardware import GPU
+
+GIB = 1 << 30
+BLOCK = 16  # tokens per KV block on a GPU (engine.kv_block_size: 0)
+LOGIT_CHUNK_TEMPS = 5.0  # fp32 [chunk, V] buffers alive at once in the log-softmax backward (calibrated, see above)
+LOGIT_CHUNK_TEMPS_FORWARD = 3.0  # ... in the forward without gradient (the log-prob pass: 8.1 GiB at 16k, measured)
+CUDA_CONTEXT = GIB  # the CUDA context and cuBLAS / NCCL workspaces, outside the allocator's count
+USABLE_FRACTION = 0.90  # of the rest: the allocator's fragmentation (docs/results/grpo_long: 13 GiB reserved unused)
+DECODE_EFFICIENCY = 0.52  # share of the bandwidth bound a whole rollout reaches (47-58% measured, long tail included)
+FORWARD_MFU = 0.35  # log-prob pass
+TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
+BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A decoder-only transformer's shape (from a Hugging Face ``config.json``).
+
+    Attributes: sizes as in the config; ``num_params`` all parameters (embedding included once when
+    tied); ``experts`` / ``experts_per_tok`` / ``moe_intermediate`` / ``shared_intermediate`` 0 for a
+    dense model; ``moe_layers`` the sparse layers.
+    """
+
+    vocab_size: int
+    hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool = True
+    qkv_bias: bool = False
+    experts: int = 0
+    experts_per_tok: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+    moe_layers: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> "Arch":
+        """From a ``config.json`` dict (``text_config`` of a multimodal one)."""
+        cfg = cfg.get("text_config", cfg)
+        h, heads, layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense_only = set(cfg.get("mlp_only_layers") or [])
+        moe = sum(1 for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0)
+        return cls(vocab_size=int(cfg["vocab_size"]), hidden=h, num_layers=layers, num_heads=heads,
+                   num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                   head_dim=int(cfg.get("head_dim") or h // heads),
+                   intermediate=int(cfg.get("intermediate_size") or 4 * h),
+                   tied=bool(cfg.get("tie_word_embeddings", True)),
+                   qkv_bias=cfg.get("model_type") in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias")),
+                   experts=experts, experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+                   moe_intermediate=int(cfg.get("moe_intermediate_size") or 0),
+                   shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0), moe_layers=moe)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def _attn_params(self) -> int:
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        return 2 * h * q + 2 * h * kv + (q + 2 * kv if self.qkv_bias else 0) + 2 * h
+
+    def _dense_mlp(self) -> int:
+        return 3 * self.hidden * self.intermediate
+
+    def _moe_mlp(self, active: bool = False) -> int:
+        h, e = self.hidden, (self.experts_per_tok if active else self.experts)
+        shared = 3 * h * self.shared_intermediate + (h if self.shared_intermediate else 0)
+        return e * 3 * h * self.moe_intermediate + h * self.experts + shared
+
+    def layer_params(self, sparse: bool = False, active: bool = False) -> int:
+        """Parameters of one decoder layer (``active``: those one token passes through)."""
+        return self._attn_params() + (self._moe_mlp(active) if sparse else self._dense_mlp())
+
+    @property
+    def layers_params(self) -> int:
+        dense = self.num_layers - self.moe_layers
+        return dense * self.layer_params() + self.moe_layers * self.layer_params(sparse=True)
+
+    @property
+    def head_params(self) -> int:
+        """The LM head's matrix (V x h), shared with the embedding when tied."""
+        return self.vocab_size * self.hidden
+
+    @property
+    def num_params(self) -> int:
+        return self.layers_params + self.head_params * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def flop_params(self) -> int:
+        """Parameters in a token's matmuls: the active layers and the LM head (not the embedding lookup)."""
+        dense = self.num_layers - self.moe_layers
+        return dense * self.layer_params() + self.moe_layers * self.layer_params(True, True) + self.head_params
+
+    def kv_bytes_per_token(self, elem_bytes: float) -> float:
+        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.kv_dim * elem_bytes
+
+    def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:
+        """Activation bytes per token one decoder layer keeps for its backward pass (module doc);
+        the head- and column-split parts divided by the tensor-parallel size ``tp``."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        replicated, split = 14 * h, 4 * q + 4 * kv
+        if sparse:
+            k = self.experts_per_tok
+            replicated += 2 * h + 8 * self.experts + 4 * h * k
+            split += 6 * self.moe_intermediate * k
+            if self.shared_intermediate:
+                replicated, split = replicated + 4 * h, split + 6 * self.shared_intermediate
+        else:
+            replicated, split = replicated + 4 * h, split + 6 * self.intermediate
+        return replicated + split / tp
+
+
+@dataclass
+class Workload:
+    """One RL step on one GPU (a trainer rank and, colocated, its engine). Lengths in tokens.
+
+    Attributes:
+        prompt_len, response_len: the longest prompt and ``rollout.rollout_max_response_len``.
+        num_seqs: sequences per rollout (``rollout_batch_size x n_samples_per_prompt``).
+        slots: the engine's ``max_num_seqs`` (capped at ``num_seqs``).
+        kv_elem_bytes, engine_elem_bytes: KV cache and engine weight dtype bytes.
+        kv_fraction: ``engine.kv_cache_memory_fraction``; ``num_kv_blocks``: its cap (0: none).
+        micro_tokens: ``train.max_tokens_per_gpu``; ``recompute``: layers recomputed (0 .. layers).
+        log_prob_chunk: ``train.log_prob_chunk_size``.
+        colocated: the engine shares this GPU (local mode, Ray ``colocate``).
+        offload_rollout: the KV cache is freed while training (``cluster.offload_rollout``; Ray colocated).
+        offload_engine_weights: the engine's weights go to the CPU too.
+        reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
+        dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
+        lora: only adapters train (no gradients or AdamW state for the base).
+        logprob_passes: forward passes without gradient before training (old, reference log-probs).
+        steps_per_rollout: optimizer steps per rollout.
+        prefill_tokens: ``engine.max_prefill_tokens``.
+    """
+
+    arch: Arch
+    gpu: GPU
+    prompt_len: int
+    response_len: int
+    num_seqs: int
+    slots: int
+    micro_tokens: int
+    recompute: int
+    kv_elem_bytes: float = 2
+    engine_elem_bytes: int = 2
+    kv_fraction: float = 0.3
+    num_kv_blocks: int = 0
+    log_prob_chunk: int = 2048
+    colocated: bool = True
+    offload_rollout: bool = False
+    offload_engine_weights: bool = False
+    reference: bool = False
+    critic: bool = False
+    dp: int = 1
+    tp: int = 1
+    cp: int = 1
+    lora: bool = False
+    logprob_passes: int = 0
+    steps_per_rollout: int = 1
+    prefill_tokens: int = 16384
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def shards(self) -> int:
+        return self.dp * self.cp * self.tp
+
+    @property
+    def usable(self) -> float:
+        """Bytes the planner lets a phase allocate: (memory - CUDA context) x :data:`USABLE_FRACTION`."""
+        return (self.gpu.memory - CUDA_CONTEXT) * USABLE_FRACTION
+
+
+@dataclass
+class Breakdown:
+    """A phase's memory: named parts in bytes."""
+
+    phase: str
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def words(self, top: int = 4) -> str:
+        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:top]
+        return ", ".join(f"{k} {v / GIB:.1f}" for k, v in big if v >= GIB / 20) + " GiB"
+
+
+# ----------------------------------------------------------------------------------------- memory
+
+def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
+    """The trainer's memory outside a forward pass: fp32 weights, gradients (``grads``), AdamW, reference."""
+    p = w.arch.num_params
+    trained = p if not w.lora else 0  # adapters: negligible here
+    out = {"weights fp32": 4 * p / w.shards,
+           "AdamW": 8 * trained / w.shards}
+    if grads:
+        out["gradients"] = 4 * trained / w.shards
+    if w.reference and not w.lora:
+        out["reference"] = (4 * p / w.shards) if w.shards > 1 else 2 * p
+    if w.critic:
+        out["critic"] = 16 * p / w.shards
+    return out
+
+
+def engine_weights(w: Workload) -> float:
+    return w.arch.num_params * w.engine_elem_bytes / w.tp
+
+
+def kv_need(w: Workload) -> float:
+    """Bytes of the KV cache for ``slots`` full-length sequences (blocks of 16, one spare block)."""
+    per_seq = math.ceil(w.seq_len / BLOCK)
+    blocks = w.slots * per_seq
+    if w.num_kv_blocks:
+        blocks = min(blocks, max(w.num_kv_blocks, per_seq))
+    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes)
+
+
+def kv_pool(w: Workload, after_training: bool = True) -> float:
+    """The KV cache the engine allocates: :func:`kv_need` capped at ``kv_fraction`` of the memory free
+    then. Built beside the trainer's fp32 weights (first rollout); with ``offload_rollout`` it is
+    allocated again after every training step, beside AdamW's state too (``after_training``)."""
+    taken = CUDA_CONTEXT + engine_weights(w)
+    if w.colocated:
+        resident = trainer_resident(w, grads=False)
+        if not (w.offload_rollout and after_training):
+            resident.pop("AdamW")
+        taken += sum(resident.values())
+    free = max(w.gpu.memory - taken, 0)
+    return min(kv_need(w), w.kv_fraction * free)
+
+
+def engine_workspace(w: Workload) -> float:
+    """The engine's transient prefill (``max_prefill_tokens`` x (4 h + 3 I) bf16) and sampler buffers."""
+    a = w.arch
+    width = a.intermediate if not a.moe_layers else a.moe_intermediate * a.experts_per_tok + a.shared_intermediate
+    return min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.tp \
+        + 2 * w.slots * a.vocab_size * 4
+
+
+def engine_during_training(w: Workload) -> dict[str, float]:
+    """What the colocated engine holds while the trainer runs."""
+    if not w.colocated:
+        return {}
+    out = {}
+    if not (w.offload_rollout and w.offload_engine_weights):
+        out["engine weights"] = engine_weights(w)
+    if not w.offload_rollout:
+        out["KV cache"] = kv_pool(w, after_training=False)
+    return out
+
+
+def activation_bytes_per_token(w: Workload, recompute: int | None = None) -> float:
+    """Bytes per micro-batch token of the layers' kept activations and the LM head (module doc)."""
+    a = w.arch
+    k = w.recompute if recompute is None else recompute
+    sparse = [a.experts > 0 and i >= a.num_layers - a.moe_layers for i in range(a.num_layers)]
+    layers = sum(4 * a.hidden if i < k else a.kept_layer_bytes(sparse[i], w.tp) for i in range(a.num_layers))
+    return layers + 14 * a.hidden + 4 * a.vocab_size
+
+
+def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | None = None) -> Breakdown:
+    """Peak of a training micro-batch of ``tokens`` (default ``micro_tokens``) beside everything else."""
+    a = w.arch
+    n = (w.micro_tokens if tokens is None else tokens) / w.cp
+    k = w.recompute if recompute is None else recompute
+    kept_params = sum(a.layer_params(a.experts > 0 and i >= a.num_layers - a.moe_layers)
+                      for i in range(k, a.num_layers))
+    sharded = w.shards > 1
+    bf16 = (2 * 2 * a.layers_params / a.num_layers) if sharded else 2 * (kept_params / w.tp + a.head_params)
+    parts = {**trainer_resident(w), **engine_during_training(w),
+             "activations": n * activation_bytes_per_token(w, k),
+             "bf16 weight copies": bf16,
+             "log-softmax chunks": LOGIT_CHUNK_TEMPS * min(w.log_prob_chunk, n) * a.vocab_size * 4}
+    return Breakdown("training", parts)
+
+
+def logprob_breakdown(w: Workload) -> Breakdown:
+    """Peak of a log-prob pass (no gradient) over one micro-batch."""
+    a = w.arch
+    n = w.micro_tokens / w.cp
+    head = {"logits": 2 * n * a.vocab_size,
+            "log-softmax chunks": LOGIT_CHUNK_TEMPS_FORWARD * min(w.log_prob_chunk, n) * a.vocab_size * 4}
+    layer = n * a.kept_layer_bytes(a.moe_layers > 0, w.tp)  # one layer's transient, before the logits exist
+    top = head if sum(head.values()) >= layer else {"layer activations": layer}
+    return Breakdown("log-probs", {**trainer_resident(w, grads=False), **engine_during_training(w), **top})
+
+
+def generation_breakdown(w: Workload) -> Breakdown:
+    """The engine generating, the trainer's state beside it when colocated (gradients freed)."""
+    parts = {"engine weights": engine_weights(w), "KV cache": kv_pool(w), "engine workspace": engine_workspace(w)}
+    if w.colocated:
+        parts.update(trainer_resident(w, grads=False))
+    return Breakdown("generation", parts)
+
+
+def memory_plan(w: Workload) -> list[Breakdown]:
+    """Every phase's peak (generation, log-probs when run, training)."""
+    out = [generation_breakdown(w)]
+    if w.logprob_passes:
+        out.append(logprob_breakdown(w))
+    out.append(train_breakdown(w))
+    return out
+
+
+def fits(w: Workload, tokens: int, recompute: int, limit: float | None = None) -> bool:
+    """Whether the training peak fits ``limit`` bytes (default :attr:`Workload.usable`)."""
+    return train_breakdown(w, tokens, recompute).total <= (w.usable if limit is None else limit)
+
+
+def max_tokens_that_fit(w: Workload, recompute: int | None = None, multiple: int = 256,
+                        limit: float | None = None) -> int:
+    """The largest micro-batch (a multiple of ``multiple`` tokens) whose training peak fits; 0 if none."""
+    k = w.recompute if recompute is None else recompute
+    limit = w.usable if limit is None else limit
+    fixed = train_breakdown(w, 0, k).total
+    per_token = activation_bytes_per_token(w, k) / w.cp
+    room = limit - fixed
+    if room <= 0:
+        return 0
+    n = int(room // per_token) // multiple * multiple
+    while n > 0 and not fits(w, n, k, limit):  # the chunk term grows below one chunk
+        n -= multiple
+    return max(n, 0)
+
+
+def min_recompute_that_fits(w: Workload, tokens: int, limit: float | None = None) -> int | None:
+    """The fewest recomputed layers with which a micro-batch of ``tokens`` fits; None if none does."""
+    for k in range(w.arch.num_layers + 1):
+        if fits(w, tokens, k, limit):
+            return k
+    return None
+
+
+# ------------------------------------------------------------------------------------------- time
+
+def engine_slots(w: Workload) -> int:
+    """Sequences decoded at once: the slots, capped at what the KV pool holds at full length."""
+    per_seq = math.ceil(w.seq_len / BLOCK) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes)
+    return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // per_seq)))
+
+
+def decode_weight_bytes(w: Workload, batch: int) -> float:
+    """Weight bytes one decode step reads: every dense weight; of a MoE layer's experts those the
+    ``batch`` tokens select in expectation, ``E (1 - (1 - k/E)^batch)``."""
+    a = w.arch
+    b = w.engine_elem_bytes
+    if not a.moe_layers:
+        return a.num_params * b / w.tp
+    used = a.experts * (1 - (1 - a.experts_per_tok / a.experts) ** batch)
+    expert = 3 * a.hidden * a.moe_intermediate
+    return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp
+
+
+def generation_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
+    """Decode time of one rollout (``lengths``: the response lengths; default all ``response_len``,
+    an upper bound), in waves of :func:`engine_slots` sequences, plus the prefill at :data:`FORWARD_MFU`."""
+    if not w.gpu.knows_speed:
+        return None
+    a = w.arch
+    lengths = list(lengths) if lengths else [w.response_len] * w.num_seqs
+    c = engine_slots(w)
+    kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
+    total = 0.0
+    for i in range(0, len(lengths), c):
+        wave = lengths[i:i + c]
+        total += max(wave) * decode_weight_bytes(w, len(wave))
+        total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
+    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.tp)
+    return total / (w.gpu.bandwidth * DECODE_EFFICIENCY) + prefill
+
+
+def forward_flops(w: Workload, lengths: list[int] | None = None) -> float:
+    """FLOPs of one forward pass over the rollout's sequences (all trainer ranks together)."""
+    a = w.arch
+    seqs = [w.prompt_len + n for n in lengths] if lengths else [w.seq_len] * w.num_seqs
+    return 2 * a.flop_params * sum(seqs) + 2 * a.num_layers * a.q_dim * sum(s * s for s in seqs)
+
+
+def logprob_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
+    if not w.gpu.knows_speed:
+        return None
+    return w.logprob_passes * forward_flops(w, lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.shards)
+
+
+def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
+    """Forward + backward (3 x forward) + the recomputed layers' forward, at :data:`TRAIN_MFU`."""
+    if not w.gpu.knows_speed:
+        return None
+    f = forward_flops(w, lengths)
+    flops = 3 * f + f * w.recompute / w.arch.num_layers
+    if w.critic:
+        flops *= 2
+    return flops / (w.gpu.bf16_flops * TRAIN_MFU * w.shards)
+
+
+def sync_seconds(w: Workload) -> float | None:
+    """Weight sync: fp32 read + bf16 write on the device (colocated), or fp32 over the network."""
+    if not w.gpu.knows_speed:
+        return None
+    p = w.arch.num_params
+    if w.colocated:
+        return 6 * p / (w.gpu.bandwidth * 0.5)
+    return 4 * p / BROADCAST_BYTES_PER_S
+
+
+def times(w: Workload, lengths: list[int] | None = None) -> dict[str, float | None]:
+    """Predicted seconds of each phase of one rollout step (None: the GPU's speed is unknown)."""
+    return {"generation": generation_seconds(w, lengths), "log-probs": logprob_seconds(w, lengths),
+            "training": train_seconds(w, lengths), "weight sync": sync_seconds(w)}
+
+
+def with_(w: Workload, **changes: Any) -> Workload:
+    """A copy of ``w`` with some fields changed."""
+    return replace(w, **changes)
