@@ -167,10 +167,11 @@ def read_model_config(folder: Path) -> dict[str, Any]:
 
 
 def is_native_config(model_config: dict[str, Any]) -> bool:
-    """Whether the embedded engine runs the model itself (Llama / Qwen2 / Qwen3 (-MoE)), not transformers."""
-    from .models.transformer import SUPPORTED_MODEL_TYPES
+    """Whether the embedded engine runs the model itself (a registered family,
+    :mod:`reinforge.models.families`), not transformers."""
+    from .models.families import is_native_type
 
-    return model_config.get("model_type") in SUPPORTED_MODEL_TYPES
+    return is_native_type(model_config.get("model_type"))
 
 
 def _engine_dtype(cfg: "Config", device: torch.device) -> torch.dtype:
@@ -360,15 +361,17 @@ def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: i
                 else ""
             out.append(f"{e}{local}")
     if ep > 1:
-        # (the hub's configs say num_experts; transformers 5 writes num_local_experts, its attribute map's target)
-        experts = model_config.get("num_experts") or model_config.get("num_local_experts") or 0
-        experts = experts if is_native_config(model_config) else 0
+        from .models.shape import num_experts
+
+        experts = num_experts(model_config)  # the family reads its key (num_experts, n_routed_experts, ...)
         out += Layout(ep, 1, 1, ep).expert_problems(experts)
     if tp * cp == 1:
         return out
     if not is_native_config(model_config):
-        out.append(f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need a Llama / Qwen2 / "
-                   f"Qwen3 (or -MoE) model (reinforge's own model code), not model_type {model_config.get('model_type')!r}")
+        from .models.families import native_models
+
+        out.append(f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need {native_models()}, "
+                   f"not model_type {model_config.get('model_type')!r}")
         return out
     heads = model_config["num_attention_heads"]
     return out + Layout(1, cp, tp).model_problems(heads, model_config.get("num_key_value_heads") or heads,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..models.families import moe_models
 from ..models.moe import Routing, grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
@@ -97,9 +98,8 @@ class ModelRunner:
                  record_routes: bool = False, kv_cache_dtype: str = "auto"):
         self.model, self.kernels, self.max_model_len = model, kernels, max_model_len
         if record_routes and not model.args.moe_layers:
-            raise ValueError("algo.use_rollout_routing_replay=true: the embedded engine records expert routes of a "
-                             "mixture-of-experts model (qwen3_moe / qwen2_moe); this model is dense: set "
-                             "algo.use_rollout_routing_replay=false")
+            raise ValueError(f"algo.use_rollout_routing_replay=true: the embedded engine records expert routes of "
+                             f"{moe_models()}; this model is dense: set algo.use_rollout_routing_replay=false")
         self.record_routes = record_routes
         # expert ids fit a byte up to 256 experts (Qwen3-MoE: 128, DeepSeek-V3: 256)
         self.route_dtype = torch.uint8 if model.args.num_experts <= 256 else torch.int16

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from .moe import hub_named_tensors, stack_expert_weights
+from .families import family_of, is_native_type, native_models
+from .moe import hub_named_tensors
 from .transformer import CausalLM
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 
 
 def is_native(model: nn.Module) -> bool:
+    """Whether ``model`` is reinforge's own model code (a :class:`CausalLM` of a registered family,
+    :mod:`reinforge.models.families`), not a transformers model."""
     return isinstance(model, CausalLM)
 
 
@@ -60,7 +63,7 @@ def set_gradient_checkpointing(model: nn.Module, enabled: bool, recompute_num_la
 
     Raises:
         ValueError: ``recompute_num_layers`` without ``enabled``, or for a model that is not
-            reinforge's own (Llama / Qwen2 / Qwen3 / -MoE).
+            reinforge's own (a registered family).
     """
     if recompute_num_layers is not None and not enabled:
         raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs model.gradient_checkpointing=true")
@@ -68,15 +71,14 @@ def set_gradient_checkpointing(model: nn.Module, enabled: bool, recompute_num_la
         model.gradient_checkpointing = enabled
         model.recompute_num_layers = recompute_num_layers
     elif recompute_num_layers is not None:
-        raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs a Llama / Qwen2 / Qwen3 (or -MoE) "
-                         "model (reinforge's own model code); set it to null")
+        raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs {native_models()}; set it to "
+                         "null")
     elif enabled:
         model.gradient_checkpointing_enable()
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors files; mixture-of-experts weights in the hub's
-    per-expert layout come back stacked (:func:`~reinforge.models.moe.stack_expert_weights`)."""
+    """Every tensor of the folder's safetensors files, under their stored (Hugging Face) names."""
     from safetensors.torch import load_file
 
     index = path / "model.safetensors.index.json"
@@ -89,7 +91,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(path / f)))
-    return stack_expert_weights(state, str(path))
+    return state
 
 
 def build_model(
@@ -103,10 +105,12 @@ def build_model(
 ) -> nn.Module:
     """The causal LM stored in Hugging Face folder ``path``.
 
-    Llama / Qwen2 / Qwen3 / Qwen3-MoE / Qwen2-MoE load into reinforge's :class:`CausalLM` (shared
-    by trainer and engine; MoE experts from the hub's per-expert tensors or already stacked);
-    any other architecture loads as ``transformers.AutoModelForCausalLM`` with a
-    warning. ``random_init`` ignores the stored weights (benchmarks, tests). ``head_optional``
+    A registered family (:mod:`reinforge.models.families`: Llama, Qwen2/3, their MoE variants,
+    GLM-4.5's MoE, ...) loads into reinforge's :class:`CausalLM` (shared by trainer and engine; the
+    checkpoint's tensors through the family's ``from_hub``: MoE experts from the hub's per-expert
+    tensors or already stacked); any other architecture loads as
+    ``transformers.AutoModelForCausalLM`` with a warning naming the registered families.
+    ``random_init`` ignores the stored weights (benchmarks, tests). ``head_optional``
     accepts a folder without ``lm_head.weight`` (a reward model's backbone; the head is zeros)
     and ignores its ``score.weight``.
 
@@ -129,7 +133,7 @@ def build_model(
             model.lm_head.weight = model.model.embed_tokens.weight
         model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
     else:
-        state = _read_safetensors(path)
+        state = model.family.from_hub(_read_safetensors(path), str(path))
         expected = set(model.state_dict())
         if model.args.tie_word_embeddings:
             state.pop("lm_head.weight", None)
@@ -198,8 +202,9 @@ def save_hf_state_dict(
 ) -> Path:
     """Write (Hugging Face name -> tensor) weights as a folder loadable by ``from_pretrained``.
 
-    Stacked mixture-of-experts parameters are written in the hub's per-expert layout
-    (:func:`~reinforge.models.moe.hub_named_tensors`), as published checkpoints are.
+    Names go through the family's ``to_hub`` (``source``'s ``model_type``; default: stacked
+    mixture-of-experts parameters written in the hub's per-expert layout,
+    :func:`~reinforge.models.moe.hub_named_tensors`), as published checkpoints are.
 
     Config, tokenizer, chat template and generation config are copied from ``source`` (the
     folder the model was loaded from); weights are written with ``huggingface_hub``'s
@@ -213,11 +218,13 @@ def save_hf_state_dict(
 
     out, source = Path(out), Path(source)
     out.mkdir(parents=True, exist_ok=True)
-    tied = json.loads((source / "config.json").read_text()).get("tie_word_embeddings")
+    source_cfg = json.loads((source / "config.json").read_text())
+    tied = source_cfg.get("tie_word_embeddings")
+    to_hub = family_of(source_cfg).to_hub if is_native_type(source_cfg.get("model_type")) else hub_named_tensors
     if tied and "model.embed_tokens.weight" in state:
         state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
     state = {n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
-             for n, t in hub_named_tensors(state.items())}
+             for n, t in to_hub(state.items())}
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":

@@ -197,32 +197,59 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:
         """x: [B, T, H] -> [B, T, H] in x's dtype (the autocast dtype under autocast).
 
+        The routing steps are methods a family's subclass may override (GLM-4.5's sigmoid router:
+        ``reinforge/models/families/glm4_moe.py``): :meth:`router_scores`, :meth:`select`,
+        :meth:`gate_weights`, :meth:`balance_probs`, :meth:`add_shared`.
+
         Raises:
             ValueError: ``routing.replay[layer]`` is not [B*T, k].
         """
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits = self.gate(x)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        scores, weight_dtype = self.router_scores(x)
         replay = routing.replay[self.layer] if routing is not None and routing.replay is not None else None
         if replay is None:
-            weights, ids = torch.topk(probs, self.top_k, dim=-1)
+            ids = self.select(scores)
         else:
             if tuple(replay.shape) != (x.shape[0], self.top_k):
                 raise ValueError(f"Routing.replay[{self.layer}]: shape {tuple(replay.shape)}, expected "
                                  f"[tokens={x.shape[0]}, num_experts_per_tok={self.top_k}]")
             ids = replay.to(device=x.device, dtype=torch.long)
             if replay.dtype.is_signed:  # rows whose first id is -1: the router decides
-                ids = torch.where(ids[:, :1] >= 0, ids, torch.topk(probs, self.top_k, dim=-1).indices)
-            weights = probs.gather(1, ids)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+                ids = torch.where(ids[:, :1] >= 0, ids, self.select(scores))
+        weights = self.gate_weights(scores, ids)
         if routing is not None:
-            self._note(routing, probs, ids)
-        y = self._experts(x, ids, weights.to(logits.dtype))
-        if self.shared_expert is not None:
-            y = y + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            self._note(routing, self.balance_probs(scores), ids)
+        y = self.add_shared(x, self._experts(x, ids, weights.to(weight_dtype)))
         return y.reshape(*shape[:-1], y.shape[-1])
+
+    def router_scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+        """x [N, H] -> (the router's scores [N, E] fp32, the dtype the gate weights are cast to).
+        Default (Qwen): ``softmax(gate(x))`` in fp32, weights cast to the logits' dtype."""
+        logits = self.gate(x)
+        return torch.softmax(logits, dim=-1, dtype=torch.float), logits.dtype
+
+    def select(self, scores: torch.Tensor) -> torch.Tensor:
+        """The router's choice: scores [N, E] -> expert ids [N, k] int64 (default: the top k)."""
+        return torch.topk(scores, self.top_k, dim=-1).indices
+
+    def gate_weights(self, scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The k gate weights [N, k] fp32 of the chosen (or replayed) ``ids``: their scores,
+        divided by their sum when ``norm_topk_prob``."""
+        weights = scores.gather(1, ids)
+        return weights / weights.sum(dim=-1, keepdim=True) if self.norm_topk_prob else weights
+
+    def balance_probs(self, scores: torch.Tensor) -> torch.Tensor:
+        """The per-token router probabilities [N, E] fp32 (rows sum to 1) that the load-balancing
+        loss reads (default: the softmax scores themselves)."""
+        return scores
+
+    def add_shared(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output ``y`` [N, H] plus the shared expert's of ``x`` [N, H] (default:
+        Qwen2-MoE's, gated per token by ``sigmoid(shared_expert_gate(x))``; none: ``y``)."""
+        if self.shared_expert is None:
+            return y
+        return y + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
     def _note(self, routing: Routing, probs: torch.Tensor, ids: torch.Tensor) -> None:
         """Record the experts used and the load-balancing statistics (as :class:`Routing` asks)."""

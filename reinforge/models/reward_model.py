@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .families import native_models
 from .loading import build_model, is_native, save_hf_state_dict
 
 SEQ_CLS_SUFFIX = "ForSequenceClassification"
@@ -30,7 +31,7 @@ class RewardModel(nn.Module):
     def __init__(self, backbone: nn.Module, pad_token_id: int | None):
         super().__init__()
         if not is_native(backbone):
-            raise ValueError("the reward model needs a Llama / Qwen2 / Qwen3 (or -MoE) backbone")
+            raise ValueError(f"the reward model's backbone must be {native_models()}")
         self.backbone = backbone
         self.pad_token_id = pad_token_id
         p = next(backbone.parameters())

@@ -1,6 +1,7 @@
 """The shape of a Hugging Face model folder, read without loading it: parameter count (from the
-safetensors headers) and the KV-cache dimensions (from config.json). Used by the resource checks
-(``cluster/resources.py``) and the up-front checks (``preflight.py``)."""
+safetensors headers) and the KV-cache dimensions (from config.json, through the model's family:
+:mod:`reinforge.models.families`). Used by the resource checks (``cluster/resources.py``) and the
+up-front checks (``preflight.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .families.base import ConfigShape
 
 
 @dataclass
@@ -24,7 +29,8 @@ class ModelShape:
 
 def model_shape(folder: Path) -> ModelShape:
     """Parameter count (from the safetensors headers, without reading tensors) and KV-cache
-    dimensions (from config.json) of a Hugging Face folder.
+    dimensions (from config.json, read by the model's family when it is registered:
+    :func:`config_shape`) of a Hugging Face folder.
 
     Raises:
         FileNotFoundError: no config.json in ``folder``.
@@ -32,8 +38,8 @@ def model_shape(folder: Path) -> ModelShape:
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    layers, vocab = int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+    shape = config_shape(cfg)
+    hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
     params = 0
     for f in folder.glob("*.safetensors"):
         with f.open("rb") as fh:
@@ -41,17 +47,28 @@ def model_shape(folder: Path) -> ModelShape:
             header = json.loads(fh.read(n))
         params += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
     if not params:  # no weights on disk yet (random_init): count from the config
-        params = layers * (4 * hidden * hidden + 3 * hidden * _mlp_width(cfg, hidden)) + vocab * hidden * (
+        params = shape.num_layers * (4 * hidden * hidden + 3 * hidden * shape.mlp_width) + vocab * hidden * (
             1 if cfg.get("tie_word_embeddings", True) else 2)
-    return ModelShape(params, vocab, layers, int(cfg.get("num_key_value_heads", heads)),
-                      int(cfg.get("head_dim") or hidden // heads))
+    return ModelShape(params, vocab, shape.num_layers, shape.num_kv_heads, shape.head_dim)
 
 
-def _mlp_width(cfg: dict, hidden: int) -> int:
-    """The summed width of a layer's MLP matrices: a dense model's ``intermediate_size``; a
-    mixture-of-experts model's experts (``num_experts`` x ``moe_intermediate_size``, every layer
-    counted sparse) plus a shared expert's width."""
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-    if experts:
-        return experts * int(cfg["moe_intermediate_size"]) + int(cfg.get("shared_expert_intermediate_size") or 0)
-    return int(cfg.get("intermediate_size", 4 * hidden))
+def config_shape(cfg: dict) -> "ConfigShape":
+    """The KV-cache shape, routed experts and MLP width of a ``config.json`` dict
+    (:class:`~reinforge.models.families.base.ConfigShape`): the registered family's reading
+    (``Family.config_shape``), else the common keys."""
+    from .families import family_of, is_native_type
+    from .families.base import generic_config_shape
+
+    cfg = cfg.get("text_config", cfg)
+    if is_native_type(cfg.get("model_type")):
+        return family_of(cfg).config_shape(cfg)
+    return generic_config_shape(cfg)
+
+
+def num_experts(cfg: dict) -> int:
+    """The routed experts per sparse layer of a ``config.json`` dict of a registered
+    mixture-of-experts family (0: dense, or not a model reinforge runs itself)."""
+    from .families import is_moe_type
+
+    cfg = cfg.get("text_config", cfg)
+    return config_shape(cfg).num_experts if is_moe_type(cfg.get("model_type")) else 0

@@ -4,14 +4,11 @@ One model code path serves both sides of RL post-training, so that the log-probs
 reports for a sampled token and the log-probs the trainer recomputes for it come from the same
 arithmetic (in fp32 they agree to ~1e-6; see ``tests/test_engine.py``).
 
-Supported Hugging Face architectures (``config.json`` ``model_type``):
-
-* ``llama``   (Llama 2/3, SmolLM/SmolLM2, ...): RMSNorm, RoPE, SwiGLU MLP, GQA.
-* ``qwen2``   (Qwen2 / Qwen2.5): as Llama plus a bias on the q/k/v projections.
-* ``qwen3``   (Qwen3 dense): as Llama plus RMSNorm on each query and key head (``q_norm``/``k_norm``).
-* ``qwen3_moe`` (Qwen3-MoE, e.g. Qwen3-30B-A3B): Qwen3's attention, a sparse mixture-of-experts MLP
-  (top-k router, ``norm_topk_prob``) in the layers the config makes sparse (:mod:`.moe`).
-* ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, the MoE MLP plus a gated shared expert.
+The architectures it runs are the registered model families (:mod:`.families`, one file each:
+``llama``, ``qwen2``, ``qwen3``, ``qwen3_moe``, ``qwen2_moe``, ``glm4_moe``, ...). A family maps its
+Hugging Face config to :class:`ModelArgs` and chooses the attention and MLP modules of each decoder
+layer; this module holds the shared parts (RMSNorm, RoPE, possibly partial, grouped-query attention
+with optional q/k/v / o biases and per-head q/k norms, the SwiGLU MLP, the decoder and its variants).
 
 Parameter names are exactly the Hugging Face ones (``model.layers.0.self_attn.q_proj.weight``...),
 so ``state_dict()`` is a Hugging Face checkpoint and weight sync needs no renaming (MoE experts are
@@ -35,14 +32,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ..utils.triton import triton_available
 from . import fused, ulysses
+from .args import STATIC_ROPE_TYPES, ModelArgs, rope_parameters, rotary_dim
 from .context import context_window
+from .families import family_of
 from .moe import Routing, SparseMoeBlock
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
-MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
-# RoPE variants whose frequencies are fixed at load time (so a precomputed table is exact).
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
+__all__ = ["AttentionContext", "Variant", "ModelArgs", "STATIC_ROPE_TYPES", "rope_parameters", "rope_tables",
+           "RMSNorm", "apply_rope", "Attention", "MLP", "DecoderLayer", "CausalLM"]
 
 class AttentionContext(Protocol):
     """What an engine passes as ``ctx`` to run attention against its KV cache."""
@@ -80,122 +76,20 @@ class Variant:
         return cls(fused_kernels, fused_kernels, True)
 
 
-@dataclass(frozen=True)
-class ModelArgs:
-    """Architecture hyper-parameters, read from a Hugging Face config."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    qk_norm: bool
-    # mixture of experts (qwen3_moe, qwen2_moe; 0 / () for dense models): see .moe
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    norm_topk_prob: bool = False
-    shared_expert_intermediate_size: int = 0  # qwen2_moe's shared expert (0: none)
-    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse (the others are dense)
-
-    @classmethod
-    def from_hf_config(cls, cfg: Any) -> "ModelArgs":
-        """Build from a ``transformers.PretrainedConfig``.
-
-        Raises:
-            NotImplementedError: the architecture or one of its options (sliding window,
-                dynamic RoPE, non-SiLU activation, MLP bias) is not implemented natively;
-                callers fall back to the Hugging Face model.
-        """
-        model_type = getattr(cfg, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise NotImplementedError(f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
-        if getattr(cfg, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (only 'silu')")
-        if getattr(cfg, "mlp_bias", False):
-            raise NotImplementedError("mlp_bias=True")
-        if getattr(cfg, "use_sliding_window", False) or any(
-            t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])
-        ):
-            raise NotImplementedError("sliding-window attention layers")
-        rope_type = rope_parameters(cfg).get("rope_type", "default")
-        if rope_type not in STATIC_ROPE_TYPES:
-            raise NotImplementedError(f"rope_type {rope_type!r}")
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        attention_bias = bool(getattr(cfg, "attention_bias", False))
-        qwen2_like = model_type in ("qwen2", "qwen2_moe")
-        return cls(
-            model_type=model_type,
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_layers=cfg.num_hidden_layers,
-            num_heads=cfg.num_attention_heads,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
-            head_dim=head_dim,
-            rms_norm_eps=cfg.rms_norm_eps,
-            max_position_embeddings=cfg.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            qkv_bias=bool(getattr(cfg, "qkv_bias", True)) if qwen2_like else attention_bias,
-            o_bias=False if qwen2_like else attention_bias,
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            **(_moe_args(cfg) if model_type in MOE_MODEL_TYPES else {}),
-        )
-
-
-def _moe_args(cfg: Any) -> dict[str, Any]:
-    """The mixture-of-experts fields of :class:`ModelArgs` from a qwen3_moe / qwen2_moe config: a
-    layer is sparse unless it is in ``mlp_only_layers``, when ``num_experts > 0`` and
-    ``(layer + 1) % decoder_sparse_step == 0`` (as transformers' decoder layers decide).
-
-    Raises:
-        ValueError: ``decoder_sparse_step`` < 1 or ``num_experts_per_tok`` outside [1, num_experts].
-    """
-    num_experts, step = int(getattr(cfg, "num_experts", 0) or 0), int(getattr(cfg, "decoder_sparse_step", 1))
-    if step < 1:
-        raise ValueError(f"config.json: decoder_sparse_step={step} must be >= 1")
-    dense = set(getattr(cfg, "mlp_only_layers", None) or [])
-    layers = tuple(i for i in range(cfg.num_hidden_layers)
-                   if num_experts > 0 and i not in dense and (i + 1) % step == 0)
-    top_k = int(cfg.num_experts_per_tok)
-    if layers and not 0 < top_k <= num_experts:
-        raise ValueError(f"config.json: num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
-    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=cfg.moe_intermediate_size,
-                norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)),
-                shared_expert_intermediate_size=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0)
-                if cfg.model_type == "qwen2_moe" else 0,
-                moe_layers=layers)
-
-
-def rope_parameters(cfg: Any) -> dict:
-    """The RoPE settings of a config as one dict (transformers 5 ``rope_parameters``)."""
-    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    params = dict(params)
-    if "rope_theta" not in params and hasattr(cfg, "rope_theta"):
-        params["rope_theta"] = cfg.rope_theta
-    params.setdefault("rope_type", params.get("type", "default"))
-    return params
-
-
 def rope_tables(cfg: Any, head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, each [max_positions, head_dim] fp32, for positions 0..max_positions-1.
+    """cos and sin tables, each [max_positions, R] fp32, for positions 0..max_positions-1, where R is
+    the rotary dimensions of a head: ``head_dim``, or ``int(head_dim * partial_rotary_factor)``
+    (:func:`~reinforge.models.args.rotary_dim`; RoPE then rotates the first R dimensions only).
 
     Inverse frequencies come from transformers' ``ROPE_INIT_FUNCTIONS`` (so every static RoPE
-    variant matches Hugging Face); the default variant is 1 / theta^(2i/d) (Su et al. 2021).
+    variant matches Hugging Face, partial rotation included); the default variant is
+    1 / theta^(2i/R) (Su et al. 2021).
     """
     params = rope_parameters(cfg)
     rope_type = params["rope_type"]
     if rope_type == "default":
-        theta = params.get("rope_theta", 10000.0)
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        theta, dim = params.get("rope_theta", 10000.0), rotary_dim(cfg, head_dim)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         scale = 1.0
     else:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -239,8 +133,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, heads, D]; cos, sin: [B, T, D] in x's dtype."""
+    """x: [B, T, heads, D]; cos, sin: [B, T, R] in x's dtype, R <= D: the first R dimensions of each
+    head are rotated, the rest pass through (partial RoPE, as transformers' GLM / Phi)."""
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    R = cos.shape[-1]
+    if R < x.shape[-1]:
+        rot, rest = x[..., :R], x[..., R:]
+        return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
     return x * cos + _rotate_half(x) * sin
 
 
@@ -254,6 +153,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.partial_rope = args.rotary_dims < args.head_dim  # the fused RoPE kernels rotate whole heads only
         self.q_proj = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
         self.k_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
         self.v_proj = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
@@ -381,11 +281,17 @@ def _silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int):
+    """Pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``. The family
+    (:class:`~reinforge.models.families.base.Family`) builds the attention and the MLP (dense, or
+    sparse in ``args.moe_layers``) and names the tensor-parallel plan (:attr:`tp_plan`)."""
+
+    def __init__(self, args: ModelArgs, layer: int, family: Any, hf_config: Any):
         super().__init__()
-        self.self_attn = Attention(args, layer)
+        self.self_attn = family.attention(args, layer, hf_config)
         self.sparse = layer in args.moe_layers
-        self.mlp = _sparse_mlp(args, layer) if self.sparse else MLP(args)
+        self.mlp = family.sparse_mlp(args, layer, hf_config) if self.sparse else family.dense_mlp(args, layer, hf_config)
+        # submodule -> "colwise" / "rowwise" (train/mesh.py: apply_tensor_parallel)
+        self.tp_plan: dict[str, str] = family.tp_plan(self.sparse)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -410,17 +316,11 @@ class DecoderLayer(nn.Module):
         return self._mlp(h, routing), residual
 
 
-def _sparse_mlp(args: ModelArgs, layer: int) -> SparseMoeBlock:
-    shared = MLP(args, args.shared_expert_intermediate_size) if args.shared_expert_intermediate_size else None
-    return SparseMoeBlock(args.hidden_size, args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size,
-                          args.norm_topk_prob, layer, shared)
-
-
 class Decoder(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, family: Any, hf_config: Any):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args, i, family, hf_config) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -433,9 +333,10 @@ class CausalLM(nn.Module):
 
     def __init__(self, hf_config: Any, max_positions: int | None = None):
         super().__init__()
-        self.args = ModelArgs.from_hf_config(hf_config)
+        self.family = family_of(hf_config)  # raises NotImplementedError for an unregistered model_type
+        self.args = self.family.model_args(hf_config)
         self.config = hf_config
-        self.model = Decoder(self.args)
+        self.model = Decoder(self.args, self.family, hf_config)
         self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -472,7 +373,7 @@ class CausalLM(nn.Module):
             if isinstance(m, (RMSNorm, MLP, SparseMoeBlock)):
                 m.fused = on
             elif isinstance(m, Attention):
-                m.rope_qk = fused.rope_qk if on else apply_rope_qk
+                m.rope_qk = fused.rope_qk if on and not m.partial_rope else apply_rope_qk
         self.variant = variant
         self.fuse_projections(variant.fused_projections)
         return variant
@@ -494,15 +395,11 @@ class CausalLM(nn.Module):
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
-        """Random initialisation (normal(0, std) matrices, unit norms, zero biases)."""
-        for name, p in self.named_parameters():
-            with torch.no_grad():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith(".bias"):
-                    p.zero_()
-                else:
-                    p.normal_(0.0, std, generator=generator)
+        """Random initialisation, the family's (``Family.init_weight``; default: normal(0, std)
+        matrices, unit norms, zero biases)."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                self.family.init_weight(name, p, std, generator)
 
     def forward_hidden(
         self,

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from ..engine import EmbeddedEngine
+from ..models.families import native_models
 from ..models.loading import build_model, is_native
 
 log = logging.getLogger(__name__)
@@ -13,8 +14,8 @@ log = logging.getLogger(__name__)
 
 def from_spec(spec) -> Any:
     """The ``embedded`` backend's factory (:mod:`reinforge.rollout.backends`): the engine on its own
-    copy of the model; a model the engine does not implement (not Llama / Qwen2 / Qwen3 (-MoE)) falls back
-    to transformers' ``generate`` with a warning."""
+    copy of the model; a model the engine does not implement (not of a registered family,
+    :mod:`reinforge.models.families`) falls back to transformers' ``generate`` with a warning."""
     model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
     if not is_native(model):
         from .hf_engine import HFEngine
@@ -24,8 +25,8 @@ def from_spec(spec) -> Any:
                              f"engine implements, and the transformers fallback (engine.backend=hf) cannot record "
                              f"expert routes; set algo.use_rollout_routing_replay=false")
 
-        log.warning("engine.backend=embedded needs a Llama/Qwen2/Qwen3(-MoE) model; falling back to transformers' "
-                    "generate (engine.backend=hf)")
+        log.warning("engine.backend=embedded needs %s; falling back to transformers' generate "
+                    "(engine.backend=hf)", native_models())
         return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs,
                         seed=spec.seed)
     return EmbeddedEngine(model, spec.engine, max_model_len=spec.max_model_len, seed=spec.seed,

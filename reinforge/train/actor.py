@@ -13,6 +13,7 @@ from ..algo.logprobs import token_log_probs
 from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
+from ..models.families import moe_models, native_models
 from ..models.loading import build_model, is_native, named_weights, set_gradient_checkpointing
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.moe import Routing
@@ -62,8 +63,8 @@ def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | Non
     if is_native(model):
         return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index, routing=routing)
     if mb.packed:
-        raise ValueError("train.packing: sequences / shared_prompt need a Llama / Qwen2 / Qwen3 (or -MoE) model "
-                         "(reinforge's own model code); use train.packing=none for this model")
+        raise ValueError(f"train.packing: sequences / shared_prompt need {native_models()}; use train.packing=none "
+                         f"for this model")
     return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[index]
 
 
@@ -81,19 +82,18 @@ class Actor(ModelTrainer):
         set_gradient_checkpointing(model, m.gradient_checkpointing, m.recompute_num_layers)
         if m.torch_compile:
             if not is_native(model) or m.lora_rank:
-                raise ValueError("model.torch_compile needs a Llama / Qwen2 / Qwen3 (or -MoE) model "
-                                 "(reinforge's own model code) "
-                                 "without LoRA: set model.torch_compile=false")
+                raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set "
+                                 f"model.torch_compile=false")
             model.compile_layers()
         if m.lora_rank:
             model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         if t.moe_aux_loss_coeff > 0 and not (is_native(model) and model.args.moe_layers):
-            raise ValueError(f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs a mixture-of-experts model "
-                             f"(qwen3_moe / qwen2_moe); {model_path} has none: set train.moe_aux_loss_coeff=0")
+            raise ValueError(f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs {moe_models()}; {model_path} "
+                             f"has no experts: set train.moe_aux_loss_coeff=0")
         self.replay_routes = a.use_rollout_routing_replay
         if self.replay_routes and not (is_native(model) and model.args.moe_layers):
-            raise ValueError(f"algo.use_rollout_routing_replay=true needs a mixture-of-experts model (qwen3_moe / "
-                             f"qwen2_moe); {model_path} is dense: set algo.use_rollout_routing_replay=false")
+            raise ValueError(f"algo.use_rollout_routing_replay=true needs {moe_models()}; {model_path} is dense: "
+                             f"set algo.use_rollout_routing_replay=false")
         self._moe_shape = (model.args.moe_layers, model.args.num_experts_per_tok) if self.replay_routes else None
         model.train()
         super().__init__(model, device, OptimizerSettings.for_actor(t), TrainSettings.from_config(m, t), name="actor",

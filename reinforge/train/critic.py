@@ -9,6 +9,7 @@ from torch import nn
 
 from ..algo.losses import aggregate, clipped_value_loss
 from ..config import Config
+from ..models.families import native_models
 from ..models.loading import build_model, is_native, set_gradient_checkpointing
 from ..records import Sample
 from .batching import MicroBatch
@@ -27,7 +28,7 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module):
         super().__init__()
         if not is_native(backbone):
-            raise ValueError("the critic needs a Llama / Qwen2 / Qwen3 (or -MoE) model (critic.path)")
+            raise ValueError(f"the critic needs {native_models()} (critic.path)")
         self.backbone = backbone
         param = next(backbone.parameters())
         self.value_head = nn.Linear(backbone.args.hidden_size, 1, device=param.device, dtype=param.dtype)

@@ -4,10 +4,11 @@ The trainer ranks form a 3-D mesh ``(dp, cp, tp)`` (``init_device_mesh``, dimens
 ``dp``, ``cp``, ``tp``; ``tp`` innermost, so a tensor-parallel group is made of neighbouring
 ranks, on one node when it fits):
 
-* ``tp`` (``train.tensor_model_parallel_size``): each decoder layer's q/k/v and gate/up
-  projections are split by output rows (``ColwiseParallel``: each rank holds ``num_heads / tp``
-  query heads, ``num_kv_heads / tp`` key/value heads and ``intermediate_size / tp`` MLP
-  columns), o and down by input columns (``RowwiseParallel``: their outputs are summed over the
+* ``tp`` (``train.tensor_model_parallel_size``): as the model family plans it (``Family.tp_plan``,
+  :mod:`reinforge.models.families`; every registered family keeps the default), each decoder
+  layer's q/k/v and gate/up projections are split by output rows (``ColwiseParallel``: each rank
+  holds ``num_heads / tp`` query heads, ``num_kv_heads / tp`` key/value heads and
+  ``intermediate_size / tp`` MLP columns), o and down by input columns (``RowwiseParallel``: their outputs are summed over the
   group). The embedding, the LM head and every norm stay whole on each rank (replicated); Qwen3's
   per-head ``q_norm`` / ``k_norm`` see only the local heads, so their gradients are summed over
   the group (:func:`sum_tensor_parallel_grads`).
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from ..models.families import moe_models
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -105,8 +108,7 @@ class Layout:
         if self.ep == 1:
             return []
         if num_experts == 0:
-            return [f"{KEYS['ep']}={self.ep} needs a mixture-of-experts model (qwen3_moe / qwen2_moe); this one is "
-                    f"dense: set {KEYS['ep']}=1"]
+            return [f"{KEYS['ep']}={self.ep} needs {moe_models()}; this one is dense: set {KEYS['ep']}=1"]
         if num_experts % self.ep:
             return [f"{KEYS['ep']}={self.ep} must divide the model's num_experts={num_experts} (each expert-parallel "
                     f"rank holds num_experts / {KEYS['ep']} experts)"]
@@ -185,28 +187,35 @@ class TrainMesh:
 
 
 def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: "DeviceMesh") -> None:
-    """Split each decoder layer's projections over ``tp_mesh`` (see the module doc).
+    """Split each decoder layer's projections over ``tp_mesh`` as the layer's family plans it
+    (``layer.tp_plan``: submodule -> ``"colwise"`` / ``"rowwise"``, from
+    :meth:`~reinforge.models.families.base.Family.tp_plan`; see the module doc).
 
     Raises:
-        ValueError: a layer without the Llama-style projection names (``self_attn.{q,k,v,o}_proj``,
-            ``mlp.{gate,up,down}_proj``), e.g. LoRA-wrapped projections.
+        ValueError: a layer without a plan (not reinforge's own model code), a plan style other than
+            colwise / rowwise, or a planned submodule that is not a plain ``nn.Linear`` (e.g.
+            LoRA-wrapped projections).
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    attention = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-                 "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel()}
-    mlp = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for layer in layers:
-        # a mixture-of-experts layer's MLP stays whole on every tensor-parallel rank (its input, the
-        # attention's all-reduced output, is the same there): the experts are split by
-        # train.expert_model_parallel_size, not by tp
-        plan = attention if getattr(layer, "sparse", False) else {**attention, **mlp}
-        for name in plan:
+        # a mixture-of-experts layer's MLP stays whole on every tensor-parallel rank in the default
+        # plan (its input, the attention's all-reduced output, is the same there): the experts are
+        # split by train.expert_model_parallel_size, not by tp
+        names = getattr(layer, "tp_plan", None)
+        if names is None:
+            raise ValueError(f"{KEYS['tp']}: {type(layer).__name__} has no tensor-parallel plan (tp_plan); tensor "
+                             f"parallelism needs reinforge's own model code (a registered model family)")
+        bad = sorted(set(names.values()) - set(styles))
+        if bad:
+            raise ValueError(f"{KEYS['tp']}: the family's tp_plan names {bad}; the styles are {sorted(styles)}")
+        for name in names:
             if type(layer.get_submodule(name)) is not nn.Linear:
                 raise ValueError(f"{KEYS['tp']}: {name} of {type(layer).__name__} is not a plain nn.Linear "
                                  f"({type(layer.get_submodule(name)).__name__}); tensor parallelism needs reinforge's "
                                  f"own model code without LoRA")
-        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, {name: styles[style]() for name, style in names.items()})
 
 
 def apply_expert_parallel(model: nn.Module, mesh: TrainMesh, fsdp_kwargs: dict[str, Any]) -> list[nn.Parameter]:
@@ -258,8 +267,12 @@ def set_context_parallel(layers: list[nn.Module], group: dist.ProcessGroup | Non
 
 def tensor_parallel_partial_params(model: nn.Module) -> list[nn.Parameter]:
     """Replicated parameters that see only the local heads under tensor parallelism (Qwen3's
-    ``q_norm`` / ``k_norm``): their gradients must be summed over the tp group."""
-    return [p for n, p in model.named_parameters() if p.requires_grad and (".q_norm." in n or ".k_norm." in n)]
+    ``q_norm`` / ``k_norm``: the family's ``tp_partial_grads`` name fragments): their gradients must
+    be summed over the tp group."""
+    native = getattr(model, "backbone", model)  # a critic's / reward model's backbone
+    family = getattr(native, "family", None)
+    parts = family.tp_partial_grads if family is not None else (".q_norm.", ".k_norm.")
+    return [p for n, p in model.named_parameters() if p.requires_grad and any(f in n for f in parts)]
 
 
 def sum_tensor_parallel_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..models.families import native_models
 from .mesh import (KEYS, Layout, TrainMesh, apply_expert_parallel, apply_tensor_parallel, set_context_parallel,
                    tensor_parallel_partial_params)
 
@@ -172,8 +173,8 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
     if layout.tp > 1 or layout.cp > 1:
         args = getattr(model, "args", None) or getattr(getattr(model, "backbone", None), "args", None)
         if args is None:
-            raise ValueError(f"{KEYS['tp']} / {KEYS['cp']} above 1 need a Llama / Qwen2 / Qwen3 (or -MoE) model "
-                             f"(reinforge's own model code), not {type(model).__name__}")
+            raise ValueError(f"{KEYS['tp']} / {KEYS['cp']} above 1 need {native_models()}, not "
+                             f"{type(model).__name__}")
         problems = layout.model_problems(args.num_heads, args.num_kv_heads, args.intermediate_size)
         if problems:
             raise ValueError("; ".join(problems))

@@ -1,0 +1,154 @@
+"""The architecture hyper-parameters of reinforge's own model (:class:`ModelArgs`), read from a
+Hugging Face config by the model's family (:mod:`reinforge.models.families`).
+
+Torch-free on purpose: the families' config mappings, the up-front checks and the shape
+estimates read configs without building anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+# RoPE variants whose frequencies are fixed at load time (so a precomputed table is exact).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Architecture hyper-parameters, read from a Hugging Face config (``Family.model_args``).
+
+    Attention: ``num_heads`` query heads and ``num_kv_heads`` key/value heads of ``head_dim``
+    each; RoPE rotates the first ``rotary_dim`` dimensions of every query and key head (``head_dim``
+    unless the config's ``partial_rotary_factor`` is below 1, as GLM-4.5's 0.5); ``qkv_bias`` /
+    ``o_bias`` bias the q/k/v and the output projections; ``qk_norm``: an RMSNorm over each query and
+    key head before RoPE (Qwen3). Mixture of experts (0 / () for dense models, see :mod:`.moe`):
+    ``num_experts`` routed experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` of
+    them per token, in the decoder layers ``moe_layers`` (the others keep a dense MLP of
+    ``intermediate_size``); ``shared_expert_intermediate_size``: the width of a shared expert every
+    token goes through (0: none).
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    # mixture of experts (0 / () for dense models): see .moe
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_expert_intermediate_size: int = 0
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse (the others are dense)
+    rotary_dim: int = 0  # 0: head_dim (see rotary_dims)
+
+    @property
+    def rotary_dims(self) -> int:
+        """The dimensions of each head that RoPE rotates (``head_dim`` unless partial)."""
+        return self.rotary_dim or self.head_dim
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> "ModelArgs":
+        """Build from a ``transformers.PretrainedConfig`` through its family's config mapping
+        (:func:`reinforge.models.families.family_of`).
+
+        Raises:
+            NotImplementedError: the model type is not a registered family (the message lists the
+                registered ones), or one of its options is not implemented natively; callers fall
+                back to the Hugging Face model.
+        """
+        from .families import family_of
+
+        return family_of(cfg).model_args(cfg)
+
+    def with_(self, **changes: Any) -> "ModelArgs":
+        """A copy with ``changes`` (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+
+def check_common(cfg: Any) -> None:
+    """Refuse the options no family implements natively: a non-SiLU activation, MLP biases,
+    sliding-window layers, RoPE types whose frequencies change at run time (dynamic, longrope).
+
+    Raises:
+        NotImplementedError: naming the option (``build_model`` then falls back to transformers).
+    """
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (only 'silu')")
+    if getattr(cfg, "mlp_bias", False):
+        raise NotImplementedError("mlp_bias=True")
+    if getattr(cfg, "use_sliding_window", False) or any(
+        t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])
+    ):
+        raise NotImplementedError("sliding-window attention layers")
+    rope_type = rope_parameters(cfg).get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise NotImplementedError(f"rope_type {rope_type!r}")
+
+
+def dense_args(cfg: Any, *, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> ModelArgs:
+    """The attention and dense-MLP fields every family reads the same way (after
+    :func:`check_common`); the three flags are what families differ in. ``rotary_dim`` follows
+    ``partial_rotary_factor`` (:func:`rotary_dim`)."""
+    check_common(cfg)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return ModelArgs(
+        model_type=cfg.model_type,
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+        head_dim=head_dim,
+        rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        qk_norm=qk_norm,
+        rotary_dim=rotary_dim(cfg, head_dim),
+    )
+
+
+def check_top_k(top_k: int, num_experts: int, moe_layers: tuple[int, ...]) -> None:
+    """Raises ValueError (naming config.json's key) when ``top_k`` is outside [1, num_experts]
+    while some layer is sparse."""
+    if moe_layers and not 0 < top_k <= num_experts:
+        raise ValueError(f"config.json: num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
+
+
+def rope_parameters(cfg: Any) -> dict:
+    """The RoPE settings of a config as one dict (transformers 5 ``rope_parameters``), with
+    ``rope_theta`` and ``partial_rotary_factor`` filled in from the top level when only there."""
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    params = dict(params)
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key not in params and getattr(cfg, key, None) is not None:
+            params[key] = getattr(cfg, key)
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def rotary_dim(cfg: Any, head_dim: int) -> int:
+    """``int(head_dim * partial_rotary_factor)`` (transformers' rule; the factor defaults to 1).
+
+    Raises:
+        ValueError: the result is not an even number in [2, head_dim].
+    """
+    factor = float(rope_parameters(cfg).get("partial_rotary_factor") or 1.0)
+    dim = int(head_dim * factor)
+    if dim < 2 or dim > head_dim or dim % 2:
+        raise ValueError(f"config.json: partial_rotary_factor={factor} gives {dim} rotary dimensions of head_dim="
+                         f"{head_dim}; it must give an even number in [2, head_dim]")
+    return dim

@@ -1,0 +1,155 @@
+"""What a model family provides (:class:`Family`), with the defaults most families keep.
+
+A family file subclasses :class:`Family`, overrides what differs and sets ``FAMILY = MyFamily()``;
+its registration is one line in :mod:`reinforge.models.families`. The defaults are Llama's:
+attention with q/k/v/o projections, a SwiGLU MLP, the tensor-parallel plan over those names, the
+mixture-of-experts blocks of :mod:`reinforge.models.moe` with their hub <-> stacked expert
+layout, Hugging Face parameter names kept as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from ..args import ModelArgs, check_top_k
+from ..moe import SparseMoeBlock, hub_named_tensors, stack_expert_weights
+from ..transformer import MLP, Attention
+
+# the tensor-parallel styles a plan may name (torch.distributed.tensor.parallel's classes)
+TP_STYLES = ("colwise", "rowwise")
+LLAMA_ATTENTION_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
+                        "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise"}
+LLAMA_MLP_PLAN = {"mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
+
+
+@dataclass(frozen=True)
+class ConfigShape:
+    """What the resource estimates and up-front checks need from a ``config.json`` dict, read
+    without transformers: the KV-cache shape (``num_layers`` x ``num_kv_heads`` x ``head_dim``),
+    the routed experts per sparse layer (0: dense) and the summed width of one layer's MLP
+    matrices (a dense model's ``intermediate_size``; an MoE layer's experts plus shared experts,
+    every layer counted sparse: an upper bound)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    mlp_width: int
+
+
+class Family:
+    """One architecture (``config.json`` ``model_type``). Subclasses set :attr:`model_type` and
+    implement :meth:`model_args`; everything else has Llama's defaults.
+
+    Attributes:
+        model_type: the registry key.
+        tp_partial_grads: name fragments of replicated parameters that see only the local heads
+            under tensor parallelism (their gradients are summed over the tensor-parallel group).
+    """
+
+    model_type: str = ""
+    tp_partial_grads: tuple[str, ...] = (".q_norm.", ".k_norm.")
+
+    # ------------------------------------------------------------------ config mapping
+    def model_args(self, cfg: Any) -> ModelArgs:
+        """The :class:`ModelArgs` of a ``transformers`` config of this family.
+
+        Raises:
+            NotImplementedError: an option the model code does not implement (callers fall back
+                to transformers' model).
+            ValueError: an inconsistent config (naming config.json's key).
+        """
+        raise NotImplementedError(f"{type(self).__name__}.model_args")
+
+    def config_shape(self, cfg: dict) -> ConfigShape:
+        """:class:`ConfigShape` of a ``config.json`` dict (default: the common keys, experts under
+        ``num_experts`` / ``num_local_experts``, a shared expert under
+        ``shared_expert_intermediate_size``)."""
+        return generic_config_shape(cfg)
+
+    # ------------------------------------------------------------------ modules
+    def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        """Decoder layer ``layer``'s attention (parameters under ``self_attn.``)."""
+        return Attention(args, layer)
+
+    def dense_mlp(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        """A dense layer's MLP (parameters under ``mlp.``): SwiGLU of ``intermediate_size``."""
+        return MLP(args)
+
+    def sparse_mlp(self, args: ModelArgs, layer: int, cfg: Any) -> SparseMoeBlock:
+        """A sparse layer's mixture-of-experts block (:class:`~reinforge.models.moe.SparseMoeBlock`
+        or a subclass; parameters under ``mlp.``)."""
+        shared = MLP(args, args.shared_expert_intermediate_size) if args.shared_expert_intermediate_size else None
+        return SparseMoeBlock(args.hidden_size, args.num_experts, args.num_experts_per_tok,
+                              args.moe_intermediate_size, args.norm_topk_prob, layer, shared)
+
+    # ------------------------------------------------------------------ parallelism
+    def tp_plan(self, sparse: bool) -> dict[str, str]:
+        """Submodule name (relative to the decoder layer) -> ``"colwise"`` / ``"rowwise"``
+        (torch's ``ColwiseParallel`` / ``RowwiseParallel``) for tensor parallelism. Default:
+        q/k/v column-wise, o row-wise; a dense MLP's gate/up column-wise, down row-wise; a sparse
+        layer's MLP stays whole on every tensor-parallel rank (its experts split by expert
+        parallelism instead)."""
+        return dict(LLAMA_ATTENTION_PLAN) if sparse else {**LLAMA_ATTENTION_PLAN, **LLAMA_MLP_PLAN}
+
+    # ------------------------------------------------------------------ weights
+    def init_weight(self, name: str, p: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+        """Random initialisation of one tensor (``CausalLM.init_weights``): norms 1, biases 0,
+        the rest normal(0, std)."""
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, std, generator=generator)
+
+    def from_hub(self, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors (Hugging Face names) -> this model's state dict: the hub's
+        per-expert tensors stacked (:func:`~reinforge.models.moe.stack_expert_weights`)."""
+        return stack_expert_weights(state, where)
+
+    def to_hub(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """This model's (name, tensor) pairs -> the hub's: stacked experts split per expert
+        (:func:`~reinforge.models.moe.hub_named_tensors`), other names unchanged."""
+        return hub_named_tensors(named)
+
+
+def generic_config_shape(cfg: dict, experts_keys: tuple[str, ...] = ("num_experts", "num_local_experts"),
+                         shared_width: int | None = None) -> ConfigShape:
+    """:class:`ConfigShape` from the common ``config.json`` keys; ``experts_keys``: where the
+    routed-expert count may be; ``shared_width``: the shared experts' width (default:
+    ``shared_expert_intermediate_size``)."""
+    cfg = cfg.get("text_config", cfg)
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    experts = next((int(cfg[k]) for k in experts_keys if cfg.get(k)), 0)
+    if experts:
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0) if shared_width is None else shared_width
+        width = experts * int(cfg["moe_intermediate_size"]) + shared
+    else:
+        width = int(cfg.get("intermediate_size", 4 * hidden))
+    return ConfigShape(int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or heads),
+                       int(cfg.get("head_dim") or hidden // heads), experts, width)
+
+
+def qwen_moe_layers(cfg: Any) -> dict[str, Any]:
+    """The mixture-of-experts fields of :class:`ModelArgs` from a qwen3_moe / qwen2_moe config: a
+    layer is sparse unless it is in ``mlp_only_layers``, when ``num_experts > 0`` and
+    ``(layer + 1) % decoder_sparse_step == 0`` (as transformers' decoder layers decide).
+
+    Raises:
+        ValueError: ``decoder_sparse_step`` < 1 or ``num_experts_per_tok`` outside [1, num_experts].
+    """
+    num_experts, step = int(getattr(cfg, "num_experts", 0) or 0), int(getattr(cfg, "decoder_sparse_step", 1))
+    if step < 1:
+        raise ValueError(f"config.json: decoder_sparse_step={step} must be >= 1")
+    dense = set(getattr(cfg, "mlp_only_layers", None) or [])
+    layers = tuple(i for i in range(cfg.num_hidden_layers)
+                   if num_experts > 0 and i not in dense and (i + 1) % step == 0)
+    top_k = int(cfg.num_experts_per_tok)
+    check_top_k(top_k, num_experts, layers)
+    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=cfg.moe_intermediate_size,
+                norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)), moe_layers=layers)
