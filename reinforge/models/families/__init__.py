@@ -33,6 +33,8 @@ FAMILIES.register("qwen3_moe", "reinforge.models.families.qwen3_moe:FAMILY", moe
                   title="Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B)")
 FAMILIES.register("qwen2_moe", "reinforge.models.families.qwen2_moe:FAMILY", moe=True,
                   title="Qwen1.5-MoE / Qwen2-57B-A14B")
+FAMILIES.register("glm4_moe", "reinforge.models.families.glm4_moe:FAMILY", moe=True,
+                  title="GLM-4.5 / GLM-4.5-Air / GLM-4.6 (MoE)")
 
 
 def model_type_of(config: Any) -> str | None:
