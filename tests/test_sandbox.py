@@ -648,3 +648,10 @@ def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(monkeypatch):
     with pytest.raises(ToolError) as e:
         sandbox_output(r)
     assert e.value.kind == SANDBOX_FAILURE
+
+
+def test_the_sandbox_uid_default_is_the_configs():
+    from reinforge.config import AgentConfig
+
+    assert sb.DEFAULT_SANDBOX_UID == AgentConfig().python_sandbox_uid
+    assert sb.SandboxLimits().sandbox_uid == sb.DEFAULT_SANDBOX_UID

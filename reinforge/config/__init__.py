@@ -6,7 +6,8 @@ from .fields import ConfigError
 from .loader import (config_dict, config_from_dict, config_from_values, config_yaml, dump_config, load_config,
                      parse_override, unused_keys)
 from .root import SECTIONS, Config
-from .sections import (AgentConfig, AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
+from .agent import AgentConfig
+from .sections import (AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
                        ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 __all__ = ["ConfigError", "Config", "SECTIONS", "load_config", "config_from_dict", "config_from_values",

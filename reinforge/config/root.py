@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .fields import ConfigError
-from .sections import (AgentConfig, AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
+from .agent import AgentConfig
+from .sections import (AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
                        ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
 
 

@@ -37,7 +37,7 @@ from ..tools import ToolCall, ToolResult, ToolSet
 from ..utils.registry import Registry
 
 if TYPE_CHECKING:
-    from ..config.sections import AgentConfig
+    from ..config.agent import AgentConfig
 
 
 class EnvironmentFailure(RuntimeError):

@@ -100,10 +100,15 @@ def auto_keys(cfg: "Config") -> list[str]:
 
 def read_arch(folder: Path) -> tuple[M.Arch, bool]:
     """The model's :class:`~.model.Arch` and whether reinforge's own model code runs it."""
-    from ..preflight import is_native_config, read_model_config
+    import json
 
-    config = read_model_config(folder)
-    return M.Arch.from_config(config), is_native_config(config)
+    from ..models.families import is_native_type
+
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (model.path must be a Hugging Face folder)")
+    config = json.loads(path.read_text())
+    return M.Arch.from_config(config), is_native_type(config.get("model_type"))
 
 
 def workload(cfg: "Config", arch: M.Arch, gpu: GPU, prompt_len: int, native: bool = True,

@@ -13,7 +13,7 @@ from .sandbox import (SandboxLimits, SandboxResult, SandboxSlots, check_sandbox,
 from .toolset import SANDBOX_FAILURE, ToolError
 
 if TYPE_CHECKING:
-    from ..config.sections import AgentConfig
+    from ..config.agent import AgentConfig
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 4096  # results beyond ~1e1233 are refused rather than computed

@@ -29,7 +29,7 @@ from .mcp_client import MCP_ERROR, MCPServers, MCPStartError
 from .toolset import Tool
 
 if TYPE_CHECKING:
-    from ..config.sections import AgentConfig
+    from ..config.agent import AgentConfig
 
 __all__ = ["MCP_ERROR", "MCPServerSpec", "MCPServers", "MCPStartError", "function_schema", "load_mcp_tools",
            "parse_server_specs", "require_sdk", "tool_listings"]

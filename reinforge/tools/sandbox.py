@@ -37,7 +37,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..config.sections import AgentConfig
 from .cgroup import Cgroup, create_cgroup
 from .isolation import (SCRATCH, SandboxUnavailable, bwrap_args, bwrap_path, host_env, host_uid,
                         launcher_command, sandbox_env, seccomp_program, staged_paths)
@@ -46,7 +45,7 @@ log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "none")
 OPT_OUT = "agent.python_sandbox=none"
-DEFAULT_SANDBOX_UID: int = AgentConfig.python_sandbox_uid  # the one default, in the config
+DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
 NETWORK_DENIED = "network access is disabled in this sandbox"
 
 __all__ = ["ISOLATIONS", "OPT_OUT", "SandboxLimits", "SandboxResult", "SandboxSlots", "SandboxUnavailable",

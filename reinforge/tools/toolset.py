@@ -15,6 +15,7 @@ and whose ``error`` names the kind (counted in the rollout metrics).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ from ..utils.registry import Registry
 from .schema import ToolArgumentError, check_arguments, function_schema
 
 if TYPE_CHECKING:
-    from ..config.sections import AgentConfig
+    from ..config.agent import AgentConfig
 
 TOOLS: Registry[Callable[..., Any]] = Registry("tool", "agent.tools")
 """Tools by name. A target registered with ``factory=True`` is called with the ``agent`` config
@@ -130,9 +131,8 @@ def load_tools(names: list[str], agent: "AgentConfig | None" = None) -> list[Too
             raise ValueError(f"{key}={spec!r}: a tool named {tool.name!r} is already loaded")
         tools.append(tool)
     if agent is not None and getattr(agent, "mcp_servers", None):
-        from .mcp import load_mcp_tools
-
-        tools += load_mcp_tools(agent, {t.name: f"agent.tools[{i}]" for i, t in enumerate(tools)})
+        mcp = importlib.import_module("reinforge.tools.mcp")  # by name: mcp builds on this module
+        tools += mcp.load_mcp_tools(agent, {t.name: f"agent.tools[{i}]" for i, t in enumerate(tools)})
     return tools
 
 
