@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup setup-demo demo test test-fast setup-vllm test-vllm clean
+.PHONY: setup setup-demo demo demo-agent test test-fast setup-vllm test-vllm clean
 
 # Packages are installed with uv (about 4x faster than pip here: ~15 s instead of ~70 s for the
 # demo's set). uv does not read pip's configuration, so pip's find-links (where a local CPU build
@@ -44,6 +44,12 @@ setup: setup-demo
 # run.overwrite: a rerun replaces runs/demo_cpu (reinforge refuses to mix two runs in one directory)
 demo: setup-demo
 	$(BIN)/reinforge train --config examples/demo_cpu.yaml run.overwrite=true
+
+# the tool-use pipeline on CPU (docs/agents.md#the-tool-use-pipeline): base -> SFT on program-written traces ->
+# GRPO with the python tool (bubblewrap sandbox: `make setup` installs it), held-out accuracy and well-formed calls
+demo-agent: setup
+	$(BIN)/python bench/agent_pipeline.py --out runs/demo_agent --sft-examples 32 --rollouts 2 --eval-prompts 32 \
+	    --rl rollout.rollout_batch_size=4 rollout.n_samples_per_prompt=4 -- offline.global_batch_size=8
 
 test: setup
 	$(BIN)/python -m pytest -q tests
