@@ -379,11 +379,17 @@ REWARD_FAULTS = [
 def test_bad_reward_function_scores_zero_and_the_run_goes_on(tmp_path, tiny_model_path, kind, fn, extra, counter):
     from reinforge.loop import run_training
 
+    from reinforge.reward.manager import RewardFunctionFailing
+
     out = tmp_path / "run"
-    result = run_training(load_config(None, overrides(tiny_model_path, out, **{
+    cfg = load_config(None, overrides(tiny_model_path, out, **{
         "train.num_rollout": 2, "run.save_interval": "null", "run.save_final": "false",
-        "reward.function_path": fn, **extra})))
-    assert result.last_rollout_id == 1
+        "reward.function_path": fn, **extra}))
+    if kind == "hangs":  # every reward failed: the run trains on, then ends in error (issue 38 item 7)
+        with pytest.raises(RewardFunctionFailing, match="every reward of this run failed"):
+            run_training(cfg)
+    else:
+        assert run_training(cfg).last_rollout_id == 1
     rows = train_rows(out)
     assert len(rows) == 2
     failed = sum(r[counter] for r in rows)
