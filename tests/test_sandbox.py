@@ -232,7 +232,6 @@ print(written)
     assert int(r.stdout.split()[-1]) <= 32 * 2**20
 
 
-@needs_bwrap
 FORK_BOMB = """
 import os, time
 n = 0
@@ -248,6 +247,7 @@ print(n)
 """
 
 
+@needs_bwrap
 def test_process_count_is_limited():
     """A fork bomb meets the group's process limit (``pids.max`` of the cgroup)."""
     r = run(FORK_BOMB, max_processes=16)
