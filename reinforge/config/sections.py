@@ -228,14 +228,15 @@ class RewardConfig(Section):
     every reward failed ends with exit status 1 too."""
 
     name = "reward"
-    type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model"] = opt(
+    type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model", "judge"] = opt(
         "auto", "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
-        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`)")
+        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`), `judge` (an LLM judge)")
     function_path: str | None = opt(None, "`module:function` for `type: custom`: `fn(sample) -> float | dict`, "
                                     "sync or async (slime's `--custom-rm-path`)")
     answer_extraction: Literal["tag", "tag_or_last_number", "boxed", "last_number", "none"] = opt(
         "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`")
-    timeout: float = opt(10.0, "seconds per sample; a timeout scores 0 and is counted in `reward/timeouts`", gt=0)
+    timeout: float = opt(10.0, "seconds per sample (`judge`: per request); a timeout scores 0 and is counted in "
+                         "`reward/timeouts`", gt=0)
     concurrency: int = opt(16, "reward calls in flight (with `isolation: process`, worker processes at most)", ge=1)
     isolation: Literal["process", "thread"] = opt(
         "process", "where a `custom` function runs. `process`: worker processes (started when needed, kept between "
@@ -252,6 +253,15 @@ class RewardConfig(Section):
                                  "run / checkpoint directory of `reinforge offline` with `offline.method: rm`")
     model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
     model_batch_size: int = opt(64, "`type: model`: samples scored per forward pass", ge=1)
+    judge_url: str | None = opt(None, "`type: judge`: an OpenAI-compatible base URL (`http://127.0.0.1:8000/v1`)")
+    judge_model: str | None = opt(None, "`type: judge`: the model name sent to the judge")
+    judge_template: str | None = opt(None, "`type: judge`: prompt with `{question}`, `{response}`, `{label}` (unset: "
+                                     "asks for a score from 0 to 10 on the last line)")
+    judge_score_regex: str | None = opt(None, "`type: judge`: the last match is the score (its last group, if any); "
+                                        "unset: the last number")
+    judge_max_score: float = opt(10.0, "`type: judge`: the score is divided by this (in [0, 1])", gt=0)
+    judge_retries: int = opt(2, "`type: judge`: retries of a failed request (error, timeout, HTTP 429 / 5xx)", ge=0)
+    judge_cache_size: int = opt(4096, "`type: judge`: scores kept in memory (same question/response/label)", ge=0)
 
     def check(self) -> None:
         if self.type == "model" and not self.model_path:
@@ -263,6 +273,8 @@ class RewardConfig(Section):
         if self.function_path and self.type not in ("custom", "auto"):
             raise ConfigError(f"reward.function_path is set but reward.type={self.type!r}; use type custom")
         _check_function_path("reward.function_path", self.function_path)
+        if self.type == "judge" and not (self.judge_url and self.judge_model):
+            raise ConfigError("reward.type=judge needs reward.judge_url (OpenAI-compatible) and reward.judge_model")
 
 
 @dataclass

@@ -16,9 +16,10 @@ import threading
 from typing import Any, Callable
 
 from ..config import RewardConfig
-from ..records import Sample
+from ..records import Sample, Status
 from ..utils.imports import load_function
 from .functions import exact_match_reward, math_reward, reasoning_gym_reward
+from .judge import JudgeFailure
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,11 @@ class RewardManager:
 
     The reward function is chosen by ``reward.type``: ``auto`` uses the reasoning-gym scorer
     for prompts from a reasoning-gym source and math-verify otherwise; ``model`` scores with a
-    trained reward model in batches (:class:`~reinforge.reward.model_reward.ModelReward`); ``custom`` loads
+    trained reward model in batches (:class:`~reinforge.reward.model_reward.ModelReward`); ``judge`` asks an
+    LLM judge at an OpenAI-compatible endpoint (:class:`~reinforge.reward.judge.JudgeReward`: a judge that
+    fails or answers without a score is counted in ``reward/judge_errors`` / ``reward/judge_unparseable``
+    and ``reward/errors``, and the sample is left out of its group's statistics and of the loss, status
+    ``failed``); ``custom`` loads
     ``reward.function_path`` = ``"module:function"``, a function ``fn(sample) -> float | dict``
     (plain or ``async``; a dict holds the scalar under ``"reward"`` or ``"score"``, verl's key, not
     both; other keys are kept in ``sample.reward_info`` and averaged into the metrics when numeric).
@@ -157,6 +162,11 @@ class RewardManager:
             from .model_reward import ModelReward
 
             self.model = ModelReward(cfg.model_path, cfg.model_device, cfg.model_batch_size, pad_id)
+        self.judge = None
+        if cfg.type == "judge":
+            from .judge import judge_from_config
+
+            self.judge = judge_from_config(cfg)
         self._logged: set[str] = set()
         self._abandoned: list[threading.Thread] = []
         self._runner: _AsyncRunner | None = None
@@ -179,6 +189,8 @@ class RewardManager:
             return functools.partial(math_reward, extraction="none" if ex == "tag_or_last_number" else ex)
         if t == "exact_match":
             return functools.partial(exact_match_reward, extraction=ex)
+        if t == "judge" and self.judge is not None:
+            return self.judge
         raise ValueError(f"reward.type={t!r} needs reward.function_path")
 
     def _name(self, fn: Callable[..., Any] | None = None) -> str:
@@ -186,6 +198,8 @@ class RewardManager:
             return self.cfg.function_path
         if self.model is not None:
             return f"reward model {self.cfg.model_path}"
+        if self.judge is not None:
+            return f"judge {self.cfg.judge_model} at {self.cfg.judge_url}"
         fn = getattr(fn, "func", fn)  # functools.partial
         return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
@@ -237,6 +251,8 @@ class RewardManager:
             return await asyncio.to_thread(self._score_in_processes, samples)
         sem = asyncio.Semaphore(self.cfg.concurrency)
         counts = {"errors": 0, "timeouts": 0}
+        if self.judge is not None:
+            counts.update(judge_errors=0, judge_unparseable=0)
         first: list[str] = []
 
         async def one(sample: Sample) -> None:
@@ -252,6 +268,14 @@ class RewardManager:
                     counts["timeouts"] += 1
                     first.append(self._fail(sample, "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s",
                                             fn))
+                    if fn is self.judge:
+                        counts["judge_errors"] += 1
+                        self._leave_out(sample)
+                except JudgeFailure as e:  # the judge's fault, not the model's: counted and left out
+                    counts["errors"] += 1
+                    counts[e.kind] += 1
+                    first.append(self._fail(sample, e.kind, str(e), fn))
+                    self._leave_out(sample)
                 except Exception as e:  # a reward bug must not kill a training run
                     counts["errors"] += 1
                     first.append(self._fail(sample, "error", f"{type(e).__name__}: {e}", fn))
@@ -308,8 +332,17 @@ class RewardManager:
                 f"every reward of this run failed ({self.num_scored} samples scored 0 by {which}); e.g. "
                 f"{self.first_failure}. Training on all-zero rewards taught nothing: {self._hint(self.first_failure)}")
 
+    @staticmethod
+    def _leave_out(sample: Sample) -> None:
+        """A sample whose judge failed: status ``failed`` (left out of its group's statistics, advantage 0)
+        and no loss, like an infrastructure failure of an agent episode; its reward 0 is a placeholder."""
+        sample.status = Status.FAILED
+        sample.loss_mask = [0] * sample.response_length
+        sample.metadata["infra_failure"] = sample.reward_info.get("reward_failure", "judge failed")
+
     async def _call_in_thread(self, fn: Callable[..., Any], sample: Sample) -> Any:
-        """``fn(sample)`` in a new daemon thread, awaited for at most ``reward.timeout`` s."""
+        """``fn(sample)`` in a new daemon thread, awaited for at most ``reward.timeout`` s (a judge:
+        every try of its request, :meth:`JudgeReward.budget`)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         name = self._name(fn)
@@ -334,7 +367,7 @@ class RewardManager:
         t = threading.Thread(target=target, name="reward", daemon=True)
         t.start()
         try:
-            return await asyncio.wait_for(fut, self.cfg.timeout)
+            return await asyncio.wait_for(fut, self.judge.budget() if fn is self.judge else self.cfg.timeout)
         except TimeoutError:
             self._abandoned.append(t)
             raise

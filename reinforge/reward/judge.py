@@ -1,0 +1,170 @@
+"""LLM-as-judge rewards (``reward.type: judge``) through an OpenAI-compatible endpoint.
+
+Each sample's question, response and label fill ``reward.judge_template``; the filled prompt is sent
+to ``POST {reward.judge_url}/chat/completions`` (``reward.judge_model``, temperature 0); the score is
+parsed from the answer (``reward.judge_score_regex``, default the last number) and divided by
+``reward.judge_max_score``. Samples are judged concurrently by the reward manager's threads
+(``reward.concurrency`` requests in flight). A failed request (connection error, timeout, HTTP 429 or
+5xx) is retried ``reward.judge_retries`` times; each request waits at most ``reward.timeout`` s.
+
+A judge that cannot be reached or answers something without a score in ``[0, judge_max_score]``
+raises :class:`JudgeFailure`: the manager counts it (``reward/judge_errors``,
+``reward/judge_unparseable``) and leaves the sample out of its group's statistics and of the loss
+(status ``failed``), instead of scoring it 0 as if the model were wrong.
+
+Successful scores are cached in memory (the same question, response and label are not judged
+twice; at most ``reward.judge_cache_size`` entries, least recently used dropped first). An API key, if
+the endpoint needs one, is read from the environment variable ``REINFORGE_JUDGE_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import threading
+import time
+from typing import Any
+
+from ..records import Sample
+from .functions import answer_text
+
+DEFAULT_TEMPLATE = (
+    "You are grading a response to a question.\n\n"
+    "Question:\n{question}\n\n"
+    "Reference answer:\n{label}\n\n"
+    "Response:\n{response}\n\n"
+    "How correct is the response, judged against the reference answer? Give a score from 0 "
+    "(wrong) to 10 (fully correct), alone on the last line of your reply.")
+LAST_NUMBER = r"-?\d+(?:\.\d+)?"
+
+
+class JudgeFailure(Exception):
+    """The judge gave no score for a sample: ``kind`` is ``judge_errors`` (no answer: connection
+    error, timeout, HTTP error, a malformed reply) or ``judge_unparseable`` (an answer without a score
+    in range). Not the model's fault: the manager leaves the sample out instead of scoring it 0."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def question_text(sample: Sample) -> str:
+    """The question a judge reads: the prompt, or for chat messages the last user message."""
+    p = sample.prompt
+    if isinstance(p, list):
+        users = [m for m in p if isinstance(m, dict) and m.get("role") == "user"]
+        last = users[-1] if users else (p[-1] if p else {})
+        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
+    return str(p)
+
+
+def fill_template(template: str, question: str, response: str, label: str) -> str:
+    """``{question}``, ``{response}``, ``{label}`` replaced (other braces are left as they are)."""
+    return template.replace("{question}", question).replace("{response}", response).replace("{label}", label)
+
+
+class JudgeReward:
+    """A reward function ``judge(sample) -> float`` in [0, 1], thread-safe (see the module doc)."""
+
+    def __init__(self, url: str, model: str, template: str | None = None, score_regex: str | None = None,
+                 max_score: float = 10.0, timeout: float = 10.0, retries: int = 2, cache_size: int = 4096):
+        self.url = url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.template = template or DEFAULT_TEMPLATE
+        self.regex = re.compile(score_regex or LAST_NUMBER)
+        self.max_score = float(max_score)
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self.cache_size = int(cache_size)
+        self._cache: collections.OrderedDict[tuple[str, str, str], float] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.requests = 0  # HTTP requests sent (retries included)
+        self._session = None
+
+    def budget(self) -> float:
+        """The longest one sample can take: every try timing out, plus the waits between them."""
+        return (self.retries + 1) * self.timeout + sum(self._backoff(i) for i in range(self.retries)) + 1.0
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        return min(0.25 * 2 ** attempt, 4.0)
+
+    def __call__(self, sample: Sample) -> float:
+        label = "" if sample.label is None else str(sample.label)
+        key = (question_text(sample), answer_text(sample), label)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        answer = self._ask(fill_template(self.template, *key))
+        score = self.parse(answer)
+        sample.reward_info["judge_answer"] = answer[-500:]
+        if self.cache_size > 0:
+            with self._lock:
+                self._cache[key] = score
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return score
+
+    def parse(self, answer: str) -> float:
+        """The score in ``answer`` divided by ``max_score``.
+
+        Raises:
+            JudgeFailure: (``judge_unparseable``) no match, a match that is not a number, or a
+                number outside ``[0, max_score]``.
+        """
+        matches = list(self.regex.finditer(answer))
+        if not matches:
+            raise JudgeFailure("judge_unparseable", f"no score in the judge's answer {answer[-200:]!r}")
+        m = matches[-1]
+        text = next((g for g in reversed(m.groups()) if g is not None), m.group(0)) if m.groups() else m.group(0)
+        try:
+            value = float(text)
+        except ValueError:
+            raise JudgeFailure("judge_unparseable", f"judge score {text!r} is not a number") from None
+        if not 0.0 <= value <= self.max_score:
+            raise JudgeFailure("judge_unparseable",
+                               f"judge score {value:g} outside [0, reward.judge_max_score={self.max_score:g}]")
+        return value / self.max_score
+
+    def _ask(self, prompt: str) -> str:
+        import requests
+
+        if self._session is None:
+            self._session = requests.Session()
+        headers = {}
+        if os.environ.get("REINFORGE_JUDGE_API_KEY"):
+            headers["Authorization"] = f"Bearer {os.environ['REINFORGE_JUDGE_API_KEY']}"
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self._backoff(attempt - 1))
+            with self._lock:
+                self.requests += 1
+            try:
+                r = self._session.post(self.url, json=body, headers=headers, timeout=self.timeout)
+            except requests.RequestException as e:  # connection refused, read timeout, ...
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if r.status_code == 429 or r.status_code >= 500:
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+                continue
+            if r.status_code != 200:
+                raise JudgeFailure("judge_errors", f"judge {self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+            try:
+                content = r.json()["choices"][0]["message"]["content"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise JudgeFailure("judge_errors", f"judge {self.url} sent a malformed reply: {r.text[:200]}") from None
+            if not isinstance(content, str):
+                raise JudgeFailure("judge_errors", f"judge {self.url} sent no text content: {r.text[:200]}")
+            return content
+        raise JudgeFailure("judge_errors", f"judge {self.url} failed {self.retries + 1} times; last: {last}")
+
+
+def judge_from_config(cfg: Any) -> JudgeReward:
+    """A :class:`JudgeReward` from a ``RewardConfig``."""
+    return JudgeReward(cfg.judge_url, cfg.judge_model, cfg.judge_template, cfg.judge_score_regex,
+                       cfg.judge_max_score, cfg.timeout, cfg.judge_retries, cfg.judge_cache_size)

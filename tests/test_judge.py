@@ -1,0 +1,158 @@
+"""reward.type=judge: an LLM judge at an OpenAI-compatible endpoint (a tiny server on loopback)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from reinforge.config import RewardConfig
+from reinforge.config.fields import ConfigError
+from reinforge.records import Sample, Status
+from reinforge.reward.judge import JudgeFailure, JudgeReward
+from reinforge.reward.manager import RewardManager
+
+
+class Judge:
+    """A fake judge: answers each request with ``reply(prompt)`` after ``delay`` seconds."""
+
+    def __init__(self, reply=lambda prompt: "Looks right.\n8", delay: float = 0.0):
+        self.reply, self.delay = reply, delay
+        self.bodies: list[dict] = []
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                judge.bodies.append({"path": self.path, **body})
+                time.sleep(judge.delay)
+                out = json.dumps({"choices": [{"message": {"role": "assistant",
+                                                           "content": judge.reply(body["messages"][-1]["content"])}}]})
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out.encode())
+                except OSError:  # the client gave up (timeout)
+                    pass
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def judge():
+    j = Judge()
+    yield j
+    j.close()
+
+
+def _sample(response="4", label="4", prompt="What is 2 + 2?", i=0):
+    return Sample(prompt=prompt, tokens=[1, 2, 3], response_length=2, response=response, label=label, index=i,
+                  loss_mask=[1, 1])
+
+
+def _mgr(url, **kw):
+    return RewardManager(RewardConfig(type="judge", judge_url=url, judge_model="judge-m", **kw))
+
+
+def test_score_parsed_and_normalised(judge):
+    s = [_sample(), _sample(response="5", i=1)]
+    judge.reply = lambda p: "The answer is wrong.\nScore: 2" if "\n5\n" in p else "Correct.\n8"
+    counts = _mgr(judge.url).score(s)
+    assert [x.reward for x in s] == [0.8, 0.2]
+    assert counts["reward/errors"] == 0 and counts["reward/judge_unparseable"] == 0
+    assert all(x.status != Status.FAILED for x in s)
+    b = judge.bodies[0]
+    assert b["path"] == "/v1/chat/completions" and b["model"] == "judge-m" and b["temperature"] == 0
+
+
+def test_template_gets_question_response_label(judge):
+    s = [_sample(response="four", label="4", prompt=[{"role": "system", "content": "sys"},
+                                                     {"role": "user", "content": "What is 2 + 2?"}])]
+    _mgr(judge.url, judge_template="Q={question} R={response} L={label} {braces}").score(s)
+    assert judge.bodies[0]["messages"][-1]["content"] == "Q=What is 2 + 2? R=four L=4 {braces}"
+
+
+def test_score_regex_and_max_score(judge):
+    judge.reply = lambda p: "VERDICT: 1 of 1 (checked 3 steps)"
+    s = [_sample()]
+    _mgr(judge.url, judge_score_regex=r"VERDICT: (\d+)", judge_max_score=1).score(s)
+    assert s[0].reward == 1.0
+
+
+def test_unparseable_is_counted_and_left_out(judge):
+    s = [_sample(response="nonsense"), _sample(i=1), _sample(response="12", i=2)]
+    judge.reply = lambda p: {"nonsense": "I cannot decide.", "12": "42"}.get(p.split("Response:\n")[1].split("\n")[0],
+                                                                             "10")
+    counts = _mgr(judge.url).score(s)
+    assert counts["reward/judge_unparseable"] == 2 and counts["reward/errors"] == 2
+    assert counts["reward/judge_errors"] == 0
+    assert s[1].reward == 1.0 and s[1].status != Status.FAILED
+    for x in (s[0], s[2]):  # out of range (42 > 10) is unparseable too
+        assert x.status == Status.FAILED and x.loss_mask == [0, 0] and "judge" in x.metadata["infra_failure"]
+
+
+def test_timeout_is_retried_then_counted():
+    j = Judge(delay=1.5)
+    try:
+        s = [_sample()]
+        t0 = time.monotonic()
+        counts = _mgr(j.url, timeout=0.3, judge_retries=1).score(s)
+        assert time.monotonic() - t0 < 4
+        assert len(j.bodies) == 2  # the first try and one retry
+        assert counts["reward/judge_errors"] == 1 and counts["reward/errors"] == 1
+        assert s[0].status == Status.FAILED and "failed 2 times" in s[0].reward_info["reward_failure"]
+    finally:
+        j.close()
+
+
+def test_unreachable_judge_is_an_error_not_a_zero():
+    mgr = _mgr("http://127.0.0.1:9/v1", timeout=0.5, judge_retries=0)
+    s = [_sample()]
+    counts = mgr.score(s)
+    assert counts["reward/judge_errors"] == 1 and s[0].status == Status.FAILED
+
+
+def test_cache_avoids_a_second_request(judge):
+    mgr = _mgr(judge.url)
+    a, b = [_sample()], [_sample(i=5)]
+    mgr.score(a)
+    mgr.score(b)
+    assert len(judge.bodies) == 1 and a[0].reward == b[0].reward == 0.8
+    mgr.score([_sample(label="5")])  # another label: judged again
+    assert len(judge.bodies) == 2
+
+
+def test_cache_is_bounded(judge):
+    jr = JudgeReward(judge.url, "m", cache_size=2)
+    for r in ("1", "2", "3"):
+        jr(_sample(response=r))
+    assert len(jr._cache) == 2 and jr.requests == 3
+
+
+def test_parse():
+    jr = JudgeReward("http://127.0.0.1:1/v1", "m")
+    assert jr.parse("first 3, then finally 7.5") == 0.75
+    with pytest.raises(JudgeFailure) as e:
+        jr.parse("no digits")
+    assert e.value.kind == "judge_unparseable"
+
+
+def test_config_needs_url_and_model():
+    with pytest.raises(ConfigError, match="judge_url"):
+        RewardConfig(type="judge").check()
+    RewardConfig(type="judge", judge_url="http://127.0.0.1:8000/v1", judge_model="m").check()
