@@ -230,7 +230,8 @@ class RewardConfig(Section):
     name = "reward"
     type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model", "judge"] = opt(
         "auto", "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
-        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`), `judge` (an LLM judge)")
+        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`), `judge` (an LLM judge: "
+        "[agents.md](agents.md#llm-as-judge-rewards))")
     function_path: str | None = opt(None, "`module:function` for `type: custom`: `fn(sample) -> float | dict`, "
                                     "sync or async (slime's `--custom-rm-path`)")
     answer_extraction: Literal["tag", "tag_or_last_number", "boxed", "last_number", "none"] = opt(
