@@ -59,7 +59,7 @@ def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path, capsys):
     assert (out / "curves.png").stat().st_size > 1000 and f"curves: {out / 'curves.png'}" in printed
     next_line = [line for line in printed.splitlines() if line.startswith("next: ")]
     assert len(next_line) == 1 and "--load" in next_line[0] and "reinforge eval" in next_line[0], printed
-    assert f"reinforge convert --checkpoint {out} --out " in next_line[0]
+    assert f"reinforge convert --checkpoint={out} --out=" in next_line[0]  # --opt=value: parses for any path
     assert list((out / "tensorboard").glob("events.*"))
     # the policy changed and the final checkpoint holds it
     ckpt = resolve_checkpoint(out)
