@@ -292,10 +292,18 @@ def test_checkpoint_model_folder_states_its_dtype_and_is_readable(tmp_path, tiny
 def test_convert_writes_the_dtype_it_was_asked_for_into_readable_files(tmp_path, tiny_model_path, umask_022):
     from reinforge.models.loading import build_model, save_hf_folder
 
+    from reinforge.checkpoint import save_checkpoint
+
     src = _bf16_labelled_source(tmp_path, tiny_model_path)
-    ckpt = tmp_path / "ckpt"
-    save_hf_folder(build_model(src, torch.float32), ckpt / "model", src)
-    (ckpt / "state.json").write_text("{}")
+
+    def write(tmp):  # a checkpoint's parts as the trainer writes them (convert refuses a damaged one)
+        save_hf_folder(build_model(src, torch.float32), tmp / "model", src)
+        (tmp / "dcp" / "actor").mkdir(parents=True)
+        (tmp / "dcp" / "actor" / ".metadata").write_bytes(b"")
+        torch.save({}, tmp / "trainer_state.pt")
+
+    ckpt = save_checkpoint(tmp_path / "checkpoints", 0, write,
+                           {"rollout_id": 0, "weight_version": 0, "data": {}, "config": {}})
     for dtype, name in (("bfloat16", "bfloat16"), ("fp32", "float32")):
         out = tmp_path / f"hf-{dtype}"
         assert cli.main(["convert", "--checkpoint", str(ckpt), "--out", str(out), "--dtype", dtype]) == 0
