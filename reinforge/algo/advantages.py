@@ -114,14 +114,19 @@ def group_centered(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> 
     Returns:
         [num_groups, n], same dtype.
     """
-    v = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
-    count = v.sum(dim=1, keepdim=True).clamp(min=1).to(rewards.dtype)
-    mean = torch.where(v, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True) / count
-    centered = torch.where(v, rewards - mean, torch.zeros_like(rewards))
+    v, centered = _masked_centered(rewards, valid)
     inf = torch.full_like(rewards, float("inf"))
     equal = torch.where(v, rewards, -inf).amax(dim=1, keepdim=True) == torch.where(v, rewards, inf).amin(dim=1,
                                                                                                         keepdim=True)
     return torch.where(equal, torch.zeros_like(centered), centered)
+
+
+def _masked_centered(rewards: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid [G, n] bool, r_i - mean of the group's valid r, 0 at invalid entries)."""
+    v = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    count = v.sum(dim=1, keepdim=True).clamp(min=1).to(rewards.dtype)
+    mean = torch.where(v, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True) / count
+    return v, torch.where(v, rewards - mean, torch.zeros_like(rewards))
 
 
 def _valid_counts(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -154,9 +159,7 @@ def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: 
     centered = torch.where(k >= 2, group_centered(rewards, valid), torch.zeros_like(rewards))
     if not std_normalization:
         return centered
-    v = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
-    mean = torch.where(v, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True) / k.clamp(min=1)
-    raw = torch.where(v, rewards - mean, torch.zeros_like(rewards))
+    _, raw = _masked_centered(rewards, valid)
     std = ((raw ** 2).sum(dim=1, keepdim=True) / (k - 1).clamp(min=1)).sqrt()
     return centered / (std + eps)
 

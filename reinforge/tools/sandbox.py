@@ -212,6 +212,8 @@ class SandboxSlots:
         loop = asyncio.get_running_loop()
         held = self._sems.get(id(loop))
         if held is None or held[0] is not loop:
+            # each rollout runs its own event loop: forget the closed ones (and their semaphores)
+            self._sems = {k: h for k, h in self._sems.items() if not h[0].is_closed()}
             held = self._sems[id(loop)] = (loop, asyncio.Semaphore(self.limit))
         return held[1]
 
