@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup setup-demo demo demo-agent test test-fast setup-vllm test-vllm clean
+.PHONY: setup setup-demo demo demo-agent test test-fast lint setup-vllm test-vllm clean
 
 # Packages are installed with uv (about 4x faster than pip here: ~15 s instead of ~70 s for the
 # demo's set). uv does not read pip's configuration, so pip's find-links (where a local CPU build
@@ -53,6 +53,11 @@ demo-agent: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+# format and fix what ruff can; `make test` checks lint, format and types (tests/test_lint.py)
+lint: setup
+	$(BIN)/ruff format reinforge tests bench scripts
+	$(BIN)/ruff check --fix reinforge tests bench scripts
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests

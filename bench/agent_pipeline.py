@@ -26,8 +26,12 @@ from pathlib import Path
 
 RL_CONFIG = "examples/agent_products.yaml"
 SFT_CONFIG = "examples/offline/agent_sft.yaml"
-COLUMNS = [("greedy accuracy", "eval/greedy_accuracy"), ("well-formed call", "eval/agent/well_formed_call"),
-           ("final answer", "eval/agent/final_answer"), ("turns", "eval/agent/turns")]
+COLUMNS = [
+    ("greedy accuracy", "eval/greedy_accuracy"),
+    ("well-formed call", "eval/agent/well_formed_call"),
+    ("final answer", "eval/agent/final_answer"),
+    ("turns", "eval/agent/turns"),
+]
 
 
 def run(cmd: list[str], log: Path) -> float:
@@ -59,18 +63,57 @@ def main() -> None:
     common = list(args.overrides)
     evals = [f"data.n_eval_prompts={args.eval_prompts}", "eval.n_samples_per_eval_prompt=0", "eval.pass_k=[]"]
     seconds = {}
-    seconds["base eval"] = run([*cli, "eval", "-c", RL_CONFIG, "--output-dir", str(out / "base"), *evals, *common],
-                               out / "base.log")
-    seconds["make-data"] = run([*cli, "make-data", "tool-sft", "-c", RL_CONFIG, "--out", str(out / "sft.jsonl"),
-                                "--num-prompts", str(args.sft_examples), *common], out / "make_data.log")
-    seconds["SFT"] = run([*cli, "offline", "-c", SFT_CONFIG, f"offline.train_data={out / 'sft.jsonl'}",
-                          f"run.output_dir={out / 'sft'}", "run.overwrite=true", "run.progress=false", *common],
-                         out / "sft.log")
+    seconds["base eval"] = run(
+        [*cli, "eval", "-c", RL_CONFIG, "--output-dir", str(out / "base"), *evals, *common], out / "base.log"
+    )
+    seconds["make-data"] = run(
+        [
+            *cli,
+            "make-data",
+            "tool-sft",
+            "-c",
+            RL_CONFIG,
+            "--out",
+            str(out / "sft.jsonl"),
+            "--num-prompts",
+            str(args.sft_examples),
+            *common,
+        ],
+        out / "make_data.log",
+    )
+    seconds["SFT"] = run(
+        [
+            *cli,
+            "offline",
+            "-c",
+            SFT_CONFIG,
+            f"offline.train_data={out / 'sft.jsonl'}",
+            f"run.output_dir={out / 'sft'}",
+            "run.overwrite=true",
+            "run.progress=false",
+            *common,
+        ],
+        out / "sft.log",
+    )
     sft_model = out / "sft" / "checkpoints" / (out / "sft" / "checkpoints" / "latest").read_text().strip() / "model"
     seconds["RL (with its two evals)"] = run(
-        [*cli, "train", "-c", RL_CONFIG, f"model.path={sft_model}", f"run.output_dir={out / 'rl'}",
-         "run.overwrite=true", "run.progress=false", f"train.num_rollout={args.rollouts}",
-         f"eval.eval_interval={max(args.rollouts, 1)}", *evals, *common, *args.rl], out / "rl.log")
+        [
+            *cli,
+            "train",
+            "-c",
+            RL_CONFIG,
+            f"model.path={sft_model}",
+            f"run.output_dir={out / 'rl'}",
+            "run.overwrite=true",
+            "run.progress=false",
+            f"train.num_rollout={args.rollouts}",
+            f"eval.eval_interval={max(args.rollouts, 1)}",
+            *evals,
+            *common,
+            *args.rl,
+        ],
+        out / "rl.log",
+    )
     base = eval_rows(out / "base" / "eval.jsonl")[-1]
     rl_evals = eval_rows(out / "rl" / "eval.jsonl")
     rows = [("base model", base), ("after SFT", rl_evals[0]), (f"after RL ({args.rollouts} rollouts)", rl_evals[-1])]

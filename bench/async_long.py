@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import async_vs_sync  # noqa: E402
 from archs import tiny_overrides, write_random_model  # noqa: E402
 from grpo_long import write_prompts  # noqa: E402
-import async_vs_sync  # noqa: E402
 
 
 def build_model(folder: Path, arch: str, tokenizer: Path, max_positions: int, tiny: bool) -> None:
@@ -33,8 +33,9 @@ def build_model(folder: Path, arch: str, tokenizer: Path, max_positions: int, ti
     import shutil
 
     extra = tiny_overrides(arch) if tiny else {}
-    write_random_model(arch, folder, vocab_size=49152, max_position_embeddings=max_positions,
-                       tie_word_embeddings=True, **extra)
+    write_random_model(
+        arch, folder, vocab_size=49152, max_position_embeddings=max_positions, tie_word_embeddings=True, **extra
+    )
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
             shutil.copy(f, folder / f.name)
@@ -63,16 +64,37 @@ def main(argv: list[str] | None = None) -> list[dict]:
     config = args.output_dir / "config.yaml"
     config.write_text(f"model:\n  path: {model}\n")
     overrides = [
-        "cluster.mode=ray", "cluster.colocate=false", "cluster.actor_num_gpus_per_node=1", "cluster.rollout_num_gpus=1",
-        "model.gradient_checkpointing=true", f"data.prompt_data={prompts}", "data.n_eval_prompts=0",
-        "data.apply_chat_template=true", f"rollout.rollout_batch_size={args.seqs // args.n}",
-        f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.length}",
-        f"engine.max_num_seqs={args.seqs}", f"engine.kv_cache_memory_fraction={args.kv_fraction}",
-        "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
-        f"train.max_tokens_per_gpu={max(16384, args.length + 256)}", "train.lr=1e-6", "train.num_steps_per_rollout=1",
-        *args.overrides]
-    argv2 = ["--config", str(config), "--num-rollout", str(args.num_rollout), "--staleness",
-             *map(str, args.staleness), "--output-dir", str(args.output_dir / "runs")]
+        "cluster.mode=ray",
+        "cluster.colocate=false",
+        "cluster.actor_num_gpus_per_node=1",
+        "cluster.rollout_num_gpus=1",
+        "model.gradient_checkpointing=true",
+        f"data.prompt_data={prompts}",
+        "data.n_eval_prompts=0",
+        "data.apply_chat_template=true",
+        f"rollout.rollout_batch_size={args.seqs // args.n}",
+        f"rollout.n_samples_per_prompt={args.n}",
+        f"rollout.rollout_max_response_len={args.length}",
+        f"engine.max_num_seqs={args.seqs}",
+        f"engine.kv_cache_memory_fraction={args.kv_fraction}",
+        "reward.type=custom",
+        "reward.function_path=grpo_long:random_reward",
+        "train.packing=sequences",
+        f"train.max_tokens_per_gpu={max(16384, args.length + 256)}",
+        "train.lr=1e-6",
+        "train.num_steps_per_rollout=1",
+        *args.overrides,
+    ]
+    argv2 = [
+        "--config",
+        str(config),
+        "--num-rollout",
+        str(args.num_rollout),
+        "--staleness",
+        *map(str, args.staleness),
+        "--output-dir",
+        str(args.output_dir / "runs"),
+    ]
     if args.partial_rollout:
         argv2.append("--partial-rollout")
     return async_vs_sync.main(argv2 + overrides)

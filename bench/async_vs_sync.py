@@ -42,10 +42,21 @@ def read_jsonl(path: Path) -> list[dict]:
 def run_one(config: str, k: int, args: argparse.Namespace, out: Path, seed: int | None = None) -> dict:
     """One training run with ``rollout.max_staleness=k`` (and ``seed``) in a fresh process; its summary."""
     seeds = [] if seed is None else [f"train.seed={seed}", f"rollout.seed={seed}"]
-    overrides = list(args.overrides) + seeds + [
-        f"train.num_rollout={args.num_rollout}", f"rollout.max_staleness={k}", f"run.output_dir={out}",
-        "eval.eval_before_train=false", "eval.eval_interval=null", "run.save_interval=null", "run.save_final=false",
-        "run.progress=false", "run.tensorboard=false"]
+    overrides = (
+        list(args.overrides)
+        + seeds
+        + [
+            f"train.num_rollout={args.num_rollout}",
+            f"rollout.max_staleness={k}",
+            f"run.output_dir={out}",
+            "eval.eval_before_train=false",
+            "eval.eval_interval=null",
+            "run.save_interval=null",
+            "run.save_final=false",
+            "run.progress=false",
+            "run.tensorboard=false",
+        ]
+    )
     if k > 0 and args.partial_rollout:
         overrides.append("rollout.partial_rollout=true")
     cmd = [sys.executable, "-m", "reinforge", "train", "-c", config, *overrides]
@@ -80,17 +91,21 @@ def run_one(config: str, k: int, args: argparse.Namespace, out: Path, seed: int 
 
 
 def format_table(results: list[dict]) -> str:
-    head = ("| max_staleness | seed | partial | samples | wall s | samples/s | tokens/s | speed-up | generate (wait) s "
-            "| staleness | greedy acc |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    head = (
+        "| max_staleness | seed | partial | samples | wall s | samples/s | tokens/s | speed-up | generate (wait) s "
+        "| staleness | greedy acc |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
     base = results[0]["samples_per_s"]
     lines = [head]
     for r in results:
         acc = "n/a" if r["greedy_accuracy"] is None else f"{100 * r['greedy_accuracy']:.1f}%"
         seed = "default" if r.get("seed") is None else r["seed"]
         partial = "yes" if r["partial_rollout"] else "no"
-        lines.append(f"| {r['max_staleness']} | {seed} | {partial} | {r['samples']:.0f} | {r['wall_s']:.1f} | "
-                     f"{r['samples_per_s']:.2f} | {r.get('tokens_per_s', 0.0):.1f} | {r['samples_per_s'] / base:.2f}x | "
-                     f"{r['trainer_wait_s']:.1f} | {r['staleness_mean']:.2f} | {acc} |")
+        lines.append(
+            f"| {r['max_staleness']} | {seed} | {partial} | {r['samples']:.0f} | {r['wall_s']:.1f} | "
+            f"{r['samples_per_s']:.2f} | {r.get('tokens_per_s', 0.0):.1f} | {r['samples_per_s'] / base:.2f}x | "
+            f"{r['trainer_wait_s']:.1f} | {r['staleness_mean']:.2f} | {acc} |"
+        )
     return "\n".join(lines)
 
 
@@ -100,19 +115,27 @@ def accuracy_spread(results: list[dict]) -> str:
     for k in dict.fromkeys(r["max_staleness"] for r in results):
         accs = [r["greedy_accuracy"] for r in results if r["max_staleness"] == k and r["greedy_accuracy"] is not None]
         if accs:
-            lines.append(f"| {k} | {len(accs)} | {100 * sum(accs) / len(accs):.1f}% | "
-                         f"{100 * (max(accs) - min(accs)):.1f} points |")
+            lines.append(
+                f"| {k} | {len(accs)} | {100 * sum(accs) / len(accs):.1f}% | "
+                f"{100 * (max(accs) - min(accs)):.1f} points |"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--num-rollout", type=int, required=True, help="rollouts per run (the fixed sample budget)")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values to compare")
-    p.add_argument("--seeds", type=int, nargs="*", default=None,
-                   help="repeat each setting with these seeds (train.seed, rollout.seed); default: the config's")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="*",
+        default=None,
+        help="repeat each setting with these seeds (train.seed, rollout.seed); default: the config's",
+    )
     p.add_argument("--partial-rollout", action="store_true", help="rollout.partial_rollout=true in async runs")
     p.add_argument("--output-dir", default="runs/bench_async_vs_sync", help="where the runs and the table go")
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
@@ -120,8 +143,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     root = Path(args.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     if args.seeds:
-        results = [run_one(args.config, k, args, root / f"staleness_{k}_seed_{s}", s)
-                   for k in args.staleness for s in args.seeds]
+        results = [
+            run_one(args.config, k, args, root / f"staleness_{k}_seed_{s}", s)
+            for k in args.staleness
+            for s in args.seeds
+        ]
     else:
         results = [run_one(args.config, k, args, root / f"staleness_{k}") for k in args.staleness]
     table = format_table(results)

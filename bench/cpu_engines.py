@@ -24,16 +24,18 @@ def main():
 
     from reinforge.config import load_config
     from reinforge.data import load_datasets
-    from reinforge.rollout.backends import build_engine, engine_spec
     from reinforge.models.hub import resolve_model_path
     from reinforge.models.loading import load_tokenizer
-    from reinforge.rollout.generate import model_stop_token_ids
     from reinforge.records import GenerateRequest, SamplingParams
+    from reinforge.rollout.backends import build_engine, engine_spec
+    from reinforge.rollout.generate import model_stop_token_ids
 
     rows = []
     for backend in ("embedded", "vllm"):
-        cfg = load_config("examples/arith_grpo.yaml", [f"engine.backend={backend}", "train.device=cpu",
-                                                       f"engine.max_num_seqs={args.prompts * args.n}"])
+        cfg = load_config(
+            "examples/arith_grpo.yaml",
+            [f"engine.backend={backend}", "train.device=cpu", f"engine.max_num_seqs={args.prompts * args.n}"],
+        )
         path = resolve_model_path(cfg.model.path)
         tok = load_tokenizer(path)
         train, _ = load_datasets(cfg.data, tok)
@@ -49,8 +51,10 @@ def main():
         tokens = sum(len(r.token_ids) for g in out for r in g)
         rows.append((backend, tokens, dt, tokens / dt))
         engine.shutdown()
-    print(f"\n{args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, fp32, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"\n{args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, fp32, "
+        f"{torch.get_num_threads()} threads"
+    )
     print("engine   | output tokens | seconds | tokens/s")
     for backend, tokens, dt, tps in rows:
         print(f"{backend:8s} | {tokens:13d} | {dt:7.1f} | {tps:8.0f}")

@@ -39,8 +39,7 @@ import traceback
 import torch
 
 from reinforge.engine.kv_cache import to_cache
-from reinforge.engine.paged_attention import (_num_sms, decode_splits, gather_blocks,
-                                               paged_decode_attention_triton)
+from reinforge.engine.paged_attention import _num_sms, decode_splits, gather_blocks, paged_decode_attention_triton
 
 
 def cdiv(a: int, b: int) -> int:
@@ -50,8 +49,9 @@ def cdiv(a: int, b: int) -> int:
 class Case:
     """One batch: our paged cache (scattered blocks), queries, the new token, lengths."""
 
-    def __init__(self, B: int, L: int, H: int, KVH: int, D: int, BS: int, dtype: torch.dtype,
-                 device: torch.device, seed: int = 0):
+    def __init__(
+        self, B: int, L: int, H: int, KVH: int, D: int, BS: int, dtype: torch.dtype, device: torch.device, seed: int = 0
+    ):
         g = torch.Generator(device="cpu").manual_seed(seed)
         self.B, self.L, self.H, self.KVH, self.D, self.BS = B, L, H, KVH, D, BS
         self.mb = cdiv(L, BS)
@@ -71,8 +71,9 @@ class Case:
         if fp8 and not hasattr(self, "k8"):
             self.k8, self.v8 = to_cache(self.k, torch.float8_e4m3fn), to_cache(self.v, torch.float8_e4m3fn)
         k, v = (self.k8, self.v8) if fp8 else (self.k, self.v)
-        return lambda: fn(self.q, self.kn, self.vn, k, v, self.table, self.lens,
-                                                     self.w_blk, self.w_off, num_splits=num_splits, **kw)
+        return lambda: fn(
+            self.q, self.kn, self.vn, k, v, self.table, self.lens, self.w_blk, self.w_off, num_splits=num_splits, **kw
+        )
 
     def kv_bytes(self, elem: int | None = None) -> int:
         return int(self.lens.sum()) * self.KVH * self.D * 2 * (elem or self.k.element_size())
@@ -103,9 +104,9 @@ def flex_setup(c: Case, page: int, compiled: bool):
     vf = torch.zeros_like(kf)
     for b in range(B):  # same keys: sequence b's positions [j * page, (j + 1) * page) go to page ptable[b, j]
         for src, dst in ((c.k, kf), (c.v, vf)):
-            keys = gather_blocks(src, c.table[b:b + 1], c.mb)[0, :, :c.L]  # [KVH, L, D]
+            keys = gather_blocks(src, c.table[b : b + 1], c.mb)[0, :, : c.L]  # [KVH, L, D]
             padded = torch.zeros(KVH, npg * page, D, device=dev, dtype=src.dtype)
-            padded[:, :c.L] = keys
+            padded[:, : c.L] = keys
             dst.view(KVH, pages, page, D)[:, ptable[b]] = padded.view(KVH, npg, page, D)
     owner = torch.empty(pages, device=dev, dtype=torch.int64)
     logical = torch.empty_like(owner)
@@ -126,10 +127,16 @@ def flex_setup(c: Case, page: int, compiled: bool):
         full_idx[:, :npg] = ptable
         part_idx = torch.zeros_like(full_idx)
         part_idx[:, :1] = ptable.gather(1, n_full.long().clamp(max=npg - 1)[:, None])
-        return BlockMask.from_kv_blocks(has_part.view(B, 1, 1), part_idx.view(B, 1, 1, pages),
-                                        n_full.view(B, 1, 1), full_idx.view(B, 1, 1, pages),
-                                        BLOCK_SIZE=(128, page), mask_mod=mask_mod,
-                                        seq_lengths=(1, pages * page), compute_q_blocks=False)
+        return BlockMask.from_kv_blocks(
+            has_part.view(B, 1, 1),
+            part_idx.view(B, 1, 1, pages),
+            n_full.view(B, 1, 1),
+            full_idx.view(B, 1, 1, pages),
+            BLOCK_SIZE=(128, page),
+            mask_mod=mask_mod,
+            seq_lengths=(1, pages * page),
+            compute_q_blocks=False,
+        )
 
     sync(dev)
     t0 = time.perf_counter()
@@ -141,6 +148,7 @@ def flex_setup(c: Case, page: int, compiled: bool):
 
     def call():
         return fn(q4, kf, vf, block_mask=mask, enable_gqa=True)[:, :, 0]
+
     return call, build_s
 
 
@@ -195,6 +203,7 @@ def timed(fn, device: torch.device, iters: int, reps: int) -> tuple[float, str]:
         def run():
             for _ in range(iters):
                 fn()
+
     run()
     sync(device)
     ts = []
@@ -209,8 +218,9 @@ def timed(fn, device: torch.device, iters: int, reps: int) -> tuple[float, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--seqs", default=None, help="comma-separated batch sizes (GPU default 16,64)")
     p.add_argument("--contexts", default=None, help="comma-separated keys per sequence (GPU default 4096,16384,32768)")
@@ -227,11 +237,19 @@ def main() -> None:
     p.add_argument("--no-flex", action="store_true")
     p.add_argument("--no-flashinfer", action="store_true")
     p.add_argument("--no-fp8", action="store_true", help="leave out the rows over an fp8 cache")
-    p.add_argument("--baseline", default="", help="a .py file with another paged_decode_attention_triton (e.g. "
-                   "the kernel of an earlier commit, `git show REV:reinforge/engine/paged_attention.py`): 'base' rows")
-    p.add_argument("--tune", default="", help="comma-separated BLOCK_NxWARPS[xSTAGES] (e.g. 64x8,128x4x2): "
-                   "'ours auto' (and fp8) rows with these keys per iteration, warps and pipelining stages "
-                   "besides the defaults (64x4x3, fp8 128x4x3)")
+    p.add_argument(
+        "--baseline",
+        default="",
+        help="a .py file with another paged_decode_attention_triton (e.g. "
+        "the kernel of an earlier commit, `git show REV:reinforge/engine/paged_attention.py`): 'base' rows",
+    )
+    p.add_argument(
+        "--tune",
+        default="",
+        help="comma-separated BLOCK_NxWARPS[xSTAGES] (e.g. 64x8,128x4x2): "
+        "'ours auto' (and fp8) rows with these keys per iteration, warps and pipelining stages "
+        "besides the defaults (64x4x3, fp8 128x4x3)",
+    )
     args = p.parse_args()
     dev = torch.device(args.device)
     cpu = dev.type == "cpu"  # a smoke run under TRITON_INTERPRET=1: tiny sizes, fp32, eager flex
@@ -241,9 +259,11 @@ def main() -> None:
     dtype = torch.float32 if cpu else torch.bfloat16
     if cpu:
         args.iters, args.reps = 1, 1
-    print(f"device: {torch.cuda.get_device_name(dev) if not cpu else 'cpu (Triton interpreter)'}, torch "
-          f"{torch.__version__}, H={args.heads} KVH={args.kv_heads} D={args.head_dim} {dtype}, "
-          f"block {args.block_size}, SMs {_num_sms(dev)}")
+    print(
+        f"device: {torch.cuda.get_device_name(dev) if not cpu else 'cpu (Triton interpreter)'}, torch "
+        f"{torch.__version__}, H={args.heads} KVH={args.kv_heads} D={args.head_dim} {dtype}, "
+        f"block {args.block_size}, SMs {_num_sms(dev)}"
+    )
     rows = []
     for B in seqs:
         for L in contexts:
@@ -262,8 +282,13 @@ def main() -> None:
             for knob in [x for x in args.tune.split(",") if x]:
                 bn, nw, *st = map(int, knob.split("x"))
                 for fp8 in [False] + ([True] if not args.no_fp8 and not cpu else []):
-                    kernels.append((f"ours auto{' fp8' if fp8 else ''} {knob}", auto,
-                                    c.ours(None, fp8=fp8, block_n=bn, num_warps=nw, num_stages=st[0] if st else 3)))
+                    kernels.append(
+                        (
+                            f"ours auto{' fp8' if fp8 else ''} {knob}",
+                            auto,
+                            c.ours(None, fp8=fp8, block_n=bn, num_warps=nw, num_stages=st[0] if st else 3),
+                        )
+                    )
             extra = {}
             if not args.no_flex:
                 try:
@@ -288,19 +313,25 @@ def main() -> None:
                     extra[name] = "failed: " + traceback.format_exc(limit=1).strip().splitlines()[-1]
                     continue
                 tbs = gb / 1e3 / sec
-                rows.append((B, L, name, s, sec * 1e6, sec * args.layers * 1e3, gb, tbs, tbs / args.peak_tbs, diff, how))
+                rows.append(
+                    (B, L, name, s, sec * 1e6, sec * args.layers * 1e3, gb, tbs, tbs / args.peak_tbs, diff, how)
+                )
             for name, note in extra.items():
                 print(f"  {B} x {L} {name}: {note}")
             del c, kernels, ref
             if not cpu:
                 torch.cuda.empty_cache()
     print()
-    print(f"| seqs | context | kernel | splits | us / call | ms / step ({args.layers} layers) | K+V GB | TB/s | "
-          f"share of {args.peak_tbs} TB/s | max diff vs ours 1 | timed |")
+    print(
+        f"| seqs | context | kernel | splits | us / call | ms / step ({args.layers} layers) | K+V GB | TB/s | "
+        f"share of {args.peak_tbs} TB/s | max diff vs ours 1 | timed |"
+    )
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for B, L, name, s, us, step_ms, gb, tbs, share, diff, how in rows:
-        print(f"| {B} | {L} | {name} | {s} | {us:.1f} | {step_ms:.2f} | {gb:.3f} | {tbs:.2f} | {share:.0%} | "
-              f"{diff:.1e} | {how} |")
+        print(
+            f"| {B} | {L} | {name} | {s} | {us:.1f} | {step_ms:.2f} | {gb:.3f} | {tbs:.2f} | {share:.0%} | "
+            f"{diff:.1e} | {how} |"
+        )
 
 
 if __name__ == "__main__":

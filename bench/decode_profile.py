@@ -22,7 +22,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-
 from archs import write_random_model
 
 GROUPS = [  # (group, pattern of kernel names), first match wins
@@ -48,9 +47,16 @@ def make_engine(folder: Path, args, device: torch.device, cuda_graph: bool):
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(folder, dtype, device).eval()
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, kv_cache_memory_fraction=0.5,
-                                             cuda_graph=cuda_graph, kv_cache_dtype=args.kv_cache_dtype),
-                         max_model_len=args.context + 4 * args.steps + 64)
+    eng = EmbeddedEngine(
+        model,
+        EngineConfig(
+            max_num_seqs=args.seqs,
+            kv_cache_memory_fraction=0.5,
+            cuda_graph=cuda_graph,
+            kv_cache_dtype=args.kv_cache_dtype,
+        ),
+        max_model_len=args.context + 4 * args.steps + 64,
+    )
     g = torch.Generator().manual_seed(0)
     vocab = model.args.vocab_size
     sp = SamplingParams(max_new_tokens=4 * args.steps + 32, temperature=1.0, ignore_eos=True)
@@ -64,7 +70,7 @@ def make_engine(folder: Path, args, device: torch.device, cuda_graph: bool):
 
 
 def tokens(eng) -> int:
-    return int(eng.runner.gen_lens[:eng.num_slots].sum())
+    return int(eng.runner.gen_lens[: eng.num_slots].sum())
 
 
 def sync(device):
@@ -97,8 +103,9 @@ def main() -> None:
         del eng
         # every kernel of eager steps
         eng = make_engine(folder, args, device, cuda_graph=False)
-        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
-                                                         if device.type == "cuda" else [])
+        acts = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
+        )
         sync(device)
         n0 = tokens(eng)
         with torch.profiler.profile(activities=acts) as prof:
@@ -113,7 +120,7 @@ def main() -> None:
             continue
         if device.type != "cuda" and not e.key.startswith("aten::"):
             continue
-        t = (e.device_time_total if device.type == "cuda" else e.self_cpu_time_total)
+        t = e.device_time_total if device.type == "cuda" else e.self_cpu_time_total
         if t <= 0:
             continue
         grp = per_group[group_of(e.key)]
@@ -122,10 +129,14 @@ def main() -> None:
     busy = sum(v[1] for v in per_group.values()) / steps
     launches = sum(v[0] for v in per_group.values()) / steps
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"\n{name}, torch {torch.__version__}; {args.arch}, {args.seqs} seqs x {args.context} context, "
-          f"kv_cache_dtype {args.kv_cache_dtype}, {steps:.0f} steps")
-    print(f"step with CUDA graphs: {graph_ms:.3f} ms; kernels per step: {launches:.0f}; GPU busy per step "
-          f"(eager kernels): {busy / 1e3:.3f} ms; the rest: {graph_ms - busy / 1e3:.3f} ms")
+    print(
+        f"\n{name}, torch {torch.__version__}; {args.arch}, {args.seqs} seqs x {args.context} context, "
+        f"kv_cache_dtype {args.kv_cache_dtype}, {steps:.0f} steps"
+    )
+    print(
+        f"step with CUDA graphs: {graph_ms:.3f} ms; kernels per step: {launches:.0f}; GPU busy per step "
+        f"(eager kernels): {busy / 1e3:.3f} ms; the rest: {graph_ms - busy / 1e3:.3f} ms"
+    )
     print("| kernel group | launches / step | us / step | share of busy |")
     print("| --- | ---: | ---: | ---: |")
     for g, (count, t) in sorted(per_group.items(), key=lambda kv: -kv[1][1]):

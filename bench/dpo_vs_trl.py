@@ -32,11 +32,18 @@ def write_pairs(path: Path, n: int, seed: int = 0) -> None:
         for _ in range(n):
             a, b = rng.randint(10, 99), rng.randint(10, 99)
             filler = " ".join(rng.choice(words) for _ in range(rng.randint(30, 50)))
-            f.write(json.dumps({
-                "prompt": [{"role": "user", "content": f"What is {a} + {b}? Think about it and answer."}],
-                "chosen": [{"role": "assistant", "content": f"{filler}. <answer>{a + b}</answer>"}],
-                "rejected": [{"role": "assistant", "content": f"{filler}. <answer>{a + b + rng.randint(1, 9)}</answer>"}],
-            }) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": [{"role": "user", "content": f"What is {a} + {b}? Think about it and answer."}],
+                        "chosen": [{"role": "assistant", "content": f"{filler}. <answer>{a + b}</answer>"}],
+                        "rejected": [
+                            {"role": "assistant", "content": f"{filler}. <answer>{a + b + rng.randint(1, 9)}</answer>"}
+                        ],
+                    }
+                )
+                + "\n"
+            )
 
 
 def time_trl(model_path: Path, data: Path, batch: int, steps: int, max_length: int, out: Path) -> list[float]:
@@ -48,10 +55,25 @@ def time_trl(model_path: Path, data: Path, batch: int, steps: int, max_length: i
     cuda = torch.cuda.is_available()
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_path)
-    args = DPOConfig(output_dir=str(out), per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-                     max_steps=steps, learning_rate=1e-6, beta=0.1, loss_type="sigmoid", max_length=max_length,
-                     precompute_ref_log_probs=False, logging_steps=1000, save_strategy="no", report_to="none",
-                     bf16=cuda, use_cpu=not cuda, dataloader_num_workers=0, seed=0, lr_scheduler_type="constant")
+    args = DPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=1e-6,
+        beta=0.1,
+        loss_type="sigmoid",
+        max_length=max_length,
+        precompute_ref_log_probs=False,
+        logging_steps=1000,
+        save_strategy="no",
+        report_to="none",
+        bf16=cuda,
+        use_cpu=not cuda,
+        dataloader_num_workers=0,
+        seed=0,
+        lr_scheduler_type="constant",
+    )
     ds = load_dataset("json", data_files=str(data), split="train")
     DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[step_timer(times)]).train()
     return times
@@ -61,11 +83,24 @@ def time_reinforge(model_path: Path, data: Path, batch: int, steps: int, max_len
     from reinforge.config import load_config
     from reinforge.offline_loop import OfflineLoop
 
-    cfg = load_config(None, [
-        f"model.path={model_path}", "offline.method=dpo", f"offline.train_data={data}",
-        f"offline.global_batch_size={batch}", f"offline.max_length={max_length}", "offline.beta=0.1",
-        "offline.precompute_ref_log_probs=false", "offline.shuffle=false", "train.lr=1e-6", f"run.output_dir={out}",
-        "run.progress=false", "run.tensorboard=false", f"train.max_tokens_per_gpu={2 * batch * max_length}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            "offline.method=dpo",
+            f"offline.train_data={data}",
+            f"offline.global_batch_size={batch}",
+            f"offline.max_length={max_length}",
+            "offline.beta=0.1",
+            "offline.precompute_ref_log_probs=false",
+            "offline.shuffle=false",
+            "train.lr=1e-6",
+            f"run.output_dir={out}",
+            "run.progress=false",
+            "run.tensorboard=false",
+            f"train.max_tokens_per_gpu={2 * batch * max_length}",
+        ],
+    )
     loop = OfflineLoop(cfg)
     times = []
     for step in range(steps):

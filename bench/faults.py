@@ -20,8 +20,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("fault", "injected", "what", "happened", "rollouts_lost", "samples_lost", "recover_s")
-HEADERS = ("fault", "how it was injected", "scenario", "what happened", "rollouts lost", "samples lost",
-           "time to recover (s)")
+HEADERS = (
+    "fault",
+    "how it was injected",
+    "scenario",
+    "what happened",
+    "rollouts lost",
+    "samples lost",
+    "time to recover (s)",
+)
 
 
 def table(rows: list[dict]) -> str:
@@ -41,8 +48,11 @@ def main() -> int:
         path = Path(args.source)
     else:
         path = Path(tempfile.mkstemp(prefix="faults-", suffix=".jsonl")[1])
-        env = {**os.environ, "REINFORGE_FAULT_REPORT": str(path),
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "REINFORGE_FAULT_REPORT": str(path),
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_faults.py"]
         if args.k:
             cmd += ["-k", args.k]

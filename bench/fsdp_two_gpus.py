@@ -36,8 +36,9 @@ def make_data(n: int, vocab: int, seed: int = 0):
     for _ in range(n):
         P, R = int(torch.randint(64, 129, (1,), generator=g)), int(torch.randint(32, 257, (1,), generator=g))
         tokens = torch.randint(100, vocab - 100, (P + R,), generator=g).tolist()
-        samples.append(Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R,
-                              rollout_log_probs=[-1.0] * R))
+        samples.append(
+            Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R, rollout_log_probs=[-1.0] * R)
+        )
         adv.append(torch.full((R,), float(torch.randn(1, generator=g))))
     return TrainData(samples, adv)
 
@@ -90,16 +91,24 @@ def main():
     rows = []
     for world in (1, 2):
         for fused in ("false", "true"):
-            overrides = [f"model.path={folder}", "train.lr=1e-5", f"train.max_tokens_per_gpu={args.max_tokens}",
-                         f"model.fused_kernels={fused}", "train.packing=sequences"]
-            m, step_s, norms = spawn_ranks(worker, world, (overrides, str(folder), data, args.steps, args.device),
-                                           timeout=900)
+            overrides = [
+                f"model.path={folder}",
+                "train.lr=1e-5",
+                f"train.max_tokens_per_gpu={args.max_tokens}",
+                f"model.fused_kernels={fused}",
+                "train.packing=sequences",
+            ]
+            m, step_s, norms = spawn_ranks(
+                worker, world, (overrides, str(folder), data, args.steps, args.device), timeout=900
+            )
             rows.append((world, fused, m["train/loss"], m["train/grad_norm"], step_s, norms))
     ref = rows[0][5]
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     print(f"\n{args.arch}, {args.samples} samples, {args.steps} actor steps, {where}")
-    print("| ranks | fused kernels | loss (last step) | grad norm | max rel. diff of a weight norm vs 1 rank eager "
-          "| s/step |")
+    print(
+        "| ranks | fused kernels | loss (last step) | grad norm | max rel. diff of a weight norm vs 1 rank eager "
+        "| s/step |"
+    )
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for world, fused, loss, gn, step_s, norms in rows:
         diff = max(abs(norms[k] - ref[k]) / max(ref[k], 1e-12) for k in ref)

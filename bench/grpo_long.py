@@ -52,37 +52,81 @@ def write_prompts(path: Path, n: int) -> None:
     topics = ["the sea", "a city at night", "an old machine", "a long journey", "the mountains", "a library"]
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"prompt": f"Write a very long story about {topics[i % len(topics)]} ({i}).",
-                                "label": "none"}) + "\n")
+            f.write(
+                json.dumps(
+                    {"prompt": f"Write a very long story about {topics[i % len(topics)]} ({i}).", "label": "none"}
+                )
+                + "\n"
+            )
 
 
-def workload_overrides(model: Path, data: Path, out: Path, *, length: int, seqs: int, n: int, max_num_seqs: int,
-                       kv_fraction: float, max_tokens: int, steps: int) -> list[str]:
+def workload_overrides(
+    model: Path,
+    data: Path,
+    out: Path,
+    *,
+    length: int,
+    seqs: int,
+    n: int,
+    max_num_seqs: int,
+    kv_fraction: float,
+    max_tokens: int,
+    steps: int,
+) -> list[str]:
     """The config of this benchmark's GRPO workload (random rewards, packed sequences, gradient
     checkpointing, no eval or checkpoints), shared with bench/grpo_ray.py."""
     return [
-        f"model.path={model}", "model.gradient_checkpointing=true", f"data.prompt_data={data}",
-        "data.n_eval_prompts=0", "data.apply_chat_template=true", f"rollout.rollout_batch_size={seqs // n}",
-        f"rollout.n_samples_per_prompt={n}", f"rollout.rollout_max_response_len={length}",
-        f"engine.max_num_seqs={max_num_seqs}", f"engine.kv_cache_memory_fraction={kv_fraction}",
-        "reward.type=custom", "reward.function_path=grpo_long:random_reward", "train.packing=sequences",
-        f"train.max_tokens_per_gpu={max_tokens or max(16384, length + 256)}", "train.lr=1e-6",
-        f"train.num_rollout={steps}", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
-        "eval.eval_before_train=false", "run.save_final=false", "run.save_interval=null"]
+        f"model.path={model}",
+        "model.gradient_checkpointing=true",
+        f"data.prompt_data={data}",
+        "data.n_eval_prompts=0",
+        "data.apply_chat_template=true",
+        f"rollout.rollout_batch_size={seqs // n}",
+        f"rollout.n_samples_per_prompt={n}",
+        f"rollout.rollout_max_response_len={length}",
+        f"engine.max_num_seqs={max_num_seqs}",
+        f"engine.kv_cache_memory_fraction={kv_fraction}",
+        "reward.type=custom",
+        "reward.function_path=grpo_long:random_reward",
+        "train.packing=sequences",
+        f"train.max_tokens_per_gpu={max_tokens or max(16384, length + 256)}",
+        "train.lr=1e-6",
+        f"train.num_rollout={steps}",
+        f"run.output_dir={out}",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "eval.eval_before_train=false",
+        "run.save_final=false",
+        "run.save_interval=null",
+    ]
 
 
-def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path,
-        kv_cache_dtype: str = "auto") -> dict[str, float]:
+def run(
+    length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path, kv_cache_dtype: str = "auto"
+) -> dict[str, float]:
     from reinforge.config import load_config
     from reinforge.loop import RLLoop
 
-    overrides = workload_overrides(model, data, out, length=length, seqs=seqs, n=n, max_num_seqs=seqs,
-                                   kv_fraction=args.kv_fraction, max_tokens=args.max_tokens, steps=args.steps)
+    overrides = workload_overrides(
+        model,
+        data,
+        out,
+        length=length,
+        seqs=seqs,
+        n=n,
+        max_num_seqs=seqs,
+        kv_fraction=args.kv_fraction,
+        max_tokens=args.max_tokens,
+        steps=args.steps,
+    )
     overrides += [f"train.device={args.device}", f"engine.kv_cache_dtype={kv_cache_dtype}"]
     if args.over_sampling:
         over = math.ceil(seqs // n * args.over_sampling)
-        overrides += [f"rollout.over_sampling_batch_size={over}", f"engine.max_num_seqs={over * n}",
-                      f"rollout.partial_rollout={str(args.carry_over).lower()}"]
+        overrides += [
+            f"rollout.over_sampling_batch_size={over}",
+            f"engine.max_num_seqs={over * n}",
+            f"rollout.partial_rollout={str(args.carry_over).lower()}",
+        ]
     overrides += args.set
     loop = RLLoop(load_config(None, overrides))
     try:
@@ -93,11 +137,20 @@ def run(length: int, seqs: int, n: int, args, model: Path, data: Path, out: Path
     generated = m["rollout/response_len_mean"] * m["rollout/num_samples"]
     gen_s = m["time/generate"]
     train_s = m["time/logprob"] + m.get("time/train", 0.0)
-    return {"seqs": m["rollout/num_samples"], "mean_len": m["rollout/response_len_mean"], "gen_s": gen_s,
-            "gen_tok_s": generated / gen_s, "train_s": train_s, "step_s": m["time/rollout_step"],
-            "tok_s_gpu": generated / m["time/rollout_step"],
-            **{k[len("train/"):]: v for k, v in m.items() if k.startswith(("train/logprob_abs_diff",
-                                                                           "train/importance_weight"))}}
+    return {
+        "seqs": m["rollout/num_samples"],
+        "mean_len": m["rollout/response_len_mean"],
+        "gen_s": gen_s,
+        "gen_tok_s": generated / gen_s,
+        "train_s": train_s,
+        "step_s": m["time/rollout_step"],
+        "tok_s_gpu": generated / m["time/rollout_step"],
+        **{
+            k[len("train/") :]: v
+            for k, v in m.items()
+            if k.startswith(("train/logprob_abs_diff", "train/importance_weight"))
+        },
+    }
 
 
 def main() -> None:
@@ -106,18 +159,30 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=0, help="sequences per rollout (0: 128 / 64 / 16 by length)")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=0,
-                    help="train.max_tokens_per_gpu (0: max(16384, L + 256): the [tokens, vocab] logits of a larger "
-                         "micro-batch do not fit beside the engine's KV cache, which stays in local mode)")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="train.max_tokens_per_gpu (0: max(16384, L + 256): the [tokens, vocab] logits of a larger "
+        "micro-batch do not fit beside the engine's KV cache, which stays in local mode)",
+    )
     ap.add_argument("--kv-fraction", type=float, default=0.3, help="engine.kv_cache_memory_fraction")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer files")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--over-sampling", type=float, default=0.0,
-                    help="rollout.over_sampling_batch_size as a multiple of the prompts (0: off): the step stops "
-                         "once rollout_batch_size groups are complete")
+    ap.add_argument(
+        "--over-sampling",
+        type=float,
+        default=0.0,
+        help="rollout.over_sampling_batch_size as a multiple of the prompts (0: off): the step stops "
+        "once rollout_batch_size groups are complete",
+    )
     ap.add_argument("--carry-over", action="store_true", help="rollout.partial_rollout: continue unfinished samples")
-    ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"],
-                    help="engine.kv_cache_dtype values to run at each length (auto, fp8, ...)")
+    ap.add_argument(
+        "--kv-cache-dtypes",
+        nargs="+",
+        default=["auto"],
+        help="engine.kv_cache_dtype values to run at each length (auto, fp8, ...)",
+    )
     ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
     ap.add_argument("--set", nargs="*", default=[], help="further config overrides (key=value)")
     args = ap.parse_args()
@@ -140,15 +205,19 @@ def main() -> None:
                     torch.cuda.empty_cache()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"\n{name}, torch {torch.__version__}; last of {args.steps} steps")
-    print("| responses <= | KV cache | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
-          "step s | generated tok/s per GPU |")
+    print(
+        "| responses <= | KV cache | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
+        "step s | generated tok/s per GPU |"
+    )
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for length, kvd, r in rows:
         if "error" in r:
             print(f"| {length} | {kvd} | {r['error']} |")
             continue
-        print(f"| {length} | {kvd} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
-              f"{r['train_s']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |")
+        print(
+            f"| {length} | {kvd} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
+            f"{r['train_s']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |"
+        )
     mismatch = [k for k in rows[0][2] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
     if mismatch:  # the trainer's log-probs against the engine's, last step (algo/mismatch.py)
         print("\n| responses <= | KV cache | " + " | ".join(mismatch) + " |")

@@ -49,23 +49,31 @@ def summarize(rows: list[dict], gpus: int) -> dict:
 
     tokens = lambda r: r["rollout/response_len_mean"] * r["rollout/num_samples"]  # noqa: E731
     return {
-        "steps": len(rows), "gpus": gpus, "seqs": med(lambda r: r["rollout/num_samples"]),
-        "mean_len": med(lambda r: r["rollout/response_len_mean"]), "gen_s": med(lambda r: r["time/generate"]),
+        "steps": len(rows),
+        "gpus": gpus,
+        "seqs": med(lambda r: r["rollout/num_samples"]),
+        "mean_len": med(lambda r: r["rollout/response_len_mean"]),
+        "gen_s": med(lambda r: r["time/generate"]),
         "train_s": med(lambda r: r.get("time/logprob", 0.0) + r.get("time/train", 0.0)),
-        "sync_s": med(lambda r: r.get("time/sync", 0.0)), "step_s": med(lambda r: r["time/rollout_step"]),
+        "sync_s": med(lambda r: r.get("time/sync", 0.0)),
+        "step_s": med(lambda r: r["time/rollout_step"]),
         "tok_s_gpu": med(lambda r: tokens(r) / r["time/rollout_step"] / gpus),
         "logprob_abs_diff": med(lambda r: r.get("train/logprob_abs_diff", float("nan"))),
     }
 
 
-HEAD = ("| run | GPUs | seqs | mean length | generation s | log-prob + train s | weight sync s | step s "
-        "| generated tok/s per GPU | mean abs log-prob diff |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: |")
+HEAD = (
+    "| run | GPUs | seqs | mean length | generation s | log-prob + train s | weight sync s | step s "
+    "| generated tok/s per GPU | mean abs log-prob diff |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+    "| ---: | ---: |"
+)
 
 
 def row(name: str, r: dict) -> str:
-    return (f"| {name} | {r['gpus']} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.2f} | {r['train_s']:.2f} "
-            f"| {r['sync_s']:.3f} | {r['step_s']:.2f} | {r['tok_s_gpu']:,.1f} | {r['logprob_abs_diff']:.4f} |")
+    return (
+        f"| {name} | {r['gpus']} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.2f} | {r['train_s']:.2f} "
+        f"| {r['sync_s']:.3f} | {r['step_s']:.2f} | {r['tok_s_gpu']:,.1f} | {r['logprob_abs_diff']:.4f} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -83,12 +91,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seqs", type=int, default=128, help="sequences per rollout (prompts x --n)")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--steps", type=int, default=3, help="rollout steps (the first is not counted)")
-    ap.add_argument("--kv-fraction", type=float, default=0.0,
-                    help="engine.kv_cache_memory_fraction (0: 0.3 colocated, 0.85 disaggregated)")
+    ap.add_argument(
+        "--kv-fraction",
+        type=float,
+        default=0.0,
+        help="engine.kv_cache_memory_fraction (0: 0.3 colocated, 0.85 disaggregated)",
+    )
     ap.add_argument("--tokenizer", type=Path, required=True, help="a folder with SmolLM2's tokenizer files")
     ap.add_argument("--output-dir", type=Path, required=True)
-    ap.add_argument("--model-dir", type=Path, default=None,
-                    help="where the random model is written once and reused (default: --output-dir)")
+    ap.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="where the random model is written once and reused (default: --output-dir)",
+    )
     ap.add_argument("--timeout", type=float, default=3000, help="seconds before the run is stopped")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for the run")
     args = ap.parse_intermixed_args(argv)  # key=value overrides may come between the options
@@ -103,15 +119,30 @@ def main(argv: list[str] | None = None) -> dict:
         write_prompts(prompts, 4096)
     out = args.output_dir / args.name
     kv = args.kv_fraction or (0.3 if args.colocate else 0.85)
-    overrides = workload_overrides(model, prompts, out, length=args.length, seqs=args.seqs, n=args.n,
-                                   max_num_seqs=max(1, -(-args.seqs // args.engines)), kv_fraction=kv, max_tokens=0,
-                                   steps=args.steps)
+    overrides = workload_overrides(
+        model,
+        prompts,
+        out,
+        length=args.length,
+        seqs=args.seqs,
+        n=args.n,
+        max_num_seqs=max(1, -(-args.seqs // args.engines)),
+        kv_fraction=kv,
+        max_tokens=0,
+        steps=args.steps,
+    )
     overrides += [
-        "train.num_steps_per_rollout=1", f"train.tensor_model_parallel_size={args.tp}",
-        f"train.context_parallel_size={args.cp}", "eval.eval_interval=null",
-        "cluster.mode=ray", f"cluster.colocate={str(args.colocate).lower()}", f"cluster.actor_num_nodes={args.nodes}",
-        f"cluster.actor_num_gpus_per_node={args.trainers // args.nodes}", f"cluster.rollout_num_gpus={args.engines}",
-        *args.overrides]
+        "train.num_steps_per_rollout=1",
+        f"train.tensor_model_parallel_size={args.tp}",
+        f"train.context_parallel_size={args.cp}",
+        "eval.eval_interval=null",
+        "cluster.mode=ray",
+        f"cluster.colocate={str(args.colocate).lower()}",
+        f"cluster.actor_num_nodes={args.nodes}",
+        f"cluster.actor_num_gpus_per_node={args.trainers // args.nodes}",
+        f"cluster.rollout_num_gpus={args.engines}",
+        *args.overrides,
+    ]
     cmd = [sys.executable, "-m", "reinforge", "train", *overrides]
     print("$", " ".join(cmd), flush=True)
     t = time.perf_counter()
@@ -121,12 +152,24 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
     rows = [r for r in rows if "train/loss" in r]
     if proc.returncode != 0 or not rows:
-        raise SystemExit(f"{args.name}: the run failed (exit {proc.returncode}, {len(rows)} training rows in "
-                         f"{metrics}); see the output above")
+        raise SystemExit(
+            f"{args.name}: the run failed (exit {proc.returncode}, {len(rows)} training rows in "
+            f"{metrics}); see the output above"
+        )
     gpus = max(args.trainers, args.engines) if args.colocate else args.trainers + args.engines
-    r = {"name": args.name, "arch": tag, "colocate": args.colocate, "trainers": args.trainers,
-         "engines": args.engines, "tp": args.tp, "cp": args.cp, "length": args.length, "process_s": wall,
-         "overrides": args.overrides, **summarize(rows, gpus)}
+    r = {
+        "name": args.name,
+        "arch": tag,
+        "colocate": args.colocate,
+        "trainers": args.trainers,
+        "engines": args.engines,
+        "tp": args.tp,
+        "cp": args.cp,
+        "length": args.length,
+        "process_s": wall,
+        "overrides": args.overrides,
+        **summarize(rows, gpus),
+    }
     with (args.output_dir / "results.jsonl").open("a") as f:
         f.write(json.dumps(r) + "\n")
     print(HEAD + "\n" + row(args.name, r), flush=True)

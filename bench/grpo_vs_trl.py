@@ -31,19 +31,34 @@ from pathlib import Path
 import torch
 from trl_timer import step_timer
 
-SYSTEM = ("Answer the question. Provide your final answer between <answer> and </answer> tags.")
+SYSTEM = "Answer the question. Provide your final answer between <answer> and </answer> tags."
 
 
 def reinforge_overrides(args, model: Path, out: Path, packing: str) -> list[str]:
-    return [f"model.path={model}", f"data.prompt_data=reasoning_gym:{args.task}", f"data.num_prompts={args.num_data}",
-            "data.n_eval_prompts=0", f"data.system_prompt={SYSTEM}", f"rollout.rollout_batch_size={args.prompts}",
-            f"rollout.n_samples_per_prompt={args.n}", f"rollout.rollout_max_response_len={args.max_new_tokens}",
-            f"engine.max_num_seqs={args.prompts * args.n}", "reward.type=reasoning_gym", "train.lr=1e-6",
-            f"train.num_rollout={args.steps}", f"train.packing={packing}",
-            f"train.max_tokens_per_gpu={args.max_tokens_per_gpu}",
-            f"model.torch_compile={str(args.torch_compile).lower()}", f"model.fused_kernels={args.fused_kernels}",
-            "algo.use_kl_loss=false", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
-            "eval.eval_before_train=false", "run.save_interval=null"]
+    return [
+        f"model.path={model}",
+        f"data.prompt_data=reasoning_gym:{args.task}",
+        f"data.num_prompts={args.num_data}",
+        "data.n_eval_prompts=0",
+        f"data.system_prompt={SYSTEM}",
+        f"rollout.rollout_batch_size={args.prompts}",
+        f"rollout.n_samples_per_prompt={args.n}",
+        f"rollout.rollout_max_response_len={args.max_new_tokens}",
+        f"engine.max_num_seqs={args.prompts * args.n}",
+        "reward.type=reasoning_gym",
+        "train.lr=1e-6",
+        f"train.num_rollout={args.steps}",
+        f"train.packing={packing}",
+        f"train.max_tokens_per_gpu={args.max_tokens_per_gpu}",
+        f"model.torch_compile={str(args.torch_compile).lower()}",
+        f"model.fused_kernels={args.fused_kernels}",
+        "algo.use_kl_loss=false",
+        f"run.output_dir={out}",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "eval.eval_before_train=false",
+        "run.save_interval=null",
+    ]
 
 
 def time_reinforge(args, model: Path, out: Path, packing: str) -> tuple[list[float], list[dict[str, float]]]:
@@ -73,8 +88,12 @@ def trl_dataset(args, model: Path, out: Path):
     d = cfg.data
     records = load_source(d.prompt_data, size=d.num_prompts, seed=d.seed, task_kwargs=d.task_kwargs)
     ENTRIES[:] = [r.metadata["reasoning_gym"] for r in records]  # entries hold Fractions: kept here, by index
-    return Dataset.from_list([{"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r.prompt}],
-                               "entry_index": i} for i, r in enumerate(records)])
+    return Dataset.from_list(
+        [
+            {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r.prompt}], "entry_index": i}
+            for i, r in enumerate(records)
+        ]
+    )
 
 
 ENTRIES: list[dict] = []
@@ -102,15 +121,37 @@ def time_trl(args, model: Path, out: Path) -> list[float]:
     rollout = args.prompts * args.n
     micro = min(args.trl_micro_batch, rollout)
     config = GRPOConfig(
-        output_dir=str(out), per_device_train_batch_size=micro, gradient_accumulation_steps=rollout // micro,
-        generation_batch_size=rollout, num_generations=args.n, max_completion_length=args.max_new_tokens,
-        temperature=1.0, top_p=1.0, beta=0.0, num_iterations=1, learning_rate=1e-6, lr_scheduler_type="constant",
-        max_steps=args.steps, logging_steps=1000, save_strategy="no", report_to="none", bf16=cuda, use_cpu=not cuda,
-        dataloader_num_workers=0, seed=0, use_vllm=False, log_completions=False)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
-                          reward_funcs=trl_reward, args=config, train_dataset=trl_dataset(args, model, out),
-                          processing_class=AutoTokenizer.from_pretrained(model, padding_side="left"),
-                          callbacks=[step_timer(times)])
+        output_dir=str(out),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rollout // micro,
+        generation_batch_size=rollout,
+        num_generations=args.n,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        beta=0.0,
+        num_iterations=1,
+        learning_rate=1e-6,
+        lr_scheduler_type="constant",
+        max_steps=args.steps,
+        logging_steps=1000,
+        save_strategy="no",
+        report_to="none",
+        bf16=cuda,
+        use_cpu=not cuda,
+        dataloader_num_workers=0,
+        seed=0,
+        use_vllm=False,
+        log_completions=False,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
+        reward_funcs=trl_reward,
+        args=config,
+        train_dataset=trl_dataset(args, model, out),
+        processing_class=AutoTokenizer.from_pretrained(model, padding_side="left"),
+        callbacks=[step_timer(times)],
+    )
     trainer.train()
     return times
 
@@ -124,13 +165,28 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--num-data", type=int, default=2000)
-    ap.add_argument("--trl-micro-batch", type=int, nargs="+", default=[32],
-                    help="TRL per_device_train_batch_size (one TRL run each)")
-    ap.add_argument("--max-tokens-per-gpu", type=int, nargs="+", default=[16384],
-                    help="reinforge train.max_tokens_per_gpu (one run per value and packing)")
+    ap.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="TRL per_device_train_batch_size (one TRL run each)",
+    )
+    ap.add_argument(
+        "--max-tokens-per-gpu",
+        type=int,
+        nargs="+",
+        default=[16384],
+        help="reinforge train.max_tokens_per_gpu (one run per value and packing)",
+    )
     ap.add_argument("--torch-compile", action="store_true", help="reinforge model.torch_compile=true")
-    ap.add_argument("--fused-kernels", nargs="+", default=["true"], choices=["true", "false"],
-                    help="reinforge model.fused_kernels values (one run each)")
+    ap.add_argument(
+        "--fused-kernels",
+        nargs="+",
+        default=["true"],
+        choices=["true", "false"],
+        help="reinforge model.fused_kernels values (one run each)",
+    )
     ap.add_argument("--packing", nargs="+", default=["none", "sequences"], help="reinforge train.packing values")
     ap.add_argument("--skip-trl", action="store_true")
     args = ap.parse_args()
@@ -153,8 +209,10 @@ def main() -> None:
                 continue
             gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
             train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
-            name = (f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''}"
-                    f"{', eager kernels' if fused == 'false' else ''})")
+            name = (
+                f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''}"
+                f"{', eager kernels' if fused == 'false' else ''})"
+            )
             rows.append((name, times, gen, train))
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
             print(rows[-1], f"peak GiB {peak:.1f}", flush=True)
@@ -162,17 +220,30 @@ def main() -> None:
                 torch.cuda.empty_cache()
         for micro in [] if args.skip_trl else args.trl_micro_batch:
             torch.manual_seed(0)
-            run = argparse.Namespace(**{**vars(args), "trl_micro_batch": micro,  # (its prompts: reinforge's config)
-                                        "max_tokens_per_gpu": args.max_tokens_per_gpu[0],
-                                        "fused_kernels": args.fused_kernels[0]})
-            rows.append((f"TRL GRPOTrainer (micro-batch {micro})", time_trl(run, model, d / f"trl-{micro}"),
-                         float("nan"), float("nan")))
+            run = argparse.Namespace(
+                **{
+                    **vars(args),
+                    "trl_micro_batch": micro,  # (its prompts: reinforge's config)
+                    "max_tokens_per_gpu": args.max_tokens_per_gpu[0],
+                    "fused_kernels": args.fused_kernels[0],
+                }
+            )
+            rows.append(
+                (
+                    f"TRL GRPOTrainer (micro-batch {micro})",
+                    time_trl(run, model, d / f"trl-{micro}"),
+                    float("nan"),
+                    float("nan"),
+                )
+            )
             print(rows[-1], flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\nGRPO step: {args.task}, {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, "
-          f"{model.name}, {device}")
+    print(
+        f"\nGRPO step: {args.task}, {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, "
+        f"{model.name}, {device}"
+    )
     print(f"| {'trainer':40s} | median s/step (steps 3+) | generate s | train s | all steps |")
     print(f"| {'-' * 40} | {'-' * 24}: | {'-' * 10}: | {'-' * 7}: | --- |")
     for name, times, gen, train in rows:

@@ -21,8 +21,12 @@ def prompts(tok, n: int) -> list[list[int]]:
     import reasoning_gym
 
     data = reasoning_gym.create_dataset("basic_arithmetic", size=n, seed=0)
-    texts = [tok.apply_chat_template([{"role": "user", "content": d["question"]}], add_generation_prompt=True,
-                                     tokenize=False) for d in data]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": d["question"]}], add_generation_prompt=True, tokenize=False
+        )
+        for d in data
+    ]
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
@@ -51,15 +55,20 @@ def main() -> None:
     for edt in args.engine_dtypes:
         model = build_model(path, torch.bfloat16 if edt == "bf16" else torch.float32, device)
         for kvd in args.kv_cache_dtypes:
-            eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.prompts * args.n, kv_cache_dtype=kvd),
-                                 max_model_len=max(map(len, ps)) + args.max_new_tokens, tokenizer=tok, seed=0)
+            eng = EmbeddedEngine(
+                model,
+                EngineConfig(max_num_seqs=args.prompts * args.n, kv_cache_dtype=kvd),
+                max_model_len=max(map(len, ps)) + args.max_new_tokens,
+                tokenizer=tok,
+                seed=0,
+            )
             diffs = []
             for p, group in zip(ps, eng.generate([GenerateRequest(p, sp, n=args.n) for p in ps])):
                 for r in group:
                     ids = torch.tensor([p + r.token_ids], device=device)
                     with torch.no_grad():
-                        lp = torch.log_softmax(trainer(ids)[0, len(p) - 1:-1].float(), -1)
-                    ref = lp.gather(-1, ids[0, len(p):, None])[:, 0].cpu()
+                        lp = torch.log_softmax(trainer(ids)[0, len(p) - 1 : -1].float(), -1)
+                    ref = lp.gather(-1, ids[0, len(p) :, None])[:, 0].cpu()
                     diffs.append(ref - torch.tensor(r.log_probs))
             d = torch.cat(diffs)
             a = d.abs()
@@ -67,8 +76,10 @@ def main() -> None:
             rows.append((edt, kvd, len(a), a.mean().item(), *q.tolist(), a.max().item(), d.exp().mean().item()))
             eng.shutdown()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"\n{name}, torch {torch.__version__}; SmolLM2-135M-Instruct, {args.prompts} prompts x {args.n} samples, "
-          f"<= {args.max_new_tokens} tokens, temperature 1")
+    print(
+        f"\n{name}, torch {torch.__version__}; SmolLM2-135M-Instruct, {args.prompts} prompts x {args.n} samples, "
+        f"<= {args.max_new_tokens} tokens, temperature 1"
+    )
     print("| engine dtype | KV cache | tokens | mean abs diff | p50 | p90 | p99 | max | mean importance weight |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for edt, kvd, n, mean, p50, p90, p99, mx, iw in rows:

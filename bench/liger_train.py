@@ -70,10 +70,16 @@ def step_fn(model: T.CausalLM, variant: str, ids: torch.Tensor, old: torch.Tenso
         if variant.endswith("liger_loss"):
             from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
-            loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, epsilon_low=EPS, epsilon_high=EPS,
-                                               loss_type="bnpo", compiled=True, chunk_size=1)
-            out = loss_fn(hidden, model.lm_head.weight, targets, torch.ones_like(targets), adv,
-                          old_per_token_logps=old)
+            loss_fn = LigerFusedLinearGRPOLoss(
+                beta=0.0,
+                use_ref_model=False,
+                epsilon_low=EPS,
+                epsilon_high=EPS,
+                loss_type="bnpo",
+                compiled=True,
+                chunk_size=1,
+            )
+            out = loss_fn(hidden, model.lm_head.weight, targets, torch.ones_like(targets), adv, old_per_token_logps=old)
             loss = out[0] if isinstance(out, tuple) else out
         else:
             logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1]))
@@ -113,8 +119,15 @@ def measure(arch: str, variant: str, tokens: int, row_len: int, steps: int, devi
     gc.collect()
     torch.cuda.empty_cache()
     s = statistics.median(times[2:])
-    return dict(variant=variant, tokens=tokens, s=s, tok_s=tokens / s, peak_gib=peak, loss=losses[-1],
-                flops=model_flops(hf_config(arch), n_params, tokens, row_len))
+    return dict(
+        variant=variant,
+        tokens=tokens,
+        s=s,
+        tok_s=tokens / s,
+        peak_gib=peak,
+        loss=losses[-1],
+        flops=model_flops(hf_config(arch), n_params, tokens, row_len),
+    )
 
 
 def main() -> None:
@@ -129,8 +142,11 @@ def main() -> None:
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16.items() if k in name), float("nan"))
     import liger_kernel
-    print(f"{args.arch}, rows of {args.row_len} tokens, {name}, torch {torch.__version__}, "
-          f"liger-kernel {getattr(liger_kernel, '__version__', '?')}")
+
+    print(
+        f"{args.arch}, rows of {args.row_len} tokens, {name}, torch {torch.__version__}, "
+        f"liger-kernel {getattr(liger_kernel, '__version__', '?')}"
+    )
     print("| tokens/micro-batch | variant | s/step | tokens/s | vs fused | % of bf16 peak | peak GiB | loss |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for tokens in args.tokens:
@@ -149,8 +165,11 @@ def main() -> None:
                 print(f"| {tokens} | {r['variant']} | {r['error']} | | | | | |")
                 continue
             mfu = 100 * r["flops"] / r["s"] / peak
-            print(f"| {tokens} | {r['variant']} | {r['s']:.3f} | {r['tok_s']:,.0f} | {r['tok_s'] / base:.2f}x | "
-                  f"{mfu:.1f} | {r['peak_gib']:.1f} | {r['loss']:.4f} |", flush=True)
+            print(
+                f"| {tokens} | {r['variant']} | {r['s']:.3f} | {r['tok_s']:,.0f} | {r['tok_s'] / base:.2f}x | "
+                f"{mfu:.1f} | {r['peak_gib']:.1f} | {r['loss']:.4f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

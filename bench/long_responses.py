@@ -31,7 +31,6 @@ import traceback
 from pathlib import Path
 
 import torch
-
 from archs import ARCHS, write_random_model
 
 
@@ -56,15 +55,21 @@ def kv_gib(eng, blocks: int) -> float:
     from reinforge.engine.kv_cache import bytes_per_block
 
     a = eng.model.args
-    return blocks * bytes_per_block(a.num_layers, a.num_kv_heads, a.head_dim, eng.scheduler.layout.block_size,
-                                    eng.runner.kv_dtype) / 2**30
+    return (
+        blocks
+        * bytes_per_block(
+            a.num_layers, a.num_kv_heads, a.head_dim, eng.scheduler.layout.block_size, eng.runner.kv_dtype
+        )
+        / 2**30
+    )
 
 
-def bench_generation(folder: Path, length: int, args, device: torch.device, kv_cache_dtype: str = "auto"
-                     ) -> dict[str, float]:
-    from reinforge.models.loading import build_model
+def bench_generation(
+    folder: Path, length: int, args, device: torch.device, kv_cache_dtype: str = "auto"
+) -> dict[str, float]:
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
     from reinforge.records import GenerateRequest, SamplingParams
 
     reset_peak(device)
@@ -74,15 +79,24 @@ def bench_generation(folder: Path, length: int, args, device: torch.device, kv_c
     g = torch.Generator().manual_seed(0)
     prompt_len = args.prompt_len + length - args.window
     prompts = [torch.randint(100, vocab - 100, (prompt_len,), generator=g).tolist() for _ in range(args.seqs)]
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, kv_cache_memory_fraction=0.9,
-                                             cuda_graph=device.type == "cuda", kv_cache_dtype=kv_cache_dtype),
-                         max_model_len=args.prompt_len + length)
+    eng = EmbeddedEngine(
+        model,
+        EngineConfig(
+            max_num_seqs=args.seqs,
+            kv_cache_memory_fraction=0.9,
+            cuda_graph=device.type == "cuda",
+            kv_cache_dtype=kv_cache_dtype,
+        ),
+        max_model_len=args.prompt_len + length,
+    )
     sp = SamplingParams(max_new_tokens=args.window, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
     sync(device)
     groups = [eng.add_request(GenerateRequest(p, sp)) for p in prompts]
     t = time.perf_counter()
-    while eng.scheduler.waiting and eng.scheduler.free:  # prefill every prompt that has a slot first (generate() interleaves prefill batches with decoding)
+    while (
+        eng.scheduler.waiting and eng.scheduler.free
+    ):  # prefill every prompt that has a slot first (generate() interleaves prefill batches with decoding)
         eng._admit()
     sync(device)
     prefill_s = time.perf_counter() - t
@@ -101,11 +115,18 @@ def bench_generation(folder: Path, length: int, args, device: torch.device, kv_c
     kv_bytes = args.seqs * (args.prompt_len + length) * a.num_layers * a.num_kv_heads * a.head_dim * 2 * elem
     step_ms = 1e3 * decode_s / (args.window - warm)
     limit_ms = 1e3 * (weight_bytes + kv_bytes) / (args.peak_tbs * 1e12)
-    out = {"slots": eng.num_slots, "prefill_tok_s": args.seqs * prompt_len / prefill_s,
-           "decode_tok_s": new / decode_s, "step_ms": step_ms, "limit_ms": limit_ms, "share": limit_ms / step_ms,
-           "peak_gib": peak_gib(device),
-           "kv_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks), "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used),
-           "preempted": eng.num_preemptions}
+    out = {
+        "slots": eng.num_slots,
+        "prefill_tok_s": args.seqs * prompt_len / prefill_s,
+        "decode_tok_s": new / decode_s,
+        "step_ms": step_ms,
+        "limit_ms": limit_ms,
+        "share": limit_ms / step_ms,
+        "peak_gib": peak_gib(device),
+        "kv_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks),
+        "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used),
+        "preempted": eng.num_preemptions,
+    }
     eng.shutdown()
     del eng, model
     return out
@@ -115,9 +136,9 @@ def bench_paging(folder: Path, length: int, args, device: torch.device, pool_sha
     """Responses of lengths spread over [length / 8, length] (EOS ignored), with the KV-cache pool
     capped at ``pool_share`` of what every sequence at full length would need (the engine
     preempts and recomputes when it runs dry): tokens/s, KV memory held, preemptions."""
-    from reinforge.models.loading import build_model
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
     from reinforge.records import GenerateRequest, SamplingParams
 
     reset_peak(device)
@@ -128,20 +149,35 @@ def bench_paging(folder: Path, length: int, args, device: torch.device, pool_sha
     lengths = spread(args.seqs, length)
     L = args.prompt_len + length
     full = args.seqs * -(-L // 16)
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=args.seqs, kv_block_size=16,
-                                             kv_cache_memory_fraction=0.9, num_kv_blocks=int(full * pool_share),
-                                             cuda_graph=device.type == "cuda"), max_model_len=L)
+    eng = EmbeddedEngine(
+        model,
+        EngineConfig(
+            max_num_seqs=args.seqs,
+            kv_block_size=16,
+            kv_cache_memory_fraction=0.9,
+            num_kv_blocks=int(full * pool_share),
+            cuda_graph=device.type == "cuda",
+        ),
+        max_model_len=L,
+    )
     eng.generate([GenerateRequest(prompts[0][:64], SamplingParams(max_new_tokens=8, ignore_eos=True))])  # warm-up
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True))
-            for p, n in zip(prompts, lengths)]
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True))
+        for p, n in zip(prompts, lengths)
+    ]
     sync(device)
     t = time.perf_counter()
     eng.generate(reqs)
     sync(device)
     dt = time.perf_counter() - t
-    out = {"tok_s": sum(lengths) / dt, "s": dt, "kv_pool_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks),
-           "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used), "preempted": eng.num_preemptions,
-           "peak_gib": peak_gib(device)}
+    out = {
+        "tok_s": sum(lengths) / dt,
+        "s": dt,
+        "kv_pool_gib": kv_gib(eng, eng.scheduler.allocator.num_blocks),
+        "kv_held_gib": kv_gib(eng, eng.scheduler.allocator.peak_used),
+        "preempted": eng.num_preemptions,
+        "peak_gib": peak_gib(device),
+    }
     eng.shutdown()
     del eng, model
     return out
@@ -160,8 +196,9 @@ def rollout(lengths: list[int], prompt_len: int, vocab: int, seed: int = 0):
     samples, adv = [], []
     for R in lengths:
         tokens = torch.randint(10, vocab - 10, (prompt_len + R,), generator=g).tolist()
-        samples.append(Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R,
-                              rollout_log_probs=[-1.0] * R))
+        samples.append(
+            Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R, rollout_log_probs=[-1.0] * R)
+        )
         adv.append(torch.full((R,), float(torch.randn(1, generator=g)) or 1.0))
     return TrainData(samples, adv)
 
@@ -170,8 +207,14 @@ def worker(folder: Path, device: torch.device, args, **overrides):
     from reinforge.config import load_config
     from reinforge.train.worker import TrainWorker
 
-    o = {"model.path": folder, "train.device": device.type, "train.max_tokens_per_gpu": args.max_tokens,
-         "model.gradient_checkpointing": "true", "train.lr": 1e-6, **overrides}
+    o = {
+        "model.path": folder,
+        "train.device": device.type,
+        "train.max_tokens_per_gpu": args.max_tokens,
+        "model.gradient_checkpointing": "true",
+        "train.lr": 1e-6,
+        **overrides,
+    }
     return TrainWorker(load_config(None, [f"{k}={v}" for k, v in o.items()]), folder)
 
 
@@ -189,16 +232,25 @@ def bench_training(folder: Path, length: int, packing: str, args, device: torch.
         times.append(time.perf_counter() - t)
     mbs, _ = w.actor.rank_micro_batches(data.samples, list(range(len(data.samples))))
     padded = sum(mb.input_ids.numel() for mb in mbs)
-    out = {"step_s": min(times[1:] or times), "tok_s": tokens / min(times[1:] or times), "peak_gib": peak_gib(device),
-           "micro_batches": len(mbs), "padding": 1 - tokens / padded}
+    out = {
+        "step_s": min(times[1:] or times),
+        "tok_s": tokens / min(times[1:] or times),
+        "peak_gib": peak_gib(device),
+        "micro_batches": len(mbs),
+        "padding": 1 - tokens / padded,
+    }
     del w, mbs
     return out
 
 
 def bench_logprob_memory(folder: Path, chunk: int, args, device: torch.device) -> dict[str, float]:
     reset_peak(device)
-    w = worker(folder, device, args, **{"train.log_prob_chunk_size": chunk,
-                                       "train.max_tokens_per_gpu": args.logprob_tokens + args.prompt_len})
+    w = worker(
+        folder,
+        device,
+        args,
+        **{"train.log_prob_chunk_size": chunk, "train.max_tokens_per_gpu": args.logprob_tokens + args.prompt_len},
+    )
     data = rollout([args.logprob_tokens], args.prompt_len, ARCHS[args.arch_now]["vocab_size"])
     base = peak_gib(device)
     reset_peak(device)
@@ -223,12 +275,25 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16384, help="train.max_tokens_per_gpu")
     ap.add_argument("--logprob-tokens", type=int, default=16384)
-    ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"],
-                    help="generation: engine.kv_cache_dtype values to run (auto, fp8, ...)")
-    ap.add_argument("--parts", nargs="+", default=["generation", "training", "logprob"],
-                    choices=["generation", "paging", "training", "logprob"])
-    ap.add_argument("--pool-shares", nargs="+", type=float, default=[1.0, 0.4, 0.2],
-                    help="paging: KV pool sizes as shares of the full-length need")
+    ap.add_argument(
+        "--kv-cache-dtypes",
+        nargs="+",
+        default=["auto"],
+        help="generation: engine.kv_cache_dtype values to run (auto, fp8, ...)",
+    )
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=["generation", "training", "logprob"],
+        choices=["generation", "paging", "training", "logprob"],
+    )
+    ap.add_argument(
+        "--pool-shares",
+        nargs="+",
+        type=float,
+        default=[1.0, 0.4, 0.2],
+        help="paging: KV pool sizes as shares of the full-length need",
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     gen, train, lp, paging = [], [], [], []
@@ -254,13 +319,13 @@ def main() -> None:
                         print(gen[-1], flush=True)
                 if "paging" in args.parts:
                     for share in args.pool_shares:
-                        paging.append((arch, length, share, attempt(bench_paging, folder, length, args, device,
-                                                                    share)))
+                        paging.append((arch, length, share, attempt(bench_paging, folder, length, args, device, share)))
                         print(paging[-1], flush=True)
                 if "training" in args.parts:
                     for packing in ("none", "sequences"):
-                        train.append((arch, length, packing, attempt(bench_training, folder, length, packing, args,
-                                                                     device)))
+                        train.append(
+                            (arch, length, packing, attempt(bench_training, folder, length, packing, args, device))
+                        )
                         print(train[-1], flush=True)
             if "logprob" in args.parts:
                 for chunk in (2048, 1 << 30):
@@ -273,42 +338,58 @@ def main() -> None:
         return format(r[key], fmt) if isinstance(r, dict) else r
 
     if gen:
-        print(f"\nGeneration: {args.seqs} sequences, context {args.prompt_len} + length; decode timed over the last "
-              f"{args.window} tokens")
+        print(
+            f"\nGeneration: {args.seqs} sequences, context {args.prompt_len} + length; decode timed over the last "
+            f"{args.window} tokens"
+        )
         print(f"(limit: weights + every cached K/V read once per step at {args.peak_tbs} TB/s)")
-        print("| arch | new tokens | KV cache | slots | prefill tok/s | decode tok/s | ms/step | limit ms | "
-              "share of limit | KV pool GiB | KV held GiB | peak GiB |")
+        print(
+            "| arch | new tokens | KV cache | slots | prefill tok/s | decode tok/s | ms/step | limit ms | "
+            "share of limit | KV pool GiB | KV held GiB | peak GiB |"
+        )
         print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for arch, length, kvd, r in gen:
-            print(f"| {arch} | {length} | {kvd} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
-                  f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'step_ms', '.2f')} | {cell(r, 'limit_ms', '.2f')} | "
-                  f"{cell(r, 'share', '.0%')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
-                  f"{cell(r, 'peak_gib', '.1f')} |")
+            print(
+                f"| {arch} | {length} | {kvd} | {cell(r, 'slots', 'd')} | {cell(r, 'prefill_tok_s', ',.0f')} | "
+                f"{cell(r, 'decode_tok_s', ',.0f')} | {cell(r, 'step_ms', '.2f')} | {cell(r, 'limit_ms', '.2f')} | "
+                f"{cell(r, 'share', '.0%')} | {cell(r, 'kv_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | "
+                f"{cell(r, 'peak_gib', '.1f')} |"
+            )
     if paging:
-        print(f"\nPaged KV cache: {args.seqs} sequences, responses uniform in [L/8, L] (EOS ignored), 16-token blocks, "
-              "the pool capped at a share of what all sequences at full length need")
+        print(
+            f"\nPaged KV cache: {args.seqs} sequences, responses uniform in [L/8, L] (EOS ignored), 16-token blocks, "
+            "the pool capped at a share of what all sequences at full length need"
+        )
         print("| arch | max new tokens | pool share | generation tok/s | s | KV pool GiB | KV held GiB | preempted |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for arch, length, share, r in paging:
-            print(f"| {arch} | {length} | {share:.0%} | {cell(r, 'tok_s', ',.0f')} | {cell(r, 's', '.1f')} | "
-                  f"{cell(r, 'kv_pool_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | {cell(r, 'preempted', 'd')} |")
+            print(
+                f"| {arch} | {length} | {share:.0%} | {cell(r, 'tok_s', ',.0f')} | {cell(r, 's', '.1f')} | "
+                f"{cell(r, 'kv_pool_gib', '.1f')} | {cell(r, 'kv_held_gib', '.1f')} | {cell(r, 'preempted', 'd')} |"
+            )
     if train:
-        print(f"\nTraining: {args.train_samples} samples, responses uniform in [L/8, L], prompt {args.prompt_len}, "
-              f"max_tokens_per_gpu {args.max_tokens}, gradient checkpointing")
+        print(
+            f"\nTraining: {args.train_samples} samples, responses uniform in [L/8, L], prompt {args.prompt_len}, "
+            f"max_tokens_per_gpu {args.max_tokens}, gradient checkpointing"
+        )
         print("| arch | max new tokens | train.packing | micro-batches | padding | real tok/s | s/step | peak GiB |")
         print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
         for arch, length, packing, r in train:
             pad = f"{r['padding']:.0%}" if isinstance(r, dict) else r
-            print(f"| {arch} | {length} | {packing} | {cell(r, 'micro_batches', 'd')} | {pad} | "
-                  f"{cell(r, 'tok_s', ',.0f')} | {cell(r, 'step_s', '.2f')} | {cell(r, 'peak_gib', '.1f')} |")
+            print(
+                f"| {arch} | {length} | {packing} | {cell(r, 'micro_batches', 'd')} | {pad} | "
+                f"{cell(r, 'tok_s', ',.0f')} | {cell(r, 'step_s', '.2f')} | {cell(r, 'peak_gib', '.1f')} |"
+            )
     if lp:
         print(f"\nLog-prob pass (no grad) over {args.logprob_tokens} response tokens in one micro-batch")
         print("| arch | log_prob_chunk_size | peak GiB | of which weights before the pass | s |")
         print("| --- | --- | ---: | ---: | ---: |")
         for arch, chunk, r in lp:
             c = "unchunked" if chunk >= 1 << 30 else str(chunk)
-            print(f"| {arch} | {c} | {cell(r, 'peak_gib', '.2f')} | {cell(r, 'weights_gib', '.2f')} | "
-                  f"{cell(r, 's', '.2f')} |")
+            print(
+                f"| {arch} | {c} | {cell(r, 'peak_gib', '.2f')} | {cell(r, 'weights_gib', '.2f')} | "
+                f"{cell(r, 's', '.2f')} |"
+            )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from archs import ARCHS, write_random_model
 
 
@@ -31,8 +30,15 @@ def make_rollout(n: int, prompt_len: int, response_len: int, vocab: int):
     samples, adv = [], []
     for _ in range(n):
         tokens = torch.randint(10, vocab - 10, (prompt_len + response_len,), generator=g).tolist()
-        samples.append(Sample(prompt="p", tokens=tokens, response_length=response_len, loss_mask=[1] * response_len,
-                              rollout_log_probs=[-1.0] * response_len))
+        samples.append(
+            Sample(
+                prompt="p",
+                tokens=tokens,
+                response_length=response_len,
+                loss_mask=[1] * response_len,
+                rollout_log_probs=[-1.0] * response_len,
+            )
+        )
         adv.append(torch.full((response_len,), float(torch.randn(1, generator=g))))
     return TrainData(samples, adv)
 
@@ -41,9 +47,15 @@ def run(folder: Path, lora_rank: int, args) -> dict[str, float]:
     from reinforge.config import load_config
     from reinforge.train.worker import TrainWorker
 
-    overrides = [f"model.path={folder}", f"train.device={args.device}", f"train.max_tokens_per_gpu={args.max_tokens}",
-                 "algo.use_kl_loss=true", "algo.kl_loss_coef=0.01", "train.lr=1e-6",
-                 f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}"]
+    overrides = [
+        f"model.path={folder}",
+        f"train.device={args.device}",
+        f"train.max_tokens_per_gpu={args.max_tokens}",
+        "algo.use_kl_loss=true",
+        "algo.kl_loss_coef=0.01",
+        "train.lr=1e-6",
+        f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+    ]
     if lora_rank:
         overrides += [f"model.lora_rank={lora_rank}", f"model.lora_alpha={2 * lora_rank}"]
     cfg = load_config(None, overrides)
@@ -95,19 +107,24 @@ def main() -> None:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    print(f"\n{args.arch}, {dev}, {args.samples} samples x ({args.prompt_len} + {args.response_len}) tokens, "
-          f"max_tokens_per_gpu {args.max_tokens}, KL to the reference, gradient checkpointing "
-          f"{args.gradient_checkpointing}")
-    print(f"| {'mode':12s} | {'trainable (M)':>13s} | {'peak memory (GiB)':>17s} | {'s / step':>8s} | "
-          f"{'tokens/s':>9s} |")
+    print(
+        f"\n{args.arch}, {dev}, {args.samples} samples x ({args.prompt_len} + {args.response_len}) tokens, "
+        f"max_tokens_per_gpu {args.max_tokens}, KL to the reference, gradient checkpointing "
+        f"{args.gradient_checkpointing}"
+    )
+    print(
+        f"| {'mode':12s} | {'trainable (M)':>13s} | {'peak memory (GiB)':>17s} | {'s / step':>8s} | {'tokens/s':>9s} |"
+    )
     print(f"| {'-' * 12} | {'-' * 13}: | {'-' * 17}: | {'-' * 8}: | {'-' * 9}: |")
     for r, m in rows:
         mode = f"LoRA r={r}" if r else "full"
         if m is None:
             print(f"| {mode:12s} | {'':>13s} | {'out of memory':>17s} | {'-':>8s} | {'-':>9s} |")
             continue
-        print(f"| {mode:12s} | {m['trainable_m']:13.1f} | {m['peak_gib']:17.2f} | {m['step_s']:8.2f} | "
-              f"{m['tokens_per_s']:9.0f} |")
+        print(
+            f"| {mode:12s} | {m['trainable_m']:13.1f} | {m['peak_gib']:17.2f} | {m['step_s']:8.2f} | "
+            f"{m['tokens_per_s']:9.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,12 @@ import time
 
 import torch
 
-PHASES = (("generation", "time/generate"), ("log-probs", "time/logprob"), ("training", "time/train"),
-          ("weight sync", "time/sync"))
+PHASES = (
+    ("generation", "time/generate"),
+    ("log-probs", "time/logprob"),
+    ("training", "time/train"),
+    ("weight sync", "time/sync"),
+)
 
 
 def _gib(b: float | None) -> str:
@@ -95,22 +99,39 @@ def measure(cfg, rollouts: int, gpu=None) -> dict:
     last = metrics[-1]
     rows = []
     for phase, key in PHASES:
-        rows.append(dict(phase=phase, predicted_s=predicted_t.get(phase), measured_s=last.get(key),
-                         predicted_mem=predicted_m.get(phase), measured_mem=meter.peaks.get(phase)))
-    return dict(rows=rows, gpu=plan.gpu.name if plan.gpu else "none", lengths=lengths, wall=wall,
-                step=last.get("time/rollout_step"))
+        rows.append(
+            dict(
+                phase=phase,
+                predicted_s=predicted_t.get(phase),
+                measured_s=last.get(key),
+                predicted_mem=predicted_m.get(phase),
+                measured_mem=meter.peaks.get(phase),
+            )
+        )
+    return dict(
+        rows=rows,
+        gpu=plan.gpu.name if plan.gpu else "none",
+        lengths=lengths,
+        wall=wall,
+        step=last.get("time/rollout_step"),
+    )
 
 
 def format_table(result: dict) -> str:
-    lines = [f"GPU planned: {result['gpu']}; last step {_sec(result['step'])} s; {len(result['lengths'])} samples, "
-             f"mean response {sum(result['lengths']) / max(len(result['lengths']), 1):.0f} tokens",
-             "| phase | predicted s | measured s | measured / predicted | predicted peak GiB | measured peak GiB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"GPU planned: {result['gpu']}; last step {_sec(result['step'])} s; {len(result['lengths'])} samples, "
+        f"mean response {sum(result['lengths']) / max(len(result['lengths']), 1):.0f} tokens",
+        "| phase | predicted s | measured s | measured / predicted | predicted peak GiB | measured peak GiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in result["rows"]:
-        ratio = (f"{r['measured_s'] / r['predicted_s']:.2f}" if r["predicted_s"] and r["measured_s"] is not None
-                 else "n/a")
-        lines.append(f"| {r['phase']} | {_sec(r['predicted_s'])} | {_sec(r['measured_s'])} | {ratio} | "
-                     f"{_gib(r['predicted_mem'])} | {_gib(r['measured_mem'])} |")
+        ratio = (
+            f"{r['measured_s'] / r['predicted_s']:.2f}" if r["predicted_s"] and r["measured_s"] is not None else "n/a"
+        )
+        lines.append(
+            f"| {r['phase']} | {_sec(r['predicted_s'])} | {_sec(r['measured_s'])} | {ratio} | "
+            f"{_gib(r['predicted_mem'])} | {_gib(r['measured_mem'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -124,8 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu", help="predict for this GPU (a CPU run: the script's check)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config, args.overrides + ["run.progress=false", "run.save_final=false",
-                                                     "eval.eval_before_train=false", "data.n_eval_prompts=0"])
+    cfg = load_config(
+        args.config,
+        args.overrides
+        + ["run.progress=false", "run.save_final=false", "eval.eval_before_train=false", "data.n_eval_prompts=0"],
+    )
     result = measure(cfg, args.rollouts, named(args.gpu) if args.gpu else None)
     print(format_table(result))
 

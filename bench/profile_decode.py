@@ -3,16 +3,23 @@ sees each kernel). Random weights of the given architectures (bench/archs.py).
 
     PYTHONPATH=. python bench/profile_decode.py smollm2,qwen2.5-0.5b
 """
-import sys, tempfile, torch
+
+import sys
+import tempfile
 from pathlib import Path
+
+import torch
+
 sys.path.insert(0, "bench")
 from archs import write_random_model
-from torch.profiler import profile, ProfilerActivity
-from reinforge.models.loading import build_model
+from torch.profiler import ProfilerActivity, profile
+
 from reinforge.config import EngineConfig
 from reinforge.engine import EmbeddedEngine
 from reinforge.engine.attention import bucket as _bucket
+from reinforge.models.loading import build_model
 from reinforge.records import GenerateRequest, SamplingParams
+
 dev = torch.device("cuda")
 for arch in sys.argv[1].split(","):
     with tempfile.TemporaryDirectory() as tmp:
@@ -21,8 +28,9 @@ for arch in sys.argv[1].split(","):
         model = build_model(folder, torch.bfloat16, dev).eval()
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(100, 40000, (96,), generator=g).tolist() for _ in range(128)]
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=1024, kv_cache_memory_fraction=0.5,
-                                             cuda_graph=False), max_model_len=96 + 256)
+    eng = EmbeddedEngine(
+        model, EngineConfig(max_num_seqs=1024, kv_cache_memory_fraction=0.5, cuda_graph=False), max_model_len=96 + 256
+    )
     sp = SamplingParams(max_new_tokens=256, temperature=1.0, ignore_eos=True)
     for p in ps:
         eng.add_request(GenerateRequest(p, sp, n=8))

@@ -6,6 +6,7 @@ the profiler's tables by GPU and by CPU time.
 
     PYTHONPATH=. python bench/profile_train.py [--packing shared_prompt] [--compile] [--overrides k=v ...]
 """
+
 import argparse
 import functools
 import sys
@@ -31,6 +32,7 @@ def labelled(name, fn):
     def wrapper(*a, **k):
         with record_function(name):
             return fn(*a, **k)
+
     return wrapper
 
 
@@ -55,8 +57,16 @@ def grouped_rollout(prompts: int, n: int, prompt_len: int, max_len: int, vocab: 
         for j in range(n):
             R = lengths[(p * n + j) * 7919 % len(lengths)]
             tokens = prompt + torch.randint(10, vocab - 10, (R,), generator=g).tolist()
-            samples.append(Sample(prompt=f"p{p}", tokens=tokens, response_length=R, loss_mask=[1] * R,
-                                  rollout_log_probs=[-1.0] * R, group_index=p))
+            samples.append(
+                Sample(
+                    prompt=f"p{p}",
+                    tokens=tokens,
+                    response_length=R,
+                    loss_mask=[1] * R,
+                    rollout_log_probs=[-1.0] * R,
+                    group_index=p,
+                )
+            )
             adv.append(torch.full((R,), float(torch.randn(1, generator=g)) or 1.0))
     return TrainData(samples, adv)
 
@@ -76,8 +86,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "m"
         write_random_model("smollm2", folder)
-        over = {"train.packing": args.packing, "model.gradient_checkpointing": "false",
-                "model.torch_compile": str(args.compile).lower()}
+        over = {
+            "train.packing": args.packing,
+            "model.gradient_checkpointing": "false",
+            "model.torch_compile": str(args.compile).lower(),
+        }
         over.update(kv.split("=", 1) for kv in args.overrides)
         args.prompt_len = 100
         w = lr.worker(folder, dev, args, **over)
@@ -89,8 +102,12 @@ def main() -> None:
             w.train_actor(data, i)
             lr.sync(dev)
             times.append(time.perf_counter() - t)
-        print(f"{args.packing}{' compiled' if args.compile else ''}: step s",
-              " ".join(f"{x:.3f}" for x in times), f"median of last 3 {sorted(times[-3:])[1]:.3f}", flush=True)
+        print(
+            f"{args.packing}{' compiled' if args.compile else ''}: step s",
+            " ".join(f"{x:.3f}" for x in times),
+            f"median of last 3 {sorted(times[-3:])[1]:.3f}",
+            flush=True,
+        )
         mbs, _ = w.actor.rank_micro_batches(data.samples, list(range(len(data.samples))))
         print("micro-batches", len(mbs), "shapes", [tuple(mb.input_ids.shape) for mb in mbs])
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:

@@ -20,7 +20,6 @@ import time
 import traceback
 
 import torch
-
 from archs import hf_config
 
 
@@ -57,8 +56,9 @@ def make_models(name, device, dtype):
     hf.eval()
     with torch.device("meta"):
         ours = CausalLM(cfg, max_positions=4096)
-    ours.load_state_dict({k: v for k, v in hf.state_dict().items() if k in ours.state_dict()}, assign=True,
-                         strict=False)
+    ours.load_state_dict(
+        {k: v for k, v in hf.state_dict().items() if k in ours.state_dict()}, assign=True, strict=False
+    )
     if ours.args.tie_word_embeddings:
         ours.lm_head.weight = ours.model.embed_tokens.weight
     ours.init_rope(device)
@@ -76,11 +76,10 @@ def bench_hf_generate(hf, ps, max_new, device):
     ids = torch.zeros(len(ps), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(ps):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
-    kw = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=True, temperature=1.0, top_k=0,
-              pad_token_id=0)
+    kw = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=True, temperature=1.0, top_k=0, pad_token_id=0)
     hf.generate(input_ids=ids[:2], attention_mask=mask[:2], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
     sync(device)
     t = time.perf_counter()
@@ -92,8 +91,9 @@ def bench_hf_generate(hf, ps, max_new, device):
 def bench_generate_batch(hf, ps, max_new, device):
     from transformers import GenerationConfig
 
-    gc = GenerationConfig(max_new_tokens=max_new, do_sample=True, temperature=1.0, top_k=0, eos_token_id=None,
-                          pad_token_id=0)
+    gc = GenerationConfig(
+        max_new_tokens=max_new, do_sample=True, temperature=1.0, top_k=0, eos_token_id=None, pad_token_id=0
+    )
     hf.generate_batch(inputs=ps[:4], generation_config=gc)
     sync(device)
     t = time.perf_counter()
@@ -103,20 +103,40 @@ def bench_generate_batch(hf, ps, max_new, device):
     return tokens / (time.perf_counter() - t)
 
 
-def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=1024, kv_block_size=0,
-                 overlap_schedule=True, fused_residual_add=True, fused_projections=True):
+def bench_engine(
+    model,
+    ps,
+    n,
+    max_new,
+    device,
+    cuda_graph=True,
+    max_num_seqs=1024,
+    kv_block_size=0,
+    overlap_schedule=True,
+    fused_residual_add=True,
+    fused_projections=True,
+):
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.transformer import Variant
     from reinforge.records import GenerateRequest, SamplingParams
 
     L = max(map(len, ps)) + max_new
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=max_num_seqs, cuda_graph=cuda_graph,
-                                             kv_cache_memory_fraction=0.5, kv_block_size=kv_block_size,
-                                             overlap_schedule=overlap_schedule), max_model_len=L)
+    eng = EmbeddedEngine(
+        model,
+        EngineConfig(
+            max_num_seqs=max_num_seqs,
+            cuda_graph=cuda_graph,
+            kv_cache_memory_fraction=0.5,
+            kv_block_size=kv_block_size,
+            overlap_schedule=overlap_schedule,
+        ),
+        max_model_len=L,
+    )
     v = model.variant
-    model.set_variant(Variant(v.fused_kernels, v.fused_residual and fused_residual_add,
-                              v.fused_projections and fused_projections))
+    model.set_variant(
+        Variant(v.fused_kernels, v.fused_residual and fused_residual_add, v.fused_projections and fused_projections)
+    )
     sp = SamplingParams(max_new_tokens=max_new, temperature=1.0, ignore_eos=True)
     eng.generate([GenerateRequest(p, sp, n=n) for p in ps])  # warm-up: captures the CUDA graphs
     sync(device)
@@ -125,9 +145,13 @@ def bench_engine(model, ps, n, max_new, device, cuda_graph=True, max_num_seqs=10
     sync(device)
     dt = time.perf_counter() - t
     tokens = sum(len(r.token_ids) for g in results for r in g)
-    info = dict(slots=eng.num_slots, graphs=len(eng.runner._graphs), distinct=len({tuple(r.token_ids) for g in results
-                                                                                     for r in g}),
-                block=eng.scheduler.layout.block_size, preempted=eng.num_preemptions)
+    info = dict(
+        slots=eng.num_slots,
+        graphs=len(eng.runner._graphs),
+        distinct=len({tuple(r.token_ids) for g in results for r in g}),
+        block=eng.scheduler.layout.block_size,
+        preempted=eng.num_preemptions,
+    )
     eng.shutdown()
     return tokens / dt, results, info
 
@@ -139,8 +163,8 @@ def logprob_parity(model_fp32, ps, results, device, autocast_dtype):
         r = group[0]
         ids = torch.tensor([p + r.token_ids], device=device)
         with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model_fp32(ids)[0, len(p) - 1:-1].float()
-        lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(p):, None])[:, 0].cpu()
+            logits = model_fp32(ids)[0, len(p) - 1 : -1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(p) :, None])[:, 0].cpu()
         d = lp - torch.tensor(r.log_probs)
         diffs.append(d.abs())
         weights.append(d.exp())
@@ -166,14 +190,26 @@ def main():
     ap.add_argument("--baseline-seqs", type=int, default=256)
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--no-graph-run", action="store_true", help="also time the engine without CUDA graphs")
-    ap.add_argument("--no-overlap-run", action="store_true",
-                    help="also time the engine without the overlap scheduler (engine.overlap_schedule=false)")
-    ap.add_argument("--no-fused-residual-run", action="store_true",
-                    help="also time the engine without the residual adds fused into the norms")
-    ap.add_argument("--no-fused-projections-run", action="store_true",
-                    help="also time the engine with separate q/k/v and gate/up matmuls")
-    ap.add_argument("--one-block-run", action="store_true",
-                    help="also time the engine with one KV block per sequence (the layout before paging)")
+    ap.add_argument(
+        "--no-overlap-run",
+        action="store_true",
+        help="also time the engine without the overlap scheduler (engine.overlap_schedule=false)",
+    )
+    ap.add_argument(
+        "--no-fused-residual-run",
+        action="store_true",
+        help="also time the engine without the residual adds fused into the norms",
+    )
+    ap.add_argument(
+        "--no-fused-projections-run",
+        action="store_true",
+        help="also time the engine with separate q/k/v and gate/up matmuls",
+    )
+    ap.add_argument(
+        "--one-block-run",
+        action="store_true",
+        help="also time the engine with one KV block per sequence (the layout before paging)",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
@@ -213,17 +249,38 @@ def main():
         row["of_ceiling"] = tps / row["ceiling"] if bw == bw else float("nan")
         ref = ours.float()
         row["logprob_abs_diff"], row["importance_weight"] = logprob_parity(
-            ref, ps, results, device, torch.bfloat16 if dtype == torch.bfloat16 else None)
+            ref, ps, results, device, torch.bfloat16 if dtype == torch.bfloat16 else None
+        )
         rows.append(row)
         del ours, ref
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(f"\ndevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
-          f"copy bandwidth {bw / 1e12:.2f} TB/s; dtype {dtype}")
-    cols = ["model", "seqs", "new_tokens", "hf_generate", "hf_generate_batch", "reinforge_eager",
-            "reinforge_one_block", "reinforge_no_overlap", "reinforge_no_fused_residual",
-            "reinforge_no_fused_projections", "reinforge", "ceiling", "of_ceiling", "logprob_abs_diff",
-            "importance_weight", "slots", "block", "preempted", "graphs", "distinct"]
+    print(
+        f"\ndevice: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
+        f"copy bandwidth {bw / 1e12:.2f} TB/s; dtype {dtype}"
+    )
+    cols = [
+        "model",
+        "seqs",
+        "new_tokens",
+        "hf_generate",
+        "hf_generate_batch",
+        "reinforge_eager",
+        "reinforge_one_block",
+        "reinforge_no_overlap",
+        "reinforge_no_fused_residual",
+        "reinforge_no_fused_projections",
+        "reinforge",
+        "ceiling",
+        "of_ceiling",
+        "logprob_abs_diff",
+        "importance_weight",
+        "slots",
+        "block",
+        "preempted",
+        "graphs",
+        "distinct",
+    ]
     cols = [c for c in cols if any(c in r for r in rows)]
     print(" | ".join(cols))
     for r in rows:

@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from archs import write_random_model
 
 from reinforge.algo.mismatch import mismatch_stats
@@ -37,10 +36,16 @@ DEVICE = "cuda"
 def generate(folder: Path, seqs: int, new_tokens: int, record: bool):
     model = build_model(folder, torch.bfloat16, torch.device(DEVICE))
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, model.args.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(32, 97, (seqs,), generator=g)]
-    eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=seqs, kv_cache_memory_fraction=0.3),
-                         max_model_len=128 + new_tokens, record_routes=record)
+    prompts = [
+        torch.randint(0, model.args.vocab_size, (int(n),), generator=g).tolist()
+        for n in torch.randint(32, 97, (seqs,), generator=g)
+    ]
+    eng = EmbeddedEngine(
+        model,
+        EngineConfig(max_num_seqs=seqs, kv_cache_memory_fraction=0.3),
+        max_model_len=128 + new_tokens,
+        record_routes=record,
+    )
     sp = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
     results = [r for (r,) in eng.generate([GenerateRequest(p, sp) for p in prompts])]
     eng.shutdown()
@@ -63,12 +68,12 @@ def recompute(folder: Path, prompts, results, replay: bool) -> torch.Tensor:
             table = {}
             for j, layer in enumerate(model.args.moe_layers):
                 t = torch.full((P + n, model.args.num_experts_per_tok), -1, dtype=torch.long, device=DEVICE)
-                t[P - 1:P - 1 + n] = r.routed_experts[:, j].to(DEVICE, torch.long)
+                t[P - 1 : P - 1 + n] = r.routed_experts[:, j].to(DEVICE, torch.long)
                 table[layer] = t
             routing = Routing(replay=table)
         with torch.autocast(DEVICE, torch.bfloat16):
-            logits = model(ids, routing=routing)[0, P - 1:P - 1 + n].float()
-        lp = logits.log_softmax(-1).gather(1, ids[0, P:P + n, None])[:, 0].cpu()
+            logits = model(ids, routing=routing)[0, P - 1 : P - 1 + n].float()
+        lp = logits.log_softmax(-1).gather(1, ids[0, P : P + n, None])[:, 0].cpu()
         diffs.append(lp - torch.tensor(r.log_probs))
     del model
     if DEVICE == "cuda":
@@ -89,10 +94,18 @@ def main() -> None:
     global DEVICE
     DEVICE = args.device
     shrink = {"num_hidden_layers": args.layers, "vocab_size": 4096} if args.layers else {}
-    keys = ("logprob_abs_diff_p50", "logprob_abs_diff_p99", "logprob_abs_diff_max", "importance_weight_min",
-            "importance_weight_max")
-    print(f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'CPU'}, torch {torch.__version__}; {args.seqs} x {args.new_tokens} tokens; "
-          "bf16 engine vs fp32 trainer under bf16 autocast")
+    keys = (
+        "logprob_abs_diff_p50",
+        "logprob_abs_diff_p99",
+        "logprob_abs_diff_max",
+        "importance_weight_min",
+        "importance_weight_max",
+    )
+    print(
+        f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'CPU'}, torch {torch.__version__}; "
+        f"{args.seqs} x {args.new_tokens} tokens; "
+        "bf16 engine vs fp32 trainer under bf16 autocast"
+    )
     print("| initializer_range | model | routing in the trainer | mean abs diff | " + " | ".join(keys) + " |")
     print("| ---: | --- | --- | ---: |" + " ---: |" * len(keys))
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,8 +118,12 @@ def main() -> None:
                     d = recompute(folder, prompts, results, replay)
                     s = mismatch_stats(d)
                     how = "-" if arch == args.dense else ("engine's routes replayed" if replay else "its own router")
-                    print(f"| {std} | {arch} | {how} | {d.abs().mean():.4f} | "
-                          + " | ".join(f"{s[k]:.4g}" for k in keys) + " |", flush=True)
+                    print(
+                        f"| {std} | {arch} | {how} | {d.abs().mean():.4f} | "
+                        + " | ".join(f"{s[k]:.4g}" for k in keys)
+                        + " |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python bench/sampler.py
 """
+
 import argparse
 
 import torch

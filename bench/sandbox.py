@@ -67,8 +67,10 @@ def main() -> None:
     check_sandbox("bwrap", limits.sandbox_uid)
     times, failures = asyncio.run(sequential(args.code, args.runs, limits))
     print(f"bare interpreter start (no sandbox), p50: {bare_start_ms(args.runs):.1f} ms")
-    print(f"one sandbox at a time: start-to-exit p50 {percentile(times, 0.5) * 1e3:.1f} ms, "
-          f"p99 {percentile(times, 0.99) * 1e3:.1f} ms, failures {failures}/{args.runs}")
+    print(
+        f"one sandbox at a time: start-to-exit p50 {percentile(times, 0.5) * 1e3:.1f} ms, "
+        f"p99 {percentile(times, 0.99) * 1e3:.1f} ms, failures {failures}/{args.runs}"
+    )
     print("\n| slots | runs | wall s | runs/s | failures |\n| ---: | ---: | ---: | ---: | ---: |")
     for c in args.concurrency:
         wall, failed = asyncio.run(fleet(args.code, args.runs, c, limits))

@@ -27,8 +27,20 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 def run_one(config: str, out: Path, overrides: list[str], seed: int) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "reinforge.cli", "train", "-c", config, *overrides, f"train.seed={seed}",
-           f"rollout.seed={seed}", f"run.output_dir={out}", "run.progress=false", "run.save_final=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reinforge.cli",
+        "train",
+        "-c",
+        config,
+        *overrides,
+        f"train.seed={seed}",
+        f"rollout.seed={seed}",
+        f"run.output_dir={out}",
+        "run.progress=false",
+        "run.save_final=false",
+    ]
     t = time.perf_counter()
     with (out / "log.txt").open("w") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -38,9 +50,13 @@ def run_one(config: str, out: Path, overrides: list[str], seed: int) -> dict:
         for line in (out / "eval.jsonl").read_text().splitlines():
             row = json.loads(line)
             evals[row["label"]] = row
-    return {"rc": rc, "wall": wall, "before": evals.get("before", {}).get("eval/greedy_accuracy"),
-            "after": evals.get("after", {}).get("eval/greedy_accuracy"),
-            "trunc_after": evals.get("after", {}).get("eval/greedy_truncated")}
+    return {
+        "rc": rc,
+        "wall": wall,
+        "before": evals.get("before", {}).get("eval/greedy_accuracy"),
+        "after": evals.get("after", {}).get("eval/greedy_accuracy"),
+        "trunc_after": evals.get("after", {}).get("eval/greedy_truncated"),
+    }
 
 
 def main() -> None:
@@ -65,10 +81,14 @@ def main() -> None:
         ratio = r["after"] / r["before"] if r["before"] and r["after"] is not None else float("nan")
         by_name.setdefault(n, []).append(ratio)
         fmt = lambda v: f"{v:7.3f}" if v is not None else "      -"  # noqa: E731
-        print(f"{n:24s} {s:4d} {fmt(r['before'])} {fmt(r['after'])} {ratio:6.2f} "
-              f"{(r['trunc_after'] or 0):6.2f} {r['wall']:7.1f} {r['rc']}")
-    print("\nworst ratio per variant: " + ", ".join(f"{n} {min(v):.2f} (mean {statistics.mean(v):.2f})"
-                                                  for n, v in by_name.items()))
+        print(
+            f"{n:24s} {s:4d} {fmt(r['before'])} {fmt(r['after'])} {ratio:6.2f} "
+            f"{(r['trunc_after'] or 0):6.2f} {r['wall']:7.1f} {r['rc']}"
+        )
+    print(
+        "\nworst ratio per variant: "
+        + ", ".join(f"{n} {min(v):.2f} (mean {statistics.mean(v):.2f})" for n, v in by_name.items())
+    )
 
 
 if __name__ == "__main__":

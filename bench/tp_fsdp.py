@@ -64,34 +64,50 @@ def main(argv: list[str] | None = None) -> list[tuple]:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--device", default="cuda", help="cpu: gloo ranks")
-    ap.add_argument("--adam-eps", type=float, default=1e-8,
-                    help="train.adam_eps; 1e-3 keeps Adam's updates proportional to the gradient, so that the "
-                         "reduction-order noise of near-zero gradients (whose first Adam step is ~lr x sign) does "
-                         "not show as lr-sized weight differences")
+    ap.add_argument(
+        "--adam-eps",
+        type=float,
+        default=1e-8,
+        help="train.adam_eps; 1e-3 keeps Adam's updates proportional to the gradient, so that the "
+        "reduction-order noise of near-zero gradients (whose first Adam step is ~lr x sign) does "
+        "not show as lr-sized weight differences",
+    )
     args = ap.parse_args(argv)
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         raise SystemExit(f"needs {args.world} GPUs, found {torch.cuda.device_count()}")
     folder = Path(tempfile.mkdtemp()) / args.arch
     write_random_model(args.arch, folder, **(tiny_overrides(args.arch) if args.tiny else {}))
     data = make_data(args.samples, ARCHS[args.arch]["vocab_size"])
-    base = [f"model.path={folder}", "train.lr=1e-5", f"train.adam_eps={args.adam_eps}",
-            f"train.max_tokens_per_gpu={args.max_tokens}",
-            "train.packing=sequences"]
+    base = [
+        f"model.path={folder}",
+        "train.lr=1e-5",
+        f"train.adam_eps={args.adam_eps}",
+        f"train.max_tokens_per_gpu={args.max_tokens}",
+        "train.packing=sequences",
+    ]
     layouts = [(1, 1), (args.world, 1)] + [(args.world, t) for t in args.tp]
     rows = []
     for world, tp in layouts:
-        m, step_s, prints = spawn_ranks(worker, world, (base + [f"train.tensor_model_parallel_size={tp}"],
-                                                        str(folder), data, args.steps, args.device), timeout=1800)
+        m, step_s, prints = spawn_ranks(
+            worker,
+            world,
+            (base + [f"train.tensor_model_parallel_size={tp}"], str(folder), data, args.steps, args.device),
+            timeout=1800,
+        )
         rows.append((world, tp, m["train/loss"], m["train/grad_norm"], step_s, prints))
         print(f"ranks {world} tp {tp}: loss {m['train/loss']:.6f} grad norm {m['train/grad_norm']:.4f}", flush=True)
     ref = rows[1][5]
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (gloo)"
-    print(f"\n{args.arch}{' (tiny)' if args.tiny else ''}, {args.samples} samples, {args.steps} actor steps, "
-          f"adam_eps {args.adam_eps:g}, {where}; "
-          f"reference: FSDP2 over {args.world} ranks")
-    print("| ranks | layout | loss (last step) | grad norm | max rel. diff of a weight norm "
-          "| max weight diff along a random direction / norm (where) | s/step |\n"
-          "| ---: | --- | ---: | ---: | ---: | --- | ---: |")
+    print(
+        f"\n{args.arch}{' (tiny)' if args.tiny else ''}, {args.samples} samples, {args.steps} actor steps, "
+        f"adam_eps {args.adam_eps:g}, {where}; "
+        f"reference: FSDP2 over {args.world} ranks"
+    )
+    print(
+        "| ranks | layout | loss (last step) | grad norm | max rel. diff of a weight norm "
+        "| max weight diff along a random direction / norm (where) | s/step |\n"
+        "| ---: | --- | ---: | ---: | ---: | --- | ---: |"
+    )
     for world, tp, loss, gn, step_s, prints in rows:
         dn = max(rel(prints[k][0], ref[k][0]) for k in ref)
         dp, where = projection_diff(prints, ref)

@@ -36,20 +36,20 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import pickle
 import random
 import shutil
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from .utils import faults
-from .utils.fs import DiskFullError, atomic_directory, atomic_write_text, held_by_another  # noqa: F401 (DiskFullError)
+from .utils.fs import DiskFullError, atomic_directory, atomic_write_text, held_by_another, is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,11 @@ def rng_state() -> dict[str, Any]:
     """The driver's generator states in types ``torch.load(weights_only=True)`` accepts
     (the NumPy key array as a tensor)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos),
-                                                    int(has_gauss), float(cached)),
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -95,8 +97,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: Path, index: int, write: Callable[[Path], None], state: dict[str, Any],
-                    keep_last: int | None = None, prefix: str = "rollout", drop_older_optimizer: bool = False) -> Path:
+def save_checkpoint(
+    root: Path,
+    index: int,
+    write: Callable[[Path], None],
+    state: dict[str, Any],
+    keep_last: int | None = None,
+    prefix: str = "rollout",
+    drop_older_optimizer: bool = False,
+) -> Path:
     """Write checkpoint ``root/<prefix>_<index>`` atomically and point ``root/latest`` at it.
 
     Args:
@@ -128,15 +137,19 @@ def save_checkpoint(root: Path, index: int, write: Callable[[Path], None], state
     except OSError as e:
         if isinstance(e, DiskFullError) or not is_disk_full(e, root):
             raise
-        raise DiskFullError(errno.ENOSPC, f"disk full: checkpoint {final} was written but {root / LATEST} could "
-                                          f"not be updated (run.recover=auto and --load of the run directory still "
-                                          f"find it); free space before the next save") from e
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"disk full: checkpoint {final} was written but {root / LATEST} could "
+            f"not be updated (run.recover=auto and --load of the run directory still "
+            f"find it); free space before the next save",
+        ) from e
     prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
     return final
 
 
-def prune_checkpoints(root: Path, newest: Path, keep_last: int | None, prefix: str = "rollout",
-                      drop_optimizer: bool = False) -> list[Path]:
+def prune_checkpoints(
+    root: Path, newest: Path, keep_last: int | None, prefix: str = "rollout", drop_optimizer: bool = False
+) -> list[Path]:
     """After ``newest`` was written: keep it and the ``keep_last - 1`` intact checkpoints of
     ``prefix`` with the highest index below it; delete older ones and damaged ones (files missing
     or of another size: :func:`checkpoint_problem` without CRC-32; ``keep_last=None`` deletes nothing).
@@ -144,14 +157,14 @@ def prune_checkpoints(root: Path, newest: Path, keep_last: int | None, prefix: s
     than ``newest`` are left alone when intact (an earlier point of the run was resumed; they are
     not counted). With ``drop_optimizer`` the kept older ones lose their optimizer state
     (:func:`drop_optimizer_state`). Returns the checkpoints deleted."""
-    index = int(newest.name[len(prefix) + 1:])
+    index = int(newest.name[len(prefix) + 1 :])
     others = [p for p in list_checkpoints(root, prefix) if p != newest]
     kept, gone = [], []
     for p in others:
         broken = keep_last is not None and checkpoint_problem(p, deep=False) is not None
-        if broken or (int(p.name[len(prefix) + 1:]) < index and keep_last is not None and len(kept) >= keep_last - 1):
+        if broken or (int(p.name[len(prefix) + 1 :]) < index and keep_last is not None and len(kept) >= keep_last - 1):
             gone.append(p)
-        elif int(p.name[len(prefix) + 1:]) < index:
+        elif int(p.name[len(prefix) + 1 :]) < index:
             kept.append(p)
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
@@ -193,7 +206,9 @@ def _old_layout(ckpt: Path) -> bool:
     try:
         from torch.distributed.checkpoint import FileSystemReader
 
-        return any(k.startswith("optim.") for k in FileSystemReader(str(meta.parent)).read_metadata().state_dict_metadata)
+        return any(
+            k.startswith("optim.") for k in FileSystemReader(str(meta.parent)).read_metadata().state_dict_metadata
+        )
     except Exception:  # noqa: BLE001 - unreadable: checkpoint_problem reports it
         return False
 
@@ -206,9 +221,15 @@ def size_summary(ckpt: Path) -> str:
         if not f.is_file():
             continue
         rel = f.relative_to(ckpt).parts
-        key = ("model/ (Hugging Face, fp32)" if rel[0] == "model" else "adapter/" if rel[0] == "adapter"
-               else ("optimizer state" if rel[1].endswith(OPTIM_SUFFIX) else "dcp/ weights") if rel[0] == "dcp"
-               else "other")
+        key = (
+            "model/ (Hugging Face, fp32)"
+            if rel[0] == "model"
+            else "adapter/"
+            if rel[0] == "adapter"
+            else ("optimizer state" if rel[1].endswith(OPTIM_SUFFIX) else "dcp/ weights")
+            if rel[0] == "dcp"
+            else "other"
+        )
         parts[key] += f.stat().st_size
     total = sum(parts.values())
     return f"{_gb(total)}: " + ", ".join(f"{k} {_gb(v)}" for k, v in parts.items() if v and k != "other")
@@ -218,57 +239,26 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-# Messages of torch's zip writer (``torch.save``, DCP) when a write came up short: it reports
-# the position it expected instead of the errno (ambiguous: checked against the free space).
-_SHORT_WRITE = ("unexpected pos", "file write failed")
-# The errno's own words in the message of a writer that does not raise ``OSError`` (safetensors:
-# ``SafetensorError: ... No space left on device (os error 28)``, the partial file already removed).
-_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "enospc")
-_LOW_FREE_BYTES = 64 << 20
-
-
-def is_disk_full(e: BaseException, where: Path) -> bool:
-    """Whether ``e`` (or an exception it was raised from) is a failed write on a full disk:
-    an ``OSError`` with ``errno`` ENOSPC / EDQUOT, an error whose message carries that errno
-    (safetensors' ``os error 28``), or torch's short-write ``RuntimeError`` (``unexpected pos
-    ...``) while the filesystem of ``where`` has under 64 MiB or 1 % free."""
-    seen: set[int] = set()
-    short_write = False
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(e).lower()
-        if any(m in text for m in _NO_SPACE):
-            return True
-        if any(m in text for m in _SHORT_WRITE):
-            short_write = True
-        e = e.__cause__ or e.__context__
-    if not short_write:
-        return False
-    try:
-        usage = shutil.disk_usage(where if Path(where).exists() else Path(where).parent)
-    except OSError:
-        return False
-    return usage.free < max(_LOW_FREE_BYTES, usage.total // 100)
-
-
 def _disk_full_message(root: Path, name: str, prefix: str, where: Path) -> str:
-    previous = next((p for p in list_checkpoints(root, prefix) if p.name != name and checkpoint_problem(p, deep=False)
-                     is None), None)
+    previous = next(
+        (p for p in list_checkpoints(root, prefix) if p.name != name and checkpoint_problem(p, deep=False) is None),
+        None,
+    )
     try:
         free = f"{shutil.disk_usage(where).free / 2**20:.1f} MiB free"
     except OSError:
         free = "free space unknown"
-    kept = (f"the newest intact checkpoint is {previous}" if previous
-            else "no earlier checkpoint exists in this run")
-    return (f"disk full ({free} on the filesystem of {root}): checkpoint {name} was not written (its partial "
-            f"files were removed; nothing already written was changed); {kept}. Free space or move "
-            f"run.output_dir to a larger disk (run.keep_last_n_checkpoints limits how many are kept), then resume "
-            f"with run.recover=auto or --load")
+    kept = f"the newest intact checkpoint is {previous}" if previous else "no earlier checkpoint exists in this run"
+    return (
+        f"disk full ({free} on the filesystem of {root}): checkpoint {name} was not written (its partial "
+        f"files were removed; nothing already written was changed); {kept}. Free space or move "
+        f"run.output_dir to a larger disk (run.keep_last_n_checkpoints limits how many are kept), then resume "
+        f"with run.recover=auto or --load"
+    )
 
 
 # --------------------------------------------------------------------------- manifest (integrity)
+
 
 def _crc32(path: Path) -> str:
     crc = 0
@@ -291,9 +281,13 @@ def write_manifest(directory: Path) -> dict[str, Any]:
     files = _files(directory)
     with ThreadPoolExecutor(max_workers=min(4, len(files) or 1)) as pool:
         crcs = list(pool.map(_crc32, files))
-    manifest = {"version": 1, "checksum": "crc32",
-                "files": {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "crc32": c}
-                          for p, c in zip(files, crcs)}}
+    manifest = {
+        "version": 1,
+        "checksum": "crc32",
+        "files": {
+            p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "crc32": c} for p, c in zip(files, crcs)
+        },
+    }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -315,8 +309,7 @@ def verify_manifest(directory: Path, deep: bool = True, required: tuple[str, ...
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
-        return (f"{MANIFEST} is missing (every save writes it last; without it no file can be verified against "
-                f"damage)")
+        return f"{MANIFEST} is missing (every save writes it last; without it no file can be verified against damage)"
     entries = manifest_entries(directory)
     if entries is None:
         return f"{MANIFEST} is unreadable (not a JSON object with 'files')"
@@ -354,8 +347,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
             ckpt = candidate / latest.read_text().strip()
             if (ckpt / "state.json").is_file():
                 return ckpt
-    raise FileNotFoundError(f"run.load={str(path)!r}: no checkpoint there (expected state.json, or a "
-                            f"'latest' file naming one)")
+    raise FileNotFoundError(
+        f"run.load={str(path)!r}: no checkpoint there (expected state.json, or a 'latest' file naming one)"
+    )
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -379,8 +373,12 @@ def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 # What an older rng.pt (NumPy's state as an ndarray) needs beyond weights_only's defaults:
 # array reconstruction only, still through torch's restricted unpickler.
-_NUMPY_RNG_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
-                      (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct]
+_NUMPY_RNG_GLOBALS = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+    (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct,
+]
 
 
 # Files every complete RL checkpoint has (``dcp/actor/.metadata`` is written last by DCP);
@@ -398,8 +396,9 @@ def checkpoint_problem(ckpt: Path, deep: bool = True) -> str | None:
     ``manifest.json`` (or one that does not list the required files)."""
     ckpt = Path(ckpt)
     kind = "step" if ckpt.name.startswith("step_") else "rollout"
-    required = REQUIRED_FILES if kind == "rollout" else tuple(
-        n.replace("dcp/actor", "dcp/model") for n in REQUIRED_FILES)
+    required = (
+        REQUIRED_FILES if kind == "rollout" else tuple(n.replace("dcp/actor", "dcp/model") for n in REQUIRED_FILES)
+    )
     for name in required:
         if not (ckpt / name).is_file():
             return f"{name} is missing"
@@ -428,9 +427,12 @@ def list_checkpoints(root: Path, prefix: str = "rollout") -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(f"{prefix}_")
-             and p.name[len(prefix) + 1:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(prefix) + 1:]), reverse=True)
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(f"{prefix}_") and p.name[len(prefix) + 1 :].isdigit()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(prefix) + 1 :]), reverse=True)
 
 
 def remove_partial_saves(root: Path) -> list[str]:
@@ -460,8 +462,12 @@ def find_resumable(root: Path, prefix: str = "rollout", warn: Callable[[str], No
     return good
 
 
-def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[str], None] | None = None,
-                    model_path: str | Path | None = None) -> list[Path]:
+def load_candidates(
+    path: str | Path,
+    prefix: str = "rollout",
+    warn: Callable[[str], None] | None = None,
+    model_path: str | Path | None = None,
+) -> list[Path]:
     """Checkpoints to try for ``run.load=path``, in order. A run directory or a ``checkpoints``
     directory gives its intact checkpoints newest first (damaged ones skipped with a warning
     through ``warn``, as ``run.recover=auto`` does; the hidden folders of interrupted saves are
@@ -481,19 +487,25 @@ def load_candidates(path: str | Path, prefix: str = "rollout", warn: Callable[[s
         one = resolve_checkpoint(p)
         problem = checkpoint_problem(one)
         if problem is not None:
-            raise CheckpointError(f"run.load={str(path)!r}: checkpoint {one} is damaged ({problem}); load an older "
-                                  f"checkpoint of its run, or its run directory to fall back automatically")
+            raise CheckpointError(
+                f"run.load={str(path)!r}: checkpoint {one} is damaged ({problem}); load an older "
+                f"checkpoint of its run, or its run directory to fall back automatically"
+            )
         found = [one]
     else:
         root = roots[0]
         if not held_by_another(root.parent if root.name == "checkpoints" else root):  # never a live run's save
             gone = remove_partial_saves(root)
             if gone:
-                (warn or log.warning)(f"removed {len(gone)} interrupted checkpoint save(s) in {root}: {', '.join(gone)}")
+                (warn or log.warning)(
+                    f"removed {len(gone)} interrupted checkpoint save(s) in {root}: {', '.join(gone)}"
+                )
         found = find_resumable(root, prefix, warn=warn)
         if not found:
-            raise CheckpointError(f"run.load={str(path)!r}: every checkpoint in {root} is damaged (see the warnings "
-                                  f"above); nothing to resume from")
+            raise CheckpointError(
+                f"run.load={str(path)!r}: every checkpoint in {root} is damaged (see the warnings "
+                f"above); nothing to resume from"
+            )
     if model_path is not None:
         check_model_shape(found[0], model_path)
     return found
@@ -526,8 +538,18 @@ def newest_intact(path: str | Path, warn: Callable[[str], None] | None = None) -
 
 
 # config.json keys that fix the shapes of a checkpoint's tensors.
-SHAPE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "vocab_size", "head_dim", "num_experts", "moe_intermediate_size")
+SHAPE_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "head_dim",
+    "num_experts",
+    "moe_intermediate_size",
+    "n_routed_experts",
+)
 
 
 def check_model_shape(ckpt: Path, model_path: str | Path) -> None:
@@ -541,9 +563,12 @@ def check_model_shape(ckpt: Path, model_path: str | Path) -> None:
     if not saved_cfg.is_file() or not model_cfg.is_file():
         return
     a, b = json.loads(saved_cfg.read_text()), json.loads(model_cfg.read_text())
-    diff = [f"{k}={a[k]} in the checkpoint, {b[k]} in the model" for k in SHAPE_KEYS
-            if k in a and k in b and a[k] != b[k]]
+    diff = [
+        f"{k}={a[k]} in the checkpoint, {b[k]} in the model" for k in SHAPE_KEYS if k in a and k in b and a[k] != b[k]
+    ]
     if diff:
-        raise CheckpointError(f"checkpoint {ckpt} is of a different model than model.path={model_path} "
-                              f"({'; '.join(diff)}): set model.path to the model the checkpoint was trained from "
-                              f"(its state.json: config.model.path), or load another checkpoint")
+        raise CheckpointError(
+            f"checkpoint {ckpt} is of a different model than model.path={model_path} "
+            f"({'; '.join(diff)}): set model.path to the model the checkpoint was trained from "
+            f"(its state.json: config.model.path), or load another checkpoint"
+        )

@@ -34,8 +34,11 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
-        return supervise(([f"--config={args.config}"] if args.config else []) + overrides,
-                         Path(cfg.run.output_dir), cfg.run.max_restarts)
+        return supervise(
+            ([f"--config={args.config}"] if args.config else []) + overrides,
+            Path(cfg.run.output_dir),
+            cfg.run.max_restarts,
+        )
     _preflight_rl(cfg)
     from .loop import run_training
     from .supervisor import watch_parent
@@ -111,11 +114,22 @@ def _make_data(args: argparse.Namespace) -> None:
     cfg = _resolved(load_config(args.config, list(args.overrides)))
     from .make_data import make_data
 
-    counts = make_data(cfg, args.kind, args.out, args.num_prompts, answer_format=args.answer_format,
-                       pairs_per_prompt=args.pairs_per_prompt)
-    print(f"wrote {int(counts['examples'])} {args.kind} examples from {int(counts['prompts'])} prompts to {args.out}"
-          + (f" ({int(counts['prompts_without_pair'])} prompts had no correct/incorrect mix)"
-             if counts["prompts_without_pair"] else ""))
+    counts = make_data(
+        cfg,
+        args.kind,
+        args.out,
+        args.num_prompts,
+        answer_format=args.answer_format,
+        pairs_per_prompt=args.pairs_per_prompt,
+    )
+    print(
+        f"wrote {int(counts['examples'])} {args.kind} examples from {int(counts['prompts'])} prompts to {args.out}"
+        + (
+            f" ({int(counts['prompts_without_pair'])} prompts had no correct/incorrect mix)"
+            if counts["prompts_without_pair"]
+            else ""
+        )
+    )
 
 
 def eval_config(args: argparse.Namespace):
@@ -141,8 +155,10 @@ def _eval(args: argparse.Namespace) -> None:
     loop = RLLoop(cfg)
     try:
         if loop.eval_data is None:
-            raise ValueError("no evaluation prompts: pass --data (reasoning_gym:<task>, or a .jsonl / .json / "
-                             ".parquet file or saved `datasets` folder of prompts), or data.n_eval_prompts > 0")
+            raise ValueError(
+                "no evaluation prompts: pass --data (reasoning_gym:<task>, or a .jsonl / .json / "
+                ".parquet file or saved `datasets` folder of prompts), or data.n_eval_prompts > 0"
+            )
         logger = MetricsLogger(loop.out, tensorboard=False)
         metrics = loop.run_eval("eval", 0, logger)
         logger.close()
@@ -159,9 +175,9 @@ def _generate(args: argparse.Namespace) -> None:
     from .models.hub import resolve_model_path
     from .models.loading import load_tokenizer
     from .preflight import check_generate
+    from .records import GenerateRequest
     from .rollout.backends import build_engine, engine_spec
     from .rollout.generate import RolloutContext, model_stop_token_ids
-    from .records import GenerateRequest
     from .utils.device import resolve_device
 
     path = resolve_model_path(cfg.model.path)
@@ -169,8 +185,9 @@ def _generate(args: argparse.Namespace) -> None:
     text = render_prompt(tok, args.prompt, cfg.data.apply_chat_template, args.system or cfg.data.system_prompt)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     check_generate(cfg, path, len(ids), args.max_new_tokens, args.n)
-    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens,
-                                      max_seqs=args.n))  # the KV cache for --n sequences, not engine.max_num_seqs
+    engine = build_engine(
+        engine_spec(cfg, path, tok, resolve_device(cfg.train.device), len(ids) + args.max_new_tokens, max_seqs=args.n)
+    )  # the KV cache for --n sequences, not engine.max_num_seqs
     ctx = RolloutContext(cfg, engine, tok, None, model_stop_token_ids(tok, str(path), []))
     params = ctx.sampling_params(greedy=args.temperature == 0)
     params.max_new_tokens = args.max_new_tokens
@@ -241,8 +258,10 @@ def _config(args: argparse.Namespace) -> None:
     if args.section:
         d = {k: v for k, v in d.items() if k in args.section}
         for name in (x for x in args.section if x not in d and not args.changed):  # left out: unread
-            print(f"# {name}: not read by this config (e.g. critic.* without algo.advantage_estimator=gae), so left "
-                  f"out of the resolved config; its values would be:")
+            print(
+                f"# {name}: not read by this config (e.g. critic.* without algo.advantage_estimator=gae), so left "
+                f"out of the resolved config; its values would be:"
+            )
             print(yaml.safe_dump({name: dataclasses.asdict(getattr(cfg, name))}, sort_keys=False), end="")
         if not d:
             return
@@ -253,8 +272,10 @@ def config_help() -> str:
     """The sections and a few of their keys, for ``--help`` (every key: docs/config.md)."""
     import dataclasses
 
-    lines = ["config sections (write keys as section.key=value after the command; every key, its default and",
-             "meaning: docs/config.md; the resolved config: reinforge config -c FILE [key=value ...]):"]
+    lines = [
+        "config sections (write keys as section.key=value after the command; every key, its default and",
+        "meaning: docs/config.md; the resolved config: reinforge config -c FILE [key=value ...]):",
+    ]
     for name, cls in SECTIONS.items():
         keys = [f.name for f in dataclasses.fields(cls)]
         shown = ", ".join(keys[:3]) + (f", ... ({len(keys)} keys)" if len(keys) > 3 else "")
@@ -265,59 +286,87 @@ def config_help() -> str:
 def build_parser() -> argparse.ArgumentParser:
     epilog = config_help()
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog="reinforge", description="RL post-training of language models",
-                                epilog=epilog, formatter_class=fmt)
+    p = argparse.ArgumentParser(
+        prog="reinforge", description="RL post-training of language models", epilog=epilog, formatter_class=fmt
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="run RL training (GRPO) from a YAML config", epilog=epilog, formatter_class=fmt)
     t.add_argument("--config", "-c", help="YAML config file")
     t.add_argument("--load", help="checkpoint (or run directory) to resume from")
-    t.add_argument("--max-restarts", type=int, metavar="N",
-                   help="relaunch after a crash up to N times, resuming from the newest checkpoint "
-                        "(run.max_restarts; implies run.recover=auto)")
+    t.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="relaunch after a crash up to N times, resuming from the newest checkpoint "
+        "(run.max_restarts; implies run.recover=auto)",
+    )
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
     t.set_defaults(func=_train)
 
-    o = sub.add_parser("offline", help="offline post-training: SFT, reward model, DPO / IPO / CPO / SimPO / ORPO "
-                                       "/ KTO (offline.method) on a jsonl / parquet dataset", epilog=epilog,
-                       formatter_class=fmt)
+    o = sub.add_parser(
+        "offline",
+        help="offline post-training: SFT, reward model, DPO / IPO / CPO / SimPO / ORPO "
+        "/ KTO (offline.method) on a jsonl / parquet dataset",
+        epilog=epilog,
+        formatter_class=fmt,
+    )
     o.add_argument("--config", "-c", help="YAML config file")
     o.add_argument("--load", help="checkpoint (or run directory) to resume from")
     o.add_argument("overrides", nargs="*", help="key=value overrides, e.g. offline.method=dpo offline.beta=0.1")
     o.set_defaults(func=_offline)
 
-    md = sub.add_parser("make-data", help="build offline data from data.prompt_data with the policy: preference "
-                                          "pairs, KTO examples, or SFT targets from reference answers")
-    md.add_argument("kind", choices=["pairs", "kto", "sft", "tool-sft"],
-                    help="tool-sft: tool-use conversations (call, tool output, answer) written from the task's data")
+    md = sub.add_parser(
+        "make-data",
+        help="build offline data from data.prompt_data with the policy: preference "
+        "pairs, KTO examples, or SFT targets from reference answers",
+    )
+    md.add_argument(
+        "kind",
+        choices=["pairs", "kto", "sft", "tool-sft"],
+        help="tool-sft: tool-use conversations (call, tool output, answer) written from the task's data",
+    )
     md.add_argument("--config", "-c", help="YAML config (model, data, rollout sampling, reward)")
     md.add_argument("--out", required=True, help="output .jsonl")
     md.add_argument("--num-prompts", type=int, default=1000)
     md.add_argument("--pairs-per-prompt", type=int, default=1)
-    md.add_argument("--answer-format", default="<answer>{answer}</answer>",
-                    help="sft: how the reference answer is written ({answer} is replaced)")
+    md.add_argument(
+        "--answer-format",
+        default="<answer>{answer}</answer>",
+        help="sft: how the reference answer is written ({answer} is replaced)",
+    )
     md.add_argument("overrides", nargs="*")
     md.set_defaults(func=_make_data)
 
     e = sub.add_parser("eval", help="evaluate a model on held-out prompts", epilog=epilog, formatter_class=fmt)
     e.add_argument("--model", help="HF folder, checkpoint model/ folder or known model name")
-    e.add_argument("--data", help="reasoning_gym:<task>, or a .jsonl / .json / .parquet file or saved `datasets` "
-                                  "folder of prompts (docs/data.md); default: the config's held-out prompts")
+    e.add_argument(
+        "--data",
+        help="reasoning_gym:<task>, or a .jsonl / .json / .parquet file or saved `datasets` "
+        "folder of prompts (docs/data.md); default: the config's held-out prompts",
+    )
     e.add_argument("--config", "-c", help="YAML config (eval settings, task kwargs)")
     e.add_argument("--output-dir", help="where to write eval results (default run.output_dir)")
     e.add_argument("overrides", nargs="*")
     e.set_defaults(func=_eval)
 
     g = sub.add_parser("generate", help="sample completions for one prompt")
-    g.add_argument("--model", help="HF folder, checkpoint model/ folder, known model name or cached hub id "
-                                    "(default: the config's model.path)")
+    g.add_argument(
+        "--model",
+        help="HF folder, checkpoint model/ folder, known model name or cached hub id "
+        "(default: the config's model.path)",
+    )
     g.add_argument("--config", "-c", help="YAML config (model, engine, data.apply_chat_template / system_prompt)")
     g.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
     g.add_argument("--system", help="system message (default: data.system_prompt)")
     g.add_argument("--n", type=int, default=1, help="completions to sample (default: %(default)s)")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per completion at most (default: %(default)s)")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: %(default)s)")
+    g.add_argument(
+        "--max-new-tokens", type=int, default=128, help="new tokens per completion at most (default: %(default)s)"
+    )
+    g.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (default: %(default)s)"
+    )
     g.set_defaults(func=_generate)
 
     m = sub.add_parser("models", help="list or pull known models")
@@ -334,18 +383,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--adapter-out", help="also write the LoRA adapter (a PEFT folder) of a LoRA run here")
     c.set_defaults(func=_convert)
 
-    pl = sub.add_parser("plan", help="each phase's memory and predicted time on a GPU, and the value of each `auto` "
-                                     "key (docs/planner.md)", epilog=epilog, formatter_class=fmt)
+    pl = sub.add_parser(
+        "plan",
+        help="each phase's memory and predicted time on a GPU, and the value of each `auto` key (docs/planner.md)",
+        epilog=epilog,
+        formatter_class=fmt,
+    )
     pl.add_argument("--config", "-c", help="YAML config file")
-    pl.add_argument("--gpu", help="plan for this GPU (h100, h200, a100, a100 80gb, l40s, 4090) instead of this "
-                                  "machine's")
-    pl.add_argument("--prompt-len", type=int, help="the longest prompt in tokens (default: "
-                                                   "data.rollout_max_prompt_len; the datasets are not read)")
+    pl.add_argument(
+        "--gpu", help="plan for this GPU (h100, h200, a100, a100 80gb, l40s, 4090) instead of this machine's"
+    )
+    pl.add_argument(
+        "--prompt-len",
+        type=int,
+        help="the longest prompt in tokens (default: data.rollout_max_prompt_len; the datasets are not read)",
+    )
     pl.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_tokens_per_gpu=auto")
     pl.set_defaults(func=_plan)
 
-    cf = sub.add_parser("config", help="print the resolved config (defaults, -c file, key=value overrides) as YAML",
-                        epilog=epilog, formatter_class=fmt)
+    cf = sub.add_parser(
+        "config",
+        help="print the resolved config (defaults, -c file, key=value overrides) as YAML",
+        epilog=epilog,
+        formatter_class=fmt,
+    )
     cf.add_argument("--config", "-c", help="YAML config file")
     cf.add_argument("--changed", action="store_true", help="only the keys whose value differs from the default")
     cf.add_argument("--section", action="append", metavar="NAME", help="only this section (repeatable)")
@@ -365,10 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
-    from .checkpoint import DiskFullError
-    from .supervisor import DISK_FULL, record_failure
     from .reward.manager import RewardFunctionFailing
-    from .utils.fs import DirectoryLocked
+    from .supervisor import DISK_FULL, record_failure
+    from .utils.fs import DirectoryLocked, DiskFullError
 
     try:
         code = args.func(args)
@@ -391,8 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
         return DISK_FULL
     except KeyboardInterrupt as e:  # a Ctrl-C outside a rollout boundary (or a second one)
-        print(f"reinforge {args.command}: interrupted ({e or 'Ctrl-C'}); no checkpoint was written at this "
-              f"point (the newest one is kept)", file=sys.stderr)
+        print(
+            f"reinforge {args.command}: interrupted ({e or 'Ctrl-C'}); no checkpoint was written at this "
+            f"point (the newest one is kept)",
+            file=sys.stderr,
+        )
         return 130
     except Exception as e:
         record_failure(e)

@@ -27,13 +27,13 @@ from .eval.evaluate import eval_plot_keys, evaluate, write_eval
 from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
+from .records import ReplicatedEngine, Sample, Status
 from .recover import Preempted, RecoverTimer, all_damaged, changed_settings, check_compatible, recover_candidates
 from .reward import RewardManager
 from .reward.manager import reward_info_metrics
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
 from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
-from .records import ReplicatedEngine, Sample, Status
 from .train.actor import TrainData
 from .train.rollout_advantages import apply_overlong_filter, compute_advantages
 from .utils import seeds, trace
@@ -110,14 +110,19 @@ class RLLoop:
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)
         self.train_data, self.eval_data = load_datasets(  # (a custom rollout may score samples itself)
-            cfg.data, self.tokenizer, tools.schemas, tools.system_text,
-            reward=None if r.rollout_function_path or r.custom_generate_function_path else cfg.reward)
+            cfg.data,
+            self.tokenizer,
+            tools.schemas,
+            tools.system_text,
+            reward=None if r.rollout_function_path or r.custom_generate_function_path else cfg.reward,
+        )
         self.start_rollout = 0
         self.weight_version = 0
         self.data_digest = prompts_digest(self.train_data.prompts)
         self.timer = RecoverTimer(cfg.run.recover_interval_s if cfg.run.recover == "auto" else None)
-        candidates = (ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path)
-                      if cfg.run.load else [])  # a run directory: its newest intact checkpoint first
+        candidates = (
+            ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path) if cfg.run.load else []
+        )  # a run directory: its newest intact checkpoint first
         if cfg.run.recover == "auto":
             own = recover_candidates(self.out)  # this run's own checkpoints win over run.load
             if own:
@@ -125,27 +130,44 @@ class RLLoop:
                 candidates = own
             elif not candidates:
                 log.info("run.recover=auto: no checkpoint in %s yet, starting from scratch", self.out / "checkpoints")
-        self.cluster = build_cluster(cfg, ClusterSpec(
-            base_path=self.base_path, critic_path=resolve_model_path(cfg.critic.path) if cfg.critic.path else None,
-            tokenizer=self.tokenizer, pad_id=self.tokenizer.pad_token_id or 0, max_model_len=self._max_model_len()))
+        self.cluster = build_cluster(
+            cfg,
+            ClusterSpec(
+                base_path=self.base_path,
+                critic_path=resolve_model_path(cfg.critic.path) if cfg.critic.path else None,
+                tokenizer=self.tokenizer,
+                pad_id=self.tokenizer.pad_token_id or 0,
+                max_model_len=self._max_model_len(),
+            ),
+        )
         self.engine = self.cluster.engine
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
-        self.rollout_fn: RolloutFn = (load_function(r.rollout_function_path, "rollout.rollout_function_path")
-                                      if r.rollout_function_path else default_rollout)
+        self.rollout_fn: RolloutFn = (
+            load_function(r.rollout_function_path, "rollout.rollout_function_path")
+            if r.rollout_function_path
+            else default_rollout
+        )
         self.history: list[dict[str, float]] = []
         self.evals: list[tuple[str, dict[str, float]]] = []
         if resume is not None:
             self._restore(resume)
         # where rollouts come from: generated now, or ahead by a producer thread (rollout.max_staleness > 0)
         self.source: RolloutSource = (
-            AsyncRollouts(cfg, self.rollout_fn, lambda gate: RolloutContext(cfg, gate, self.tokenizer, self.reward,
-                                                                             stops), self.train_data, self.reward,
-                          self.engine)
-            if r.max_staleness > 0 else SyncRollouts(cfg, self.rollout_fn, self.ctx, self.train_data, self.reward))
+            AsyncRollouts(
+                cfg,
+                self.rollout_fn,
+                lambda gate: RolloutContext(cfg, gate, self.tokenizer, self.reward, stops),
+                self.train_data,
+                self.reward,
+                self.engine,
+            )
+            if r.max_staleness > 0
+            else SyncRollouts(cfg, self.rollout_fn, self.ctx, self.train_data, self.reward)
+        )
         if resume is not None:
             self.source.load_data_state(self._resume_data)
         dump_config(cfg, self.out / "config.yaml")
@@ -176,15 +198,21 @@ class RLLoop:
             except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
                 why = ckpt.describe_load_error(e)
                 if len(candidates) == 1 and self.cfg.run.recover != "auto":
-                    raise ckpt.CheckpointError(f"run.load: checkpoint {path} does not load ({why}); it is damaged or "
-                                               f"of another run: load an older checkpoint of its run, or its run "
-                                               f"directory to fall back automatically") from e
+                    raise ckpt.CheckpointError(
+                        f"run.load: checkpoint {path} does not load ({why}); it is damaged or "
+                        f"of another run: load an older checkpoint of its run, or its run "
+                        f"directory to fall back automatically"
+                    ) from e
                 errors.append(f"{path.name}: {why}")
                 log.warning("could not load checkpoint %s (%s): falling back to an older one", path, why)
                 continue
             if without:
-                log.warning("checkpoint %s holds no optimizer state for the %s (run.save_optimizer): AdamW's moments "
-                            "restart from zero, so the run does not continue exactly", path, " and ".join(without))
+                log.warning(
+                    "checkpoint %s holds no optimizer state for the %s (run.save_optimizer): AdamW's moments "
+                    "restart from zero, so the run does not continue exactly",
+                    path,
+                    " and ".join(without),
+                )
             return path
         if errors:
             raise all_damaged(self.out / "checkpoints", "; ".join(errors))
@@ -194,16 +222,23 @@ class RLLoop:
         state, rng = ckpt.load_checkpoint_state(path)
         changed = changed_settings(state["config"], self.cfg)
         if changed:
-            log.warning("resuming %s with settings that differ from the checkpoint's: %s; the run will not continue "
-                        "exactly", path, "; ".join(changed))
+            log.warning(
+                "resuming %s with settings that differ from the checkpoint's: %s; the run will not continue exactly",
+                path,
+                "; ".join(changed),
+            )
         saved_digest = state.get("data_digest")
         if saved_digest is not None and saved_digest != self.data_digest:
-            what = (f"the prompts of data.prompt_data={self.cfg.data.prompt_data} differ from those checkpoint {path} "
-                    f"was trained on (same count, other contents)")
+            what = (
+                f"the prompts of data.prompt_data={self.cfg.data.prompt_data} differ from those checkpoint {path} "
+                f"was trained on (same count, other contents)"
+            )
             if self.cfg.run.recover == "auto":
-                raise ConfigError(f"run.recover=auto cannot resume: {what}. Restore the file, choose a new "
-                                  f"run.output_dir, or resume explicitly with run.load={path} (and run.recover=off) "
-                                  f"to continue on the new prompts")
+                raise ConfigError(
+                    f"run.recover=auto cannot resume: {what}. Restore the file, choose a new "
+                    f"run.output_dir, or resume explicitly with run.load={path} (and run.recover=off) "
+                    f"to continue on the new prompts"
+                )
             log.warning("%s: continuing at the saved position of the new prompts", what)
         self._resume_data = state["data"]  # loaded by the rollout source (RolloutSource.load_data_state)
         ckpt.set_rng_state(rng)
@@ -213,11 +248,21 @@ class RLLoop:
         self.history = state.get("history", [])
         self.evals = [(ckpt.resumed_label(e[0], self.start_rollout, "rollout"), e[1]) for e in state.get("evals", [])]
         if self.start_rollout >= self.cfg.train.num_rollout:
-            log.warning("checkpoint %s is at rollout %d of train.num_rollout=%d: nothing left to train (raise "
-                        "train.num_rollout to continue)", path, state["rollout_id"] + 1, self.cfg.train.num_rollout)
+            log.warning(
+                "checkpoint %s is at rollout %d of train.num_rollout=%d: nothing left to train (raise "
+                "train.num_rollout to continue)",
+                path,
+                state["rollout_id"] + 1,
+                self.cfg.train.num_rollout,
+            )
         else:
-            log.info("resumed at rollout %d of %d (data epoch %d, offset %d)", self.start_rollout,
-                     self.cfg.train.num_rollout, state["data"]["epoch"], state["data"]["offset"])
+            log.info(
+                "resumed at rollout %d of %d (data epoch %d, offset %d)",
+                self.start_rollout,
+                self.cfg.train.num_rollout,
+                state["data"]["epoch"],
+                state["data"]["offset"],
+            )
 
     def save(self, rollout_id: int) -> Path:
         with trace.span("checkpoint", "io", rollout_id=rollout_id), self.timer.saving():
@@ -234,9 +279,14 @@ class RLLoop:
             "data_digest": self.data_digest,
         }
         keep = self.cfg.run.save_optimizer
-        path = ckpt.save_checkpoint(self.out / "checkpoints", rollout_id,
-                                    lambda d: self.cluster.save(d, optimizer=keep != "none"), state,
-                                    keep_last=self.cfg.run.keep_last_n_checkpoints, drop_older_optimizer=keep == "newest")
+        path = ckpt.save_checkpoint(
+            self.out / "checkpoints",
+            rollout_id,
+            lambda d: self.cluster.save(d, optimizer=keep != "none"),
+            state,
+            keep_last=self.cfg.run.keep_last_n_checkpoints,
+            drop_older_optimizer=keep == "newest",
+        )
         log.info("saved checkpoint %s (%s)", path, ckpt.size_summary(path))
         return path
 
@@ -288,11 +338,18 @@ class RLLoop:
                 with trace.span("values", "train"):
                     values = cl.compute_values(flat)
         timings["time/logprob"] = s.seconds
-        adv = compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len, values=values,
-                                 old_log_probs=old_lp, ref_log_probs=ref_lp)
+        adv = compute_advantages(
+            cfg.algo,
+            groups,
+            cfg.rollout.rollout_max_response_len,
+            values=values,
+            old_log_probs=old_lp,
+            ref_log_probs=ref_lp,
+        )
         metrics = rollout_metrics(cfg, groups, adv.advantages)
-        all_rewards = torch.tensor([s.reward for g in generated for s in g if s.status != Status.FAILED] or [0.0],
-                                   dtype=torch.float32)
+        all_rewards = torch.tensor(
+            [s.reward for g in generated for s in g if s.status != Status.FAILED] or [0.0], dtype=torch.float32
+        )
         metrics["rollout/generated_reward_mean"] = float(all_rewards.mean())
         metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
         metrics.update(counts)
@@ -324,9 +381,15 @@ class RLLoop:
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:
         cfg = self.cfg
-        logger = MetricsLogger(self.out, cfg.run.tensorboard, wandb_project=cfg.run.wandb_project,
-                               wandb_group=cfg.run.wandb_group, wandb_mode=cfg.run.wandb_mode, config=cfg.to_dict(),
-                               start_step=self.start_rollout + 1 if self.start_rollout else 0)  # drop redone rows
+        logger = MetricsLogger(
+            self.out,
+            cfg.run.tensorboard,
+            wandb_project=cfg.run.wandb_project,
+            wandb_group=cfg.run.wandb_group,
+            wandb_mode=cfg.run.wandb_mode,
+            config=cfg.to_dict(),
+            start_step=self.start_rollout + 1 if self.start_rollout else 0,
+        )  # drop redone rows
         result = RunResult(self.out, self.start_rollout - 1)
         timer = self.timer  # SIGTERM / SIGINT: a checkpoint at the end of the rollout in flight, then stop
         timer.install()
@@ -334,8 +397,13 @@ class RLLoop:
             trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
             if self.start_rollout == 0:
-                logger.log(0, {"data/num_prompts": float(len(self.train_data)),
-                               "data/dropped_prompts": float(self.train_data.num_dropped)})
+                logger.log(
+                    0,
+                    {
+                        "data/num_prompts": float(len(self.train_data)),
+                        "data/dropped_prompts": float(self.train_data.num_dropped),
+                    },
+                )
             if cfg.eval.eval_before_train and self.start_rollout == 0:
                 self.run_eval("before", 0, logger)
             self.source.start(self.start_rollout, cfg.train.num_rollout)
@@ -343,8 +411,13 @@ class RLLoop:
             if cfg.run.progress:
                 from tqdm.auto import tqdm
 
-                bar = tqdm(total=cfg.train.num_rollout, initial=self.start_rollout, desc="rollouts",
-                           unit="rollout", dynamic_ncols=True)
+                bar = tqdm(
+                    total=cfg.train.num_rollout,
+                    initial=self.start_rollout,
+                    desc="rollouts",
+                    unit="rollout",
+                    dynamic_ncols=True,
+                )
             for rollout_id in range(self.start_rollout, cfg.train.num_rollout):
                 with trace.span("rollout_step", rollout_id=rollout_id):
                     metrics, groups = self.rollout_step(rollout_id)
@@ -356,9 +429,11 @@ class RLLoop:
                     self._dump(rollout_id, groups)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
-                                    len=f"{metrics['rollout/response_len_mean']:.0f}",
-                                    step_s=f"{metrics['time/rollout_step']:.1f}")
+                    bar.set_postfix(
+                        reward=f"{metrics['rollout/reward_mean']:.3f}",
+                        len=f"{metrics['rollout/response_len_mean']:.0f}",
+                        step_s=f"{metrics['time/rollout_step']:.1f}",
+                    )
                 last = rollout_id == cfg.train.num_rollout - 1
                 e = cfg.eval.eval_interval
                 if e and (rollout_id + 1) % e == 0 and not last:
@@ -372,8 +447,13 @@ class RLLoop:
                 if path is not None:
                     timer.saved()
                     if timer.signal is not None:
-                        log.warning("stopped after %s: checkpoint %s holds rollout %d; resume with --load %s",
-                                    timer.signal, path, rollout_id, self.out)
+                        log.warning(
+                            "stopped after %s: checkpoint %s holds rollout %d; resume with --load %s",
+                            timer.signal,
+                            path,
+                            rollout_id,
+                            self.out,
+                        )
                         raise Preempted(timer.signal, path)
                 result.last_rollout_id = rollout_id
             if bar is not None:
@@ -391,9 +471,16 @@ class RLLoop:
             logger.close()
         result.evals = list(self.evals)
         result.history = list(self.history)
-        print_run_summary(self.out, self.evals, command="train", checkpoint=ckpt.latest_checkpoint(self.out),
-                          more_key="train.num_rollout", curve_key="rollout/reward_mean",
-                          eval_keys=eval_plot_keys(cfg.reward.type), x_label="rollout")
+        print_run_summary(
+            self.out,
+            self.evals,
+            command="train",
+            checkpoint=ckpt.latest_checkpoint(self.out),
+            more_key="train.num_rollout",
+            curve_key="rollout/reward_mean",
+            eval_keys=eval_plot_keys(cfg.reward.type),
+            x_label="rollout",
+        )
         return result
 
     def _dump(self, rollout_id: int, groups: list[list[Sample]]) -> None:

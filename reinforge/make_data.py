@@ -41,8 +41,15 @@ def _messages(prompt: str | list[dict[str, Any]], system_prompt: str | None) -> 
     return msgs
 
 
-def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_format: str = "<answer>{answer}</answer>",
-              pairs_per_prompt: int = 1, batch_prompts: int = 256) -> dict[str, float]:
+def make_data(
+    cfg: Config,
+    kind: str,
+    out: str | Path,
+    num_prompts: int,
+    answer_format: str = "<answer>{answer}</answer>",
+    pairs_per_prompt: int = 1,
+    batch_prompts: int = 256,
+) -> dict[str, float]:
     """Write ``kind`` examples for up to ``num_prompts`` training prompts of ``data.prompt_data`` to ``out``
     (jsonl). Returns counts (prompts, examples written, prompts without a correct/incorrect mix).
 
@@ -76,8 +83,9 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
     if kind == "sft":
         with out.open("w") as f:
             for p in prompts:
-                msgs = _messages(p.prompt, system) + [{"role": "assistant",
-                                                       "content": answer_format.format(answer=p.label)}]
+                msgs = _messages(p.prompt, system) + [
+                    {"role": "assistant", "content": answer_format.format(answer=p.label)}
+                ]
                 f.write(json.dumps({"messages": msgs}) + "\n")
         counts["examples"] = float(len(prompts))
         return counts
@@ -85,23 +93,33 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
 
     r = cfg.rollout
     max_len = train.max_prompt_tokens + r.rollout_max_response_len
-    engine = build_engine(engine_spec(cfg, path, tok, resolve_device(cfg.train.device), max_len,  # KV cache for
-                                      max_seqs=min(batch_prompts, len(prompts)) * r.n_samples_per_prompt))  # the work
+    engine = build_engine(
+        engine_spec(
+            cfg,
+            path,
+            tok,
+            resolve_device(cfg.train.device),
+            max_len,  # KV cache for
+            max_seqs=min(batch_prompts, len(prompts)) * r.n_samples_per_prompt,
+        )
+    )  # the work
     reward = RewardManager(cfg.reward, pad_id=tok.pad_token_id or 0)
     ctx = RolloutContext(cfg, engine, tok, reward, model_stop_token_ids(tok, str(path), r.rollout_stop_token_ids))
     thr = cfg.reward.correct_threshold
     try:
         with out.open("w") as f:
             for start in range(0, len(prompts), batch_prompts):
-                chunk = prompts[start:start + batch_prompts]
+                chunk = prompts[start : start + batch_prompts]
                 groups = generate_groups(ctx, chunk, r.n_samples_per_prompt, ctx.sampling_params())
                 reward.score([s for g in groups for s in g])
                 for p, g in zip(chunk, groups):
                     msgs = _messages(p.prompt, system)
                     if kind == "kto":
                         for s in g:
-                            f.write(json.dumps({"prompt": msgs, "completion": s.response,
-                                                "label": bool(s.reward >= thr)}) + "\n")
+                            f.write(
+                                json.dumps({"prompt": msgs, "completion": s.response, "label": bool(s.reward >= thr)})
+                                + "\n"
+                            )
                             counts["examples"] += 1
                         continue
                     good = list(dict.fromkeys(s.response for s in g if s.reward >= thr))
@@ -112,8 +130,13 @@ def make_data(cfg: Config, kind: str, out: str | Path, num_prompts: int, answer_
                     for c, rj in list(zip(good, bad))[:pairs_per_prompt]:
                         f.write(json.dumps({"prompt": msgs, "chosen": c, "rejected": rj}) + "\n")
                         counts["examples"] += 1
-                log.info("make-data %s: %d / %d prompts, %d examples", kind, start + len(chunk), len(prompts),
-                         counts["examples"])
+                log.info(
+                    "make-data %s: %d / %d prompts, %d examples",
+                    kind,
+                    start + len(chunk),
+                    len(prompts),
+                    counts["examples"],
+                )
     finally:
         reward.close()
         engine.shutdown()

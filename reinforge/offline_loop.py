@@ -40,8 +40,13 @@ log = logging.getLogger(__name__)
 def _rank_env() -> tuple[int, int, str, int, int]:
     """(rank, world size, master address, master port, local rank) from torchrun's variables."""
     env = os.environ
-    return (int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
-            int(env.get("MASTER_PORT", 29500)), int(env.get("LOCAL_RANK", 0)))
+    return (
+        int(env.get("RANK", 0)),
+        int(env.get("WORLD_SIZE", 1)),
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        int(env.get("MASTER_PORT", 29500)),
+        int(env.get("LOCAL_RANK", 0)),
+    )
 
 
 class OfflineLoop:
@@ -53,8 +58,14 @@ class OfflineLoop:
             torchrun's environment, else one rank).
     """
 
-    def __init__(self, cfg: Config, rank: int | None = None, world_size: int | None = None,
-                 master_addr: str | None = None, master_port: int | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        rank: int | None = None,
+        world_size: int | None = None,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+    ):
         env_rank, env_world, env_addr, env_port, local = _rank_env()
         rank = env_rank if rank is None else rank
         world = env_world if world_size is None else world_size
@@ -64,28 +75,37 @@ class OfflineLoop:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", local)
             torch.cuda.set_device(self.device)
-        self.parallel = ParallelContext.init(rank, world, master_addr or env_addr, master_port or env_port,
-                                             self.device, tensor_parallel=cfg.train.tensor_model_parallel_size,
-                                             context_parallel=cfg.train.context_parallel_size,
-                                             expert_parallel=cfg.train.expert_model_parallel_size)
+        self.parallel = ParallelContext.init(
+            rank,
+            world,
+            master_addr or env_addr,
+            master_port or env_port,
+            self.device,
+            tensor_parallel=cfg.train.tensor_model_parallel_size,
+            context_parallel=cfg.train.context_parallel_size,
+            expert_parallel=cfg.train.expert_model_parallel_size,
+        )
         self.is_main = self.parallel.rank == 0
         torch.manual_seed(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.base_path)
         d = cfg.data
-        self.train_set, self.eval_set = load_offline_datasets(o, self.tokenizer, d.system_prompt, d.seed,
-                                                              d.apply_chat_template)
+        self.train_set, self.eval_set = load_offline_datasets(
+            o, self.tokenizer, d.system_prompt, d.seed, d.apply_chat_template
+        )
         sets = [self.train_set] + ([self.eval_set] if self.eval_set else [])  # lengths and budget, before the trainer
         check_offline(cfg, self.base_path, max(longest_example(s.examples) for s in sets))
         self.steps_per_epoch = math.ceil(len(self.train_set.examples) / o.global_batch_size)
         self.total_steps = self.steps_per_epoch * o.num_epochs
-        self.trainer = OfflineTrainer(cfg, self.base_path, self.device, self.total_steps, self.parallel,
-                                      pad_id=self.tokenizer.pad_token_id or 0)
+        self.trainer = OfflineTrainer(
+            cfg, self.base_path, self.device, self.total_steps, self.parallel, pad_id=self.tokenizer.pad_token_id or 0
+        )
         self.start_step = 0
         self.evals: list[tuple[str, dict[str, float]]] = []
         if cfg.run.load:
-            self._restore(ckpt.load_candidates(cfg.run.load, prefix="step", warn=log.warning,
-                                               model_path=self.base_path)[0])
+            self._restore(
+                ckpt.load_candidates(cfg.run.load, prefix="step", warn=log.warning, model_path=self.base_path)[0]
+            )
         self.ref = self._reference(self.train_set, "train")
         self.eval_ref = self._reference(self.eval_set, "eval") if self.eval_set else None
         if self.is_main:
@@ -103,12 +123,15 @@ class OfflineLoop:
             data = torch.load(path, map_location="cpu", weights_only=True)
             if len(data["sums"]) == len(dataset.examples):
                 return RefLogps(**data)
-            log.warning("%s holds %d examples, the data has %d: recomputing", path, len(data["sums"]),
-                        len(dataset.examples))
+            log.warning(
+                "%s holds %d examples, the data has %d: recomputing", path, len(data["sums"]), len(dataset.examples)
+            )
         if self.start_step > 0:
-            raise RuntimeError(f"{path} is missing: a resumed run cannot recompute the reference log-probs (the "
-                               f"weights have changed); start the run again or set "
-                               f"offline.precompute_ref_log_probs=false")
+            raise RuntimeError(
+                f"{path} is missing: a resumed run cannot recompute the reference log-probs (the "
+                f"weights have changed); start the run again or set "
+                f"offline.precompute_ref_log_probs=false"
+            )
         with trace.span("ref_log_probs", "train", examples=len(dataset.examples)) as s:
             ref = self.trainer.reference_logps(dataset.examples)
         log.info("reference log-probs of %d %s examples in %.1f s", len(dataset.examples), name, s.seconds)
@@ -122,9 +145,12 @@ class OfflineLoop:
         """Example indices of optimizer step ``step`` (a seeded permutation per epoch)."""
         epoch, k = divmod(step, self.steps_per_epoch)
         n, b = len(self.train_set.examples), self.cfg.offline.global_batch_size
-        order = (np.random.RandomState(self.cfg.data.seed + epoch).permutation(n).tolist()
-                 if self.cfg.offline.shuffle else list(range(n)))
-        return order[k * b:(k + 1) * b]
+        order = (
+            np.random.RandomState(self.cfg.data.seed + epoch).permutation(n).tolist()
+            if self.cfg.offline.shuffle
+            else list(range(n))
+        )
+        return order[k * b : (k + 1) * b]
 
     def evaluate(self, label: str, step: int, logger: MetricsLogger | None) -> dict[str, float] | None:
         """Loss and reward metrics on the held-out examples (no update), averaged over them."""
@@ -151,8 +177,14 @@ class OfflineLoop:
         r, e = cfg.run, cfg.eval
         logger = None
         if self.is_main:
-            logger = MetricsLogger(self.out, r.tensorboard, wandb_project=r.wandb_project, wandb_group=r.wandb_group,
-                                   wandb_mode=r.wandb_mode, config=cfg.to_dict())
+            logger = MetricsLogger(
+                self.out,
+                r.tensorboard,
+                wandb_project=r.wandb_project,
+                wandb_group=r.wandb_group,
+                wandb_mode=r.wandb_mode,
+                config=cfg.to_dict(),
+            )
             if self.start_step == 0:
                 counts = {f"data/{k}": float(v) for k, v in self.train_set.counts.items()}
                 logger.log(0, {"data/num_examples": float(len(self.train_set.examples)), **counts})
@@ -160,8 +192,13 @@ class OfflineLoop:
         if r.progress and self.is_main:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=self.total_steps, initial=self.start_step, desc=cfg.offline.method, unit="step",
-                       dynamic_ncols=True)
+            bar = tqdm(
+                total=self.total_steps,
+                initial=self.start_step,
+                desc=cfg.offline.method,
+                unit="step",
+                dynamic_ncols=True,
+            )
         if r.trace and self.is_main:
             trace.start_trace(self.out / trace.TRACE_FILE, f"reinforge offline {cfg.offline.method}")
         try:
@@ -169,8 +206,10 @@ class OfflineLoop:
                 self.evaluate("before", 0, logger)
             for step in range(self.start_step, self.total_steps):
                 with trace.span("train", "train", step=step) as s:
-                    metrics = {f"train/{k}": v for k, v in self.trainer.step(self.train_set.examples,
-                                                                              self.step_ids(step), self.ref).items()}
+                    metrics = {
+                        f"train/{k}": v
+                        for k, v in self.trainer.step(self.train_set.examples, self.step_ids(step), self.ref).items()
+                    }
                 metrics["time/step"] = s.seconds
                 metrics["epoch"] = step / self.steps_per_epoch
                 if logger is not None:
@@ -194,10 +233,17 @@ class OfflineLoop:
             if logger is not None:
                 logger.close()
         if self.is_main:
-            print_run_summary(self.out, self.evals, command="offline", checkpoint=ckpt.latest_checkpoint(self.out),
-                              more_key="offline.num_epochs", curve_key="train/loss",
-                              eval_keys=("eval/loss", "eval/rewards/accuracy"), x_label="optimizer step",
-                              policy=not self.trainer.is_reward)
+            print_run_summary(
+                self.out,
+                self.evals,
+                command="offline",
+                checkpoint=ckpt.latest_checkpoint(self.out),
+                more_key="offline.num_epochs",
+                curve_key="train/loss",
+                eval_keys=("eval/loss", "eval/rewards/accuracy"),
+                x_label="optimizer step",
+                policy=not self.trainer.is_reward,
+            )
         return self.evals
 
     # ------------------------------------------------------------------ checkpoints
@@ -207,9 +253,15 @@ class OfflineLoop:
         with trace.span("checkpoint", "io", step=step):
             keep = self.cfg.run.save_optimizer
             if self.is_main:
-                path = ckpt.save_checkpoint(self.out / "checkpoints", step, self._write, state,
-                                            keep_last=self.cfg.run.keep_last_n_checkpoints, prefix="step",
-                                            drop_older_optimizer=keep == "newest")
+                path = ckpt.save_checkpoint(
+                    self.out / "checkpoints",
+                    step,
+                    self._write,
+                    state,
+                    keep_last=self.cfg.run.keep_last_n_checkpoints,
+                    prefix="step",
+                    drop_older_optimizer=keep == "newest",
+                )
                 log.info("saved checkpoint %s (%s)", path, ckpt.size_summary(path))
             else:
                 self._write(None)
@@ -241,26 +293,38 @@ class OfflineLoop:
     def _restore(self, path: Path) -> None:
         state, _ = ckpt.load_checkpoint_state(path)
         if state.get("method") != self.cfg.offline.method:
-            raise ValueError(f"{path} is a checkpoint of offline.method={state.get('method')!r}, not "
-                             f"{self.cfg.offline.method!r}")
+            raise ValueError(
+                f"{path} is a checkpoint of offline.method={state.get('method')!r}, not {self.cfg.offline.method!r}"
+            )
         trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
         try:
             restored = self.trainer.load(str(path / "dcp" / "model"), trainer_state)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
-            raise ckpt.CheckpointError(f"run.load: checkpoint {path} does not load ({ckpt.describe_load_error(e)}); "
-                                       f"load an older checkpoint of its run") from e
+            raise ckpt.CheckpointError(
+                f"run.load: checkpoint {path} does not load ({ckpt.describe_load_error(e)}); "
+                f"load an older checkpoint of its run"
+            ) from e
         if not restored:
-            log.warning("checkpoint %s holds no optimizer state (run.save_optimizer): AdamW's moments restart from "
-                        "zero, so the run does not continue exactly", path)
+            log.warning(
+                "checkpoint %s holds no optimizer state (run.save_optimizer): AdamW's moments restart from "
+                "zero, so the run does not continue exactly",
+                path,
+            )
         self.start_step = state["step"] + 1
         self.evals = [(ckpt.resumed_label(e[0], self.start_step, "step"), e[1]) for e in state.get("evals", [])]
         self.out = Path(self.cfg.run.output_dir)
         if self.start_step >= self.total_steps:
-            log.warning("checkpoint %s is at step %d of %d (offline.num_epochs=%d x %d steps): nothing left to train "
-                        "(raise offline.num_epochs to continue)", path, self.start_step, self.total_steps,
-                        self.cfg.offline.num_epochs, self.steps_per_epoch)
+            log.warning(
+                "checkpoint %s is at step %d of %d (offline.num_epochs=%d x %d steps): nothing left to train "
+                "(raise offline.num_epochs to continue)",
+                path,
+                self.start_step,
+                self.total_steps,
+                self.cfg.offline.num_epochs,
+                self.steps_per_epoch,
+            )
         else:
             log.info("resumed from %s at step %d of %d", path, self.start_step, self.total_steps)
 

@@ -43,7 +43,6 @@ and the engine are built.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -136,19 +135,21 @@ class KVCachePlan:
         return self.blocks_per_seq * self.block_size * self.bytes_per_token
 
 
-def rl_lengths(cfg: "Config", max_prompt_tokens: int | None = None) -> Lengths:
+def rl_lengths(cfg: Config, max_prompt_tokens: int | None = None) -> Lengths:
     """The lengths of an RL run (``reinforge train`` / ``reinforge eval``); ``max_prompt_tokens``
     None: prompts not loaded yet (a lower bound of 1 token)."""
     r, e = cfg.rollout, cfg.eval
     eval_response = e.eval_max_response_len or r.rollout_max_response_len
     return Lengths(
-        prompt=max(1, max_prompt_tokens or 1), prompt_known=max_prompt_tokens is not None,
+        prompt=max(1, max_prompt_tokens or 1),
+        prompt_known=max_prompt_tokens is not None,
         train_response=r.rollout_max_response_len if cfg.train.num_rollout > 0 else None,
         eval_response=eval_response if cfg.data.n_eval_prompts > 0 else None,
-        engine_response=max(r.rollout_max_response_len, e.eval_max_response_len or 0))
+        engine_response=max(r.rollout_max_response_len, e.eval_max_response_len or 0),
+    )
 
 
-def prompt_tokens_of(cfg: "Config", max_model_len: int) -> int:
+def prompt_tokens_of(cfg: Config, max_model_len: int) -> int:
     """The longest prompt behind an engine length the loop computed (``RLLoop._max_model_len``:
     longest prompt + the longer of the training and evaluation response limits)."""
     return max(1, max_model_len - max(cfg.rollout.rollout_max_response_len, cfg.eval.eval_max_response_len or 0))
@@ -174,14 +175,15 @@ def is_native_config(model_config: dict[str, Any]) -> bool:
     return is_native_type(model_config.get("model_type"))
 
 
-def _engine_dtype(cfg: "Config", device: torch.device) -> torch.dtype:
+def _engine_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     from .rollout.backends import engine_dtype
 
     return engine_dtype(cfg.engine.dtype, device)
 
 
-def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch.device,
-                  max_seqs: int | None = None) -> KVCachePlan:
+def kv_cache_plan(
+    cfg: Config, folder: Path, max_model_len: int, device: torch.device, max_seqs: int | None = None
+) -> KVCachePlan:
     """The embedded engine's KV cache for ``max_model_len`` tokens per sequence on ``device``.
 
     Its slots are those the engine is built with: ``engine.max_num_seqs`` capped at what the run
@@ -189,8 +191,8 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
     of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """
-    from .models.shape import model_shape
     from .engine.kv_cache import kv_cache_dtype, plan_kv_layout
+    from .models.shape import model_shape
     from .rollout.backends import engine_config_for
     from .utils.triton import triton_available
 
@@ -208,9 +210,19 @@ def kv_cache_plan(cfg: "Config", folder: Path, max_model_len: int, device: torch
     except ValueError:  # engine.num_kv_blocks below one sequence: slot_problems says so in words
         uncapped = dataclasses.replace(engine, num_kv_blocks=0)
         layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
-    return KVCachePlan(layout.num_slots, layout.num_blocks, layout.block_size, layout.blocks_per_seq,
-                       shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype.itemsize, weight_dtype.itemsize,
-                       shape.num_params, str(dtype).removeprefix("torch."))
+    return KVCachePlan(
+        layout.num_slots,
+        layout.num_blocks,
+        layout.block_size,
+        layout.blocks_per_seq,
+        shape.num_layers,
+        shape.num_kv_heads,
+        shape.head_dim,
+        dtype.itemsize,
+        weight_dtype.itemsize,
+        shape.num_params,
+        str(dtype).removeprefix("torch."),
+    )
 
 
 def _size(b: float) -> str:
@@ -229,7 +241,7 @@ def _window_fix(window: ContextWindow, n: Lengths, key: str, set_key: str | None
     return fix + ", or use a model with a longer context window (RoPE scaling such as YaRN in its config.json counts)"
 
 
-def context_problems(cfg: "Config", window: ContextWindow | None, n: Lengths, model: str) -> list[str]:
+def context_problems(cfg: Config, window: ContextWindow | None, n: Lengths, model: str) -> list[str]:
     """Training and evaluation sequences against the model's context window."""
     if window is None:
         return []
@@ -238,40 +250,54 @@ def context_problems(cfg: "Config", window: ContextWindow | None, n: Lengths, mo
     holds = f"the model {model} holds {window.tokens} positions ({window.source})"
     if n.train_response is not None and n.prompt + n.train_response > window.tokens:
         key = "rollout.rollout_max_response_len"
-        out.append(f"training sequences reach {n.prompt + n.train_response} tokens ({_prompt_words(n)} + {key}="
-                   f"{n.train_response}) but {holds}: {_window_fix(window, n, key)}")
+        out.append(
+            f"training sequences reach {n.prompt + n.train_response} tokens ({_prompt_words(n)} + {key}="
+            f"{n.train_response}) but {holds}: {_window_fix(window, n, key)}"
+        )
     same = e.eval_max_response_len is None and n.train_response is not None
     if n.eval_response is not None and not same and n.prompt + n.eval_response > window.tokens:
-        key = (f"eval.eval_max_response_len={e.eval_max_response_len}" if e.eval_max_response_len else
-               f"rollout.rollout_max_response_len={r.rollout_max_response_len} (eval.eval_max_response_len is null)")
-        out.append(f"evaluation sequences reach {n.prompt + n.eval_response} tokens ({_prompt_words(n)} + {key}) "
-                   f"but {holds}: {_window_fix(window, n, key, 'eval.eval_max_response_len')}")
+        key = (
+            f"eval.eval_max_response_len={e.eval_max_response_len}"
+            if e.eval_max_response_len
+            else f"rollout.rollout_max_response_len={r.rollout_max_response_len} (eval.eval_max_response_len is null)"
+        )
+        out.append(
+            f"evaluation sequences reach {n.prompt + n.eval_response} tokens ({_prompt_words(n)} + {key}) "
+            f"but {holds}: {_window_fix(window, n, key, 'eval.eval_max_response_len')}"
+        )
     return out
 
 
-def budget_problems(cfg: "Config", n: Lengths) -> list[str]:
+def budget_problems(cfg: Config, n: Lengths) -> list[str]:
     """``train.max_tokens_per_gpu`` against one whole training sequence."""
     budget = cfg.train.max_tokens_per_gpu
     if n.train_response is None or budget >= n.prompt + n.train_response:
         return []
     need = n.prompt + n.train_response
-    return [f"train.max_tokens_per_gpu={budget} cannot hold one training sequence of {need} tokens "
-            f"({_prompt_words(n)} + rollout.rollout_max_response_len={n.train_response}); a micro-batch holds whole "
-            f"sequences: raise train.max_tokens_per_gpu to at least {need} or lower rollout.rollout_max_response_len"]
+    return [
+        f"train.max_tokens_per_gpu={budget} cannot hold one training sequence of {need} tokens "
+        f"({_prompt_words(n)} + rollout.rollout_max_response_len={n.train_response}); a micro-batch holds whole "
+        f"sequences: raise train.max_tokens_per_gpu to at least {need} or lower rollout.rollout_max_response_len"
+    ]
 
 
-def slot_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.device) -> list[str]:
+def slot_problems(cfg: Config, plan: KVCachePlan, n: Lengths, device: torch.device) -> list[str]:
     """A prompt's samples against the engine's slots, and ``engine.num_kv_blocks`` against one sequence."""
     r, out = cfg.engine, []
     if r.num_kv_blocks and r.num_kv_blocks < plan.blocks_per_seq:
-        out.append(f"engine.num_kv_blocks={r.num_kv_blocks} holds less than one sequence of {n.max_model_len} "
-                   f"tokens ({plan.blocks_per_seq} blocks of {plan.block_size}): raise engine.num_kv_blocks to at "
-                   f"least {plan.blocks_per_seq} (or 0: no cap)")
+        out.append(
+            f"engine.num_kv_blocks={r.num_kv_blocks} holds less than one sequence of {n.max_model_len} "
+            f"tokens ({plan.blocks_per_seq} blocks of {plan.block_size}): raise engine.num_kv_blocks to at "
+            f"least {plan.blocks_per_seq} (or 0: no cap)"
+        )
         return out
     if cfg.rollout.custom_generate_function_path or cfg.rollout.rollout_function_path:
         return out  # custom generation: requests of its own making
-    slots = (f"engine.num_kv_blocks={r.num_kv_blocks} (one block per sequence on {device.type})"
-             if r.num_kv_blocks and plan.slots < r.max_num_seqs else f"engine.max_num_seqs={r.max_num_seqs}")
+    slots = (
+        f"engine.num_kv_blocks={r.num_kv_blocks} (one block per sequence on {device.type})"
+        if r.num_kv_blocks and plan.slots < r.max_num_seqs
+        else f"engine.max_num_seqs={r.max_num_seqs}"
+    )
     asks = []
     if n.train_response is not None:
         asks.append(("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt))
@@ -279,9 +305,11 @@ def slot_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.de
         asks.append(("eval.n_samples_per_eval_prompt", cfg.eval.n_samples_per_eval_prompt))
     for key, want in asks:
         if want > plan.slots:
-            out.append(f"{key}={want} exceeds the engine's {plan.slots} slots ({slots}): a prompt's samples are "
-                       f"decoded together; raise engine.max_num_seqs (and engine.num_kv_blocks, if set) to at "
-                       f"least {want}, or lower {key}")
+            out.append(
+                f"{key}={want} exceeds the engine's {plan.slots} slots ({slots}): a prompt's samples are "
+                f"decoded together; raise engine.max_num_seqs (and engine.num_kv_blocks, if set) to at "
+                f"least {want}, or lower {key}"
+            )
     return out
 
 
@@ -292,14 +320,22 @@ def available_memory() -> float:
     return machine_resources()["memory"]
 
 
-def memory_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.device,
-                    memory: float | None = None, response_key: str = "rollout.rollout_max_response_len") -> list[str]:
+def memory_problems(
+    cfg: Config,
+    plan: KVCachePlan,
+    n: Lengths,
+    device: torch.device,
+    memory: float | None = None,
+    response_key: str = "rollout.rollout_max_response_len",
+) -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
     r = cfg.engine
     elem = plan.elem_bytes
-    per_token = (f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
-                 f"heads x {plan.head_dim} head dim x {elem} bytes, {plan.kv_dtype}; engine.dtype={r.dtype}, "
-                 f"engine.kv_cache_dtype={r.kv_cache_dtype})")
+    per_token = (
+        f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
+        f"heads x {plan.head_dim} head dim x {elem} bytes, {plan.kv_dtype}; engine.dtype={r.dtype}, "
+        f"engine.kv_cache_dtype={r.kv_cache_dtype})"
+    )
     length = f"{n.max_model_len} tokens ({_prompt_words(n)} + the longest response {n.engine_response})"
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -308,39 +344,58 @@ def memory_problems(cfg: "Config", plan: KVCachePlan, n: Lengths, device: torch.
         if fit >= plan.blocks_per_seq:
             return []
         need = plan.bytes_per_slot + plan.block_size * plan.bytes_per_token
-        return [f"the KV cache of one sequence of {length} and the engine's spare block of {plan.block_size} tokens "
-                f"needs {_size(need)} at {per_token}, but "
-                f"engine.kv_cache_memory_fraction={r.kv_cache_memory_fraction:g} of the {_size(free)} free on "
-                f"{device} is {_size(share)}: lower {response_key}, raise engine.kv_cache_memory_fraction, or use "
-                f"a GPU with more memory"]
+        return [
+            f"the KV cache of one sequence of {length} and the engine's spare block of {plan.block_size} tokens "
+            f"needs {_size(need)} at {per_token}, but "
+            f"engine.kv_cache_memory_fraction={r.kv_cache_memory_fraction:g} of the {_size(free)} free on "
+            f"{device} is {_size(share)}: lower {response_key}, raise engine.kv_cache_memory_fraction, or use "
+            f"a GPU with more memory"
+        ]
     memory = available_memory() if memory is None else memory
     weights = plan.num_params * plan.weight_elem_bytes
     need = plan.bytes + weights
     if need <= memory:
         return []
     fit = max(0, int((memory - weights) // plan.bytes_per_slot) - 1)
-    slots = (f"{plan.slots} slots (engine.max_num_seqs={r.max_num_seqs}"
-             + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "")
-             + (", capped at the sequences the run holds at once" if plan.slots < r.max_num_seqs
-                and not r.num_kv_blocks else "") + ")")
-    fix = (f"lower engine.max_num_seqs to at most {fit} (each slot holds {_size(plan.bytes_per_slot)}; or cap "
-           f"the slots with engine.num_kv_blocks) or lower {response_key}" if fit else
-           f"not even one slot of {_size(plan.bytes_per_slot)} fits: lower {response_key}")
-    samples = max([cfg.rollout.n_samples_per_prompt if n.train_response is not None else 0,
-                   cfg.eval.n_samples_per_eval_prompt if n.eval_response is not None else 0])
+    slots = (
+        f"{plan.slots} slots (engine.max_num_seqs={r.max_num_seqs}"
+        + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "")
+        + (
+            ", capped at the sequences the run holds at once"
+            if plan.slots < r.max_num_seqs and not r.num_kv_blocks
+            else ""
+        )
+        + ")"
+    )
+    fix = (
+        f"lower engine.max_num_seqs to at most {fit} (each slot holds {_size(plan.bytes_per_slot)}; or cap "
+        f"the slots with engine.num_kv_blocks) or lower {response_key}"
+        if fit
+        else f"not even one slot of {_size(plan.bytes_per_slot)} fits: lower {response_key}"
+    )
+    samples = max(
+        [
+            cfg.rollout.n_samples_per_prompt if n.train_response is not None else 0,
+            cfg.eval.n_samples_per_eval_prompt if n.eval_response is not None else 0,
+        ]
+    )
     if 0 < fit < samples:
-        fix += (f" ({fit} slots hold fewer than the {samples} samples of one prompt: lower "
-                f"rollout.n_samples_per_prompt / eval.n_samples_per_eval_prompt too, or the response length)")
-    return [f"the embedded engine's KV cache needs {_size(plan.bytes)} ({slots} x {length} x {per_token}) plus "
-            f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"]
+        fix += (
+            f" ({fit} slots hold fewer than the {samples} samples of one prompt: lower "
+            f"rollout.n_samples_per_prompt / eval.n_samples_per_eval_prompt too, or the response length)"
+        )
+    return [
+        f"the embedded engine's KV cache needs {_size(plan.bytes)} ({slots} x {length} x {per_token}) plus "
+        f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"
+    ]
 
 
-def trainer_ranks(cfg: "Config") -> int:
+def trainer_ranks(cfg: Config) -> int:
     """Trainer ranks of an RL run: one in ``cluster.mode=local``, else actor_num_nodes x actor_num_gpus_per_node."""
     return cfg.cluster.num_trainers if cfg.cluster.mode == "ray" else 1
 
 
-def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: int | None) -> list[str]:
+def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int | None) -> list[str]:
     """``train.tensor_model_parallel_size`` / ``train.context_parallel_size`` /
     ``train.expert_model_parallel_size`` against the trainer ranks (None: not known here, e.g.
     torchrun's) and the model: reinforge's own model code, heads and MLP columns they divide
@@ -357,8 +412,11 @@ def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: i
         try:
             Layout.for_world(world_size, tp, cp, ep)
         except ValueError as e:
-            local = " (cluster.mode=local runs one trainer rank: use cluster.mode=ray)" if cfg.cluster.mode == "local" \
+            local = (
+                " (cluster.mode=local runs one trainer rank: use cluster.mode=ray)"
+                if cfg.cluster.mode == "local"
                 else ""
+            )
             out.append(f"{e}{local}")
     if ep > 1:
         from .models.shape import num_experts
@@ -370,12 +428,15 @@ def parallel_problems(cfg: "Config", model_config: dict[str, Any], world_size: i
     if not is_native_config(model_config):
         from .models.families import native_models
 
-        out.append(f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need {native_models()}, "
-                   f"not model_type {model_config.get('model_type')!r}")
+        out.append(
+            f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need {native_models()}, "
+            f"not model_type {model_config.get('model_type')!r}"
+        )
         return out
     heads = model_config["num_attention_heads"]
-    return out + Layout(1, cp, tp).model_problems(heads, model_config.get("num_key_value_heads") or heads,
-                                                  model_config["intermediate_size"])
+    return out + Layout(1, cp, tp).model_problems(
+        heads, model_config.get("num_key_value_heads") or heads, model_config["intermediate_size"]
+    )
 
 
 def _raise(problems: list[str]) -> None:
@@ -384,8 +445,16 @@ def _raise(problems: list[str]) -> None:
         raise PreflightError(f"this run cannot start: {parts.rstrip(';')}")
 
 
-def _engine_problems(cfg: "Config", folder: Path, model_config: dict, n: Lengths, device: torch.device,
-                     memory: float | None, check_memory: bool, response_key: str) -> list[str]:
+def _engine_problems(
+    cfg: Config,
+    folder: Path,
+    model_config: dict,
+    n: Lengths,
+    device: torch.device,
+    memory: float | None,
+    check_memory: bool,
+    response_key: str,
+) -> list[str]:
     if cfg.engine.backend != "embedded" or not is_native_config(model_config):
         return []  # other engines size their own caches (vLLM / SGLang) or grow them (transformers)
     plan = kv_cache_plan(cfg, folder, n.max_model_len, device)
@@ -395,8 +464,15 @@ def _engine_problems(cfg: "Config", folder: Path, model_config: dict, n: Lengths
     return out
 
 
-def check_rl(cfg: "Config", model_folder: Path, max_prompt_tokens: int | None = None, *,
-             memory: float | None = None, device: torch.device | None = None, gpu: "GPU | None" = None) -> Lengths:
+def check_rl(
+    cfg: Config,
+    model_folder: Path,
+    max_prompt_tokens: int | None = None,
+    *,
+    memory: float | None = None,
+    device: torch.device | None = None,
+    gpu: GPU | None = None,
+) -> Lengths:
     """Every check of an RL run (``reinforge train``, ``reinforge eval``) before anything is built.
 
     Args:
@@ -421,22 +497,37 @@ def check_rl(cfg: "Config", model_folder: Path, max_prompt_tokens: int | None = 
 
     model_config = read_model_config(model_folder)
     device = device or resolve_device(cfg.train.device)
-    cfg, plan = resolve_config(cfg, model_folder, gpu=gpu if gpu is not None else
-                               "detect" if device.type == "cuda" else None)  # `auto` keys as the run resolves them
+    cfg, plan = resolve_config(
+        cfg, model_folder, gpu=gpu if gpu is not None else "detect" if device.type == "cuda" else None
+    )  # `auto` keys as the run resolves them
     n = rl_lengths(cfg, max_prompt_tokens)
     name = Path(model_folder).name
     problems = context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
     problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))
-    problems += _engine_problems(cfg, Path(model_folder), model_config, n, device, memory,
-                                 cfg.cluster.mode == "local", "rollout.rollout_max_response_len")
+    problems += _engine_problems(
+        cfg,
+        Path(model_folder),
+        model_config,
+        n,
+        device,
+        memory,
+        cfg.cluster.mode == "local",
+        "rollout.rollout_max_response_len",
+    )
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
         problems += training_problems(plan, n.prompt)
     _raise(problems)
     return n
 
 
-def check_generate(cfg: "Config", model_folder: Path, prompt_tokens: int, max_new_tokens: int, n: int = 1,
-                   device: torch.device | None = None) -> None:
+def check_generate(
+    cfg: Config,
+    model_folder: Path,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    n: int = 1,
+    device: torch.device | None = None,
+) -> None:
     """``reinforge generate``: the prompt + ``--max-new-tokens`` against the context window, ``--n``
     against the engine's slots, and the engine's KV cache against the memory.
 
@@ -450,16 +541,20 @@ def check_generate(cfg: "Config", model_folder: Path, prompt_tokens: int, max_ne
     problems = []
     total = prompt_tokens + max_new_tokens
     if window is not None and total > window.tokens:
-        problems.append(f"the prompt ({prompt_tokens} tokens) + --max-new-tokens={max_new_tokens} = {total} tokens "
-                        f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}): "
-                        f"set --max-new-tokens to at most {max(window.tokens - prompt_tokens, 0)}")
+        problems.append(
+            f"the prompt ({prompt_tokens} tokens) + --max-new-tokens={max_new_tokens} = {total} tokens "
+            f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}): "
+            f"set --max-new-tokens to at most {max(window.tokens - prompt_tokens, 0)}"
+        )
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
     device = device or resolve_device(cfg.train.device)
     if not problems and cfg.engine.backend == "embedded" and is_native_config(model_config):
         plan = kv_cache_plan(cfg, Path(model_folder), total, device, max_seqs=n)  # the engine is built for --n
         if n > plan.slots:
-            problems.append(f"--n={n} exceeds the engine's {plan.slots} slots: raise engine.max_num_seqs "
-                            f"(and engine.num_kv_blocks, if set) to at least {n}")
+            problems.append(
+                f"--n={n} exceeds the engine's {plan.slots} slots: raise engine.max_num_seqs "
+                f"(and engine.num_kv_blocks, if set) to at least {n}"
+            )
         problems += slot_problems(cfg, plan, lengths, device)
         if not problems:
             problems += memory_problems(cfg, plan, lengths, device, None, "--max-new-tokens")
@@ -472,7 +567,7 @@ def longest_example(examples: Iterable[Any]) -> int:
     return max((len(e.prompt_ids) + max((len(r) for r in e.responses), default=0) for e in examples), default=0)
 
 
-def check_offline(cfg: "Config", model_folder: Path, longest: int) -> None:
+def check_offline(cfg: Config, model_folder: Path, longest: int) -> None:
     """``reinforge offline``: the longest example (prompt + response, after ``offline.max_length``)
     against the model's context window and ``train.max_tokens_per_gpu``.
 
@@ -480,17 +575,23 @@ def check_offline(cfg: "Config", model_folder: Path, longest: int) -> None:
         PreflightError: naming ``offline.max_length`` / ``train.max_tokens_per_gpu`` and the limit.
     """
     o, model_config = cfg.offline, read_model_config(model_folder)
-    problems = parallel_problems(cfg, model_config, None)  # (the world size is torchrun's: checked when the ranks start)
+    problems = parallel_problems(
+        cfg, model_config, None
+    )  # (the world size is torchrun's: checked when the ranks start)
     window = context_window(model_config)
     if window is not None and longest > window.tokens:
-        problems.append(f"the longest example has {longest} tokens (prompt + response; offline.max_length="
-                        f"{o.max_length}) but the model {Path(model_folder).name} holds {window.tokens} positions "
-                        f"({window.source}): set offline.max_length to at most {window.tokens} (longer examples are "
-                        f"dropped, or cut with offline.truncation=truncate)")
+        problems.append(
+            f"the longest example has {longest} tokens (prompt + response; offline.max_length="
+            f"{o.max_length}) but the model {Path(model_folder).name} holds {window.tokens} positions "
+            f"({window.source}): set offline.max_length to at most {window.tokens} (longer examples are "
+            f"dropped, or cut with offline.truncation=truncate)"
+        )
     budget = cfg.train.max_tokens_per_gpu
     if budget < longest:
-        problems.append(f"train.max_tokens_per_gpu={budget} cannot hold the longest example's sequence of {longest} "
-                        f"tokens (prompt + response); a micro-batch holds whole sequences: raise "
-                        f"train.max_tokens_per_gpu to at least {longest}, or lower offline.max_length (longer "
-                        f"examples are dropped, or cut with offline.truncation=truncate)")
+        problems.append(
+            f"train.max_tokens_per_gpu={budget} cannot hold the longest example's sequence of {longest} "
+            f"tokens (prompt + response); a micro-batch holds whole sequences: raise "
+            f"train.max_tokens_per_gpu to at least {longest}, or lower offline.max_length (longer "
+            f"examples are dropped, or cut with offline.truncation=truncate)"
+        )
     _raise(problems)

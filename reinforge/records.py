@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: reward worker processes import this module without torch
     import torch
@@ -46,7 +47,7 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # the request was aborted
 
     @classmethod
-    def parse(cls, value: str | None) -> "FinishReason":
+    def parse(cls, value: str | None) -> FinishReason:
         """An engine's finish reason ("stop" / "length" / "abort"); anything else counts as length."""
         return cls._value2member_map_.get(value, cls.LENGTH)  # type: ignore[return-value]
 
@@ -96,8 +97,7 @@ class RolloutEngine(Protocol):
         """Undo :meth:`sleep`."""
         ...
 
-    def shutdown(self) -> None:
-        ...
+    def shutdown(self) -> None: ...
 
 
 @runtime_checkable
@@ -111,8 +111,7 @@ class InterruptibleEngine(RolloutEngine, Protocol):
         calls return at once until :meth:`resume`."""
         ...
 
-    def resume(self) -> None:
-        ...
+    def resume(self) -> None: ...
 
 
 @runtime_checkable
@@ -175,7 +174,7 @@ class Sample:
 
     @property
     def response_ids(self) -> list[int]:
-        return self.tokens[self.prompt_length:]
+        return self.tokens[self.prompt_length :]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (for dumping rollouts), without ``routed_experts``."""

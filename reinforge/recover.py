@@ -22,8 +22,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import checkpoint as ckpt
 from .config import Config, ConfigError
@@ -65,13 +66,15 @@ def check_compatible(saved: dict[str, Any], cfg: Config, path: Path) -> None:
         ConfigError: naming each changed key, its old and new value, and the ways out.
     """
     now = cfg.to_dict()
-    changed = [(k, why, _value(saved, k), _value(now, k)) for k, why in RESUME_KEYS
-               if _value(saved, k) != _value(now, k)]
+    changed = [
+        (k, why, _value(saved, k), _value(now, k)) for k, why in RESUME_KEYS if _value(saved, k) != _value(now, k)
+    ]
     if changed:
         what = "; ".join(f"{k} changed from {a!r} to {b!r} ({why})" for k, why, a, b in changed)
         raise ConfigError(
             f"run.recover=auto cannot resume {path}: {what}. Restore the old value(s), choose a new run.output_dir, "
-            f"or resume from it explicitly with run.load={path} (and run.recover=off) to accept the change")
+            f"or resume from it explicitly with run.load={path} (and run.recover=off) to accept the change"
+        )
 
 
 # Keys whose change on resume is expected: where the run writes, how it is resumed, how long it trains,
@@ -120,7 +123,8 @@ def all_damaged(root: Path, why: str = "see the warnings above") -> ckpt.Checkpo
         f"run.recover=auto: every checkpoint in {root} is damaged ({why}); starting from scratch would overwrite "
         f"this run's history (metrics.jsonl, checkpoints), so nothing was changed. Restore a checkpoint from a "
         f"backup, move {root} away to start over in {root.parent} (its metrics rows from the first step on are "
-        f"then replaced), or choose a new run.output_dir")
+        f"then replaced), or choose a new run.output_dir"
+    )
 
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -162,20 +166,27 @@ class RecoverTimer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self._saving:
-            log.warning("%s received while a checkpoint is being written: stopping once it is complete "
-                        "(kill -9 stops at once, without it)", name)
+            log.warning(
+                "%s received while a checkpoint is being written: stopping once it is complete "
+                "(kill -9 stops at once, without it)",
+                name,
+            )
             self.signal = self.signal or name
             return
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt(f"second {name}: stopping without a checkpoint")
         self.signal = name
-        log.warning("%s received: writing a checkpoint at the end of this rollout, then stopping%s", name,
-                    " (Ctrl-C again to stop at once, without it)" if signum == signal.SIGINT else "")
+        log.warning(
+            "%s received: writing a checkpoint at the end of this rollout, then stopping%s",
+            name,
+            " (Ctrl-C again to stop at once, without it)" if signum == signal.SIGINT else "",
+        )
 
     def due(self) -> bool:
         """Whether a recover checkpoint should be written now."""
-        return self.signal is not None or (self.interval_s is not None
-                                           and time.monotonic() - self.last >= self.interval_s)
+        return self.signal is not None or (
+            self.interval_s is not None and time.monotonic() - self.last >= self.interval_s
+        )
 
     def saved(self) -> None:
         self.last = time.monotonic()

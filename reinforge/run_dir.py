@@ -36,7 +36,7 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
+def check_output_dir(run: RunConfig, rank: int = 0) -> None:
     """Refuse to start in an existing run directory unless this run resumes it or overwrites it.
 
     Resuming: ``run.recover: auto``, ``run.max_restarts > 0`` (the supervisor resumes with
@@ -54,8 +54,10 @@ def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
     check_not_locked(out)  # a live run there: say so first (and never delete it)
     resumes_here = run.recover == "auto" or bool(run.load and _inside(Path(run.load), out))
     if run.overwrite and resumes_here:
-        raise ConfigError(f"run.overwrite=true would delete {out}, which this run resumes (run.recover=auto or "
-                          f"run.load inside it): drop one of the two")
+        raise ConfigError(
+            f"run.overwrite=true would delete {out}, which this run resumes (run.recover=auto or "
+            f"run.load inside it): drop one of the two"
+        )
     markers = run_markers(out)
     if not markers:
         return
@@ -64,8 +66,10 @@ def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
             return
         here = Path.cwd().resolve()
         if _inside(here, out) or out.expanduser().resolve() == Path.home().resolve():
-            raise ConfigError(f"run.overwrite=true refuses to delete {out.resolve()}: it holds the working directory "
-                              f"or is the home directory; choose a run.output_dir of its own")
+            raise ConfigError(
+                f"run.overwrite=true refuses to delete {out.resolve()}: it holds the working directory "
+                f"or is the home directory; choose a run.output_dir of its own"
+            )
         log.warning("run.overwrite=true: deleting the earlier run in %s", out)
         with lock_directory(out):  # two runs overwriting at once: the second is refused (DirectoryLocked)
             for entry in out.iterdir():
@@ -81,4 +85,5 @@ def check_output_dir(run: "RunConfig", rank: int = 0) -> None:
     raise ConfigError(
         f"run.output_dir={str(out)!r} already holds a run ({', '.join(markers)}): a new run there would mix its "
         f"metrics and checkpoints with the old ones. Choose a new run.output_dir, resume it (run.recover=auto, or "
-        f"--load {out}), or set run.overwrite=true to delete it first")
+        f"--load {out}), or set run.overwrite=true to delete it first"
+    )

@@ -57,6 +57,8 @@ def record_failure(e: BaseException) -> None:
         Path(path).write_text(f"{type(e).__name__}: {text[0] if text else ''}"[:2000])
     except OSError:
         pass  # (a full disk): the exit status still tells
+
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -115,8 +117,16 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
         the exit status to end with: 0 when an attempt finished, else the last attempt's
         (128 + signal number when it was killed by a signal).
     """
-    cmd = command or [sys.executable, "-m", "reinforge", "train", *train_args, "run.recover=auto",
-                      "run.max_restarts=0", "run.overwrite=false"]  # an overwrite was done before; relaunches resume
+    cmd = command or [
+        sys.executable,
+        "-m",
+        "reinforge",
+        "train",
+        *train_args,
+        "run.recover=auto",
+        "run.max_restarts=0",
+        "run.overwrite=false",
+    ]  # an overwrite was done before; relaunches resume
     output_dir.mkdir(parents=True, exist_ok=True)
     record = output_dir / "restarts.jsonl"
     stop: list[int] = []
@@ -137,41 +147,68 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
             t = time.monotonic()
             me = os.getpid()
             Path(failure_file).write_text("")
-            child[:] = [subprocess.Popen(cmd, env={**os.environ, PARENT_ENV: str(me), FAILURE_ENV: failure_file},
-                                         preexec_fn=lambda: _child_setup(me))]
+            child[:] = [
+                subprocess.Popen(
+                    cmd,
+                    env={**os.environ, PARENT_ENV: str(me), FAILURE_ENV: failure_file},
+                    preexec_fn=lambda me=me: _child_setup(me),
+                )
+            ]
             code = child[0].wait()
             seconds = time.monotonic() - t
             error = Path(failure_file).read_text().strip() or None if code else None
             with record.open("a") as f:
-                f.write(json.dumps({"attempt": attempt, "exit_code": code, "cause": _describe(code), "error": error,
-                                    "seconds": round(seconds, 3), "time": time.time()}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "attempt": attempt,
+                            "exit_code": code,
+                            "cause": _describe(code),
+                            "error": error,
+                            "seconds": round(seconds, 3),
+                            "time": time.time(),
+                        }
+                    )
+                    + "\n"
+                )
             if code == 0:
                 if attempt:
                     log.info("training finished after %d restart(s)", attempt)
                 return 0
             status = 128 - code if code < 0 else code
             if stop:
-                log.warning("training stopped (%s) after %s: not relaunching", _describe(code),
-                            signal.Signals(stop[0]).name)
+                log.warning(
+                    "training stopped (%s) after %s: not relaunching", _describe(code), signal.Signals(stop[0]).name
+                )
                 return status
             if code == USAGE_ERROR:
                 log.error("training failed with a usage error (exit status 2): not relaunching")
                 return status
             if code == DISK_FULL:
-                log.error("training stopped on a full disk (exit status %d): not relaunching; free space, then resume "
-                          "with the same command", DISK_FULL)
+                log.error(
+                    "training stopped on a full disk (exit status %d): not relaunching; free space, then resume "
+                    "with the same command",
+                    DISK_FULL,
+                )
                 return status
             if error is not None and error == last_error:
-                log.error("training failed twice with the same error (%s): not relaunching, a restart would fail "
-                          "again", error)
+                log.error(
+                    "training failed twice with the same error (%s): not relaunching, a restart would fail again", error
+                )
                 return status
             if attempt >= max_restarts:
                 log.error("training %s; no restarts left (--max-restarts %d)", _describe(code), max_restarts)
                 return status
             last_error = error
             attempt += 1
-            log.warning("training %s after %.1f s: relaunching (restart %d of %d) from the newest checkpoint in %s",
-                        _describe(code), seconds, attempt, max_restarts, output_dir)
+            log.warning(
+                "training %s after %.1f s: relaunching (restart %d of %d) from the newest checkpoint in %s",
+                _describe(code),
+                seconds,
+                attempt,
+                max_restarts,
+                output_dir,
+            )
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

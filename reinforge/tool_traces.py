@@ -42,8 +42,10 @@ def tool_trace(cfg: Config, tokenizer: Any, prompt: Any, answer_format: str) -> 
     a = cfg.agent
     tool = next((t for t in a.tools if t in TOOL_ARGUMENTS), None)
     if tool is None:
-        raise ValueError(f"make-data tool-sft: agent.tools={a.tools} has no tool that computes an expression; "
-                         f"add one of {sorted(TOOL_ARGUMENTS)}")
+        raise ValueError(
+            f"make-data tool-sft: agent.tools={a.tools} has no tool that computes an expression; "
+            f"add one of {sorted(TOOL_ARGUMENTS)}"
+        )
     entry = (prompt.metadata.get("reasoning_gym") or {}).get("entry") or {}
     expr = (entry.get("metadata") or {}).get("expression")
     if not expr or prompt.label is None:
@@ -55,10 +57,15 @@ def tool_trace(cfg: Config, tokenizer: Any, prompt: Any, answer_format: str) -> 
     call = json.dumps({"name": tool, "arguments": TOOL_ARGUMENTS[tool](expr)})
     role = a.tool_role if a.tool_role != "auto" else ("tool" if template_has_tool_role(tokenizer) else "user")
     output = str(prompt.label)
-    tool_message = ({"role": "tool", "name": tool, "content": output} if role == "tool"
-                    else {"role": role, "content": fmt.wrap_result(output)})
+    tool_message = (
+        {"role": "tool", "name": tool, "content": output}
+        if role == "tool"
+        else {"role": role, "content": fmt.wrap_result(output)}
+    )
     messages = [{"role": "system", "content": system}] if system else []
-    return messages + [{"role": "user", "content": question},
-                       {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
-                       tool_message,
-                       {"role": "assistant", "content": answer_format.format(answer=prompt.label)}]
+    return messages + [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        tool_message,
+        {"role": "assistant", "content": answer_format.format(answer=prompt.label)},
+    ]

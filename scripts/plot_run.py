@@ -15,8 +15,11 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--title", default="")
     ap.add_argument("--smooth", type=int, default=10, help="moving-average window over rollouts")
-    ap.add_argument("--reward-key", default="rollout/reward_mean",
-                    help="metric to plot (DAPO: rollout/generated_reward_mean, all generated samples)")
+    ap.add_argument(
+        "--reward-key",
+        default="rollout/reward_mean",
+        help="metric to plot (DAPO: rollout/generated_reward_mean, all generated samples)",
+    )
     args = ap.parse_args()
     if plot_run(args.run_dir, args.out, curve_key=args.reward_key, smooth=args.smooth, title=args.title) is None:
         raise SystemExit("nothing plotted: matplotlib missing or no metrics logged")

@@ -22,8 +22,7 @@ class Countdown(Environment):
 
     async def step(self, turn: Turn) -> Step:
         if "stop" in turn.text:
-            return Step(done=True, reward=1.0 if str(self.n) == str(self.row["label"]) else 0.0,
-                        info={"left": self.n})
+            return Step(done=True, reward=1.0 if str(self.n) == str(self.row["label"]) else 0.0, info={"left": self.n})
         self.n -= 1
         return Step(messages=[{"role": "user", "content": str(self.n)}], reward=0.25)
 

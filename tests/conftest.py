@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 @pytest.fixture(scope="session")
@@ -23,9 +28,19 @@ def make_tiny_model(out: Path, tokenizer_src: Path, model_type: str = "llama", s
     """A randomly initialised 2-layer model of ``model_type`` with SmolLM2's tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    kwargs = dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     if model_type in ("qwen2", "qwen3"):
         kwargs["head_dim"] = 16
     kwargs.update(overrides)

@@ -5,12 +5,17 @@ import torch
 
 from reinforge.config import load_config
 from reinforge.records import Sample, Status
-from reinforge.train.rollout_advantages import apply_overlong_filter, compute_advantages, overlong_penalty, shaped_rewards
-
+from reinforge.train.rollout_advantages import (
+    apply_overlong_filter,
+    compute_advantages,
+    overlong_penalty,
+    shaped_rewards,
+)
 
 
 def advantages_of(cfg, groups, **kwargs):
     return compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len, **kwargs)
+
 
 def groups_of(rewards, lengths=None, status=Status.COMPLETED):
     out = []
@@ -18,8 +23,9 @@ def groups_of(rewards, lengths=None, status=Status.COMPLETED):
         g = []
         for j, r in enumerate(row):
             L = lengths[gi][j] if lengths else 3
-            g.append(Sample(prompt="p", tokens=[1] * (2 + L), response_length=L, reward=r,
-                            loss_mask=[1] * L, status=status))
+            g.append(
+                Sample(prompt="p", tokens=[1] * (2 + L), response_length=L, reward=r, loss_mask=[1] * L, status=status)
+            )
         out.append(g)
     return out
 
@@ -38,7 +44,9 @@ def test_shaping_clip_and_normalise():
     r = shaped_rewards(cfg.algo, groups_of([[1.0, 3.0], [5.0, 7.0]]), 256)
     assert r.mean().item() == pytest.approx(0.0, abs=1e-6) and r.std().item() == pytest.approx(1.0, rel=1e-4)
     cfg = load_config(None, ["algo.overlong_buffer_len=4", "rollout_max_response_len=8", "n_samples_per_prompt=2"])
-    assert shaped_rewards(cfg.algo, groups_of([[1.0, 1.0]], [[4, 6]]), cfg.rollout.rollout_max_response_len).tolist() == [[1.0, 0.5]]
+    assert shaped_rewards(
+        cfg.algo, groups_of([[1.0, 1.0]], [[4, 6]]), cfg.rollout.rollout_max_response_len
+    ).tolist() == [[1.0, 0.5]]
 
 
 def test_overlong_filter_masks_truncated():
@@ -49,11 +57,14 @@ def test_overlong_filter_masks_truncated():
     assert g[0][0].loss_mask == [1, 1, 1] and g[0][1].loss_mask == [0, 0, 0]
 
 
-@pytest.mark.parametrize("est,expected", [
-    ("grpo", [1 / (2 ** 0.5) / 1.0000007, -1 / (2 ** 0.5)]),  # (r - 0.5) / std, std = 0.7071
-    ("dr_grpo", [0.5, -0.5]),
-    ("rloo", [1.0, -1.0]),
-])
+@pytest.mark.parametrize(
+    "est,expected",
+    [
+        ("grpo", [1 / (2**0.5) / 1.0000007, -1 / (2**0.5)]),  # (r - 0.5) / std, std = 0.7071
+        ("dr_grpo", [0.5, -0.5]),
+        ("rloo", [1.0, -1.0]),
+    ],
+)
 def test_outcome_estimators(est, expected):
     cfg = load_config(None, [f"algo.advantage_estimator={est}", "n_samples_per_prompt=2"])
     adv = advantages_of(cfg, groups_of([[1.0, 0.0]])).advantages
@@ -71,8 +82,15 @@ def test_reinforce_plus_plus_is_whitened_over_tokens():
 
 
 def test_kl_in_reward_lowers_outcome():
-    cfg = load_config(None, ["algo.advantage_estimator=dr_grpo", "n_samples_per_prompt=2",
-                             "algo.use_kl_in_reward=true", "algo.kl_coef=0.5"])
+    cfg = load_config(
+        None,
+        [
+            "algo.advantage_estimator=dr_grpo",
+            "n_samples_per_prompt=2",
+            "algo.use_kl_in_reward=true",
+            "algo.kl_coef=0.5",
+        ],
+    )
     g = groups_of([[1.0, 1.0]])
     old = [torch.tensor([0.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 0.0])]
     ref = [torch.tensor([-1.0, -1.0, 0.0]), torch.tensor([0.0, 0.0, 0.0])]  # sample 0 drifted: KL sum 2

@@ -9,10 +9,10 @@ from reinforge.config import load_config
 from reinforge.data import Prompt, render_prompt
 from reinforge.loop import run_training
 from reinforge.models.loading import load_tokenizer
+from reinforge.records import FinishReason, GenerateResult, Status
 from reinforge.rollout.agent import prompt_tools
 from reinforge.rollout.chat_turns import TurnRenderer, template_has_tool_role
 from reinforge.rollout.generate import RolloutContext, generate_groups, rollout_stats
-from reinforge.records import FinishReason, GenerateResult, Status
 from reinforge.tools import TOOL_CALL_FORMATS, ParsedMessage, ToolCall, ToolCallFormat
 from reinforge.tools.sandbox import bwrap_path
 from tests.test_integration import read_metrics, tiny_overrides
@@ -27,7 +27,8 @@ THINK_STRIPPING_TEMPLATE = (
     "{%- if message['role'] == 'assistant' and not loop.last and '</think>' in content %}"
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 # A Qwen2.5-like template: a tool role (wrapped in <tool_response> by the template) and tools=.
 TOOL_ROLE_TEMPLATE = (
@@ -38,7 +39,8 @@ TOOL_ROLE_TEMPLATE = (
     "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +83,7 @@ class ScriptedEngine:
             ids = self.encode(text) + ([IM_END] if self.stop_token else [])
             reason = FinishReason.STOP
             if len(ids) > r.params.max_new_tokens:
-                ids, reason = ids[:r.params.max_new_tokens], FinishReason.LENGTH
+                ids, reason = ids[: r.params.max_new_tokens], FinishReason.LENGTH
             lps = [-0.01 * (len(self.calls) + 1) - 0.001 * k for k in range(len(ids))]
             self.calls.append((list(r.prompt_ids), ids, lps))
             out.append([GenerateResult(ids, lps, reason, self.weight_version)] * r.n)
@@ -91,9 +93,17 @@ class ScriptedEngine:
 def agent_ctx(tok, engine, *overrides):
     # without bubblewrap the python tool refuses to start: these tests then use the opt-out (their code is fixed)
     no_bwrap = ["agent.python_sandbox=none"] if bwrap_path() is None else []
-    cfg = load_config(None, [AGENT, "agent.tools=[calculator, tests.agent_tools:echo, tests.agent_tools:boom, "
-                                    "tests.agent_tools:sleepy, python]", "rollout.rollout_max_response_len=400",
-                             *no_bwrap, *overrides])
+    cfg = load_config(
+        None,
+        [
+            AGENT,
+            "agent.tools=[calculator, tests.agent_tools:echo, tests.agent_tools:boom, "
+            "tests.agent_tools:sleepy, python]",
+            "rollout.rollout_max_response_len=400",
+            *no_bwrap,
+            *overrides,
+        ],
+    )
     return RolloutContext(cfg, engine, tok, None, [IM_END])
 
 
@@ -120,11 +130,11 @@ def check_token_in_token_out(sample, calls):
         mask += [1] * len(out)
         lps += lp
         if k + 1 < len(calls):
-            delta = calls[k + 1][0][len(expect):]
+            delta = calls[k + 1][0][len(expect) :]
             expect += delta
             mask += [0] * len(delta)
             lps += [0.0] * len(delta)
-    assert sample.tokens == expect[:len(sample.tokens)]
+    assert sample.tokens == expect[: len(sample.tokens)]
     n = sample.response_length
     assert sample.loss_mask == mask[:n] and sample.rollout_log_probs == lps[:n]
     assert len(sample.loss_mask) == len(sample.rollout_log_probs) == n
@@ -132,8 +142,11 @@ def check_token_in_token_out(sample, calls):
 
 def test_tokens_are_the_sampled_ids_plus_the_tool_message_delta(tok):
     def script(prompt, turn):
-        return ("Let me compute.\n" + call("calculator", expression="123*456")) if turn == 0 else \
-            "The answer is <answer>56088</answer>"
+        return (
+            ("Let me compute.\n" + call("calculator", expression="123*456"))
+            if turn == 0
+            else "The answer is <answer>56088</answer>"
+        )
 
     engine = ScriptedEngine(tok, script)
     ctx = agent_ctx(tok, engine)
@@ -142,11 +155,12 @@ def test_tokens_are_the_sampled_ids_plus_the_tool_message_delta(tok):
     check_token_in_token_out(s, engine.calls)
     out1 = engine.calls[0][1]
     assert tok(tok.decode(out1), add_special_tokens=False)["input_ids"] != out1  # re-tokenising would drift
-    delta = engine.calls[1][0][s.prompt_length + len(out1):]
+    delta = engine.calls[1][0][s.prompt_length + len(out1) :]
     # SmolLM2's template has no tool role: the output is a user message in <tool_response> tags,
     # with the template's newline after the sampled <|im_end|> and the next generation prompt
-    assert tok.decode(delta) == ("\n<|im_start|>user\n<tool_response>\n56088\n</tool_response><|im_end|>\n"
-                                 "<|im_start|>assistant\n")
+    assert tok.decode(delta) == (
+        "\n<|im_start|>user\n<tool_response>\n56088\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert s.tokens[-1] == IM_END and s.status == Status.COMPLETED and s.weight_version == 5
     assert sum(s.loss_mask) == len(out1) + len(engine.calls[1][1])
     assert all(lp == 0.0 for lp, m in zip(s.rollout_log_probs, s.loss_mask) if m == 0)
@@ -154,30 +168,39 @@ def test_tokens_are_the_sampled_ids_plus_the_tool_message_delta(tok):
     assert (st["agent/turns"], st["agent/tool_calls"], st["agent/tool_errors"]) == (2, 1, 0)
     assert st["agent/final_answer"] == 1
     assert st["agent/tool_tokens"] == len(delta) and st["agent/tool_time"] >= 0
-    assert s.metadata["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "123*456"},
-                                         "output": "56088", "error": None}]
+    assert s.metadata["tool_calls"] == [
+        {"name": "calculator", "arguments": {"expression": "123*456"}, "output": "56088", "error": None}
+    ]
     assert s.metadata["q"] == "What is 123*456?"  # the prompt's metadata is kept
     assert "56088</answer>" in s.response and "<tool_response>" in s.response
 
 
 def test_template_that_rewrites_earlier_turns_cannot_cause_drift(smollm2_path):
     t = tokenizer_with(smollm2_path, THINK_STRIPPING_TEMPLATE)
-    turns = ["<think>I should multiply 12 by 34.</think>\n" + call("calculator", expression="12*34"),
-             "<think>The tool says 408.</think>The answer is 408."]
+    turns = [
+        "<think>I should multiply 12 by 34.</think>\n" + call("calculator", expression="12*34"),
+        "<think>The tool says 408.</think>The answer is 408.",
+    ]
     engine = ScriptedEngine(t, lambda prompt, turn: turns[turn], char_level=False)
     ctx = agent_ctx(t, engine)
     (s,) = run_agent(ctx, "What is 12*34?")
     check_token_in_token_out(s, engine.calls)
     assert "I should multiply 12 by 34." in t.decode(s.response_ids)  # the sampled reasoning stays
     # re-rendering the conversation would drop it: the tokens the trainer would see differ
-    rerendered = t.apply_chat_template([{"role": "user", "content": "What is 12*34?"},
-                                        {"role": "assistant", "content": turns[0]},
-                                        {"role": "user", "content": "<tool_response>\n408\n</tool_response>"},
-                                        {"role": "assistant", "content": turns[1]}], tokenize=False)
+    rerendered = t.apply_chat_template(
+        [
+            {"role": "user", "content": "What is 12*34?"},
+            {"role": "assistant", "content": turns[0]},
+            {"role": "user", "content": "<tool_response>\n408\n</tool_response>"},
+            {"role": "assistant", "content": turns[1]},
+        ],
+        tokenize=False,
+    )
     assert "I should multiply" not in rerendered
-    delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]):]
-    assert t.decode(delta) == ("\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n"
-                               "<|im_start|>assistant\n")
+    delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]) :]
+    assert t.decode(delta) == (
+        "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_tool_role_template_and_parallel_calls(smollm2_path):
@@ -189,9 +212,11 @@ def test_tool_role_template_and_parallel_calls(smollm2_path):
     assert prompt_tools(ctx.config, t).schemas  # the template renders tools=: schemas go there
     (s,) = run_agent(ctx, "Add 2 and 2, then say hi.")
     check_token_in_token_out(s, engine.calls)
-    delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]):]
-    assert t.decode(delta) == ("\n<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\nhi\n"
-                               "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]) :]
+    assert t.decode(delta) == (
+        "\n<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\nhi\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert s.metadata["rollout_stats"]["agent/tool_calls"] == 2
 
 
@@ -202,37 +227,52 @@ def test_turn_stopped_by_the_call_closing_tag_gets_the_templates_end_of_turn(tok
     ctx = agent_ctx(tok, engine)
     (s,) = run_agent(ctx, "Echo x.")
     check_token_in_token_out(s, engine.calls)
-    delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]):]
+    delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]) :]
     assert tok.decode(delta).startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\nx\n")
     assert s.status == Status.COMPLETED  # "done" ended by STOP without a stop token: still an answer
 
 
-@pytest.mark.parametrize("text, kind, message", [
-    ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"\n</tool_call>', "parse", "not valid JSON"),
-    ('<tool_call>{"arguments": {}}</tool_call>', "parse", '"name"'),
-    (call("search", query="x"), "unknown_tool", "unknown tool 'search'"),
-    (call("calculator", expr="1+1"), "bad_arguments", "unknown argument(s) 'expr'"),
-    (call("boom", x="y"), "exception", "RuntimeError: kaboom"),
-    (call("calculator", expression="1/0"), "exception", "ZeroDivisionError"),
-    (call("sleepy", seconds=5), "timeout", "did not finish within 0.5 s"),
-    (call("python", code="import socket\nsocket.create_connection(('10.0.0.1', 80))"), "network",
-     "network access is disabled"),
-    (call("python", code="while True: pass"), "timeout", "did not finish"),
-])
+@pytest.mark.parametrize(
+    "text, kind, message",
+    [
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"\n</tool_call>',
+            "parse",
+            "not valid JSON",
+        ),
+        ('<tool_call>{"arguments": {}}</tool_call>', "parse", '"name"'),
+        (call("search", query="x"), "unknown_tool", "unknown tool 'search'"),
+        (call("calculator", expr="1+1"), "bad_arguments", "unknown argument(s) 'expr'"),
+        (call("boom", x="y"), "exception", "RuntimeError: kaboom"),
+        (call("calculator", expression="1/0"), "exception", "ZeroDivisionError"),
+        (call("sleepy", seconds=5), "timeout", "did not finish within 0.5 s"),
+        (
+            call("python", code="import socket\nsocket.create_connection(('10.0.0.1', 80))"),
+            "network",
+            "network access is disabled",
+        ),
+        (call("python", code="while True: pass"), "timeout", "did not finish"),
+    ],
+)
 def test_every_tool_failure_is_an_error_message_and_counted(tok, text, kind, message):
     engine = ScriptedEngine(tok, lambda p, turn: text if turn == 0 else "I could not use the tool.")
     ctx = agent_ctx(tok, engine, "agent.tool_timeout=0.5")
     (s,) = run_agent(ctx, "Use a tool.")
     check_token_in_token_out(s, engine.calls)
-    delta = tok.decode(engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]):])
+    delta = tok.decode(engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]) :])
     assert "<tool_response>\nError: " in delta and message in delta, delta
     st = s.metadata["rollout_stats"]
     assert st["agent/tool_errors"] == 1 and st[f"agent/tool_errors/{kind}"] == 1 and st["agent/final_answer"] == 1
     assert s.status == Status.COMPLETED and s.metadata["tool_calls"][0]["error"] == kind
 
 
-@pytest.mark.parametrize("text", ["<tool_call>" + "[" * 995 + "</tool_call>",
-                                  '<tool_call>{"name": "echo", "arguments": "' + "[" * 995 + '"}</tool_call>'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>" + "[" * 995 + "</tool_call>",
+        '<tool_call>{"name": "echo", "arguments": "' + "[" * 995 + '"}</tool_call>',
+    ],
+)
 def test_deeply_nested_call_is_a_parse_error_not_the_end_of_the_run(tok, text):
     """Hostile nesting (a RecursionError inside ``json.loads``) becomes a tool error for the model."""
     engine = ScriptedEngine(tok, lambda p, turn: text if turn == 0 else "No.", char_level=False)
@@ -263,11 +303,12 @@ def test_limits_max_turns_budget_turn_tokens_and_output_length(tok):
     (s,) = run_agent(ctx, "Talk.")
     assert s.response_length == 10 and s.status == Status.TRUNCATED
 
-    long_output = ScriptedEngine(tok, lambda p, turn: call("echo", text="word " * 100 + "<|im_end|>") if turn == 0
-                                 else "ok", char_level=False)
+    long_output = ScriptedEngine(
+        tok, lambda p, turn: call("echo", text="word " * 100 + "<|im_end|>") if turn == 0 else "ok", char_level=False
+    )
     ctx = agent_ctx(tok, long_output, "agent.tool_output_max_tokens=5")
     (s,) = run_agent(ctx, "Echo.")
-    delta = long_output.calls[1][0][len(long_output.calls[0][0]) + len(long_output.calls[0][1]):]
+    delta = long_output.calls[1][0][len(long_output.calls[0][0]) + len(long_output.calls[0][1]) :]
     assert "[output truncated]" in tok.decode(delta) and tok.decode(delta).count("word") == 5
     assert delta.count(IM_END) == 1  # the template's own end of turn; none from the tool's text
 
@@ -305,8 +346,9 @@ def test_concurrent_samples_and_aggregated_metrics(tok):
 
 
 def test_turn_renderer_refuses_a_template_that_drops_the_turn(smollm2_path):
-    t = tokenizer_with(smollm2_path, "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}"
-                                     "{% endfor %}")
+    t = tokenizer_with(
+        smollm2_path, "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    )
     with pytest.raises(ValueError, match="agent.tool_role"):
         TurnRenderer(t).append_ids([{"role": "user", "content": "x"}])
 
@@ -330,12 +372,15 @@ def test_custom_generate_gets_prefilled_samples(tok):
 def test_custom_generate_returning_a_bad_sample_is_refused(tok, tmp_path, monkeypatch):
     (tmp_path / "bad_gen.py").write_text(
         "async def gen(ctx, sample, params):\n"
-        "    sample.tokens = sample.tokens + [1, 2]\n    sample.response_length = 2\n    return sample\n")
+        "    sample.tokens = sample.tokens + [1, 2]\n    sample.response_length = 2\n    return sample\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(None, ["rollout.custom_generate_function_path=bad_gen:gen"])
     ctx = RolloutContext(cfg, None, tok, None, [IM_END])
-    with pytest.raises(ValueError, match="custom_generate_function_path=bad_gen:gen returned a sample with "
-                                         "response_length=2, 0 loss-mask entries"):
+    with pytest.raises(
+        ValueError,
+        match="custom_generate_function_path=bad_gen:gen returned a sample with response_length=2, 0 loss-mask entries",
+    ):
         generate_groups(ctx, [Prompt("a", "a", [5], None, {})], 1, ctx.sampling_params())
 
 
@@ -343,9 +388,21 @@ def test_training_uses_the_custom_generate_function(tmp_path, tiny_model_path):
     """Fails if rollout.custom_generate_function_path is ignored: the samples trained on and the
     evaluation come from tests.agent_tools:fixed_generate (one fixed token and a marker stat)."""
     out = tmp_path / "run"
-    run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "rollout.custom_generate_function_path": "tests.agent_tools:fixed_generate", "run.save_final": "false",
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token"})))
+    run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "rollout.custom_generate_function_path": "tests.agent_tools:fixed_generate",
+                    "run.save_final": "false",
+                    "reward.type": "custom",
+                    "reward.function_path": "tests.reward_fns:even_first_token",
+                },
+            ),
+        )
+    )
     rows = [m for m in read_metrics(out) if "rollout/reward_mean" in m]
     assert len(rows) == 2
     for m in rows:
@@ -375,12 +432,28 @@ def test_agent_trains_end_to_end_on_the_embedded_engine(tmp_path, tiny_model_pat
     # registered for this test only (docs/config.md lists the registered formats)
     monkeypatch.setitem(TOOL_CALL_FORMATS._entries, "always_call", Entry("always_call", AlwaysCall))
     out = tmp_path / "run"
-    result = run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
-        "agent.tools": "[tests.agent_tools:echo]", "agent.tool_call_format": "always_call", "agent.max_turns": 3,
-        "agent.max_turn_tokens": 6, "agent.tool_output_max_tokens": 4, "rollout.rollout_max_response_len": 96,
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "run.save_final": "false", "run.dump_rollouts": "true"})))
+    result = run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
+                    "agent.tools": "[tests.agent_tools:echo]",
+                    "agent.tool_call_format": "always_call",
+                    "agent.max_turns": 3,
+                    "agent.max_turn_tokens": 6,
+                    "agent.tool_output_max_tokens": 4,
+                    "rollout.rollout_max_response_len": 96,
+                    "reward.type": "custom",
+                    "reward.function_path": "tests.reward_fns:even_first_token",
+                    "run.save_final": "false",
+                    "run.dump_rollouts": "true",
+                },
+            ),
+        )
+    )
     assert result.last_rollout_id == 1
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert len(rows) == 2

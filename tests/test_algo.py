@@ -65,7 +65,7 @@ def test_kl_estimators():
     ref = torch.tensor([math.log(0.25)])
     log_r = math.log(2.0)
     assert kl_penalty(lp, ref, "k1").item() == pytest.approx(log_r)
-    assert kl_penalty(lp, ref, "k2").item() == pytest.approx(0.5 * log_r ** 2)
+    assert kl_penalty(lp, ref, "k2").item() == pytest.approx(0.5 * log_r**2)
     assert kl_penalty(lp, ref, "k3").item() == pytest.approx(0.5 - 1 + log_r)
     assert kl_penalty(lp, ref, "low_var_kl").item() == pytest.approx(0.5 - 1 + log_r)
     assert kl_penalty(lp, lp, "k3").item() == 0.0
@@ -109,7 +109,8 @@ def test_token_mean_micro_batches_add_up():
     v, m = torch.randn(4, 5), (torch.rand(4, 5) > 0.3).float()
     whole = aggregate(v, m, "token_mean")
     parts = aggregate(v[:2], m[:2], "token_mean", num_tokens=m.sum()) + aggregate(
-        v[2:], m[2:], "token_mean", num_tokens=m.sum())
+        v[2:], m[2:], "token_mean", num_tokens=m.sum()
+    )
     assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
 
 
@@ -125,8 +126,12 @@ def test_pass_at_k():
 
 
 # --------------------------------------------------------------------------- issue 4 estimators / losses
-from reinforge.algo.advantages import (gae_advantages, masked_whiten, reinforce_plus_plus_returns,  # noqa: E402
-                                       rloo_advantages)
+from reinforge.algo.advantages import (
+    gae_advantages,
+    masked_whiten,
+    reinforce_plus_plus_returns,  # noqa: E402
+    rloo_advantages,
+)
 from reinforge.algo.losses import clipped_value_loss, gspo_ratio  # noqa: E402
 
 

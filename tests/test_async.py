@@ -11,10 +11,9 @@ from reinforge.algo.losses import POLICY_LOSSES, decoupled_policy_loss
 from reinforge.config import load_config
 from reinforge.config.fields import ConfigError
 from reinforge.loop import RLLoop, run_training
-from reinforge.rollout.source import SyncRollouts
-from reinforge.rollout.async_rollout import (AsyncRolloutProducer, WeightGate, drop_stale_groups,
-                                             staleness_metrics)
 from reinforge.records import GenerateRequest, Sample, SamplingParams
+from reinforge.rollout.async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
+from reinforge.rollout.source import SyncRollouts
 from tests.test_integration import tiny_overrides
 
 
@@ -23,6 +22,7 @@ def read_metrics(out):
 
 
 # ---------------------------------------------------------------------------- the decoupled objective
+
 
 @pytest.mark.parametrize("loss_name", ["ppo", "gspo"])
 def test_decoupled_loss_equals_ppo_when_behaviour_is_proximal(loss_name):
@@ -52,14 +52,16 @@ def test_decoupled_loss_weights_by_proximal_over_behaviour():
     r = torch.exp(lp.detach() - prox)
     expect = -w * torch.minimum(r * adv, r.clamp(0.8, 1.2) * adv)
     torch.testing.assert_close(loss.detach(), expect)
-    capped = decoupled_policy_loss(POLICY_LOSSES.get("ppo"), lp, prox, behav, adv, torch.ones(1, 2), cfg.algo,
-                                   max_weight=1.2)[3]
+    capped = decoupled_policy_loss(
+        POLICY_LOSSES.get("ppo"), lp, prox, behav, adv, torch.ones(1, 2), cfg.algo, max_weight=1.2
+    )[3]
     assert float(capped.max()) == pytest.approx(1.2)
     loss.sum().backward()  # the weight carries no gradient; the policy term does
     assert lp.grad is not None and torch.isfinite(lp.grad).all()
 
 
 # ---------------------------------------------------------------------------- config
+
 
 def test_config_keys_and_refusals():
     assert load_config(None, []).decoupled_loss is False
@@ -77,9 +79,15 @@ def test_config_keys_and_refusals():
 
 # ---------------------------------------------------------------------------- staleness bookkeeping
 
+
 def _sample(versions):
-    return Sample(prompt="p", tokens=[1] * (2 + len(versions)), response_length=len(versions),
-                  weight_version=versions[0], weight_versions=list(versions) if len(set(versions)) > 1 else [])
+    return Sample(
+        prompt="p",
+        tokens=[1] * (2 + len(versions)),
+        response_length=len(versions),
+        weight_version=versions[0],
+        weight_versions=list(versions) if len(set(versions)) > 1 else [],
+    )
 
 
 def test_staleness_metrics_and_filter():
@@ -94,11 +102,12 @@ def test_staleness_metrics_and_filter():
 
 # ---------------------------------------------------------------------------- the gate and the engine
 
+
 @pytest.fixture()
 def engine(tiny_model_path):
-    from reinforge.models.loading import build_model
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
 
     model = build_model(tiny_model_path, torch.float32, torch.device("cpu"))
     e = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=1), max_model_len=128, seed=0)
@@ -196,8 +205,11 @@ def test_without_partial_rollout_update_waits_for_generation(engine):
 
     engine.step = slow_step
     out = {}
-    t = threading.Thread(target=lambda: out.update(r=gate.generate(
-        [GenerateRequest([1, 5, 9], SamplingParams(max_new_tokens=10, ignore_eos=True), n=2)])))
+    t = threading.Thread(
+        target=lambda: out.update(
+            r=gate.generate([GenerateRequest([1, 5, 9], SamplingParams(max_new_tokens=10, ignore_eos=True), n=2)])
+        )
+    )
     t.start()
     started.wait(10)
     gate.run_update(lambda: engine.update_weights([], 1), 1)
@@ -248,9 +260,16 @@ def test_producer_respects_bound_and_shuts_down_mid_generation(engine):
 
 # ---------------------------------------------------------------------------- the loop
 
+
 def _loop_cfg(tiny_model_path, out, **extra):
-    return load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token", **extra}))
+    return load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{"reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token", **extra},
+        ),
+    )
 
 
 @pytest.mark.parametrize("k,partial", [(1, "false"), (2, "true")])
@@ -258,10 +277,20 @@ def test_async_loop_trains_within_the_staleness_bound(tmp_path, tiny_model_path,
     out = tmp_path / "run"
     # k=2: an evaluation after rollout 2 pauses the producer mid-run
     evals = {"data.n_eval_prompts": 2, "eval.eval_interval": 2} if k == 2 else {"data.n_eval_prompts": 0}
-    cfg = _loop_cfg(tiny_model_path, out, **{"rollout.max_staleness": k, "rollout.partial_rollout": partial,
-                                              "train.num_rollout": 4, "run.save_interval": 2,
-                                              "eval.n_samples_per_eval_prompt": 0, "eval.pass_k": "[1]",
-                                              "eval.eval_before_train": "false", **evals})
+    cfg = _loop_cfg(
+        tiny_model_path,
+        out,
+        **{
+            "rollout.max_staleness": k,
+            "rollout.partial_rollout": partial,
+            "train.num_rollout": 4,
+            "run.save_interval": 2,
+            "eval.n_samples_per_eval_prompt": 0,
+            "eval.pass_k": "[1]",
+            "eval.eval_before_train": "false",
+            **evals,
+        },
+    )
     loop = RLLoop(cfg)
     trained = []
     train_actor = loop.cluster.train_actor
@@ -288,8 +317,13 @@ def test_async_loop_trains_within_the_staleness_bound(tmp_path, tiny_model_path,
     for m in rows:
         assert m["async/staleness_max"] <= k and m["async/dropped_stale_groups"] == 0
         assert sum(m[f"async/staleness_samples_{d}"] for d in range(k + 1)) == 8
-        for key in ("async/trainer_wait_s", "async/engine_idle_s", "async/samples_per_s",
-                    "async/weight_update_wait_s", "train/importance_weight"):
+        for key in (
+            "async/trainer_wait_s",
+            "async/engine_idle_s",
+            "async/samples_per_s",
+            "async/weight_update_wait_s",
+            "train/importance_weight",
+        ):
             assert key in m
     assert not any(th.name == "rollout-producer" for th in threading.enumerate())
     if k == 2:
@@ -302,8 +336,11 @@ def test_async_loop_trains_within_the_staleness_bound(tmp_path, tiny_model_path,
 
 
 def test_engine_failure_surfaces_in_the_driver_with_the_engine_named(tmp_path, tiny_model_path):
-    cfg = _loop_cfg(tiny_model_path, tmp_path / "run", **{"rollout.max_staleness": 1, "train.num_rollout": 3,
-                                                          "eval.eval_before_train": "false"})
+    cfg = _loop_cfg(
+        tiny_model_path,
+        tmp_path / "run",
+        **{"rollout.max_staleness": 1, "train.num_rollout": 3, "eval.eval_before_train": "false"},
+    )
     loop = RLLoop(cfg)
     calls = {"n": 0}
     step = loop.engine.step
@@ -329,15 +366,23 @@ def test_zero_staleness_is_the_synchronous_loop(tmp_path, tiny_model_path):
     runs = {}
     for name, extra in (("sync", {}), ("k0", {"rollout.max_staleness": 0, "algo.use_decoupled_loss": "false"})):
         out = tmp_path / name
-        loop = RLLoop(_loop_cfg(tiny_model_path, out, **extra, **{"data.n_eval_prompts": 0, "run.save_final": "false",
-                                                                  "train.num_rollout": 2}))
+        loop = RLLoop(
+            _loop_cfg(
+                tiny_model_path,
+                out,
+                **extra,
+                **{"data.n_eval_prompts": 0, "run.save_final": "false", "train.num_rollout": 2},
+            )
+        )
         assert isinstance(loop.source, SyncRollouts)
         try:
             loop.train()
         finally:
             loop.close()
-        runs[name] = [{k: v for k, v in m.items() if k != "time" and not k.startswith(("time/", "perf/"))}
-                      for m in read_metrics(out)]
+        runs[name] = [
+            {k: v for k, v in m.items() if k != "time" and not k.startswith(("time/", "perf/"))}
+            for m in read_metrics(out)
+        ]
     assert runs["sync"] == runs["k0"]
     assert not any(k.startswith("async/") for m in runs["k0"] for k in m)
 
@@ -348,11 +393,22 @@ def test_ray_disaggregated_async_with_partial_rollouts(tmp_path, tiny_model_path
     generates the next rollout while the trainer trains, interrupted by each weight update."""
     ray = pytest.importorskip("ray")
     out = tmp_path / "run"
-    cfg = _loop_cfg(tiny_model_path, out, **{
-        "cluster.mode": "ray", "cluster.actor_num_gpus_per_node": 1, "cluster.rollout_num_gpus": 1,
-        "cluster.weight_sync_bucket_mb": 1, "rollout.max_staleness": 1, "rollout.partial_rollout": "true",
-        "rollout.rollout_max_response_len": 24, "train.num_rollout": 3, "data.n_eval_prompts": 0,
-        "run.save_final": "false"})
+    cfg = _loop_cfg(
+        tiny_model_path,
+        out,
+        **{
+            "cluster.mode": "ray",
+            "cluster.actor_num_gpus_per_node": 1,
+            "cluster.rollout_num_gpus": 1,
+            "cluster.weight_sync_bucket_mb": 1,
+            "rollout.max_staleness": 1,
+            "rollout.partial_rollout": "true",
+            "rollout.rollout_max_response_len": 24,
+            "train.num_rollout": 3,
+            "data.n_eval_prompts": 0,
+            "run.save_final": "false",
+        },
+    )
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         result = run_training(cfg)
@@ -373,10 +429,20 @@ def test_async_example_config_runs_locally(tmp_path, tiny_model_path):
 
     out = tmp_path / "run"
     example = Path(__file__).resolve().parents[1] / "examples" / "arith_grpo_async.yaml"
-    overrides = tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "engine.max_num_seqs": 16, "data.n_eval_prompts": 0, "run.save_final": "false", "cluster.mode": "local",
-        "cluster.rollout_num_gpus": 1, "train.num_rollout": 2})
+    overrides = tiny_overrides(
+        tiny_model_path,
+        out,
+        **{
+            "reward.type": "custom",
+            "reward.function_path": "tests.reward_fns:even_first_token",
+            "engine.max_num_seqs": 16,
+            "data.n_eval_prompts": 0,
+            "run.save_final": "false",
+            "cluster.mode": "local",
+            "cluster.rollout_num_gpus": 1,
+            "train.num_rollout": 2,
+        },
+    )
     cfg = load_config(example, overrides)
     assert cfg.rollout.max_staleness == 1 and cfg.rollout.partial_rollout and cfg.decoupled_loss
     assert run_training(cfg).last_rollout_id == 1
@@ -390,8 +456,7 @@ def test_async_run_resumes_from_a_checkpoint(tmp_path, tiny_model_path):
     common = {"rollout.max_staleness": 1, "data.n_eval_prompts": 0, "run.save_interval": 1}
     first = run_training(_loop_cfg(tiny_model_path, out, **common, **{"train.num_rollout": 2}))
     assert first.last_rollout_id == 1
-    resumed = run_training(_loop_cfg(tiny_model_path, out, **common, **{"train.num_rollout": 3,
-                                                                        "run.load": str(out)}))
+    resumed = run_training(_loop_cfg(tiny_model_path, out, **common, **{"train.num_rollout": 3, "run.load": str(out)}))
     assert resumed.last_rollout_id == 2
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert [m["weight_version"] for m in rows] == [1.0, 2.0, 3.0]
@@ -401,10 +466,20 @@ def test_async_run_resumes_from_a_checkpoint(tmp_path, tiny_model_path):
 @pytest.mark.slow
 def test_ray_shutdown_mid_generation_ends_thread_and_actors(tmp_path, tiny_model_path):
     ray = pytest.importorskip("ray")
-    cfg = _loop_cfg(tiny_model_path, tmp_path / "run", **{
-        "cluster.mode": "ray", "cluster.actor_num_gpus_per_node": 1, "cluster.rollout_num_gpus": 1,
-        "rollout.max_staleness": 2, "rollout.partial_rollout": "true", "rollout.rollout_max_response_len": 48,
-        "train.num_rollout": 20, "data.n_eval_prompts": 0})
+    cfg = _loop_cfg(
+        tiny_model_path,
+        tmp_path / "run",
+        **{
+            "cluster.mode": "ray",
+            "cluster.actor_num_gpus_per_node": 1,
+            "cluster.rollout_num_gpus": 1,
+            "rollout.max_staleness": 2,
+            "rollout.partial_rollout": "true",
+            "rollout.rollout_max_response_len": 48,
+            "train.num_rollout": 20,
+            "data.n_eval_prompts": 0,
+        },
+    )
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         loop = RLLoop(cfg)

@@ -5,25 +5,28 @@ import asyncio
 import pytest
 import torch
 
-from reinforge.models.loading import build_model
-from reinforge.rollout.async_client import AsyncEngine, is_continuous
 from reinforge.config import EngineConfig
 from reinforge.engine import EmbeddedEngine
+from reinforge.models.loading import build_model
 from reinforge.records import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from reinforge.rollout.async_client import AsyncEngine, is_continuous
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 
 
 @pytest.fixture()
 def engine(tiny_model_path):
-    return EmbeddedEngine(build_model(tiny_model_path, torch.float32),
-                          EngineConfig(max_num_seqs=16, sync_interval=2), max_model_len=64)
+    return EmbeddedEngine(
+        build_model(tiny_model_path, torch.float32), EngineConfig(max_num_seqs=16, sync_interval=2), max_model_len=64
+    )
 
 
 def prompts(n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, 40000, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(10, 40000, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 class CountingEngine:
@@ -57,8 +60,10 @@ class BatchOnlyEngine:
 
     def generate(self, requests):
         self.batches.append(len(requests))
-        return [[GenerateResult(list(r.prompt_ids[:2]), [-0.1, -0.2], FinishReason.STOP, self.weight_version)] * r.n
-                for r in requests]
+        return [
+            [GenerateResult(list(r.prompt_ids[:2]), [-0.1, -0.2], FinishReason.STOP, self.weight_version)] * r.n
+            for r in requests
+        ]
 
 
 def test_greedy_results_equal_the_synchronous_path(engine):
@@ -111,8 +116,9 @@ def test_late_requests_join_running_ones(engine):
 
     async def main():
         ps = prompts(3, seed=1)
-        return await asyncio.gather(client.generate(GenerateRequest(ps[0], long)),
-                                    client.generate(GenerateRequest(ps[1], long)), late(ps[2]))
+        return await asyncio.gather(
+            client.generate(GenerateRequest(ps[0], long)), client.generate(GenerateRequest(ps[1], long)), late(ps[2])
+        )
 
     asyncio.run(main())
     assert counting.added[:2] == [0, 0] and counting.added[2] >= 2
@@ -126,8 +132,9 @@ def test_batch_only_engines_get_one_generate_per_tick():
     assert not client.continuous
 
     async def main():
-        first = await asyncio.gather(*(client.generate(GenerateRequest([i, i + 1, i + 2], GREEDY, n=2))
-                                       for i in range(5)))
+        first = await asyncio.gather(
+            *(client.generate(GenerateRequest([i, i + 1, i + 2], GREEDY, n=2)) for i in range(5))
+        )
         second = await client.generate(GenerateRequest([9, 9], GREEDY))
         return first, second
 
@@ -141,9 +148,11 @@ def test_a_bad_request_fails_alone_and_the_client_is_reusable(engine):
     client = AsyncEngine(engine)
 
     async def main():
-        return await asyncio.gather(client.generate(GenerateRequest(list(range(1, 80)), GREEDY)),  # > max_model_len
-                                    client.generate(GenerateRequest(prompts(1)[0], GREEDY)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            client.generate(GenerateRequest(list(range(1, 80)), GREEDY)),  # > max_model_len
+            client.generate(GenerateRequest(prompts(1)[0], GREEDY)),
+            return_exceptions=True,
+        )
 
     bad, good = asyncio.run(main())
     assert isinstance(bad, ValueError) and "max_model_len" in str(bad)
@@ -161,7 +170,8 @@ def test_engine_errors_reach_every_waiting_coroutine():
     client = AsyncEngine(Broken())
 
     async def main():
-        return await asyncio.gather(*(client.generate(GenerateRequest([1, 2], GREEDY)) for _ in range(3)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(client.generate(GenerateRequest([1, 2], GREEDY)) for _ in range(3)), return_exceptions=True
+        )
 
     assert all(isinstance(r, RuntimeError) and "engine died" in str(r) for r in asyncio.run(main()))

@@ -32,8 +32,14 @@ def test_global_batch_arithmetic():
 
 def test_collate_positions():
     tokens = [[1, 2, 3, 4, 5], [7, 8, 9]]
-    mb = build(tokens, [2, 1], [[1, 0], [1]], [[0], [1]], pad_id=0,
-                 per_token={"adv": [torch.tensor([0.5, 0.6]), torch.tensor([-1.0])]})
+    mb = build(
+        tokens,
+        [2, 1],
+        [[1, 0], [1]],
+        [[0], [1]],
+        pad_id=0,
+        per_token={"adv": [torch.tensor([0.5, 0.6]), torch.tensor([-1.0])]},
+    )
     assert mb.input_ids.tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]
     assert mb.position_ids is None and mb.doc_ids is None and not mb.packed
     # response grid [2 sequences, 2 tokens]; row 0's tokens 4, 5 are predicted at positions 2, 3

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import shlex
 import signal
@@ -34,11 +33,13 @@ def names(root: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- item 1: config.yaml
 
+
 def test_written_config_describes_the_run_not_the_act_of_resuming_it(tmp_path):
     from reinforge.config import dump_config
 
-    cfg = load_config(None, [f"run.output_dir={tmp_path}", f"run.load={tmp_path / 'old'}", "run.overwrite=true",
-                             "train.lr=1e-5"])
+    cfg = load_config(
+        None, [f"run.output_dir={tmp_path}", f"run.load={tmp_path / 'old'}", "run.overwrite=true", "train.lr=1e-5"]
+    )
     dump_config(cfg, tmp_path / "config.yaml")
     run = yaml.safe_load((tmp_path / "config.yaml").read_text())["run"]
     assert run["load"] is None and run["overwrite"] is False  # eval -c / a new run never continue the checkpoint
@@ -47,6 +48,7 @@ def test_written_config_describes_the_run_not_the_act_of_resuming_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------- manifest
+
 
 def test_a_missing_or_emptied_manifest_is_damage(tmp_path):
     c = save(tmp_path, 0)
@@ -57,8 +59,9 @@ def test_a_missing_or_emptied_manifest_is_damage(tmp_path):
     (c / ckpt.MANIFEST).write_text("")
     assert ckpt.checkpoint_problem(c).startswith("manifest.json is unreadable")
     (c / ckpt.MANIFEST).write_text(json.dumps({"version": 1, "files": {}}))
-    assert ckpt.checkpoint_problem(c).endswith("is not listed in manifest.json (the manifest was emptied or is of "
-                                               "another checkpoint)")
+    assert ckpt.checkpoint_problem(c).endswith(
+        "is not listed in manifest.json (the manifest was emptied or is of another checkpoint)"
+    )
     ckpt.write_manifest(c)
     assert ckpt.checkpoint_problem(c) is None
 
@@ -72,19 +75,22 @@ def test_a_dcp_load_error_is_named_by_its_own_cause():
 
 # ----------------------------------------------------------------------------- keep-last-n, optimizer state
 
+
 def test_keep_last_n_keeps_the_new_checkpoint_and_the_newest_intact_ones(tmp_path):
     root = tmp_path / "checkpoints"
     for i in (0, 1, 2, 5, 6):
         save(root, i)
     for i in (2, 5, 6):  # damaged: a shard of another size (the run resumed from rollout 1)
         (root / f"rollout_00000{i}" / "dcp" / "actor" / "__0_0.distcp").write_bytes(b"short")
-    new = ckpt.save_checkpoint(root, 2, fake_write, {"rollout_id": 2, "weight_version": 3, "data": {}, "config": {}},
-                               keep_last=2)
+    new = ckpt.save_checkpoint(
+        root, 2, fake_write, {"rollout_id": 2, "weight_version": 3, "data": {}, "config": {}}, keep_last=2
+    )
     # before: sorted by name, the damaged rollout 5 and 6 were kept and the new one deleted at once
     assert names(root) == ["latest", "rollout_000001", "rollout_000002"]
     assert (root / "latest").read_text().strip() == new.name and ckpt.checkpoint_problem(new) is None
-    ckpt.save_checkpoint(root, 3, fake_write, {"rollout_id": 3, "weight_version": 4, "data": {}, "config": {}},
-                         keep_last=2)
+    ckpt.save_checkpoint(
+        root, 3, fake_write, {"rollout_id": 3, "weight_version": 4, "data": {}, "config": {}}, keep_last=2
+    )
     assert names(root) == ["latest", "rollout_000002", "rollout_000003"]
 
 
@@ -109,6 +115,7 @@ def test_the_optimizer_state_is_kept_in_the_newest_checkpoint_only(tmp_path):
 
 
 # ----------------------------------------------------------------------------- recover=auto, --load RUN
+
 
 def test_recover_auto_with_every_checkpoint_damaged_refuses_and_changes_nothing(tmp_path):
     from reinforge.recover import recover_candidates
@@ -135,8 +142,9 @@ with lock_directory(sys.argv[1]):
 
 
 def hold_lock(directory: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(directory)], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(directory)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -173,6 +181,7 @@ def test_convert_of_a_damaged_newest_checkpoint_falls_back_or_is_refused_in_word
 
 
 # ----------------------------------------------------------------------------- disk full
+
 
 @pytest.fixture
 def tiny_disk(tmp_path):
@@ -218,8 +227,9 @@ def test_the_cli_reports_a_full_disk_in_one_line_with_its_own_exit_status(tmp_pa
     from reinforge.supervisor import DISK_FULL
 
     def full(args):
-        raise ckpt.DiskFullError(errno.ENOSPC, "disk full (1.0 MiB free ...): checkpoint rollout_000003 was not "
-                                               "written")
+        raise ckpt.DiskFullError(
+            errno.ENOSPC, "disk full (1.0 MiB free ...): checkpoint rollout_000003 was not written"
+        )
 
     monkeypatch.setattr(cli, "_train", full)
     monkeypatch.setenv("REINFORGE_FAILURE_FILE", str(tmp_path / "failure"))
@@ -260,6 +270,7 @@ def test_the_supervisor_stops_on_the_same_error_twice_and_on_a_full_disk(tmp_pat
 
 # ----------------------------------------------------------------------------- signals during a save
 
+
 def test_ctrl_c_during_a_save_waits_for_it_then_stops():
     from reinforge.recover import RecoverTimer
 
@@ -290,6 +301,7 @@ def test_a_ctrl_c_outside_a_rollout_boundary_exits_130_in_one_line(tmp_path, mon
 
 
 # ----------------------------------------------------------------------------- next:, overwrite
+
 
 def test_next_commands_parse_when_the_output_dir_starts_with_a_dash(tmp_path, monkeypatch):
     from reinforge.cli import build_parser, eval_config, train_config
@@ -331,6 +343,7 @@ def test_two_overwrites_at_once_the_second_is_refused_by_the_lock(tmp_path, monk
 
 
 # ----------------------------------------------------------------------------- resume: labels, data digest
+
 
 def test_resumed_eval_rows_say_which_run_they_are_from():
     assert ckpt.resumed_label("after", 4, "rollout") == "after rollout 4 (earlier run)"

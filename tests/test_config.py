@@ -19,8 +19,15 @@ def test_defaults_validate():
 
 def test_yaml_and_overrides(tmp_path):
     p = write(tmp_path, "rollout:\n  rollout_batch_size: 16\ntrain:\n  lr: 1.0e-5\n")
-    cfg = load_config(p, ["rollout.n_samples_per_prompt=4", "num_steps_per_rollout=2", "train.lr=3e-6",
-                          "rollout.rollout_stop=['</answer>']"])
+    cfg = load_config(
+        p,
+        [
+            "rollout.n_samples_per_prompt=4",
+            "num_steps_per_rollout=2",
+            "train.lr=3e-6",
+            "rollout.rollout_stop=['</answer>']",
+        ],
+    )
     assert cfg.rollout.rollout_batch_size == 16
     assert cfg.rollout.n_samples_per_prompt == 4
     assert cfg.train.num_steps_per_rollout == 2
@@ -79,7 +86,10 @@ def test_invalid_combinations():
         load_config(None, ["algo.lambd=0.9", "algo.advantage_estimator=rloo"])
     with pytest.raises(ConfigError, match="algo.gamma set"):
         load_config(None, ["algo.gamma=0.9"])
-    with pytest.raises(ConfigError, match="grpo_std_normalization set, but algo.advantage_estimator=dr_grpo does not use it .it applies to grpo."):
+    with pytest.raises(
+        ConfigError,
+        match="grpo_std_normalization set, but algo.advantage_estimator=dr_grpo does not use it .it applies to grpo.",
+    ):
         load_config(None, ["algo.advantage_estimator=dr_grpo", "algo.grpo_std_normalization=false"])
     with pytest.raises(ConfigError, match="eps_clip_c must be > 1"):
         load_config(None, ["algo.eps_clip_c=0.5"])
@@ -133,4 +143,3 @@ def test_every_key_is_documented():
     for section, cls in SECTIONS.items():
         part = doc.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
         assert all(f"| `{f.name}` |" in part for f in dataclasses.fields(cls))
-

@@ -17,8 +17,11 @@ def tokenizer(smollm2_path):
 def test_jsonl_slime_format(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text(
-        json.dumps({"prompt": "What is 1+1?", "label": "2", "metadata": {"k": 1}}) + "\n\n"
-        + json.dumps({"prompt": [{"role": "user", "content": "hi"}], "label": 3}) + "\n")
+        json.dumps({"prompt": "What is 1+1?", "label": "2", "metadata": {"k": 1}})
+        + "\n\n"
+        + json.dumps({"prompt": [{"role": "user", "content": "hi"}], "label": 3})
+        + "\n"
+    )
     recs = load_jsonl(p)
     assert [r.label for r in recs] == ["2", 3]
     assert recs[0].metadata == {"k": 1} and recs[1].metadata == {}
@@ -31,14 +34,17 @@ def test_jsonl_custom_keys(tmp_path):
     assert (r.prompt, r.label, r.metadata) == ("q", "a", {"x": 1})
 
 
-@pytest.mark.parametrize("line,match", [
-    ("{not json", "d.jsonl:2: not valid JSON"),
-    ("[1, 2]", "d.jsonl:2: expected a JSON object"),
-    ('{"label": 1}', "d.jsonl:2: no 'prompt' key"),
-    ('{"prompt": [{"role": "user"}]}', r"d.jsonl:2: 'prompt'\[0\] must be a message"),
-    ('{"prompt": ""}', "d.jsonl:2: 'prompt' is empty"),
-    ('{"prompt": "x", "metadata": 5}', "d.jsonl:2: 'metadata' must be an object"),
-])
+@pytest.mark.parametrize(
+    "line,match",
+    [
+        ("{not json", "d.jsonl:2: not valid JSON"),
+        ("[1, 2]", "d.jsonl:2: expected a JSON object"),
+        ('{"label": 1}', "d.jsonl:2: no 'prompt' key"),
+        ('{"prompt": [{"role": "user"}]}', r"d.jsonl:2: 'prompt'\[0\] must be a message"),
+        ('{"prompt": ""}', "d.jsonl:2: 'prompt' is empty"),
+        ('{"prompt": "x", "metadata": 5}', "d.jsonl:2: 'metadata' must be an object"),
+    ],
+)
 def test_jsonl_bad_lines_name_file_and_line(tmp_path, line, match):
     p = tmp_path / "d.jsonl"
     p.write_text('{"prompt": "fine"}\n' + line + "\n")

@@ -29,25 +29,45 @@ def qa(i):
 
 # (format name logged, offline.method, rows)
 FORMATS = {
-    "standard": ("preference (standard)", "dpo",
-                 [{"prompt": q, "chosen": c, "rejected": r} for q, c, r in map(qa, range(4))]),
-    "conversational": ("preference (conversational)", "dpo",
-                       [{"prompt": [user(q)], "chosen": [assistant(c)], "rejected": [assistant(r)]}
-                        for q, c, r in map(qa, range(4))]),
-    "implicit_prompt": ("preference, implicit prompt (conversational)", "dpo",
-                        [{"chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]}
-                         for q, c, r in map(qa, range(4))]),
+    "standard": (
+        "preference (standard)",
+        "dpo",
+        [{"prompt": q, "chosen": c, "rejected": r} for q, c, r in map(qa, range(4))],
+    ),
+    "conversational": (
+        "preference (conversational)",
+        "dpo",
+        [{"prompt": [user(q)], "chosen": [assistant(c)], "rejected": [assistant(r)]} for q, c, r in map(qa, range(4))],
+    ),
+    "implicit_prompt": (
+        "preference, implicit prompt (conversational)",
+        "dpo",
+        [{"chosen": [user(q), assistant(c)], "rejected": [user(q), assistant(r)]} for q, c, r in map(qa, range(4))],
+    ),
     "text": ("language modeling", "sft", [{"text": f"{q} {c}"} for q, c, _ in map(qa, range(4))]),
-    "messages": ("conversational language modeling (conversational)", "sft",
-                 [{"messages": [user(q), assistant(c)]} for q, c, _ in map(qa, range(4))]),
-    "prompt_completion": ("prompt-completion (standard)", "sft",
-                          [{"prompt": q, "completion": c} for q, c, _ in map(qa, range(4))]),
-    "prompt_completion_conversational": ("prompt-completion (conversational)", "sft",
-                                         [{"prompt": [user(q)], "completion": [assistant(c)]}
-                                          for q, c, _ in map(qa, range(4))]),
-    "unpaired": ("unpaired preference (standard)", "kto",
-                 [{"prompt": q, "completion": c if i % 2 else r, "label": bool(i % 2)}
-                  for i, (q, c, r) in enumerate(map(qa, range(4)))]),
+    "messages": (
+        "conversational language modeling (conversational)",
+        "sft",
+        [{"messages": [user(q), assistant(c)]} for q, c, _ in map(qa, range(4))],
+    ),
+    "prompt_completion": (
+        "prompt-completion (standard)",
+        "sft",
+        [{"prompt": q, "completion": c} for q, c, _ in map(qa, range(4))],
+    ),
+    "prompt_completion_conversational": (
+        "prompt-completion (conversational)",
+        "sft",
+        [{"prompt": [user(q)], "completion": [assistant(c)]} for q, c, _ in map(qa, range(4))],
+    ),
+    "unpaired": (
+        "unpaired preference (standard)",
+        "kto",
+        [
+            {"prompt": q, "completion": c if i % 2 else r, "label": bool(i % 2)}
+            for i, (q, c, r) in enumerate(map(qa, range(4)))
+        ],
+    ),
 }
 
 
@@ -66,10 +86,21 @@ def write(path, rows):
 
 
 def one_step(tmp_path, model, data, method):
-    cfg = load_config(None, [
-        f"model.path={model}", f"run.output_dir={tmp_path / 'run'}", f"offline.method={method}",
-        f"offline.train_data={data}", "offline.global_batch_size=4", "train.max_tokens_per_gpu=400",
-        "eval.eval_before_train=false", "run.save_final=false", "run.progress=false", "run.tensorboard=false"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model}",
+            f"run.output_dir={tmp_path / 'run'}",
+            f"offline.method={method}",
+            f"offline.train_data={data}",
+            "offline.global_batch_size=4",
+            "train.max_tokens_per_gpu=400",
+            "eval.eval_before_train=false",
+            "run.save_final=false",
+            "run.progress=false",
+            "run.tensorboard=false",
+        ],
+    )
     run_offline(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
@@ -92,29 +123,60 @@ def test_verl_parquet_trains_one_rl_step(tmp_path, tiny_model_path, caplog):
     from reinforge.loop import run_training
     from tests.test_integration import read_metrics, tiny_overrides
 
-    rows = [{"data_source": "openai/gsm8k", "prompt": [user(f"What is {i} + {i}?")], "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
-             "extra_info": {"split": "train", "index": i}} for i in range(4)]
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [user(f"What is {i} + {i}?")],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i in range(4)
+    ]
     data = write(tmp_path / "train.parquet", rows)
     with caplog.at_level(logging.INFO, logger="reinforge.data.sources"):
         records = load_prompt_file(data)
     assert f"{data}: 4 prompts, format: verl RL (4 rows)" in caplog.text
     assert [r.label for r in records] == ["0", "2", "4", "6"]
-    assert records[1].metadata == {"data_source": "openai/gsm8k", "ability": "math",
-                                   "extra_info": {"split": "train", "index": 1}}
+    assert records[1].metadata == {
+        "data_source": "openai/gsm8k",
+        "ability": "math",
+        "extra_info": {"split": "train", "index": 1},
+    }
     assert records[1].prompt == [user("What is 1 + 1?")]
     out = tmp_path / "run"
-    run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "data.prompt_data": data, "data.task_kwargs": "{}", "data.n_eval_prompts": 0, "train.num_rollout": 1,
-        "reward.type": "exact_match", "run.save_final": "false", "run.tensorboard": "false"})))
+    run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "data.prompt_data": data,
+                    "data.task_kwargs": "{}",
+                    "data.n_eval_prompts": 0,
+                    "train.num_rollout": 1,
+                    "reward.type": "exact_match",
+                    "run.save_final": "false",
+                    "run.tensorboard": "false",
+                },
+            ),
+        )
+    )
     assert sum("train/loss" in r for r in read_metrics(out)) == 1
 
 
 # ---------------------------------------------------------------------------- prompt data keys
 
+
 def test_dotted_and_mistyped_label_keys(tmp_path):
-    data = write(tmp_path / "p.jsonl", [{"question": "q1", "reward_model": {"ground_truth": "7"}, "answer": "a"},
-                                        {"question": "q2", "reward_model": {"ground_truth": "8"}, "answer": "b"}])
+    data = write(
+        tmp_path / "p.jsonl",
+        [
+            {"question": "q1", "reward_model": {"ground_truth": "7"}, "answer": "a"},
+            {"question": "q2", "reward_model": {"ground_truth": "8"}, "answer": "b"},
+        ],
+    )
     recs = load_prompt_file(data, input_key="question", label_key="reward_model.ground_truth")
     assert [r.label for r in recs] == ["7", "8"]
     with pytest.raises(DataError, match=r"p.jsonl: data.label_key='answerz' is in no row \(did you mean 'answer'\?\)"):
@@ -126,19 +188,26 @@ def test_dotted_and_mistyped_label_keys(tmp_path):
 
 # ---------------------------------------------------------------------------- errors and units
 
+
 def test_nothing_fits_names_file_row_and_keys(tmp_path, smollm2_path):
     tok = Tokenizer(load_tokenizer(smollm2_path), None)
     rows = [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "answer": "b"}]
     columns = [{"answer": None, **rows[0]}, {"chosen": None, "rejected": None, **rows[1]}]  # parquet: None = absent
-    for data, where in ((write(tmp_path / "d.jsonl", rows), "d.jsonl:2"),
-                        (write(tmp_path / "d.parquet", columns), "d.parquet, row 1")):
-        with pytest.raises(DataError, match=rf"{where}: no pairs format fits this row \(its keys: \['answer', "
-                                            rf"'prompt'\]\); expected preference: 'prompt', 'chosen', 'rejected'; "
-                                            rf"preference, implicit prompt: 'chosen', 'rejected'"):
+    for data, where in (
+        (write(tmp_path / "d.jsonl", rows), "d.jsonl:2"),
+        (write(tmp_path / "d.parquet", columns), "d.parquet, row 1"),
+    ):
+        with pytest.raises(
+            DataError,
+            match=rf"{where}: no pairs format fits this row \(its keys: \['answer', "
+            rf"'prompt'\]\); expected preference: 'prompt', 'chosen', 'rejected'; "
+            rf"preference, implicit prompt: 'chosen', 'rejected'",
+        ):
             build_examples(read_rows(data), str(data), tok, load_config(None, ["offline.method=dpo"]).offline)
     with pytest.raises(DataError, match="d.jsonl:1: no messages format fits.*'text'"):
-        build_examples(read_rows(tmp_path / "d.jsonl"), "d.jsonl", tok,
-                       load_config(None, ["offline.method=sft"]).offline)
+        build_examples(
+            read_rows(tmp_path / "d.jsonl"), "d.jsonl", tok, load_config(None, ["offline.method=sft"]).offline
+        )
 
 
 def test_implicit_prompt_extraction():
@@ -147,7 +216,10 @@ def test_implicit_prompt_extraction():
     multi = [user("q"), assistant("a"), user("more?")]
     assert split_implicit_prompt(multi + c, multi + r, "x") == (multi, c, r)
     assert split_implicit_prompt("Human: hi Assistant: hello", "Human: hi Assistant: go away", "x") == (
-        "Human: hi Assistant:", " hello", " go away")
+        "Human: hi Assistant:",
+        " hello",
+        " go away",
+    )
     assert split_implicit_prompt("The answer is 42", "The answer is 45", "x") == ("The answer is", " 42", " 45")
     with pytest.raises(DataError, match="x: chosen and rejected share no leading message"):
         split_implicit_prompt(c, r, "x")
@@ -171,8 +243,9 @@ def test_readers(tmp_path):
     assert read_rows(write(tmp_path / "a.json", rows))[1] == (f"{tmp_path / 'a.json'}, row 1", rows[1])
     (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON lines named .json
     assert [r for _, r in read_rows(tmp_path / "lines.json")] == rows
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                          "test": datasets.Dataset.from_list(rows[:1])}).save_to_disk(str(tmp_path / "dd"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+    ).save_to_disk(str(tmp_path / "dd"))
     assert [r for _, r in read_rows(tmp_path / "dd")] == rows  # the train split
     (tmp_path / "plain").mkdir()
     with pytest.raises(DataError, match="not one saved with `datasets`"):

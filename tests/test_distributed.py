@@ -14,9 +14,15 @@ def make_cfg(tiny_model_path, **extra):
     # adam_eps 1e-3: Adam's first step is ~lr * sign(g), which would turn reduction-order noise on
     # near-zero gradients into lr-sized differences; a large eps keeps updates proportional to g.
     # train.device=cpu: gloo ranks also on a machine with one GPU (NCCL refuses two ranks on one GPU)
-    o = [f"model.path={tiny_model_path}", "train.device=cpu", "train.lr=1e-2", "train.max_tokens_per_gpu=64", "train.clip_grad=1e9",
-         "train.adam_eps=1e-3",
-         "rollout.n_samples_per_prompt=2"]
+    o = [
+        f"model.path={tiny_model_path}",
+        "train.device=cpu",
+        "train.lr=1e-2",
+        "train.max_tokens_per_gpu=64",
+        "train.clip_grad=1e9",
+        "train.adam_eps=1e-3",
+        "rollout.n_samples_per_prompt=2",
+    ]
     return load_config(None, o + [f"{k}={v}" for k, v in extra.items()])
 
 
@@ -27,8 +33,9 @@ def make_data(n: int, seed: int = 0, lengths=None) -> TrainData:
         P = 3 + i % 4
         R = lengths[i] if lengths else 2 + (i * 5) % 9
         tokens = torch.randint(10, 40000, (P + R,), generator=g).tolist()
-        samples.append(Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R,
-                              rollout_log_probs=[-1.0] * R))
+        samples.append(
+            Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R, rollout_log_probs=[-1.0] * R)
+        )
         adv.append(torch.full((R,), float(torch.randn(1, generator=g))))
     return TrainData(samples, adv)
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from reinforge.models.loading import build_model, load_tokenizer
 from reinforge.config import EngineConfig
 from reinforge.engine import EmbeddedEngine
+from reinforge.models.loading import build_model, load_tokenizer
 from reinforge.records import FinishReason, GenerateRequest, SamplingParams
 
 
@@ -29,14 +29,16 @@ def engine(request, tiny_model_path, tok):
 
 def prompts(tok, n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, 40000, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(10, 40000, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def trainer_log_probs(model, prompt, completion, temperature=1.0):
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(ids)[0, len(prompt) - 1:-1].float() / temperature
+        logits = model(ids)[0, len(prompt) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
@@ -48,8 +50,9 @@ def test_greedy_matches_transformers_generate(engine, tiny_model_path, tok):
     sp = SamplingParams(max_new_tokens=12, temperature=0.0)
     results = engine.generate([GenerateRequest(p, sp) for p in ps])
     for p, (r,) in zip(ps, results):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)[0, len(p):].tolist()
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, len(p) :
+        ].tolist()
         assert r.token_ids == ref
         assert r.finish_reason == FinishReason.LENGTH
 
@@ -68,8 +71,9 @@ def test_log_probs_match_trainer_fp32(engine, tiny_model_path, tok):
 
 def test_more_requests_than_slots_and_varied_lengths(engine, tok):
     ps = prompts(tok, 6, seed=2)
-    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=3 + 4 * i, temperature=1.0), n=2)
-            for i, p in enumerate(ps)]  # 12 sequences, 8 slots
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=3 + 4 * i, temperature=1.0), n=2) for i, p in enumerate(ps)
+    ]  # 12 sequences, 8 slots
     results = engine.generate(reqs)
     for i, group in enumerate(results):
         assert len(group) == 2
@@ -87,11 +91,17 @@ def test_stop_token_ends_and_is_kept(engine, tok):
     (free,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0))])[0]
     stop_at = free.token_ids[4]
     first = free.token_ids.index(stop_at)
-    (r,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0,
-                                                              stop_token_ids=[stop_at]))])[0]
-    assert r.token_ids == free.token_ids[:first + 1] and r.finish_reason == FinishReason.STOP
-    (r2,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0,
-                                                               stop_token_ids=[stop_at], ignore_eos=True))])[0]
+    (r,) = engine.generate(
+        [GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=[stop_at]))]
+    )[0]
+    assert r.token_ids == free.token_ids[: first + 1] and r.finish_reason == FinishReason.STOP
+    (r2,) = engine.generate(
+        [
+            GenerateRequest(
+                p, SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=[stop_at], ignore_eos=True)
+            )
+        ]
+    )[0]
     assert r2.token_ids == free.token_ids
 
 
@@ -102,7 +112,7 @@ def test_stop_string(engine, tok):
     stop = text[-3:] if len(text.strip()) >= 3 else text
     (r,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=0.0, stop=[stop]))])[0]
     assert stop in tok.decode(r.token_ids) and stop not in tok.decode(r.token_ids[:-1])
-    assert r.finish_reason == FinishReason.STOP and r.token_ids == free.token_ids[:len(r.token_ids)]
+    assert r.finish_reason == FinishReason.STOP and r.token_ids == free.token_ids[: len(r.token_ids)]
 
 
 def test_abort(engine, tok):
@@ -139,10 +149,10 @@ def test_prefix_sharing_samples_differ_but_share_prompt(engine, tok):
 def test_seeded_sampling_is_reproducible(tiny_model_path, tok):
     outs = []
     for _ in range(2):
-        eng = EmbeddedEngine(build_model(tiny_model_path, torch.float32),
-                             EngineConfig(max_num_seqs=8), max_model_len=64, seed=7)
-        outs.append(eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=8), n=2)
-                                  for p in prompts(tok, 3)]))
+        eng = EmbeddedEngine(
+            build_model(tiny_model_path, torch.float32), EngineConfig(max_num_seqs=8), max_model_len=64, seed=7
+        )
+        outs.append(eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=8), n=2) for p in prompts(tok, 3)]))
     assert [[r.token_ids for r in g] for g in outs[0]] == [[r.token_ids for r in g] for g in outs[1]]
 
 
@@ -150,8 +160,7 @@ def test_top_k_one_is_greedy(engine, tok):
     p = prompts(tok, 1, seed=8)[0]
     (g,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0))])[0]
     (k,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0, top_k=1))])[0]
-    (tp,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0,
-                                                               top_p=1e-6))])[0]
+    (tp,) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0, top_p=1e-6))])[0]
     assert g.token_ids == k.token_ids == tp.token_ids
 
 
@@ -248,8 +257,9 @@ def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok, mo
     trainer = build_model(tiny_model_path, torch.float32, "cuda")
     ps = prompts(tok, 6, seed=1)
     for blocks in (0, 30):  # ample pool; a pool that forces preemption
-        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, sync_interval=3,
-                                                 num_kv_blocks=blocks), max_model_len=96)
+        eng = EmbeddedEngine(
+            model, EngineConfig(max_num_seqs=12, sync_interval=3, num_kv_blocks=blocks), max_model_len=96
+        )
         assert eng.runner.Decode.__name__ == "KernelDecode" and eng.scheduler.layout.block_size == 16
         diffs = []
         sp = SamplingParams(max_new_tokens=60, temperature=0.7, ignore_eos=True)
@@ -257,8 +267,8 @@ def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok, mo
             for r in group:
                 ids = torch.tensor([p + r.token_ids], device="cuda")
                 with torch.no_grad():
-                    logits = trainer(ids)[0, len(p) - 1:-1].float() / 0.7
-                ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(p):, None])[:, 0].cpu()
+                    logits = trainer(ids)[0, len(p) - 1 : -1].float() / 0.7
+                ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(p) :, None])[:, 0].cpu()
                 diffs.append((ref - torch.tensor(r.log_probs)).abs())
         assert torch.cat(diffs).mean().item() < 1e-5
         assert (eng.num_preemptions > 0) == (blocks > 0)
@@ -274,13 +284,17 @@ def test_preemption_under_a_small_block_pool_keeps_greedy_outputs(tiny_model_pat
     their tokens so far; greedy outputs and log-probs equal those of an ample pool."""
     model = build_model(tiny_model_path, torch.float32)
     ps = prompts(tok, 4, seed=9)
-    reqs = lambda: [GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0), n=2)  # noqa: E731
-                    for p in ps]
+    reqs = lambda: [
+        GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0), n=2)  # noqa: E731
+        for p in ps
+    ]
     ample = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=4, kv_block_size=4), max_model_len=64)
-    small = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=4, kv_block_size=4,
-                                               num_kv_blocks=40), max_model_len=64)
-    overlapped = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, sync_interval=4,
-                                                    kv_block_size=4, num_kv_blocks=40), max_model_len=64)
+    small = EmbeddedEngine(
+        model, EngineConfig(max_num_seqs=8, sync_interval=4, kv_block_size=4, num_kv_blocks=40), max_model_len=64
+    )
+    overlapped = EmbeddedEngine(
+        model, EngineConfig(max_num_seqs=8, sync_interval=4, kv_block_size=4, num_kv_blocks=40), max_model_len=64
+    )
     overlapped._overlap = True
     want, got, got_overlapped = ample.generate(reqs()), small.generate(reqs()), overlapped.generate(reqs())
     assert ample.num_preemptions == 0 and small.num_preemptions > 0 and overlapped.num_preemptions > 0
@@ -331,8 +345,18 @@ def test_chunked_prefill_matches_one_pass(tiny_model_path, tok, block):
         assert max(abs(a - b) for a, b in zip(one.log_probs, chunked.log_probs)) < 1e-5
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="CUDA: pinned copies, side-stream reads, graphs"))])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="CUDA: pinned copies, side-stream reads, graphs"
+            ),
+        ),
+    ],
+)
 def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, tok, device):
     """More sequences than slots, some ending early on a stop token or a stop string, one request
     aborted mid-way: with the overlap scheduler a finished sequence is read back one run of decode
@@ -344,9 +368,12 @@ def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, to
 
     def engine(overlap):
         block = 4 if device == "cpu" else 0
-        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=4, sync_interval=3,
-                                                 kv_block_size=block, overlap_schedule=overlap),
-                             max_model_len=64, tokenizer=tok)
+        eng = EmbeddedEngine(
+            model,
+            EngineConfig(max_num_seqs=4, sync_interval=3, kv_block_size=block, overlap_schedule=overlap),
+            max_model_len=64,
+            tokenizer=tok,
+        )
         eng._overlap = overlap
         return eng
 
@@ -357,9 +384,21 @@ def test_overlap_schedule_keeps_outputs_when_slots_turn_over(tiny_model_path, to
     stop_string = text[-2:] if len(text.strip()) >= 2 else text
 
     def run(eng):
-        groups = [eng.add_request(GenerateRequest(p, SamplingParams(
-            max_new_tokens=24, temperature=0.0, stop_token_ids=stops if i != 1 else [],
-            stop=[stop_string] if i == 1 else []), request_id=i)) for i, p in enumerate(ps)]
+        groups = [
+            eng.add_request(
+                GenerateRequest(
+                    p,
+                    SamplingParams(
+                        max_new_tokens=24,
+                        temperature=0.0,
+                        stop_token_ids=stops if i != 1 else [],
+                        stop=[stop_string] if i == 1 else [],
+                    ),
+                    request_id=i,
+                )
+            )
+            for i, p in enumerate(ps)
+        ]
         eng.step()
         eng.step()
         eng.abort(9)  # still waiting: ends with no tokens

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
-from reinforge.algo.advantages import AdvantageInputs, grpo_advantages, rloo_advantages
+from reinforge.algo.advantages import grpo_advantages, rloo_advantages
 from reinforge.config import load_config
 from reinforge.envs import Environment, load_environment
 from reinforge.loop import run_training
 from reinforge.records import Status
 from reinforge.train.rollout_advantages import compute_advantages
-from tests.test_integration import read_metrics, tiny_overrides
 from tests.test_agent import ScriptedEngine, agent_ctx, check_token_in_token_out, run_agent, tok  # noqa: F401
+from tests.test_integration import read_metrics, tiny_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -27,8 +27,10 @@ def test_a_stateful_environment_with_initial_messages_and_turn_rewards(tok):
     prompt = tok.decode(engine.calls[0][0])
     assert "Count down from 3." in prompt and "REPLACED" not in prompt
     check_token_in_token_out(s, engine.calls)
-    assert [tok.decode(engine.calls[k][0]).split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
-            for k in (1, 2)] == ["2", "1"]  # the observations, in the template's user turns
+    assert [tok.decode(engine.calls[k][0]).split("<|im_start|>user\n")[-1].split("<|im_end|>")[0] for k in (1, 2)] == [
+        "2",
+        "1",
+    ]  # the observations, in the template's user turns
     # two "next" turns (0.25 each) + "stop" at 1 (label None: 0) + the final 0.5
     assert s.metadata["turn_rewards"] == [0.25, 0.25, 0.0] and s.reward == pytest.approx(1.0)
     assert s.status == Status.COMPLETED and s.metadata["rollout_stats"]["env/left"] == 1.0
@@ -46,13 +48,24 @@ def test_environment_names_and_paths():
         load_config(None, ["agent.environment=nope"])
 
 
-@pytest.mark.parametrize("how, message", [("raise", "KeyError: 'boom'"), ("hang", "agent.env_timeout=0.5"),
-                                          ("malformed", "messages must be a list"),
-                                          ("not_a_step", "not a reinforge.envs.Step")])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("raise", "KeyError: 'boom'"),
+        ("hang", "agent.env_timeout=0.5"),
+        ("malformed", "messages must be a list"),
+        ("not_a_step", "not a reinforge.envs.Step"),
+    ],
+)
 def test_an_environment_failure_is_an_infrastructure_failure(tok, how, message):
     engine = ScriptedEngine(tok, lambda p, t: "hello")
-    ctx = agent_ctx(tok, engine, "agent.environment=tests.agent_envs:Broken", f"agent.environment_kwargs={{how: {how}}}",
-                    "agent.env_timeout=0.5")
+    ctx = agent_ctx(
+        tok,
+        engine,
+        "agent.environment=tests.agent_envs:Broken",
+        f"agent.environment_kwargs={{how: {how}}}",
+        "agent.env_timeout=0.5",
+    )
     samples = run_agent(ctx, "a", "b")
     for s in samples:
         assert s.status == Status.FAILED and message in s.metadata["infra_failure"], s.metadata
@@ -64,12 +77,18 @@ def test_a_huge_observation_is_cut_without_tokenising_it_whole(tok):
     import time
 
     engine = ScriptedEngine(tok, lambda p, t: "hello")
-    ctx = agent_ctx(tok, engine, "agent.environment=tests.agent_envs:Broken", "agent.environment_kwargs={how: huge}",
-                    "agent.max_turns=2", "agent.tool_output_max_tokens=16")
+    ctx = agent_ctx(
+        tok,
+        engine,
+        "agent.environment=tests.agent_envs:Broken",
+        "agent.environment_kwargs={how: huge}",
+        "agent.max_turns=2",
+        "agent.tool_output_max_tokens=16",
+    )
     t = time.perf_counter()
     (s,) = run_agent(ctx, "a")
     assert time.perf_counter() - t < 5 and s.status != Status.FAILED
-    delta = tok.decode(engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]):])
+    delta = tok.decode(engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][1]) :])
     assert "[output truncated]" in delta and delta.count("x") < 200
 
 
@@ -91,8 +110,9 @@ def test_compute_advantages_ignores_failed_samples(estimator):
     from reinforge.records import Sample
 
     def sample(reward, status=Status.COMPLETED, n=3):
-        return Sample("p", [1] * (2 + n), n, reward=reward, loss_mask=[1] * n, rollout_log_probs=[0.0] * n,
-                      status=status)
+        return Sample(
+            "p", [1] * (2 + n), n, reward=reward, loss_mask=[1] * n, rollout_log_probs=[0.0] * n, status=status
+        )
 
     cfg = load_config(None, [f"algo.advantage_estimator={estimator}"]).algo
     with_failed = [[sample(1.0), sample(0.0), sample(0.0, Status.FAILED), sample(1.0)]]
@@ -107,11 +127,26 @@ def test_compute_advantages_ignores_failed_samples(estimator):
 def test_training_goes_on_when_some_episodes_fail(tmp_path, tiny_model_path):
     """A run whose environment fails on some episodes trains on the others and counts the failures."""
     out = tmp_path / "run"
-    result = run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
-        "agent.environment": "tests.agent_envs:Broken", "agent.environment_kwargs": "{how: raise, which: [0]}",
-        "rollout.rollout_max_response_len": 16, "run.save_final": "false", "run.dump_rollouts": "true",
-        "data.prompt_data": str(_indexed_prompts(tmp_path)), "data.task_kwargs": "{}", "data.num_prompts": 16})))
+    result = run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
+                    "agent.environment": "tests.agent_envs:Broken",
+                    "agent.environment_kwargs": "{how: raise, which: [0]}",
+                    "rollout.rollout_max_response_len": 16,
+                    "run.save_final": "false",
+                    "run.dump_rollouts": "true",
+                    "data.prompt_data": str(_indexed_prompts(tmp_path)),
+                    "data.task_kwargs": "{}",
+                    "data.num_prompts": 16,
+                },
+            ),
+        )
+    )
     assert result.last_rollout_id == 1
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert rows and all(m["rollout/infra_failed_samples"] > 0 and m["agent/infra_failures"] > 0 for m in rows)
@@ -122,8 +157,11 @@ def test_training_goes_on_when_some_episodes_fail(tmp_path, tiny_model_path):
 
 def _indexed_prompts(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"Say {i}.", "label": str(i), "metadata": {"i": i % 2}}) + "\n"
-                            for i in range(16)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"Say {i}.", "label": str(i), "metadata": {"i": i % 2}}) + "\n" for i in range(16)
+        )
+    )
     return path
 
 

@@ -17,11 +17,23 @@ ALGOS = ["arith_grpo", "arith_dr_grpo", "arith_rloo", "arith_reinforce_pp", "ari
 @pytest.mark.parametrize("name", ALGOS)
 def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
     out = tmp_path / "run"
-    overrides = tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "rollout.rollout_top_k": 8, "engine.max_num_seqs": 64, "data.n_eval_prompts": 0,
-        "eval.n_samples_per_eval_prompt": 2, "eval.pass_k": "[1]", "run.save_final": "true",
-        "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 12, "train.num_rollout": 2})
+    overrides = tiny_overrides(
+        tiny_model_path,
+        out,
+        **{
+            "reward.type": "custom",
+            "reward.function_path": "tests.reward_fns:even_first_token",
+            "rollout.rollout_top_k": 8,
+            "engine.max_num_seqs": 64,
+            "data.n_eval_prompts": 0,
+            "eval.n_samples_per_eval_prompt": 2,
+            "eval.pass_k": "[1]",
+            "run.save_final": "true",
+            "rollout.n_samples_per_prompt": 4,
+            "rollout.rollout_max_response_len": 12,
+            "train.num_rollout": 2,
+        },
+    )
     if name == "arith_ppo":
         overrides.append("critic.num_warmup_rollouts=1")
     if name == "arith_dapo":
@@ -48,17 +60,23 @@ def test_example_runs_two_rollouts(tmp_path, tiny_model_path, name):
 def test_ppo_resume_restores_critic(tmp_path, tiny_model_path):
     from reinforge.loop import RLLoop
 
-    common = tiny_overrides(tiny_model_path, tmp_path / "a", **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "data.n_eval_prompts": 0, "run.keep_last_n_checkpoints": "null"})
+    common = tiny_overrides(
+        tiny_model_path,
+        tmp_path / "a",
+        **{
+            "reward.type": "custom",
+            "reward.function_path": "tests.reward_fns:even_first_token",
+            "data.n_eval_prompts": 0,
+            "run.keep_last_n_checkpoints": "null",
+        },
+    )
     first = RLLoop(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=1"]))
     first.train()
     head = first.cluster.worker.critic.model.value_head.weight.detach().clone()
     opt_steps = first.cluster.worker.critic.scheduler.last_epoch
     first.close()
     assert head.abs().sum() > 0  # the critic was trained
-    t = RLLoop(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=2",
-                                                                   f"run.load={tmp_path / 'a'}"]))
+    t = RLLoop(load_config(EXAMPLES / "arith_ppo.yaml", common + ["train.num_rollout=2", f"run.load={tmp_path / 'a'}"]))
     critic = t.cluster.worker.critic
     assert torch.equal(critic.model.value_head.weight.detach(), head)
     assert critic.scheduler.last_epoch == opt_steps and len(critic.optimizer.state) > 0
@@ -71,11 +89,22 @@ def test_agent_example_runs_from_the_cli(tmp_path, tiny_model_path):
     from reinforge.cli import main
 
     out = tmp_path / "run"
-    overrides = tiny_overrides(tiny_model_path, out, **{
-        "data.n_eval_prompts": 2, "eval.n_samples_per_eval_prompt": 0, "eval.pass_k": "[]",
-        "rollout.n_samples_per_prompt": 4, "rollout.rollout_max_response_len": 48, "agent.max_turn_tokens": 16,
-        "engine.max_num_seqs": 16, "train.num_rollout": 2, "run.save_final": "false",
-        "train.max_tokens_per_gpu": 512})  # the agent's system prompt and tool schema: 312 tokens
+    overrides = tiny_overrides(
+        tiny_model_path,
+        out,
+        **{
+            "data.n_eval_prompts": 2,
+            "eval.n_samples_per_eval_prompt": 0,
+            "eval.pass_k": "[]",
+            "rollout.n_samples_per_prompt": 4,
+            "rollout.rollout_max_response_len": 48,
+            "agent.max_turn_tokens": 16,
+            "engine.max_num_seqs": 16,
+            "train.num_rollout": 2,
+            "run.save_final": "false",
+            "train.max_tokens_per_gpu": 512,
+        },
+    )  # the agent's system prompt and tool schema: 312 tokens
     assert main(["train", "-c", str(EXAMPLES / "agent_calculator.yaml"), *overrides]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "rollout/reward_mean" in r]

@@ -8,8 +8,14 @@ import torch
 
 from reinforge.train.mesh import Layout
 from tests.ranks import spawn_ranks
-from tests.test_distributed import (assert_resumes_on_one_process, assert_same, make_cfg, make_data, run_ranks,
-                                    run_single)
+from tests.test_distributed import (
+    assert_resumes_on_one_process,
+    assert_same,
+    make_cfg,
+    make_data,
+    run_ranks,
+    run_single,
+)
 from tests.test_moe import make_tiny_moe
 
 
@@ -59,8 +65,10 @@ def _block_worker(rank, world, port, full_state, xs, replays, queue):
     routing = Routing(replay={0: replays[rank]}, aux_loss=True)
     y = block(x[None], routing)[0]
     (y * torch.arange(1.0, 17.0)).sum().backward()
-    grads = {"gate_up": block.experts.gate_up_proj.grad.full_tensor() * world,  # (the 1 / ep scale, undone)
-             "down": block.experts.down_proj.grad.full_tensor() * world}
+    grads = {
+        "gate_up": block.experts.gate_up_proj.grad.full_tensor() * world,  # (the 1 / ep scale, undone)
+        "down": block.experts.down_proj.grad.full_tensor() * world,
+    }
     router = block.gate.weight.grad.clone()
     dist.all_reduce(router)
     counts = routing.stats[0][0].clone()
@@ -68,8 +76,14 @@ def _block_worker(rank, world, port, full_state, xs, replays, queue):
     ys = [None] * world
     dist.all_gather_object(ys, (y.detach(), x.grad))
     if rank == 0:  # numpy: no shared-memory handles that die with this process
-        queue.put(([(a.numpy(), b.numpy()) for a, b in ys], {k: v.numpy() for k, v in grads.items()}, router.numpy(),
-                   counts.numpy()))
+        queue.put(
+            (
+                [(a.numpy(), b.numpy()) for a, b in ys],
+                {k: v.numpy() for k, v in grads.items()},
+                router.numpy(),
+                counts.numpy(),
+            )
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -135,19 +149,24 @@ def test_ep2_dummy_micro_batch_with_aux_loss(qwen3_moe_path):
 def test_fsdp_times_ep_on_four_ranks(qwen3_moe_path):
     """4 data ranks, experts over 2: each pair of ranks holding the same experts shards them with FSDP."""
     data = make_data(6, seed=8)
-    assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
-                run_ranks(4, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data))
+    assert_same(
+        run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
+        run_ranks(4, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data),
+    )
     # one sample: three ranks run dummy micro-batches through the dispatch and the experts' FSDP unit
     data = make_data(1, seed=2)
-    assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
-                run_ranks(4, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data))
+    assert_same(
+        run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
+        run_ranks(4, ep_cfg(qwen3_moe_path, 2), qwen3_moe_path, data),
+    )
 
 
 def test_ep_checkpoint_and_hf_export_load_on_one_process(tmp_path, qwen2_moe_path):
     """The DCP checkpoint of an EP=2 run (expert DTensor shards) resumes on one process, a second
     step equals an uninterrupted run's; the Hugging Face folder (hub per-expert layout) holds the same weights."""
-    weights = assert_resumes_on_one_process(qwen2_moe_path, ep_cfg(qwen2_moe_path, 2), make_data(6, seed=10),
-                                            tmp_path / "ckpt")
+    weights = assert_resumes_on_one_process(
+        qwen2_moe_path, ep_cfg(qwen2_moe_path, 2), make_data(6, seed=10), tmp_path / "ckpt"
+    )
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in weights)
 
 
@@ -156,16 +175,33 @@ def test_config_and_preflight_name_keys(qwen3_moe_path, tiny_model_path):
     from reinforge.preflight import PreflightError, check_rl
 
     ray = ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=4"]
-    with pytest.raises(ConfigError, match=r"train.expert_model_parallel_size=3 does not divide the 4 data-parallel "
-                                          r"rank.*of the 4 trainer rank.*actor_num_gpus_per_node=4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.expert_model_parallel_size=3 does not divide the 4 data-parallel "
+        r"rank.*of the 4 trainer rank.*actor_num_gpus_per_node=4",
+    ):
         load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=3"])
     with pytest.raises(ConfigError, match=r"expert_model_parallel_size=2 with train.tensor_model_parallel_size=2"):
-        load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=2",
-                                 "train.tensor_model_parallel_size=2"])
+        load_config(
+            None,
+            ray
+            + [
+                f"model.path={qwen3_moe_path}",
+                "train.expert_model_parallel_size=2",
+                "train.tensor_model_parallel_size=2",
+            ],
+        )
     cfg = load_config(None, ray + [f"model.path={qwen3_moe_path}", "train.expert_model_parallel_size=4"])
     check_rl(cfg, qwen3_moe_path, 10, memory=1e15)  # 8 experts over 4 ranks: fine
-    cfg = load_config(None, ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=3", f"model.path={qwen3_moe_path}",
-                             "train.expert_model_parallel_size=3"])
+    cfg = load_config(
+        None,
+        [
+            "cluster.mode=ray",
+            "cluster.actor_num_gpus_per_node=3",
+            f"model.path={qwen3_moe_path}",
+            "train.expert_model_parallel_size=3",
+        ],
+    )
     with pytest.raises(PreflightError, match=r"expert_model_parallel_size=3 must divide the model's num_experts=8"):
         check_rl(cfg, qwen3_moe_path, 10, memory=1e15)
     cfg = load_config(None, ray + [f"model.path={tiny_model_path}", "train.expert_model_parallel_size=2"])
@@ -183,5 +219,4 @@ def test_moe_model_with_tensor_or_context_parallelism(qwen3_moe_path, tp, cp):
     the loss, gradient norm and updated weights of one process."""
     data = make_data(4, seed=11)
     cfg = make_cfg(qwen3_moe_path, **{"train.tensor_model_parallel_size": tp, "train.context_parallel_size": cp})
-    assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2],
-                run_ranks(2, cfg, qwen3_moe_path, data))
+    assert_same(run_single(make_cfg(qwen3_moe_path), qwen3_moe_path, data)[:2], run_ranks(2, cfg, qwen3_moe_path, data))

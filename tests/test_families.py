@@ -9,18 +9,36 @@ import pytest
 import torch
 from torch import nn
 
-from reinforge.models.families import (FAMILIES, describe, family_of, is_moe_type, is_native_type, moe_models,
-                                       native_models)
+from reinforge.models.families import (
+    FAMILIES,
+    describe,
+    family_of,
+    is_moe_type,
+    is_native_type,
+    moe_models,
+    native_models,
+)
 from reinforge.models.families.base import Family
 from reinforge.models.families.llama import Llama
 from reinforge.models.transformer import CausalLM, apply_rope
 
-TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-MOE = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
-       "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                         shared_expert_intermediate_size=24),
-       "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1)}
+TINY = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+)
+MOE = {
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+    "qwen2_moe": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24
+    ),
+    "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1),
+}
 
 
 def tiny_config(model_type):
@@ -59,7 +77,8 @@ def test_unknown_family_lists_the_registered_ones(tmp_path, caplog):
     with pytest.raises(NotImplementedError, match=r"'gpt2' is not a registered model family \(registered: llama, "):
         family_of({"model_type": "gpt2"})
     GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64)).save_pretrained(
-        tmp_path / "gpt2")
+        tmp_path / "gpt2"
+    )
     with caplog.at_level(logging.WARNING, logger="reinforge.models.loading"):
         model = build_model(tmp_path / "gpt2", torch.float32)
     assert not isinstance(model, CausalLM)
@@ -92,8 +111,12 @@ def test_family_defaults():
     f = Family()
     with pytest.raises(NotImplementedError, match="model_args"):
         f.model_args(None)
-    assert f.tp_plan(sparse=True) == {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
-                                      "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise"}
+    assert f.tp_plan(sparse=True) == {
+        "self_attn.q_proj": "colwise",
+        "self_attn.k_proj": "colwise",
+        "self_attn.v_proj": "colwise",
+        "self_attn.o_proj": "rowwise",
+    }
     assert "mlp.down_proj" in f.tp_plan(sparse=False)
 
 

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- checkpoints
 
+
 def fake_write(tmp: Path, layers: int = 2, payload: int = 4096) -> None:
     """The trainers' part of a checkpoint, in miniature (the files resume checks)."""
     (tmp / "model").mkdir()
@@ -41,8 +42,7 @@ def fake_write(tmp: Path, layers: int = 2, payload: int = 4096) -> None:
 
 
 def save(root: Path, i: int, **kw) -> Path:
-    state = {"rollout_id": i, "weight_version": i + 1, "data": {"epoch": 0, "offset": 2 * i, "size": 8},
-             "config": {}}
+    state = {"rollout_id": i, "weight_version": i + 1, "data": {"epoch": 0, "offset": 2 * i, "size": 8}, "config": {}}
     return ckpt.save_checkpoint(root, i, lambda t: fake_write(t, **kw), state)
 
 
@@ -109,8 +109,13 @@ def test_checkpoint_of_a_differently_shaped_model_is_refused(tmp_path):
     assert ckpt.load_candidates(c, model_path=model) == [c]
 
 
-@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
-                                   RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+    ],
+)
 def test_full_disk_during_a_save_names_what_was_lost_and_what_remains(tmp_path, monkeypatch, error):
     root = tmp_path / "checkpoints"
     first = save(root, 0)
@@ -171,6 +176,7 @@ def test_full_disk_for_real_with_torch_and_dcp_writers(small_disk):
 
 # ----------------------------------------------------------------------------- metrics on resume
 
+
 def test_metrics_rows_of_redone_steps_are_dropped(tmp_path):
     from reinforge.utils.logging import MetricsLogger, truncate_metrics
 
@@ -223,6 +229,7 @@ def test_wandb_continues_the_same_run_rewound_to_the_resume_step(tmp_path, monke
 
 
 # ----------------------------------------------------------------------------- signals, lock, supervisor
+
 
 def test_sigint_is_handled_like_sigterm_and_a_second_one_interrupts():
     from reinforge.recover import Preempted, RecoverTimer
@@ -309,9 +316,17 @@ def test_watch_parent_signals_when_the_parent_pid_changes(monkeypatch):
 
 # ----------------------------------------------------------------------------- rewards
 
+
 def sample(i: int = 0, **metadata) -> Sample:
-    return Sample(prompt="p", tokens=[1, 2, 3], response_length=1, response="<answer>4</answer>", label="4",
-                  metadata=metadata, index=i)
+    return Sample(
+        prompt="p",
+        tokens=[1, 2, 3],
+        response_length=1,
+        response="<answer>4</answer>",
+        label="4",
+        metadata=metadata,
+        index=i,
+    )
 
 
 def manager(fn: str, **kw):
@@ -320,10 +335,15 @@ def manager(fn: str, **kw):
     return RewardManager(RewardConfig(type="custom", function_path=f"tests.reward_fns:{fn}", **kw))
 
 
-@pytest.mark.parametrize("fn,says", [("exits", "ended its worker process (exit code 1"),
-                                     ("sys_exits", "raised SystemExit(3)"),
-                                     ("exits_via_imported_name", "ended its worker process (exit code 7"),
-                                     ("exits_from_a_thread", "ended its worker process (exit code 5")])
+@pytest.mark.parametrize(
+    "fn,says",
+    [
+        ("exits", "ended its worker process (exit code 1"),
+        ("sys_exits", "raised SystemExit(3)"),
+        ("exits_via_imported_name", "ended its worker process (exit code 7"),
+        ("exits_from_a_thread", "ended its worker process (exit code 5"),
+    ],
+)
 def test_a_reward_that_exits_the_process_is_an_error_with_its_name(fn, says, caplog):
     """Issue 38: `from os import _exit` at import and os._exit from a thread bypassed the in-process
     guard and ended the trainer; a worker process takes the exit instead, and is replaced."""
@@ -405,8 +425,11 @@ def test_a_reward_failing_on_every_sample_stops_the_run():
     m = manager("always_raises")
     for _ in range(m.ALL_FAILED_LIMIT - 1):
         assert m.score([sample(0), sample(1)])["reward/errors"] == 2
-    with pytest.raises(RewardFunctionFailing, match=r"tests.reward_fns:always_raises\) failed on every sample of 3 "
-                                                    r"consecutive batches .*reward bug on every sample"):
+    with pytest.raises(
+        RewardFunctionFailing,
+        match=r"tests.reward_fns:always_raises\) failed on every sample of 3 "
+        r"consecutive batches .*reward bug on every sample",
+    ):
         m.score([sample(0), sample(1)])
     from reinforge.reward import RewardManager
 
@@ -436,8 +459,17 @@ def test_a_label_of_the_wrong_type_is_counted_as_an_error():
 
 # ----------------------------------------------------------------------------- config and data files
 
-@pytest.mark.parametrize("override", ["rollout.rollout_temperature=.nan", "train.lr=.inf", "train.lr=-.inf",
-                                      "rollout.rollout_temperature=nan", "train.lr=inf"])
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "rollout.rollout_temperature=.nan",
+        "train.lr=.inf",
+        "train.lr=-.inf",
+        "rollout.rollout_temperature=nan",
+        "train.lr=inf",
+    ],
+)
 def test_non_finite_numbers_are_refused(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -464,6 +496,7 @@ def test_non_utf8_jsonl_names_file_and_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the "next:" line
+
 
 def test_every_command_of_the_next_line_parses(tmp_path):
     from reinforge.cli import _convert, _eval, _train, build_parser

@@ -71,16 +71,18 @@ def _trainer_diff(trainer, prompts, results, device="cpu"):
     for p, r in zip(prompts, results):
         ids = torch.tensor([p + r.token_ids], device=device)
         with torch.no_grad():
-            ref = torch.log_softmax(trainer(ids)[0, len(p) - 1:-1].float(), -1)
-        ref = ref.gather(-1, ids[0, len(p):, None])[:, 0].cpu()
+            ref = torch.log_softmax(trainer(ids)[0, len(p) - 1 : -1].float(), -1)
+        ref = ref.gather(-1, ids[0, len(p) :, None])[:, 0].cpu()
         diffs.append((ref - torch.tensor(r.log_probs)).abs())
     return torch.cat(diffs).mean().item()
 
 
 def _prompts(n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, 40000, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(10, 40000, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def test_fp8_engine_layouts_agree_and_stay_near_the_trainer(tiny_model_path, smollm2_path):
@@ -93,11 +95,12 @@ def test_fp8_engine_layouts_agree_and_stay_near_the_trainer(tiny_model_path, smo
     model = build_model(tiny_model_path, torch.float32)
     ps = _prompts(5)
     out = {}
-    for name, cfg in {"fp32": EngineConfig(max_num_seqs=8),
-                      "slot": EngineConfig(max_num_seqs=8, kv_cache_dtype="fp8"),
-                      "paged": EngineConfig(max_num_seqs=8, kv_block_size=4, kv_cache_dtype="fp8"),
-                      "preempted": EngineConfig(max_num_seqs=8, kv_block_size=4, num_kv_blocks=20,
-                                                kv_cache_dtype="fp8")}.items():
+    for name, cfg in {
+        "fp32": EngineConfig(max_num_seqs=8),
+        "slot": EngineConfig(max_num_seqs=8, kv_cache_dtype="fp8"),
+        "paged": EngineConfig(max_num_seqs=8, kv_block_size=4, kv_cache_dtype="fp8"),
+        "preempted": EngineConfig(max_num_seqs=8, kv_block_size=4, num_kv_blocks=20, kv_cache_dtype="fp8"),
+    }.items():
         eng = EmbeddedEngine(model, cfg, max_model_len=48, tokenizer=tok)
         if name != "fp32":
             assert eng.runner.k_cache.dtype == E4M3
@@ -116,20 +119,24 @@ def test_fp8_engine_layouts_agree_and_stay_near_the_trainer(tiny_model_path, smo
     assert 1e-5 < e4m3_diff < e5m2_diff < 0.5, (e4m3_diff, e5m2_diff)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="the Triton kernel over an e4m3 cache (CUDA, compute capability 8.9+)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="the Triton kernel over an e4m3 cache (CUDA, compute capability 8.9+)",
+)
 def test_cuda_kernel_engine_over_fp8_equals_the_one_block_layout(tiny_model_path):
     """The GPU's default path (16-token blocks, Triton split-K kernel, CUDA graphs) over an fp8
     cache gives the greedy tokens and fp32 log-probs of the one-block layout (torch attention over
     the same rounded keys), under preemption too; and stays near the trainer."""
     model = build_model(tiny_model_path, torch.float32, "cuda")
     ps = _prompts(6, seed=1)
-    one = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, kv_block_size=96, kv_cache_dtype="fp8"),
-                         max_model_len=96)
+    one = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, kv_block_size=96, kv_cache_dtype="fp8"), max_model_len=96)
     want = _greedy(one, ps, 60)
     for blocks in (0, 16):  # ample pool; a pool that forces preemption
-        eng = EmbeddedEngine(model, EngineConfig(max_num_seqs=12, sync_interval=3, num_kv_blocks=blocks,
-                                                 kv_cache_dtype="fp8"), max_model_len=96)
+        eng = EmbeddedEngine(
+            model,
+            EngineConfig(max_num_seqs=12, sync_interval=3, num_kv_blocks=blocks, kv_cache_dtype="fp8"),
+            max_model_len=96,
+        )
         assert eng.runner.Decode.__name__ == "KernelDecode" and eng.runner.k_cache.dtype == E4M3
         got = _greedy(eng, ps, 60)
         assert (eng.num_preemptions > 0) == (blocks > 0)

@@ -47,12 +47,21 @@ def test_fused_backward_matches_eager(dtype, tol):
     x = torch.randn(3, 77, 576, device="cuda").to(dtype)  # 231 rows: several rows per backward program
     w = torch.randn(576, device="cuda")
     eager = RMSNorm(576, 1e-6).to("cuda")
-    pairs = [(lambda x, w: torch.func.functional_call(eager, {"weight": w}, (x,)),
-              lambda x, w: fused.rms_norm(x, w, 1e-6), (x, w))]
+    pairs = [
+        (
+            lambda x, w: torch.func.functional_call(eager, {"weight": w}, (x,)),
+            lambda x, w: fused.rms_norm(x, w, 1e-6),
+            (x, w),
+        )
+    ]
     cos, sin = torch.randn(2, 3, 77, 32, device="cuda").repeat(1, 1, 1, 2).to(dtype)  # RoPE tables: equal halves
-    pairs.append((lambda q, k: torch.cat([apply_rope(q, cos, sin), apply_rope(k, cos, sin)], 2),
-                  lambda q, k: torch.cat(fused.rope_qk(q * 1, k * 1, cos, sin), 2),  # (written in place)
-                  (torch.randn(3, 77, 9, 64, device="cuda").to(dtype), torch.randn(3, 77, 3, 64, device="cuda").to(dtype))))
+    pairs.append(
+        (
+            lambda q, k: torch.cat([apply_rope(q, cos, sin), apply_rope(k, cos, sin)], 2),
+            lambda q, k: torch.cat(fused.rope_qk(q * 1, k * 1, cos, sin), 2),  # (written in place)
+            (torch.randn(3, 77, 9, 64, device="cuda").to(dtype), torch.randn(3, 77, 3, 64, device="cuda").to(dtype)),
+        )
+    )
     g, u = torch.randn(2, 3, 77, 1536, device="cuda").to(dtype)
     pairs.append((lambda g, u: torch.nn.functional.silu(g) * u, fused.silu_mul, (g, u)))
     for ref_fn, fused_fn, inputs in pairs:
@@ -67,9 +76,17 @@ def tiny_cuda_model(model_type: str, num_layers: int = 2):
 
     from reinforge.models.transformer import CausalLM
 
-    cfg = AutoConfig.for_model(model_type, vocab_size=256, hidden_size=128, intermediate_size=320,
-                               num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                               head_dim=32, max_position_embeddings=64)
+    cfg = AutoConfig.for_model(
+        model_type,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=320,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = CausalLM(cfg).cuda()
     model.init_weights()
@@ -96,8 +113,10 @@ def test_fused_model_trains_like_eager():
         assert model.model.norm(torch.randn(2, 128, device="cuda")).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("x_dtype,res_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                               (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "x_dtype,res_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+)
 def test_fused_add_rms_norm_matches_eager_add_then_norm(x_dtype, res_dtype):
     """residual += x, then the norm of it: the same arithmetic as eager ``residual + x`` followed by
     the (fused) norm, bit for bit; the last case is a bf16 sublayer output under autocast added to

@@ -18,15 +18,34 @@ from reinforge.models.families.glm4_moe import Glm4MoeBlock
 from reinforge.models.loading import build_model, save_hf_folder
 from reinforge.models.moe import Routing
 from reinforge.models.transformer import CausalLM, Variant
-
 from tests.conftest import TOKENIZER_FILES
 
 E, K = 8, 2
-GLM = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-           num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=False,
-           n_routed_experts=E, num_experts_per_tok=K, moe_intermediate_size=32, n_shared_experts=1, n_group=4,
-           topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
-           attention_bias=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+GLM = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+    n_routed_experts=E,
+    num_experts_per_tok=K,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    use_qk_norm=True,
+    attention_bias=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 
 
 def make_tiny_glm(out, tokenizer_src, seed=0, **overrides):
@@ -157,23 +176,28 @@ def test_embedded_engine_matches_the_trainer_and_records_routes(glm_path):
     from reinforge.engine import EmbeddedEngine
     from reinforge.records import GenerateRequest, SamplingParams
 
-    engine = EmbeddedEngine(build_model(glm_path, torch.float32), EngineConfig(max_num_seqs=4, kv_block_size=4),
-                            max_model_len=64, record_routes=True)
+    engine = EmbeddedEngine(
+        build_model(glm_path, torch.float32),
+        EngineConfig(max_num_seqs=4, kv_block_size=4),
+        max_model_len=64,
+        record_routes=True,
+    )
     trainer = build_model(glm_path, torch.float32).eval()
     prompts = [ids_batch(s, B=1, T=5 + 3 * s)[0].tolist() for s in range(3)]
-    results = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.8,
-                                                                 ignore_eos=True), n=2) for p in prompts])
+    results = engine.generate(
+        [GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.8, ignore_eos=True), n=2) for p in prompts]
+    )
     diffs = []
     for p, group in zip(prompts, results):
         for r in group:
             ids = torch.tensor([p + r.token_ids])
             rec = Routing(record=True)
             with torch.no_grad():
-                logits = trainer(ids, routing=rec)[0, len(p) - 1:-1] / 0.8
+                logits = trainer(ids, routing=rec)[0, len(p) - 1 : -1] / 0.8
             ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])[:, 0]
             diffs.append((ref - torch.tensor(r.log_probs)).abs())
             P, n = len(p), len(r.token_ids)
-            want = torch.stack([rec.experts[i][P - 1:P - 1 + n] for i in (1, 2)], 1)
+            want = torch.stack([rec.experts[i][P - 1 : P - 1 + n] for i in (1, 2)], 1)
             assert r.routed_experts.shape == (n, 2, K)
             assert torch.equal(r.routed_experts.long().sort(-1).values, want.sort(-1).values)
     assert torch.cat(diffs).max().item() < 1e-5
@@ -221,14 +245,25 @@ def test_grpo_runs_with_routing_replay_and_exports(tmp_path, glm_path):
     from reinforge.checkpoint import resolve_checkpoint
     from reinforge.config import load_config
     from reinforge.loop import run_training
-
     from tests.test_integration import read_metrics, tiny_overrides
 
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(glm_path, out, **{
-        "algo.use_rollout_routing_replay": "true", "reward.type": "custom",
-        "reward.function_path": "tests.reward_fns:even_first_token", "data.n_eval_prompts": 0,
-        "eval.eval_before_train": "false", "train.num_rollout": 1, "train.num_steps_per_rollout": 2}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            glm_path,
+            out,
+            **{
+                "algo.use_rollout_routing_replay": "true",
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "data.n_eval_prompts": 0,
+                "eval.eval_before_train": "false",
+                "train.num_rollout": 1,
+                "train.num_steps_per_rollout": 2,
+            },
+        ),
+    )
     run_training(cfg)
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["train/logprob_abs_diff"] < 1e-5 and m["train/grad_norm"] > 0
@@ -258,8 +293,12 @@ def test_decode_cuda_graphs_equal_eager_steps(glm_path):
     prompts = [ids_batch(s, B=1, T=5 + 3 * s)[0].tolist() for s in range(4)]
     out = {}
     for graphs in (True, False):
-        eng = EmbeddedEngine(build_model(glm_path, torch.bfloat16, dev),
-                             EngineConfig(max_num_seqs=6, cuda_graph=graphs), max_model_len=64, record_routes=True)
+        eng = EmbeddedEngine(
+            build_model(glm_path, torch.bfloat16, dev),
+            EngineConfig(max_num_seqs=6, cuda_graph=graphs),
+            max_model_len=64,
+            record_routes=True,
+        )
         out[graphs] = eng.generate([GenerateRequest(p, greedy) for p in prompts])
         assert bool(eng.runner._graphs) == graphs
     for (g,), (e,) in zip(out[True], out[False]):

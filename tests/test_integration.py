@@ -10,16 +10,28 @@ from reinforge.cli import main
 from reinforge.config import load_config
 from reinforge.loop import run_training
 
-TASK = ["data.prompt_data=reasoning_gym:basic_arithmetic",
-        "data.task_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"]
+TASK = [
+    "data.prompt_data=reasoning_gym:basic_arithmetic",
+    "data.task_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}",
+]
 
 
 def tiny_overrides(model_path, out, **extra):
     o = TASK + [
-        f"model.path={model_path}", f"run.output_dir={out}", "data.num_prompts=64", "data.n_eval_prompts=4",
-        "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4", "rollout.rollout_max_response_len=12",
-        "engine.max_num_seqs=16", "train.num_rollout=2", "train.lr=1e-3", "eval.n_samples_per_eval_prompt=2",
-        "eval.pass_k=[1,2]", "run.progress=false", "train.max_tokens_per_gpu=256",
+        f"model.path={model_path}",
+        f"run.output_dir={out}",
+        "data.num_prompts=64",
+        "data.n_eval_prompts=4",
+        "rollout.rollout_batch_size=2",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.rollout_max_response_len=12",
+        "engine.max_num_seqs=16",
+        "train.num_rollout=2",
+        "train.lr=1e-3",
+        "eval.n_samples_per_eval_prompt=2",
+        "eval.pass_k=[1,2]",
+        "run.progress=false",
+        "train.max_tokens_per_gpu=256",
     ]
     return o + [f"{k}={v}" for k, v in extra.items()]
 
@@ -30,20 +42,46 @@ def read_metrics(out):
 
 def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path, capsys):
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.01, "reward.type": "custom",
-        "reward.function_path": "tests.reward_fns:even_first_token"}))
-    before = {n: p.clone() for n, p in __import__("reinforge.models.loading", fromlist=["x"]).build_model(
-        tiny_model_path, torch.float32).named_parameters()}
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "algo.use_kl_loss": "true",
+                "algo.kl_loss_coef": 0.01,
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+            },
+        ),
+    )
+    before = {
+        n: p.clone()
+        for n, p in __import__("reinforge.models.loading", fromlist=["x"])
+        .build_model(tiny_model_path, torch.float32)
+        .named_parameters()
+    }
     result = run_training(cfg)
     assert result.last_rollout_id == 1
     metrics = read_metrics(out)
     train_rows = [m for m in metrics if "train/loss" in m]
     assert len(train_rows) == 2
     for m in train_rows:
-        for key in ("rollout/reward_mean", "train/importance_weight", "train/clipfrac", "train/entropy", "time/reward",
-                    "train/kl", "time/generate", "time/train", "time/sync", "perf/generate_tokens_per_s",
-                    "rollout/truncated_ratio", "rollout/response_len_max", "train/grad_norm"):
+        for key in (
+            "rollout/reward_mean",
+            "train/importance_weight",
+            "train/clipfrac",
+            "train/entropy",
+            "time/reward",
+            "train/kl",
+            "time/generate",
+            "time/train",
+            "time/sync",
+            "perf/generate_tokens_per_s",
+            "rollout/truncated_ratio",
+            "rollout/response_len_max",
+            "train/grad_norm",
+        ):
             assert key in m, key
         # trainer and engine compute the same fp32 log-probs
         assert m["train/logprob_abs_diff"] < 1e-4
@@ -72,12 +110,25 @@ def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path, capsys):
 def test_grpo_learns_a_simple_preference(tmp_path, tiny_model_path):
     """Reward = first response token id is even (about 50% at random init): GRPO must raise it."""
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "train.num_rollout": 12, "rollout.rollout_batch_size": 4, "rollout.n_samples_per_prompt": 8,
-        "rollout.rollout_max_response_len": 2, "rollout.rollout_top_k": 8, "train.lr": 3e-3,
-        "data.n_eval_prompts": 0,
-        "run.save_final": "false"}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "train.num_rollout": 12,
+                "rollout.rollout_batch_size": 4,
+                "rollout.n_samples_per_prompt": 8,
+                "rollout.rollout_max_response_len": 2,
+                "rollout.rollout_top_k": 8,
+                "train.lr": 3e-3,
+                "data.n_eval_prompts": 0,
+                "run.save_final": "false",
+            },
+        ),
+    )
     run_training(cfg)
     rewards = [m["rollout/reward_mean"] for m in read_metrics(out) if "train/loss" in m]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards
@@ -89,10 +140,23 @@ def test_nan_step_is_skipped(tmp_path, tiny_model_path, monkeypatch):
     real = objective.aggregate
     monkeypatch.setattr(objective, "aggregate", lambda *a, **k: real(*a, **k) * float("nan"))
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "eval.eval_before_train": "false", "train.num_rollout": 1, "run.save_final": "false",
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "rollout.rollout_batch_size": 4, "rollout.n_samples_per_prompt": 8, "rollout.rollout_top_k": 8}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "eval.eval_before_train": "false",
+                "train.num_rollout": 1,
+                "run.save_final": "false",
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "rollout.rollout_batch_size": 4,
+                "rollout.n_samples_per_prompt": 8,
+                "rollout.rollout_top_k": 8,
+            },
+        ),
+    )
     from reinforge.loop import RLLoop
 
     trainer = RLLoop(cfg)
@@ -114,12 +178,22 @@ def test_custom_rollout_function(tmp_path, tiny_model_path, monkeypatch):
         "    for g in groups:\n"
         "        for s in g:\n"
         "            s.reward = float(s.response_length % 2)\n"
-        "    return groups\n")
+        "    return groups\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "rollout.rollout_function_path": "my_rollout:rollout", "eval.eval_before_train": "false",
-        "run.save_final": "false"}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "rollout.rollout_function_path": "my_rollout:rollout",
+                "eval.eval_before_train": "false",
+                "run.save_final": "false",
+            },
+        ),
+    )
     run_training(cfg)
     import my_rollout
 
@@ -139,16 +213,28 @@ def test_smollm2_checkpoint_resume_continues_with_same_prompts(tmp_path, smollm2
     """1 rollout on the real model, checkpoint, resume: the resumed run's next prompts and
     samples are those an uninterrupted run gets; the exported folder reloads with equal logits."""
     common = TASK + [
-        "model.path=smollm2-135m-instruct", "data.num_prompts=50", "data.n_eval_prompts=0",
-        "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=16",
-        "train.lr=1e-5", "run.progress=false", "run.save_interval=1", "run.keep_last_n_checkpoints=null",
-        "train.max_tokens_per_gpu=512", "reward.type=custom",
-        "reward.function_path=tests.reward_fns:even_first_token"]  # a reward that varies: non-zero updates
+        "model.path=smollm2-135m-instruct",
+        "data.num_prompts=50",
+        "data.n_eval_prompts=0",
+        "rollout.rollout_batch_size=2",
+        "rollout.n_samples_per_prompt=2",
+        "rollout.rollout_max_response_len=16",
+        "train.lr=1e-5",
+        "run.progress=false",
+        "run.save_interval=1",
+        "run.keep_last_n_checkpoints=null",
+        "train.max_tokens_per_gpu=512",
+        "reward.type=custom",
+        "reward.function_path=tests.reward_fns:even_first_token",
+    ]  # a reward that varies: non-zero updates
     full = run_training(load_config(None, common + [f"run.output_dir={tmp_path / 'full'}", "train.num_rollout=2"]))
     first = run_training(load_config(None, common + [f"run.output_dir={tmp_path / 'a'}", "train.num_rollout=1"]))
     assert first.prompts == full.prompts[:1]
-    resumed = run_training(load_config(None, common + [f"run.output_dir={tmp_path / 'a'}", "train.num_rollout=2",
-                                                       f"run.load={tmp_path / 'a'}"]))
+    resumed = run_training(
+        load_config(
+            None, common + [f"run.output_dir={tmp_path / 'a'}", "train.num_rollout=2", f"run.load={tmp_path / 'a'}"]
+        )
+    )
     assert resumed.prompts == full.prompts[1:]
     rows_full = [m for m in read_metrics(tmp_path / "full") if "train/loss" in m]
     rows_res = [m for m in read_metrics(tmp_path / "a") if "train/loss" in m]
@@ -175,15 +261,46 @@ def test_smollm2_checkpoint_resume_continues_with_same_prompts(tmp_path, smollm2
 
 def test_cli_eval_and_generate(tmp_path, tiny_model_path, capsys):
     out = tmp_path / "ev"
-    assert main(["eval", "--model", str(tiny_model_path), "--data", "reasoning_gym:basic_arithmetic",
-                 "--output-dir", str(out), "data.n_eval_prompts=3", "eval.n_samples_per_eval_prompt=2",
-                 "eval.pass_k=[1,2]", "rollout.rollout_max_response_len=8"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_path),
+                "--data",
+                "reasoning_gym:basic_arithmetic",
+                "--output-dir",
+                str(out),
+                "data.n_eval_prompts=3",
+                "eval.n_samples_per_eval_prompt=2",
+                "eval.pass_k=[1,2]",
+                "rollout.rollout_max_response_len=8",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "greedy_accuracy" in printed and "pass@2" in printed
     lines = (out / "eval" / "eval.jsonl").read_text().splitlines()
     assert len(lines) == 3 + 3 * 2
-    assert main(["generate", "--model", str(tiny_model_path), "--prompt", "hello", "--n", "2",
-                 "--max-new-tokens", "5", "--temperature", "1.0"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tiny_model_path),
+                "--prompt",
+                "hello",
+                "--n",
+                "2",
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "1.0",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.count("--- sample") == 2
     assert main(["eval", "--model", str(tmp_path / "missing")]) == 2
     assert "not found. Looked for" in capsys.readouterr().err
@@ -195,10 +312,21 @@ def test_wandb_offline_gets_the_same_metrics(tmp_path, tiny_model_path, monkeypa
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "data.n_eval_prompts": 0, "run.save_final": "false", "run.wandb_project": "reinforge-test",
-        "run.wandb_mode": "offline"}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "data.n_eval_prompts": 0,
+                "run.save_final": "false",
+                "run.wandb_project": "reinforge-test",
+                "run.wandb_mode": "offline",
+            },
+        ),
+    )
     run_training(cfg)
     (record,) = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     data = record.read_bytes()

@@ -29,8 +29,13 @@ class Judge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.bodies.append({"path": self.path, **body})
                 time.sleep(judge.delay)
-                out = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                           "content": judge.reply(body["messages"][-1]["content"])}}]})
+                out = json.dumps(
+                    {
+                        "choices": [
+                            {"message": {"role": "assistant", "content": judge.reply(body["messages"][-1]["content"])}}
+                        ]
+                    }
+                )
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -61,8 +66,9 @@ def judge():
 
 
 def _sample(response="4", label="4", prompt="What is 2 + 2?", i=0):
-    return Sample(prompt=prompt, tokens=[1, 2, 3], response_length=2, response=response, label=label, index=i,
-                  loss_mask=[1, 1])
+    return Sample(
+        prompt=prompt, tokens=[1, 2, 3], response_length=2, response=response, label=label, index=i, loss_mask=[1, 1]
+    )
 
 
 def _mgr(url, **kw):
@@ -81,8 +87,13 @@ def test_score_parsed_and_normalised(judge):
 
 
 def test_template_gets_question_response_label(judge):
-    s = [_sample(response="four", label="4", prompt=[{"role": "system", "content": "sys"},
-                                                     {"role": "user", "content": "What is 2 + 2?"}])]
+    s = [
+        _sample(
+            response="four",
+            label="4",
+            prompt=[{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2 + 2?"}],
+        )
+    ]
     _mgr(judge.url, judge_template="Q={question} R={response} L={label} {braces}").score(s)
     assert judge.bodies[0]["messages"][-1]["content"] == "Q=What is 2 + 2? R=four L=4 {braces}"
 
@@ -96,8 +107,9 @@ def test_score_regex_and_max_score(judge):
 
 def test_unparseable_is_counted_and_left_out(judge):
     s = [_sample(response="nonsense"), _sample(i=1), _sample(response="12", i=2)]
-    judge.reply = lambda p: {"nonsense": "I cannot decide.", "12": "42"}.get(p.split("Response:\n")[1].split("\n")[0],
-                                                                             "10")
+    judge.reply = lambda p: {"nonsense": "I cannot decide.", "12": "42"}.get(
+        p.split("Response:\n")[1].split("\n")[0], "10"
+    )
     counts = _mgr(judge.url).score(s)
     assert counts["reward/judge_unparseable"] == 2 and counts["reward/errors"] == 2
     assert counts["reward/judge_errors"] == 0

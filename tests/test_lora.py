@@ -11,13 +11,30 @@ from reinforge.loop import RLLoop
 from reinforge.records import GenerateRequest, SamplingParams
 from tests.test_integration import tiny_overrides
 
-LORA = {"model.lora_rank": 4, "model.lora_alpha": 8, "train.lr": 5e-2, "engine.dtype": "fp32", "model.train_dtype": "fp32",
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_token_share", "data.n_eval_prompts": 0}
+LORA = {
+    "model.lora_rank": 4,
+    "model.lora_alpha": 8,
+    "train.lr": 5e-2,
+    "engine.dtype": "fp32",
+    "model.train_dtype": "fp32",
+    "reward.type": "custom",
+    "reward.function_path": "tests.reward_fns:even_token_share",
+    "data.n_eval_prompts": 0,
+}
 
 
 def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
-    loop = RLLoop(load_config(None, tiny_overrides(tiny_model_path, tmp_path / "run", **LORA, **{
-        "algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.01, "train.num_rollout": 1})))
+    loop = RLLoop(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                tmp_path / "run",
+                **LORA,
+                **{"algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.01, "train.num_rollout": 1},
+            ),
+        )
+    )
     actor = loop.cluster.worker.actor
     trainable = {n for n, p in actor.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)
@@ -35,8 +52,15 @@ def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
     result = loop.engine.generate([GenerateRequest(prompt.prompt_ids, params, n=4)])[0]
     from reinforge.records import Sample
 
-    samples = [Sample(prompt="", tokens=prompt.prompt_ids + r.token_ids, response_length=len(r.token_ids),
-                      loss_mask=[1] * len(r.token_ids)) for r in result]
+    samples = [
+        Sample(
+            prompt="",
+            tokens=prompt.prompt_ids + r.token_ids,
+            response_length=len(r.token_ids),
+            loss_mask=[1] * len(r.token_ids),
+        )
+        for r in result
+    ]
     trainer_lp = actor.compute_log_probs(samples)
     for r, lp in zip(result, trainer_lp):  # fp32 engine vs the trainer's (unmerged) LoRA forward
         assert torch.allclose(torch.tensor(r.log_probs), lp.cpu(), atol=1e-5)
@@ -45,7 +69,7 @@ def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
     from reinforge.models.loading import build_model
 
     plain = build_model(tiny_model_path)
-    for (n, t) in base.items():
+    for n, t in base.items():
         assert torch.equal(t.cpu(), dict(plain.named_parameters())[n].detach())
     ref_lp = actor.compute_log_probs(samples, reference=True)
     from reinforge.models.loading import model_logits
@@ -53,7 +77,7 @@ def test_engine_gets_the_merged_model_after_a_step(tmp_path, tiny_model_path):
     with torch.no_grad():
         ids = torch.tensor([samples[0].tokens])
         want = torch.log_softmax(model_logits(plain, ids)[0, :-1].float(), -1)
-        want = want.gather(-1, ids[0, 1:, None]).squeeze(-1)[-samples[0].response_length:]
+        want = want.gather(-1, ids[0, 1:, None]).squeeze(-1)[-samples[0].response_length :]
     assert torch.allclose(ref_lp[0].cpu(), want, atol=1e-5)
     loop.close()
 
@@ -69,12 +93,27 @@ def test_checkpoint_adapter_loads_with_peft_and_matches_the_merged_folder(tmp_pa
     run_training(load_config(None, tiny_overrides(tiny_model_path, out, **LORA, **{"train.num_rollout": 1})))
     ckpt = next((out / "checkpoints").glob("rollout_*"))
     assert json.loads((ckpt / "adapter" / "adapter_config.json").read_text())["r"] == 4
-    assert main(["convert", "--checkpoint", str(out), "--out", str(tmp_path / "merged"), "--dtype", "float32",
-                 "--adapter-out", str(tmp_path / "adapter")]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "--checkpoint",
+                str(out),
+                "--out",
+                str(tmp_path / "merged"),
+                "--dtype",
+                "float32",
+                "--adapter-out",
+                str(tmp_path / "adapter"),
+            ]
+        )
+        == 0
+    )
     ids = torch.tensor([[1, 250, 3000, 42, 7, 99]])
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32),
-                                           tmp_path / "adapter")
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32), tmp_path / "adapter"
+    )
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
         a, b, c = merged(ids).logits, peft_model(ids).logits, base(ids).logits
@@ -87,8 +126,18 @@ def test_offline_dpo_with_lora_uses_the_base_as_reference(tmp_path, tiny_model_p
     from tests.test_offline import offline_overrides, write_data
 
     files = write_data(tmp_path, n=6)
-    loop = OfflineLoop(load_config(None, offline_overrides(tiny_model_path, tmp_path / "run", files["pairs"], "dpo", **{
-        "model.lora_rank": 4, "offline.precompute_ref_log_probs": "false", "train.lr": 5e-2})))
+    loop = OfflineLoop(
+        load_config(
+            None,
+            offline_overrides(
+                tiny_model_path,
+                tmp_path / "run",
+                files["pairs"],
+                "dpo",
+                **{"model.lora_rank": 4, "offline.precompute_ref_log_probs": "false", "train.lr": 5e-2},
+            ),
+        )
+    )
     assert loop.trainer.ref is None
     before = loop.trainer.sequence_stats(loop.train_set.examples, reference=True)[0]
     loop.trainer.step(loop.train_set.examples, loop.step_ids(0), None)

@@ -30,8 +30,9 @@ def server(name="t", **extra):
 
 
 def agent(*servers, tools=(), timeout=5.0, max_tokens=256):
-    return SimpleNamespace(tools=list(tools), mcp_servers=list(servers), tool_timeout=timeout,
-                           tool_output_max_tokens=max_tokens)
+    return SimpleNamespace(
+        tools=list(tools), mcp_servers=list(servers), tool_timeout=timeout, tool_output_max_tokens=max_tokens
+    )
 
 
 def toolset(*servers, tools=(), timeout=5.0):
@@ -69,10 +70,16 @@ def ts():
 
 
 def test_config_entries_are_checked_with_their_key(tmp_path):
-    good = parse_server_specs([server(env={"A": "1"}, cwd=str(tmp_path), tools=["add"], prefix="m_",
-                                      startup_timeout=5, max_restarts=0)])
+    good = parse_server_specs(
+        [server(env={"A": "1"}, cwd=str(tmp_path), tools=["add"], prefix="m_", startup_timeout=5, max_restarts=0)]
+    )
     assert (good[0].name, good[0].env, good[0].tools, good[0].prefix, good[0].max_restarts) == (
-        "t", {"A": "1"}, ["add"], "m_", 0)
+        "t",
+        {"A": "1"},
+        ["add"],
+        "m_",
+        0,
+    )
     bad = [
         ([{"name": "t"}], r"agent\.mcp_servers\[0\]\.command: required"),
         ([server(), server()], r"agent\.mcp_servers\[1\]\.name: another server is already named 't'"),
@@ -94,17 +101,43 @@ def test_config_entries_are_checked_with_their_key(tmp_path):
 
 
 def test_schema_layout_from_an_mcp_input_schema():
-    schema = function_schema("m_f", {"name": "f", "description": " Find. ", "input_schema": {
-        "title": "fArguments", "type": "object", "required": ["q"], "properties": {
-            "q": {"title": "Q", "type": "string"}, "title": {"type": ["string", "null"]},
-            "n": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},
-            "v": {"type": ["integer", "string"]}, "xs": {"type": "array", "items": {"title": "X", "type": "number"}}}}})
-    assert schema == {"type": "function", "function": {"name": "m_f", "description": "Find.", "parameters": {
-        "type": "object", "required": ["q"], "properties": {
-            "q": {"type": "string"}, "title": {"type": "string", "nullable": True},
-            "n": {"type": "integer", "default": None, "nullable": True},
-            "v": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
-            "xs": {"type": "array", "items": {"type": "number"}}}}}}
+    schema = function_schema(
+        "m_f",
+        {
+            "name": "f",
+            "description": " Find. ",
+            "input_schema": {
+                "title": "fArguments",
+                "type": "object",
+                "required": ["q"],
+                "properties": {
+                    "q": {"title": "Q", "type": "string"},
+                    "title": {"type": ["string", "null"]},
+                    "n": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None},
+                    "v": {"type": ["integer", "string"]},
+                    "xs": {"type": "array", "items": {"title": "X", "type": "number"}},
+                },
+            },
+        },
+    )
+    assert schema == {
+        "type": "function",
+        "function": {
+            "name": "m_f",
+            "description": "Find.",
+            "parameters": {
+                "type": "object",
+                "required": ["q"],
+                "properties": {
+                    "q": {"type": "string"},
+                    "title": {"type": "string", "nullable": True},
+                    "n": {"type": "integer", "default": None, "nullable": True},
+                    "v": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                    "xs": {"type": "array", "items": {"type": "number"}},
+                },
+            },
+        },
+    }
 
 
 # -------------------------------------------------------------------------------------------- calls
@@ -114,8 +147,11 @@ def test_tools_are_listed_with_their_schemas(ts):
     assert list(ts.tools) == TOOLS
     add = ts.tools["add"].schema
     assert add["function"]["description"].startswith("Add two integers.")
-    assert add["function"]["parameters"] == {"type": "object", "required": ["a", "b"], "properties": {
-        "a": {"type": "integer"}, "b": {"type": "integer"}}}
+    assert add["function"]["parameters"] == {
+        "type": "object",
+        "required": ["a", "b"],
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    }
     echo = ts.tools["echo"].schema["function"]["parameters"]["properties"]
     assert echo["sep"] == {"type": "string", "default": None, "nullable": True}
 
@@ -212,8 +248,12 @@ def test_startup_failures_name_the_entry(tmp_path):
     exits = server("x", env={"MCP_TEST_EXIT_AT_START": "1", "MCP_TEST_STDERR": "missing API key"})
     with pytest.raises(MCPStartError, match=r"(?s)agent\.mcp_servers\[1\] \('x'\): could not start .*missing API key"):
         load_tools([], agent(server(), exits))
-    silent = {"name": "s", "command": sys.executable, "args": ["-c", "import time; time.sleep(60)"],
-              "startup_timeout": 1}
+    silent = {
+        "name": "s",
+        "command": sys.executable,
+        "args": ["-c", "import time; time.sleep(60)"],
+        "startup_timeout": 1,
+    }
     start = time.monotonic()
     with pytest.raises(MCPStartError, match=r"agent\.mcp_servers\[0\] \('s'\): .*no answer .* within 1 s"):
         load_tools([], agent(silent))
@@ -223,8 +263,10 @@ def test_startup_failures_name_the_entry(tmp_path):
 
 
 def test_names_clash_unless_prefixed():
-    clash = (r"agent\.mcp_servers\[1\]: the tool 'add' of server 'u' clashes with the one of "
-             r"agent\.mcp_servers\[0\] \('t'\); set agent\.mcp_servers\[1\]\.prefix")
+    clash = (
+        r"agent\.mcp_servers\[1\]: the tool 'add' of server 'u' clashes with the one of "
+        r"agent\.mcp_servers\[0\] \('t'\); set agent\.mcp_servers\[1\]\.prefix"
+    )
     with pytest.raises(ValueError, match=clash):
         load_tools([], agent(server("t"), server("u")))
     both = agent(server("t", tools=["add"]), server("u", tools=["add", "pid"], prefix="u_"))
@@ -244,8 +286,16 @@ def mcp_ctx(tok, engine, *overrides):
     from reinforge.rollout.generate import RolloutContext
 
     entry = f"{{name: t, command: {sys.executable}, args: [{SERVER}], max_restarts: 1}}"
-    cfg = load_config(None, [AGENT, f"agent.mcp_servers=[{entry}]", "rollout.rollout_max_response_len=400",
-                             "agent.max_turns=4", *overrides])
+    cfg = load_config(
+        None,
+        [
+            AGENT,
+            f"agent.mcp_servers=[{entry}]",
+            "rollout.rollout_max_response_len=400",
+            "agent.max_turns=4",
+            *overrides,
+        ],
+    )
     return RolloutContext(cfg, engine, tok, None, [IM_END])
 
 
@@ -259,8 +309,12 @@ def test_the_schemas_reach_the_prompt(tok):
 
 
 def test_the_agent_calls_mcp_tools_and_counts_a_dead_server(tok):
-    turns = [call("add", a=20, b=22), call("crash"), call("add", a=1, b="two") + call("echo", text="hi"),
-             "The answer is 42."]
+    turns = [
+        call("add", a=20, b=22),
+        call("crash"),
+        call("add", a=1, b="two") + call("echo", text="hi"),
+        "The answer is 42.",
+    ]
     engine = ScriptedEngine(tok, lambda prompt, turn: turns[turn], char_level=False)
     ctx = mcp_ctx(tok, engine)
     try:
@@ -302,11 +356,27 @@ def test_training_with_mcp_tools_end_to_end(tmp_path, tiny_model_path, monkeypat
     others = set(mcp_children())  # servers of other tests' ToolSets (the module's fixture)
     out = tmp_path / "run"
     entry = f"{{name: t, command: {sys.executable}, args: [{SERVER}], tools: [echo]}}"
-    result = run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate", "agent.mcp_servers": f"[{entry}]",
-        "agent.tool_call_format": "always_call", "agent.max_turns": 3, "agent.max_turn_tokens": 6,
-        "agent.tool_output_max_tokens": 4, "rollout.rollout_max_response_len": 96, "reward.type": "custom",
-        "reward.function_path": "tests.reward_fns:even_first_token", "run.save_final": "false"})))
+    result = run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
+                    "agent.mcp_servers": f"[{entry}]",
+                    "agent.tool_call_format": "always_call",
+                    "agent.max_turns": 3,
+                    "agent.max_turn_tokens": 6,
+                    "agent.tool_output_max_tokens": 4,
+                    "rollout.rollout_max_response_len": 96,
+                    "reward.type": "custom",
+                    "reward.function_path": "tests.reward_fns:even_first_token",
+                    "run.save_final": "false",
+                },
+            ),
+        )
+    )
     assert result.last_rollout_id == 1
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert len(rows) == 2

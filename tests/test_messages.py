@@ -16,8 +16,11 @@ from reinforge.data.files import read_rows
 def test_a_json_line_cut_short_is_reported_at_its_end_not_column_1(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a", "label": 1}\n{"prompt": "b", "label": 2\n')
-    with pytest.raises(DataError, match=r"p.jsonl:2: not valid JSON \(.* at the end of the line, column 27: the "
-                                        r"object is not closed"):
+    with pytest.raises(
+        DataError,
+        match=r"p.jsonl:2: not valid JSON \(.* at the end of the line, column 27: the "
+        r"object is not closed",
+    ):
         read_rows(f)
     f.write_text('{"prompt": "b" "label": 2}\n')
     with pytest.raises(DataError, match=r"p.jsonl:1: not valid JSON \(Expecting ',' delimiter at column 16\)"):
@@ -34,8 +37,11 @@ def test_an_empty_offline_file_says_so(tmp_path):
 
 
 def test_an_optional_literal_lists_its_values_and_the_closest():
-    with pytest.raises(ConfigError, match=r"run.wandb_mode: 'ofline' is not one of \['online', 'offline', "
-                                          r"'disabled'\] \(did you mean 'offline'\?\) \(or null\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"run.wandb_mode: 'ofline' is not one of \['online', 'offline', "
+        r"'disabled'\] \(did you mean 'offline'\?\) \(or null\)",
+    ):
         load_config(None, ["run.wandb_mode=ofline"])
 
 

@@ -8,14 +8,28 @@ from reinforge.models.transformer import CausalLM
 from tests.conftest import make_tiny_model
 
 
-@pytest.mark.parametrize("model_type,extra", [
-    ("llama", {}),
-    ("llama", {"tie_word_embeddings": False, "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0,
-               "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 256}}),
-    ("qwen2", {}),
-    ("qwen3", {}),
-])
+@pytest.mark.parametrize(
+    "model_type,extra",
+    [
+        ("llama", {}),
+        (
+            "llama",
+            {
+                "tie_word_embeddings": False,
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 10000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 256,
+                },
+            },
+        ),
+        ("qwen2", {}),
+        ("qwen3", {}),
+    ],
+)
 def test_native_logits_match_transformers(tmp_path, smollm2_path, model_type, extra):
     from transformers import AutoModelForCausalLM
 

@@ -19,10 +19,22 @@ def _lrs(trainer, steps):
 
 
 def test_critic_schedule_follows_critic_section(tiny_model_path):
-    cfg = load_config(None, [
-        f"model.path={tiny_model_path}", "algo.advantage_estimator=gae", "train.num_rollout=4",
-        "critic.lr=1e-3", "critic.min_lr=1e-4", "critic.lr_decay_style=linear", "critic.lr_warmup_iters=1",
-        "train.lr=1e-6", "train.min_lr=0.0", "train.lr_decay_style=cosine", "train.lr_warmup_iters=0"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_path}",
+            "algo.advantage_estimator=gae",
+            "train.num_rollout=4",
+            "critic.lr=1e-3",
+            "critic.min_lr=1e-4",
+            "critic.lr_decay_style=linear",
+            "critic.lr_warmup_iters=1",
+            "train.lr=1e-6",
+            "train.min_lr=0.0",
+            "train.lr_decay_style=cosine",
+            "train.lr_warmup_iters=0",
+        ],
+    )
     critic = Critic(cfg, tiny_model_path, torch.device("cpu"))
     lrs = _lrs(critic, 5)
     # warm-up of one step, then linear from 1e-3 to critic.min_lr over the remaining 3 steps
@@ -30,8 +42,17 @@ def test_critic_schedule_follows_critic_section(tiny_model_path):
 
 
 def test_actor_and_critic_settings_are_separate():
-    cfg = load_config(None, ["algo.advantage_estimator=gae", "critic.lr=3e-5", "critic.clip_grad=0.5",
-                             "critic.lr_decay_style=cosine", "train.lr=2e-6", "train.clip_grad=2.0"])
+    cfg = load_config(
+        None,
+        [
+            "algo.advantage_estimator=gae",
+            "critic.lr=3e-5",
+            "critic.clip_grad=0.5",
+            "critic.lr_decay_style=cosine",
+            "train.lr=2e-6",
+            "train.clip_grad=2.0",
+        ],
+    )
     actor, critic = OptimizerSettings.for_actor(cfg.train), OptimizerSettings.for_critic(cfg.critic, cfg.train)
     assert (actor.lr, actor.clip_grad, actor.decay_style) == (2e-6, 2.0, "constant")
     assert (critic.lr, critic.clip_grad, critic.decay_style) == (3e-5, 0.5, "cosine")

@@ -11,22 +11,31 @@ import torch
 from reinforge.models.loading import build_model, save_hf_folder
 from reinforge.models.moe import Routing, SparseMoeBlock, hub_named_tensors, stack_expert_weights
 from reinforge.models.transformer import CausalLM, Variant
-
 from tests.conftest import make_tiny_model
 
 CONFIGS = {
     # layer 1 dense through mlp_only_layers; norm_topk_prob as Qwen3-30B-A3B
     "qwen3_moe": dict(num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True, head_dim=16),
     # layers 0 and 2 dense through decoder_sparse_step=2; a shared expert; norm_topk_prob off as Qwen2-MoE
-    "qwen2_moe": dict(num_hidden_layers=4, decoder_sparse_step=2, shared_expert_intermediate_size=48,
-                      norm_topk_prob=False),
+    "qwen2_moe": dict(
+        num_hidden_layers=4, decoder_sparse_step=2, shared_expert_intermediate_size=48, norm_topk_prob=False
+    ),
 }
 
 
 def make_tiny_moe(out, tokenizer_src, model_type, seed=0):
     """A random tiny MoE model saved by transformers (the hub's per-expert layout) with SmolLM2's tokenizer."""
-    return make_tiny_model(out, tokenizer_src, model_type, seed, intermediate_size=96, moe_intermediate_size=32,
-                           num_experts=8, num_experts_per_tok=2, **CONFIGS[model_type])
+    return make_tiny_model(
+        out,
+        tokenizer_src,
+        model_type,
+        seed,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        **CONFIGS[model_type],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -194,21 +203,26 @@ def test_export_writes_the_hub_layout_and_loads_in_transformers(moe_path, tmp_pa
     stacked = tmp_path / "stacked"
     stacked.mkdir()
     shutil.copy2(moe_path / "config.json", stacked / "config.json")
-    save_file({n: t.contiguous() for n, t in model.state_dict().items() if n != "lm_head.weight"},
-              str(stacked / "model.safetensors"))
+    save_file(
+        {n: t.contiguous() for n, t in model.state_dict().items() if n != "lm_head.weight"},
+        str(stacked / "model.safetensors"),
+    )
     with torch.no_grad():
         assert (build_model(stacked, torch.float32)(ids) - model(ids)).abs().max().item() < 1e-5
 
 
 def test_hub_and_stacked_layouts_convert_both_ways():
     g = torch.Generator().manual_seed(0)
-    state = {"model.layers.0.mlp.experts.gate_up_proj": torch.randn(3, 8, 5, generator=g),
-             "model.layers.0.mlp.experts.down_proj": torch.randn(3, 5, 4, generator=g),
-             "model.layers.0.mlp.gate.weight": torch.randn(3, 5, generator=g)}
+    state = {
+        "model.layers.0.mlp.experts.gate_up_proj": torch.randn(3, 8, 5, generator=g),
+        "model.layers.0.mlp.experts.down_proj": torch.randn(3, 5, 4, generator=g),
+        "model.layers.0.mlp.gate.weight": torch.randn(3, 5, generator=g),
+    }
     hub = dict(hub_named_tensors(state.items()))
     assert hub["model.layers.0.mlp.experts.2.up_proj.weight"].shape == (4, 5)
-    assert torch.equal(hub["model.layers.0.mlp.experts.1.gate_proj.weight"],
-                       state["model.layers.0.mlp.experts.gate_up_proj"][1, :4])
+    assert torch.equal(
+        hub["model.layers.0.mlp.experts.1.gate_proj.weight"], state["model.layers.0.mlp.experts.gate_up_proj"][1, :4]
+    )
     back = stack_expert_weights(dict(hub))
     assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
     del hub["model.layers.0.mlp.experts.1.up_proj.weight"]
@@ -219,9 +233,19 @@ def test_hub_and_stacked_layouts_convert_both_ways():
 def test_unsupported_moe_options_are_refused():
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model("qwen3_moe", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-                               moe_intermediate_size=8, use_sliding_window=True, sliding_window=16)
+    cfg = AutoConfig.for_model(
+        "qwen3_moe",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=8,
+        use_sliding_window=True,
+        sliding_window=16,
+    )
     with pytest.raises(NotImplementedError, match="sliding"):
         CausalLM(cfg)
 
@@ -233,18 +257,23 @@ def test_embedded_engine_log_probs_match_trainer(qwen3_moe_path):
     from reinforge.records import GenerateRequest, SamplingParams
 
     tok = load_tokenizer(qwen3_moe_path)
-    engine = EmbeddedEngine(build_model(qwen3_moe_path, torch.float32), EngineConfig(max_num_seqs=4, kv_block_size=4),
-                            max_model_len=64, tokenizer=tok)
+    engine = EmbeddedEngine(
+        build_model(qwen3_moe_path, torch.float32),
+        EngineConfig(max_num_seqs=4, kv_block_size=4),
+        max_model_len=64,
+        tokenizer=tok,
+    )
     trainer = build_model(qwen3_moe_path, torch.float32).eval()
     prompts = [ids_batch(s, B=1, T=5 + 3 * s)[0].tolist() for s in range(3)]
-    results = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.8), n=2)
-                               for p in prompts])
+    results = engine.generate(
+        [GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.8), n=2) for p in prompts]
+    )
     diffs = []
     for p, group in zip(prompts, results):
         for r in group:
             ids = torch.tensor([p + r.token_ids])
             with torch.no_grad():
-                logits = trainer(ids)[0, len(p) - 1:-1] / 0.8
+                logits = trainer(ids)[0, len(p) - 1 : -1] / 0.8
             ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])[:, 0]
             diffs.append((ref - torch.tensor(r.log_probs)).abs())
     assert torch.cat(diffs).max().item() < 1e-4
@@ -277,13 +306,24 @@ def test_grpo_runs_on_a_tiny_moe_model_with_the_aux_loss(tmp_path, qwen3_moe_pat
     from reinforge.checkpoint import resolve_checkpoint
     from reinforge.config import load_config
     from reinforge.loop import run_training
-
     from tests.test_integration import read_metrics, tiny_overrides
 
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(qwen3_moe_path, out, **{
-        "train.moe_aux_loss_coeff": 0.01, "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "data.n_eval_prompts": 0, "eval.eval_before_train": "false", "train.num_rollout": 1}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            qwen3_moe_path,
+            out,
+            **{
+                "train.moe_aux_loss_coeff": 0.01,
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "data.n_eval_prompts": 0,
+                "eval.eval_before_train": "false",
+                "train.num_rollout": 1,
+            },
+        ),
+    )
     run_training(cfg)
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert 0 < m["train/moe_aux_loss"] < 8  # about k = 2 at a balanced load, E = 8 at most
@@ -300,14 +340,23 @@ def test_model_shape_counts_the_experts_of_a_folder_without_weights(tmp_path):
     expert (within the estimate's attention approximation)."""
     import json
 
+    from transformers import AutoConfig
+
     from reinforge.models.shape import model_shape
     from reinforge.models.transformer import CausalLM
 
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=1000, hidden_size=64, moe_intermediate_size=128,
-                               num_experts=32, num_experts_per_tok=4, num_hidden_layers=4, num_attention_heads=4,
-                               num_key_value_heads=4, head_dim=16)
+    cfg = AutoConfig.for_model(
+        "qwen3_moe",
+        vocab_size=1000,
+        hidden_size=64,
+        moe_intermediate_size=128,
+        num_experts=32,
+        num_experts_per_tok=4,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+    )
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     with torch.device("meta"):
         exact = sum(p.numel() for p in CausalLM(cfg).parameters())

@@ -15,9 +15,18 @@ import tp_fsdp  # noqa: E402
 
 
 def result(k, seed, acc, sps=10.0):
-    return {"max_staleness": k, "seed": seed, "partial_rollout": k > 0, "samples": 100, "wall_s": 10.0,
-            "samples_per_s": sps, "tokens_per_s": 50 * sps, "trainer_wait_s": 1.0, "staleness_mean": 0.5 * k,
-            "greedy_accuracy": acc}
+    return {
+        "max_staleness": k,
+        "seed": seed,
+        "partial_rollout": k > 0,
+        "samples": 100,
+        "wall_s": 10.0,
+        "samples_per_s": sps,
+        "tokens_per_s": 50 * sps,
+        "trainer_wait_s": 1.0,
+        "staleness_mean": 0.5 * k,
+        "greedy_accuracy": acc,
+    }
 
 
 def test_accuracy_spread_per_staleness_over_seeds():
@@ -30,9 +39,16 @@ def test_accuracy_spread_per_staleness_over_seeds():
 
 def test_grpo_ray_summary_skips_the_first_step_and_divides_by_gpus():
     def step(s, length):
-        return {"rollout/num_samples": 8, "rollout/response_len_mean": length, "time/generate": s / 2,
-                "time/logprob": 1.0, "time/train": 2.0, "time/sync": 0.5, "time/rollout_step": s,
-                "train/logprob_abs_diff": 0.01}
+        return {
+            "rollout/num_samples": 8,
+            "rollout/response_len_mean": length,
+            "time/generate": s / 2,
+            "time/logprob": 1.0,
+            "time/train": 2.0,
+            "time/sync": 0.5,
+            "time/rollout_step": s,
+            "train/logprob_abs_diff": 0.01,
+        }
 
     r = grpo_ray.summarize([step(100.0, 10), step(4.0, 100), step(4.0, 100)], gpus=4)
     assert r["tok_s_gpu"] == pytest.approx(8 * 100 / 4.0 / 4) and r["step_s"] == 4.0 and r["train_s"] == 3.0

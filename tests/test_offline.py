@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reinforge.config import load_config
-from reinforge.data.offline import build_examples, read_rows, Tokenizer
+from reinforge.data.offline import Tokenizer, build_examples, read_rows
 from reinforge.data.sources import DataError
 from reinforge.models.loading import load_tokenizer
 from reinforge.offline_loop import run_offline
@@ -24,15 +24,35 @@ def write_data(d, n=24, seed=0):
             a, b = rng.randint(1, 30), rng.randint(1, 30)
             q = f"What is {a} + {b}?"
             wrong = a + b + rng.randint(1, 9)
-            fp.write(json.dumps({"prompt": q, "chosen": f"<answer>{a + b}</answer>",
-                                 "rejected": f"The answer is {wrong}, I think" + " really" * (i % 5)}) + "\n")
-            fs.write(json.dumps({"messages": [{"role": "user", "content": q},
-                                              {"role": "assistant", "content": f"<answer>{a + b}</answer>"},
-                                              {"role": "user", "content": "Doubled?"},
-                                              {"role": "assistant", "content": f"<answer>{2 * (a + b)}</answer>"}]})
-                     + "\n")
-            fk.write(json.dumps({"prompt": q, "completion": f"<answer>{a + b if i % 2 else wrong}</answer>",
-                                 "label": bool(i % 2)}) + "\n")
+            fp.write(
+                json.dumps(
+                    {
+                        "prompt": q,
+                        "chosen": f"<answer>{a + b}</answer>",
+                        "rejected": f"The answer is {wrong}, I think" + " really" * (i % 5),
+                    }
+                )
+                + "\n"
+            )
+            fs.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": q},
+                            {"role": "assistant", "content": f"<answer>{a + b}</answer>"},
+                            {"role": "user", "content": "Doubled?"},
+                            {"role": "assistant", "content": f"<answer>{2 * (a + b)}</answer>"},
+                        ]
+                    }
+                )
+                + "\n"
+            )
+            fk.write(
+                json.dumps(
+                    {"prompt": q, "completion": f"<answer>{a + b if i % 2 else wrong}</answer>", "label": bool(i % 2)}
+                )
+                + "\n"
+            )
     return {"pairs": pairs, "sft": sft, "kto": kto}
 
 
@@ -41,23 +61,39 @@ def data_for(method, files):
 
 
 def offline_overrides(model, out, data, method, **extra):
-    o = [f"model.path={model}", f"run.output_dir={out}", f"offline.method={method}", f"offline.train_data={data}",
-         "offline.global_batch_size=6", "train.lr=1e-3", "train.max_tokens_per_gpu=200", "run.progress=false",
-         "run.tensorboard=false"]
+    o = [
+        f"model.path={model}",
+        f"run.output_dir={out}",
+        f"offline.method={method}",
+        f"offline.train_data={data}",
+        "offline.global_batch_size=6",
+        "train.lr=1e-3",
+        "train.max_tokens_per_gpu=200",
+        "run.progress=false",
+        "run.tensorboard=false",
+    ]
     return o + [f"{k}={v}" for k, v in extra.items()]
 
 
 # ---------------------------------------------------------------------------- data
+
 
 def test_bad_input_names_file_line_and_key(tmp_path, smollm2_path):
 
     tok = Tokenizer(load_tokenizer(smollm2_path), None)
     cfg = load_config(None, ["offline.method=dpo"])
     f = tmp_path / "bad.jsonl"
-    f.write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n\n"
-                 + json.dumps({"prompt": "a", "chosen": "b", "rejected": None}) + "\n")
-    with pytest.raises(DataError, match=r"bad.jsonl:3: no pairs format fits this row \(its keys: \['chosen', "
-                                        r"'prompt'\]\); expected preference: 'prompt', 'chosen', 'rejected'"):
+    f.write_text(
+        json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"})
+        + "\n\n"
+        + json.dumps({"prompt": "a", "chosen": "b", "rejected": None})
+        + "\n"
+    )
+    with pytest.raises(
+        DataError,
+        match=r"bad.jsonl:3: no pairs format fits this row \(its keys: \['chosen', "
+        r"'prompt'\]\); expected preference: 'prompt', 'chosen', 'rejected'",
+    ):
         build_examples(read_rows(f), str(f), tok, cfg.offline)
     f.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", oops}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
@@ -68,14 +104,22 @@ def test_identical_pairs_skipped_and_long_examples_counted(tmp_path, smollm2_pat
 
     tok = Tokenizer(load_tokenizer(smollm2_path), None)
     f = tmp_path / "p.jsonl"
-    rows = [{"prompt": "q", "chosen": "same", "rejected": "same"},
-            {"prompt": "q", "chosen": "short", "rejected": "long " * 80},
-            {"prompt": "q", "chosen": "yes", "rejected": "no"}]
+    rows = [
+        {"prompt": "q", "chosen": "same", "rejected": "same"},
+        {"prompt": "q", "chosen": "short", "rejected": "long " * 80},
+        {"prompt": "q", "chosen": "yes", "rejected": "no"},
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     drop = build_examples(read_rows(f), "p", tok, load_config(None, ["offline.max_length=60"]).offline)
     assert drop.counts == {"dropped_too_long": 1, "truncated": 0, "identical_pairs": 1} and len(drop.examples) == 1
-    cut = build_examples(read_rows(f), "p", tok, load_config(None, ["offline.max_length=60", "offline.truncation=truncate",
-                                                                   "offline.max_prompt_length=20"]).offline)
+    cut = build_examples(
+        read_rows(f),
+        "p",
+        tok,
+        load_config(
+            None, ["offline.max_length=60", "offline.truncation=truncate", "offline.max_prompt_length=20"]
+        ).offline,
+    )
     assert cut.counts["truncated"] == 1 and len(cut.examples) == 2
     assert all(len(e.prompt_ids) + len(r) <= 60 for e in cut.examples for r in e.responses)
 
@@ -96,8 +140,9 @@ def test_sft_loss_mask_covers_assistant_turns_only(tmp_path, smollm2_path):
 
     hf_tok = load_tokenizer(smollm2_path)
     files = write_data(tmp_path, n=2)
-    ds = build_examples(read_rows(files["sft"]), "sft", Tokenizer(hf_tok, None),
-                        load_config(None, ["offline.method=sft"]).offline)
+    ds = build_examples(
+        read_rows(files["sft"]), "sft", Tokenizer(hf_tok, None), load_config(None, ["offline.method=sft"]).offline
+    )
     e = ds.examples[0]
     trained = hf_tok.decode([t for t, m in zip(e.responses[0], e.loss_masks[0]) if m])
     masked = hf_tok.decode([t for t, m in zip(e.responses[0], e.loss_masks[0]) if not m])
@@ -107,11 +152,20 @@ def test_sft_loss_mask_covers_assistant_turns_only(tmp_path, smollm2_path):
 
 # ---------------------------------------------------------------------------- every method
 
+
 @pytest.mark.parametrize("method", METHODS)
 def test_method_trains_and_checkpoints(tmp_path, tiny_model_path, method):
     files = write_data(tmp_path)
-    cfg = load_config(None, offline_overrides(tiny_model_path, tmp_path / "run", data_for(method, files), method,
-                                              **{"offline.eval_fraction": 0.25, "offline.num_epochs": 2}))
+    cfg = load_config(
+        None,
+        offline_overrides(
+            tiny_model_path,
+            tmp_path / "run",
+            data_for(method, files),
+            method,
+            **{"offline.eval_fraction": 0.25, "offline.num_epochs": 2},
+        ),
+    )
     evals = run_offline(cfg)
     assert [label for label, _ in evals] == ["before", "after"]
     before, after = evals[0][1], evals[1][1]
@@ -127,8 +181,16 @@ def test_method_trains_and_checkpoints(tmp_path, tiny_model_path, method):
 def test_dpo_learns_the_preference(tmp_path, tiny_model_path):
     """The implicit reward margin and accuracy on the training pairs rise (a test that can fail)."""
     files = write_data(tmp_path, n=12)
-    cfg = load_config(None, offline_overrides(tiny_model_path, tmp_path / "run", files["pairs"], "dpo", **{
-        "offline.eval_data": files["pairs"], "offline.num_epochs": 4, "offline.beta": 0.5, "train.lr": 3e-3}))
+    cfg = load_config(
+        None,
+        offline_overrides(
+            tiny_model_path,
+            tmp_path / "run",
+            files["pairs"],
+            "dpo",
+            **{"offline.eval_data": files["pairs"], "offline.num_epochs": 4, "offline.beta": 0.5, "train.lr": 3e-3},
+        ),
+    )
     before, after = (m for _, m in run_offline(cfg))
     assert after["eval/rewards/margin"] > before["eval/rewards/margin"] + 0.5
     assert after["eval/rewards/accuracy"] >= 0.9
@@ -148,8 +210,10 @@ def test_reward_model_loads_in_transformers_and_scores_rl(tmp_path, tiny_model_p
     assert torch.allclose(ours, hf(ids).logits.squeeze(-1), atol=1e-4)
     from reinforge.cli import main
 
-    assert main(["convert", "--checkpoint", str(tmp_path / "rm"), "--out", str(tmp_path / "export"),
-                 "--dtype", "float32"]) == 0
+    assert (
+        main(["convert", "--checkpoint", str(tmp_path / "rm"), "--out", str(tmp_path / "export"), "--dtype", "float32"])
+        == 0
+    )
     exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "export", dtype=torch.float32)
     assert torch.allclose(ours, exported(ids).logits.squeeze(-1), atol=1e-4)
     # SFT -> RM -> GRPO: the RL loop with reward.type=model
@@ -157,8 +221,21 @@ def test_reward_model_loads_in_transformers_and_scores_rl(tmp_path, tiny_model_p
     from tests.test_integration import read_metrics, tiny_overrides
 
     out = tmp_path / "grpo"
-    run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "model", "reward.model_path": folder, "data.n_eval_prompts": 0, "run.save_final": "false"})))
+    run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "reward.type": "model",
+                    "reward.model_path": folder,
+                    "data.n_eval_prompts": 0,
+                    "run.save_final": "false",
+                },
+            ),
+        )
+    )
     rewards = [r["rollout/reward_mean"] for r in read_metrics(out) if "rollout/reward_mean" in r]
     assert len(rewards) == 2 and all(r != 0.0 for r in rewards)
 
@@ -167,22 +244,33 @@ def test_make_data_pairs_kto_sft(tmp_path, tiny_model_path):
     from reinforge.cli import main
     from tests.reward_fns import __name__ as fns  # noqa: F401  (custom reward below)
 
-    common = [f"model.path={tiny_model_path}", "data.prompt_data=reasoning_gym:basic_arithmetic",
-              "data.num_prompts=16", "rollout.n_samples_per_prompt=4", "rollout.rollout_max_response_len=6",
-              "reward.type=custom", "reward.function_path=tests.reward_fns:even_first_token"]
+    common = [
+        f"model.path={tiny_model_path}",
+        "data.prompt_data=reasoning_gym:basic_arithmetic",
+        "data.num_prompts=16",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.rollout_max_response_len=6",
+        "reward.type=custom",
+        "reward.function_path=tests.reward_fns:even_first_token",
+    ]
     for kind in ("pairs", "kto", "sft"):
         out = tmp_path / f"{kind}.jsonl"
         assert main(["make-data", kind, "--out", str(out), "--num-prompts", "8", *common]) == 0
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert rows, kind
-        keys = {"pairs": {"prompt", "chosen", "rejected"}, "kto": {"prompt", "completion", "label"},
-                "sft": {"messages"}}[kind]
+        keys = {
+            "pairs": {"prompt", "chosen", "rejected"},
+            "kto": {"prompt", "completion", "label"},
+            "sft": {"messages"},
+        }[kind]
         assert set(rows[0]) == keys
-    assert all(r["chosen"] != r["rejected"] for r in map(json.loads, (tmp_path / "pairs.jsonl").read_text().split(
-        "\n")[:-1]))
+    assert all(
+        r["chosen"] != r["rejected"] for r in map(json.loads, (tmp_path / "pairs.jsonl").read_text().split("\n")[:-1])
+    )
 
 
 # ---------------------------------------------------------------------------- several ranks
+
 
 def _rank(rank, world, port, overrides, queue):
     cfg = load_config(None, overrides)
@@ -204,20 +292,30 @@ def _weights(run_dir):
 
 # Uneven work per rank: 7 examples per step over 2 ranks; adam_eps large keeps updates proportional
 # to the gradient (see tests/test_distributed.py), so equal weights mean equal gradients.
-EQ = {"offline.global_batch_size": 7, "train.lr": 1e-2, "train.adam_eps": 1e-3, "train.clip_grad": 1e9,
-      "offline.eval_data": "null", "eval.eval_before_train": "false", "train.max_tokens_per_gpu": 120}
+EQ = {
+    "offline.global_batch_size": 7,
+    "train.lr": 1e-2,
+    "train.adam_eps": 1e-3,
+    "train.clip_grad": 1e9,
+    "offline.eval_data": "null",
+    "eval.eval_before_train": "false",
+    "train.max_tokens_per_gpu": 120,
+}
 
 
-@pytest.mark.parametrize("method,extra", [(m, {}) for m in METHODS]
-                         + [("dpo", {"offline.precompute_ref_log_probs": "false"})])
+@pytest.mark.parametrize(
+    "method,extra", [(m, {}) for m in METHODS] + [("dpo", {"offline.precompute_ref_log_probs": "false"})]
+)
 def test_two_ranks_equal_one_process(tmp_path, tiny_model_path, method, extra):
     files = write_data(tmp_path, n=7)
     one = offline_overrides(tiny_model_path, tmp_path / "one", data_for(method, files), method, **EQ, **extra)
     two = offline_overrides(tiny_model_path, tmp_path / "two", data_for(method, files), method, **EQ, **extra)
     run_offline(load_config(None, one))
     run_ranks(2, two)
-    losses = [[json.loads(line).get("train/loss") for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-              for d in ("one", "two")]
+    losses = [
+        [json.loads(line).get("train/loss") for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        for d in ("one", "two")
+    ]
     assert [x for x in losses[0] if x is not None] == pytest.approx([x for x in losses[1] if x is not None], rel=1e-4)
     w1, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     for name in w1:
@@ -229,8 +327,13 @@ def test_rank_with_no_examples_does_not_hang(tmp_path, tiny_model_path):
     issue the same collectives (dummy micro-batches), so the run ends within the timeout."""
     files = write_data(tmp_path, n=3)
     for method in ("cpo", "kto"):
-        overrides = offline_overrides(tiny_model_path, tmp_path / method, data_for(method, files), method,
-                                      **{"offline.global_batch_size": 1, "eval.eval_before_train": "false"})
+        overrides = offline_overrides(
+            tiny_model_path,
+            tmp_path / method,
+            data_for(method, files),
+            method,
+            **{"offline.global_batch_size": 1, "eval.eval_before_train": "false"},
+        )
         evals = run_ranks(2, overrides, timeout=120)
         assert evals == []  # no eval data: nothing evaluated, but every step ran
         rows = (tmp_path / method / "metrics.jsonl").read_text().splitlines()
@@ -240,12 +343,23 @@ def test_rank_with_no_examples_does_not_hang(tmp_path, tiny_model_path):
 def test_sft_packing_matches_padding(tmp_path, tiny_model_path):
     """Packed rows (several chats per row, attention kept within each) give the padded loss."""
     files = write_data(tmp_path, n=10)
-    common = {"offline.eval_data": files["sft"], "eval.eval_before_train": "true", "offline.global_batch_size": 5,
-              "train.max_tokens_per_gpu": 400}
-    padded = run_offline(load_config(None, offline_overrides(tiny_model_path, tmp_path / "pad", files["sft"], "sft",
-                                                             **common)))
-    packed = run_offline(load_config(None, offline_overrides(tiny_model_path, tmp_path / "pack", files["sft"], "sft",
-                                                             **common, **{"offline.packing": "true"})))
+    common = {
+        "offline.eval_data": files["sft"],
+        "eval.eval_before_train": "true",
+        "offline.global_batch_size": 5,
+        "train.max_tokens_per_gpu": 400,
+    }
+    padded = run_offline(
+        load_config(None, offline_overrides(tiny_model_path, tmp_path / "pad", files["sft"], "sft", **common))
+    )
+    packed = run_offline(
+        load_config(
+            None,
+            offline_overrides(
+                tiny_model_path, tmp_path / "pack", files["sft"], "sft", **common, **{"offline.packing": "true"}
+            ),
+        )
+    )
     for (_, a), (_, b) in zip(padded, packed):
         assert a["eval/loss"] == pytest.approx(b["eval/loss"], rel=1e-4)
 
@@ -269,9 +383,19 @@ def test_offline_example_configs_run(tmp_path, tiny_model_path, name):
 
     files = write_data(tmp_path, n=8)
     example = Path(__file__).resolve().parents[1] / "examples" / "offline" / f"{name}.yaml"
-    cfg = load_config(example, [f"model.path={tiny_model_path}", f"offline.train_data={data_for(name, files)}",
-                                f"run.output_dir={tmp_path / 'run'}", "offline.num_epochs=1", "offline.global_batch_size=4",
-                                "run.progress=false", "eval.eval_interval=null", "train.max_tokens_per_gpu=400"])
+    cfg = load_config(
+        example,
+        [
+            f"model.path={tiny_model_path}",
+            f"offline.train_data={data_for(name, files)}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "offline.num_epochs=1",
+            "offline.global_batch_size=4",
+            "run.progress=false",
+            "eval.eval_interval=null",
+            "train.max_tokens_per_gpu=400",
+        ],
+    )
     assert cfg.offline.method == name
     evals = run_offline(cfg)
     assert [label for label, _ in evals] == ["before", "after"]

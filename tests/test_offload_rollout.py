@@ -13,10 +13,13 @@ from tests.test_integration import TASK, tiny_overrides
 KEYS = ("rollout/response_len_mean", "rollout/reward_mean", "train/loss", "train/grad_norm")
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["cluster.offload_rollout=true", "cluster.mode=ray"], "mode=ray"),
-    (["cluster.offload_rollout=true", "rollout.max_staleness=1"], "max_staleness=1"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["cluster.offload_rollout=true", "cluster.mode=ray"], "mode=ray"),
+        (["cluster.offload_rollout=true", "rollout.max_staleness=1"], "max_staleness=1"),
+    ],
+)
 def test_config_refuses_offload_rollout_where_it_does_not_apply(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
@@ -26,9 +29,20 @@ def run(tmp_path, model_path, offload: bool, weights: bool = False):
     """Two rollout steps; returns whether the engine was asleep at each train call, and metrics."""
     data = tmp_path / "prompts.jsonl"  # plain prompts: no task generator needed
     data.write_text("".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(64)))
-    overrides = [o for o in tiny_overrides(model_path, tmp_path / f"run{offload}{weights}", **{
-        "cluster.offload_rollout": str(offload).lower(), "cluster.offload_engine_weights": str(weights).lower(),
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token"}) if o not in TASK]
+    overrides = [
+        o
+        for o in tiny_overrides(
+            model_path,
+            tmp_path / f"run{offload}{weights}",
+            **{
+                "cluster.offload_rollout": str(offload).lower(),
+                "cluster.offload_engine_weights": str(weights).lower(),
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+            },
+        )
+        if o not in TASK
+    ]
     cfg = load_config(None, overrides + [f"data.prompt_data={data}"])
     loop = RLLoop(cfg)
     asleep, train_actor = [], loop.cluster.train_actor

@@ -24,15 +24,23 @@ from tests.test_integration import read_metrics, tiny_overrides
 STOP = 'rollout.rollout_stop=["e"]'
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["rollout.over_sampling_batch_size=4", "rollout.rollout_batch_size=8"], "over_sampling_batch_size=4 is below"),
-    (["rollout.over_sampling_batch_size=16", "rollout.max_staleness=1"], "rollout.max_staleness=1"),
-    (["rollout.over_sampling_batch_size=16", "rollout.rollout_function_path=tests.reward_fns:even_first_token"],
-     "rollout.rollout_function_path"),
-    (["rollout.over_sampling_batch_size=16", "engine.backend=hf"], "engine.backend=embedded and cluster.mode=local"),
-    (["rollout.over_sampling_batch_size=16", "cluster.mode=ray"], "cluster.mode=local"),
-    (["rollout.partial_rollout=true"], "rollout.over_sampling_batch_size"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["rollout.over_sampling_batch_size=4", "rollout.rollout_batch_size=8"], "over_sampling_batch_size=4 is below"),
+        (["rollout.over_sampling_batch_size=16", "rollout.max_staleness=1"], "rollout.max_staleness=1"),
+        (
+            ["rollout.over_sampling_batch_size=16", "rollout.rollout_function_path=tests.reward_fns:even_first_token"],
+            "rollout.rollout_function_path",
+        ),
+        (
+            ["rollout.over_sampling_batch_size=16", "engine.backend=hf"],
+            "engine.backend=embedded and cluster.mode=local",
+        ),
+        (["rollout.over_sampling_batch_size=16", "cluster.mode=ray"], "cluster.mode=local"),
+        (["rollout.partial_rollout=true"], "rollout.over_sampling_batch_size"),
+    ],
+)
 def test_config_refuses_what_over_sampling_cannot_do(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
@@ -45,30 +53,45 @@ class _Prompts:
 
     def __init__(self, n=40):
         g = torch.Generator().manual_seed(0)
-        self.prompts = [Prompt(f"p{i}", "", torch.randint(10, 40000, (5,), generator=g).tolist(), index=i)
-                        for i in range(n)]
+        self.prompts = [
+            Prompt(f"p{i}", "", torch.randint(10, 40000, (5,), generator=g).tolist(), index=i) for i in range(n)
+        ]
         self.offset = 0
 
     def next_batch(self, n):
         self.offset += n
-        return self.prompts[self.offset - n:self.offset]
+        return self.prompts[self.offset - n : self.offset]
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap-schedule"])
 def test_carried_samples_continue_under_the_new_weights(tiny_model_path, overlap):
     """Rollout 0 trains the first 2 of 6 groups to complete and carries the rest; after weight
     updates later rollouts continue them: a trained sample holds the tokens and log-probs it had at
-    the stop, then tokens of the newer version, each token's log-prob that of its own policy. Also with the GPU's overlap scheduler (finished
-    sequences read back one step late; the abort drains them first)."""
+    the stop, then tokens of the newer version, each token's log-prob that of its own policy. Also with the GPU's
+    overlap scheduler (finished sequences read back one step late; the abort drains them first)."""
     tok = load_tokenizer(tiny_model_path)
     models = [build_model(tiny_model_path, torch.float32)] + [
-        build_model(tiny_model_path, torch.float32, random_init=True, seed=123 + v) for v in range(1, 4)]
-    engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32), EngineConfig(max_num_seqs=16, sync_interval=1),
-                            max_model_len=128, seed=0, tokenizer=tok)
+        build_model(tiny_model_path, torch.float32, random_init=True, seed=123 + v) for v in range(1, 4)
+    ]
+    engine = EmbeddedEngine(
+        build_model(tiny_model_path, torch.float32),
+        EngineConfig(max_num_seqs=16, sync_interval=1),
+        max_model_len=128,
+        seed=0,
+        tokenizer=tok,
+    )
     engine._overlap = overlap
-    cfg = load_config(None, ["rollout.rollout_batch_size=2", "rollout.over_sampling_batch_size=6",
-                             "rollout.n_samples_per_prompt=2", "rollout.partial_rollout=true",
-                             "rollout.rollout_max_response_len=24", STOP])
+    cfg = load_config(
+        None,
+        [
+            "rollout.rollout_batch_size=2",
+            "rollout.over_sampling_batch_size=6",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.partial_rollout=true",
+            "rollout.rollout_max_response_len=24",
+            STOP,
+        ],
+    )
     ctx = RolloutContext(cfg, engine, tok, None, [tok.eos_token_id])
     rollout, data = OverSampledRollout(cfg), _Prompts()
     try:
@@ -76,13 +99,21 @@ def test_carried_samples_continue_under_the_new_weights(tiny_model_path, overlap
         groups = rollout(ctx, 0, data)
         counts = rollout.pop_counts()
         assert [len(g) for g in groups] == [2, 2] and data.offset == 6
-        assert all(s.status in (Status.COMPLETED, Status.TRUNCATED) and s.token_versions() == [0] * s.response_length
-                   for g in groups for s in g)
+        assert all(
+            s.status in (Status.COMPLETED, Status.TRUNCATED) and s.token_versions() == [0] * s.response_length
+            for g in groups
+            for s in g
+        )
         assert [s.group_index for g in groups for s in g] == [0, 0, 1, 1]
         assert counts["rollout/over_sampled_prompts"] == 4 and counts["rollout/aborted_samples"] >= 1
+
         def cut_samples():  # (tokens, log-probs) of the half-generated samples handed on
-            return [(list(p.tokens), list(p.log_probs)) for g in rollout.pending for p in g.parts
-                    if p.result is None and p.tokens]
+            return [
+                (list(p.tokens), list(p.log_probs))
+                for g in rollout.pending
+                for p in g.parts
+                if p.result is None and p.tokens
+            ]
 
         cut = cut_samples()
         assert cut, "the early stop left no half-generated sample"
@@ -108,7 +139,7 @@ def test_carried_samples_continue_under_the_new_weights(tiny_model_path, overlap
             assert versions == sorted(versions) and len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
             a = versions.count(versions[0])
             assert any(s.response_ids[:a] == t and s.rollout_log_probs[:a] == lp for t, lp in cut)
-            prompt, lps = s.tokens[:s.prompt_length], torch.tensor(s.rollout_log_probs)
+            prompt, lps = s.tokens[: s.prompt_length], torch.tensor(s.rollout_log_probs)
             for v in set(versions):  # each token's log-prob is its own policy's
                 at = torch.tensor([x == v for x in versions])
                 expect = trainer_log_probs(models[v], prompt, s.response_ids)
@@ -118,9 +149,20 @@ def test_carried_samples_continue_under_the_new_weights(tiny_model_path, overlap
 
 
 def _cfg(tiny_model_path, out, **extra):
-    return load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "data.n_eval_prompts": 0, "run.save_final": "false", **extra}))
+    return load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "data.n_eval_prompts": 0,
+                "run.save_final": "false",
+                **extra,
+            },
+        ),
+    )
 
 
 def _run(tiny_model_path, out, **extra):
@@ -146,14 +188,19 @@ def test_loop_trains_complete_groups_and_resumes_with_the_prompts_handed_on(tmp_
     carry-over some trained tokens come from an older policy, without it none does. A checkpoint
     keeps the prompts handed on and a resumed run queues them first."""
     out = tmp_path / "run"
-    over = {"rollout.over_sampling_batch_size": 5, "rollout.partial_rollout": str(carry).lower(),
-            "engine.sync_interval": 1, "rollout.rollout_max_response_len": 16, "rollout.rollout_stop": '["e"]'}
+    over = {
+        "rollout.over_sampling_batch_size": 5,
+        "rollout.partial_rollout": str(carry).lower(),
+        "engine.sync_interval": 1,
+        "rollout.rollout_max_response_len": 16,
+        "rollout.rollout_stop": '["e"]',
+    }
     trained, rows = _run(tiny_model_path, out, **over, **{"train.num_rollout": 4, "run.save_interval": 2})
     assert len(trained) == 4
     for samples in trained:
         assert len(samples) == 2 * 4
         for gi in range(2):
-            group = samples[gi * 4:(gi + 1) * 4]
+            group = samples[gi * 4 : (gi + 1) * 4]
             assert {s.group_index for s in group} == {gi} and len({s.prompt for s in group}) == 1
             assert all(s.status in (Status.COMPLETED, Status.TRUNCATED) for s in group)
             assert all(len(s.rollout_log_probs) == s.response_length for s in group)
@@ -187,14 +234,24 @@ def test_over_sampling_equal_to_the_batch_trains_as_without_it(tmp_path, tiny_mo
     runs = {}
     for name, extra in (("default", {}), ("equal", {"rollout.over_sampling_batch_size": 2})):
         trained, rows = _run(tiny_model_path, tmp_path / name, **extra)
-        runs[name] = (trained, [{k: v for k, v in m.items()
-                                 if not k.startswith(("time/", "perf/")) and k != "time"} for m in rows])
+        runs[name] = (
+            trained,
+            [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/")) and k != "time"} for m in rows],
+        )
     (t_default, m_default), (t_equal, m_equal) = runs["default"], runs["equal"]
     assert [[s.tokens for s in r] for r in t_default] == [[s.tokens for s in r] for r in t_equal]
     extra = {k for m in m_equal for k in m} - {k for m in m_default for k in m}
-    assert extra == {"rollout/over_sampled_prompts", "rollout/aborted_samples", "rollout/carried_samples",
-                     "rollout/requeued_prompts", "rollout/dropped_prompts", "rollout/discarded_tokens",
-                     "rollout/off_policy_token_share", "rollout/off_policy_samples", "rollout/staleness_mean",
-                     "rollout/staleness_max"}
+    assert extra == {
+        "rollout/over_sampled_prompts",
+        "rollout/aborted_samples",
+        "rollout/carried_samples",
+        "rollout/requeued_prompts",
+        "rollout/dropped_prompts",
+        "rollout/discarded_tokens",
+        "rollout/off_policy_token_share",
+        "rollout/off_policy_samples",
+        "rollout/staleness_mean",
+        "rollout/staleness_max",
+    }
     assert [{k: v for k, v in m.items() if k not in extra} for m in m_equal] == m_default
     assert all(m["rollout/aborted_samples"] == 0 and m["rollout/off_policy_token_share"] == 0 for m in m_equal)

@@ -18,8 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def prompts_file(tmp_path: Path, n: int, labels: bool = True) -> Path:
     path = tmp_path / f"prompts_{n}.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", **({"label": str(i + 1)} if labels else {})})
-                            + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"What is {i} + 1?", **({"label": str(i + 1)} if labels else {})}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -42,15 +46,32 @@ def test_the_example_config_runs_on_a_jsonl_and_a_reward_that_cannot_score_it_is
     train, evalset = load_datasets(cfg.data, tokenizer, reward=cfg.reward)  # task_kwargs and reward.type: fine
     assert len(train) + len(evalset) == 200
     cfg = load_config(ROOT / "examples" / "arith_grpo.yaml", [f"data.prompt_data={data}", "reward.type=reasoning_gym"])
-    with pytest.raises(DataError, match=r"reward.type=reasoning_gym .* 136 of the 136 prompts of .*prompts_200.jsonl "
-                                        r"do not come from a reasoning-gym task.*reward.type=auto"):
+    with pytest.raises(
+        DataError,
+        match=r"reward.type=reasoning_gym .* 136 of the 136 prompts of .*prompts_200.jsonl "
+        r"do not come from a reasoning-gym task.*reward.type=auto",
+    ):
         load_datasets(cfg.data, tokenizer, reward=cfg.reward)
-    cfg = load_config(None, [f"data.prompt_data={prompts_file(tmp_path, 4, labels=False)}", "data.label_key=null",
-                             "reward.type=exact_match", "data.n_eval_prompts=0"])
+    cfg = load_config(
+        None,
+        [
+            f"data.prompt_data={prompts_file(tmp_path, 4, labels=False)}",
+            "data.label_key=null",
+            "reward.type=exact_match",
+            "data.n_eval_prompts=0",
+        ],
+    )
     with pytest.raises(DataError, match=r"reward.type=exact_match .* no prompt of .* has one \(data.label_key=None\)"):
         load_datasets(cfg.data, tokenizer, reward=cfg.reward)
-    cfg = load_config(None, [f"data.prompt_data={prompts_file(tmp_path, 4, labels=False)}", "data.label_key=null",
-                             "reward.type=custom", "reward.function_path=tests.reward_fns:even_first_token"])
+    cfg = load_config(
+        None,
+        [
+            f"data.prompt_data={prompts_file(tmp_path, 4, labels=False)}",
+            "data.label_key=null",
+            "reward.type=custom",
+            "reward.function_path=tests.reward_fns:even_first_token",
+        ],
+    )
     load_datasets(cfg.data, tokenizer, reward=cfg.reward)  # a custom reward needs no label
 
 
@@ -88,8 +109,15 @@ def test_make_data_sizes_the_kv_cache_to_its_work(tmp_path, tiny_model_path, mon
         raise Stop
 
     monkeypatch.setattr(md, "build_engine", build_engine)
-    cfg = load_config(None, [f"model.path={tiny_model_path}", "data.num_prompts=16",
-                             "data.task_kwargs={min_terms: 2, max_terms: 2}", "rollout.n_samples_per_prompt=8"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_path}",
+            "data.num_prompts=16",
+            "data.task_kwargs={min_terms: 2, max_terms: 2}",
+            "rollout.n_samples_per_prompt=8",
+        ],
+    )
     with pytest.raises(Stop):
         md.make_data(cfg, "pairs", tmp_path / "pairs.jsonl", num_prompts=16)
     assert seen["slots"] == 16 * 8  # was engine.max_num_seqs (1024): 4.1 GiB for SmolLM2 on a CPU

@@ -26,8 +26,16 @@ def group_data(prompts: int = 3, group: int = 4, seed: int = 0) -> TrainData:
             if R > 4 and k % 2:
                 mask[2:4] = [0, 0]
             response = torch.randint(10, 40000, (R,), generator=g).tolist()
-            samples.append(Sample(prompt="p", tokens=prompt + response, response_length=R, loss_mask=mask,
-                                  rollout_log_probs=[-1.0] * R, group_index=p))
+            samples.append(
+                Sample(
+                    prompt="p",
+                    tokens=prompt + response,
+                    response_length=R,
+                    loss_mask=mask,
+                    rollout_log_probs=[-1.0] * R,
+                    group_index=p,
+                )
+            )
             a = 0.0 if p == 1 else float(torch.randn(1, generator=g))
             adv.append(torch.full((R,), a))
     return TrainData(samples, adv)
@@ -37,8 +45,17 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def make_actor(path, layout: str, device: torch.device = torch.device("cpu"), **extra) -> Actor:
-    o = {"model.path": path, "model.train_dtype": "fp32", "train.lr": 1e-2, "train.max_tokens_per_gpu": 40, "train.packing": layout,
-         "train.adam_eps": 1e-3, "train.clip_grad": 1e9, "algo.entropy_coef": 0.01, **extra}
+    o = {
+        "model.path": path,
+        "model.train_dtype": "fp32",
+        "train.lr": 1e-2,
+        "train.max_tokens_per_gpu": 40,
+        "train.packing": layout,
+        "train.adam_eps": 1e-3,
+        "train.clip_grad": 1e9,
+        "algo.entropy_coef": 0.01,
+        **extra,
+    }
     cfg = load_config(None, [f"{k}={v}" for k, v in o.items()])
     return Actor(cfg, path, device)
 
@@ -68,20 +85,28 @@ def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
 
 def test_engine_and_every_layout_agree_in_fp32(tiny_model_path):
     """The engine's sampling log-probs equal the trainer's under each layout (fp32, < 1e-5)."""
-    from reinforge.models.loading import build_model
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
     from reinforge.records import GenerateRequest, SamplingParams
 
-    engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32, DEVICE),
-                            EngineConfig(max_num_seqs=16, cuda_graph=False), max_model_len=64, seed=0)
+    engine = EmbeddedEngine(
+        build_model(tiny_model_path, torch.float32, DEVICE),
+        EngineConfig(max_num_seqs=16, cuda_graph=False),
+        max_model_len=64,
+        seed=0,
+    )
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(10, 40000, (5 + 3 * i,), generator=g).tolist() for i in range(3)]
-    results = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0), n=4)
-                               for p in prompts])
+    results = engine.generate(
+        [GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0), n=4) for p in prompts]
+    )
     engine.shutdown()
-    samples = [Sample(prompt="p", tokens=p + r.token_ids, response_length=len(r.token_ids),
-                      loss_mask=[1] * len(r.token_ids)) for p, group in zip(prompts, results) for r in group]
+    samples = [
+        Sample(prompt="p", tokens=p + r.token_ids, response_length=len(r.token_ids), loss_mask=[1] * len(r.token_ids))
+        for p, group in zip(prompts, results)
+        for r in group
+    ]
     for layout in LAYOUTS:
         lps = make_actor(tiny_model_path, layout, DEVICE).compute_log_probs(samples)
         for s, lp, r in zip(samples, lps, [r for group in results for r in group]):
@@ -120,9 +145,10 @@ def test_plan_rows_budget_and_cover():
                     assert len({data.samples[i].group_index for i in row}) == 1
     # shared prompt: each group's prompt once
     plans = plan_rows(tokens, rlen, idx, "shared_prompt", 10_000)
-    assert sum(row_length(tokens, rlen, row, True) for mb in plans for row in mb) == \
-        sum(rlen) + sum(len(data.samples[g[0]].tokens) - data.samples[g[0]].response_length
-                        for g in ([i for i in idx if data.samples[i].group_index == p] for p in range(4)))
+    assert sum(row_length(tokens, rlen, row, True) for mb in plans for row in mb) == sum(rlen) + sum(
+        len(data.samples[g[0]].tokens) - data.samples[g[0]].response_length
+        for g in ([i for i in idx if data.samples[i].group_index == p] for p in range(4))
+    )
 
 
 def test_shared_prompt_layout_positions():

@@ -13,8 +13,12 @@ import torch
 
 from reinforge.engine import paged_attention as pa
 from reinforge.engine.kv_cache import cache_write, to_cache
-from reinforge.engine.paged_attention import (decode_splits, gather_blocks, masked_decode_attention,
-                                               paged_decode_attention_triton)
+from reinforge.engine.paged_attention import (
+    decode_splits,
+    gather_blocks,
+    masked_decode_attention,
+    paged_decode_attention_triton,
+)
 from reinforge.utils.triton import triton, triton_available
 
 if triton_available("cuda"):
@@ -23,8 +27,9 @@ elif triton is not None and os.environ.get("TRITON_INTERPRET") == "1":
     KERNEL_DEVICE = "cpu"
 else:
     KERNEL_DEVICE = None
-needs_kernel = pytest.mark.skipif(KERNEL_DEVICE is None,
-                                  reason="the Triton kernel needs CUDA, or Triton with TRITON_INTERPRET=1")
+needs_kernel = pytest.mark.skipif(
+    KERNEL_DEVICE is None, reason="the Triton kernel needs CUDA, or Triton with TRITON_INTERPRET=1"
+)
 needs_cuda = pytest.mark.skipif(not triton_available("cuda"), reason="CUDA graphs need CUDA")
 
 
@@ -68,7 +73,7 @@ def test_decode_splits():
     assert decode_splits(16, 2, 1000, 132) == 4  # capped: >= 256 keys per piece
     assert decode_splits(16, 2, 256, 132) == 1  # short context: the single-pass kernel
     assert decode_splits(1024, 2, 32768, 132) == 1  # big batch: enough programs already
-    assert decode_splits(1, 1, 10 ** 6, 132) == pa.MAX_SPLITS
+    assert decode_splits(1, 1, 10**6, 132) == pa.MAX_SPLITS
     with pytest.raises(ValueError, match="num_seqs=0"):
         decode_splits(0, 2, 100, 132)
 
@@ -77,8 +82,9 @@ def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=Non
     """Kernel output and cache after the call, against the reference: write the new K/V, then
     gather and attend (``cache_dtype``: an 8-bit cache, written through ``cache_write`` and read
     back in fp32). Returns (out, ref, cache_after, cache_ref)."""
-    q, k, v, table, lens, mb = _paged_case(B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=device, seed=seed,
-                                           lens=lens)
+    q, k, v, table, lens, mb = _paged_case(
+        B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=device, seed=seed, lens=lens
+    )
     if cache_dtype is not None:
         k, v = to_cache(k, cache_dtype), to_cache(v, cache_dtype)
     g = torch.Generator().manual_seed(seed + 1)
@@ -103,8 +109,10 @@ def _check(case, tol):
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     for c, c_ref in zip(cache, cache_ref):  # (bytes: torch.equal does not take every float8 type)
-        assert torch.equal(c.view(torch.uint8) if c.element_size() == 1 else c,
-                           c_ref.view(torch.uint8) if c.element_size() == 1 else c_ref)
+        assert torch.equal(
+            c.view(torch.uint8) if c.element_size() == 1 else c,
+            c_ref.view(torch.uint8) if c.element_size() == 1 else c_ref,
+        )
 
 
 DTYPES = [(torch.float32, 1e-5)] + ([(torch.bfloat16, 2e-2)] if KERNEL_DEVICE == "cuda" else [])
@@ -131,8 +139,10 @@ def test_split_kernel_equals_gathered_attention(dtype, tol, num_splits, monkeypa
 
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
-needs_fp8 = pytest.mark.skipif(KERNEL_DEVICE != "cuda" or torch.cuda.get_device_capability() < (8, 9),
-                               reason="Triton's fp8 conversions: CUDA, compute capability 8.9+")
+needs_fp8 = pytest.mark.skipif(
+    KERNEL_DEVICE != "cuda" or torch.cuda.get_device_capability() < (8, 9),
+    reason="Triton's fp8 conversions: CUDA, compute capability 8.9+",
+)
 
 
 @needs_fp8
@@ -146,8 +156,21 @@ def test_kernel_over_an_fp8_cache_equals_gathered_attention(cache_dtype, dtype, 
     saturate at the format's limit)."""
     monkeypatch.setattr(pa, "MIN_KEYS_PER_SPLIT", 16)
     for H, KVH, D, BS in [(12, 2, 64, 16), (8, 8, 128, 32)]:
-        _check(kernel_case(H, KVH, D, BS, dtype, KERNEL_DEVICE, lens=LENS, cache_dtype=cache_dtype, block_n=16,
-                           num_splits=num_splits), tol)
+        _check(
+            kernel_case(
+                H,
+                KVH,
+                D,
+                BS,
+                dtype,
+                KERNEL_DEVICE,
+                lens=LENS,
+                cache_dtype=cache_dtype,
+                block_n=16,
+                num_splits=num_splits,
+            ),
+            tol,
+        )
 
 
 @needs_kernel
@@ -186,8 +209,9 @@ def test_kernel_replays_in_a_cuda_graph(num_splits, monkeypatch):
         w_off.copy_(pos % BS)
 
     def run():
-        return paged_decode_attention_triton(q, kn, vn, k, v, table, lens, w_blk, w_off, block_n=16,
-                                             num_splits=num_splits)
+        return paged_decode_attention_triton(
+            q, kn, vn, k, v, table, lens, w_blk, w_off, block_n=16, num_splits=num_splits
+        )
 
     where(lens)
     run()  # compiles

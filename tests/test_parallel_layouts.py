@@ -4,8 +4,14 @@ gradient norm and updated weights of one process (fp32), also with ranks that ge
 import pytest
 
 from reinforge.train.mesh import Layout
-from tests.test_distributed import (assert_resumes_on_one_process, assert_same, make_cfg, make_data, run_ranks,
-                                    run_single)
+from tests.test_distributed import (
+    assert_resumes_on_one_process,
+    assert_same,
+    make_cfg,
+    make_data,
+    run_ranks,
+    run_single,
+)
 
 
 def layout_cfg(path, tp=1, cp=1, **extra):
@@ -15,8 +21,11 @@ def layout_cfg(path, tp=1, cp=1, **extra):
 def test_layout_words_and_checks():
     assert Layout.for_world(4, tp=2).words() == "4 trainer ranks = 2 data x 2 tensor"
     assert Layout.for_world(8, tp=2, cp=2).words() == "8 trainer ranks = 2 data x 2 context x 2 tensor"
-    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=3 x train.context_parallel_size=1 = 3 "
-                                         r"does not divide the 4 trainer rank"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor_model_parallel_size=3 x train.context_parallel_size=1 = 3 "
+        r"does not divide the 4 trainer rank",
+    ):
         Layout.for_world(4, tp=3)
     assert Layout(1, 1, 2).model_problems(4, 2, 128) == []
     assert "num_key_value_heads=2" in Layout(1, 1, 4).model_problems(8, 2, 128)[0]
@@ -38,13 +47,15 @@ def test_fsdp_times_tp_or_cp_on_four_ranks(tiny_model_path, tp, cp):
     """2 data x 2 tensor, 2 data x 2 context: FSDP2 over dp (x cp) composed with the other dimension."""
     cfg = layout_cfg(tiny_model_path, tp, cp)
     data = make_data(6, seed=8)
-    assert_same(run_single(make_cfg(tiny_model_path), tiny_model_path, data)[:2],
-                run_ranks(4, cfg, tiny_model_path, data))
+    assert_same(
+        run_single(make_cfg(tiny_model_path), tiny_model_path, data)[:2], run_ranks(4, cfg, tiny_model_path, data)
+    )
     # one sample: one data-parallel rank has none and runs a dummy micro-batch through the
     # tensor / context parallel collectives and FSDP's (no hang, the same update)
     data = make_data(1, seed=2)
-    assert_same(run_single(make_cfg(tiny_model_path), tiny_model_path, data)[:2],
-                run_ranks(4, cfg, tiny_model_path, data))
+    assert_same(
+        run_single(make_cfg(tiny_model_path), tiny_model_path, data)[:2], run_ranks(4, cfg, tiny_model_path, data)
+    )
 
 
 @pytest.mark.slow
@@ -84,17 +95,26 @@ def test_config_and_preflight_name_keys_world_and_layout(tiny_model_path):
     from reinforge.preflight import PreflightError, check_rl
 
     ray = ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=4", f"model.path={tiny_model_path}"]
-    with pytest.raises(ConfigError, match=r"train.tensor_model_parallel_size=3 x train.context_parallel_size=1 = 3 "
-                                          r"does not divide the 4 trainer ranks"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.tensor_model_parallel_size=3 x train.context_parallel_size=1 = 3 "
+        r"does not divide the 4 trainer ranks",
+    ):
         load_config(None, ray + ["train.tensor_model_parallel_size=3"])
     cfg = load_config(None, ray + ["train.tensor_model_parallel_size=4"])  # 4 ranks, but 2 kv heads
-    with pytest.raises(PreflightError, match=r"tensor_model_parallel_size=4 must divide the model's "
-                                             r"num_key_value_heads=2"):
+    with pytest.raises(
+        PreflightError,
+        match=r"tensor_model_parallel_size=4 must divide the model's "
+        r"num_key_value_heads=2",
+    ):
         check_rl(cfg, tiny_model_path, 10, memory=1e15)
     local = load_config(None, [f"model.path={tiny_model_path}", "train.context_parallel_size=2"])
     with pytest.raises(PreflightError, match=r"does not divide the 1 trainer rank.*cluster.mode=ray"):
         check_rl(local, tiny_model_path, 10, memory=1e15)
     cfg = load_config(None, ray + ["train.tensor_model_parallel_size=2", "cluster.colocate=true"])
-    with pytest.raises(ClusterError, match=r"needs 4 GPUs \(actor_num_nodes \* actor_num_gpus_per_node = 4 "
-                                           r"\(4 trainer ranks = 2 data x 2 tensor\)\)"):
+    with pytest.raises(
+        ClusterError,
+        match=r"needs 4 GPUs \(actor_num_nodes \* actor_num_gpus_per_node = 4 "
+        r"\(4 trainer ranks = 2 data x 2 tensor\)\)",
+    ):
         check_placement(cfg, {"GPU": 2, "CPU": 64})

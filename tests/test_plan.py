@@ -19,9 +19,18 @@ from reinforge.plan.planner import TrainingOutOfMemory, out_of_memory
 from reinforge.preflight import PreflightError, check_rl
 
 H100 = GPUS["h100"]
-QWEN15 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=151936, hidden_size=1536,
-              intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-              max_position_embeddings=32768, tie_word_embeddings=True)
+QWEN15 = dict(
+    model_type="qwen2",
+    architectures=["Qwen2ForCausalLM"],
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+)
 M139 = dict(QWEN15, vocab_size=49152)  # issue 24 / 37's 1.39B model: Qwen2.5-1.5B's layers, SmolLM2's vocabulary
 
 
@@ -33,8 +42,11 @@ def folder(tmp_path: Path, cfg: dict) -> Path:
 
 # ------------------------------------------------------------------------------ memory calibration
 
-@pytest.mark.parametrize("recompute,tokens,measured", [
-    (28, 8192, 23.9), (28, 16384, 30.0), (28, 32768, 42.1), (0, 8192, 44.0), (0, 16384, 67.7)])
+
+@pytest.mark.parametrize(
+    "recompute,tokens,measured",
+    [(28, 8192, 23.9), (28, 16384, 30.0), (28, 32768, 42.1), (0, 8192, 44.0), (0, 16384, 67.7)],
+)
 def test_training_peak_matches_the_recorded_micro_batch_peaks(recompute, tokens, measured):
     """bench/liger_train.py (docs/benchmarks.md): fp32 parameters + gradients + activations of one
     micro-batch of Qwen2.5-1.5B's shape, AdamW excluded, every token's logits."""
@@ -56,9 +68,21 @@ def test_log_prob_pass_matches_the_recorded_peak():
 
 def test_moe_parameter_counts():
     """bench/archs.py's qwen3-moe-2.6b-a0.5b: 2.65B parameters, 0.53B active per token."""
-    arch = M.Arch.from_config(dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=1024, intermediate_size=4096,
-                                   moe_intermediate_size=512, num_experts=64, num_experts_per_tok=8,
-                                   num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=4, head_dim=128))
+    arch = M.Arch.from_config(
+        dict(
+            model_type="qwen3_moe",
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=4096,
+            moe_intermediate_size=512,
+            num_experts=64,
+            num_experts_per_tok=8,
+            num_hidden_layers=24,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+        )
+    )
     assert arch.moe_layers == 24
     assert arch.num_params / 1e9 == pytest.approx(2.65, abs=0.03)
     assert arch.flop_params / 1e9 == pytest.approx(0.53, abs=0.03)
@@ -68,13 +92,27 @@ def test_moe_parameter_counts():
 
 # ------------------------------------------------------------------------------ the issue's runs
 
+
 def grpo16k(path: Path, *extra: str):
     """docs/benchmarks.md's GRPO at 16k on one H100 (bench/grpo_long.py's workload)."""
-    return load_config(None, [f"model.path={path}", "model.gradient_checkpointing=true", "rollout.rollout_batch_size=16",
-                              "rollout.n_samples_per_prompt=8", "rollout.rollout_max_response_len=16384",
-                              "engine.max_num_seqs=128", "engine.kv_cache_dtype=fp8", "train.packing=sequences",
-                              "engine.kv_cache_memory_fraction=0.7", "cluster.offload_rollout=true",
-                              "model.recompute_num_layers=6", "train.max_tokens_per_gpu=16640", *extra])
+    return load_config(
+        None,
+        [
+            f"model.path={path}",
+            "model.gradient_checkpointing=true",
+            "rollout.rollout_batch_size=16",
+            "rollout.n_samples_per_prompt=8",
+            "rollout.rollout_max_response_len=16384",
+            "engine.max_num_seqs=128",
+            "engine.kv_cache_dtype=fp8",
+            "train.packing=sequences",
+            "engine.kv_cache_memory_fraction=0.7",
+            "cluster.offload_rollout=true",
+            "model.recompute_num_layers=6",
+            "train.max_tokens_per_gpu=16640",
+            *extra,
+        ],
+    )
 
 
 def problems(cfg, path, prompt=30):
@@ -92,22 +130,62 @@ def test_the_issue_oom_is_refused_with_the_value_that_fits(tmp_path):
     assert 16640 <= fit < 32768
     assert problems(grpo16k(path, f"train.max_tokens_per_gpu={fit}"), path) == []
     k = int(msg.split("model.recompute_num_layers=")[1].split(" ")[0])
-    assert 6 < k <= 28 and problems(grpo16k(path, "train.max_tokens_per_gpu=32768", f"model.recompute_num_layers={k}"),
-                                    path) == []
+    assert (
+        6 < k <= 28
+        and problems(grpo16k(path, "train.max_tokens_per_gpu=32768", f"model.recompute_num_layers={k}"), path) == []
+    )
 
 
-@pytest.mark.parametrize("extra,ok", [
-    # runs recorded in docs/benchmarks.md (all ran on one H100)
-    (["cluster.offload_rollout=false", "model.recompute_num_layers=null", "engine.kv_cache_memory_fraction=0.55"], True),
-    (["engine.kv_cache_dtype=auto", "engine.max_num_seqs=64", "rollout.rollout_batch_size=8",
-      "cluster.offload_rollout=false", "model.recompute_num_layers=null", "engine.kv_cache_memory_fraction=0.3"], True),
-    (["engine.kv_cache_dtype=auto", "engine.max_num_seqs=16", "rollout.rollout_batch_size=2",
-      "rollout.rollout_max_response_len=32768", "train.max_tokens_per_gpu=33024", "cluster.offload_rollout=false",
-      "model.recompute_num_layers=null", "engine.kv_cache_memory_fraction=0.55"], True),
-    # grpo_long_oom_first_try_h100.log: 65,536 tokens per micro-batch beside a 0.5 KV cache ran out of memory
-    (["engine.kv_cache_dtype=auto", "rollout.rollout_max_response_len=8192", "train.max_tokens_per_gpu=65536",
-      "cluster.offload_rollout=false", "model.recompute_num_layers=null", "engine.kv_cache_memory_fraction=0.5"], False),
-])
+@pytest.mark.parametrize(
+    "extra,ok",
+    [
+        # runs recorded in docs/benchmarks.md (all ran on one H100)
+        (
+            [
+                "cluster.offload_rollout=false",
+                "model.recompute_num_layers=null",
+                "engine.kv_cache_memory_fraction=0.55",
+            ],
+            True,
+        ),
+        (
+            [
+                "engine.kv_cache_dtype=auto",
+                "engine.max_num_seqs=64",
+                "rollout.rollout_batch_size=8",
+                "cluster.offload_rollout=false",
+                "model.recompute_num_layers=null",
+                "engine.kv_cache_memory_fraction=0.3",
+            ],
+            True,
+        ),
+        (
+            [
+                "engine.kv_cache_dtype=auto",
+                "engine.max_num_seqs=16",
+                "rollout.rollout_batch_size=2",
+                "rollout.rollout_max_response_len=32768",
+                "train.max_tokens_per_gpu=33024",
+                "cluster.offload_rollout=false",
+                "model.recompute_num_layers=null",
+                "engine.kv_cache_memory_fraction=0.55",
+            ],
+            True,
+        ),
+        # grpo_long_oom_first_try_h100.log: 65,536 tokens per micro-batch beside a 0.5 KV cache ran out of memory
+        (
+            [
+                "engine.kv_cache_dtype=auto",
+                "rollout.rollout_max_response_len=8192",
+                "train.max_tokens_per_gpu=65536",
+                "cluster.offload_rollout=false",
+                "model.recompute_num_layers=null",
+                "engine.kv_cache_memory_fraction=0.5",
+            ],
+            False,
+        ),
+    ],
+)
 def test_recorded_runs(tmp_path, extra, ok):
     path = folder(tmp_path, M139)
     assert (problems(grpo16k(path, *extra), path) == []) == ok
@@ -121,12 +199,28 @@ def test_check_rl_refuses_training_memory_in_words(tmp_path):
     check_rl(cfg, path, 30, memory=1e15)  # no GPU: the training memory is not checked (the CPU checks apply)
 
 
-@pytest.mark.parametrize("rows,seqs,length,kv,measured_s", [
-    ("128 fp8 offload", 128, 14173, 1, 130.2), ("64 bf16 KV 0.55", 64, 12658, 2, 96.0),
-    ("64 fp8 KV 0.55", 64, 12643, 1, 76.3)])
+@pytest.mark.parametrize(
+    "rows,seqs,length,kv,measured_s",
+    [
+        ("128 fp8 offload", 128, 14173, 1, 130.2),
+        ("64 bf16 KV 0.55", 64, 12658, 2, 96.0),
+        ("64 fp8 KV 0.55", 64, 12643, 1, 76.3),
+    ],
+)
 def test_generation_time_within_20_percent_of_recorded_rollouts(rows, seqs, length, kv, measured_s):
-    w = M.Workload(M.Arch.from_config(M139), H100, 30, 16384, seqs, seqs, 16640, 6, kv_elem_bytes=kv,
-                   kv_fraction=0.7, offload_rollout=True)
+    w = M.Workload(
+        M.Arch.from_config(M139),
+        H100,
+        30,
+        16384,
+        seqs,
+        seqs,
+        16640,
+        6,
+        kv_elem_bytes=kv,
+        kv_fraction=0.7,
+        offload_rollout=True,
+    )
     assert M.generation_seconds(w, [length] * seqs) == pytest.approx(measured_s, rel=0.2)
 
 
@@ -137,15 +231,23 @@ def test_training_time_within_20_percent_of_the_recorded_step():
 
 # ------------------------------------------------------------------------------ auto keys
 
-AUTO = ["train.max_tokens_per_gpu=auto", "engine.max_num_seqs=auto", "model.recompute_num_layers=auto",
-        "cluster.offload_rollout=auto"]
+AUTO = [
+    "train.max_tokens_per_gpu=auto",
+    "engine.max_num_seqs=auto",
+    "model.recompute_num_layers=auto",
+    "cluster.offload_rollout=auto",
+]
 
 
 def test_auto_on_a_gpu_chooses_values_that_fit(tmp_path):
     path = folder(tmp_path, M139)
     cfg = grpo16k(path, *AUTO)
-    assert auto_keys(cfg) == ["engine.max_num_seqs", "cluster.offload_rollout", "model.recompute_num_layers",
-                              "train.max_tokens_per_gpu"]
+    assert auto_keys(cfg) == [
+        "engine.max_num_seqs",
+        "cluster.offload_rollout",
+        "model.recompute_num_layers",
+        "train.max_tokens_per_gpu",
+    ]
     resolved, plan = resolve_config(cfg, path, gpu=H100, prompt_len=30)
     assert auto_keys(resolved) == [] and resolved.validate()
     t, m = resolved.train.max_tokens_per_gpu, resolved.model
@@ -154,14 +256,20 @@ def test_auto_on_a_gpu_chooses_values_that_fit(tmp_path):
     assert resolved.engine.max_num_seqs == 128
     assert training_problems(plan, 30) == []
     text = format_plan(plan)
-    assert "training" in text and "auto train.max_tokens_per_gpu=" in text and "auto model.recompute_num_layers=" in text
+    assert (
+        "training" in text and "auto train.max_tokens_per_gpu=" in text and "auto model.recompute_num_layers=" in text
+    )
 
 
 def test_auto_without_a_gpu_keeps_todays_defaults(tmp_path):
     path = folder(tmp_path, M139)
     resolved, plan = resolve_config(grpo16k(path, *AUTO, "model.gradient_checkpointing=false"), path, gpu=None)
-    assert (resolved.train.max_tokens_per_gpu, resolved.engine.max_num_seqs, resolved.model.recompute_num_layers,
-            resolved.cluster.offload_rollout) == (8192, 256, None, False)
+    assert (
+        resolved.train.max_tokens_per_gpu,
+        resolved.engine.max_num_seqs,
+        resolved.model.recompute_num_layers,
+        resolved.cluster.offload_rollout,
+    ) == (8192, 256, None, False)
     assert "no GPU" in format_plan(plan)
 
 
@@ -185,6 +293,7 @@ def test_gpu_table():
 
 # ------------------------------------------------------------------------------ out of memory, CLI, bench
 
+
 def test_out_of_memory_names_phase_micro_batch_and_keys():
     from reinforge.train.actor import Actor
 
@@ -196,8 +305,14 @@ def test_out_of_memory_names_phase_micro_batch_and_keys():
             fake._current_mb = mb
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.94 GiB")
     msg = str(e.value)
-    for words in ("training step", "32768 tokens in 2 row(s)", "train.max_tokens_per_gpu=32768",
-                  "model.recompute_num_layers", "cluster.offload_rollout=true", "No checkpoint was written"):
+    for words in (
+        "training step",
+        "32768 tokens in 2 row(s)",
+        "train.max_tokens_per_gpu=32768",
+        "model.recompute_num_layers",
+        "cluster.offload_rollout=true",
+        "No checkpoint was written",
+    ):
         assert words in msg
     assert isinstance(out_of_memory(cfg, "log-prob pass", 1, 1, RuntimeError("x")), TrainingOutOfMemory)
 
@@ -206,10 +321,22 @@ def test_reinforge_plan_command(tmp_path, capsys):
     from reinforge.cli import main
 
     path = folder(tmp_path, M139)
-    args = ["plan", "--gpu", "h100", "--prompt-len", "30", f"model.path={path}", "model.gradient_checkpointing=true",
-            "rollout.rollout_batch_size=16", "rollout.n_samples_per_prompt=8", "rollout.rollout_max_response_len=16384",
-            "model.recompute_num_layers=6", "cluster.offload_rollout=true", "engine.kv_cache_dtype=fp8",
-            "engine.kv_cache_memory_fraction=0.7"]
+    args = [
+        "plan",
+        "--gpu",
+        "h100",
+        "--prompt-len",
+        "30",
+        f"model.path={path}",
+        "model.gradient_checkpointing=true",
+        "rollout.rollout_batch_size=16",
+        "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=16384",
+        "model.recompute_num_layers=6",
+        "cluster.offload_rollout=true",
+        "engine.kv_cache_dtype=fp8",
+        "engine.kv_cache_memory_fraction=0.7",
+    ]
     assert main(args + ["train.max_tokens_per_gpu=32768"]) == 1
     out = capsys.readouterr().out
     assert "refused: train.max_tokens_per_gpu=32768" in out and "generation" in out
@@ -221,9 +348,22 @@ def test_plan_vs_measured_runs_on_cpu(tiny_model_path, tmp_path, capsys):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import plan_vs_measured
 
-    plan_vs_measured.main([f"model.path={tiny_model_path}", "train.device=cpu", "rollout.rollout_batch_size=2",
-                           "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=8",
-                           f"run.output_dir={tmp_path / 'run'}", "run.tensorboard=false", "train.num_rollout=1",
-                           "train.max_tokens_per_gpu=auto", "--rollouts", "1", "--gpu", "h100"])
+    plan_vs_measured.main(
+        [
+            f"model.path={tiny_model_path}",
+            "train.device=cpu",
+            "rollout.rollout_batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.rollout_max_response_len=8",
+            f"run.output_dir={tmp_path / 'run'}",
+            "run.tensorboard=false",
+            "train.num_rollout=1",
+            "train.max_tokens_per_gpu=auto",
+            "--rollouts",
+            "1",
+            "--gpu",
+            "h100",
+        ]
+    )
     out = capsys.readouterr().out
     assert "| generation |" in out and "| training |" in out and "GPU planned: NVIDIA H100" in out

@@ -5,8 +5,18 @@ import math
 import pytest
 import torch
 
-from reinforge.algo.preference import (OFFLINE_METHODS, PairLogps, bradley_terry_loss, cpo_loss, dpo_loss, ipo_loss,
-                                       kto_loss, orpo_loss, sequence_logps, simpo_loss)
+from reinforge.algo.preference import (
+    OFFLINE_METHODS,
+    PairLogps,
+    bradley_terry_loss,
+    cpo_loss,
+    dpo_loss,
+    ipo_loss,
+    kto_loss,
+    orpo_loss,
+    sequence_logps,
+    simpo_loss,
+)
 
 
 def sig(x):
@@ -14,8 +24,9 @@ def sig(x):
 
 
 def pair():
-    return PairLogps(torch.tensor([-3.0, -5.0]), torch.tensor([-4.0, -2.0]), torch.tensor([-3.5, -4.0]),
-                     torch.tensor([-3.5, -3.0]))
+    return PairLogps(
+        torch.tensor([-3.0, -5.0]), torch.tensor([-4.0, -2.0]), torch.tensor([-3.5, -4.0]), torch.tensor([-3.5, -3.0])
+    )
 
 
 def test_dpo_and_label_smoothing():
@@ -50,8 +61,15 @@ def test_bradley_terry_with_margin():
 
 def test_kto():
     logps, ref = torch.tensor([-1.0, -1.0]), torch.tensor([-2.0, -2.0])
-    losses, rewards = kto_loss(logps, ref, torch.tensor([True, False]), torch.tensor(0.25), beta=0.5,
-                               desirable_weight=1.0, undesirable_weight=2.0)
+    losses, rewards = kto_loss(
+        logps,
+        ref,
+        torch.tensor([True, False]),
+        torch.tensor(0.25),
+        beta=0.5,
+        desirable_weight=1.0,
+        undesirable_weight=2.0,
+    )
     assert losses.tolist() == pytest.approx([1 - sig(0.5 * 0.75), 2 * (1 - sig(0.5 * -0.75))], rel=1e-6)
     assert rewards.tolist() == pytest.approx([0.5, 0.5])
     negative_kl, _ = kto_loss(logps, ref, torch.tensor([True, True]), torch.tensor(-3.0), beta=0.5)

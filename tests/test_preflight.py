@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from reinforge import preflight
-from reinforge.config import load_config
-from reinforge.config import SECTIONS
+from reinforge.config import SECTIONS, load_config
 from reinforge.models.context import context_window
 from reinforge.preflight import PreflightError, check_generate, check_offline, check_rl, kv_cache_plan
 
@@ -29,9 +28,20 @@ def refused(fn, *args, **kwargs) -> str:
 def write_config(folder: Path, **overrides) -> Path:
     """A Hugging Face folder holding only config.json (the checks read nothing else): a Qwen2-1.5B
     attention shape (28 layers, 2 KV heads of 128) with 32768 positions unless overridden."""
-    cfg = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=1000, hidden_size=256,
-               intermediate_size=512, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-               head_dim=128, max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True)
+    cfg = dict(
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    )
     cfg.update(overrides)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -44,22 +54,41 @@ def rl_cfg(*overrides):
 
 # ----------------------------------------------------------------------------- context window
 
-@pytest.mark.parametrize("config,tokens", [
-    ({"max_position_embeddings": 8192}, 8192),
-    # Qwen2.5's recipe: the original window stays in max_position_embeddings
-    ({"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0,
-                                                         "original_max_position_embeddings": 32768}}, 131072),
-    ({"max_position_embeddings": 8192, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, 16384),
-    # DeepSeek-V3: the extended window already in max_position_embeddings
-    ({"max_position_embeddings": 163840, "rope_scaling": {"type": "yarn", "factor": 40,
-                                                          "original_max_position_embeddings": 4096}}, 163840),
-    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}, 16384),
-    # Llama 3.1: the factor shapes the frequencies; the window is max_position_embeddings
-    ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                                                          "original_max_position_embeddings": 8192}}, 131072),
-    ({"n_positions": 1024}, 1024),
-    ({"text_config": {"max_position_embeddings": 4096}}, 4096),
-])
+
+@pytest.mark.parametrize(
+    "config,tokens",
+    [
+        ({"max_position_embeddings": 8192}, 8192),
+        # Qwen2.5's recipe: the original window stays in max_position_embeddings
+        (
+            {
+                "max_position_embeddings": 32768,
+                "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            },
+            131072,
+        ),
+        ({"max_position_embeddings": 8192, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, 16384),
+        # DeepSeek-V3: the extended window already in max_position_embeddings
+        (
+            {
+                "max_position_embeddings": 163840,
+                "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+            },
+            163840,
+        ),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}, 16384),
+        # Llama 3.1: the factor shapes the frequencies; the window is max_position_embeddings
+        (
+            {
+                "max_position_embeddings": 131072,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192},
+            },
+            131072,
+        ),
+        ({"n_positions": 1024}, 1024),
+        ({"text_config": {"max_position_embeddings": 4096}}, 4096),
+    ],
+)
 def test_context_window_counts_rope_scaling(config, tokens):
     assert context_window(config).tokens == tokens
 
@@ -67,8 +96,11 @@ def test_context_window_counts_rope_scaling(config, tokens):
 def test_context_window_reads_transformers_configs_alike():
     from transformers import AutoConfig
 
-    kw = dict(max_position_embeddings=32768, rope_theta=1e6,
-              rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    kw = dict(
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    )
     w = context_window(AutoConfig.for_model("qwen2", **kw))
     assert w.tokens == 131072 and "yarn" in w.source and "32768" in w.source
     assert context_window({"vocab_size": 3}) is None
@@ -82,8 +114,13 @@ def test_native_rope_table_covers_the_yarn_window(tmp_path, smollm2_path):
     from reinforge.models.loading import build_model
     from tests.conftest import make_tiny_model
 
-    path = make_tiny_model(tmp_path / "yarn", smollm2_path, "qwen2", max_position_embeddings=32,
-                           rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    path = make_tiny_model(
+        tmp_path / "yarn",
+        smollm2_path,
+        "qwen2",
+        max_position_embeddings=32,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    )
     native = build_model(path, torch.float32)
     assert native.rope_cos.shape[0] == 128
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -94,6 +131,7 @@ def test_native_rope_table_covers_the_yarn_window(tmp_path, smollm2_path):
 
 # ----------------------------------------------------------------------------- lengths
 
+
 def test_too_long_configuration_refused_at_start_with_the_message(smollm2_path, monkeypatch, capsys):
     """Issue 27's example: rollout_max_response_len=8300 on SmolLM2 (8192 positions) failed mid-generation
     with an IndexError in the RoPE table; now `reinforge train` exits 2 before loading any data."""
@@ -103,13 +141,24 @@ def test_too_long_configuration_refused_at_start_with_the_message(smollm2_path, 
         raise AssertionError("training started")
 
     monkeypatch.setattr("reinforge.loop.run_training", not_reached)
-    code = cli.main(["train", "train.device=cpu", "rollout.rollout_max_response_len=8300", "engine.max_num_seqs=8",
-                     "train.max_tokens_per_gpu=9000"])
+    code = cli.main(
+        [
+            "train",
+            "train.device=cpu",
+            "rollout.rollout_max_response_len=8300",
+            "engine.max_num_seqs=8",
+            "train.max_tokens_per_gpu=9000",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("reinforge train: error: this run cannot start: training sequences reach 8301 tokens"), err
-    for part in ("rollout.rollout_max_response_len=8300", "smollm2-135m-instruct holds 8192 positions",
-                 "max_position_embeddings=8192", "at most 8191"):
+    for part in (
+        "rollout.rollout_max_response_len=8300",
+        "smollm2-135m-instruct holds 8192 positions",
+        "max_position_embeddings=8192",
+        "at most 8191",
+    ):
         assert part in err, err
     MESSAGES.append(err)
     assert "Traceback" not in err
@@ -121,12 +170,15 @@ def test_32k_responses_on_a_32k_model_refused_and_yarn_lets_them_run(tmp_path):
     plain = write_config(tmp_path / "plain")
     cfg = rl_cfg("rollout.rollout_max_response_len=32768", "train.max_tokens_per_gpu=40000", "engine.max_num_seqs=8")
     msg = refused(check_rl, cfg, plain, 200, memory=1e15)
-    assert "training sequences reach 32968 tokens (the longest prompt (200 tokens) + " \
-           "rollout.rollout_max_response_len=32768)" in msg
+    assert (
+        "training sequences reach 32968 tokens (the longest prompt (200 tokens) + "
+        "rollout.rollout_max_response_len=32768)" in msg
+    )
     assert "holds 32768 positions (max_position_embeddings=32768)" in msg and "at most 32568" in msg
     assert "data.rollout_max_prompt_len" in msg
-    yarn = write_config(tmp_path / "yarn", rope_scaling={"type": "yarn", "factor": 4.0,
-                                                          "original_max_position_embeddings": 32768})
+    yarn = write_config(
+        tmp_path / "yarn", rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    )
     assert check_rl(cfg, yarn, 200, memory=1e15).max_model_len == 32968
 
 
@@ -137,8 +189,21 @@ def test_eval_response_checked_apart_from_training(tmp_path):
     assert "evaluation sequences reach 2148 tokens" in msg and "eval.eval_max_response_len=2048" in msg
     assert "set eval.eval_max_response_len to at most 924" in msg and "training sequences" not in msg
     # no evaluation prompts: nothing to refuse
-    check_rl(load_config(None, ["train.device=cpu", "engine.max_num_seqs=16", "rollout.rollout_max_response_len=512",
-                                "eval.eval_max_response_len=2048", "data.n_eval_prompts=0"]), folder, 100, memory=1e15)
+    check_rl(
+        load_config(
+            None,
+            [
+                "train.device=cpu",
+                "engine.max_num_seqs=16",
+                "rollout.rollout_max_response_len=512",
+                "eval.eval_max_response_len=2048",
+                "data.n_eval_prompts=0",
+            ],
+        ),
+        folder,
+        100,
+        memory=1e15,
+    )
 
 
 def test_generate_refuses_max_new_tokens_past_the_window(smollm2_path):
@@ -149,12 +214,15 @@ def test_generate_refuses_max_new_tokens_past_the_window(smollm2_path):
 
 # ----------------------------------------------------------------------------- budgets and slots
 
+
 def test_token_budget_smaller_than_one_sequence_refused(tmp_path):
     """Issue 27: train.max_tokens_per_gpu=1 ran for 40+ s without an answer."""
     folder = write_config(tmp_path / "m")
     msg = refused(check_rl, rl_cfg("train.max_tokens_per_gpu=1"), folder, None, memory=1e15)
-    assert "train.max_tokens_per_gpu=1 cannot hold one training sequence of 257 tokens (a prompt of at least 1 " \
-           "token + rollout.rollout_max_response_len=256)" in msg
+    assert (
+        "train.max_tokens_per_gpu=1 cannot hold one training sequence of 257 tokens (a prompt of at least 1 "
+        "token + rollout.rollout_max_response_len=256)" in msg
+    )
     # exactly one sequence of the longest prompt + response fits; one token less does not
     check_rl(rl_cfg("train.max_tokens_per_gpu=356"), folder, 100, memory=1e15)
     assert "at least 356" in refused(check_rl, rl_cfg("train.max_tokens_per_gpu=355"), folder, 100, memory=1e15)
@@ -164,12 +232,21 @@ def test_token_budget_smaller_than_one_sequence_refused(tmp_path):
 
 def test_samples_per_prompt_against_engine_slots(tmp_path):
     folder = write_config(tmp_path / "m")
-    msg = refused(check_rl, rl_cfg("engine.max_num_seqs=4", "rollout.n_samples_per_prompt=8"), folder, 10,
-                  memory=1e15)
+    msg = refused(check_rl, rl_cfg("engine.max_num_seqs=4", "rollout.n_samples_per_prompt=8"), folder, 10, memory=1e15)
     assert "rollout.n_samples_per_prompt=8 exceeds the engine's 4 slots (engine.max_num_seqs=4)" in msg
     # on a CPU each slot is one block: engine.num_kv_blocks caps the slots
-    msg = refused(check_rl, rl_cfg("engine.num_kv_blocks=2", "eval.n_samples_per_eval_prompt=4",
-                                   "rollout.n_samples_per_prompt=2", "eval.pass_k=[1]"), folder, 10, memory=1e15)
+    msg = refused(
+        check_rl,
+        rl_cfg(
+            "engine.num_kv_blocks=2",
+            "eval.n_samples_per_eval_prompt=4",
+            "rollout.n_samples_per_prompt=2",
+            "eval.pass_k=[1]",
+        ),
+        folder,
+        10,
+        memory=1e15,
+    )
     assert "eval.n_samples_per_eval_prompt=4 exceeds the engine's 2 slots (engine.num_kv_blocks=2" in msg
     msg = refused(check_rl, rl_cfg("engine.kv_block_size=16", "engine.num_kv_blocks=3"), folder, 10, memory=1e15)
     assert "engine.num_kv_blocks=3 holds less than one sequence of 266 tokens (17 blocks of 16)" in msg
@@ -177,9 +254,11 @@ def test_samples_per_prompt_against_engine_slots(tmp_path):
 
 # ----------------------------------------------------------------------------- memory
 
-@pytest.mark.parametrize("overrides", [[], ["engine.kv_block_size=8"], ["engine.kv_block_size=8",
-                                                                           "engine.num_kv_blocks=20"],
-                                       ["engine.num_kv_blocks=3"]])
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["engine.kv_block_size=8"], ["engine.kv_block_size=8", "engine.num_kv_blocks=20"], ["engine.num_kv_blocks=3"]],
+)
 def test_kv_cache_plan_is_what_the_engine_allocates(tiny_model_path, overrides):
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import build_model
@@ -190,55 +269,103 @@ def test_kv_cache_plan_is_what_the_engine_allocates(tiny_model_path, overrides):
     k = engine.runner.k_cache
     assert plan.bytes == 2 * k.numel() * k.element_size()
     layout = engine.scheduler.layout
-    assert (plan.slots, plan.block_size, plan.blocks_per_seq) == (engine.num_slots, layout.block_size,
-                                                                  layout.blocks_per_seq)
+    assert (plan.slots, plan.block_size, plan.blocks_per_seq) == (
+        engine.num_slots,
+        layout.block_size,
+        layout.blocks_per_seq,
+    )
 
 
 def test_kv_cache_larger_than_memory_refused_in_words(tmp_path):
     """Issue 27: rollout_max_response_len=20000 on a CPU asked the allocator for a 30 GB KV cache."""
     folder = write_config(tmp_path / "m", max_position_embeddings=131072)
-    cfg = rl_cfg("rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000",
-                 "rollout.n_samples_per_prompt=4")
+    cfg = rl_cfg(
+        "rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000", "rollout.n_samples_per_prompt=4"
+    )
     # 2 x 28 layers x 2 KV heads x 128 x 4 bytes = 57344 bytes per token; (16 slots + the engine's sink block)
     # x 20100 tokens = 18.2 GiB
     msg = refused(check_rl, cfg, folder, 100, memory=8 * GIB)
-    for part in ("KV cache needs 18.2 GiB", "16 slots (engine.max_num_seqs=16)", "20100 tokens",
-                 "57344 bytes per token (2 x 28 layers x 2 KV heads x 128 head dim x 4 bytes, float32",
-                 "8.0 GiB of memory available", "lower engine.max_num_seqs to at most 6",
-                 "rollout.rollout_max_response_len"):
+    for part in (
+        "KV cache needs 18.2 GiB",
+        "16 slots (engine.max_num_seqs=16)",
+        "20100 tokens",
+        "57344 bytes per token (2 x 28 layers x 2 KV heads x 128 head dim x 4 bytes, float32",
+        "8.0 GiB of memory available",
+        "lower engine.max_num_seqs to at most 6",
+        "rollout.rollout_max_response_len",
+    ):
         assert part in msg, msg
     assert "fewer than the" not in msg
     # the number it proposes fits
-    check_rl(rl_cfg("rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000",
-                    "engine.max_num_seqs=6", "rollout.n_samples_per_prompt=4"), folder, 100, memory=8 * GIB)
+    check_rl(
+        rl_cfg(
+            "rollout.rollout_max_response_len=20000",
+            "train.max_tokens_per_gpu=30000",
+            "engine.max_num_seqs=6",
+            "rollout.n_samples_per_prompt=4",
+        ),
+        folder,
+        100,
+        memory=8 * GIB,
+    )
     # and it says when that is fewer slots than one prompt's samples
     assert "6 slots hold fewer than the 8 samples of one prompt" in refused(
-        check_rl, rl_cfg("rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000"), folder, 100,
-        memory=8 * GIB)
+        check_rl,
+        rl_cfg("rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000"),
+        folder,
+        100,
+        memory=8 * GIB,
+    )
     # not even one slot
-    msg = refused(check_rl, rl_cfg("rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000"),
-                  folder, 100, memory=GIB)
+    msg = refused(
+        check_rl,
+        rl_cfg("rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000"),
+        folder,
+        100,
+        memory=GIB,
+    )
     assert "not even one slot of 1.1 GiB fits" in msg
     # Ray engines run elsewhere: their memory is cluster/resources.py's estimate
-    check_rl(load_config(None, ["train.device=cpu", "rollout.rollout_max_response_len=20000", "cluster.mode=ray",
-                                "train.max_tokens_per_gpu=30000"]), folder, 100, memory=GIB)
+    check_rl(
+        load_config(
+            None,
+            [
+                "train.device=cpu",
+                "rollout.rollout_max_response_len=20000",
+                "cluster.mode=ray",
+                "train.max_tokens_per_gpu=30000",
+            ],
+        ),
+        folder,
+        100,
+        memory=GIB,
+    )
 
 
 def test_fp8_kv_cache_is_counted_at_one_byte(tmp_path, monkeypatch):
     """engine.kv_cache_dtype=fp8 stores a quarter of fp32's bytes per token: the run refused above at
     8 GiB fits; the message names the key; a GPU without e4m3 is refused up front."""
     folder = write_config(tmp_path / "m", max_position_embeddings=131072)
-    long = ["rollout.rollout_max_response_len=20000", "train.max_tokens_per_gpu=30000",
-            "rollout.n_samples_per_prompt=4", "engine.kv_cache_dtype=fp8"]
+    long = [
+        "rollout.rollout_max_response_len=20000",
+        "train.max_tokens_per_gpu=30000",
+        "rollout.n_samples_per_prompt=4",
+        "engine.kv_cache_dtype=fp8",
+    ]
     check_rl(rl_cfg(*long), folder, 100, memory=8 * GIB)  # 17 x 20100 x 14336 bytes = 4.6 GiB
     msg = refused(check_rl, rl_cfg(*long), folder, 100, memory=2 * GIB)
-    for part in ("KV cache needs 4.6 GiB", "14336 bytes per token", "x 1 bytes, float8_e4m3fn",
-                 "engine.kv_cache_dtype=fp8"):
+    for part in (
+        "KV cache needs 4.6 GiB",
+        "14336 bytes per token",
+        "x 1 bytes, float8_e4m3fn",
+        "engine.kv_cache_dtype=fp8",
+    ):
         assert part in msg, msg
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * GIB, 80 * GIB))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert "use fp8_e5m2 or auto" in refused(check_rl, load_config(None, long), folder, 100,
-                                              device=torch.device("cuda"))
+    assert "use fp8_e5m2 or auto" in refused(
+        check_rl, load_config(None, long), folder, 100, device=torch.device("cuda")
+    )
 
 
 @pytest.mark.parametrize("triton", [True, False])
@@ -248,16 +375,32 @@ def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypa
     folder = write_config(tmp_path / "m", max_position_embeddings=131072)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * GIB, 80 * GIB))
     monkeypatch.setattr("reinforge.utils.triton.triton_available", lambda device_type: triton)
-    cfg = load_config(None, ["rollout.rollout_max_response_len=65536", "train.max_tokens_per_gpu=70000",
-                             "engine.kv_cache_memory_fraction=0.3"])
+    cfg = load_config(
+        None,
+        [
+            "rollout.rollout_max_response_len=65536",
+            "train.max_tokens_per_gpu=70000",
+            "engine.kv_cache_memory_fraction=0.3",
+        ],
+    )
     # bf16 on a GPU: 28672 bytes per token x 65636 tokens = 1.75 GiB (+ a spare block: 16 tokens, or a whole
     # sequence without Triton) > 0.3 x 4 GiB
     msg = refused(check_rl, cfg, folder, 100, device=torch.device("cuda"))
-    for part in ("one sequence of 65636 tokens", "needs 1.8 GiB" if triton else "needs 3.5 GiB",
-                 "x 2 bytes, bfloat16", "engine.kv_cache_memory_fraction=0.3 of the 4.0 GiB free on cuda is 1.2 GiB"):
+    for part in (
+        "one sequence of 65636 tokens",
+        "needs 1.8 GiB" if triton else "needs 3.5 GiB",
+        "x 2 bytes, bfloat16",
+        "engine.kv_cache_memory_fraction=0.3 of the 4.0 GiB free on cuda is 1.2 GiB",
+    ):
         assert part in msg, msg
-    fits = load_config(None, ["rollout.rollout_max_response_len=65536", "train.max_tokens_per_gpu=70000",
-                              "engine.kv_cache_memory_fraction=0.5"])
+    fits = load_config(
+        None,
+        [
+            "rollout.rollout_max_response_len=65536",
+            "train.max_tokens_per_gpu=70000",
+            "engine.kv_cache_memory_fraction=0.5",
+        ],
+    )
     if triton:
         check_rl(fits, folder, 100, device=torch.device("cuda"))
     else:
@@ -266,12 +409,20 @@ def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypa
 
 # ----------------------------------------------------------------------------- wiring
 
+
 def test_check_placement_runs_the_exact_check(tiny_model_path):
     """The loop's engine length (longest prompt + response) reaches the check before anything is built."""
     from reinforge.cluster.resources import check_placement
 
-    cfg = load_config(None, [f"model.path={tiny_model_path}", "train.device=cpu", "engine.max_num_seqs=4",
-                             "rollout.rollout_max_response_len=1000"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_path}",
+            "train.device=cpu",
+            "engine.max_num_seqs=4",
+            "rollout.rollout_max_response_len=1000",
+        ],
+    )
     msg = refused(check_placement, cfg, {"CPU": 2, "GPU": 0, "memory": 1e12}, tiny_model_path, 1000 + 37)
     assert "the longest prompt (37 tokens) + rollout.rollout_max_response_len=1000" in msg
     assert "holds 1024 positions" in msg
@@ -279,8 +430,9 @@ def test_check_placement_runs_the_exact_check(tiny_model_path):
 
 def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_path, monkeypatch):
     folder = write_config(tmp_path / "m", max_position_embeddings=512)
-    msg = refused(check_offline, load_config(None, ["offline.max_length=1024", "train.max_tokens_per_gpu=600"]),
-                  folder, 700)
+    msg = refused(
+        check_offline, load_config(None, ["offline.max_length=1024", "train.max_tokens_per_gpu=600"]), folder, 700
+    )
     assert "the longest example has 700 tokens" in msg and "set offline.max_length to at most 512" in msg
     assert "train.max_tokens_per_gpu=600 cannot hold the longest example's sequence of 700 tokens" in msg
     # through run_offline: refused after the data is read, before the trainer is built
@@ -288,12 +440,25 @@ def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_pa
 
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"prompt": "What is 2 + 2?", "completion": "<answer>4</answer>"}) + "\n")
-    monkeypatch.setattr("reinforge.offline_loop.OfflineTrainer",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("trainer built")))
-    cfg = load_config(None, [f"model.path={tiny_model_path}", "offline.method=sft", f"offline.train_data={data}",
-                             "train.device=cpu", "train.max_tokens_per_gpu=8", f"run.output_dir={tmp_path}/run"])
-    with pytest.raises(PreflightError, match=r"train.max_tokens_per_gpu=8 cannot hold the longest example's "
-                                             r"sequence of \d+ tokens"):
+    monkeypatch.setattr(
+        "reinforge.offline_loop.OfflineTrainer", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trainer built"))
+    )
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_path}",
+            "offline.method=sft",
+            f"offline.train_data={data}",
+            "train.device=cpu",
+            "train.max_tokens_per_gpu=8",
+            f"run.output_dir={tmp_path}/run",
+        ],
+    )
+    with pytest.raises(
+        PreflightError,
+        match=r"train.max_tokens_per_gpu=8 cannot hold the longest example's "
+        r"sequence of \d+ tokens",
+    ):
         run_offline(cfg)
 
 
@@ -306,5 +471,11 @@ def test_messages_name_only_keys_that_exist():
     source = Path(preflight.__file__).read_text()
     named = {".".join(m) for text in MESSAGES + [source] for m in pattern.findall(text)}
     assert not sorted(named - keys), sorted(named - keys)
-    assert {"rollout.rollout_max_response_len", "train.max_tokens_per_gpu", "data.rollout_max_prompt_len",
-            "eval.eval_max_response_len", "engine.max_num_seqs", "offline.max_length"} <= named
+    assert {
+        "rollout.rollout_max_response_len",
+        "train.max_tokens_per_gpu",
+        "data.rollout_max_prompt_len",
+        "eval.eval_max_response_len",
+        "engine.max_num_seqs",
+        "offline.max_length",
+    } <= named

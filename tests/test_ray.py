@@ -14,11 +14,20 @@ ray = pytest.importorskip("ray")
 def test_resource_check_reports_shortfall_in_words():
     cfg = load_config(None, ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=4", "cluster.rollout_num_gpus=2"])
     assert plan(cfg) == {"trainers": 4, "engines": 2, "gpus": 6}
-    with pytest.raises(ClusterError, match="disaggregated .* needs 6 GPUs .*actor_num_gpus_per_node = 4 \\+ "
-                                           "rollout_num_gpus = 2.* has 4"):
+    with pytest.raises(
+        ClusterError,
+        match="disaggregated .* needs 6 GPUs .*actor_num_gpus_per_node = 4 \\+ rollout_num_gpus = 2.* has 4",
+    ):
         check_resources(cfg, {"GPU": 4, "CPU": 64})
-    cfg = load_config(None, ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=4", "cluster.rollout_num_gpus=4",
-                             "cluster.colocate=true"])
+    cfg = load_config(
+        None,
+        [
+            "cluster.mode=ray",
+            "cluster.actor_num_gpus_per_node=4",
+            "cluster.rollout_num_gpus=4",
+            "cluster.colocate=true",
+        ],
+    )
     assert check_resources(cfg, {"GPU": 4, "CPU": 8}) is True
     with pytest.raises(ClusterError, match="colocated .* needs 4 GPUs .* has 2"):
         check_resources(cfg, {"GPU": 2, "CPU": 8})
@@ -36,11 +45,25 @@ def ray_cluster():
 @pytest.mark.parametrize("colocate", [True, False])
 def test_ray_grpo_two_rollouts(tmp_path, tiny_model_path, ray_cluster, colocate):
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "cluster.mode": "ray", "cluster.actor_num_gpus_per_node": 2, "cluster.rollout_num_gpus": 1,
-        "cluster.colocate": str(colocate).lower(), "cluster.weight_sync_bucket_mb": 1,
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "rollout.rollout_top_k": 8, "data.n_eval_prompts": 2, "run.save_final": "true"}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "cluster.mode": "ray",
+                "cluster.actor_num_gpus_per_node": 2,
+                "cluster.rollout_num_gpus": 1,
+                "cluster.colocate": str(colocate).lower(),
+                "cluster.weight_sync_bucket_mb": 1,
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "rollout.rollout_top_k": 8,
+                "data.n_eval_prompts": 2,
+                "run.save_final": "true",
+            },
+        ),
+    )
     from reinforge.loop import run_training
 
     result = run_training(cfg)
@@ -66,5 +89,8 @@ def test_engine_failure_names_engine_node_and_gpu(ray_cluster):
 
     handle = ray.remote(_BrokenEngine).remote()
     pool = EnginePool([handle], [{"index": 0, "node": "10.0.0.7", "gpus": ["3"]}])
-    with pytest.raises(RuntimeError, match="rollout engine 0 on node 10.0.0.7 \\(GPU 3\\) failed: RuntimeError: CUDA error: out of memory"):
+    with pytest.raises(
+        RuntimeError,
+        match="rollout engine 0 on node 10.0.0.7 \\(GPU 3\\) failed: RuntimeError: CUDA error: out of memory",
+    ):
         pool.generate([GenerateRequest([1, 2], SamplingParams(max_new_tokens=2))])

@@ -99,17 +99,19 @@ def rand_batch(rng, groups, n, max_len, tool_tokens=False):
 def grid(rows, width, fill=0.0):
     out = torch.full((len(rows), width), fill)
     for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
     return out
 
 
 def inputs_of(rewards, lengths, loss_masks, kl=None, values=None, pad_fill=0.0):
     T = max(lengths)
     return AdvantageInputs(
-        rewards=torch.tensor(rewards), mask=grid([[1.0] * L for L in lengths], T),
+        rewards=torch.tensor(rewards),
+        mask=grid([[1.0] * L for L in lengths], T),
         loss_mask=grid([[float(x) for x in lm] for lm in loss_masks], T),
         token_kl=None if kl is None else grid(kl, T, pad_fill),
-        values=None if values is None else grid(values, T, pad_fill))
+        values=None if values is None else grid(values, T, pad_fill),
+    )
 
 
 def algo(**kw):
@@ -160,8 +162,8 @@ def test_outcome_estimators(seed, tool_tokens, est):
                 want = s[j] - ref_mean(s)
             else:
                 want = s[j] - ref_mean(others)
-            assert adv[k, :lengths[k]].tolist() == pytest.approx([want] * lengths[k], rel=1e-4, abs=1e-5)
-            assert adv[k, lengths[k]:].abs().sum().item() == 0.0  # padding (NaN KL there) stays 0
+            assert adv[k, : lengths[k]].tolist() == pytest.approx([want] * lengths[k], rel=1e-4, abs=1e-5)
+            assert adv[k, lengths[k] :].abs().sum().item() == 0.0  # padding (NaN KL there) stays 0
             k += 1
 
 
@@ -185,8 +187,9 @@ def test_equal_non_dyadic_rewards_give_exactly_zero_advantage(est):
     assert adv.abs().max().item() == 0.0
     if est == "grpo":  # through the rollout glue: every sample's advantages are exactly 0 (skipped by the actor)
         cfg = load_config(None, ["n_samples_per_prompt=3"])
-        groups = [[Sample(prompt="p", tokens=[1] * 4, response_length=2, reward=0.1, loss_mask=[1, 1])
-                   for _ in range(3)]]
+        groups = [
+            [Sample(prompt="p", tokens=[1] * 4, response_length=2, reward=0.1, loss_mask=[1, 1]) for _ in range(3)]
+        ]
         out = compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len)
         assert not any(bool(a.any()) for a in out.advantages)
 
@@ -236,6 +239,7 @@ def test_reinforce_plus_plus_baseline_matches_verl_definition(seed, n):
 
 def test_reinforce_plus_plus_baseline_refuses_gamma():
     from reinforge.config import ConfigError
+
     with pytest.raises(ConfigError, match="algo.gamma set"):
         load_config(None, ["algo.advantage_estimator=reinforce_plus_plus_baseline", "algo.gamma=0.9"])
 
@@ -248,8 +252,10 @@ def test_gae_issue_example_ignores_values_on_tool_tokens():
     output; the critic's value there must not matter."""
     r = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]])
     lm = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])
-    outs = [gae_advantages(r, torch.tensor([[0.1, 0.2, v, v, 0.3]]), torch.ones(1, 5), 1.0, 0.95, lm)
-            for v in (0.0, 100.0, float("nan"))]
+    outs = [
+        gae_advantages(r, torch.tensor([[0.1, 0.2, v, v, 0.3]]), torch.ones(1, 5), 1.0, 0.95, lm)
+        for v in (0.0, 100.0, float("nan"))
+    ]
     want_adv, want_ret = ref_gae([0, 0, 0, 0, 1], [0.1, 0.2, 0, 0, 0.3], [1, 1, 0, 0, 1], 1.0, 0.95)
     # by hand: A_4 = 0.7, A_1 = 0.1 + 0.95 * 0.7 = 0.765, A_0 = 0.1 + 0.95 * 0.765 = 0.82675
     assert [want_adv[t] for t in (0, 1, 4)] == pytest.approx([0.82675, 0.765, 0.7])
@@ -263,8 +269,10 @@ def test_gae_issue_example_ignores_values_on_tool_tokens():
 def test_gae_estimator(seed, gamma, lam):
     rng = random.Random(seed)
     rewards, lengths, loss_masks, kl = rand_batch(rng, groups=3, n=2, max_len=8, tool_tokens=True)
-    values = [[rng.uniform(-1, 1) if loss_masks[i][t] else rng.choice([1e6, float("inf")]) for t in range(L)]
-              for i, L in enumerate(lengths)]
+    values = [
+        [rng.uniform(-1, 1) if loss_masks[i][t] else rng.choice([1e6, float("inf")]) for t in range(L)]
+        for i, L in enumerate(lengths)
+    ]
     inp = inputs_of(rewards, lengths, loss_masks, kl, values, pad_fill=float("nan"))
     adv, ret = ADV_ESTIMATORS.get("gae")(inp, algo(gamma=gamma, lambd=lam))
     flat_r = [r for row in rewards for r in row]
@@ -284,8 +292,9 @@ def test_gae_estimator(seed, gamma, lam):
 
 def test_gae_reward_on_a_trailing_tool_token_is_kept():
     """A response that ends in a tool's output: its reward goes to the last policy token."""
-    adv, _ = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.zeros(1, 3), torch.ones(1, 3), 1.0, 1.0,
-                            torch.tensor([[1.0, 1.0, 0.0]]))
+    adv, _ = gae_advantages(
+        torch.tensor([[0.0, 0.0, 1.0]]), torch.zeros(1, 3), torch.ones(1, 3), 1.0, 1.0, torch.tensor([[1.0, 1.0, 0.0]])
+    )
     assert adv[0].tolist() == [1.0, 1.0, 0.0]
 
 
@@ -294,8 +303,12 @@ def test_loss_mask_reaches_gae_from_samples():
     cfg = load_config(None, ["algo.advantage_estimator=gae", "n_samples_per_prompt=2"])
 
     def run(v):
-        groups = [[Sample(prompt="p", tokens=[1] * 7, response_length=5, reward=r, loss_mask=[1, 1, 0, 0, 1])
-                   for r in (1.0, 0.0)]]
+        groups = [
+            [
+                Sample(prompt="p", tokens=[1] * 7, response_length=5, reward=r, loss_mask=[1, 1, 0, 0, 1])
+                for r in (1.0, 0.0)
+            ]
+        ]
         values = [torch.tensor([0.1, 0.2, v, v, 0.3]), torch.tensor([0.0, 0.5, v, v, 0.2])]
         return compute_advantages(cfg.algo, groups, cfg.rollout.rollout_max_response_len, values=values)
 
@@ -323,8 +336,9 @@ def kl_in_reward_samples(rewards, loss_masks, tool_kl):
     (loss mask 0) of sample i and 0 elsewhere."""
     samples, old, ref = [], [], []
     for r, lm, k in zip(rewards, loss_masks, tool_kl):
-        samples.append(Sample(prompt="p", tokens=[1] * (len(lm) + 2), response_length=len(lm), reward=r,
-                              loss_mask=list(lm)))
+        samples.append(
+            Sample(prompt="p", tokens=[1] * (len(lm) + 2), response_length=len(lm), reward=r, loss_mask=list(lm))
+        )
         old.append(torch.zeros(len(lm)))
         ref.append(torch.tensor([0.0 if m else -k for m in lm]))
     return [samples], old, ref
@@ -347,16 +361,29 @@ def test_kl_in_reward_gae_matches_verl(seed):
     verl's (apply_kl_penalty then compute_gae_advantage_return) on the policy tokens, and the
     advantages verl's whitened over the response mask."""
     rng = random.Random(seed)
-    cfg = load_config(None, ["algo.advantage_estimator=gae", "n_samples_per_prompt=2", "algo.use_kl_in_reward=true",
-                             "algo.kl_coef=0.3", "algo.gamma=0.95", "algo.lambd=0.9"])
+    cfg = load_config(
+        None,
+        [
+            "algo.advantage_estimator=gae",
+            "n_samples_per_prompt=2",
+            "algo.use_kl_in_reward=true",
+            "algo.kl_coef=0.3",
+            "algo.gamma=0.95",
+            "algo.lambd=0.9",
+        ],
+    )
     rewards = [rng.uniform(-1, 2), rng.uniform(-1, 2)]
     loss_masks = [[1] * 6 + [0] * 2 + [1], [1, 0, 0, 1, 1]]  # a tool span in each
     lengths = [len(lm) for lm in loss_masks]
     old = [torch.tensor([rng.uniform(-2, 0) for _ in range(L)]) for L in lengths]
     ref = [o - torch.tensor([rng.uniform(-1, 1) for _ in range(len(o))]) for o in old]
     values = [torch.tensor([rng.uniform(-1, 1) if m else 50.0 for m in lm]) for lm in loss_masks]
-    groups = [[Sample(prompt="p", tokens=[1] * (L + 2), response_length=L, reward=r, loss_mask=lm)
-               for r, L, lm in zip(rewards, lengths, loss_masks)]]
+    groups = [
+        [
+            Sample(prompt="p", tokens=[1] * (L + 2), response_length=L, reward=r, loss_mask=lm)
+            for r, L, lm in zip(rewards, lengths, loss_masks)
+        ]
+    ]
     out = compute_advantages(cfg.algo, groups, 64, values=values, old_log_probs=old, ref_log_probs=ref)
     raw = []
     for i, lm in enumerate(loss_masks):
@@ -367,8 +394,9 @@ def test_kl_in_reward_gae_matches_verl(seed):
         raw.append([a[t] for t in steps])
     white = ref_whiten(raw)
     for i, lm in enumerate(loss_masks):
-        assert [out.advantages[i][t].item() for t in ref_policy_tokens(lm)] == pytest.approx(white[i], rel=1e-4,
-                                                                                              abs=1e-5)
+        assert [out.advantages[i][t].item() for t in ref_policy_tokens(lm)] == pytest.approx(
+            white[i], rel=1e-4, abs=1e-5
+        )
 
 
 # ----------------------------------------------------------------------------- pass@k

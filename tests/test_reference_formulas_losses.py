@@ -14,8 +14,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reinforge.algo.losses import (aggregate, behaviour_importance_weight, clipped_value_loss, gspo_ratio,
-                                   kl_penalty, ppo_clip_loss)
+from reinforge.algo.losses import (
+    aggregate,
+    behaviour_importance_weight,
+    clipped_value_loss,
+    gspo_ratio,
+    kl_penalty,
+    ppo_clip_loss,
+)
 from reinforge.algo.objective import ObjectiveInputs, policy_objective
 from reinforge.algo.preference import PairLogps, orpo_loss, sequence_logps
 
@@ -136,9 +142,11 @@ def ref_aggregate(values, mask, mode, norm_mask=None, norm_length=None):
     live = [i for i, c in enumerate(counts) if c > 0]
     if mode == "token_mean":
         return sum(sums) / sum(counts)
-    per_seq = {"seq_mean_token_sum": lambda i: sums[i],
-               "seq_mean_token_mean": lambda i: sums[i] / counts[i],
-               "seq_mean_token_sum_norm": lambda i: sums[i] / norm_length}[mode]
+    per_seq = {
+        "seq_mean_token_sum": lambda i: sums[i],
+        "seq_mean_token_mean": lambda i: sums[i] / counts[i],
+        "seq_mean_token_sum_norm": lambda i: sums[i] / norm_length,
+    }[mode]
     return sum(per_seq(i) for i in live) / len(live)
 
 
@@ -153,8 +161,10 @@ def test_aggregation_modes(seed, mode):
     lengths = [rng.randint(1, T) for _ in range(B)]
     mask = [[1 if t < L and rng.random() > 0.2 else 0 for t in range(T)] for L in lengths]
     mask[0] = [0] * T  # a fully masked sequence (over-long filtered): not a sequence of the mean
-    vals = [[rng.uniform(-3, 3) if mask[i][t] else rng.choice([float("nan"), float("inf"), 1e30])
-             for t in range(T)] for i in range(B)]
+    vals = [
+        [rng.uniform(-3, 3) if mask[i][t] else rng.choice([float("nan"), float("inf"), 1e30]) for t in range(T)]
+        for i in range(B)
+    ]
     v = torch.tensor(vals, requires_grad=True)
     got = aggregate(v, torch.tensor(mask, dtype=torch.float32), mode, norm_length=T)
     assert got.item() == pytest.approx(ref_aggregate(vals, mask, mode, norm_length=T), rel=1e-5)
@@ -170,8 +180,13 @@ def test_masked_importance_sampling_keeps_dropped_tokens_in_normalisers(mode):
     vals = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 0.0, 0.0, 0.0]]
     loss_mask = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
     kept = [[1, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]]  # sequence 2: every token dropped, still counted
-    got = aggregate(torch.tensor(vals), torch.tensor(kept, dtype=torch.float32), mode, norm_length=8,
-                    norm_mask=torch.tensor(loss_mask, dtype=torch.float32))
+    got = aggregate(
+        torch.tensor(vals),
+        torch.tensor(kept, dtype=torch.float32),
+        mode,
+        norm_length=8,
+        norm_mask=torch.tensor(loss_mask, dtype=torch.float32),
+    )
     want = ref_aggregate(vals, kept, mode, norm_mask=loss_mask, norm_length=8)
     assert got.item() == pytest.approx(want)
     if mode == "seq_mean_token_mean":
@@ -185,8 +200,10 @@ def test_seq_mean_token_sum_norm_is_dr_grpo():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
     whole = aggregate(vals, mask, "seq_mean_token_sum_norm", norm_length=10)
     assert whole.item() == pytest.approx((6 + 4 + 1) / 10 / 3)
-    parts = sum(aggregate(vals[i:i + 1], mask[i:i + 1], "seq_mean_token_sum_norm", num_seqs=3, norm_length=10)
-                for i in range(3))
+    parts = sum(
+        aggregate(vals[i : i + 1], mask[i : i + 1], "seq_mean_token_sum_norm", num_seqs=3, norm_length=10)
+        for i in range(3)
+    )
     assert parts.item() == pytest.approx(whole.item())
 
 
@@ -207,8 +224,12 @@ def ref_objective(lp, old, roll, adv, mask, ref_lp, *, mode, decoupled, loss, cl
         w = [math.exp(max(-20.0, min(20.0, old[i][t] - roll[i][t]))) for t in range(T)]
         inside = [low <= x <= clip for x in w]
         kept = [bool(mask[i][t]) and (mode != "reject" or inside[t]) for t in range(T)]
-        c = {"truncate": [min(x, clip) for x in w], "mask": [x if ok else 0.0 for x, ok in zip(w, inside)],
-             "reject": [1.0] * T, None: w if decoupled else [1.0] * T}[mode]
+        c = {
+            "truncate": [min(x, clip) for x in w],
+            "mask": [x if ok else 0.0 for x, ok in zip(w, inside)],
+            "reject": [1.0] * T,
+            None: w if decoupled else [1.0] * T,
+        }[mode]
         if loss == "gspo":
             toks = [t for t in range(T) if kept[t]]
             s = math.exp(min(10.0, sum(lp[i][t] - old[i][t] for t in toks) / max(len(toks), 1)))
@@ -235,20 +256,52 @@ def test_off_policy_correction(seed, loss, decoupled, mode):
     roll = [[x + rng.uniform(-0.9, 0.9) for x in row] for row in old]  # w from 0.4 to 2.5
     adv = [[rng.uniform(-2, 2)] * T for _ in range(B)]
     ref_lp = [[x + rng.uniform(-0.5, 0.5) for x in row] for row in lp]
-    a = SimpleNamespace(policy_loss=loss, eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=None, use_tis=mode is not None,
-                        tis_mode=mode or "truncate", tis_clip=1.5, tis_clip_low=0.6, kl_loss_type="k1",
-                        kl_loss_coef=0.1, entropy_coef=0.0, loss_agg_mode="token_mean")
+    a = SimpleNamespace(
+        policy_loss=loss,
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        eps_clip_c=None,
+        use_tis=mode is not None,
+        tis_mode=mode or "truncate",
+        tis_clip=1.5,
+        tis_clip_low=0.6,
+        kl_loss_type="k1",
+        kl_loss_coef=0.1,
+        entropy_coef=0.0,
+        loss_agg_mode="token_mean",
+    )
     t = lambda rows: torch.tensor(rows, dtype=torch.float32)  # noqa: E731
-    x = ObjectiveInputs(log_probs=t(lp).requires_grad_(), old_log_probs=t(old), rollout_log_probs=t(roll),
-                        advantages=t(adv), mask=t(mask), entropy=torch.zeros(B, T), ref_log_probs=t(ref_lp))
-    got, stats = policy_objective(x, a, decoupled=decoupled, num_tokens=sum(map(sum, mask)), num_seqs=B,
-                                  norm_length=T)
-    want = ref_objective(lp, old, roll, adv, mask, ref_lp, mode=mode, decoupled=decoupled, loss=loss, clip=1.5,
-                         low=0.6, eps=0.2, eps_high=0.28, kl_coef=0.1)
+    x = ObjectiveInputs(
+        log_probs=t(lp).requires_grad_(),
+        old_log_probs=t(old),
+        rollout_log_probs=t(roll),
+        advantages=t(adv),
+        mask=t(mask),
+        entropy=torch.zeros(B, T),
+        ref_log_probs=t(ref_lp),
+    )
+    got, stats = policy_objective(x, a, decoupled=decoupled, num_tokens=sum(map(sum, mask)), num_seqs=B, norm_length=T)
+    want = ref_objective(
+        lp,
+        old,
+        roll,
+        adv,
+        mask,
+        ref_lp,
+        mode=mode,
+        decoupled=decoupled,
+        loss=loss,
+        clip=1.5,
+        low=0.6,
+        eps=0.2,
+        eps_high=0.28,
+        kl_coef=0.1,
+    )
     assert got.item() == pytest.approx(want, rel=1e-5, abs=1e-6)
     if mode in ("mask", "reject"):
-        outside = sum(1 for i in range(B) for j in range(T) if mask[i][j]
-                      and not 0.6 <= math.exp(old[i][j] - roll[i][j]) <= 1.5)
+        outside = sum(
+            1 for i in range(B) for j in range(T) if mask[i][j] and not 0.6 <= math.exp(old[i][j] - roll[i][j]) <= 1.5
+        )
         assert 0 < outside < sum(map(sum, mask)) and stats["tis_masked"].item() == outside
     got.backward()
     assert torch.isfinite(x.log_probs.grad).all()
@@ -267,8 +320,10 @@ def ref_trl_orpo(chosen, rejected, beta):
     return loss, dlo / -math.expm1(chosen), -dlo / -math.expm1(rejected)
 
 
-@pytest.mark.parametrize("chosen,rejected", [(-1e-8, -0.5), (-1e-5, -1e-3), (-0.5, -1e-8), (-0.69, -0.7),
-                                             (-2.0, -3.0), (-40.0, -0.01), (-1e-3, -1e-3)])
+@pytest.mark.parametrize(
+    "chosen,rejected",
+    [(-1e-8, -0.5), (-1e-5, -1e-3), (-0.5, -1e-8), (-0.69, -0.7), (-2.0, -3.0), (-40.0, -0.01), (-1e-3, -1e-3)],
+)
 def test_orpo_matches_float64_reference_near_p_one(chosen, rejected):
     """Mean log p near 0 (p near 1): log(1 - p) as log1mexp matches TRL's formula evaluated in float64,
     value and gradient (fp32 log1p(-exp(x)) rounds exp(-1e-8) to 1)."""

@@ -14,8 +14,9 @@ from reinforge.config import load_config
 from tests.test_faults import latest_pointed, overrides, start_until_first_rollout, stop_with, train_rows
 
 
-def test_optimizer_state_in_the_newest_checkpoint_only_and_a_resume_says_what_it_lacks(tmp_path, tiny_model_path,
-                                                                                       caplog):
+def test_optimizer_state_in_the_newest_checkpoint_only_and_a_resume_says_what_it_lacks(
+    tmp_path, tiny_model_path, caplog
+):
     from torch.distributed.checkpoint import FileSystemReader
 
     from reinforge.loop import run_training
@@ -32,8 +33,16 @@ def test_optimizer_state_in_the_newest_checkpoint_only_and_a_resume_says_what_it
     assert "saved checkpoint" in caplog.text and "optimizer state" in caplog.text and " MB" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):  # an older checkpoint, a changed learning rate
-        run_training(load_config(None, overrides(tiny_model_path, out, **{
-            **args, "train.num_rollout": 4, "run.load": str(cks["rollout_000001"]), "train.lr": 0.01})))
+        run_training(
+            load_config(
+                None,
+                overrides(
+                    tiny_model_path,
+                    out,
+                    **{**args, "train.num_rollout": 4, "run.load": str(cks["rollout_000001"]), "train.lr": 0.01},
+                ),
+            )
+        )
     assert "holds no optimizer state for the actor (run.save_optimizer): AdamW's moments restart" in caplog.text
     assert "settings that differ from the checkpoint's: train.lr 0.001 -> 0.01" in caplog.text
     assert yaml.safe_load((out / "config.yaml").read_text())["run"]["load"] is None  # (before: kept run.load)
@@ -46,14 +55,26 @@ def test_a_lora_checkpoint_holds_the_adapters_and_their_optimizer_state_only(tmp
     from reinforge.loop import run_training
 
     out = tmp_path / "run"
-    run_training(load_config(None, overrides(tiny_model_path, out, **{
-        "train.num_rollout": 1, "model.lora_rank": 4, "model.lora_alpha": 8})))
+    run_training(
+        load_config(
+            None,
+            overrides(tiny_model_path, out, **{"train.num_rollout": 1, "model.lora_rank": 4, "model.lora_alpha": 8}),
+        )
+    )
     c = latest_pointed(out)
     keys = FileSystemReader(str(c / "dcp" / "actor")).read_metadata().state_dict_metadata
     assert keys and all("lora_" in k for k in keys)  # (before: every base weight too, 1.2 GB for SmolLM2)
     assert ckpt.has_optimizer_state(c)
-    run_training(load_config(None, overrides(tiny_model_path, out, **{
-        "train.num_rollout": 2, "model.lora_rank": 4, "model.lora_alpha": 8, "run.load": str(out)})))
+    run_training(
+        load_config(
+            None,
+            overrides(
+                tiny_model_path,
+                out,
+                **{"train.num_rollout": 2, "model.lora_rank": 4, "model.lora_alpha": 8, "run.load": str(out)},
+            ),
+        )
+    )
     assert [int(r["rollout_id"]) for r in train_rows(out)] == [0, 1]
 
 
@@ -65,5 +86,6 @@ def test_ctrl_c_with_recover_off_writes_a_checkpoint_and_exits_130(tmp_path, tin
     assert proc.returncode == 130, log[-3000:]  # (before: a KeyboardInterrupt traceback, no checkpoint)
     assert "Traceback" not in log
     assert json.loads((latest_pointed(out) / "state.json").read_text())["rollout_id"] == int(
-        train_rows(out)[-1]["rollout_id"])
+        train_rows(out)[-1]["rollout_id"]
+    )
     assert "stopped after SIGINT: checkpoint" in log

@@ -9,27 +9,29 @@ import pytest
 
 from reinforge.config import RewardConfig
 from reinforge.data import load_source
-from reinforge.reward import RewardManager, extract_answer
 from reinforge.records import Sample
+from reinforge.reward import RewardManager, extract_answer
 
 
 def sample(response, label=None, metadata=None):
-    return Sample(prompt="p", tokens=[1, 2], response_length=1, response=response, label=label,
-                  metadata=metadata or {})
+    return Sample(prompt="p", tokens=[1, 2], response_length=1, response=response, label=label, metadata=metadata or {})
 
 
-@pytest.mark.parametrize("text,method,expected", [
-    ("so <answer> 42 </answer>", "tag", "42"),
-    ("<answer>1</answer> then <answer>2</answer>", "tag", "2"),
-    ("no tag, the result is 1,234.", "tag", None),
-    ("no tag, the result is 1,234.", "tag_or_last_number", "1234"),
-    ("x = -7 and then 12", "last_number", "12"),
-    ("value -3.5", "last_number", "-3.5"),
-    (r"thus \boxed{\frac{1}{2}} done", "boxed", r"\frac{1}{2}"),
-    (r"\boxed{a{b}c}", "boxed", "a{b}c"),
-    ("  raw  ", "none", "raw"),
-    ("nothing here", "last_number", None),
-])
+@pytest.mark.parametrize(
+    "text,method,expected",
+    [
+        ("so <answer> 42 </answer>", "tag", "42"),
+        ("<answer>1</answer> then <answer>2</answer>", "tag", "2"),
+        ("no tag, the result is 1,234.", "tag", None),
+        ("no tag, the result is 1,234.", "tag_or_last_number", "1234"),
+        ("x = -7 and then 12", "last_number", "12"),
+        ("value -3.5", "last_number", "-3.5"),
+        (r"thus \boxed{\frac{1}{2}} done", "boxed", r"\frac{1}{2}"),
+        (r"\boxed{a{b}c}", "boxed", "a{b}c"),
+        ("  raw  ", "none", "raw"),
+        ("nothing here", "last_number", None),
+    ],
+)
 def test_extract_answer(text, method, expected):
     assert extract_answer(text, method) == expected
 
@@ -66,7 +68,8 @@ def test_exact_match_reward():
 
 @pytest.fixture
 def custom_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent("""
         import asyncio, time
         def length(sample):
             return {"reward": len(sample.response) / 10, "chars": len(sample.response)}
@@ -92,7 +95,8 @@ def custom_module(tmp_path, monkeypatch):
         def no_key(sample):
             return {"value": 1.0}
         not_callable = 3
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_rewards"
     sys.modules.pop("my_rewards", None)

@@ -17,8 +17,14 @@ from .test_integration import read_metrics, tiny_overrides
 
 
 def sample(i: int = 0, label="4") -> Sample:
-    return Sample(prompt="What is 2 + 2?", tokens=[1, 2, 3], response_length=1, response="<answer>4</answer>",
-                  label=label, index=i)
+    return Sample(
+        prompt="What is 2 + 2?",
+        tokens=[1, 2, 3],
+        response_length=1,
+        response="<answer>4</answer>",
+        label=label,
+        index=i,
+    )
 
 
 def manager(fn: str, **kw) -> RewardManager:
@@ -73,10 +79,18 @@ def test_one_rollout_of_failing_rewards_exits_1_in_one_line(tmp_path, tiny_model
     from reinforge import cli
 
     out = tmp_path / "run"
-    args = tiny_overrides(tiny_model_path, out, **{
-        "train.num_rollout": 1, "data.n_eval_prompts": 0, "eval.eval_before_train": "false",
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:always_raises",
-        "run.tensorboard": "false"})
+    args = tiny_overrides(
+        tiny_model_path,
+        out,
+        **{
+            "train.num_rollout": 1,
+            "data.n_eval_prompts": 0,
+            "eval.eval_before_train": "false",
+            "reward.type": "custom",
+            "reward.function_path": "tests.reward_fns:always_raises",
+            "run.tensorboard": "false",
+        },
+    )
     assert cli.main(["train", *args]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("reinforge train: error:")]
     assert len(err) == 1 and "tests.reward_fns:always_raises" in err[0] and "RuntimeError: reward bug" in err[0]
@@ -88,10 +102,24 @@ def test_reward_info_numbers_reach_the_metrics(tmp_path, tiny_model_path):
     from reinforge.loop import run_training
 
     out = tmp_path / "run"
-    run_training(load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "train.num_rollout": 1, "data.n_eval_prompts": 2, "eval.eval_before_train": "false",
-        "reward.type": "custom", "reward.function_path": "tests.reward_fns:with_info", "run.tensorboard": "false",
-        "run.save_final": "false"})))
+    run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                out,
+                **{
+                    "train.num_rollout": 1,
+                    "data.n_eval_prompts": 2,
+                    "eval.eval_before_train": "false",
+                    "reward.type": "custom",
+                    "reward.function_path": "tests.reward_fns:with_info",
+                    "run.tensorboard": "false",
+                    "run.save_final": "false",
+                },
+            ),
+        )
+    )
     rows = read_metrics(out)
     train = next(r for r in rows if "rollout/reward_mean" in r)
     assert train["reward_info/format_ok"] == 1.0

@@ -5,7 +5,6 @@ A tiny random qwen3_moe model with 16 experts (top 2) whose last decoder layer i
 exactness test perturbs only that layer's router, so the prompt positions' routing (left to the
 router) cannot change what the response positions see."""
 
-
 import pytest
 import torch
 
@@ -14,7 +13,6 @@ from reinforge.engine import EmbeddedEngine
 from reinforge.models.loading import build_model
 from reinforge.models.moe import Routing
 from reinforge.records import GenerateRequest, Sample, SamplingParams
-
 from tests.conftest import make_tiny_model
 
 E, K = 16, 2
@@ -22,9 +20,19 @@ E, K = 16, 2
 
 @pytest.fixture(scope="module")
 def moe_path(tmp_path_factory, smollm2_path):
-    return make_tiny_model(tmp_path_factory.mktemp("qwen3_moe_16"), smollm2_path, "qwen3_moe",
-                           intermediate_size=96, moe_intermediate_size=32, num_experts=E, num_experts_per_tok=K,
-                           head_dim=16, num_hidden_layers=3, mlp_only_layers=[1], norm_topk_prob=True)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("qwen3_moe_16"),
+        smollm2_path,
+        "qwen3_moe",
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=E,
+        num_experts_per_tok=K,
+        head_dim=16,
+        num_hidden_layers=3,
+        mlp_only_layers=[1],
+        norm_topk_prob=True,
+    )
 
 
 def prompts(n=3):
@@ -33,9 +41,12 @@ def prompts(n=3):
 
 
 def engine(path, **cfg):
-    return EmbeddedEngine(build_model(path, torch.float32), EngineConfig(**{"max_num_seqs": 6, "kv_block_size": 4,
-                                                                              **cfg}),
-                          max_model_len=64, record_routes=True)
+    return EmbeddedEngine(
+        build_model(path, torch.float32),
+        EngineConfig(**{"max_num_seqs": 6, "kv_block_size": 4, **cfg}),
+        max_model_len=64,
+        record_routes=True,
+    )
 
 
 def router_routes(model, prompt, tokens):
@@ -44,7 +55,7 @@ def router_routes(model, prompt, tokens):
     with torch.no_grad():
         model(torch.tensor([prompt + tokens]), routing=routing)
     P, n = len(prompt), len(tokens)
-    return torch.stack([routing.experts[i][P - 1:P - 1 + n] for i in model.args.moe_layers], 1)
+    return torch.stack([routing.experts[i][P - 1 : P - 1 + n] for i in model.args.moe_layers], 1)
 
 
 def test_replay_rows_of_minus_one_are_left_to_the_router(moe_path):
@@ -88,7 +99,7 @@ def test_engine_routes_equal_the_trainers_router(moe_path, pool, prefill):
 
 def test_routes_off_by_default_and_aborts_keep_theirs(moe_path):
     plain = EmbeddedEngine(build_model(moe_path, torch.float32), EngineConfig(max_num_seqs=2), max_model_len=64)
-    (r,), = plain.generate([GenerateRequest(prompts(1)[0], SamplingParams(max_new_tokens=4))])
+    ((r,),) = plain.generate([GenerateRequest(prompts(1)[0], SamplingParams(max_new_tokens=4))])
     assert r.routed_experts is None and plain.runner.out_routes is None
     eng = engine(moe_path)
     group = eng.add_request(GenerateRequest(prompts(1)[0], SamplingParams(max_new_tokens=30, ignore_eos=True), n=2))
@@ -105,19 +116,37 @@ def test_routes_off_by_default_and_aborts_keep_theirs(moe_path):
 def rollout_samples(path, n_prompts=2):
     eng = engine(path)
     ps = prompts(n_prompts)
-    results = eng.generate([GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=True),
-                                            n=2) for p in ps])
-    return [Sample(prompt="", tokens=p + r.token_ids, response_length=len(r.token_ids), index=2 * g + j,
-                   group_index=g, loss_mask=[1] * len(r.token_ids), rollout_log_probs=r.log_probs,
-                   routed_experts=r.routed_experts)
-            for g, (p, group) in enumerate(zip(ps, results)) for j, r in enumerate(group)]
+    results = eng.generate(
+        [GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=True), n=2) for p in ps]
+    )
+    return [
+        Sample(
+            prompt="",
+            tokens=p + r.token_ids,
+            response_length=len(r.token_ids),
+            index=2 * g + j,
+            group_index=g,
+            loss_mask=[1] * len(r.token_ids),
+            rollout_log_probs=r.log_probs,
+            routed_experts=r.routed_experts,
+        )
+        for g, (p, group) in enumerate(zip(ps, results))
+        for j, r in enumerate(group)
+    ]
 
 
 def actor(path, replay, packing="none"):
     from reinforge.train.actor import Actor
 
-    cfg = load_config(None, [f"model.path={path}", "train.device=cpu", f"train.packing={packing}",
-                             f"algo.use_rollout_routing_replay={str(replay).lower()}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={path}",
+            "train.device=cpu",
+            f"train.packing={packing}",
+            f"algo.use_rollout_routing_replay={str(replay).lower()}",
+        ],
+    )
     return Actor(cfg, path, torch.device("cpu"))
 
 
@@ -138,7 +167,7 @@ def test_replay_makes_the_trainer_compute_the_engines_log_probs(moe_path, packin
         lps = a.compute_log_probs(samples)
         diffs[replay] = torch.cat([(lp - torch.tensor(s.rollout_log_probs)).abs() for lp, s in zip(lps, samples)])
         if replay:  # the trainer's own router would pick other experts at response positions
-            own = torch.cat([router_routes(a.model, s.tokens[:s.prompt_length], s.response_ids) for s in samples])
+            own = torch.cat([router_routes(a.model, s.tokens[: s.prompt_length], s.response_ids) for s in samples])
             assert (own[:, last] == c).any()
     assert diffs[True].max().item() < 1e-5
     assert diffs[False].max().item() > 1e-2
@@ -151,8 +180,12 @@ def test_replay_checks_its_inputs(moe_path, tiny_model_path):
     with pytest.raises(ValueError, match="use_rollout_routing_replay.*dense"):
         actor(tiny_model_path, True)
     with pytest.raises(ValueError, match="use_rollout_routing_replay.*dense"):
-        EmbeddedEngine(build_model(tiny_model_path, torch.float32), EngineConfig(max_num_seqs=2), max_model_len=32,
-                       record_routes=True)
+        EmbeddedEngine(
+            build_model(tiny_model_path, torch.float32),
+            EngineConfig(max_num_seqs=2),
+            max_model_len=32,
+            record_routes=True,
+        )
     s = Sample(prompt="", tokens=[5, 6, 7, 8], response_length=2, loss_mask=[1, 1], rollout_log_probs=[0.0, 0.0])
     mb = build([s.tokens], [2], [s.loss_mask], [[0]], 0)
     with pytest.raises(ValueError, match="no recorded expert routes"):
@@ -163,9 +196,10 @@ def test_replay_checks_its_inputs(moe_path, tiny_model_path):
     s.routed_experts = torch.tensor([[[1, 2], [3, 4]], [[5, 6], [7, 8]]], dtype=torch.uint8)
     ids = replay_experts(mb, [s], (0, 2), K)
     assert ids[2].tolist() == [[-1, -1], [3, 4], [7, 8], [-1, -1]]  # positions 1 and 2 predict tokens 7, 8
-    for bad, match in ((["engine.backend=vllm"], "engine.backend=vllm"),
-                       (["rollout.custom_generate_function_path=reinforge.rollout.agent:generate"],
-                        "custom_generate_function_path")):
+    for bad, match in (
+        (["engine.backend=vllm"], "engine.backend=vllm"),
+        (["rollout.custom_generate_function_path=reinforge.rollout.agent:generate"], "custom_generate_function_path"),
+    ):
         with pytest.raises(ConfigError, match=match):
             load_config(None, ["algo.use_rollout_routing_replay=true", *bad])
 
@@ -173,22 +207,41 @@ def test_replay_checks_its_inputs(moe_path, tiny_model_path):
 def test_backends_that_cannot_record_are_refused(moe_path):
     from reinforge.rollout.backends import EngineSpec, build_engine
 
-    spec = EngineSpec(engine=EngineConfig(backend="hf"), model_path=moe_path, tokenizer=None,
-                      device=torch.device("cpu"), dtype=torch.float32, max_model_len=32, seed=0, record_routes=True)
+    spec = EngineSpec(
+        engine=EngineConfig(backend="hf"),
+        model_path=moe_path,
+        tokenizer=None,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        max_model_len=32,
+        seed=0,
+        record_routes=True,
+    )
     with pytest.raises(ValueError, match="use_rollout_routing_replay.*engine.backend=hf"):
         build_engine(spec)
 
 
 def test_grpo_runs_with_routing_replay(tmp_path, moe_path):
     from reinforge.loop import run_training
-
     from tests.test_integration import read_metrics, tiny_overrides
 
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(moe_path, out, **{
-        "algo.use_rollout_routing_replay": "true", "reward.type": "custom",
-        "reward.function_path": "tests.reward_fns:even_first_token", "data.n_eval_prompts": 0,
-        "eval.eval_before_train": "false", "train.num_rollout": 1, "train.num_steps_per_rollout": 2}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            moe_path,
+            out,
+            **{
+                "algo.use_rollout_routing_replay": "true",
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "data.n_eval_prompts": 0,
+                "eval.eval_before_train": "false",
+                "train.num_rollout": 1,
+                "train.num_steps_per_rollout": 2,
+            },
+        ),
+    )
     run_training(cfg)
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["train/logprob_abs_diff"] < 1e-5  # the train-vs-rollout log-prob difference, logged
@@ -207,8 +260,12 @@ def test_routes_recorded_inside_decode_cuda_graphs(moe_path):
     greedy = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
     out = {}
     for graphs in (True, False):
-        eng = EmbeddedEngine(build_model(moe_path, torch.bfloat16, dev),
-                             EngineConfig(max_num_seqs=6, cuda_graph=graphs), max_model_len=64, record_routes=True)
+        eng = EmbeddedEngine(
+            build_model(moe_path, torch.bfloat16, dev),
+            EngineConfig(max_num_seqs=6, cuda_graph=graphs),
+            max_model_len=64,
+            record_routes=True,
+        )
         out[graphs] = eng.generate([GenerateRequest(p, greedy) for p in prompts()])
         assert bool(eng.runner._graphs) == graphs
     for (g,), (e,) in zip(out[True], out[False]):

@@ -19,8 +19,12 @@ def test_fresh_and_resumed_directories_are_accepted(tmp_path):
     check_output_dir(run_cfg(out))
     (out / "metrics.jsonl").write_text("{}\n")
     (out / "checkpoints" / "rollout_000001").mkdir(parents=True)
-    for resume in (["run.recover=auto"], [f"run.load={out}"], [f"run.load={out / 'checkpoints' / 'rollout_000001'}"],
-                   ["run.max_restarts=2"]):
+    for resume in (
+        ["run.recover=auto"],
+        [f"run.load={out}"],
+        [f"run.load={out / 'checkpoints' / 'rollout_000001'}"],
+        ["run.max_restarts=2"],
+    ):
         check_output_dir(run_cfg(out, *resume))
     assert (out / "metrics.jsonl").exists()
 
@@ -28,8 +32,11 @@ def test_fresh_and_resumed_directories_are_accepted(tmp_path):
 def test_existing_run_is_refused_with_the_ways_out(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
-    with pytest.raises(ConfigError, match=r"already holds a run \(checkpoints\).*run.recover=auto.*--load.*"
-                                          r"run.overwrite=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"already holds a run \(checkpoints\).*run.recover=auto.*--load.*"
+        r"run.overwrite=true",
+    ):
         check_output_dir(run_cfg(out))
     other = tmp_path / "other" / "checkpoints"
     other.mkdir(parents=True)

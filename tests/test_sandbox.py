@@ -23,8 +23,10 @@ from reinforge.tools.builtin import calculator, make_python
 from reinforge.tools.sandbox import SandboxLimits, SandboxUnavailable, bwrap_path, check_sandbox, run_python
 
 needs_bwrap = pytest.mark.skipif(
-    bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: `make setup` installs it when run as root, "
-                                 "or `apt-get install bubblewrap`")
+    bwrap_path() is None,
+    reason="bubblewrap (bwrap) is not installed: `make setup` installs it when run as root, "
+    "or `apt-get install bubblewrap`",
+)
 PROJECT = Path(reinforge.__file__).resolve().parents[1]
 SITE_PACKAGES = Path(sysconfig.get_paths()["purelib"])
 
@@ -73,9 +75,14 @@ def test_host_files_are_not_readable(tmp_path, monkeypatch):
     models = tmp_path / "models" / "smollm2"
     models.mkdir(parents=True)
     (models / "model.safetensors").write_bytes(b"weights")
-    targets = {"passwd": "/etc/passwd", "shadow": "/etc/shadow", "fake_models": str(models / "model.safetensors"),
-               "project": str(PROJECT / "reinforge" / "__init__.py"),
-               "cache": str(Path.home() / ".cache"), "host_tmp": str(tmp_path)}
+    targets = {
+        "passwd": "/etc/passwd",
+        "shadow": "/etc/shadow",
+        "fake_models": str(models / "model.safetensors"),
+        "project": str(PROJECT / "reinforge" / "__init__.py"),
+        "cache": str(Path.home() / ".cache"),
+        "host_tmp": str(tmp_path),
+    }
     code = ATTEMPT + "def read(p):\n    return os.listdir(p) if os.path.isdir(p) else open(p).read()\n"
     code += "".join(f"attempt({k!r}, lambda: read({v!r}))\n" for k, v in targets.items()) + "print(json.dumps(out))"
     res = report(run(code))
@@ -87,11 +94,18 @@ def test_writes_outside_scratch_fail(tmp_path):
     """The root is read-only; the project tree, site-packages (a ``.pth`` file would run at the next
     start) and the interpreter's folders are bound read-only or absent; /tmp is the sandbox's own."""
     token = uuid.uuid4().hex
-    targets = {"root": f"/{token}", "usr": f"/usr/{token}", "project": str(PROJECT / f"{token}.py"),
-               "pth": str(SITE_PACKAGES / f"{token}.pth"), "bin": str(Path(sys.executable).parent / token),
-               "stdlib": str(Path(os.__file__).parent / f"{token}.py"), "host_tmp": str(tmp_path / token)}
-    code = ATTEMPT + "".join(f"attempt({k!r}, lambda: open({v!r}, 'w').write('import os; os.system(\"id\")'))\n"
-                             for k, v in targets.items())
+    targets = {
+        "root": f"/{token}",
+        "usr": f"/usr/{token}",
+        "project": str(PROJECT / f"{token}.py"),
+        "pth": str(SITE_PACKAGES / f"{token}.pth"),
+        "bin": str(Path(sys.executable).parent / token),
+        "stdlib": str(Path(os.__file__).parent / f"{token}.py"),
+        "host_tmp": str(tmp_path / token),
+    }
+    code = ATTEMPT + "".join(
+        f"attempt({k!r}, lambda: open({v!r}, 'w').write('import os; os.system(\"id\")'))\n" for k, v in targets.items()
+    )
     code += f"attempt('tmp', lambda: open('/tmp/{token}', 'w').write('x'))\n"
     code += "attempt('scratch', lambda: open('here.txt', 'w').write('x'))\nprint(json.dumps(out))"
     res = report(run(code))
@@ -110,11 +124,13 @@ def test_shell_commands_run_inside_and_cannot_harm():
     capabilities: they cannot write the project either, nor mount or see host processes."""
     token = uuid.uuid4().hex
     target = PROJECT / f"{token}.txt"
-    code = (f"import os, subprocess\nos.system('touch {target} 2>/dev/null')\n"
-            "print(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip())\n"
-            "print(os.system('mount -o remount,rw / 2>/dev/null') != 0)\n"
-            "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
-            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])")
+    code = (
+        f"import os, subprocess\nos.system('touch {target} 2>/dev/null')\n"
+        "print(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip())\n"
+        "print(os.system('mount -o remount,rw / 2>/dev/null') != 0)\n"
+        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+    )
     r = run(code)
     uid, mount_failed, pids, caps = r.stdout.split("\n")[:4]
     assert uid == "65534" and mount_failed == "True" and int(caps, 16) == 0, r
@@ -165,7 +181,9 @@ def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
         s.listen(1)
         s.setblocking(False)
         listeners.append(s)
-    code = ATTEMPT + f"""
+    code = (
+        ATTEMPT
+        + f"""
 import socket
 def connect(addr):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -174,6 +192,7 @@ attempt("path", lambda: connect({path!r}))
 attempt("abstract", lambda: connect({abstract!r}))
 print(json.dumps(out))
 """
+    )
     try:
         res = report(run(code))
         for s in listeners:
@@ -260,8 +279,10 @@ def test_background_child_does_not_hold_the_output_open():
     """A child that inherits stdout and lives on ends with the program (the pid namespace dies):
     the call returns at once, not at the time limit."""
     token = uuid.uuid4().hex
-    code = ("import subprocess, sys\n"
-            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'])\nprint('done')")
+    code = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'])\nprint('done')"
+    )
     r = run(code)
     assert not r.timed_out and r.returncode == 0 and r.stdout.strip() == "done" and r.seconds < 3, r
     time.sleep(0.2)
@@ -274,10 +295,12 @@ def test_setsid_children_do_not_outlive_the_sandbox(wait):
     """Children in their own session (``setsid``) die with the sandbox, whether the program exits
     or is killed at the time limit."""
     token = uuid.uuid4().hex
-    code = (f"import subprocess, sys, time\nfor i in range(20):\n"
-            f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'],"
-            " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "print('started', flush=True)\n" + ("time.sleep(30)\n" if wait else ""))
+    code = (
+        f"import subprocess, sys, time\nfor i in range(20):\n"
+        f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '{token}'],"
+        " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print('started', flush=True)\n" + ("time.sleep(30)\n" if wait else "")
+    )
     r = run(code, timeout=3.0)
     assert r.timed_out == wait and "started" in r.stdout, r
     time.sleep(0.3)
@@ -290,10 +313,12 @@ def test_killing_the_parent_or_host_processes_fails():
     namespace, which ignores signals from inside; the trainer and host processes are not found."""
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        code = ATTEMPT + (f"print(os.getppid())\nattempt('victim', lambda: os.kill({victim.pid}, 9))\n"
-                          f"attempt('trainer', lambda: os.kill({os.getpid()}, 9))\n"
-                          "attempt('pid1', lambda: os.kill(1, 9))\nimport time; time.sleep(0.2)\n"
-                          "print(json.dumps(out))\n")
+        code = ATTEMPT + (
+            f"print(os.getppid())\nattempt('victim', lambda: os.kill({victim.pid}, 9))\n"
+            f"attempt('trainer', lambda: os.kill({os.getpid()}, 9))\n"
+            "attempt('pid1', lambda: os.kill(1, 9))\nimport time; time.sleep(0.2)\n"
+            "print(json.dumps(out))\n"
+        )
         r = run(code)
         assert r.stdout.split("\n")[0] == "1", r
         assert report(r) == {"victim": "ProcessLookupError", "trainer": "ProcessLookupError", "pid1": "ok"}
@@ -310,10 +335,12 @@ def test_parent_environment_is_not_readable(monkeypatch):
     trainer does not exist inside (new pid namespace and procfs)."""
     secret = "s3cret-" + uuid.uuid4().hex
     monkeypatch.setenv("REINFORGE_TEST_SECRET", secret)
-    code = (f"import os\nprint(dict(os.environ))\n"
-            f"for p in [{os.getpid()}, {os.getppid()}, *[int(d) for d in os.listdir('/proc') if d.isdigit()]]:\n"
-            "    try:\n        print(p, open(f'/proc/{p}/environ', 'rb').read())\n"
-            "    except OSError as e:\n        print(p, type(e).__name__)\n")
+    code = (
+        f"import os\nprint(dict(os.environ))\n"
+        f"for p in [{os.getpid()}, {os.getppid()}, *[int(d) for d in os.listdir('/proc') if d.isdigit()]]:\n"
+        "    try:\n        print(p, open(f'/proc/{p}/environ', 'rb').read())\n"
+        "    except OSError as e:\n        print(p, type(e).__name__)\n"
+    )
     r = run(code)
     assert r.returncode == 0 and secret not in r.stdout and secret not in r.stderr, r
     assert f"{os.getpid()} FileNotFoundError" in r.stdout
@@ -350,8 +377,9 @@ def test_refuses_to_start_without_bwrap(monkeypatch):
     monkeypatch.setattr(sb, "bwrap_path", lambda: None)
     sb._bwrap_problem.cache_clear()
     try:
-        with pytest.raises(SandboxUnavailable,
-                           match=r"not installed.*apt-get install bubblewrap.*agent.python_sandbox=none"):
+        with pytest.raises(
+            SandboxUnavailable, match=r"not installed.*apt-get install bubblewrap.*agent.python_sandbox=none"
+        ):
             make_python(None)
         with pytest.raises(SandboxUnavailable):
             asyncio.run(run_python("print(1)"))
@@ -367,10 +395,18 @@ def test_refuses_to_start_without_bwrap(monkeypatch):
 
 
 # ---------------------------------------------------------------- calculator
-@pytest.mark.parametrize("expression,value", [("round(1, -10**8)", "0"), ("round(10**1000, -10**8)", "0"),
-                                              ("round(123456, -2)", "123500"), ("round(1.5, -10**8)", "0"),
-                                              ("round(2.675, 10**8)", "2.675"), ("(-1)**10**100", "1"),
-                                              ("2**-10**8", "0")])
+@pytest.mark.parametrize(
+    "expression,value",
+    [
+        ("round(1, -10**8)", "0"),
+        ("round(10**1000, -10**8)", "0"),
+        ("round(123456, -2)", "123500"),
+        ("round(1.5, -10**8)", "0"),
+        ("round(2.675, 10**8)", "2.675"),
+        ("(-1)**10**100", "1"),
+        ("2**-10**8", "0"),
+    ],
+)
 def test_calculator_huge_powers_return_at_once(expression, value):
     """``round(1, -10**8)`` computed 10**(10**8) in C with the GIL held (a minute, no timeout could
     stop it): the digits are clamped, results unchanged."""
@@ -389,12 +425,13 @@ def test_calculator_refuses_huge_results_through_the_tool_set():
     ts.close()
 
 
-# ---------------------------------------------------------------- issue 34: never root on the host, no shared kernel state
+# ------------------------------------------------ issue 34: never root on the host, no shared kernel state
 def in_trainer(script: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run ``script`` in a separate Python process (a stand-in trainer), so that what it does to its
     own keyrings or to its own life does not touch the test process."""
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          cwd=str(PROJECT))
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, cwd=str(PROJECT)
+    )
 
 
 def syscall_numbers(*names: str) -> dict[str, int]:
@@ -412,11 +449,13 @@ def test_the_program_is_not_root_on_the_host():
     inside. The write attempt writes the value the host already has, so nothing changes if it held."""
     token = uuid.uuid4().hex
     core_pattern = Path("/proc/sys/kernel/core_pattern").read_text()
-    code = ATTEMPT + (f"attempt('core_pattern', lambda: open('/proc/sys/kernel/core_pattern', 'w').write({core_pattern!r}))\n"
-                      "attempt('hostname', lambda: open('/proc/sys/kernel/hostname', 'w').write('x'))\n"
-                      "out['writable'] = os.access('/proc/sys/kernel/core_pattern', os.W_OK)\n"
-                      "print(json.dumps(out), flush=True)\n"
-                      f"import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(2)', '{token}'])")
+    code = ATTEMPT + (
+        f"attempt('core_pattern', lambda: open('/proc/sys/kernel/core_pattern', 'w').write({core_pattern!r}))\n"
+        "attempt('hostname', lambda: open('/proc/sys/kernel/hostname', 'w').write('x'))\n"
+        "out['writable'] = os.access('/proc/sys/kernel/core_pattern', os.W_OK)\n"
+        "print(json.dumps(out), flush=True)\n"
+        f"import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(2)', '{token}'])"
+    )
 
     async def run_and_look():
         task = asyncio.ensure_future(run_python(code, SandboxLimits(timeout=8)))
@@ -443,8 +482,21 @@ def test_seccomp_denies_keyrings_tracing_and_namespaces():
     """Each system call of the issue's list fails with EPERM (the filter answers before the kernel
     looks at the arguments); a system call of the x32 ABI (another architecture's numbering) does not
     get through either (the process is killed or the call fails)."""
-    names = ["keyctl", "add_key", "request_key", "ptrace", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
-             "io_uring_enter", "io_uring_register", "mount", "unshare", "setns"]
+    names = [
+        "keyctl",
+        "add_key",
+        "request_key",
+        "ptrace",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "mount",
+        "unshare",
+        "setns",
+    ]
     numbers = syscall_numbers(*names)
     code = f"""
 import ctypes, json, subprocess, sys
@@ -455,7 +507,7 @@ for name, nr in {numbers!r}.items():
     rc = libc.syscall(nr, 0, 0, 0, 0, 0)
     out[name] = ctypes.get_errno() if rc < 0 else "allowed"
 x32 = subprocess.run([sys.executable, "-c", "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
-                      "print(l.syscall(0x40000000 + {numbers['keyctl']}, 0, -3, 0))"], capture_output=True, text=True)
+                      "print(l.syscall(0x40000000 + {numbers["keyctl"]}, 0, -3, 0))"], capture_output=True, text=True)
 out["x32"] = [x32.returncode, x32.stdout.strip()]
 print(json.dumps(out))
 """
@@ -472,16 +524,18 @@ def test_the_trainers_keyrings_are_not_reachable():
     the keyring system calls denied)."""
     nr = syscall_numbers("add_key", "keyctl")
     secret, name = "s3cret-" + uuid.uuid4().hex, "reinforge-test-" + uuid.uuid4().hex[:8]
-    program = ("import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
-               "out['keys'] = open('/proc/keys').read()\n"
-               f"out['add'] = libc.syscall({nr['add_key']}, b'user', b'planted', b'x', 1, -3)\n"
-               f"buf = ctypes.create_string_buffer(256)\nout['read'] = libc.syscall({nr['keyctl']}, 11, -3, buf, 256)\n"
-               "out['buf'] = buf.raw.rstrip(b'\\0').decode(errors='replace')\nprint(json.dumps(out))")
+    program = (
+        "import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = {}\n"
+        "out['keys'] = open('/proc/keys').read()\n"
+        f"out['add'] = libc.syscall({nr['add_key']}, b'user', b'planted', b'x', 1, -3)\n"
+        f"buf = ctypes.create_string_buffer(256)\nout['read'] = libc.syscall({nr['keyctl']}, 11, -3, buf, 256)\n"
+        "out['buf'] = buf.raw.rstrip(b'\\0').decode(errors='replace')\nprint(json.dumps(out))"
+    )
     script = f"""
 import asyncio, ctypes, json
 from reinforge.tools.sandbox import SandboxLimits, run_python
 libc = ctypes.CDLL(None, use_errno=True)
-key = libc.syscall({nr['add_key']}, b"user", {name.encode()!r}, {secret.encode()!r}, {len(secret)}, -3)
+key = libc.syscall({nr["add_key"]}, b"user", {name.encode()!r}, {secret.encode()!r}, {len(secret)}, -3)
 assert key > 0, ctypes.get_errno()
 r = asyncio.run(run_python({program!r}, SandboxLimits(timeout=8)))
 keys = open("/proc/keys").read()
@@ -504,8 +558,10 @@ def test_nothing_outlives_a_killed_trainer(tmp_path):
     from reinforge.tools import cgroup as cg
 
     token = uuid.uuid4().hex
-    program = ("import ctypes, time\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\nprint('started', flush=True)\n"
-               f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', '{token}'])")
+    program = (
+        "import ctypes, time\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\nprint('started', flush=True)\n"
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', '{token}'])"
+    )
     script = f"""
 import asyncio
 from reinforge.tools.sandbox import SandboxLimits, run_python
@@ -541,7 +597,9 @@ def test_limits_hold_without_a_cgroup(monkeypatch):
     without_cgroup(monkeypatch)
     forks = run(FORK_BOMB, max_processes=16)
     assert "stopped" in forks.stdout and int(forks.stdout.split()[-1]) < 16, forks
-    shm = run(ATTEMPT + """
+    shm = run(
+        ATTEMPT
+        + """
 def fill(path):
     with open(path, "wb") as f:
         for i in range(300):
@@ -550,7 +608,9 @@ attempt("shm", lambda: fill("/dev/shm/big"))
 attempt("dev", lambda: open("/dev/new", "w"))
 out["shm_bytes"] = os.path.getsize("/dev/shm/big")
 print(json.dumps(out))
-""", disk_mb=32)
+""",
+        disk_mb=32,
+    )
     res = report(shm)
     from reinforge.tools.isolation import tmpfs_sizes
 
@@ -589,11 +649,14 @@ def test_outcome_labels_cannot_be_forged_into_success_or_failure():
     from reinforge.tools.builtin import sandbox_output
     from reinforge.tools.toolset import ToolError
 
-    forged = run("import os, sys\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'1')\n"
-                 "    except OSError:\n        pass\n"
-                 f"print({sb.NETWORK_DENIED!r}, file=sys.stderr)\nprint('fine')")
+    forged = run(
+        "import os, sys\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'1')\n"
+        "    except OSError:\n        pass\n"
+        f"print({sb.NETWORK_DENIED!r}, file=sys.stderr)\nprint('fine')"
+    )
     assert forged.returncode == 0 and not forged.network_denied and sandbox_output(forged) == "fine", forged
-    oom = run("""
+    oom = run(
+        """
 import os
 pid = os.fork()
 if pid == 0:
@@ -603,7 +666,9 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 print("parent exits 0")
-""", memory_mb=100)
+""",
+        memory_mb=100,
+    )
     if oom.oom_kills == 0:  # no cgroup here: the child's own address-space limit stopped it
         assert "MemoryError" in oom.stderr, oom
         return

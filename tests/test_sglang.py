@@ -18,10 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.rollout.sglang_engine import (PortAllocator, SGLangEngine, SGLangError, SGLangServer,
-                                             generate_payload, launch_command, parse_generate, start_server,
-                                             wait_ready)
 from reinforge.records import FinishReason, GenerateRequest, SamplingParams
+from reinforge.rollout.sglang_engine import (
+    PortAllocator,
+    SGLangEngine,
+    SGLangError,
+    SGLangServer,
+    generate_payload,
+    launch_command,
+    parse_generate,
+    start_server,
+    wait_ready,
+)
 from reinforge.utils.net import free_port
 
 
@@ -62,9 +70,17 @@ class FakeSGLang:
         if path == "/generate":
             n = body["sampling_params"]["n"]
             base = body["input_ids"][-1]
-            outs = [{"text": "x", "output_ids": [base + j, 2],
-                     "meta_info": {"output_token_logprobs": [[-0.5 - j, base + j, None], [-0.25, 2, None]],
-                                   "finish_reason": {"type": "stop", "matched": 2}}} for j in range(n)]
+            outs = [
+                {
+                    "text": "x",
+                    "output_ids": [base + j, 2],
+                    "meta_info": {
+                        "output_token_logprobs": [[-0.5 - j, base + j, None], [-0.25, 2, None]],
+                        "finish_reason": {"type": "stop", "matched": 2},
+                    },
+                }
+                for j in range(n)
+            ]
             return outs if n > 1 else outs[0]
         if path == "/update_weights_from_tensor":
             for entry in body["serialized_named_tensors"]:
@@ -76,10 +92,16 @@ class FakeSGLang:
 
             import torch.distributed as dist
 
-            store = dist.TCPStore(body["master_address"], body["master_port"], body["world_size"], False,
-                                  timeout=datetime.timedelta(seconds=30))
-            self.group = dist.ProcessGroupGloo(store, body["rank_offset"], body["world_size"],
-                                               datetime.timedelta(seconds=30))
+            store = dist.TCPStore(
+                body["master_address"],
+                body["master_port"],
+                body["world_size"],
+                False,
+                timeout=datetime.timedelta(seconds=30),
+            )
+            self.group = dist.ProcessGroupGloo(
+                store, body["rank_offset"], body["world_size"], datetime.timedelta(seconds=30)
+            )
             return {"success": True, "message": ""}
         if path == "/update_weights_from_distributed":
             opts = torch.distributed.BroadcastOptions()
@@ -108,8 +130,7 @@ def fakes():
 
 def test_generate_payload_and_parsing(fakes):
     engine = SGLangEngine([SGLangServer(f.url) for f in fakes], seed=3)
-    sp = SamplingParams(max_new_tokens=7, temperature=0.9, top_p=0.8, top_k=5, stop=["</answer>"],
-                        stop_token_ids=[2])
+    sp = SamplingParams(max_new_tokens=7, temperature=0.9, top_p=0.8, top_k=5, stop=["</answer>"], stop_token_ids=[2])
     results = engine.generate([GenerateRequest([1, 10], sp, n=2), GenerateRequest([1, 20], sp, n=1)])
     assert [[r.token_ids for r in g] for g in results] == [[[10, 2], [11, 2]], [[20, 2]]]
     assert results[0][1].log_probs == [-1.5, -0.25] and results[0][0].finish_reason == FinishReason.STOP
@@ -118,15 +139,31 @@ def test_generate_payload_and_parsing(fakes):
     body = fakes[0].calls[0][1]
     assert body["input_ids"] == [1, 10] and body["return_logprob"] is True
     assert body["sampling_params"] == {
-        "max_new_tokens": 7, "temperature": 0.9, "top_p": 0.8, "top_k": 5, "n": 2, "ignore_eos": False,
-        "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False,
-        "stop": ["</answer>"], "stop_token_ids": [2], "sampling_seed": 3 * 1_000_003}
+        "max_new_tokens": 7,
+        "temperature": 0.9,
+        "top_p": 0.8,
+        "top_k": 5,
+        "n": 2,
+        "ignore_eos": False,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+        "stop": ["</answer>"],
+        "stop_token_ids": [2],
+        "sampling_seed": 3 * 1_000_003,
+    }
     engine.shutdown()
 
 
 def test_parse_length_and_errors():
-    out = parse_generate({"output_ids": [4], "meta_info": {"output_token_logprobs": [[-1.0, 4, None]],
-                                                           "finish_reason": {"type": "length", "length": 1}}}, 1, 7)
+    out = parse_generate(
+        {
+            "output_ids": [4],
+            "meta_info": {"output_token_logprobs": [[-1.0, 4, None]], "finish_reason": {"type": "length", "length": 1}},
+        },
+        1,
+        7,
+    )
     assert out[0].finish_reason == FinishReason.LENGTH and out[0].weight_version == 7
     with pytest.raises(SGLangError, match="returned 1 outputs for n=2"):
         parse_generate({"meta_info": {}}, 2, 0)
@@ -142,8 +179,9 @@ def test_update_weights_from_tensor_and_memory(fakes):
         assert torch.equal(f.received["model.a"], named[0][1]) and torch.equal(f.received["model.b"], named[1][1])
         bodies = [b for p, b in f.calls if p == "/update_weights_from_tensor"]
         assert len(bodies) == 2  # a 24-byte and an 80-byte tensor, buckets of 16 bytes: one bucket each
-        assert all(len(b["serialized_named_tensors"]) == 2 and b["weight_version"] == "4" and b["flush_cache"]
-                   for b in bodies)
+        assert all(
+            len(b["serialized_named_tensors"]) == 2 and b["weight_version"] == "4" and b["flush_cache"] for b in bodies
+        )
     engine.sleep()
     engine.wake_up()
     assert [p for p, _ in fakes[0].calls][-2:] == ["/release_memory_occupation", "/resume_memory_occupation"]
@@ -154,10 +192,16 @@ def test_update_weights_from_distributed_broadcasts(fakes):
     engine = SGLangEngine([SGLangServer(fakes[0].url)], weight_update="distributed")
     port = free_port()
     engine.init_weight_group("127.0.0.1", port, backend="gloo")
-    (path, body), = fakes[0].calls
+    ((path, body),) = fakes[0].calls
     assert path == "/init_weights_update_group"
-    assert body == {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-                    "group_name": SGLangEngine.GROUP, "backend": "gloo"}
+    assert body == {
+        "master_address": "127.0.0.1",
+        "master_port": port,
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": SGLangEngine.GROUP,
+        "backend": "gloo",
+    }
     named = [("w1", torch.randn(3, 4)), ("w2", torch.randn(5).to(torch.bfloat16))]
     engine.update_weights(named, version=9)
     upd = [b for p, b in fakes[0].calls if p == "/update_weights_from_distributed"][0]
@@ -175,14 +219,30 @@ def test_update_weights_from_disk(fakes, tiny_model_path):
 
 
 def test_launch_command_and_pass_through():
-    cmd = launch_command("/m", "127.0.0.1", 15000, 15001, 15002, tp_size=2, base_gpu_id=4, mem_fraction_static=0.6,
-                         seed=7, enable_memory_saver=True,
-                         extra_args={"mem_fraction_static": 0.7, "enable_metrics": True, "disable_radix_cache": False,
-                                     "cuda_graph_bs": [1, 2]})
+    cmd = launch_command(
+        "/m",
+        "127.0.0.1",
+        15000,
+        15001,
+        15002,
+        tp_size=2,
+        base_gpu_id=4,
+        mem_fraction_static=0.6,
+        seed=7,
+        enable_memory_saver=True,
+        extra_args={
+            "mem_fraction_static": 0.7,
+            "enable_metrics": True,
+            "disable_radix_cache": False,
+            "cuda_graph_bs": [1, 2],
+        },
+    )
     s = " ".join(cmd[1:])
-    assert s.startswith("-m sglang.launch_server --model-path /m --host 127.0.0.1 --port 15000 --nccl-port 15001 "
-                        "--dist-init-addr 127.0.0.1:15002 --tp-size 2 --base-gpu-id 4 --mem-fraction-static 0.6 "
-                        "--random-seed 7 --skip-server-warmup --trust-remote-code --enable-memory-saver")
+    assert s.startswith(
+        "-m sglang.launch_server --model-path /m --host 127.0.0.1 --port 15000 --nccl-port 15001 "
+        "--dist-init-addr 127.0.0.1:15002 --tp-size 2 --base-gpu-id 4 --mem-fraction-static 0.6 "
+        "--random-seed 7 --skip-server-warmup --trust-remote-code --enable-memory-saver"
+    )
     assert s.endswith("--mem-fraction-static 0.7 --enable-metrics --cuda-graph-bs 1 2")
     assert "disable-radix-cache" not in s
 
@@ -199,8 +259,10 @@ def test_port_allocation_skips_taken_ports_and_never_repeats():
 
 
 def test_server_that_dies_is_reported_with_cause(tmp_path):
-    script = ("import sys; print('requests.exceptions.ConnectionError: HTTPConnectionPool: "
-              "Max retries exceeded with url: /get_model_info'); sys.exit(3)")
+    script = (
+        "import sys; print('requests.exceptions.ConnectionError: HTTPConnectionPool: "
+        "Max retries exceeded with url: /get_model_info'); sys.exit(3)"
+    )
     server = start_server([sys.executable, "-c", script], "http://127.0.0.1:1", tmp_path)
     with pytest.raises(SGLangError) as e:
         wait_ready(server, timeout=30, index=2, poll=0.1)

@@ -24,7 +24,8 @@ def _modules() -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -77,7 +78,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (c := dfs(m)):
                 return c
         stack.pop()
@@ -164,10 +165,18 @@ def test_adding_an_estimator_is_one_registered_function(tmp_path, tiny_model_pat
         adv = r - r.median(dim=1, keepdim=True).values
         return inputs.broadcast(adv), None
 
-    overrides = tiny_overrides(tiny_model_path, tmp_path / "run", **{
-        "algo.advantage_estimator": "my_baseline", "reward.type": "custom", "data.n_eval_prompts": 0,
-        "reward.function_path": "tests.reward_fns:even_first_token", "train.num_rollout": 1,
-        "run.save_final": "false"})
+    overrides = tiny_overrides(
+        tiny_model_path,
+        tmp_path / "run",
+        **{
+            "algo.advantage_estimator": "my_baseline",
+            "reward.type": "custom",
+            "data.n_eval_prompts": 0,
+            "reward.function_path": "tests.reward_fns:even_first_token",
+            "train.num_rollout": 1,
+            "run.save_final": "false",
+        },
+    )
     assert run_training(load_config(None, overrides)).last_rollout_id == 0
     try:
         load_config(None, ["algo.advantage_estimator=my_baseline", "n_samples_per_prompt=1"])
@@ -181,9 +190,9 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, mon
     import torch
 
     from reinforge.config import load_config
+    from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import load_tokenizer
     from reinforge.rollout.backends import BACKENDS, build_engine, engine_spec
-    from reinforge.engine import EmbeddedEngine
 
     # registered for this test only (the registry feeds the config's choices and docs/config.md)
     monkeypatch.setattr(BACKENDS, "_entries", dict(BACKENDS._entries))
@@ -195,8 +204,12 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, mon
 
 
 FILE_EXTS = ("py", "md", "yaml", "json", "jsonl", "txt", "safetensors")
-NOT_KEYS = {"engine.generate", "model.generate", "model.layers",
-            "cluster.world_size"}  # the last: the derived trainer world size, compared on resume (recover.py)
+NOT_KEYS = {
+    "engine.generate",
+    "model.generate",
+    "model.layers",
+    "cluster.world_size",
+}  # the last: the derived trainer world size, compared on resume (recover.py)
 
 
 def test_config_keys_named_in_messages_exist():
@@ -220,7 +233,7 @@ def test_config_keys_named_in_messages_exist():
                     continue
                 if f"reinforge.{section}.{key}" in modules or f"{section}.{key}" in NOT_KEYS or key in FILE_EXTS:
                     continue  # a module, a file, a method or a derived value
-                if node.value[m.end():m.end() + 1] == "*":
+                if node.value[m.end() : m.end() + 1] == "*":
                     continue  # a family of keys (engine.sglang_*)
                 unknown.add(f"{name}: {section}.{key}")
     assert not unknown, sorted(unknown)

@@ -7,8 +7,16 @@ import time
 import pytest
 
 from reinforge.config import ConfigError, load_config
-from reinforge.tools import (TOOLS, ToolArgumentError, ToolCall, ToolSet, check_arguments, function_schema,
-                             get_format, load_tools)
+from reinforge.tools import (
+    TOOLS,
+    ToolArgumentError,
+    ToolCall,
+    ToolSet,
+    check_arguments,
+    function_schema,
+    get_format,
+    load_tools,
+)
 from reinforge.tools.builtin import calculator, make_python
 from reinforge.tools.sandbox import SandboxLimits, run_python
 from reinforge.tools.schema import parse_google_docstring
@@ -54,8 +62,10 @@ def test_schema_refuses_what_json_cannot_say():
 
 
 def test_google_docstring():
-    desc, args = parse_google_docstring("Do it.\n\nMore words.\n\nArgs:\n    x (int): first.\n    y: second\n"
-                                        "        continued.\n\nReturns:\n    z: not an arg.")
+    desc, args = parse_google_docstring(
+        "Do it.\n\nMore words.\n\nArgs:\n    x (int): first.\n    y: second\n"
+        "        continued.\n\nReturns:\n    z: not an arg."
+    )
     assert desc == "Do it. More words."
     assert args == {"x": "first.", "y": "second continued."}
 
@@ -63,24 +73,53 @@ def test_google_docstring():
 def test_check_arguments():
     schema = function_schema(agent_tools.add)
     assert check_arguments(schema, {"a": 2.0, "b": 3}) == {"a": 2, "b": 3}
-    for bad, msg in [({}, "missing required argument"), ({"a": 1, "c": 2}, "unknown argument"),
-                     ({"a": "1"}, "must be of type integer"), ({"a": 1.5}, "must be of type integer"),
-                     ({"a": True}, "must be of type integer"), ({"a": 1, "mode": "loud"}, "must be one of"),
-                     ([1], "must be a JSON object")]:
+    for bad, msg in [
+        ({}, "missing required argument"),
+        ({"a": 1, "c": 2}, "unknown argument"),
+        ({"a": "1"}, "must be of type integer"),
+        ({"a": 1.5}, "must be of type integer"),
+        ({"a": True}, "must be of type integer"),
+        ({"a": 1, "mode": "loud"}, "must be one of"),
+        ([1], "must be a JSON object"),
+    ]:
         with pytest.raises(ToolArgumentError, match=msg):
             check_arguments(schema, bad)
 
 
 # ---------------------------------------------------------------- calculator
-@pytest.mark.parametrize("expr, value", [("1 + 2 * 3", "7"), ("(1234 + 5678) * 9", "62208"), ("7 / 2", "3.5"),
-                                         ("10 / 5", "2"), ("-3 - -4", "1"), ("2 ^ 10", "1024"), ("sqrt(16)", "4"),
-                                         ("17 % 5", "2"), ("1/3", "0.333333333333"), ("max(2, 9) - abs(-1)", "8")])
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("1 + 2 * 3", "7"),
+        ("(1234 + 5678) * 9", "62208"),
+        ("7 / 2", "3.5"),
+        ("10 / 5", "2"),
+        ("-3 - -4", "1"),
+        ("2 ^ 10", "1024"),
+        ("sqrt(16)", "4"),
+        ("17 % 5", "2"),
+        ("1/3", "0.333333333333"),
+        ("max(2, 9) - abs(-1)", "8"),
+    ],
+)
 def test_calculator(expr, value):
     assert calculator(expr) == value
 
 
-@pytest.mark.parametrize("expr", ["__import__('os').system('true')", "().__class__", "open('x')", "x + 1",
-                                  "2 ** 100000", "'a' * 3", "lambda: 1", "1; 2", "[1, 2]"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('true')",
+        "().__class__",
+        "open('x')",
+        "x + 1",
+        "2 ** 100000",
+        "'a' * 3",
+        "lambda: 1",
+        "1; 2",
+        "[1, 2]",
+    ],
+)
 def test_calculator_refuses_anything_but_arithmetic(expr):
     with pytest.raises(ValueError):
         calculator(expr)
@@ -93,8 +132,10 @@ def test_calculator_division_by_zero_raises():
 
 # ---------------------------------------------------------------- the call path
 def toolset(timeout=5.0):
-    return ToolSet(load_tools(["calculator", "tests.agent_tools:add", "tests.agent_tools:boom",
-                               "tests.agent_tools:sleepy"]), timeout=timeout)
+    return ToolSet(
+        load_tools(["calculator", "tests.agent_tools:add", "tests.agent_tools:boom", "tests.agent_tools:sleepy"]),
+        timeout=timeout,
+    )
 
 
 def test_toolset_calls_and_errors():
@@ -138,8 +179,14 @@ def python_tool(timeout=5.0, memory_mb=256):
 @needs_bwrap
 def test_python_tool_runs_code_in_a_fresh_directory():
     ts = python_tool()
-    r = run(ts.call(ToolCall("python", {"code": "import os\nprint(sum(range(10)))\nprint(os.listdir('.'))\n"
-                                                "open('f.txt', 'w').write('x')"})))
+    r = run(
+        ts.call(
+            ToolCall(
+                "python",
+                {"code": "import os\nprint(sum(range(10)))\nprint(os.listdir('.'))\nopen('f.txt', 'w').write('x')"},
+            )
+        )
+    )
     assert r.error is None and r.output == "45\n['main.py']"
     again = run(ts.call(ToolCall("python", {"code": "import os; print(os.listdir('.'))"})))
     assert again.output == "['main.py']"  # nothing left from the previous run
@@ -167,10 +214,15 @@ def test_python_tool_timeout_kills_the_process(tmp_path):
 
 
 @needs_bwrap
-@pytest.mark.parametrize("code", ["import socket\ns = socket.create_connection(('127.0.0.1', 9))",
-                                  "import socket\nsocket.socket().connect(('1.1.1.1', 80))",
-                                  "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)",
-                                  "import socket\nprint(socket.gethostbyname('example.com'))"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import socket\ns = socket.create_connection(('127.0.0.1', 9))",
+        "import socket\nsocket.socket().connect(('1.1.1.1', 80))",
+        "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)",
+        "import socket\nprint(socket.gethostbyname('example.com'))",
+    ],
+)
 def test_python_tool_has_no_network(code):
     r = run(python_tool().call(ToolCall("python", {"code": code})))
     assert r.error == "network", r
@@ -181,11 +233,13 @@ def test_python_tool_has_no_network(code):
 def test_sandbox_network_namespace():
     """Code that bypasses the prelude's guard (the raw C socket type) still finds no network: the
     process runs in an empty network namespace (loopback only)."""
-    code = ("import socket\nraw = socket.socket.__mro__[2]\n"  # (guard, socket.socket, _socket.socket, object)
-            "s = raw(socket.AF_INET, socket.SOCK_STREAM)\n"
-            "try:\n    s.connect(('1.1.1.1', 80))\n    print('connected')\n"
-            "except OSError as e:\n    print('errno', e.errno)\n"
-            "print(open('/proc/net/dev').read().count(':'))")
+    code = (
+        "import socket\nraw = socket.socket.__mro__[2]\n"  # (guard, socket.socket, _socket.socket, object)
+        "s = raw(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "try:\n    s.connect(('1.1.1.1', 80))\n    print('connected')\n"
+        "except OSError as e:\n    print('errno', e.errno)\n"
+        "print(open('/proc/net/dev').read().count(':'))"
+    )
     r = run(run_python(code, SandboxLimits(timeout=5)))
     assert r.returncode == 0 and not r.network_denied, r
     assert "connected" not in r.stdout and r.stdout.split()[-1] == "1", r  # one interface: lo
@@ -207,13 +261,17 @@ def test_make_python_without_config_uses_defaults():
 # ---------------------------------------------------------------- formats
 def test_hermes_format():
     f = get_format("hermes")
-    p = f.parse('Let me.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
-                '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>')
+    p = f.parse(
+        'Let me.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+        '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>'
+    )
     assert [(c.name, c.arguments) for c in p.calls] == [("add", {"a": 1}), ("echo", {"text": "hi"})] and not p.errors
     assert f.parse("The answer is 3.").is_final
-    for text, msg in [("<tool_call>{bad json}</tool_call>", "not valid JSON"),
-                      ('<tool_call>{"arguments": {}}</tool_call>', '"name"'),
-                      ('<tool_call>{"name": "add", "arguments": {"a": 1}', "not closed")]:
+    for text, msg in [
+        ("<tool_call>{bad json}</tool_call>", "not valid JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', '"name"'),
+        ('<tool_call>{"name": "add", "arguments": {"a": 1}', "not closed"),
+    ]:
         p = f.parse(text)
         assert not p.calls and not p.is_final and msg in p.errors[0], (text, p)
     assert f.stop == ["</tool_call>"]

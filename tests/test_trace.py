@@ -80,6 +80,7 @@ def test_threads_get_their_own_tracks_and_spans_time_without_a_trace(tmp_path):
     path = tmp_path / "trace.json"
     trace.start_trace(path)
     try:
+
         def work():
             with trace.span("producer_work"):
                 pass
@@ -164,9 +165,17 @@ def test_mismatch_stats_by_hand():
 
 
 # ---------------------------------------------------------------------------------------- runs
-MISMATCH_KEYS = ["train/logprob_abs_diff_p50", "train/logprob_abs_diff_p90", "train/logprob_abs_diff_p99",
-                 "train/logprob_abs_diff_max", "train/importance_weight_min", "train/importance_weight_p50",
-                 "train/importance_weight_p90", "train/importance_weight_p99", "train/importance_weight_max"]
+MISMATCH_KEYS = [
+    "train/logprob_abs_diff_p50",
+    "train/logprob_abs_diff_p90",
+    "train/logprob_abs_diff_p99",
+    "train/logprob_abs_diff_max",
+    "train/importance_weight_min",
+    "train/importance_weight_p50",
+    "train/importance_weight_p90",
+    "train/importance_weight_p99",
+    "train/importance_weight_max",
+]
 
 
 def _check_times(events):
@@ -176,16 +185,39 @@ def _check_times(events):
 
 def test_traced_run_records_every_phase(tmp_path, tiny_model_path):
     out = tmp_path / "run"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "run.trace": "true", "reward.type": "custom", "reward.function_path": "tests.reward_fns:even_first_token",
-        "run.save_interval": 1, "run.tensorboard": "false"}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "run.trace": "true",
+                "reward.type": "custom",
+                "reward.function_path": "tests.reward_fns:even_first_token",
+                "run.save_interval": 1,
+                "run.tensorboard": "false",
+            },
+        ),
+    )
     run_training(cfg)
     assert not trace.active()
     events = trace.read_trace(out / "trace.json")
     _check_times(events)
     names = {e["name"] for e in _spans(events)}
-    assert {"rollout_step", "rollout", "generate", "reward", "log_probs", "train", "micro_batch", "optimizer_step",
-            "weight_sync", "update_weights", "checkpoint", "eval"} <= names, names
+    assert {
+        "rollout_step",
+        "rollout",
+        "generate",
+        "reward",
+        "log_probs",
+        "train",
+        "micro_batch",
+        "optimizer_step",
+        "weight_sync",
+        "update_weights",
+        "checkpoint",
+        "eval",
+    } <= names, names
     steps = _spans(events, "rollout_step")
     assert [e["args"]["rollout_id"] for e in steps] == [0, 1]
     for step in steps:  # inside each step: rollout, then training, then the weight sync, in that order
@@ -207,10 +239,23 @@ def test_traced_run_records_every_phase(tmp_path, tiny_model_path):
 
 def test_async_run_shows_the_producer_beside_training_and_off_writes_nothing(tmp_path, tiny_model_path):
     out = tmp_path / "async"
-    cfg = load_config(None, tiny_overrides(tiny_model_path, out, **{
-        "run.trace": "true", "rollout.max_staleness": 1, "train.num_rollout": 3, "train.num_steps_per_rollout": 2,
-        "eval.eval_before_train": "false", "run.save_final": "false", "run.tensorboard": "false",
-        "data.n_eval_prompts": 0}))
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "run.trace": "true",
+                "rollout.max_staleness": 1,
+                "train.num_rollout": 3,
+                "train.num_steps_per_rollout": 2,
+                "eval.eval_before_train": "false",
+                "run.save_final": "false",
+                "run.tensorboard": "false",
+                "data.n_eval_prompts": 0,
+            },
+        ),
+    )
     run_training(cfg)
     events = trace.read_trace(out / "trace.json")
     _check_times(events)
@@ -219,7 +264,8 @@ def test_async_run_shows_the_producer_beside_training_and_off_writes_nothing(tmp
     assert {tracks[e["tid"]] for e in rollouts} == {"rollout-producer"}
     assert {tracks[e["tid"]] for e in _spans(events, "train")} == {"loop"}
     assert {"wait_rollout", "weight_sync", "wait_staleness", "engine_generate", "old_log_probs"} <= {
-        e["name"] for e in _spans(events)}
+        e["name"] for e in _spans(events)
+    }
     # generation of rollout j + 1 overlaps the training on rollout j
     trains = {e["args"]["rollout_id"]: e for e in _spans(events, "train")}
     produced = {e["args"]["rollout_id"]: e for e in rollouts}
@@ -229,7 +275,20 @@ def test_async_run_shows_the_producer_beside_training_and_off_writes_nothing(tmp
     assert all(set(MISMATCH_KEYS) <= set(m) for m in rows)
 
     off = tmp_path / "off"  # run.trace defaults to false: no file
-    run_training(load_config(None, tiny_overrides(tiny_model_path, off, **{
-        "train.num_rollout": 1, "eval.eval_before_train": "false", "data.n_eval_prompts": 0,
-        "run.save_final": "false", "run.tensorboard": "false"})))
+    run_training(
+        load_config(
+            None,
+            tiny_overrides(
+                tiny_model_path,
+                off,
+                **{
+                    "train.num_rollout": 1,
+                    "eval.eval_before_train": "false",
+                    "data.n_eval_prompts": 0,
+                    "run.save_final": "false",
+                    "run.tensorboard": "false",
+                },
+            ),
+        )
+    )
     assert (off / "metrics.jsonl").exists() and not (off / "trace.json").exists()

@@ -26,6 +26,7 @@ DEMO = ROOT / "examples" / "demo_cpu.yaml"
 
 # ----------------------------------------------------------------------------- config.yaml and the "next:" line
 
+
 def _commands(line: str) -> dict[str, list[str]]:
     assert line.startswith("next: "), line
     parts = dict(part.split(": ", 1) for part in line.removeprefix("next: ").split("  |  "))
@@ -47,13 +48,16 @@ def _config_of(argv: list[str]):
     return None
 
 
-@pytest.mark.parametrize("source,overrides", [
-    (DEMO, []),
-    (ROOT / "examples" / "arith_grpo.yaml", []),
-    (ROOT / "examples" / "arith_ppo.yaml", []),  # a critic: critic.* kept
-    (ROOT / "examples" / "arith_reinforce_pp.yaml", []),  # algo.gamma read, grpo_std_normalization not
-    (None, ["algo.advantage_estimator=rloo", "run.wandb_mode=offline"]),
-])
+@pytest.mark.parametrize(
+    "source,overrides",
+    [
+        (DEMO, []),
+        (ROOT / "examples" / "arith_grpo.yaml", []),
+        (ROOT / "examples" / "arith_ppo.yaml", []),  # a critic: critic.* kept
+        (ROOT / "examples" / "arith_reinforce_pp.yaml", []),  # algo.gamma read, grpo_std_normalization not
+        (None, ["algo.advantage_estimator=rloo", "run.wandb_mode=offline"]),
+    ],
+)
 def test_every_next_command_loads_the_runs_config_yaml(tmp_path, source, overrides):
     run = tmp_path / "my run"
     original = load_config(source, overrides + [f"run.output_dir={run}"])
@@ -66,8 +70,11 @@ def test_every_next_command_loads_the_runs_config_yaml(tmp_path, source, overrid
     commands = _commands(line)
     assert set(commands) == {"resume", "evaluate", "export"}
     resumed = _config_of(commands["resume"])
-    assert resumed == dataclasses.replace(original, run=dataclasses.replace(original.run, load=str(run)),
-                                          train=dataclasses.replace(original.train, num_rollout=10))
+    assert resumed == dataclasses.replace(
+        original,
+        run=dataclasses.replace(original.run, load=str(run)),
+        train=dataclasses.replace(original.train, num_rollout=10),
+    )
     evaluated = _config_of(commands["evaluate"])
     assert evaluated.model.path == str(run / "checkpoints" / "rollout_000003" / "model")
     assert evaluated.train.num_rollout == 0 and evaluated.data == original.data
@@ -95,6 +102,7 @@ def test_a_config_given_explicitly_is_still_refused_where_unused():
 
 
 # ----------------------------------------------------------------------------- --help and `reinforge config`
+
 
 def test_help_lists_the_sections_and_points_to_the_reference(capsys):
     for argv in (["--help"], ["train", "--help"]):
@@ -125,6 +133,7 @@ def test_config_command_prints_the_resolved_config_that_loads_again(tmp_path, ca
 
 
 # ----------------------------------------------------------------------------- W&B's environment variables
+
 
 def _no_wandb_env(monkeypatch, home: Path) -> None:
     for k in list(os.environ):
@@ -183,10 +192,20 @@ def test_wandb_offline_from_the_environment_logs_without_network(tmp_path, monke
 
 # ----------------------------------------------------------------------------- the engine's KV cache
 
+
 def _walkthrough(*extra: str):
     """The demo config as the walkthrough ran it: 4 samples of one prompt, the examples' 1024 slots."""
-    return load_config(DEMO, ["train.device=cpu", "engine.max_num_seqs=1024", "rollout.rollout_batch_size=1",
-                              "rollout.n_samples_per_prompt=4", "data.n_eval_prompts=2", *extra])
+    return load_config(
+        DEMO,
+        [
+            "train.device=cpu",
+            "engine.max_num_seqs=1024",
+            "rollout.rollout_batch_size=1",
+            "rollout.n_samples_per_prompt=4",
+            "data.n_eval_prompts=2",
+            *extra,
+        ],
+    )
 
 
 def test_engine_slots_are_capped_at_what_the_run_holds_at_once():
@@ -211,8 +230,12 @@ def test_demo_kv_cache_on_cpu_is_sized_by_the_run(smollm2_path):
     cfg = _walkthrough()
     length = 200  # prompt + rollout.rollout_max_response_len
     cpu = torch.device("cpu")
-    before = kv_cache_plan(dataclasses.replace(cfg, rollout=dataclasses.replace(
-        cfg.rollout, rollout_function_path="x:y")), smollm2_path, length, cpu)  # uncapped: 1024 slots
+    before = kv_cache_plan(
+        dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, rollout_function_path="x:y")),
+        smollm2_path,
+        length,
+        cpu,
+    )  # uncapped: 1024 slots
     now = kv_cache_plan(cfg, smollm2_path, length, cpu)
     generate = kv_cache_plan(cfg, smollm2_path, length, cpu, max_seqs=1)
     assert before.slots == 1024 and now.slots == 4 and generate.slots == 1
@@ -239,6 +262,7 @@ def test_the_built_engine_allocates_for_the_run_not_for_max_num_seqs(tiny_model_
 
 # ----------------------------------------------------------------------------- checkpoints and exports
 
+
 @pytest.fixture
 def umask_022():
     old = os.umask(0o022)
@@ -262,8 +286,7 @@ def _bf16_labelled_source(tmp_path: Path, tiny_model_path: Path) -> Path:
 
 
 def _modes(folder: Path) -> set[tuple[str, int]]:
-    return {(p.relative_to(folder).as_posix(), stat.S_IMODE(p.stat().st_mode))
-            for p in [folder, *folder.rglob("*")]}
+    return {(p.relative_to(folder).as_posix(), stat.S_IMODE(p.stat().st_mode)) for p in [folder, *folder.rglob("*")]}
 
 
 def test_checkpoint_model_folder_states_its_dtype_and_is_readable(tmp_path, tiny_model_path, umask_022):
@@ -290,9 +313,8 @@ def test_checkpoint_model_folder_states_its_dtype_and_is_readable(tmp_path, tiny
 
 
 def test_convert_writes_the_dtype_it_was_asked_for_into_readable_files(tmp_path, tiny_model_path, umask_022):
-    from reinforge.models.loading import build_model, save_hf_folder
-
     from reinforge.checkpoint import save_checkpoint
+    from reinforge.models.loading import build_model, save_hf_folder
 
     src = _bf16_labelled_source(tmp_path, tiny_model_path)
 
@@ -302,8 +324,9 @@ def test_convert_writes_the_dtype_it_was_asked_for_into_readable_files(tmp_path,
         (tmp / "dcp" / "actor" / ".metadata").write_bytes(b"")
         torch.save({}, tmp / "trainer_state.pt")
 
-    ckpt = save_checkpoint(tmp_path / "checkpoints", 0, write,
-                           {"rollout_id": 0, "weight_version": 0, "data": {}, "config": {}})
+    ckpt = save_checkpoint(
+        tmp_path / "checkpoints", 0, write, {"rollout_id": 0, "weight_version": 0, "data": {}, "config": {}}
+    )
     for dtype, name in (("bfloat16", "bfloat16"), ("fp32", "float32")):
         out = tmp_path / f"hf-{dtype}"
         assert cli.main(["convert", "--checkpoint", str(ckpt), "--out", str(out), "--dtype", dtype]) == 0
@@ -314,13 +337,16 @@ def test_convert_writes_the_dtype_it_was_asked_for_into_readable_files(tmp_path,
 
 # ----------------------------------------------------------------------------- reward-model scores
 
+
 def test_reward_model_scores_above_the_threshold_are_not_called_accuracy(monkeypatch):
     from reinforge.eval import evaluate as ev
     from reinforge.records import Sample, Status
 
     def fake_groups(ctx, prompts, n, params):
-        return [[Sample(prompt=p, tokens=[1], response_length=1, status=Status.COMPLETED) for _ in range(n)]
-                for p in prompts]
+        return [
+            [Sample(prompt=p, tokens=[1], response_length=1, status=Status.COMPLETED) for _ in range(n)]
+            for p in prompts
+        ]
 
     class Reward:
         def score(self, samples):
@@ -338,16 +364,26 @@ def test_reward_model_scores_above_the_threshold_are_not_called_accuracy(monkeyp
             return None
 
     monkeypatch.setattr(ev, "generate_groups", fake_groups)
-    model = load_config(None, ["reward.type=model", "reward.model_path=/rm", "reward.correct_threshold=0.5",
-                               "eval.n_samples_per_eval_prompt=2", "eval.pass_k=[1,2]"])
+    model = load_config(
+        None,
+        [
+            "reward.type=model",
+            "reward.model_path=/rm",
+            "reward.correct_threshold=0.5",
+            "eval.n_samples_per_eval_prompt=2",
+            "eval.pass_k=[1,2]",
+        ],
+    )
     metrics, _ = ev.evaluate(Ctx(model), ["a", "b"])
-    assert {"eval/greedy_score_above_threshold", "eval/score_above_threshold@1",
-            "eval/score_above_threshold@2"} <= set(metrics)
+    assert {"eval/greedy_score_above_threshold", "eval/score_above_threshold@1", "eval/score_above_threshold@2"} <= set(
+        metrics
+    )
     assert not any("accuracy" in k or "pass@" in k for k in metrics)
     assert metrics["eval/greedy_score_above_threshold"] == 0.5
     table = ev.format_table([("policy", metrics)])
     assert "greedy_score_above_threshold" in table and "accuracy" not in table
     assert ev.eval_plot_keys("model") == ("eval/greedy_score_above_threshold", "eval/score_above_threshold@1")
-    verifier, _ = ev.evaluate(Ctx(load_config(None, ["eval.n_samples_per_eval_prompt=2", "eval.pass_k=[1,2]"])),
-                              ["a", "b"])
+    verifier, _ = ev.evaluate(
+        Ctx(load_config(None, ["eval.n_samples_per_eval_prompt=2", "eval.pass_k=[1,2]"])), ["a", "b"]
+    )
     assert {"eval/greedy_accuracy", "eval/pass@1", "eval/pass@2"} <= set(verifier)

@@ -27,8 +27,10 @@ def engine(smollm2_path):
 
 @pytest.fixture(scope="module")
 def prompt_ids(tok):
-    return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-            for p in PROMPTS]
+    return [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in PROMPTS
+    ]
 
 
 def encode(tok, texts):
@@ -59,7 +61,7 @@ def test_log_probs_agree_with_trainer(engine, tok, prompt_ids, smollm2_path):
         for r in group:
             full = torch.tensor([p + r.token_ids])
             with torch.no_grad():
-                logits = trainer(full)[0, len(p) - 1:-1].float() / 0.8
+                logits = trainer(full)[0, len(p) - 1 : -1].float() / 0.8
             lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])[:, 0]
             diffs.append((lp - torch.tensor(r.log_probs)).abs())
     mean = torch.cat(diffs).mean().item()
@@ -80,7 +82,7 @@ def test_weight_update_changes_outputs(engine, tok, prompt_ids, smollm2_path):
     with torch.no_grad():
         for n, t in model.named_parameters():
             t.copy_(dict(scaled)[n])
-        logits = model(torch.tensor([ids[0] + after.token_ids]))[0, len(ids[0]) - 1:-1].float()
+        logits = model(torch.tensor([ids[0] + after.token_ids]))[0, len(ids[0]) - 1 : -1].float()
     lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(after.token_ids)[:, None])[:, 0]
     assert (lp - torch.tensor(after.log_probs)).abs().mean().item() < 1e-4
     model = build_model(smollm2_path, torch.float32)
@@ -91,14 +93,28 @@ def test_weight_update_changes_outputs(engine, tok, prompt_ids, smollm2_path):
 
 def test_grpo_two_rollouts_with_vllm(tmp_path):
     out = tmp_path / "run"
-    cfg = load_config(None, [
-        "engine.backend=vllm", "data.prompt_data=reasoning_gym:basic_arithmetic",
-        "data.task_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}", "data.num_prompts=32",
-        "data.n_eval_prompts=4", "rollout.rollout_batch_size=2", "rollout.n_samples_per_prompt=4",
-        "rollout.rollout_max_response_len=24", "train.num_rollout=2", "train.lr=1e-5",
-        "eval.n_samples_per_eval_prompt=2", "eval.pass_k=[1,2]", f"run.output_dir={out}", "run.progress=false",
-        "reward.type=custom", "reward.function_path=tests.reward_fns:even_first_token",
-        "train.max_tokens_per_gpu=1024"])
+    cfg = load_config(
+        None,
+        [
+            "engine.backend=vllm",
+            "data.prompt_data=reasoning_gym:basic_arithmetic",
+            "data.task_kwargs={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}",
+            "data.num_prompts=32",
+            "data.n_eval_prompts=4",
+            "rollout.rollout_batch_size=2",
+            "rollout.n_samples_per_prompt=4",
+            "rollout.rollout_max_response_len=24",
+            "train.num_rollout=2",
+            "train.lr=1e-5",
+            "eval.n_samples_per_eval_prompt=2",
+            "eval.pass_k=[1,2]",
+            f"run.output_dir={out}",
+            "run.progress=false",
+            "reward.type=custom",
+            "reward.function_path=tests.reward_fns:even_first_token",
+            "train.max_tokens_per_gpu=1024",
+        ],
+    )
     from reinforge.loop import run_training
 
     assert run_training(cfg).last_rollout_id == 1

@@ -25,8 +25,9 @@ Registration properties: ``group_based`` (needs ``n_samples_per_prompt >= 2``),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -116,8 +117,9 @@ def group_centered(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> 
     """
     v, centered = _masked_centered(rewards, valid)
     inf = torch.full_like(rewards, float("inf"))
-    equal = torch.where(v, rewards, -inf).amax(dim=1, keepdim=True) == torch.where(v, rewards, inf).amin(dim=1,
-                                                                                                        keepdim=True)
+    equal = torch.where(v, rewards, -inf).amax(dim=1, keepdim=True) == torch.where(v, rewards, inf).amin(
+        dim=1, keepdim=True
+    )
     return torch.where(equal, torch.zeros_like(centered), centered)
 
 
@@ -136,8 +138,9 @@ def _valid_counts(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Te
     return valid.bool().sum(dim=1, keepdim=True).to(rewards.dtype)
 
 
-def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: float = 1e-6,
-                    valid: torch.Tensor | None = None) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, std_normalization: bool = True, eps: float = 1e-6, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Group-relative advantages (GRPO, Shao et al. 2024, "DeepSeekMath", sec. 4.1.2).
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps), or r_i - mean(r_group) without
@@ -160,7 +163,7 @@ def grpo_advantages(rewards: torch.Tensor, std_normalization: bool = True, eps: 
     if not std_normalization:
         return centered
     _, raw = _masked_centered(rewards, valid)
-    std = ((raw ** 2).sum(dim=1, keepdim=True) / (k - 1).clamp(min=1)).sqrt()
+    std = ((raw**2).sum(dim=1, keepdim=True) / (k - 1).clamp(min=1)).sqrt()
     return centered / (std + eps)
 
 
@@ -191,7 +194,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     count = (mask != 0).sum().to(values.dtype)
     mean = masked_select(values, mask).sum() / count.clamp(min=1)
     centred = masked_select(values - mean, mask)
-    var = (centred ** 2).sum() / (count - 1).clamp(min=1)
+    var = (centred**2).sum() / (count - 1).clamp(min=1)
     return centred * torch.rsqrt(var + eps)
 
 
@@ -203,8 +206,9 @@ def _policy_steps(mask: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[t
     return response, steps
 
 
-def reinforce_plus_plus_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                                loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+def reinforce_plus_plus_returns(
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, loss_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Discounted return-to-go per token, G_t = r_t + gamma * G_{t+1} over the policy's tokens.
 
     With the outcome reward at the last token and per-token KL penalties elsewhere this is
@@ -285,11 +289,11 @@ def gae_advantages(
 
 # ---------------------------------------------------------------------------- registered estimators
 
+
 @ADV_ESTIMATORS.register("grpo", group_based=True, reads=("grpo_std_normalization",))
 def grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """GRPO (:func:`grpo_advantages`), optionally without the std (``algo.grpo_std_normalization``)."""
-    return inputs.broadcast(grpo_advantages(inputs.outcome(), algo.grpo_std_normalization,
-                                             valid=inputs.valid)), None
+    return inputs.broadcast(grpo_advantages(inputs.outcome(), algo.grpo_std_normalization, valid=inputs.valid)), None
 
 
 @ADV_ESTIMATORS.register("dr_grpo", group_based=True)
@@ -308,8 +312,9 @@ def rloo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, No
 def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """REINFORCE++: discounted token returns (:func:`reinforce_plus_plus_returns`) whitened over
     the batch's loss tokens (Hu 2025)."""
-    returns = reinforce_plus_plus_returns(inputs.token_rewards(inputs.rewards), inputs.mask, algo.gamma,
-                                          inputs.loss_mask)
+    returns = reinforce_plus_plus_returns(
+        inputs.token_rewards(inputs.rewards), inputs.mask, algo.gamma, inputs.loss_mask
+    )
     return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
 
 
@@ -355,6 +360,7 @@ def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, tor
     """
     if inputs.values is None:
         raise ValueError("advantage_estimator=gae needs the critic's values")
-    adv, returns = gae_advantages(inputs.token_rewards(inputs.rewards), inputs.values, inputs.mask, algo.gamma,
-                                  algo.lambd, inputs.loss_mask)
+    adv, returns = gae_advantages(
+        inputs.token_rewards(inputs.rewards), inputs.values, inputs.mask, algo.gamma, algo.lambd, inputs.loss_mask
+    )
     return masked_whiten(adv, inputs.mask * inputs.loss_mask), returns

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 
-def _chunk_stats(z: torch.Tensor, t: torch.Tensor, with_entropy: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _chunk_stats(
+    z: torch.Tensor, t: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     lse = torch.logsumexp(z, dim=-1)
     lp = z.gather(-1, t[:, None]).squeeze(-1) - lse
     ent = None
@@ -31,10 +32,10 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         lse = torch.empty_like(lp)
         ent = torch.empty_like(lp) if with_entropy else lp.new_zeros(0)
         for s in range(0, n, chunk):
-            z = logits[s:s + chunk].float() / temperature
-            lp[s:s + chunk], lse[s:s + chunk], e = _chunk_stats(z, targets[s:s + chunk], with_entropy)
+            z = logits[s : s + chunk].float() / temperature
+            lp[s : s + chunk], lse[s : s + chunk], e = _chunk_stats(z, targets[s : s + chunk], with_entropy)
             if with_entropy:
-                ent[s:s + chunk] = e
+                ent[s : s + chunk] = e
         ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
         ctx.set_materialize_grads(False)  # an output the loss does not use gets None: no work for it
@@ -49,22 +50,23 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
             return None, None, None, None, None
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], chunk):
-            logp = logits[s:s + chunk].float() / T - lse[s:s + chunk, None]
+            logp = logits[s : s + chunk].float() / T - lse[s : s + chunk, None]
             p = logp.exp()
             if g_lp is not None:
-                g = g_lp[s:s + chunk, None]
+                g = g_lp[s : s + chunk, None]
                 gz = -p * g  # d lp / dz = onehot(target) - p
-                gz.scatter_add_(-1, targets[s:s + chunk, None], g)
+                gz.scatter_add_(-1, targets[s : s + chunk, None], g)
             else:
                 gz = torch.zeros_like(p)
             if use_ent:  # d H / dz = -p (log p + H)
-                gz -= g_ent[s:s + chunk, None] * p * (logp + ent[s:s + chunk, None])
-            grad[s:s + chunk] = (gz / T).to(logits.dtype)
+                gz -= g_ent[s : s + chunk, None] * p * (logp + ent[s : s + chunk, None])
+            grad[s : s + chunk] = (gz / T).to(logits.dtype)
         return grad, None, None, None, None
 
 
-def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 2048,
-                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_log_probs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 2048, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``targets`` under ``softmax(logits / temperature)`` and, optionally, the entropy
     of that distribution, computed ``chunk`` tokens at a time.
 

@@ -12,7 +12,8 @@ Three registries hold the interchangeable parts the config names: :data:`POLICY_
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -93,8 +94,9 @@ def gspo_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch
     return torch.exp(token.clamp(max=10.0))
 
 
-def behaviour_importance_weight(prox_log_probs: torch.Tensor, behav_log_probs: torch.Tensor,
-                                max_weight: float | None = None) -> torch.Tensor:
+def behaviour_importance_weight(
+    prox_log_probs: torch.Tensor, behav_log_probs: torch.Tensor, max_weight: float | None = None
+) -> torch.Tensor:
     """The decoupled objective's importance weight pi_prox / pi_behav per token, without gradient
     (Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for
     Language Reasoning", eq. 5).
@@ -118,8 +120,9 @@ TIS_MODES = ("truncate", "mask", "reject")
 """The values of ``algo.tis_mode`` (:func:`importance_correction`)."""
 
 
-def importance_correction(weight: torch.Tensor, mode: str, clip: float, clip_low: float = 0.0
-                          ) -> tuple[torch.Tensor | None, torch.Tensor]:
+def importance_correction(
+    weight: torch.Tensor, mode: str, clip: float, clip_low: float = 0.0
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The off-policy correction between the engine that sampled a token and the trainer, per token.
 
     ``weight`` is w = pi_train / pi_rollout = exp(log pi_old - log pi_rollout) (log clamped to
@@ -162,10 +165,16 @@ def importance_correction(weight: torch.Tensor, mode: str, clip: float, clip_low
     return None, inside
 
 
-def decoupled_policy_loss(policy_loss: PolicyLoss, log_probs: torch.Tensor, prox_log_probs: torch.Tensor,
-                          behav_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any,
-                          max_weight: float | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def decoupled_policy_loss(
+    policy_loss: PolicyLoss,
+    log_probs: torch.Tensor,
+    prox_log_probs: torch.Tensor,
+    behav_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    algo: Any,
+    max_weight: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoupled PPO objective (Fu et al. 2025, AReaL, eq. 5), negated to be minimised:
 
         loss = -(pi_prox / pi_behav) * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A),
@@ -194,8 +203,9 @@ def decoupled_policy_loss(policy_loss: PolicyLoss, log_probs: torch.Tensor, prox
     return loss * w, ratio, clipped, w
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       value_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, value_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss, per token: 0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2)
     (Schulman et al. 2017; OpenAI baselines ppo2, verl ``compute_value_loss``).
 
@@ -213,12 +223,17 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
 KL_ESTIMATORS.register("k1", lambda log_ratio: log_ratio)
 KL_ESTIMATORS.register("k2", lambda log_ratio: 0.5 * log_ratio.square())
 KL_ESTIMATORS.register("k3", lambda log_ratio: torch.exp(-log_ratio) - 1.0 + log_ratio)
-KL_ESTIMATORS.register("low_var_kl", lambda log_ratio: (torch.exp(-log_ratio.clamp(-20.0, 20.0)) - 1.0
-                                                        + log_ratio.clamp(-20.0, 20.0)).clamp(-10.0, 10.0))
+KL_ESTIMATORS.register(
+    "low_var_kl",
+    lambda log_ratio: (torch.exp(-log_ratio.clamp(-20.0, 20.0)) - 1.0 + log_ratio.clamp(-20.0, 20.0)).clamp(
+        -10.0, 10.0
+    ),
+)
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3",
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+def kl_penalty(
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str = "k3", mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
     "Approximating KL Divergence"):
 
@@ -325,19 +340,23 @@ def _seq_sum_norm(seq_sum: torch.Tensor, counts: torch.Tensor, norm_length: floa
 
 # ---------------------------------------------------------------------------- registered policy losses
 
+
 @POLICY_LOSSES.register("ppo")
-def ppo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                    mask: torch.Tensor, algo: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ppo_policy_loss(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token-level PPO clip (:func:`ppo_clip_loss`) with ``algo.eps_clip``, ``eps_clip_high``, ``eps_clip_c``."""
     return ppo_clip_loss(log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c)
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, algo: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gspo_policy_loss(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GSPO: the PPO clip applied to the sequence-level ratio (:func:`gspo_ratio`), with the dual clip
     ``algo.eps_clip_c`` when set, as slime (its ``compute_policy_loss`` takes the GSPO sequence
     log-ratio and applies ``eps_clip_c``); verl's ``compute_policy_loss_gspo`` has no dual clip."""
     ratio = gspo_ratio(log_probs, old_log_probs, mask)
-    return ppo_clip_loss(log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c,
-                         ratio)
+    return ppo_clip_loss(
+        log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c, ratio
+    )

@@ -11,7 +11,7 @@ of the distribution too.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -23,8 +23,11 @@ MISMATCH_QUANTILES = (0.5, 0.9, 0.99)
 """The quantiles :func:`mismatch_stats` reports (as ``_p50``, ``_p90``, ``_p99``)."""
 
 
-def token_log_ratios(train_log_probs: Sequence[torch.Tensor], rollout_log_probs: Sequence[torch.Tensor],
-                     masks: Sequence[Sequence[int] | torch.Tensor]) -> torch.Tensor:
+def token_log_ratios(
+    train_log_probs: Sequence[torch.Tensor],
+    rollout_log_probs: Sequence[torch.Tensor],
+    masks: Sequence[Sequence[int] | torch.Tensor],
+) -> torch.Tensor:
     """``log pi_train - log pi_rollout`` at every token where the mask is 1, all samples concatenated.
 
     Args:
@@ -40,15 +43,19 @@ def token_log_ratios(train_log_probs: Sequence[torch.Tensor], rollout_log_probs:
             names the sample).
     """
     if not len(train_log_probs) == len(rollout_log_probs) == len(masks):
-        raise ValueError(f"token_log_ratios: {len(train_log_probs)} trainer, {len(rollout_log_probs)} rollout "
-                         f"log-prob vectors and {len(masks)} masks: one of each per sample")
+        raise ValueError(
+            f"token_log_ratios: {len(train_log_probs)} trainer, {len(rollout_log_probs)} rollout "
+            f"log-prob vectors and {len(masks)} masks: one of each per sample"
+        )
     parts = []
     for i, (t, r, m) in enumerate(zip(train_log_probs, rollout_log_probs, masks)):
         t, r = torch.as_tensor(t, dtype=torch.float32).cpu(), torch.as_tensor(r, dtype=torch.float32).cpu()
         m = torch.as_tensor(m).cpu().bool()
         if not t.shape == r.shape == m.shape:
-            raise ValueError(f"token_log_ratios: sample {i} has {tuple(t.shape)} trainer log-probs, "
-                             f"{tuple(r.shape)} rollout log-probs and a {tuple(m.shape)} mask")
+            raise ValueError(
+                f"token_log_ratios: sample {i} has {tuple(t.shape)} trainer log-probs, "
+                f"{tuple(r.shape)} rollout log-probs and a {tuple(m.shape)} mask"
+            )
         parts.append((t - r)[m])
     return torch.cat(parts) if parts else torch.zeros(0)
 

@@ -21,8 +21,18 @@ import torch
 
 from .losses import POLICY_LOSSES, aggregate, importance_correction, kl_penalty, safe_ratio
 
-STAT_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "ratio", "importance_weight", "tis_truncated", "tis_masked",
-             "approx_kl", "logprob_abs_diff")
+STAT_KEYS = (
+    "pg_loss",
+    "kl",
+    "entropy",
+    "clipfrac",
+    "ratio",
+    "importance_weight",
+    "tis_truncated",
+    "tis_masked",
+    "approx_kl",
+    "logprob_abs_diff",
+)
 """Statistics of :func:`policy_objective`: sums over the loss-mask tokens (divide by their count
 for means); ``kl`` only with a reference, ``tis_*`` only with ``algo.use_tis`` (``tis_truncated`` with
 ``tis_mode: truncate``, ``tis_masked`` with ``mask`` / ``reject``)."""
@@ -52,8 +62,9 @@ class ObjectiveInputs:
     ref_log_probs: torch.Tensor | None = None
 
 
-def policy_objective(x: ObjectiveInputs, algo: Any, *, decoupled: bool, num_tokens: float, num_seqs: float,
-                     norm_length: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_objective(
+    x: ObjectiveInputs, algo: Any, *, decoupled: bool, num_tokens: float, num_seqs: float, norm_length: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch and its statistics.
 
     Per token: ``pg = policy_loss(log_probs, old, advantages) * c``, then ``+ kl_loss_coef *
@@ -116,13 +127,24 @@ def policy_objective(x: ObjectiveInputs, algo: Any, *, decoupled: bool, num_toke
         stats["kl"] = _token_sum(kl, mask)
     if algo.entropy_coef > 0:
         total = total - algo.entropy_coef * x.entropy
-    loss = aggregate(total, kept, algo.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                     norm_length=norm_length, norm_mask=mask)
+    loss = aggregate(
+        total,
+        kept,
+        algo.loss_agg_mode,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        norm_length=norm_length,
+        norm_mask=mask,
+    )
     stats.update(
-        pg_loss=_token_sum(pg, mask), ratio=_token_sum(ratio, mask), clipfrac=_token_sum(clipped.float(), mask),
-        entropy=_token_sum(x.entropy, mask), importance_weight=_token_sum(iw, mask),
+        pg_loss=_token_sum(pg, mask),
+        ratio=_token_sum(ratio, mask),
+        clipfrac=_token_sum(clipped.float(), mask),
+        entropy=_token_sum(x.entropy, mask),
+        importance_weight=_token_sum(iw, mask),
         approx_kl=_token_sum(kl_penalty(x.log_probs.detach(), old, "k3", mask), mask),
-        logprob_abs_diff=_token_sum((old - behav).abs(), mask))
+        logprob_abs_diff=_token_sum((old - behav).abs(), mask),
+    )
     return loss, stats
 
 

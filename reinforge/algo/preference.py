@@ -18,8 +18,9 @@ offline trainer):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,8 +57,9 @@ def _ref_margin(lp: PairLogps) -> tuple[torch.Tensor, torch.Tensor]:
     return lp.chosen - lp.ref_chosen, lp.rejected - lp.ref_rejected
 
 
-def dpo_loss(lp: PairLogps, beta: float, label_smoothing: float = 0.0
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def dpo_loss(
+    lp: PairLogps, beta: float, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DPO (Rafailov et al. 2023, eq. 7), with label smoothing (cDPO).
 
     r_w = beta * (log pi(y_w) - log pi_ref(y_w)), r_l likewise; loss = -log sigma(r_w - r_l).
@@ -79,8 +81,9 @@ def ipo_loss(lp: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor, to
     return losses, beta * dc.detach(), beta * dr.detach()
 
 
-def cpo_loss(lp: PairLogps, beta: float, label_smoothing: float = 0.0
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def cpo_loss(
+    lp: PairLogps, beta: float, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """CPO's preference term (Xu et al. 2024, "Contrastive Preference Optimization", eq. 3):
     -log sigma(beta * (log pi(y_w) - log pi(y_l))), reference-free; the trainer adds
     ``cpo_alpha`` times the NLL of the chosen responses (eq. 5)."""
@@ -88,8 +91,9 @@ def cpo_loss(lp: PairLogps, beta: float, label_smoothing: float = 0.0
     return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
 
 
-def simpo_loss(lp: PairLogps, beta: float, gamma: float, label_smoothing: float = 0.0
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def simpo_loss(
+    lp: PairLogps, beta: float, gamma: float, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """SimPO (Meng et al. 2024, eq. 6): -log sigma(beta * (mean log pi(y_w) - mean log pi(y_l)) - gamma),
     with token-mean log-probs and no reference model."""
     losses = _smoothed_sigmoid_loss(beta * (lp.chosen - lp.rejected) - gamma, label_smoothing)
@@ -143,8 +147,9 @@ def orpo_loss(lp: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor, t
     return losses, beta * lp.chosen.detach(), beta * lp.rejected.detach()
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None
-                       ) -> torch.Tensor:
+def bradley_terry_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None
+) -> torch.Tensor:
     """Pairwise reward-model loss (Ouyang et al. 2022, eq. 1; Bradley & Terry 1952):
     -log sigma(r(x, y_w) - r(x, y_l) - m), with an optional per-pair margin m (Touvron et al. 2023,
     Llama 2, eq. 2). Inputs [P]; returns losses [P]."""
@@ -154,9 +159,15 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     return -F.logsigmoid(diff)
 
 
-def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor,
-             beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def kto_loss(
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    desirable: torch.Tensor,
+    kl: torch.Tensor,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """KTO (Ethayarajh et al. 2024, eq. 8), per example.
 
     r = log pi(y|x) - log pi_ref(y|x); z = ``kl``, the batch's estimate of KL(pi || pi_ref) from
@@ -204,8 +215,9 @@ class OfflineBatch:
     Attributes:
         examples: examples (pairs) in the whole optimizer step, the losses' denominator.
         nll_tokens: response tokens in the whole step (the token-mean NLL's denominator).
-        seq_logps: [B] the policy's sequence log-probs (sums, or means for ``length_normalized``).
-        token_nll: [B] the policy's summed token NLL per row.
+        seq_logps: [B] the policy's sequence log-probs (sums, or means for ``length_normalized``);
+            empty for a reward model.
+        token_nll: [B] the policy's summed token NLL per row; empty for a reward model.
         ref_logps: [B] the reference's sequence log-probs, or None.
         rewards: [B] a reward model's scores (``rm``).
         margin: [P] per-pair margins (``rm`` with ``offline.margin_key``), or None.
@@ -214,8 +226,8 @@ class OfflineBatch:
 
     examples: float
     nll_tokens: float
-    seq_logps: torch.Tensor | None = None
-    token_nll: torch.Tensor | None = None
+    seq_logps: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    token_nll: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     ref_logps: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     margin: torch.Tensor | None = None
@@ -223,12 +235,17 @@ class OfflineBatch:
     kl: torch.Tensor | None = None
 
 
-def pair_stats(rc: torch.Tensor, rr: torch.Tensor, lc: torch.Tensor | None, lr: torch.Tensor | None,
-               nll: float | None) -> dict[str, float]:
+def pair_stats(
+    rc: torch.Tensor, rr: torch.Tensor, lc: torch.Tensor | None, lr: torch.Tensor | None, nll: float | None
+) -> dict[str, float]:
     """Sums over pairs: implicit rewards, their accuracy and margin, the sequence log-probs, the NLL."""
-    out = {"rewards/chosen": float(rc.sum()), "rewards/rejected": float(rr.sum()),
-           "rewards/accuracy": float((rc > rr).float().sum()), "rewards/margin": float((rc - rr).sum())}
-    if lc is not None:
+    out = {
+        "rewards/chosen": float(rc.sum()),
+        "rewards/rejected": float(rr.sum()),
+        "rewards/accuracy": float((rc > rr).float().sum()),
+        "rewards/margin": float((rc - rr).sum()),
+    }
+    if lc is not None and lr is not None:
         out["logps/chosen"], out["logps/rejected"] = float(lc.sum()), float(lr.sum())
     if nll is not None:
         out["nll"] = nll
@@ -242,13 +259,16 @@ def sft_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, floa
 
 def reward_model_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """Reward model: :func:`bradley_terry_loss` averaged over the step's pairs."""
+    assert b.rewards is not None, "the reward model objective needs OfflineBatch.rewards"
     chosen, rejected = b.rewards[0::2], b.rewards[1::2]
     losses = bradley_terry_loss(chosen, rejected, b.margin)
     return losses.sum() / b.examples, pair_stats(chosen.detach(), rejected.detach(), None, None, None)
 
 
-def pairwise_objective(loss: Callable[[PairLogps, Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                       nll_weight: Callable[[Any], float] | None = None) -> Callable[..., Any]:
+def pairwise_objective(
+    loss: Callable[[PairLogps, Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    nll_weight: Callable[[Any], float] | None = None,
+) -> Callable[..., Any]:
     """A pairwise preference loss (``loss(lp, offline_cfg) -> (losses [P], chosen rewards, rejected
     rewards)``) averaged over the step's pairs, plus ``nll_weight(offline_cfg)`` times the token-mean
     NLL of the chosen responses (CPO's behaviour-cloning term, ORPO's SFT term)."""
@@ -269,25 +289,55 @@ def pairwise_objective(loss: Callable[[PairLogps, Any], tuple[torch.Tensor, torc
 
 def kto_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """KTO: :func:`kto_loss` averaged over the step's examples."""
-    losses, rewards = kto_loss(b.seq_logps, b.ref_logps, b.desirable, b.kl, o.beta, o.kto_desirable_weight,
-                               o.kto_undesirable_weight)
+    assert b.ref_logps is not None and b.desirable is not None and b.kl is not None, (
+        "KTO needs ref_logps, desirable, kl"
+    )
+    losses, rewards = kto_loss(
+        b.seq_logps, b.ref_logps, b.desirable, b.kl, o.beta, o.kto_desirable_weight, o.kto_undesirable_weight
+    )
     d = b.desirable.float()
-    return losses.sum() / b.examples, {"rewards/desirable": float((rewards * d).sum()),
-                                       "rewards/undesirable": float((rewards * (1 - d)).sum()),
-                                       "logps": float(b.seq_logps.detach().sum())}
+    return losses.sum() / b.examples, {
+        "rewards/desirable": float((rewards * d).sum()),
+        "rewards/undesirable": float((rewards * (1 - d)).sum()),
+        "logps": float(b.seq_logps.detach().sum()),
+    }
 
 
 OFFLINE_METHODS.register("sft", sft_objective, data="messages", model="policy")
 OFFLINE_METHODS.register("rm", reward_model_objective, data="pairs", model="reward")
-OFFLINE_METHODS.register("dpo", pairwise_objective(lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing)),
-                         data="pairs", model="policy", reference=True)
-OFFLINE_METHODS.register("ipo", pairwise_objective(lambda lp, o: ipo_loss(lp, o.beta)), data="pairs", model="policy",
-                         reference=True, length_normalized=True)
-OFFLINE_METHODS.register("cpo", pairwise_objective(lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing),
-                                                   nll_weight=lambda o: o.cpo_alpha), data="pairs", model="policy")
-OFFLINE_METHODS.register("simpo", pairwise_objective(lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma,
-                                                                              o.label_smoothing)),
-                         data="pairs", model="policy", length_normalized=True)
-OFFLINE_METHODS.register("orpo", pairwise_objective(lambda lp, o: orpo_loss(lp, o.beta), nll_weight=lambda o: 1.0),
-                         data="pairs", model="policy", length_normalized=True)
+OFFLINE_METHODS.register(
+    "dpo",
+    pairwise_objective(lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing)),
+    data="pairs",
+    model="policy",
+    reference=True,
+)
+OFFLINE_METHODS.register(
+    "ipo",
+    pairwise_objective(lambda lp, o: ipo_loss(lp, o.beta)),
+    data="pairs",
+    model="policy",
+    reference=True,
+    length_normalized=True,
+)
+OFFLINE_METHODS.register(
+    "cpo",
+    pairwise_objective(lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing), nll_weight=lambda o: o.cpo_alpha),
+    data="pairs",
+    model="policy",
+)
+OFFLINE_METHODS.register(
+    "simpo",
+    pairwise_objective(lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma, o.label_smoothing)),
+    data="pairs",
+    model="policy",
+    length_normalized=True,
+)
+OFFLINE_METHODS.register(
+    "orpo",
+    pairwise_objective(lambda lp, o: orpo_loss(lp, o.beta), nll_weight=lambda o: 1.0),
+    data="pairs",
+    model="policy",
+    length_normalized=True,
+)
 OFFLINE_METHODS.register("kto", kto_objective, data="unpaired", model="policy", reference=True)

@@ -8,9 +8,10 @@ and never asks which it has (slime's ``RayTrainGroup``: ``async_train``, ``updat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -52,12 +53,13 @@ class Cluster(Protocol):
         """Per-sample critic values [response_length] (fp32, CPU)."""
         ...
 
-    def train_actor(self, data: "TrainData", rollout_id: int) -> dict[str, float]:
+    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         """``train.num_steps_per_rollout`` policy optimizer steps; metrics averaged over them."""
         ...
 
-    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
-                     rollout_id: int) -> dict[str, float]:
+    def train_critic(
+        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
+    ) -> dict[str, float]:
         """The critic's optimizer steps on the returns; metrics."""
         ...
 
@@ -84,15 +86,14 @@ class Cluster(Protocol):
         checkpoint (``TrainWorker.load``)."""
         ...
 
-    def shutdown(self) -> None:
-        ...
+    def shutdown(self) -> None: ...
 
 
-PLACEMENTS: Registry[Callable[["Config", ClusterSpec], Cluster]] = Registry("placement", "cluster.mode")
+PLACEMENTS: Registry[Callable[[Config, ClusterSpec], Cluster]] = Registry("placement", "cluster.mode")
 PLACEMENTS.register("local", "reinforge.cluster.local:LocalCluster")
 PLACEMENTS.register("ray", "reinforge.cluster.ray_cluster:RayCluster")
 
 
-def build_cluster(cfg: "Config", spec: ClusterSpec) -> Cluster:
+def build_cluster(cfg: Config, spec: ClusterSpec) -> Cluster:
     """The placement ``cluster.mode`` names, built (its module imported only now)."""
     return PLACEMENTS.get(cfg.cluster.mode)(cfg, spec)

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..rollout.backends import build_engine, engine_spec
 from ..records import Sample
+from ..rollout.backends import build_engine, engine_spec
 from ..train.actor import TrainData
 from ..train.worker import TrainWorker
 from ..utils.device import resolve_device
@@ -25,8 +25,9 @@ class LocalCluster:
     def __init__(self, cfg: Config, spec: ClusterSpec):
         check_placement(cfg, machine_resources(), spec.base_path, spec.max_model_len)
         self.worker = TrainWorker(cfg, spec.base_path, spec.critic_path, pad_id=spec.pad_id)
-        self.engine = build_engine(engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device),
-                                               spec.max_model_len))
+        self.engine = build_engine(
+            engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device), spec.max_model_len)
+        )
         self.offload_rollout = cfg.cluster.offload_rollout
         self.offload_engine_weights = cfg.cluster.offload_engine_weights
         self.has_reference = self.worker.has_reference
@@ -41,8 +42,9 @@ class LocalCluster:
     def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         return self.worker.train_actor(data, rollout_id)
 
-    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
-                     rollout_id: int) -> dict[str, float]:
+    def train_critic(
+        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
+    ) -> dict[str, float]:
         return self.worker.train_critic(samples, returns, values, rollout_id)
 
     def before_train(self) -> None:

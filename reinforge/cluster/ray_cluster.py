@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -45,8 +46,13 @@ def plan(cfg: Config) -> dict[str, int]:
     return {"trainers": n["trainers"], "engines": n["engines"], "gpus": n["gpus"]}
 
 
-def check_resources(cfg: Config, resources: dict[str, float], model_folder: Path | None = None,
-                    max_model_len: int | None = None, where: str = "the Ray cluster") -> bool:
+def check_resources(
+    cfg: Config,
+    resources: dict[str, float],
+    model_folder: Path | None = None,
+    max_model_len: int | None = None,
+    where: str = "the Ray cluster",
+) -> bool:
     """Whether the run uses GPUs; raises :class:`ClusterError` describing any shortfall
     (:func:`reinforge.cluster.resources.check_placement`)."""
     return check_placement(cfg, resources, model_folder, max_model_len, where)
@@ -66,6 +72,7 @@ def get_all(refs: list[Any]) -> list[Any]:
 
 # ---------------------------------------------------------------------------- actors
 
+
 class TrainerActor:
     """Hosts one :class:`TrainWorker` (wrapped with ``ray.remote`` at run time)."""
 
@@ -74,12 +81,22 @@ class TrainerActor:
 
         return ray.util.get_node_ip_address(), free_port("")
 
-    def setup(self, cfg: Config, base_path: str, critic_path: str | None, rank: int, world: int, addr: str,
-              port: int, pad_id: int) -> dict[str, Any]:
+    def setup(
+        self,
+        cfg: Config,
+        base_path: str,
+        critic_path: str | None,
+        rank: int,
+        world: int,
+        addr: str,
+        port: int,
+        pad_id: int,
+    ) -> dict[str, Any]:
         from ..train.worker import TrainWorker
 
-        self.worker = TrainWorker(cfg, base_path, critic_path, rank=rank, world_size=world, master_addr=addr,
-                                  master_port=port, pad_id=pad_id)
+        self.worker = TrainWorker(
+            cfg, base_path, critic_path, rank=rank, world_size=world, master_addr=addr, master_port=port, pad_id=pad_id
+        )
         self.weight_group = None
         return self.worker.describe()
 
@@ -118,8 +135,13 @@ class TrainerActor:
 
         for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
             if engines:
-                ray.get(send_flat(self.weight_group, bucket,
-                                  lambda meta: [e.receive_bucket.remote(meta, version) for e in engines]))
+                ray.get(
+                    send_flat(
+                        self.weight_group,
+                        bucket,
+                        lambda meta: [e.receive_bucket.remote(meta, version) for e in engines],
+                    )
+                )
 
 
 class EngineActor:
@@ -134,8 +156,9 @@ class EngineActor:
 
         self.index = index
         self.device = resolve_device(cfg.train.device)
-        self.engine = build_engine(engine_spec(cfg, Path(base_path), load_tokenizer(base_path), self.device,
-                                               max_model_len, index=index))
+        self.engine = build_engine(
+            engine_spec(cfg, Path(base_path), load_tokenizer(base_path), self.device, max_model_len, index=index)
+        )
         self.weight_group = None
         return {"index": index, "node": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
@@ -178,6 +201,7 @@ class EngineActor:
 
 # ---------------------------------------------------------------------------- driver side
 
+
 class EnginePool:
     """Several engine actors behind the ``RolloutEngine`` interface.
 
@@ -187,8 +211,14 @@ class EnginePool:
     other failures, and deaths outside generation, raise naming the engine.
     """
 
-    def __init__(self, handles: list[Any], infos: list[dict[str, Any]], offload_weights: bool = False,
-                 respawn: Callable[[int], None] | None = None, max_restarts: int = 0):
+    def __init__(
+        self,
+        handles: list[Any],
+        infos: list[dict[str, Any]],
+        offload_weights: bool = False,
+        respawn: Callable[[int], None] | None = None,
+        max_restarts: int = 0,
+    ):
         self.handles, self.infos = handles, infos
         self.weight_version = 0
         self.offload_weights = offload_weights
@@ -199,8 +229,10 @@ class EnginePool:
     def _failure(self, e: int, err: Exception) -> RuntimeError:
         info = self.infos[e]
         cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the engine's exception
-        return RuntimeError(f"rollout engine {info['index']} on node {info['node']} (GPU "
-                            f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: {cause}")
+        return RuntimeError(
+            f"rollout engine {info['index']} on node {info['node']} (GPU "
+            f"{','.join(info['gpus']) or 'none'}) failed: {type(cause).__name__}: {cause}"
+        )
 
     def _get_or_replace(self, e: int, ref: Any, submit: Callable[[], Any]) -> Any:
         """``ray.get(ref)``; when engine ``e``'s actor died, replace it and ``submit()`` again."""
@@ -214,9 +246,15 @@ class EnginePool:
                 if self.respawn is None or self.restarts >= self.max_restarts:
                     raise self._failure(e, err) from err
                 self.restarts += 1
-                log.warning("rollout engine %d on node %s died during generation (%s): replacing it (restart %d "
-                            "of cluster.max_engine_restarts=%d) and re-queueing its requests", e,
-                            self.infos[e]["node"], type(err).__name__, self.restarts, self.max_restarts)
+                log.warning(
+                    "rollout engine %d on node %s died during generation (%s): replacing it (restart %d "
+                    "of cluster.max_engine_restarts=%d) and re-queueing its requests",
+                    e,
+                    self.infos[e]["node"],
+                    type(err).__name__,
+                    self.restarts,
+                    self.max_restarts,
+                )
                 self.respawn(e)
                 if self._seed is not None:
                     ray.get(self.handles[e].reseed.remote(self._seed))
@@ -312,34 +350,49 @@ class RayCluster:
                 ray.init(address=c.ray_address, log_to_driver=True)
             else:
                 bundles = p["trainers"] + (0 if c.colocate else p["engines"])
-                ray.init(num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
-                         include_dashboard=False, log_to_driver=True)
+                ray.init(
+                    num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
+                    include_dashboard=False,
+                    log_to_driver=True,
+                )
             self._started_ray = True
         self.use_gpu = check_resources(cfg, ray.cluster_resources(), spec.base_path, spec.max_model_len)
         gpu = 1 if self.use_gpu else 0
-        trainer_bundles = [{"CPU": c.num_cpus_per_worker, **({"GPU": 1} if gpu else {})}
-                           for _ in range(p["trainers"])]
-        engine_bundles = [] if c.colocate else [
-            {"CPU": c.num_cpus_per_worker, **({"GPU": c.rollout_num_gpus_per_engine} if gpu else {})}
-            for _ in range(p["engines"])]
+        trainer_bundles = [{"CPU": c.num_cpus_per_worker, **({"GPU": 1} if gpu else {})} for _ in range(p["trainers"])]
+        engine_bundles = (
+            []
+            if c.colocate
+            else [
+                {"CPU": c.num_cpus_per_worker, **({"GPU": c.rollout_num_gpus_per_engine} if gpu else {})}
+                for _ in range(p["engines"])
+            ]
+        )
         self.pg = placement_group(trainer_bundles + engine_bundles, strategy="PACK")
         if not self.pg.wait(timeout_seconds=120):
             remove_placement_group(self.pg)
-            raise ClusterError(f"Ray could not place {len(trainer_bundles)} trainer and {len(engine_bundles)} engine "
-                               f"bundles within 120 s (each {trainer_bundles[0]}): check `ray status`")
+            raise ClusterError(
+                f"Ray could not place {len(trainer_bundles)} trainer and {len(engine_bundles)} engine "
+                f"bundles within 120 s (each {trainer_bundles[0]}): check `ray status`"
+            )
         share = 0.5 if (gpu and c.colocate) else float(gpu)
 
         def on(bundle: int, num_gpus: float, cls, **options: Any):
             return ray.remote(cls).options(
-                num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1), num_gpus=num_gpus,
+                num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1),
+                num_gpus=num_gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
-                **options)
+                **options,
+            )
 
         self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
         addr, port = ray.get(self.workers[0].address.remote())
         critic = str(spec.critic_path) if spec.critic_path else None
-        self.describe = ray.get([w.setup.remote(cfg, str(spec.base_path), critic, i, p["trainers"], addr, port,
-                                                spec.pad_id) for i, w in enumerate(self.workers)])
+        self.describe = ray.get(
+            [
+                w.setup.remote(cfg, str(spec.base_path), critic, i, p["trainers"], addr, port, spec.pad_id)
+                for i, w in enumerate(self.workers)
+            ]
+        )
         engine_gpus = share if c.colocate else float(c.rollout_num_gpus_per_engine * gpu)
         engine_bundle = (lambda j: j) if c.colocate else (lambda j: p["trainers"] + j)
         # partial rollouts: interrupt() must reach an engine while its generate() runs (a threaded actor)
@@ -348,15 +401,25 @@ class RayCluster:
         self._engine_setup = (str(spec.base_path), spec.max_model_len)
         handles = [self._new_engine(j) for j in range(p["engines"])]
         infos = ray.get([h.setup.remote(cfg, *self._engine_setup, j) for j, h in enumerate(handles)])
-        self.engine = EnginePool(handles, infos, offload_weights=c.offload_engine_weights,
-                                 respawn=self._replace_engine, max_restarts=c.max_engine_restarts)
+        self.engine = EnginePool(
+            handles,
+            infos,
+            offload_weights=c.offload_engine_weights,
+            respawn=self._replace_engine,
+            max_restarts=c.max_engine_restarts,
+        )
         if not c.colocate:
             self._init_weight_group()
         self.has_reference = cfg.algo.needs_reference
         self.has_critic = cfg.algo.needs_critic
-        log.info("ray placement: %d trainer ranks %s, %d engines %s (%s)", len(self.workers),
-                 [d.get("device") for d in self.describe], len(handles), infos,
-                 "colocated" if c.colocate else "disaggregated")
+        log.info(
+            "ray placement: %d trainer ranks %s, %d engines %s (%s)",
+            len(self.workers),
+            [d.get("device") for d in self.describe],
+            len(handles),
+            infos,
+            "colocated" if c.colocate else "disaggregated",
+        )
 
     def _init_weight_group(self) -> None:
         """(Re)build the disaggregated weight-sync group: trainer rank 0 and every engine."""
@@ -365,8 +428,10 @@ class RayCluster:
         handles = self.engine.handles
         waddr, wport = ray.get(self.workers[0].address.remote())
         size = 1 + len(handles)
-        ray.get([self.workers[0].init_weight_group.remote(waddr, wport, size)]
-                + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)])
+        ray.get(
+            [self.workers[0].init_weight_group.remote(waddr, wport, size)]
+            + [h.init_weight_group.remote(waddr, wport, j + 1, size) for j, h in enumerate(handles)]
+        )
 
     def _replace_engine(self, j: int) -> None:
         """Engine ``j``'s actor died: start a new one in its bundle, give it the current weights
@@ -383,8 +448,7 @@ class RayCluster:
             self.engine.handles[j] = h
             version = self.engine.weight_version
             bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
-            ray.get([w.send_weights.remote(h if i == 0 else None, version, bucket)
-                     for i, w in enumerate(self.workers)])
+            ray.get([w.send_weights.remote(h if i == 0 else None, version, bucket) for i, w in enumerate(self.workers)])
             if not self.cfg.cluster.colocate:
                 self._init_weight_group()
         log.info("rollout engine %d replaced in %.1f s (weights version %d)", j, s.seconds, version)
@@ -404,8 +468,9 @@ class RayCluster:
     def train_actor(self, data: Any, rollout_id: int) -> dict[str, float]:
         return self._on_every_rank("train_actor", data, rollout_id)
 
-    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
-                     rollout_id: int) -> dict[str, float]:
+    def train_critic(
+        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
+    ) -> dict[str, float]:
         return self._on_every_rank("train_critic", samples, returns, values, rollout_id)
 
     def before_train(self) -> None:
@@ -426,8 +491,12 @@ class RayCluster:
                 targets = handles + [None] * (len(self.workers) - len(handles))
                 get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
             else:
-                get_all([w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
-                         for i, w in enumerate(self.workers)])
+                get_all(
+                    [
+                        w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
+                        for i, w in enumerate(self.workers)
+                    ]
+                )
             self.engine.weight_version = version
         return {"time/sync": s.seconds}
 

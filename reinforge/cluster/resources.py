@@ -61,7 +61,7 @@ class MemoryEstimate:
     engine_parts: str
 
 
-def estimate_memory(cfg: "Config", shape: ModelShape, max_model_len: int, world_size: int) -> MemoryEstimate:
+def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_size: int) -> MemoryEstimate:
     """Host memory of one trainer rank and one engine process in CPU mode (see the module doc)."""
     p = shape.num_params
     state = TRAIN_BYTES_PER_PARAM * p // max(world_size, 1)
@@ -76,16 +76,21 @@ def estimate_memory(cfg: "Config", shape: ModelShape, max_model_len: int, world_
     kv = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * max_model_len * slots * FP32
     engine = PROCESS_OVERHEAD + full + kv
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
-    tparts = (f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
-              f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
-              + (f", the reference model {g(ref)}" if ref else "") + (f", the critic {g(critic)}" if critic else "")
-              + f", logits of train.max_tokens_per_gpu={cfg.train.max_tokens_per_gpu} tokens {g(logits)}")
-    eparts = (f"weights {g(full)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
-              f"{cfg.engine.max_num_seqs}, capped at what the run holds at once) of {max_model_len} tokens")
+    tparts = (
+        f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
+        f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
+        + (f", the reference model {g(ref)}" if ref else "")
+        + (f", the critic {g(critic)}" if critic else "")
+        + f", logits of train.max_tokens_per_gpu={cfg.train.max_tokens_per_gpu} tokens {g(logits)}"
+    )
+    eparts = (
+        f"weights {g(full)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
+        f"{cfg.engine.max_num_seqs}, capped at what the run holds at once) of {max_model_len} tokens"
+    )
     return MemoryEstimate(trainer, engine, tparts, eparts)
 
 
-def placement_counts(cfg: "Config") -> dict[str, int]:
+def placement_counts(cfg: Config) -> dict[str, int]:
     """Trainer ranks, engines, GPUs and worker processes (bundles) of the placement."""
     c = cfg.cluster
     trainers = c.actor_num_nodes * c.actor_num_gpus_per_node if c.mode == "ray" else 1
@@ -95,22 +100,28 @@ def placement_counts(cfg: "Config") -> dict[str, int]:
     return {"trainers": trainers, "engines": engines, "gpus": gpus, "processes": processes}
 
 
-def layout_words(cfg: "Config", trainers: int) -> str:
+def layout_words(cfg: Config, trainers: int) -> str:
     """``trainers`` in words with their parallel layout, e.g. ``"4 (4 trainer ranks = 2 data x 2 tensor)"``
     (the number alone when every rank is data parallel or the sizes do not divide it: config checks say so)."""
     from ..train.mesh import Layout
 
     t = cfg.train
     try:
-        layout = Layout.for_world(trainers, t.tensor_model_parallel_size, t.context_parallel_size,
-                                  t.expert_model_parallel_size)
+        layout = Layout.for_world(
+            trainers, t.tensor_model_parallel_size, t.context_parallel_size, t.expert_model_parallel_size
+        )
     except ValueError:
         return str(trainers)
     return f"{trainers} ({layout.words()})" if layout.dp != trainers or layout.ep > 1 else str(trainers)
 
 
-def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Path | None = None,
-                    max_model_len: int | None = None, where: str = "this machine") -> bool:
+def check_placement(
+    cfg: Config,
+    resources: dict[str, float],
+    model_folder: Path | None = None,
+    max_model_len: int | None = None,
+    where: str = "this machine",
+) -> bool:
     """Check the placement of ``cfg`` against ``resources`` (``CPU``, ``GPU``, ``memory`` in
     bytes; a missing ``memory`` skips the memory check). ``max_model_len`` defaults to
     ``rollout_max_response_len`` (a lower bound: prompts are not known yet).
@@ -129,28 +140,45 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
     if model_folder is not None:
         from ..preflight import check_rl, prompt_tokens_of
 
-        check_rl(cfg, model_folder, prompt_tokens_of(cfg, max_model_len) if max_model_len else None,
-                 memory=resources.get("memory"))
+        check_rl(
+            cfg,
+            model_folder,
+            prompt_tokens_of(cfg, max_model_len) if max_model_len else None,
+            memory=resources.get("memory"),
+        )
     c, n = cfg.cluster, placement_counts(cfg)
     have_gpus, have_cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
-    mode = ("local (cluster.mode=local: one process)" if c.mode == "local" else
-            "colocated (cluster.colocate=true)" if c.colocate else "disaggregated (cluster.colocate=false)")
-    split = (f"actor_num_nodes * actor_num_gpus_per_node = {layout_words(cfg, n['trainers'])}"
-             + ("" if c.colocate or c.mode == "local" else f" + rollout_num_gpus = {c.rollout_num_gpus}"))
+    mode = (
+        "local (cluster.mode=local: one process)"
+        if c.mode == "local"
+        else "colocated (cluster.colocate=true)"
+        if c.colocate
+        else "disaggregated (cluster.colocate=false)"
+    )
+    split = f"actor_num_nodes * actor_num_gpus_per_node = {layout_words(cfg, n['trainers'])}" + (
+        "" if c.colocate or c.mode == "local" else f" + rollout_num_gpus = {c.rollout_num_gpus}"
+    )
     if have_gpus and cfg.train.device != "cpu":
         if have_gpus < n["gpus"]:
-            raise ClusterError(f"the {mode} placement needs {n['gpus']} GPUs ({split}) but {where} has "
-                               f"{have_gpus}: lower those settings or add nodes")
+            raise ClusterError(
+                f"the {mode} placement needs {n['gpus']} GPUs ({split}) but {where} has "
+                f"{have_gpus}: lower those settings or add nodes"
+            )
         need_cpus = n["processes"] * c.num_cpus_per_worker
         if have_cpus < need_cpus and c.mode == "ray":
-            raise ClusterError(f"the {mode} placement runs {n['processes']} worker processes of "
-                               f"cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} CPUs ({need_cpus:g} in all) "
-                               f"but {where} has {have_cpus:g} CPUs: lower cluster.num_cpus_per_worker")
+            raise ClusterError(
+                f"the {mode} placement runs {n['processes']} worker processes of "
+                f"cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} CPUs ({need_cpus:g} in all) "
+                f"but {where} has {have_cpus:g} CPUs: lower cluster.num_cpus_per_worker"
+            )
         return True
     problems, warnings = [], []
     need_cpus = n["processes"] * c.num_cpus_per_worker
-    procs = (f"{n['processes']} worker processes ({n['trainers']} trainer rank(s)"
-             + ("" if c.colocate else f" + {n['engines']} engine(s)") + ")")
+    procs = (
+        f"{n['processes']} worker processes ({n['trainers']} trainer rank(s)"
+        + ("" if c.colocate else f" + {n['engines']} engine(s)")
+        + ")"
+    )
     if have_cpus < need_cpus and c.mode == "ray":
         problems.append(f"{procs} x cluster.num_cpus_per_worker={c.num_cpus_per_worker:g} = {need_cpus:g} CPU cores")
     need_mem = None
@@ -163,24 +191,36 @@ def check_placement(cfg: "Config", resources: dict[str, float], model_folder: Pa
         if need_mem > resources["memory"]:
             # one local process is not refused on an estimate (the default path is unchanged): a warning
             found = warnings if c.mode == "local" or c.memory_check == "warn" else problems
-            found.append(f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
-                         f"{est.trainer / GIB:.1f} GiB ({est.trainer_parts}) and {n['engines']} engine(s) of "
-                         f"{est.engine / GIB:.1f} GiB ({est.engine_parts})")
+            found.append(
+                f"about {need_mem / GIB:.1f} GiB of memory: {n['trainers']} trainer rank(s) of "
+                f"{est.trainer / GIB:.1f} GiB ({est.trainer_parts}) and {n['engines']} engine(s) of "
+                f"{est.engine / GIB:.1f} GiB ({est.engine_parts})"
+            )
     mem = f" and {resources['memory'] / GIB:.1f} GiB of available memory" if "memory" in resources else ""
     if warnings and not problems:
-        log.warning("the %s placement may not fit in memory on %s (%.1f GiB available): the run needs %s. An "
-                    "estimate; lower engine.max_num_seqs or train.max_tokens_per_gpu if it runs out of memory",
-                    mode, where, resources["memory"] / GIB, warnings[0])
+        log.warning(
+            "the %s placement may not fit in memory on %s (%.1f GiB available): the run needs %s. An "
+            "estimate; lower engine.max_num_seqs or train.max_tokens_per_gpu if it runs out of memory",
+            mode,
+            where,
+            resources["memory"] / GIB,
+            warnings[0],
+        )
     if problems:
         problems += warnings
         raise ClusterError(
             f"the {mode} placement ({split}) cannot run on {where}: it has no GPU, {have_cpus:g} CPU cores{mem}; "
-            f"the run needs " + "; and ".join(problems) + ". " + (
+            f"the run needs "
+            + "; and ".join(problems)
+            + ". "
+            + (
                 "Lower engine.max_num_seqs or train.max_tokens_per_gpu, use a smaller model.path, or run on a GPU"
-                if c.mode == "local" else
-                "Lower cluster.actor_num_gpus_per_node / cluster.actor_num_nodes (trainer ranks) and "
+                if c.mode == "local"
+                else "Lower cluster.actor_num_gpus_per_node / cluster.actor_num_nodes (trainer ranks) and "
                 "cluster.rollout_num_gpus (engines), e.g. to 1 each (or use cluster.mode=local), lower "
                 "engine.max_num_seqs or train.max_tokens_per_gpu for memory, set cluster.num_cpus_per_worker "
                 "below 1 to share cores between processes, or run on GPUs. The memory figure is an estimate: "
-                "cluster.memory_check=warn (or off) runs anyway"))
+                "cluster.memory_check=warn (or off) runs anyway"
+            )
+        )
     return False

@@ -27,53 +27,91 @@ class AgentConfig(Section):
     (`eval.eval_max_response_len` in evaluation)."""
 
     name = "agent"
-    environment: str = opt("tools", "the episode's environment: a registered name (`tools`: the model calls "
-                           "`agent.tools` until it answers without a call) or a `module:Class` path of a "
-                           "`reinforge.envs.Environment` subclass ([agents.md](agents.md#environments))")
+    environment: str = opt(
+        "tools",
+        "the episode's environment: a registered name (`tools`: the model calls "
+        "`agent.tools` until it answers without a call) or a `module:Class` path of a "
+        "`reinforge.envs.Environment` subclass ([agents.md](agents.md#environments))",
+    )
     environment_kwargs: dict[str, Any] = opt({}, "keyword settings of the environment (its docstring lists them)")
-    env_timeout: float = opt(60.0, "seconds an environment's `reset`, `step`, `reward` or `close` may take; past "
-                             "it, or when it raises, the sample is an infrastructure failure (left out of the "
-                             "statistics, never scored 0)", gt=0)
-    tools: list[str] = opt([], "tools the model may call: registered names (`calculator`, `python`) or "
-                           "`module:function` paths of plain functions with type hints and a Google-style docstring")
+    env_timeout: float = opt(
+        60.0,
+        "seconds an environment's `reset`, `step`, `reward` or `close` may take; past "
+        "it, or when it raises, the sample is an infrastructure failure (left out of the "
+        "statistics, never scored 0)",
+        gt=0,
+    )
+    tools: list[str] = opt(
+        [],
+        "tools the model may call: registered names (`calculator`, `python`) or "
+        "`module:function` paths of plain functions with type hints and a Google-style docstring",
+    )
     mcp_servers: list[dict[str, Any]] = opt(
-        [], "MCP servers (stdio) whose tools the model may call beside `tools`: a list of `{name, command, args, env, "
+        [],
+        "MCP servers (stdio) whose tools the model may call beside `tools`: a list of `{name, command, args, env, "
         "cwd, tools, prefix, startup_timeout, max_restarts}` ([agents.md](agents.md#mcp-tools)); your own trusted "
-        "processes, not sandboxed")
-    tool_call_format: str = opt("hermes", "how calls are written: `hermes` (`<tool_call>{json}</tool_call>`, Qwen), "
-                                "`llama3_json`", choices=TOOL_CALL_FORMATS)
+        "processes, not sandboxed",
+    )
+    tool_call_format: str = opt(
+        "hermes",
+        "how calls are written: `hermes` (`<tool_call>{json}</tool_call>`, Qwen), `llama3_json`",
+        choices=TOOL_CALL_FORMATS,
+    )
     max_turns: int = opt(4, "model turns (generations) per sample at most; the last one may not call a tool", ge=1)
-    max_turn_tokens: int | None = opt(None, "new tokens per model turn at most (`null`: what is left of the "
-                                      "response budget)", ge=1)
+    max_turn_tokens: int | None = opt(
+        None, "new tokens per model turn at most (`null`: what is left of the response budget)", ge=1
+    )
     tool_timeout: float = opt(10.0, "seconds per tool call (the `python` tool's process is killed after this)", gt=0)
     tool_output_max_tokens: int = opt(256, "a tool output longer than this many tokens is cut", ge=1)
-    tool_role: str = opt("auto", "chat role of tool outputs: `auto` = `tool` when the chat template handles tool "
-                         "messages, else `user` (outputs wrapped in the format's result tags); or a role name")
+    tool_role: str = opt(
+        "auto",
+        "chat role of tool outputs: `auto` = `tool` when the chat template handles tool "
+        "messages, else `user` (outputs wrapped in the format's result tags); or a role name",
+    )
     tools_prompt: Literal["auto", "template", "system", "none"] = opt(
-        "auto", "where the tool schemas go: `template` (the chat template's `tools=`), `system` (described in the "
-        "system prompt), `auto` (template when it renders them, else system), `none` (your prompts describe them)")
-    stop_after_tool_call: bool = opt(True, "end a turn where a call closes (`</tool_call>`), so the model does not "
-                                     "write the tool's answer itself")
+        "auto",
+        "where the tool schemas go: `template` (the chat template's `tools=`), `system` (described in the "
+        "system prompt), `auto` (template when it renders them, else system), `none` (your prompts describe them)",
+    )
+    stop_after_tool_call: bool = opt(
+        True, "end a turn where a call closes (`</tool_call>`), so the model does not write the tool's answer itself"
+    )
     tool_concurrency: int = opt(8, "threads running plain-function tools", ge=1)
-    python_memory_mb: int = opt(1024, "`python` tool: address-space limit of each of its processes (MiB); with its "
-                                "64 MiB scratch disk, the memory of the whole sandbox", ge=64)
+    python_memory_mb: int = opt(
+        1024,
+        "`python` tool: address-space limit of each of its processes (MiB); with its "
+        "64 MiB scratch disk, the memory of the whole sandbox",
+        ge=64,
+    )
     python_sandbox: Literal["bwrap", "none"] = opt(
-        "bwrap", "`python` tool isolation: `bwrap` (a bubblewrap sandbox; the tool refuses to start without it) or "
-        "`none` (unsafe: a plain subprocess that can read and change your files)")
-    python_sandbox_uid: int = opt(990000, "`python` tool: the host uid and gid the sandbox runs as when the trainer "
-                                  "is root (the trainer drops to it before bubblewrap starts, so nothing inside is "
-                                  "root on the host); pick one no account or other service uses", ge=1, lt=2**32 - 1)
+        "bwrap",
+        "`python` tool isolation: `bwrap` (a bubblewrap sandbox; the tool refuses to start without it) or "
+        "`none` (unsafe: a plain subprocess that can read and change your files)",
+    )
+    python_sandbox_uid: int = opt(
+        990000,
+        "`python` tool: the host uid and gid the sandbox runs as when the trainer "
+        "is root (the trainer drops to it before bubblewrap starts, so nothing inside is "
+        "root on the host); pick one no account or other service uses",
+        ge=1,
+        lt=2**32 - 1,
+    )
     max_concurrent_sandboxes: int | None = opt(
-        None, "`python` tool: sandboxes running at once across all samples (a call waits for a slot before its time "
-        "limit starts); `null`: half the memory available at start / (`python_memory_mb` + 64 MiB of disk)", ge=1)
+        None,
+        "`python` tool: sandboxes running at once across all samples (a call waits for a slot before its time "
+        "limit starts); `null`: half the memory available at start / (`python_memory_mb` + 64 MiB of disk)",
+        ge=1,
+    )
 
     def check(self) -> None:
         for i, spec in enumerate(self.tools):
             if ":" in spec:
                 _check_function_path(f"agent.tools[{i}]", spec)
             elif spec not in TOOLS():
-                raise ConfigError(f"agent.tools[{i}]: unknown tool {spec!r}; registered: {', '.join(TOOLS())} "
-                                  f"(or write 'package.module:function')")
+                raise ConfigError(
+                    f"agent.tools[{i}]: unknown tool {spec!r}; registered: {', '.join(TOOLS())} "
+                    f"(or write 'package.module:function')"
+                )
         if not self.tool_role.strip():
             raise ConfigError("agent.tool_role must be `auto` or a role name")
         if self.mcp_servers:
@@ -87,5 +125,7 @@ class AgentConfig(Section):
         if ":" in self.environment:
             _check_function_path("agent.environment", self.environment)
         elif self.environment not in ENVIRONMENTS():
-            raise ConfigError(f"agent.environment: unknown environment {self.environment!r}; registered: "
-                              f"{', '.join(ENVIRONMENTS())} (or write 'package.module:Class')")
+            raise ConfigError(
+                f"agent.environment: unknown environment {self.environment!r}; registered: "
+                f"{', '.join(ENVIRONMENTS())} (or write 'package.module:Class')"
+            )

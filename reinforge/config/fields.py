@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key and the fix."""
 
 
-def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-        lt: float | None = None, choices: Callable[[], Iterable[str]] | None = None) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: Callable[[], Iterable[str]] | None = None,
+) -> Any:
     """A dataclass field with its documentation and checks.
 
     Args:
@@ -35,12 +44,18 @@ def opt(default: Any, help: str, *, ge: float | None = None, gt: float | None = 
     return field(default=default, metadata=meta)
 
 
-def bounds_text(meta: dict[str, Any]) -> str:
+def bounds_text(meta: Mapping[str, Any]) -> str:
     """'>= 1', '(0, 1)' ... for the docs; empty when the key has no bounds."""
-    lo = f">= {meta['ge']:g}" if meta.get("ge") is not None else (f"> {meta['gt']:g}" if meta.get("gt") is not None
-                                                                      else "")
-    hi = f"<= {meta['le']:g}" if meta.get("le") is not None else (f"< {meta['lt']:g}" if meta.get("lt") is not None
-                                                                      else "")
+    lo = (
+        f">= {meta['ge']:g}"
+        if meta.get("ge") is not None
+        else (f"> {meta['gt']:g}" if meta.get("gt") is not None else "")
+    )
+    hi = (
+        f"<= {meta['le']:g}"
+        if meta.get("le") is not None
+        else (f"< {meta['lt']:g}" if meta.get("lt") is not None else "")
+    )
     return " and ".join(p for p in (lo, hi) if p)
 
 
@@ -65,11 +80,16 @@ def check_fields(section_name: str, obj: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number, got {value}"
-                              + (f" (allowed: {bounds_text(meta)})" if bounds_text(meta) else ""))
-        bad = ((meta.get("ge") is not None and value < meta["ge"]) or (meta.get("gt") is not None and value <= meta["gt"])
-               or (meta.get("le") is not None and value > meta["le"]) or (meta.get("lt") is not None
-                                                                          and value >= meta["lt"]))
+            raise ConfigError(
+                f"{key} must be a finite number, got {value}"
+                + (f" (allowed: {bounds_text(meta)})" if bounds_text(meta) else "")
+            )
+        bad = (
+            (meta.get("ge") is not None and value < meta["ge"])
+            or (meta.get("gt") is not None and value <= meta["gt"])
+            or (meta.get("le") is not None and value > meta["le"])
+            or (meta.get("lt") is not None and value >= meta["lt"])
+        )
         if bad:
             raise ConfigError(f"{key} must be {bounds_text(meta)}, got {value}")
 
@@ -77,6 +97,7 @@ def check_fields(section_name: str, obj: Any) -> None:
 def registered(path: str) -> Callable[[], list[str]]:
     """Choices read from a :class:`~reinforge.utils.registry.Registry` at ``"module:attr"``
     (imported when the config is validated, not when it is defined)."""
+
     def names() -> list[str]:
         import importlib
 

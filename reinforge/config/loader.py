@@ -22,8 +22,8 @@ import yaml
 from .fields import ConfigError
 from .root import SECTIONS, Config
 
-
 # --------------------------------------------------------------------------- loading
+
 
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:  # `int | Literal["auto"]`: "int or 'auto'"
@@ -96,10 +96,26 @@ def _section_fields(section: str) -> dict[str, Any]:
 # Keys that moved to another section: their old spelling is still read (user configs, the
 # config.yaml of older runs and checkpoints). (old section, key) -> new section.
 MOVED_KEYS: dict[tuple[str, str], str] = {
-    ("rollout", name): "engine" for name in (
-        "backend", "dtype", "max_num_seqs", "kv_cache_memory_fraction", "max_prefill_tokens", "sync_interval",
-        "overlap_schedule", "cuda_graph", "kv_block_size", "num_kv_blocks", "sglang_urls", "sglang_server_args",
-        "sglang_router", "sglang_weight_update", "sglang_host", "sglang_port_base", "sglang_launch_timeout")
+    ("rollout", name): "engine"
+    for name in (
+        "backend",
+        "dtype",
+        "max_num_seqs",
+        "kv_cache_memory_fraction",
+        "max_prefill_tokens",
+        "sync_interval",
+        "overlap_schedule",
+        "cuda_graph",
+        "kv_block_size",
+        "num_kv_blocks",
+        "sglang_urls",
+        "sglang_server_args",
+        "sglang_router",
+        "sglang_weight_update",
+        "sglang_host",
+        "sglang_port_base",
+        "sglang_launch_timeout",
+    )
 }
 
 
@@ -110,8 +126,10 @@ def _locate(key: str) -> tuple[str, str]:
         section, name = key.split(".", 1)
         section = MOVED_KEYS.get((section, name), section)
         if section not in SECTIONS:
-            raise ConfigError(f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}"
-                              + _suggest(section, SECTIONS))
+            raise ConfigError(
+                f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}"
+                + _suggest(section, SECTIONS)
+            )
         if name not in _section_fields(section):
             raise ConfigError(f"unknown config key {key!r}" + _suggest(name, _section_fields(section), section))
         return section, name
@@ -135,7 +153,7 @@ def _suggest(name: str, options, section: str | None = None) -> str:
 
 def _flatten(raw: dict[str, Any], origin: str) -> list[tuple[str, Any]]:
     """YAML mapping -> [(dotted key, value)]; sections are mappings, bare keys are allowed."""
-    out = []
+    out: list[tuple[str, Any]] = []
     for k, v in raw.items():
         if not isinstance(k, str):
             raise ConfigError(f"{origin}: key {k!r} is not a string")
@@ -205,8 +223,10 @@ def read_utf8(path: Path) -> str:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{path}:{line}: byte 0x{data[e.start]:02x} at column {column} is not UTF-8 text "
-                          f"({e.reason}); save the file as UTF-8") from None
+        raise ConfigError(
+            f"{path}:{line}: byte 0x{data[e.start]:02x} at column {column} is not UTF-8 text "
+            f"({e.reason}); save the file as UTF-8"
+        ) from None
 
 
 def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen: tuple[Path, ...]) -> None:
@@ -280,9 +300,11 @@ def _check_explicit_keys(cfg: Config, given: set[tuple[str, str]]) -> None:
     unused = unused_keys(cfg)
     critic_keys = sorted(f"critic.{n}" for s, n in given if s == "critic" and ("critic", n) in unused)
     if critic_keys:
-        raise ConfigError(f"{', '.join(critic_keys)} set, but algo.advantage_estimator="
-                          f"{cfg.algo.advantage_estimator} uses no critic: use advantage_estimator=gae (PPO with a "
-                          f"critic) or remove them")
+        raise ConfigError(
+            f"{', '.join(critic_keys)} set, but algo.advantage_estimator="
+            f"{cfg.algo.advantage_estimator} uses no critic: use advantage_estimator=gae (PPO with a "
+            f"critic) or remove them"
+        )
     for section, key in sorted(given):
         if section == "algo" and (section, key) in unused:
             raise ConfigError(f"algo.{key} set, but {unused[(section, key)]}: remove it or change the estimator")
@@ -308,8 +330,9 @@ def config_dict(cfg: Config, changed_only: bool = False) -> dict[str, dict[str, 
     for section, cls in SECTIONS.items():
         values = dataclasses.asdict(getattr(cfg, section))
         default = dataclasses.asdict(cls()) if changed_only else {}
-        kept = {k: v for k, v in values.items()
-                if (section, k) not in unused and not (changed_only and default.get(k) == v)}
+        kept = {
+            k: v for k, v in values.items() if (section, k) not in unused and not (changed_only and default.get(k) == v)
+        }
         if kept:
             out[section] = kept
     return out
@@ -331,5 +354,8 @@ def dump_config(cfg: Config, path: str | Path) -> None:
     from ..utils.fs import atomic_write_text
 
     run = dataclasses.replace(cfg.run, load=None, overwrite=False)
-    atomic_write_text(Path(path), "# the resolved config of this run (keys it does not read are left out; "
-                                  "docs/config.md)\n" + config_yaml(dataclasses.replace(cfg, run=run)))
+    atomic_write_text(
+        Path(path),
+        "# the resolved config of this run (keys it does not read are left out; "
+        "docs/config.md)\n" + config_yaml(dataclasses.replace(cfg, run=run)),
+    )

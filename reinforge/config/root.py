@@ -1,5 +1,5 @@
 """The root configuration: the sections composed into :class:`Config`, and the checks that
-span several sections (one section's own checks are in :mod:`.sections`)."""
+span several sections (one section's own checks are in its class)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import ConfigError
 from .agent import AgentConfig
-from .sections import (AlgoConfig, ClusterConfig, CriticConfig, DataConfig, EngineConfig, EvalConfig,
-                       ModelConfig, OfflineConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig)
-
+from .fields import ConfigError
+from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
+from .sections import (
+    ClusterConfig,
+    DataConfig,
+    EngineConfig,
+    EvalConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainConfig,
+)
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -72,7 +80,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Check every section, then the combinations across sections.
 
         Raises:
@@ -86,85 +94,125 @@ class Config:
             raise ConfigError(
                 f"rollout.rollout_batch_size * rollout.n_samples_per_prompt = {samples} samples is not divisible "
                 f"by train.num_steps_per_rollout={t.num_steps_per_rollout}: each optimizer step needs the same "
-                f"global batch size")
+                f"global batch size"
+            )
         if self.model.recompute_num_layers not in (None, "auto") and not self.model.gradient_checkpointing:
-            raise ConfigError(f"model.recompute_num_layers={self.model.recompute_num_layers} applies with "
-                              f"model.gradient_checkpointing=true: set that, or model.recompute_num_layers=null")
+            raise ConfigError(
+                f"model.recompute_num_layers={self.model.recompute_num_layers} applies with "
+                f"model.gradient_checkpointing=true: set that, or model.recompute_num_layers=null"
+            )
         if c.offload_rollout is True and (c.mode != "local" or r.max_staleness > 0):
-            raise ConfigError(f"cluster.offload_rollout=true frees the engine's KV cache while the trainer trains in "
-                              f"cluster.mode=local with rollout.max_staleness=0 (here mode={c.mode}, max_staleness="
-                              f"{r.max_staleness}): Ray colocated engines sleep anyway (cluster.colocate), and an "
-                              f"asynchronous rollout generates during training")
+            raise ConfigError(
+                f"cluster.offload_rollout=true frees the engine's KV cache while the trainer trains in "
+                f"cluster.mode=local with rollout.max_staleness=0 (here mode={c.mode}, max_staleness="
+                f"{r.max_staleness}): Ray colocated engines sleep anyway (cluster.colocate), and an "
+                f"asynchronous rollout generates during training"
+            )
         if a.dynamic_sampling and r.n_samples_per_prompt < 2:
             raise ConfigError("algo.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
         if a.overlong_buffer_len is not None and a.overlong_buffer_len >= r.rollout_max_response_len:
-            raise ConfigError(f"algo.overlong_buffer_len must be in (0, rollout.rollout_max_response_len="
-                              f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}")
+            raise ConfigError(
+                f"algo.overlong_buffer_len must be in (0, rollout.rollout_max_response_len="
+                f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}"
+            )
         g = self.agent
         if g.tools and not r.custom_generate_function_path:
-            raise ConfigError("agent.tools is set but nothing calls tools: set rollout.custom_generate_function_path="
-                              "reinforge.rollout.agent:generate")
+            raise ConfigError(
+                "agent.tools is set but nothing calls tools: set rollout.custom_generate_function_path="
+                "reinforge.rollout.agent:generate"
+            )
         e = self.engine
         if r.partial_rollout and e.backend != "embedded":
-            raise ConfigError(f"rollout.partial_rollout=true needs engine.backend=embedded (it is {e.backend}): "
-                              f"only the embedded engine can interrupt and continue generation")
+            raise ConfigError(
+                f"rollout.partial_rollout=true needs engine.backend=embedded (it is {e.backend}): "
+                f"only the embedded engine can interrupt and continue generation"
+            )
         if r.over_sampling_batch_size is not None and (e.backend != "embedded" or c.mode != "local"):
-            raise ConfigError(f"rollout.over_sampling_batch_size steps the engine itself and aborts the samples left "
-                              f"at the early stop: it needs engine.backend=embedded and cluster.mode=local (they are "
-                              f"{e.backend} and {c.mode})")
-        if e.backend == "hf" and r.custom_generate_function_path == "reinforge.rollout.agent:generate" \
-                and g.stop_after_tool_call:
+            raise ConfigError(
+                f"rollout.over_sampling_batch_size steps the engine itself and aborts the samples left "
+                f"at the early stop: it needs engine.backend=embedded and cluster.mode=local (they are "
+                f"{e.backend} and {c.mode})"
+            )
+        if (
+            e.backend == "hf"
+            and r.custom_generate_function_path == "reinforge.rollout.agent:generate"
+            and g.stop_after_tool_call
+        ):
             from ..tools.formats import TOOL_CALL_FORMATS as formats
 
             if formats.get(g.tool_call_format).stop:
-                raise ConfigError("agent.stop_after_tool_call=true ends turns with a stop string, which "
-                                  "engine.backend=hf does not support: set agent.stop_after_tool_call=false")
+                raise ConfigError(
+                    "agent.stop_after_tool_call=true ends turns with a stop string, which "
+                    "engine.backend=hf does not support: set agent.stop_after_tool_call=false"
+                )
         if g.max_turn_tokens is not None and g.max_turn_tokens > r.rollout_max_response_len:
-            raise ConfigError(f"agent.max_turn_tokens={g.max_turn_tokens} exceeds rollout.rollout_max_response_len="
-                              f"{r.rollout_max_response_len}, the budget of the whole response")
+            raise ConfigError(
+                f"agent.max_turn_tokens={g.max_turn_tokens} exceeds rollout.rollout_max_response_len="
+                f"{r.rollout_max_response_len}, the budget of the whole response"
+            )
         from ..algo.advantages import ADV_ESTIMATORS
 
         if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:
-            raise ConfigError(f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
-                              f"it needs rollout.n_samples_per_prompt >= 2")
+            raise ConfigError(
+                f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
+                f"it needs rollout.n_samples_per_prompt >= 2"
+            )
         if r.max_staleness > 0:
             if a.needs_critic:
-                raise ConfigError(f"rollout.max_staleness={r.max_staleness} is not supported with "
-                                  f"algo.advantage_estimator={a.advantage_estimator} (a critic): use a critic-free "
-                                  f"estimator (grpo, rloo, reinforce_plus_plus...) or rollout.max_staleness=0")
+                raise ConfigError(
+                    f"rollout.max_staleness={r.max_staleness} is not supported with "
+                    f"algo.advantage_estimator={a.advantage_estimator} (a critic): use a critic-free "
+                    f"estimator (grpo, rloo, reinforce_plus_plus...) or rollout.max_staleness=0"
+                )
             if c.mode == "ray" and c.colocate:
-                raise ConfigError(f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
-                                  f"needs engines on their own GPUs (cluster.colocate=false)")
+                raise ConfigError(
+                    f"rollout.max_staleness={r.max_staleness} generates while the trainers train: it "
+                    f"needs engines on their own GPUs (cluster.colocate=false)"
+                )
         if a.use_rollout_routing_replay:
             if e.backend != "embedded":
-                raise ConfigError(f"algo.use_rollout_routing_replay=true needs an engine that records each token's "
-                                  f"experts: engine.backend={e.backend} does not; use engine.backend=embedded")
+                raise ConfigError(
+                    f"algo.use_rollout_routing_replay=true needs an engine that records each token's "
+                    f"experts: engine.backend={e.backend} does not; use engine.backend=embedded"
+                )
             if r.custom_generate_function_path:
-                raise ConfigError("algo.use_rollout_routing_replay=true is not supported with "
-                                  "rollout.custom_generate_function_path (multi-turn / agent samples carry no "
-                                  "recorded routes): unset one of them")
+                raise ConfigError(
+                    "algo.use_rollout_routing_replay=true is not supported with "
+                    "rollout.custom_generate_function_path (multi-turn / agent samples carry no "
+                    "recorded routes): unset one of them"
+                )
             if t.context_parallel_size > 1:
-                raise ConfigError(f"algo.use_rollout_routing_replay=true is not supported with "
-                                  f"train.context_parallel_size={t.context_parallel_size}: set it to 1")
+                raise ConfigError(
+                    f"algo.use_rollout_routing_replay=true is not supported with "
+                    f"train.context_parallel_size={t.context_parallel_size}: set it to 1"
+                )
         per_replica = t.tensor_model_parallel_size * t.context_parallel_size
         if c.mode == "ray" and c.num_trainers % per_replica:
-            raise ConfigError(f"train.tensor_model_parallel_size={t.tensor_model_parallel_size} x "
-                              f"train.context_parallel_size={t.context_parallel_size} = {per_replica} does not divide "
-                              f"the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes} x "
-                              f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): change either")
+            raise ConfigError(
+                f"train.tensor_model_parallel_size={t.tensor_model_parallel_size} x "
+                f"train.context_parallel_size={t.context_parallel_size} = {per_replica} does not divide "
+                f"the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes} x "
+                f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): change either"
+            )
         ep = t.expert_model_parallel_size
         if ep > 1 and per_replica > 1:
-            raise ConfigError(f"train.expert_model_parallel_size={ep} with train.tensor_model_parallel_size="
-                              f"{t.tensor_model_parallel_size} / train.context_parallel_size={t.context_parallel_size}: "
-                              f"expert parallelism combines with data parallelism (FSDP) only for now; set the other "
-                              f"two to 1")
+            raise ConfigError(
+                f"train.expert_model_parallel_size={ep} with train.tensor_model_parallel_size="
+                f"{t.tensor_model_parallel_size} / train.context_parallel_size={t.context_parallel_size}: "
+                f"expert parallelism combines with data parallelism (FSDP) only for now; set the other "
+                f"two to 1"
+            )
         if c.mode == "ray" and ep > 1 and c.num_trainers % ep:
-            raise ConfigError(f"train.expert_model_parallel_size={ep} does not divide the {c.num_trainers} data-parallel "
-                              f"ranks of the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes}"
-                              f" x cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): experts are split over "
-                              f"data-parallel ranks; choose a divisor of {c.num_trainers}")
+            raise ConfigError(
+                f"train.expert_model_parallel_size={ep} does not divide the {c.num_trainers} data-parallel "
+                f"ranks of the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes}"
+                f" x cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): experts are split over "
+                f"data-parallel ranks; choose a divisor of {c.num_trainers}"
+            )
         if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
-            raise ConfigError(f"engine.backend={e.backend} runs one engine per GPU: "
-                              f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "
-                              f"engine.backend=vllm)")
+            raise ConfigError(
+                f"engine.backend={e.backend} runs one engine per GPU: "
+                f"cluster.rollout_num_gpus_per_engine must be 1 (tensor parallelism needs "
+                f"engine.backend=vllm)"
+            )
         return self

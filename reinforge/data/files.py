@@ -41,8 +41,10 @@ def parse_jsonl_line(line: str, where: str) -> dict[str, Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         if e.pos >= len(text.rstrip()):  # json counts the line's end as a new line: say where it really is
-            raise DataError(f"{where}: not valid JSON ({e.msg} at the end of the line, column {len(text) + 1}: the "
-                            f"object is not closed; jsonl holds one whole JSON object per line)") from None
+            raise DataError(
+                f"{where}: not valid JSON ({e.msg} at the end of the line, column {len(text) + 1}: the "
+                f"object is not closed; jsonl holds one whole JSON object per line)"
+            ) from None
         raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.pos + 1})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -55,8 +57,7 @@ def describe_accepted() -> str:
 
 def is_saved_dataset(path: Path) -> bool:
     """Whether ``path`` is a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
-    return path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "state.json",
-                                                                "dataset_dict.json"))
+    return path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "state.json", "dataset_dict.json"))
 
 
 def read_rows(path: str | Path, what: str = "data") -> list[Row]:
@@ -77,8 +78,10 @@ def read_rows(path: str | Path, what: str = "data") -> list[Row]:
         raise FileNotFoundError(f"{what} {path} not found (expected {describe_accepted()})")
     if path.is_dir():
         if not is_saved_dataset(path):
-            raise DataError(f"{path}: a folder, but not one saved with `datasets` (no dataset_info.json, state.json "
-                            f"or dataset_dict.json); {what} must be {describe_accepted()}")
+            raise DataError(
+                f"{path}: a folder, but not one saved with `datasets` (no dataset_info.json, state.json "
+                f"or dataset_dict.json); {what} must be {describe_accepted()}"
+            )
         return _read_saved(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
@@ -103,8 +106,10 @@ def utf8_lines(path: str | Path) -> list[tuple[int, str]]:
             try:
                 out.append((lineno, raw.decode("utf-8")))
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 "
-                                f"text ({e.reason}); save the file as UTF-8") from None
+                raise DataError(
+                    f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 "
+                    f"text ({e.reason}); save the file as UTF-8"
+                ) from None
     return out
 
 
@@ -170,6 +175,8 @@ def _read_saved(path: Path) -> list[Row]:
         elif len(splits) == 1:
             ds = ds[splits[0]]
         else:
-            raise DataError(f"{path}: a DatasetDict with splits {splits} and no 'train' split: point to one split's "
-                            f"folder ({path}/<split>)")
+            raise DataError(
+                f"{path}: a DatasetDict with splits {splits} and no 'train' split: point to one split's "
+                f"folder ({path}/<split>)"
+            )
     return _rows_of(ds, path)

@@ -64,21 +64,26 @@ def _style(*values: Any) -> str:
 
 # ---------------------------------------------------------------------------- offline data
 
-def offline_formats(kind: str, o: "OfflineConfig") -> list[tuple[str, list[str]]]:
+
+def offline_formats(kind: str, o: OfflineConfig) -> list[tuple[str, list[str]]]:
     """(format name, its keys) accepted for a data kind as ``OFFLINE_METHODS`` declares it
     (``messages`` / ``pairs`` / ``unpaired``), in the order they are tried; the keys are the
     ``offline.*_key`` options."""
     return {
-        "messages": [("conversational language modeling", [o.messages_key]),
-                     ("prompt-completion", [o.prompt_key, o.completion_key]),
-                     ("language modeling", [o.text_key])],
-        "pairs": [("preference", [o.prompt_key, o.chosen_key, o.rejected_key]),
-                  ("preference, implicit prompt", [o.chosen_key, o.rejected_key])],
+        "messages": [
+            ("conversational language modeling", [o.messages_key]),
+            ("prompt-completion", [o.prompt_key, o.completion_key]),
+            ("language modeling", [o.text_key]),
+        ],
+        "pairs": [
+            ("preference", [o.prompt_key, o.chosen_key, o.rejected_key]),
+            ("preference, implicit prompt", [o.chosen_key, o.rejected_key]),
+        ],
         "unpaired": [("unpaired preference", [o.prompt_key, o.completion_key, o.kto_label_key])],
     }[kind]
 
 
-def detect_offline(row: dict[str, Any], kind: str, o: "OfflineConfig", where: str) -> str:
+def detect_offline(row: dict[str, Any], kind: str, o: OfflineConfig, where: str) -> str:
     """The name of the first format of :func:`offline_formats` whose keys the row holds.
 
     Raises:
@@ -89,11 +94,13 @@ def detect_offline(row: dict[str, Any], kind: str, o: "OfflineConfig", where: st
         if all(has_key(row, k) for k in keys):
             return name
     wanted = "; ".join(f"{name}: {', '.join(repr(k) for k in keys)}" for name, keys in formats)
-    raise DataError(f"{where}: no {kind} format fits this row (its keys: {present_keys(row)}); expected {wanted}. "
-                    f"Rename keys with the offline.*_key options (docs/data.md)")
+    raise DataError(
+        f"{where}: no {kind} format fits this row (its keys: {present_keys(row)}); expected {wanted}. "
+        f"Rename keys with the offline.*_key options (docs/data.md)"
+    )
 
 
-def offline_fields(row: dict[str, Any], fmt: str, o: "OfflineConfig", where: str) -> dict[str, Any]:
+def offline_fields(row: dict[str, Any], fmt: str, o: OfflineConfig, where: str) -> dict[str, Any]:
     """The row in canonical keys for format ``fmt`` (from :func:`detect_offline`): ``messages``;
     ``prompt`` + ``completion``; ``text``; ``prompt`` + ``chosen`` + ``rejected`` (an implicit prompt
     extracted by :func:`split_implicit_prompt`); ``prompt`` + ``completion`` + ``label``. Values are
@@ -102,11 +109,13 @@ def offline_fields(row: dict[str, Any], fmt: str, o: "OfflineConfig", where: str
     Raises:
         DataError: a value of the wrong type, or an implicit prompt that cannot be extracted.
     """
+
     def value(key: str, kinds: tuple[type, ...] = (str, list)) -> Any:
         v = get_key(row, key)
         if not isinstance(v, kinds) or isinstance(v, bool) and bool not in kinds:
-            raise DataError(f"{where}: {key!r} must be {' or '.join(k.__name__ for k in kinds)}, got "
-                            f"{type(v).__name__}")
+            raise DataError(
+                f"{where}: {key!r} must be {' or '.join(k.__name__ for k in kinds)}, got {type(v).__name__}"
+            )
         if isinstance(v, list):
             check_messages(v, where, key)
         return v
@@ -123,8 +132,11 @@ def offline_fields(row: dict[str, Any], fmt: str, o: "OfflineConfig", where: str
         prompt, chosen, rejected = split_implicit_prompt(value(o.chosen_key), value(o.rejected_key), where)
         return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
     if fmt == "unpaired preference":
-        return {"prompt": value(o.prompt_key), "completion": value(o.completion_key),
-                "label": value(o.kto_label_key, (bool,))}
+        return {
+            "prompt": value(o.prompt_key),
+            "completion": value(o.completion_key),
+            "label": value(o.kto_label_key, (bool,)),
+        }
     raise ValueError(f"unknown offline format {fmt!r}")
 
 
@@ -133,8 +145,9 @@ def style_of(fields: dict[str, Any]) -> str:
     return _style(*fields.values())
 
 
-def split_implicit_prompt(chosen: str | Messages, rejected: str | Messages, where: str
-                          ) -> tuple[str | Messages, str | Messages, str | Messages]:
+def split_implicit_prompt(
+    chosen: str | Messages, rejected: str | Messages, where: str
+) -> tuple[str | Messages, str | Messages, str | Messages]:
     """(prompt, chosen, rejected) of a pair given as two whole conversations (TRL's implicit prompt).
 
     Conversations: the prompt is the longest run of leading messages the two share (as TRL's
@@ -154,12 +167,16 @@ def split_implicit_prompt(chosen: str | Messages, rejected: str | Messages, wher
         while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
             n += 1
         if n == 0:
-            raise DataError(f"{where}: chosen and rejected share no leading message, so no prompt can be extracted; "
-                            f"give the prompt under its own key")
+            raise DataError(
+                f"{where}: chosen and rejected share no leading message, so no prompt can be extracted; "
+                f"give the prompt under its own key"
+            )
         for name, conv in (("chosen", chosen), ("rejected", rejected)):
             if n == len(conv) or conv[n].get("role") != "assistant":
-                raise DataError(f"{where}: after the {n} shared message(s), {name} does not continue with an "
-                                f"assistant message, so the pair has no responses to compare")
+                raise DataError(
+                    f"{where}: after the {n} shared message(s), {name} does not continue with an "
+                    f"assistant message, so the pair has no responses to compare"
+                )
         return chosen[:n], chosen[n:], rejected[n:]
     if isinstance(chosen, str) and isinstance(rejected, str):
         n = 0
@@ -168,15 +185,22 @@ def split_implicit_prompt(chosen: str | Messages, rejected: str | Messages, wher
         ends = [m.start() for m in re.finditer(r"\s", chosen[:n])]  # word boundaries inside the shared text
         if all(n == len(s) or s[n].isspace() for s in (chosen, rejected)):
             ends.append(n)
-        cuts = [c for c in (len(chosen[:e].rstrip()) for e in reversed(ends))
-                if c > 0 and chosen[c:].strip() and rejected[c:].strip()]
+        cuts = [
+            c
+            for c in (len(chosen[:e].rstrip()) for e in reversed(ends))
+            if c > 0 and chosen[c:].strip() and rejected[c:].strip()
+        ]
         if not cuts:
-            raise DataError(f"{where}: chosen and rejected share no leading words, so no prompt can be extracted; "
-                            f"give the prompt under its own key")
+            raise DataError(
+                f"{where}: chosen and rejected share no leading words, so no prompt can be extracted; "
+                f"give the prompt under its own key"
+            )
         cut = cuts[0]
         return chosen[:cut], chosen[cut:], rejected[cut:]
-    raise DataError(f"{where}: chosen and rejected must both be strings or both message lists, got "
-                    f"{type(chosen).__name__} and {type(rejected).__name__}")
+    raise DataError(
+        f"{where}: chosen and rejected must both be strings or both message lists, got "
+        f"{type(chosen).__name__} and {type(rejected).__name__}"
+    )
 
 
 def check_messages(messages: list[Any], where: str, key: str) -> None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .files import DataError, Row, read_rows as _read_rows
+from .files import DataError, Row
+from .files import read_rows as _read_rows
 from .formats import detect_offline, get_key, offline_fields, style_of
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class OfflineDataset:
 
 # ---------------------------------------------------------------------------- reading
 
+
 def read_rows(path: str | Path) -> list[Row]:
     """(where, row) of every row of an offline data file or saved ``datasets`` folder; ``where`` is
     ``file:line`` (jsonl) or ``file, row N`` (:func:`reinforge.data.files.read_rows`)."""
@@ -68,6 +70,7 @@ def read_rows(path: str | Path) -> list[Row]:
 
 
 # ---------------------------------------------------------------------------- tokenizing
+
 
 class Tokenizer:
     """Renders prompts and responses with the chat template and checks the prefix property."""
@@ -87,8 +90,9 @@ class Tokenizer:
     def ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def prompt_and_response(self, prompt: str | Messages, response: str | Messages, where: str
-                            ) -> tuple[list[int], list[int]]:
+    def prompt_and_response(
+        self, prompt: str | Messages, response: str | Messages, where: str
+    ) -> tuple[list[int], list[int]]:
         """Token ids of the prompt (with the generation prompt) and of the response after it.
 
         The rendered prompt must be a text prefix of the rendered prompt + response; the two parts
@@ -110,9 +114,11 @@ class Tokenizer:
         p = self.render(msgs, generation_prompt=True)
         full = self.render(msgs + turns, generation_prompt=False)
         if not full.startswith(p):
-            raise DataError(f"{where}: the chat template does not render the prompt as a prefix of prompt + "
-                            f"response, so the response tokens cannot be separated")
-        return self.ids(p), self.ids(full[len(p):])
+            raise DataError(
+                f"{where}: the chat template does not render the prompt as a prefix of prompt + "
+                f"response, so the response tokens cannot be separated"
+            )
+        return self.ids(p), self.ids(full[len(p) :])
 
     def text(self, text: str, where: str) -> tuple[list[int], list[int]]:
         """Language modeling: (the first token, the rest) of ``text`` tokenized with the tokenizer's
@@ -141,33 +147,40 @@ class Tokenizer:
         prompt = self.ids(text)
         tokens, mask = [], []
         for i in range(first, len(msgs)):
-            upto = self.render(msgs[:i + 1], generation_prompt=msgs[i]["role"] != "assistant"
-                               and i + 1 < len(msgs) and msgs[i + 1]["role"] == "assistant")
+            upto = self.render(
+                msgs[: i + 1],
+                generation_prompt=msgs[i]["role"] != "assistant"
+                and i + 1 < len(msgs)
+                and msgs[i + 1]["role"] == "assistant",
+            )
             if not upto.startswith(text):
-                raise DataError(f"{where}: the chat template rewrites earlier turns (turn {i}), so assistant "
-                                f"tokens cannot be located; use prompt + completion examples instead")
-            new = self.ids(upto[len(text):])
+                raise DataError(
+                    f"{where}: the chat template rewrites earlier turns (turn {i}), so assistant "
+                    f"tokens cannot be located; use prompt + completion examples instead"
+                )
+            new = self.ids(upto[len(text) :])
             text = upto
             tokens += new
             mask += [1 if msgs[i]["role"] == "assistant" else 0] * len(new)
         return prompt, tokens, mask
 
 
-def _fit(prompt: list[int], responses: list[list[int]], masks: list[list[int]], o: "OfflineConfig"
-         ) -> tuple[list[int], list[list[int]], list[list[int]]] | None:
+def _fit(
+    prompt: list[int], responses: list[list[int]], masks: list[list[int]], o: OfflineConfig
+) -> tuple[list[int], list[list[int]], list[list[int]]] | None:
     """Apply ``max_length``: None to drop, else the (possibly truncated) example."""
     if len(prompt) + max(len(r) for r in responses) <= o.max_length:
         return prompt, responses, masks
     if o.truncation == "drop":
         return None
-    prompt = prompt[-o.max_prompt_length:]
+    prompt = prompt[-o.max_prompt_length :]
     room = o.max_length - len(prompt)
     if room < 1:
         return None
     return prompt, [r[:room] for r in responses], [m[:room] for m in masks]
 
 
-def build_examples(rows: list[Row], name: str, tok: Tokenizer, o: "OfflineConfig") -> OfflineDataset:
+def build_examples(rows: list[Row], name: str, tok: Tokenizer, o: OfflineConfig) -> OfflineDataset:
     """Tokenize and check rows for ``o.method``'s data kind, each in the format it is in
     (:func:`reinforge.data.formats.detect_offline`; the formats found are logged and kept in
     ``formats``); over-long, truncated and identical pairs are counted (``dropped_too_long``,
@@ -205,8 +218,9 @@ def build_examples(rows: list[Row], name: str, tok: Tokenizer, o: "OfflineConfig
             if o.margin_key:
                 margin = get_key(row, o.margin_key)
                 if isinstance(margin, bool) or not isinstance(margin, (int, float)):
-                    raise DataError(f"{where}: {o.margin_key!r} (offline.margin_key) must be a number, got "
-                                    f"{type(margin).__name__}")
+                    raise DataError(
+                        f"{where}: {o.margin_key!r} (offline.margin_key) must be a number, got {type(margin).__name__}"
+                    )
                 margin = float(margin)
         else:
             prompt, resp = tok.prompt_and_response(f["prompt"], f["completion"], where)
@@ -224,24 +238,31 @@ def build_examples(rows: list[Row], name: str, tok: Tokenizer, o: "OfflineConfig
     log.info("%s: %d rows, format: %s", name, len(rows), ", ".join(f"{k}: {v}" for k, v in formats.items()))
     for k, v in counts.items():
         if v:
-            log.warning("%s: %s: %d examples (offline.max_length=%d, truncation=%s)", name, k, v, o.max_length,
-                        o.truncation)
+            log.warning(
+                "%s: %s: %d examples (offline.max_length=%d, truncation=%s)", name, k, v, o.max_length, o.truncation
+            )
     if not out:
         if not rows:
             raise DataError(f"{name}: no rows (an empty file?): offline data needs at least one example")
-        why = ("raise offline.max_length, or offline.truncation" if counts.get("dropped_too_long") else
-               "see the counts above")
+        why = (
+            "raise offline.max_length, or offline.truncation"
+            if counts.get("dropped_too_long")
+            else "see the counts above"
+        )
         raise DataError(f"{name}: none of its {len(rows)} rows is a usable example ({why})")
     return OfflineDataset(out, counts, formats)
 
 
-def load_offline_datasets(o: "OfflineConfig", tokenizer: Any, system_prompt: str | None, seed: int,
-                          apply_chat_template: bool = True) -> tuple[OfflineDataset, OfflineDataset | None]:
+def load_offline_datasets(
+    o: OfflineConfig, tokenizer: Any, system_prompt: str | None, seed: int, apply_chat_template: bool = True
+) -> tuple[OfflineDataset, OfflineDataset | None]:
     """Training and held-out examples of the ``offline`` section (``eval_data``, or a seeded
     ``eval_fraction`` of ``train_data``)."""
     if not o.train_data:
-        raise DataError("offline.train_data is not set: a .jsonl / .json / .parquet file or a saved `datasets` "
-                        "folder of examples (docs/data.md)")
+        raise DataError(
+            "offline.train_data is not set: a .jsonl / .json / .parquet file or a saved `datasets` "
+            "folder of examples (docs/data.md)"
+        )
     tok = Tokenizer(tokenizer, system_prompt, apply_chat_template)
     rows = read_rows(o.train_data)
     eval_rows, eval_name = None, o.eval_data

@@ -55,10 +55,13 @@ def load_source(
         FileNotFoundError: the file does not exist.
     """
     if is_reasoning_gym(source):
-        return load_reasoning_gym(source[len(REASONING_GYM_PREFIX):], size=size, seed=seed, **(task_kwargs or {}))
+        return load_reasoning_gym(source[len(REASONING_GYM_PREFIX) :], size=size, seed=seed, **(task_kwargs or {}))
     if task_kwargs:  # an example config pointed at a file: say so, but do not make the user unset it
-        log.warning("data.task_kwargs=%s applies to reasoning_gym:<task> sources only: ignored for the file %s",
-                    task_kwargs, source)
+        log.warning(
+            "data.task_kwargs=%s applies to reasoning_gym:<task> sources only: ignored for the file %s",
+            task_kwargs,
+            source,
+        )
     return load_prompt_file(source, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
 
 
@@ -93,11 +96,13 @@ def load_reasoning_gym(task: str, size: int, seed: int, **kwargs: Any) -> list[P
     records = []
     for i in range(size):
         entry = _jsonable(ds[i])
-        records.append(PromptRecord(
-            prompt=entry["question"],
-            label=entry["answer"],
-            metadata={"reasoning_gym": {"task": task, "entry": entry}},
-        ))
+        records.append(
+            PromptRecord(
+                prompt=entry["question"],
+                label=entry["answer"],
+                metadata={"reasoning_gym": {"task": task, "entry": entry}},
+            )
+        )
     return records
 
 
@@ -110,8 +115,9 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def load_prompt_file(path: str | Path, input_key: str = "prompt", label_key: str | None = "label",
-                     metadata_key: str = "metadata") -> list[PromptRecord]:
+def load_prompt_file(
+    path: str | Path, input_key: str = "prompt", label_key: str | None = "label", metadata_key: str = "metadata"
+) -> list[PromptRecord]:
     """Prompt records of a data file or saved ``datasets`` folder (:func:`reinforge.data.files.read_rows`).
 
     Two layouts are recognised per row (:mod:`reinforge.data.formats`) and logged by name:
@@ -136,9 +142,11 @@ def load_prompt_file(path: str | Path, input_key: str = "prompt", label_key: str
         formats["verl RL" if verl else "prompt-only"] = formats.get("verl RL" if verl else "prompt-only", 0) + 1
         prompt = get_key(obj, input_key)
         if prompt is None:
-            raise DataError(f"{where}: no {input_key!r} key (data.input_key); keys are {present_keys(obj)}. Prompt "
-                            f"data is prompt-only ({{prompt, label, metadata}}) or verl RL ({{prompt, reward_model, "
-                            f"data_source}}), docs/data.md")
+            raise DataError(
+                f"{where}: no {input_key!r} key (data.input_key); keys are {present_keys(obj)}. Prompt "
+                f"data is prompt-only ({{prompt, label, metadata}}) or verl RL ({{prompt, reward_model, "
+                f"data_source}}), docs/data.md"
+            )
         _check_prompt(prompt, where, input_key)
         metadata = get_key(obj, metadata_key) or {}
         if not isinstance(metadata, dict):
@@ -158,15 +166,17 @@ def load_prompt_file(path: str | Path, input_key: str = "prompt", label_key: str
         keys = present_keys(rows[0][1])
         close = difflib.get_close_matches(label_key, keys, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise DataError(f"{path}: data.label_key={label_key!r} is in no row{hint}; the first row's keys are {keys}. "
-                        f"Set data.label_key to the reference answer's key (a dotted path such as "
-                        f"reward_model.ground_truth reaches into nested objects), or data.label_key=null if the "
-                        f"prompts have no reference answer (reward models, custom rewards)")
+        raise DataError(
+            f"{path}: data.label_key={label_key!r} is in no row{hint}; the first row's keys are {keys}. "
+            f"Set data.label_key to the reference answer's key (a dotted path such as "
+            f"reward_model.ground_truth reaches into nested objects), or data.label_key=null if the "
+            f"prompts have no reference answer (reward models, custom rewards)"
+        )
     if label_key is not None and labelled < len(records):
-        log.warning("%s: %d of %d prompts have no %r (label None)", path,
-                                            len(records) - labelled, len(records), label_key)
-    log.info("%s: %d prompts, format: %s", path, len(records),
-                                     ", ".join(f"{k} ({v} rows)" for k, v in formats.items()))
+        log.warning(
+            "%s: %d of %d prompts have no %r (label None)", path, len(records) - labelled, len(records), label_key
+        )
+    log.info("%s: %d prompts, format: %s", path, len(records), ", ".join(f"{k} ({v} rows)" for k, v in formats.items()))
     return records
 
 

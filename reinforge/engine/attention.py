@@ -57,8 +57,14 @@ class PrefillContext:
     for the earlier positions.
     """
 
-    def __init__(self, runner: "ModelRunner", blk: torch.Tensor, off: torch.Tensor,
-                 prefix_blk: torch.Tensor | None = None, prefix_off: torch.Tensor | None = None):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        blk: torch.Tensor,
+        off: torch.Tensor,
+        prefix_blk: torch.Tensor | None = None,
+        prefix_off: torch.Tensor | None = None,
+    ):
         self.r, self.blk, self.off = runner, blk.flatten(), off.flatten()
         self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
         # the cache index of the earlier positions' keys
@@ -82,7 +88,8 @@ class PrefillContext:
             mask = self.mask
         kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, keys, D]
         o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=kt.shape[1] != q.shape[2])
+            q.transpose(1, 2), kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=kt.shape[1] != q.shape[2]
+        )
         return o.transpose(1, 2)
 
 
@@ -90,7 +97,7 @@ class _Decode:
     """One new token per slot in ``[0, B)`` at position ``pos``: its K/V goes to block
     ``table[slot, pos // block_size]`` at offset ``pos % block_size`` (the sink block for idle rows)."""
 
-    def __init__(self, runner: "ModelRunner", B: int, Lk: int, pos: torch.Tensor, active: torch.Tensor):
+    def __init__(self, runner: ModelRunner, B: int, Lk: int, pos: torch.Tensor, active: torch.Tensor):
         r, layout = runner, runner.layout
         self.r, self.B, self.Lk = r, B, Lk
         bs = layout.block_size
@@ -109,9 +116,10 @@ class _Decode:
 
     def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
         """The padded paths: a mask bias over keys ``[0, Lk)``, -inf past each row's position."""
-        visible = self.r.arange[:self.Lk][None, :] <= pos[:, None]
+        visible = self.r.arange[: self.Lk][None, :] <= pos[:, None]
         self.bias = torch.zeros(self.B, 1, 1, self.Lk, device=pos.device, dtype=torch.float32).masked_fill_(
-            ~visible[:, None, None, :], float("-inf"))
+            ~visible[:, None, None, :], float("-inf")
+        )
 
     def write(self, layer, k, v):
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
@@ -128,8 +136,9 @@ class SlotDecode(_Decode):
     def attend(self, layer, q, k, v):
         kc, vc = self.write(layer, k, v)
         B, Lk = self.B, self.Lk
-        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype),
-                                       self.bias)[:, None]
+        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype), self.bias)[
+            :, None
+        ]
 
 
 class GatherDecode(_Decode):
@@ -143,9 +152,10 @@ class GatherDecode(_Decode):
 
     def attend(self, layer, q, k, v):
         kc, vc = self.write(layer, k, v)
-        nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[:self.B]
-        return masked_decode_attention(q[:, 0], gather_blocks(kc, table, nb, q.dtype),
-                                       gather_blocks(vc, table, nb, q.dtype), self.bias)[:, None]
+        nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[: self.B]
+        return masked_decode_attention(
+            q[:, 0], gather_blocks(kc, table, nb, q.dtype), gather_blocks(vc, table, nb, q.dtype), self.bias
+        )[:, None]
 
 
 class KernelDecode(_Decode):
@@ -163,9 +173,18 @@ class KernelDecode(_Decode):
 
     def attend(self, layer, q, k, v):
         r = self.r
-        return paged_decode_attention_triton(q[:, 0], k[:, 0], v[:, 0], r.k_cache[layer], r.v_cache[layer],
-                                             r.block_table, self.lens, self.w_blk, self.w_off,
-                                             max_len=self.Lk)[:, None]
+        return paged_decode_attention_triton(
+            q[:, 0],
+            k[:, 0],
+            v[:, 0],
+            r.k_cache[layer],
+            r.v_cache[layer],
+            r.block_table,
+            self.lens,
+            self.w_blk,
+            self.w_off,
+            max_len=self.Lk,
+        )[:, None]
 
 
 def decode_context(paged: bool, kernel: bool) -> type[_Decode]:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -71,8 +72,16 @@ class EmbeddedEngine:
         MemoryError, ValueError: the KV cache cannot hold one sequence (:func:`.kv_cache.plan_kv_layout`).
     """
 
-    def __init__(self, model: CausalLM, config: EngineConfig | None = None, *, max_model_len: int = 1024,
-                 seed: int = 0, tokenizer: Any = None, record_routes: bool = False):
+    def __init__(
+        self,
+        model: CausalLM,
+        config: EngineConfig | None = None,
+        *,
+        max_model_len: int = 1024,
+        seed: int = 0,
+        tokenizer: Any = None,
+        record_routes: bool = False,
+    ):
         if not isinstance(model, CausalLM):
             raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
         self.model = model.eval().requires_grad_(False)
@@ -81,8 +90,15 @@ class EmbeddedEngine:
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.weight_version = 0
-        self.runner = ModelRunner(self.model, self.kernels, max_model_len, self.config.cuda_graph, seed,
-                                  record_routes=record_routes, kv_cache_dtype=self.config.kv_cache_dtype)
+        self.runner = ModelRunner(
+            self.model,
+            self.kernels,
+            max_model_len,
+            self.config.cuda_graph,
+            seed,
+            record_routes=record_routes,
+            kv_cache_dtype=self.config.kv_cache_dtype,
+        )
         self.device = self.runner.device
         # launch the next decode steps before reading back the last ones (no gain without an
         # asynchronous device; tests turn it on on a CPU to exercise the same bookkeeping)
@@ -95,8 +111,9 @@ class EmbeddedEngine:
         self._allocate()
 
     def _allocate(self) -> None:
-        layout = plan_kv_layout(self.model.args, self.runner.kv_dtype, self.device, self.config, self.max_model_len,
-                                self.kernels)
+        layout = plan_kv_layout(
+            self.model.args, self.runner.kv_dtype, self.device, self.config, self.max_model_len, self.kernels
+        )
         self.runner.allocate(layout)
         self.scheduler = Scheduler(layout, self.config.max_prefill_tokens, self.config.sync_interval)
         self._pending = None
@@ -150,7 +167,8 @@ class EmbeddedEngine:
         if len(request.prompt_ids) + p.max_new_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt of {len(request.prompt_ids)} tokens + max_new_tokens={p.max_new_tokens} exceeds the "
-                f"engine's max_model_len={self.max_model_len}")
+                f"engine's max_model_len={self.max_model_len}"
+            )
         if request.n > self.num_slots:
             raise ValueError(f"n={request.n} exceeds the engine's {self.num_slots} slots")
         if len(p.stop_token_ids) > MAX_STOP_IDS:
@@ -172,9 +190,13 @@ class EmbeddedEngine:
             if pend.group.request.request_id in ids:
                 sched.waiting.remove(pend)
                 for j in pend.samples:
-                    pend.group.results[j] = GenerateResult(list(pend.carried_ids), list(pend.carried_logprobs),
-                                                           FinishReason.ABORT, self.weight_version,
-                                                           routed_experts=self._carried_routes(pend))
+                    pend.group.results[j] = GenerateResult(
+                        list(pend.carried_ids),
+                        list(pend.carried_logprobs),
+                        FinishReason.ABORT,
+                        self.weight_version,
+                        routed_experts=self._carried_routes(pend),
+                    )
         if sched.request_slots(ids):
             self._drain()  # samples that finished meanwhile end normally
             slots = sched.request_slots(ids)
@@ -272,10 +294,15 @@ class EmbeddedEngine:
         slots = [s for p in chosen for s in p.slots]
         self.runner.set_table_rows(slots, sched.table_rows(slots))
         bs = sched.layout.block_size
-        tail_copies = [(sched.blocks[p.slots[0]][-1], sched.blocks[s][-1]) for p in chosen
-                       if len(p.prompt_ids) % bs for s in p.slots[1:]]
-        self.runner.prefill(chosen, [sched.blocks[p.slots[0]] for p in chosen], tail_copies,
-                            self.config.max_prefill_tokens)
+        tail_copies = [
+            (sched.blocks[p.slots[0]][-1], sched.blocks[s][-1])
+            for p in chosen
+            if len(p.prompt_ids) % bs
+            for s in p.slots[1:]
+        ]
+        self.runner.prefill(
+            chosen, [sched.blocks[p.slots[0]] for p in chosen], tail_copies, self.config.max_prefill_tokens
+        )
 
     def _preempt(self, slot: int) -> None:
         """Recompute preemption of ``slot`` (after :meth:`_drain`: it reads the sequence's state)."""

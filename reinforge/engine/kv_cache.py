@@ -54,8 +54,10 @@ def kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) ->
     dtype = KV_CACHE_DTYPES[name]
     if dtype == torch.float8_e4m3fn and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        raise ValueError(f"engine.kv_cache_dtype={name}: the e4m3 format needs a GPU of compute capability 8.9 or "
-                         f"later (Ada, Hopper); this one is {cap}: use fp8_e5m2 or auto")
+        raise ValueError(
+            f"engine.kv_cache_dtype={name}: the e4m3 format needs a GPU of compute capability 8.9 or "
+            f"later (Ada, Hopper); this one is {cap}: use fp8_e5m2 or auto"
+        )
     return dtype
 
 
@@ -186,8 +188,9 @@ def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_siz
     return 2 * num_layers * num_kv_heads * head_dim * block_size * elem
 
 
-def plan_kv_layout(args: Any, dtype: torch.dtype, device: torch.device, cfg: "EngineConfig", max_model_len: int,
-                   kernel: bool) -> KVLayout:
+def plan_kv_layout(
+    args: Any, dtype: torch.dtype, device: torch.device, cfg: EngineConfig, max_model_len: int, kernel: bool
+) -> KVLayout:
     """Choose the block size and the pool size.
 
     Args:
@@ -223,12 +226,15 @@ def plan_kv_layout(args: Any, dtype: torch.dtype, device: torch.device, cfg: "En
             raise MemoryError(
                 f"the KV cache for one sequence of {L} tokens (prompt + rollout.rollout_max_response_len) needs "
                 f"{per_block * per_seq / 2**20:.0f} MiB but only {free / 2**20:.0f} MiB are free: lower "
-                f"rollout.rollout_max_response_len or raise engine.kv_cache_memory_fraction")
+                f"rollout.rollout_max_response_len or raise engine.kv_cache_memory_fraction"
+            )
         blocks = min(blocks, fit)
     if cfg.num_kv_blocks:
         if cfg.num_kv_blocks < per_seq:
-            raise ValueError(f"engine.num_kv_blocks={cfg.num_kv_blocks} holds less than one sequence of "
-                             f"max_model_len={L} ({per_seq} blocks of {bs} tokens)")
+            raise ValueError(
+                f"engine.num_kv_blocks={cfg.num_kv_blocks} holds less than one sequence of "
+                f"max_model_len={L} ({per_seq} blocks of {bs} tokens)"
+            )
         blocks = min(blocks, cfg.num_kv_blocks)
     if per_seq == 1:  # one block per slot
         slots = blocks

@@ -26,8 +26,9 @@ from ..utils.triton import tl, triton
 from .kv_cache import FP8_DTYPES, cache_read
 
 
-def masked_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            bias: torch.Tensor) -> torch.Tensor:
+def masked_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
     """Attention of one query token per sequence over a padded key range.
 
     Args:
@@ -41,13 +42,14 @@ def masked_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     B, H, D = q.shape
     KVH = keys.shape[1]
     qg = q.view(B, KVH, H // KVH, D)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (D ** -0.5) + bias
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (D**-0.5) + bias
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     return torch.matmul(probs, values).view(B, H, D)
 
 
-def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int,
-                  dtype: torch.dtype | None = None) -> torch.Tensor:
+def gather_blocks(
+    cache: torch.Tensor, table: torch.Tensor, num_blocks: int, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The first ``num_blocks`` blocks of each row of ``table`` as one padded key range.
 
     Args:
@@ -64,7 +66,6 @@ def gather_blocks(cache: torch.Tensor, table: torch.Tensor, num_blocks: int,
     return g.transpose(1, 2).reshape(B, KVH, num_blocks * BS, D)
 
 
-
 # Split-K ("flash-decoding") choice. One program per (sequence, KV head) leaves most SMs idle when
 # few sequences have long contexts (16 sequences x 2 KV heads = 32 programs on 132 SMs), so each
 # sequence's keys are split over several programs whose partial softmaxes are then combined.
@@ -75,7 +76,7 @@ BLOCK_N_128_MAX_SPLITS = 8  # bf16: 128 keys per iteration up to this many split
 RESCALE_LOG2 = 8.0  # the decode kernel's lazy rescaling threshold (log2 units: p <= 256 between rescales)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 132 (an H100) elsewhere (the Triton interpreter)."""
     if device.type == "cuda":
@@ -83,9 +84,15 @@ def _num_sms(device: torch.device) -> int:
     return 132
 
 
-def decode_splits(num_seqs: int, kv_heads: int, max_len: int, num_sms: int,
-                  target_per_sm: int = TARGET_PROGRAMS_PER_SM, min_keys: int = MIN_KEYS_PER_SPLIT,
-                  max_splits: int = MAX_SPLITS) -> int:
+def decode_splits(
+    num_seqs: int,
+    kv_heads: int,
+    max_len: int,
+    num_sms: int,
+    target_per_sm: int = TARGET_PROGRAMS_PER_SM,
+    min_keys: int = MIN_KEYS_PER_SPLIT,
+    max_splits: int = MAX_SPLITS,
+) -> int:
     """How many programs share one (sequence, KV head)'s keys: enough that ``num_seqs * kv_heads *
     splits`` reaches ``target_per_sm * num_sms`` programs, but no more than ``max_len`` keys give
     ``min_keys`` each (short contexts and big batches get 1: the single-pass kernel).
@@ -95,8 +102,10 @@ def decode_splits(num_seqs: int, kv_heads: int, max_len: int, num_sms: int,
     batch bucket and the cache's capacity per sequence), never live lengths.
     """
     if num_seqs < 1 or kv_heads < 1 or max_len < 1 or num_sms < 1 or min_keys < 1:
-        raise ValueError(f"decode_splits: num_seqs={num_seqs}, kv_heads={kv_heads}, max_len={max_len}, "
-                         f"num_sms={num_sms}, min_keys={min_keys} must all be >= 1")
+        raise ValueError(
+            f"decode_splits: num_seqs={num_seqs}, kv_heads={kv_heads}, max_len={max_len}, "
+            f"num_sms={num_sms}, min_keys={min_keys} must all be >= 1"
+        )
     want = -(-target_per_sm * num_sms // (num_seqs * kv_heads))
     return max(1, min(want, -(-max_len // min_keys), max_splits))
 
@@ -104,12 +113,44 @@ def decode_splits(num_seqs: int, kv_heads: int, max_len: int, num_sms: int,
 if triton is not None:
 
     @triton.jit
-    def _paged_decode_kernel(Q, KN, VN, K, V, TABLE, LENS, WBLK, WOFF, O, PM, PL, PACC, scale,
-                             s_qb, s_qh, s_nb, s_nh, s_kb, s_kh, s_kt, s_tb, s_ob, s_oh,
-                             H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
-                             BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                             MIN_KEYS: tl.constexpr, IEEE: tl.constexpr, KV_FP8: tl.constexpr,
-                             FP8_MAX: tl.constexpr, RESCALE: tl.constexpr):
+    def _paged_decode_kernel(
+        Q,
+        KN,
+        VN,
+        K,
+        V,
+        TABLE,
+        LENS,
+        WBLK,
+        WOFF,
+        O,
+        PM,
+        PL,
+        PACC,
+        scale,
+        s_qb,
+        s_qh,
+        s_nb,
+        s_nh,
+        s_kb,
+        s_kh,
+        s_kt,
+        s_tb,
+        s_ob,
+        s_oh,
+        H: tl.constexpr,
+        G: tl.constexpr,
+        G_PAD: tl.constexpr,
+        D: tl.constexpr,
+        BS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SPLITS: tl.constexpr,
+        MIN_KEYS: tl.constexpr,
+        IEEE: tl.constexpr,
+        KV_FP8: tl.constexpr,
+        FP8_MAX: tl.constexpr,
+        RESCALE: tl.constexpr,
+    ):
         # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -182,8 +223,7 @@ if triton is not None:
             acc = acc + pv
         if SPLITS == 1:
             out = acc / denom[:, None]
-            tl.store(O + b * s_ob + (h * G + g)[:, None] * s_oh + d[None, :], out.to(O.dtype.element_ty),
-                     mask=head_ok)
+            tl.store(O + b * s_ob + (h * G + g)[:, None] * s_oh + d[None, :], out.to(O.dtype.element_ty), mask=head_ok)
         else:  # partials, fp32: [B, H, SPLITS] (max in log2 units, sum of exp2), [B, H, SPLITS, D] (unnormalised)
             part = (b * H + h * G + g) * SPLITS + sp
             tl.store(PM + part, m, mask=g < G)
@@ -191,8 +231,9 @@ if triton is not None:
             tl.store(PACC + part[:, None] * D + d[None, :], acc, mask=head_ok)
 
     @triton.jit
-    def _combine_splits_kernel(PM, PL, PACC, O, s_ob, s_oh, H: tl.constexpr, D: tl.constexpr,
-                               SPLITS: tl.constexpr, S_PAD: tl.constexpr):
+    def _combine_splits_kernel(
+        PM, PL, PACC, O, s_ob, s_oh, H: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, S_PAD: tl.constexpr
+    ):
         # program (b, qh): rescale the splits' partial softmaxes to a common max and normalise
         b = tl.program_id(0)
         qh = tl.program_id(1)
@@ -209,12 +250,22 @@ if triton is not None:
         tl.store(O + b * s_ob + qh * s_oh + d, out.to(O.dtype.element_ty))
 
 
-def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                                  v_cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
-                                  write_block: torch.Tensor, write_offset: torch.Tensor,
-                                  block_n: int | None = None, num_splits: int | None = None,
-                                  max_len: int | None = None, num_warps: int = 4,
-                                  num_stages: int = 3) -> torch.Tensor:
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    lens: torch.Tensor,
+    write_block: torch.Tensor,
+    write_offset: torch.Tensor,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    max_len: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
     stores the new token's key and value in the cache, exactly once (one kernel instead of two
     scatters).
@@ -264,8 +315,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
     if H % KVH:
         raise ValueError(f"paged_decode_attention_triton: {H} query heads are not a multiple of {KVH} KV heads")
     if num_splits is None:
-        num_splits = decode_splits(B, KVH, max_len if max_len is not None else table.shape[1] * BS,
-                                   _num_sms(q.device))
+        num_splits = decode_splits(B, KVH, max_len if max_len is not None else table.shape[1] * BS, _num_sms(q.device))
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
@@ -279,15 +329,57 @@ def paged_decode_attention_triton(q: torch.Tensor, k_new: torch.Tensor, v_new: t
         pl = torch.empty_like(pm)
         pacc = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
     _paged_decode_kernel[(B, KVH, num_splits)](
-        q, k_new, v_new, k_cache, v_cache, table, lens, write_block, write_offset, out, pm, pl, pacc, D ** -0.5,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
-        H=H, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BS=BS, BLOCK_N=block_n, SPLITS=num_splits,
-        MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n, IEEE=q.dtype == torch.float32, KV_FP8=fp8,
-        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0, RESCALE=RESCALE_LOG2, num_warps=num_warps,
-        num_stages=num_stages)
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        table,
+        lens,
+        write_block,
+        write_offset,
+        out,
+        pm,
+        pl,
+        pacc,
+        D**-0.5,
+        q.stride(0),
+        q.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        G=G,
+        G_PAD=max(16, triton.next_power_of_2(G)),
+        D=D,
+        BS=BS,
+        BLOCK_N=block_n,
+        SPLITS=num_splits,
+        MIN_KEYS=-(-MIN_KEYS_PER_SPLIT // block_n) * block_n,
+        IEEE=q.dtype == torch.float32,
+        KV_FP8=fp8,
+        FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0,
+        RESCALE=RESCALE_LOG2,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     if num_splits > 1:
-        _combine_splits_kernel[(B, H)](pm, pl, pacc, out, out.stride(0), out.stride(1), H=H, D=D,
-                                       SPLITS=num_splits, S_PAD=max(2, triton.next_power_of_2(num_splits)),
-                                       num_warps=4)
+        _combine_splits_kernel[(B, H)](
+            pm,
+            pl,
+            pacc,
+            out,
+            out.stride(0),
+            out.stride(1),
+            H=H,
+            D=D,
+            SPLITS=num_splits,
+            S_PAD=max(2, triton.next_power_of_2(num_splits)),
+            num_warps=4,
+        )
     return out

@@ -30,7 +30,8 @@ from ..models.families import moe_models
 from ..models.moe import Routing, grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
-from .kv_cache import KVLayout, cache_copy, kv_cache_dtype as resolve_kv_dtype
+from .kv_cache import KVLayout, cache_copy
+from .kv_cache import kv_cache_dtype as resolve_kv_dtype
 from .sampling import sample_tokens, sample_tokens_fused
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Snapshot:
 
     __slots__ = ("slots", "admitted", "host", "event")
 
-    def __init__(self, runner: "ModelRunner", slots: list[int], admitted: list[int]):
+    def __init__(self, runner: ModelRunner, slots: list[int], admitted: list[int]):
         self.slots, self.admitted = slots, admitted
         B = max(slots) + 1
         state = torch.stack([runner.done[:B].long(), runner.gen_lens[:B], runner.finish_code[:B].long()])
@@ -94,12 +95,22 @@ class ModelRunner:
         ValueError: ``record_routes`` for a dense model; an unusable ``kv_cache_dtype``.
     """
 
-    def __init__(self, model: CausalLM, kernels: bool, max_model_len: int, cuda_graph: bool, seed: int,
-                 record_routes: bool = False, kv_cache_dtype: str = "auto"):
+    def __init__(
+        self,
+        model: CausalLM,
+        kernels: bool,
+        max_model_len: int,
+        cuda_graph: bool,
+        seed: int,
+        record_routes: bool = False,
+        kv_cache_dtype: str = "auto",
+    ):
         self.model, self.kernels, self.max_model_len = model, kernels, max_model_len
         if record_routes and not model.args.moe_layers:
-            raise ValueError(f"algo.use_rollout_routing_replay=true: the embedded engine records expert routes of "
-                             f"{moe_models()}; this model is dense: set algo.use_rollout_routing_replay=false")
+            raise ValueError(
+                f"algo.use_rollout_routing_replay=true: the embedded engine records expert routes of "
+                f"{moe_models()}; this model is dense: set algo.use_rollout_routing_replay=false"
+            )
         self.record_routes = record_routes
         # expert ids fit a byte up to 256 experts (Qwen3-MoE: 128, DeepSeek-V3: 256)
         self.route_dtype = torch.uint8 if model.args.num_experts <= 256 else torch.int16
@@ -116,8 +127,11 @@ class ModelRunner:
         self._use_graphs = self.on_cuda and cuda_graph
         if self._use_graphs and model.args.moe_layers and not grouped_mm_supported(self.device, self.dtype):
             # the MoE experts' loop (and torch's fp32 grouped matmul) reads group sizes back to the host
-            log.warning("engine: no CUDA graphs for this mixture-of-experts model in %s (the expert computation "
-                        "reads back to the host; bf16 on Hopper or later is captured)", self.dtype)
+            log.warning(
+                "engine: no CUDA graphs for this mixture-of-experts model in %s (the expert computation "
+                "reads back to the host; bf16 on Hopper or later is captured)",
+                self.dtype,
+            )
             self._use_graphs = False
         self._side_stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.layout: KVLayout | None = None
@@ -152,12 +166,19 @@ class ModelRunner:
         self.out_logprobs = torch.zeros(S, L, dtype=torch.float32, **z)
         if self.record_routes:
             self.out_routes = torch.zeros(S, L, len(a.moe_layers), a.num_experts_per_tok, dtype=self.route_dtype, **z)
-            log.info("embedded engine: routing record buffer of %.1f MiB (rollout routing replay)",
-                     self.out_routes.numel() * self.out_routes.element_size() / 2**20)
-        log.info("embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s", S,
-                 layout.num_blocks, layout.block_size, 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
-                 str(self.kv_dtype).removeprefix("torch."),
-                 ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "")
+            log.info(
+                "embedded engine: routing record buffer of %.1f MiB (rollout routing replay)",
+                self.out_routes.numel() * self.out_routes.element_size() / 2**20,
+            )
+        log.info(
+            "embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s",
+            S,
+            layout.num_blocks,
+            layout.block_size,
+            2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+            str(self.kv_dtype).removeprefix("torch."),
+            ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "",
+        )
 
     def free(self) -> None:
         """Drop the KV cache and the buffers (and the graphs that point into them)."""
@@ -185,8 +206,9 @@ class ModelRunner:
     def snapshot(self, slots: list[int], admitted: list[int]) -> Snapshot:
         return Snapshot(self, slots, admitted)
 
-    def read_outputs(self, slots: list[int], width: int
-                     ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
+    def read_outputs(
+        self, slots: list[int], width: int
+    ) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
         """The first ``width`` output tokens and log-probs of ``slots`` (host lists), and with
         ``record_routes`` their routes (CPU [len(slots), width, num_moe_layers, k], else None). On CUDA on a side
         stream: the decode steps queued meanwhile on the main stream leave these entries unchanged
@@ -222,8 +244,13 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
-    def prefill(self, chosen: list["Pending"], blocks: list[list[int]], tail_copies: list[tuple[int, int]],
-                max_prefill_tokens: int) -> None:
+    def prefill(
+        self,
+        chosen: list[Pending],
+        blocks: list[list[int]],
+        tail_copies: list[tuple[int, int]],
+        max_prefill_tokens: int,
+    ) -> None:
         """Prefill the admitted entries (right-padded, one batch; ``blocks[i]`` are the blocks of
         entry ``i``'s first sample, whose K/V the prefill writes) and sample each slot's first token.
 
@@ -265,12 +292,16 @@ class ModelRunner:
             dst = self.h2d([b for _, b in tail_copies])
             r = min(T, bs)
             for cache in (self.k_cache, self.v_cache):
-                cache_copy(cache, (slice(None), dst, slice(None), slice(None, r)),
-                           (slice(None), src, slice(None), slice(None, r)))
+                cache_copy(
+                    cache,
+                    (slice(None), dst, slice(None), slice(None, r)),
+                    (slice(None), src, slice(None), slice(None, r)),
+                )
         self._start_slots(chosen, slots, logits, last_routes)
 
-    def _start_slots(self, chosen: list["Pending"], slots: list[int], logits: torch.Tensor,
-                     routes: torch.Tensor | None = None) -> None:
+    def _start_slots(
+        self, chosen: list[Pending], slots: list[int], logits: torch.Tensor, routes: torch.Tensor | None = None
+    ) -> None:
         """Per-slot state of the admitted samples, and their first tokens sampled from ``logits``
         (one row per entry, repeated for its samples; ``routes`` [entries, num_moe_layers, k] likewise)."""
         reps = self.h2d([len(p.slots) for p in chosen])
@@ -292,8 +323,13 @@ class ModelRunner:
         self.stop_ids[slot_t] = self.h2d(stop)
         filt = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
         rep_logits = logits.repeat_interleave(reps, dim=0, output_size=len(slots))  # (no host sync)
-        tok, lp = sample_tokens(rep_logits, self.temperature[slot_t], self.top_k[slot_t] if filt else None,
-                                self.top_p[slot_t] if filt else None, self.generator)
+        tok, lp = sample_tokens(
+            rep_logits,
+            self.temperature[slot_t],
+            self.top_k[slot_t] if filt else None,
+            self.top_p[slot_t] if filt else None,
+            self.generator,
+        )
         self.out_tokens[slot_t, 0] = tok
         self.out_logprobs[slot_t, 0] = lp
         if routes is not None:
@@ -340,8 +376,13 @@ class ModelRunner:
             tok, lp = sample_tokens_fused(logits, self.temperature[:B], self._philox)
             self._philox += 1
         else:
-            tok, lp = sample_tokens(logits.float(), self.temperature[:B], self.top_k[:B] if filters else None,
-                                    self.top_p[:B] if filters else None, self.generator)
+            tok, lp = sample_tokens(
+                logits.float(),
+                self.temperature[:B],
+                self.top_k[:B] if filters else None,
+                self.top_p[:B] if filters else None,
+                self.generator,
+            )
         rows = self.arange[:B]
         g = self.gen_lens[:B]
         w = g.clamp(max=self.max_model_len - 1)

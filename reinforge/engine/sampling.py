@@ -127,8 +127,9 @@ if triton is not None:
         tl.store(LP + row, x_tok - m - tl.log(total))
 
 
-def sample_tokens_fused(logits: torch.Tensor, temperature: torch.Tensor,
-                        seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens_fused(
+    logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens` without top-k / top-p in one Triton program per row (CUDA).
 
     Two passes over the row in the logits' own dtype (no fp32 copy): the first computes the
@@ -152,6 +153,7 @@ def sample_tokens_fused(logits: torch.Tensor, temperature: torch.Tensor,
     B, V = logits.shape
     tokens = torch.empty(B, dtype=torch.long, device=logits.device)
     log_probs = torch.empty(B, dtype=torch.float32, device=logits.device)
-    _inverse_cdf_kernel[(B,)](logits, temperature, seed, tokens, log_probs, V, logits.stride(0), BLOCK=2048,
-                              num_warps=8)
+    _inverse_cdf_kernel[(B,)](
+        logits, temperature, seed, tokens, log_probs, V, logits.stride(0), BLOCK=2048, num_warps=8
+    )
     return tokens, log_probs

@@ -22,7 +22,8 @@ import collections
 import heapq
 import itertools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..records import GenerateRequest, GenerateResult
 from .kv_cache import BlockAllocator, KVLayout
@@ -48,11 +49,18 @@ class Pending:
 
     __slots__ = ("group", "samples", "prompt_ids", "carried_ids", "carried_logprobs", "carried_routes", "slots")
 
-    def __init__(self, group: Group, samples: list[int], prompt_ids: list[int],
-                 carried_ids: list[int] | None = None, carried_logprobs: list[float] | None = None,
-                 carried_routes: Any = None):
+    def __init__(
+        self,
+        group: Group,
+        samples: list[int],
+        prompt_ids: list[int],
+        carried_ids: list[int] | None = None,
+        carried_logprobs: list[float] | None = None,
+        carried_routes: Any = None,
+    ):
         self.group, self.samples, self.prompt_ids = group, samples, prompt_ids
-        self.carried_ids, self.carried_logprobs = carried_ids or [], carried_logprobs or []
+        self.carried_ids: list[int] = carried_ids or []
+        self.carried_logprobs: list[float] = carried_logprobs or []
         self.carried_routes = carried_routes
         self.slots: list[int] = []
 
@@ -225,7 +233,9 @@ class Scheduler:
         its admission: free its slot and blocks and queue it first, its prompt extended by them.
         ``routes``: the recorded expert routes of all its tokens so far, carried ones included (the
         engine's, opaque here), or None."""
-        pend, k = self.owner[slot]
+        owner = self.owner[slot]
+        assert owner is not None, f"slot {slot} holds no sequence"
+        pend, k = owner
         ids, lps = pend.carried_ids + token_ids, pend.carried_logprobs + log_probs
         again = Pending(pend.group, [pend.samples[k]], list(pend.group.request.prompt_ids) + ids, ids, lps, routes)
         self.release([slot])

@@ -82,7 +82,7 @@ class EnvContext:
     (``agent.tools``, sandbox slots shared by all episodes), and ``kwargs``
     (``agent.environment_kwargs``)."""
 
-    agent: "AgentConfig"
+    agent: AgentConfig
     tools: ToolSet
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -97,7 +97,7 @@ class Environment:
         self.ctx = ctx
 
     @classmethod
-    def tool_schemas(cls, agent: "AgentConfig") -> list[dict[str, Any]]:
+    def tool_schemas(cls, agent: AgentConfig) -> list[dict[str, Any]]:
         """The function-calling schemas the prompts present (``agent.tools_prompt``): by default
         those of ``agent.tools``."""
         from ..tools import load_tools
@@ -138,8 +138,10 @@ def load_environment(spec: str) -> type[Environment]:
     elif spec in ENVIRONMENTS:
         cls = ENVIRONMENTS.get(spec)
     else:
-        raise ValueError(f"agent.environment: unknown environment {spec!r}; registered: "
-                         f"{', '.join(ENVIRONMENTS.names())} (or give a 'module:Class' path)")
+        raise ValueError(
+            f"agent.environment: unknown environment {spec!r}; registered: "
+            f"{', '.join(ENVIRONMENTS.names())} (or give a 'module:Class' path)"
+        )
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ValueError(f"agent.environment={spec!r} is not a subclass of reinforge.envs.Environment")
     return cls

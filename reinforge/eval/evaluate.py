@@ -8,9 +8,9 @@ from typing import Any
 
 from ..algo.passk import pass_at_k
 from ..data import Prompt
-from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
 from ..records import Sample, Status
 from ..reward.manager import reward_info_metrics
+from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
 
 
 def threshold_metric_names(reward_type: str) -> tuple[str, str]:
@@ -100,8 +100,10 @@ def format_table(rows: list[tuple[str, dict[str, float]]]) -> str:
     headers = ["", *(k.removeprefix("eval/") for k in keys)]
     body = [[label, *(_fmt(m.get(k)) for k in keys)] for label, m in rows]
     widths = [max(len(str(r[i])) for r in [headers, *body]) for i in range(len(headers))]
-    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in [headers, *body]]
+    lines = [
+        "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [headers, *body]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -120,5 +122,15 @@ def write_eval(out_dir: Path, label: str, metrics: dict[str, float], samples: li
     (out_dir / "eval").mkdir(exist_ok=True)
     with (out_dir / "eval" / f"{label}.jsonl").open("w") as f:
         for s in samples:
-            f.write(json.dumps({"prompt": s.prompt, "response": s.response, "label": s.label,
-                                "reward": s.reward, "status": s.status.value}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": s.prompt,
+                        "response": s.response,
+                        "label": s.label,
+                        "reward": s.reward,
+                        "status": s.status.value,
+                    }
+                )
+                + "\n"
+            )

@@ -18,12 +18,18 @@ CURVE_FILE = "curves.png"
 
 def _moving_average(values: list[float], window: int) -> list[float]:
     w = max(1, window)
-    return [sum(values[max(0, i - w + 1):i + 1]) / len(values[max(0, i - w + 1):i + 1]) for i in range(len(values))]
+    return [sum(values[max(0, i - w + 1) : i + 1]) / len(values[max(0, i - w + 1) : i + 1]) for i in range(len(values))]
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None, curve_key: str = "rollout/reward_mean",
-             eval_keys: tuple[str, ...] = ("eval/greedy_accuracy", "eval/pass@1"), smooth: int = 10,
-             title: str = "", x_label: str = "rollout") -> Path | None:
+def plot_run(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    curve_key: str = "rollout/reward_mean",
+    eval_keys: tuple[str, ...] = ("eval/greedy_accuracy", "eval/pass@1"),
+    smooth: int = 10,
+    title: str = "",
+    x_label: str = "rollout",
+) -> Path | None:
     """Plot a run's training curve (``curve_key`` per logged step, raw and ``smooth``-step average)
     and its held-out evaluations (``eval_keys``, one marker per evaluation) from ``metrics.jsonl``.
 
@@ -63,15 +69,28 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, curve_key: str 
     if train:
         ax.plot(x, y, color="tab:blue", alpha=0.3, lw=0.8, label=curve_key)
         if len(y) > 2:
-            ax.plot(x, _moving_average(y, smooth), color="tab:blue", lw=1.8,
-                    label=f"{curve_key} ({min(smooth, len(y))}-step average)")
+            ax.plot(
+                x,
+                _moving_average(y, smooth),
+                color="tab:blue",
+                lw=1.8,
+                label=f"{curve_key} ({min(smooth, len(y))}-step average)",
+            )
     ev_ax = ax if unit_range else ax.twinx()
-    for key, style, color in zip(eval_keys, ("o-", "s--", "^:", "d-."), ("tab:red", "tab:orange", "tab:green",
-                                                                         "tab:purple")):
+    for key, style, color in zip(
+        eval_keys, ("o-", "s--", "^:", "d-."), ("tab:red", "tab:orange", "tab:green", "tab:purple")
+    ):
         pts = [(r["step"], r[key]) for r in evals if key in r]
         if pts:
-            ev_ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, lw=1.6, ms=5,
-                       label=f"held-out {key.removeprefix('eval/')}")
+            ev_ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                style,
+                color=color,
+                lw=1.6,
+                ms=5,
+                label=f"held-out {key.removeprefix('eval/')}",
+            )
     if unit_range:
         ax.set_ylim(0, 1)
     ax.set_xlabel(x_label)
@@ -102,8 +121,8 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
     """
     q = shlex.quote
     if checkpoint is None:
-        return ("no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume "
-                "or export")
+        return "no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume or export"
+
     def opt(name: str, path: Path) -> str:  # --name=value: a path starting with "-" is not taken for an option
         return q(f"--{name}={path}")
 
@@ -115,9 +134,18 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
     return "next: " + "  |  ".join(parts)
 
 
-def print_run_summary(run_dir: Path, evals: list[tuple[str, dict[str, float]]], *, command: str,
-                      checkpoint: Path | None, more_key: str, curve_key: str, eval_keys: tuple[str, ...],
-                      x_label: str, policy: bool = True) -> None:
+def print_run_summary(
+    run_dir: Path,
+    evals: list[tuple[str, dict[str, float]]],
+    *,
+    command: str,
+    checkpoint: Path | None,
+    more_key: str,
+    curve_key: str,
+    eval_keys: tuple[str, ...],
+    x_label: str,
+    policy: bool = True,
+) -> None:
     """Write ``eval_table.txt`` and ``curves.png`` into ``run_dir`` and print the table, the PNG's
     path and :func:`next_steps`. A failure to plot is logged, never raised (the run is done)."""
     lines = []

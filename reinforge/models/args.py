@@ -58,7 +58,7 @@ class ModelArgs:
         return self.rotary_dim or self.head_dim
 
     @classmethod
-    def from_hf_config(cls, cfg: Any) -> "ModelArgs":
+    def from_hf_config(cls, cfg: Any) -> ModelArgs:
         """Build from a ``transformers.PretrainedConfig`` through its family's config mapping
         (:func:`reinforge.models.families.family_of`).
 
@@ -71,7 +71,7 @@ class ModelArgs:
 
         return family_of(cfg).model_args(cfg)
 
-    def with_(self, **changes: Any) -> "ModelArgs":
+    def with_(self, **changes: Any) -> ModelArgs:
         """A copy with ``changes`` (``dataclasses.replace``)."""
         return replace(self, **changes)
 
@@ -149,6 +149,8 @@ def rotary_dim(cfg: Any, head_dim: int) -> int:
     factor = float(rope_parameters(cfg).get("partial_rotary_factor") or 1.0)
     dim = int(head_dim * factor)
     if dim < 2 or dim > head_dim or dim % 2:
-        raise ValueError(f"config.json: partial_rotary_factor={factor} gives {dim} rotary dimensions of head_dim="
-                         f"{head_dim}; it must give an even number in [2, head_dim]")
+        raise ValueError(
+            f"config.json: partial_rotary_factor={factor} gives {dim} rotary dimensions of head_dim="
+            f"{head_dim}; it must give an even number in [2, head_dim]"
+        )
     return dim

@@ -69,6 +69,9 @@ def context_window(config: Any) -> ContextWindow | None:
         original = rope.get("original_max_position_embeddings") or get("original_max_position_embeddings") or base
         scaled = int(factor * int(original))
         if scaled > base:
-            return ContextWindow(scaled, f"{kind} RoPE scaling: factor {factor:g} x original_max_position_embeddings "
-                                         f"{int(original)} = {scaled} ({key}={base})")
+            return ContextWindow(
+                scaled,
+                f"{kind} RoPE scaling: factor {factor:g} x original_max_position_embeddings "
+                f"{int(original)} = {scaled} ({key}={base})",
+            )
     return ContextWindow(base, f"{key}={base}")

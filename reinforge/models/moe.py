@@ -62,7 +62,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,8 +72,7 @@ from torch import nn
 from . import fused
 from .expert_parallel import expert_parallel_experts
 
-__all__ = ["Routing", "SparseMoeBlock", "Experts", "grouped_mm_supported", "stack_expert_weights",
-           "hub_named_tensors"]
+__all__ = ["Routing", "SparseMoeBlock", "Experts", "grouped_mm_supported", "stack_expert_weights", "hub_named_tensors"]
 
 
 class Routing:
@@ -97,15 +97,18 @@ class Routing:
             summed per expert [E] fp32, counted tokens: a 0-d fp32 tensor).
     """
 
-    def __init__(self, replay: Any = None, record: bool = False, aux_loss: bool = False,
-                 token_mask: torch.Tensor | None = None):
+    def __init__(
+        self, replay: Any = None, record: bool = False, aux_loss: bool = False, token_mask: torch.Tensor | None = None
+    ):
         self.replay, self.record, self.aux_loss, self.token_mask = replay, record, aux_loss, token_mask
         self.experts: dict[int, torch.Tensor] = {}
         self.stats: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def __repr__(self) -> str:
-        return (f"Routing(replay={'set' if self.replay is not None else None}, record={self.record}, "
-                f"aux_loss={self.aux_loss}, layers recorded={sorted(self.experts)}, with stats={sorted(self.stats)})")
+        return (
+            f"Routing(replay={'set' if self.replay is not None else None}, record={self.record}, "
+            f"aux_loss={self.aux_loss}, layers recorded={sorted(self.experts)}, with stats={sorted(self.stats)})"
+        )
 
     def load_balancing_loss(self) -> torch.Tensor:
         """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) pooled over the MoE
@@ -119,14 +122,16 @@ class Routing:
             RuntimeError: no statistics (built without ``aux_loss=True``, or no MoE layer ran).
         """
         if not self.stats:
-            raise RuntimeError("Routing.load_balancing_loss: no statistics; pass Routing(aux_loss=True) to the "
-                               "forward of a mixture-of-experts model")
+            raise RuntimeError(
+                "Routing.load_balancing_loss: no statistics; pass Routing(aux_loss=True) to the "
+                "forward of a mixture-of-experts model"
+            )
         counts, probs, rows = (sum(s[i] for s in self.stats.values()) for i in range(3))
         rows = rows.clamp(min=1.0)
         return counts.numel() * ((counts / rows) * (probs / rows)).sum()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_grouped_mm_runs(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
@@ -138,8 +143,12 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     computes the same there too (torch 2.11 runs fp32 on CUDA, but reads the offsets back to the
     host, so no graph captures it; torch >= 2.13 runs it on CPU), :attr:`SparseMoeBlock.grouped`
     forces it. The engine captures decode graphs of an MoE model only where this holds."""
-    return (hasattr(torch, "_grouped_mm") and device.type == "cuda" and dtype == torch.bfloat16
-            and _cuda_grouped_mm_runs(device.index if device.index is not None else torch.cuda.current_device()))
+    return (
+        hasattr(torch, "_grouped_mm")
+        and device.type == "cuda"
+        and dtype == torch.bfloat16
+        and _cuda_grouped_mm_runs(device.index if device.index is not None else torch.cuda.current_device())
+    )
 
 
 class Experts(nn.Module):
@@ -174,8 +183,16 @@ class SparseMoeBlock(nn.Module):
     """``torch._grouped_mm`` (True), the loop over the experts (False), or chosen by device and
     dtype (None, :func:`grouped_mm_supported`). A class attribute: tests and benchmarks set it."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int,
-                 norm_topk_prob: bool, layer: int, shared_expert: nn.Module | None = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        norm_topk_prob: bool,
+        layer: int,
+        shared_expert: nn.Module | None = None,
+    ):
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
@@ -212,8 +229,10 @@ class SparseMoeBlock(nn.Module):
             ids = self.select(scores)
         else:
             if tuple(replay.shape) != (x.shape[0], self.top_k):
-                raise ValueError(f"Routing.replay[{self.layer}]: shape {tuple(replay.shape)}, expected "
-                                 f"[tokens={x.shape[0]}, num_experts_per_tok={self.top_k}]")
+                raise ValueError(
+                    f"Routing.replay[{self.layer}]: shape {tuple(replay.shape)}, expected "
+                    f"[tokens={x.shape[0]}, num_experts_per_tok={self.top_k}]"
+                )
             ids = replay.to(device=x.device, dtype=torch.long)
             if replay.dtype.is_signed:  # rows whose first id is -1: the router decides
                 ids = torch.where(ids[:, :1] >= 0, ids, self.select(scores))
@@ -271,8 +290,11 @@ class SparseMoeBlock(nn.Module):
         N, k = ids.shape
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         if self.ep_group is not None:
-            return self.experts(lambda gate_up, down: expert_parallel_experts(
-                self.ep_group, gate_up, down, x, ids, weights, dtype, self._compute))
+            return self.experts(
+                lambda gate_up, down: expert_parallel_experts(
+                    self.ep_group, gate_up, down, x, ids, weights, dtype, self._compute
+                )
+            )
         gate_up, down = self.experts.gate_up_proj.to(dtype), self.experts.down_proj.to(dtype)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
@@ -289,8 +311,9 @@ class SparseMoeBlock(nn.Module):
         grouped = self.grouped if self.grouped is not None else grouped_mm_supported(xs.device, xs.dtype)
         if grouped:
             offs = ends.to(torch.int32)
-            return torch._grouped_mm(self._act(torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)),
-                                     down.transpose(1, 2), offs=offs)
+            return torch._grouped_mm(
+                self._act(torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)), down.transpose(1, 2), offs=offs
+            )
         return self._loop(xs, gate_up, down, [0] + ends.tolist())
 
     def _loop(self, xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, bounds: list[int]) -> torch.Tensor:
@@ -338,10 +361,12 @@ def stack_expert_weights(state: dict[str, torch.Tensor], where: str = "the weigh
         for e in range(n):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 if (e, proj) not in names:
-                    raise KeyError(f"{where}: {prefix}.{e}.{proj}.weight is missing ({prefix} has {n} experts in "
-                                   f"the hub layout)")
+                    raise KeyError(
+                        f"{where}: {prefix}.{e}.{proj}.weight is missing ({prefix} has {n} experts in the hub layout)"
+                    )
         state[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat([state.pop(names[(e, "gate_proj")]), state.pop(names[(e, "up_proj")])]) for e in range(n)])
+            [torch.cat([state.pop(names[(e, "gate_proj")]), state.pop(names[(e, "up_proj")])]) for e in range(n)]
+        )
         state[f"{prefix}.down_proj"] = torch.stack([state.pop(names[(e, "down_proj")]) for e in range(n)])
     return state
 

@@ -90,9 +90,19 @@ class PackedAttention:
             if gqa and not has_gqa:
                 k, v = (x.repeat_interleave(H // x.shape[2], dim=2) for x in (k, v))
             extra = {"enable_gqa": True} if gqa and has_gqa else {}
-            o = varlen_attn(q.reshape(B * T, H, D), k.reshape(B * T, -1, D), v.reshape(B * T, -1, D), cu, cu,
-                            longest, longest, **causal, **extra)
+            o = varlen_attn(
+                q.reshape(B * T, H, D),
+                k.reshape(B * T, -1, D),
+                v.reshape(B * T, -1, D),
+                cu,
+                cu,
+                longest,
+                longest,
+                **causal,
+                **extra,
+            )
             return o.view(B, T, H, D)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=self.mask[:, None], enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=self.mask[:, None], enable_gqa=gqa
+        )
         return o.transpose(1, 2)

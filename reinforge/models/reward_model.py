@@ -46,8 +46,15 @@ class RewardModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone.forward_hidden(input_ids)
-        return self.score(hidden[torch.arange(len(input_ids), device=hidden.device),
-                                 last_token_index(input_ids, self.pad_token_id)]).squeeze(-1).float()
+        return (
+            self.score(
+                hidden[
+                    torch.arange(len(input_ids), device=hidden.device), last_token_index(input_ids, self.pad_token_id)
+                ]
+            )
+            .squeeze(-1)
+            .float()
+        )
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights under ``*ForSequenceClassification`` names (no LM head)."""
@@ -70,8 +77,14 @@ def is_reward_model_folder(path: str | os.PathLike) -> bool:
     return any(a.endswith(SEQ_CLS_SUFFIX) for a in cfg.get("architectures") or [])
 
 
-def build_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                       random_init: bool = False, seed: int = 0, pad_token_id: int | None = None) -> RewardModel:
+def build_reward_model(
+    path: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    random_init: bool = False,
+    seed: int = 0,
+    pad_token_id: int | None = None,
+) -> RewardModel:
     """A reward model from a causal-LM folder (new ``score`` head; ``pad_token_id`` from the
     caller's tokenizer) or a saved reward-model folder (its config's ``pad_token_id``).
 
@@ -98,8 +111,13 @@ def build_reward_model(path: str | os.PathLike, dtype: torch.dtype = torch.float
     return rm
 
 
-def save_reward_model(state: dict[str, torch.Tensor], out: str | os.PathLike, source: str | os.PathLike,
-                      pad_token_id: int | None, dtype: torch.dtype | None = None) -> Path:
+def save_reward_model(
+    state: dict[str, torch.Tensor],
+    out: str | os.PathLike,
+    source: str | os.PathLike,
+    pad_token_id: int | None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Write :meth:`RewardModel.hf_state_dict` weights as a ``*ForSequenceClassification`` folder
     (config, tokenizer copied from ``source``)."""
     out = save_hf_state_dict(state, out, source, dtype)

@@ -48,11 +48,12 @@ def model_shape(folder: Path) -> ModelShape:
         params += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
     if not params:  # no weights on disk yet (random_init): count from the config
         params = shape.num_layers * (4 * hidden * hidden + 3 * hidden * shape.mlp_width) + vocab * hidden * (
-            1 if cfg.get("tie_word_embeddings", True) else 2)
+            1 if cfg.get("tie_word_embeddings", True) else 2
+        )
     return ModelShape(params, vocab, shape.num_layers, shape.num_kv_heads, shape.head_dim)
 
 
-def config_shape(cfg: dict) -> "ConfigShape":
+def config_shape(cfg: dict) -> ConfigShape:
     """The KV-cache shape, routed experts and MLP width of a ``config.json`` dict
     (:class:`~reinforge.models.families.base.ConfigShape`): the registered family's reading
     (``Family.config_shape``), else the common keys."""

@@ -37,8 +37,21 @@ from .context import context_window
 from .families import family_of
 from .moe import Routing, SparseMoeBlock
 
-__all__ = ["AttentionContext", "Variant", "ModelArgs", "STATIC_ROPE_TYPES", "rope_parameters", "rope_tables",
-           "RMSNorm", "apply_rope", "Attention", "MLP", "DecoderLayer", "CausalLM"]
+__all__ = [
+    "AttentionContext",
+    "Variant",
+    "ModelArgs",
+    "STATIC_ROPE_TYPES",
+    "rope_parameters",
+    "rope_tables",
+    "RMSNorm",
+    "apply_rope",
+    "Attention",
+    "MLP",
+    "DecoderLayer",
+    "CausalLM",
+]
+
 
 class AttentionContext(Protocol):
     """What an engine passes as ``ctx`` to run attention against its KV cache."""
@@ -71,7 +84,7 @@ class Variant:
         return self.fused_residual or self.fused_projections
 
     @classmethod
-    def for_inference(cls, fused_kernels: bool = True) -> "Variant":
+    def for_inference(cls, fused_kernels: bool = True) -> Variant:
         """The engine's variant: every fusion that applies."""
         return cls(fused_kernels, fused_kernels, True)
 
@@ -112,8 +125,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:  # under autocast: output in the autocast dtype (the next matmul's input dtype)
             t = x.device.type
-            return fused.rms_norm(x, self.weight, self.eps,
-                                  torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None)
+            return fused.rms_norm(
+                x, self.weight, self.eps, torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None
+            )
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -123,8 +137,9 @@ class RMSNorm(nn.Module):
         """``residual += x`` in place, then the norm of ``residual``, in one kernel (fused kernels on,
         no gradients: the engine's decoder, ``Variant.fused_residual``)."""
         t = x.device.type
-        return fused.add_rms_norm(x, residual, self.weight, self.eps,
-                                  torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None)
+        return fused.add_rms_norm(
+            x, residual, self.weight, self.eps, torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None
+        )
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -187,9 +202,9 @@ class Attention(nn.Module):
         row = 0
         for p in projs:
             n = p.weight.shape[0]
-            p.weight.data = w[row:row + n]
+            p.weight.data = w[row : row + n]
             if b is not None:
-                p.bias.data = b[row:row + n]
+                p.bias.data = b[row : row + n]
             row += n
         self.qkv = (w, b)
 
@@ -225,8 +240,9 @@ class Attention(nn.Module):
     def _attend(self, q, k, v, ctx: AttentionContext | None):
         B, T = q.shape[:2]
         if self.cp_group is not None:  # [B, T/cp, H, D] -> all positions, H/cp heads -> back
-            o = ulysses.heads_to_positions(self._attention(*ulysses.scatter_qkv(q, k, v, self.cp_group), ctx),
-                                           self.cp_group)
+            o = ulysses.heads_to_positions(
+                self._attention(*ulysses.scatter_qkv(q, k, v, self.cp_group), ctx), self.cp_group
+            )
         else:
             o = self._attention(q, k, v, ctx)
         return self.o_proj(o.reshape(B, T, -1))
@@ -235,7 +251,10 @@ class Attention(nn.Module):
         """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]: causal, or ``ctx``'s."""
         if ctx is None:
             return F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
                 enable_gqa=q.shape[2] != k.shape[2],
             ).transpose(1, 2)
         return ctx.attend(self.layer, q, k, v)
@@ -289,7 +308,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = family.attention(args, layer, hf_config)
         self.sparse = layer in args.moe_layers
-        self.mlp = family.sparse_mlp(args, layer, hf_config) if self.sparse else family.dense_mlp(args, layer, hf_config)
+        self.mlp = (
+            family.sparse_mlp(args, layer, hf_config) if self.sparse else family.dense_mlp(args, layer, hf_config)
+        )
         # submodule -> "colwise" / "rowwise" (train/mesh.py: apply_tensor_parallel)
         self.tp_plan: dict[str, str] = family.tp_plan(self.sparse)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
@@ -430,9 +451,14 @@ class CausalLM(nn.Module):
                 x = layer(x, cos, sin, ctx, routing)
         return self.model.norm(x)
 
-    def forward(self, input_ids, position_ids=None, ctx=None,
-                logits_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-                routing: Routing | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids,
+        position_ids=None,
+        ctx=None,
+        logits_mask: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        routing: Routing | None = None,
+    ) -> torch.Tensor:
         """Logits [B, T, vocab] in the parameters' dtype; with ``logits_mask`` ([B, T] bool, or
         (rows [N], columns [N]) index tensors, which may repeat a position) only the selected
         positions, [N, vocab] (saves the LM head's work on prompt tokens; goes through ``forward``

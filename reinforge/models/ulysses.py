@@ -42,8 +42,9 @@ def heads_to_positions(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tenso
     return x.permute(1, 2, 0, 3, 4).reshape(B, T // cp, cp * h, D)
 
 
-def scatter_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def scatter_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B, T/cp, H, D], k and v [B, T/cp, KVH, D] -> the same with all T positions and 1 / cp of
     the heads. Key/value heads that the group size does not divide are first repeated to one per
     query head (grouped-query attention becomes multi-head attention: the same result)."""

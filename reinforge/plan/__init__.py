@@ -5,9 +5,36 @@ calibration), :mod:`.planner` (from a config: choices, refusals, the table). doc
 
 from .hardware import GPU, GPUS, detect, lookup, named
 from .model import Arch, Breakdown, Workload, memory_plan, times
-from .planner import (AUTO, AUTO_KEYS, Plan, TrainingOutOfMemory, auto_keys, format_plan, out_of_memory,
-                      resolve_config, training_problems)
+from .planner import (
+    AUTO,
+    AUTO_KEYS,
+    Plan,
+    TrainingOutOfMemory,
+    auto_keys,
+    format_plan,
+    out_of_memory,
+    resolve_config,
+    training_problems,
+)
 
-__all__ = ["GPU", "GPUS", "detect", "lookup", "named", "Arch", "Breakdown", "Workload", "memory_plan", "times",
-           "AUTO", "AUTO_KEYS", "Plan", "TrainingOutOfMemory", "auto_keys", "format_plan", "out_of_memory",
-           "resolve_config", "training_problems"]
+__all__ = [
+    "GPU",
+    "GPUS",
+    "detect",
+    "lookup",
+    "named",
+    "Arch",
+    "Breakdown",
+    "Workload",
+    "memory_plan",
+    "times",
+    "AUTO",
+    "AUTO_KEYS",
+    "Plan",
+    "TrainingOutOfMemory",
+    "auto_keys",
+    "format_plan",
+    "out_of_memory",
+    "resolve_config",
+    "training_problems",
+]

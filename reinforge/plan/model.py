@@ -96,7 +96,7 @@ class Arch:
     moe_layers: int = 0
 
     @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> "Arch":
+    def from_config(cls, cfg: dict[str, Any]) -> Arch:
         """From a ``config.json`` dict (``text_config`` of a multimodal one)."""
         cfg = cfg.get("text_config", cfg)
         h, heads, layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
@@ -104,15 +104,22 @@ class Arch:
         step = int(cfg.get("decoder_sparse_step") or 1)
         dense_only = set(cfg.get("mlp_only_layers") or [])
         moe = sum(1 for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0)
-        return cls(vocab_size=int(cfg["vocab_size"]), hidden=h, num_layers=layers, num_heads=heads,
-                   num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                   head_dim=int(cfg.get("head_dim") or h // heads),
-                   intermediate=int(cfg.get("intermediate_size") or 4 * h),
-                   tied=bool(cfg.get("tie_word_embeddings", True)),
-                   qkv_bias=cfg.get("model_type") in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias")),
-                   experts=experts, experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-                   moe_intermediate=int(cfg.get("moe_intermediate_size") or 0),
-                   shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0), moe_layers=moe)
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden=h,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or h // heads),
+            intermediate=int(cfg.get("intermediate_size") or 4 * h),
+            tied=bool(cfg.get("tie_word_embeddings", True)),
+            qkv_bias=cfg.get("model_type") in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias")),
+            experts=experts,
+            experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            moe_intermediate=int(cfg.get("moe_intermediate_size") or 0),
+            shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0),
+            moe_layers=moe,
+        )
 
     @property
     def q_dim(self) -> int:
@@ -259,12 +266,12 @@ class Breakdown:
 
 # ----------------------------------------------------------------------------------------- memory
 
+
 def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
     """The trainer's memory outside a forward pass: fp32 weights, gradients (``grads``), AdamW, reference."""
     p = w.arch.num_params
     trained = p if not w.lora else 0  # adapters: negligible here
-    out = {"weights fp32": 4 * p / w.shards,
-           "AdamW": 8 * trained / w.shards}
+    out = {"weights fp32": 4 * p / w.shards, "AdamW": 8 * trained / w.shards}
     if grads:
         out["gradients"] = 4 * trained / w.shards
     if w.reference and not w.lora:
@@ -305,8 +312,10 @@ def engine_workspace(w: Workload) -> float:
     """The engine's transient prefill (``max_prefill_tokens`` x (4 h + 3 I) bf16) and sampler buffers."""
     a = w.arch
     width = a.intermediate if not a.moe_layers else a.moe_intermediate * a.experts_per_tok + a.shared_intermediate
-    return min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.tp \
+    return (
+        min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.tp
         + 2 * w.slots * a.vocab_size * 4
+    )
 
 
 def engine_during_training(w: Workload) -> dict[str, float]:
@@ -335,14 +344,18 @@ def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | Non
     a = w.arch
     n = (w.micro_tokens if tokens is None else tokens) / w.cp
     k = w.recompute if recompute is None else recompute
-    kept_params = sum(a.layer_params(a.experts > 0 and i >= a.num_layers - a.moe_layers)
-                      for i in range(k, a.num_layers))
+    kept_params = sum(
+        a.layer_params(a.experts > 0 and i >= a.num_layers - a.moe_layers) for i in range(k, a.num_layers)
+    )
     sharded = w.shards > 1
     bf16 = (2 * 2 * a.layers_params / a.num_layers) if sharded else 2 * (kept_params / w.tp + a.head_params)
-    parts = {**trainer_resident(w), **engine_during_training(w),
-             "activations": n * activation_bytes_per_token(w, k),
-             "bf16 weight copies": bf16,
-             "log-softmax chunks": LOGIT_CHUNK_TEMPS * min(w.log_prob_chunk, n) * a.vocab_size * 4}
+    parts = {
+        **trainer_resident(w),
+        **engine_during_training(w),
+        "activations": n * activation_bytes_per_token(w, k),
+        "bf16 weight copies": bf16,
+        "log-softmax chunks": LOGIT_CHUNK_TEMPS * min(w.log_prob_chunk, n) * a.vocab_size * 4,
+    }
     return Breakdown("training", parts)
 
 
@@ -350,8 +363,10 @@ def logprob_breakdown(w: Workload) -> Breakdown:
     """Peak of a log-prob pass (no gradient) over one micro-batch."""
     a = w.arch
     n = w.micro_tokens / w.cp
-    head = {"logits": 2 * n * a.vocab_size,
-            "log-softmax chunks": LOGIT_CHUNK_TEMPS_FORWARD * min(w.log_prob_chunk, n) * a.vocab_size * 4}
+    head = {
+        "logits": 2 * n * a.vocab_size,
+        "log-softmax chunks": LOGIT_CHUNK_TEMPS_FORWARD * min(w.log_prob_chunk, n) * a.vocab_size * 4,
+    }
     layer = n * a.kept_layer_bytes(a.moe_layers > 0, w.tp)  # one layer's transient, before the logits exist
     top = head if sum(head.values()) >= layer else {"layer activations": layer}
     return Breakdown("log-probs", {**trainer_resident(w, grads=False), **engine_during_training(w), **top})
@@ -379,8 +394,9 @@ def fits(w: Workload, tokens: int, recompute: int, limit: float | None = None) -
     return train_breakdown(w, tokens, recompute).total <= (w.usable if limit is None else limit)
 
 
-def max_tokens_that_fit(w: Workload, recompute: int | None = None, multiple: int = 256,
-                        limit: float | None = None) -> int:
+def max_tokens_that_fit(
+    w: Workload, recompute: int | None = None, multiple: int = 256, limit: float | None = None
+) -> int:
     """The largest micro-batch (a multiple of ``multiple`` tokens) whose training peak fits; 0 if none."""
     k = w.recompute if recompute is None else recompute
     limit = w.usable if limit is None else limit
@@ -404,6 +420,7 @@ def min_recompute_that_fits(w: Workload, tokens: int, limit: float | None = None
 
 
 # ------------------------------------------------------------------------------------------- time
+
 
 def engine_slots(w: Workload) -> int:
     """Sequences decoded at once: the slots, capped at what the KV pool holds at full length."""
@@ -434,7 +451,7 @@ def generation_seconds(w: Workload, lengths: list[int] | None = None) -> float |
     kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
     total = 0.0
     for i in range(0, len(lengths), c):
-        wave = lengths[i:i + c]
+        wave = lengths[i : i + c]
         total += max(wave) * decode_weight_bytes(w, len(wave))
         total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
     prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.tp)
@@ -477,8 +494,12 @@ def sync_seconds(w: Workload) -> float | None:
 
 def times(w: Workload, lengths: list[int] | None = None) -> dict[str, float | None]:
     """Predicted seconds of each phase of one rollout step (None: the GPU's speed is unknown)."""
-    return {"generation": generation_seconds(w, lengths), "log-probs": logprob_seconds(w, lengths),
-            "training": train_seconds(w, lengths), "weight sync": sync_seconds(w)}
+    return {
+        "generation": generation_seconds(w, lengths),
+        "log-probs": logprob_seconds(w, lengths),
+        "training": train_seconds(w, lengths),
+        "weight sync": sync_seconds(w),
+    }
 
 
 def with_(w: Workload, **changes: Any) -> Workload:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,10 +40,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-AUTO_KEYS = ("engine.max_num_seqs", "cluster.offload_rollout", "model.recompute_num_layers",
-             "train.max_tokens_per_gpu")
-DEFAULTS: dict[str, Any] = {"engine.max_num_seqs": 256, "cluster.offload_rollout": False,
-                            "model.recompute_num_layers": None, "train.max_tokens_per_gpu": 8192}
+AUTO_KEYS = ("engine.max_num_seqs", "cluster.offload_rollout", "model.recompute_num_layers", "train.max_tokens_per_gpu")
+DEFAULTS: dict[str, Any] = {
+    "engine.max_num_seqs": 256,
+    "cluster.offload_rollout": False,
+    "model.recompute_num_layers": None,
+    "train.max_tokens_per_gpu": 8192,
+}
 MIN_AUTO_TOKENS = 8192  # today's default micro-batch: auto keeps at least this where it fits
 MAX_AUTO_TOKENS = 32768  # larger micro-batches gain little speed (docs/benchmarks.md) and risk fragmentation
 TOKEN_MULTIPLE = 256
@@ -67,7 +69,7 @@ class Choice:
 class Plan:
     """A run's plan: the resolved config, the workload it describes, the choices and notes."""
 
-    cfg: "Config"
+    cfg: Config
     gpu: GPU | None
     workload: M.Workload | None
     choices: list[Choice] = field(default_factory=list)
@@ -80,12 +82,12 @@ class Plan:
         return M.times(self.workload, lengths) if self.workload is not None else {}
 
 
-def _get(cfg: "Config", key: str) -> Any:
+def _get(cfg: Config, key: str) -> Any:
     section, name = key.split(".")
     return getattr(getattr(cfg, section), name)
 
 
-def _set(cfg: "Config", changes: dict[str, Any]) -> "Config":
+def _set(cfg: Config, changes: dict[str, Any]) -> Config:
     by_section: dict[str, dict[str, Any]] = {}
     for key, value in changes.items():
         section, name = key.split(".")
@@ -93,7 +95,7 @@ def _set(cfg: "Config", changes: dict[str, Any]) -> "Config":
     return dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **v) for s, v in by_section.items()})
 
 
-def auto_keys(cfg: "Config") -> list[str]:
+def auto_keys(cfg: Config) -> list[str]:
     """The keys of ``cfg`` left at ``auto``."""
     return [k for k in AUTO_KEYS if _get(cfg, k) == AUTO]
 
@@ -111,8 +113,9 @@ def read_arch(folder: Path) -> tuple[M.Arch, bool]:
     return M.Arch.from_config(config), is_native_type(config.get("model_type"))
 
 
-def workload(cfg: "Config", arch: M.Arch, gpu: GPU, prompt_len: int, native: bool = True,
-             offline: bool = False) -> M.Workload:
+def workload(
+    cfg: Config, arch: M.Arch, gpu: GPU, prompt_len: int, native: bool = True, offline: bool = False
+) -> M.Workload:
     """The :class:`~.model.Workload` of ``cfg`` (``auto`` keys at a placeholder: resolve them first for
     anything but the choices). ``offline``: a trainer without engine (``reinforge offline``)."""
     from ..rollout.backends import run_max_seqs
@@ -127,17 +130,32 @@ def workload(cfg: "Config", arch: M.Arch, gpu: GPU, prompt_len: int, native: boo
     dp = max(1, c.num_trainers // (tp * cp)) if ray else 1
     colocated = not offline and (not ray or c.colocate)
     return M.Workload(
-        arch=arch, gpu=gpu, prompt_len=prompt_len, response_len=0 if offline else r.rollout_max_response_len,
-        num_seqs=seqs, slots=min(slots, seqs),
+        arch=arch,
+        gpu=gpu,
+        prompt_len=prompt_len,
+        response_len=0 if offline else r.rollout_max_response_len,
+        num_seqs=seqs,
+        slots=min(slots, seqs),
         micro_tokens=t.max_tokens_per_gpu if t.max_tokens_per_gpu != AUTO else MIN_AUTO_TOKENS,
-        recompute=recompute, kv_elem_bytes=1 if e.kv_cache_dtype.startswith("fp8") else (4 if e.dtype == "fp32" else 2),
-        engine_elem_bytes=4 if e.dtype == "fp32" else 2, kv_fraction=e.kv_cache_memory_fraction,
-        num_kv_blocks=e.num_kv_blocks, log_prob_chunk=t.log_prob_chunk_size, colocated=colocated,
+        recompute=recompute,
+        kv_elem_bytes=1 if e.kv_cache_dtype.startswith("fp8") else (4 if e.dtype == "fp32" else 2),
+        engine_elem_bytes=4 if e.dtype == "fp32" else 2,
+        kv_fraction=e.kv_cache_memory_fraction,
+        num_kv_blocks=e.num_kv_blocks,
+        log_prob_chunk=t.log_prob_chunk_size,
+        colocated=colocated,
         offload_rollout=(c.offload_rollout is True) or (ray and c.colocate),
-        offload_engine_weights=c.offload_engine_weights, reference=a.needs_reference, critic=a.needs_critic,
-        dp=dp, tp=tp, cp=cp, lora=m.lora_rank > 0,
+        offload_engine_weights=c.offload_engine_weights,
+        reference=a.needs_reference,
+        critic=a.needs_critic,
+        dp=dp,
+        tp=tp,
+        cp=cp,
+        lora=m.lora_rank > 0,
         logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference and a.use_kl_loss),
-        steps_per_rollout=t.num_steps_per_rollout, prefill_tokens=e.max_prefill_tokens)
+        steps_per_rollout=t.num_steps_per_rollout,
+        prefill_tokens=e.max_prefill_tokens,
+    )
 
 
 def _round_down(n: int) -> int:
@@ -148,7 +166,7 @@ def _round_up(n: int) -> int:
     return -(-n // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
 
 
-def _choose(cfg: "Config", w: M.Workload, native: bool, offline: bool) -> tuple[dict[str, Any], list[Choice]]:
+def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dict[str, Any], list[Choice]]:
     """The values of the ``auto`` keys of ``cfg`` on workload ``w`` (module doc)."""
     keys, changes, out = auto_keys(cfg), {}, []
     a, L = w.arch, w.arch.num_layers
@@ -159,9 +177,15 @@ def _choose(cfg: "Config", w: M.Workload, native: bool, offline: bool) -> tuple[
         held = int(pool // max(footprint, 1))
         n = max(min(w.num_seqs, held), min(cfg.rollout.n_samples_per_prompt, w.num_seqs))
         changes["engine.max_num_seqs"] = n
-        out.append(Choice("engine.max_num_seqs", n, f"{'all ' if n == w.num_seqs else ''}{n} of the {w.num_seqs} "
-                          f"sequences at once: the KV cache ({pool / M.GIB:.1f} GiB, engine.kv_cache_memory_fraction="
-                          f"{w.kv_fraction:g}) holds {held} at prompt + 3/4 of the response"))
+        out.append(
+            Choice(
+                "engine.max_num_seqs",
+                n,
+                f"{'all ' if n == w.num_seqs else ''}{n} of the {w.num_seqs} "
+                f"sequences at once: the KV cache ({pool / M.GIB:.1f} GiB, engine.kv_cache_memory_fraction="
+                f"{w.kv_fraction:g}) holds {held} at prompt + 3/4 of the response",
+            )
+        )
         w = M.with_(w, slots=n)
     one_seq = _round_up(w.seq_len)
     floor = max(one_seq, MIN_AUTO_TOKENS)
@@ -173,9 +197,17 @@ def _choose(cfg: "Config", w: M.Workload, native: bool, offline: bool) -> tuple[
         gain = can and M.max_tokens_that_fit(on, k0, limit=limit) > M.max_tokens_that_fit(w, k0, limit=limit)
         changes["cluster.offload_rollout"] = bool(gain)
         kv = M.kv_pool(w, after_training=False) / M.GIB
-        out.append(Choice("cluster.offload_rollout", bool(gain),
-                          f"frees the {kv:.1f} GiB KV cache while training: more room for activations" if gain else
-                          "no training memory to gain" if can else "needs cluster.mode=local, rollout.max_staleness=0"))
+        out.append(
+            Choice(
+                "cluster.offload_rollout",
+                bool(gain),
+                f"frees the {kv:.1f} GiB KV cache while training: more room for activations"
+                if gain
+                else "no training memory to gain"
+                if can
+                else "needs cluster.mode=local, rollout.max_staleness=0",
+            )
+        )
         w = on if gain else w
     if rec_auto:
         target = w.micro_tokens if not tok_auto else floor
@@ -188,9 +220,13 @@ def _choose(cfg: "Config", w: M.Workload, native: bool, offline: bool) -> tuple[
         elif not native and 0 < k < L:
             k, why = L, "this model's code recomputes all layers or none: all"
         else:
-            why = (f"no recomputation needed for {target} tokens" if k == 0 else
-                   f"the fewest of {L} layers with which {target} tokens fit" if target else
-                   "every layer: the micro-batch is what memory limits")
+            why = (
+                f"no recomputation needed for {target} tokens"
+                if k == 0
+                else f"the fewest of {L} layers with which {target} tokens fit"
+                if target
+                else "every layer: the micro-batch is what memory limits"
+            )
         changes["model.recompute_num_layers"] = k if native else None
         changes["model.gradient_checkpointing"] = k > 0 or (native and cfg.model.gradient_checkpointing)
         out.append(Choice("model.recompute_num_layers", k if native else ("all" if k else "none"), why))
@@ -200,11 +236,19 @@ def _choose(cfg: "Config", w: M.Workload, native: bool, offline: bool) -> tuple[
         cap = max(MAX_AUTO_TOKENS, one_seq)
         n = min(fit, cap)
         if n < one_seq:
-            n, why = one_seq, (f"one whole sequence ({w.seq_len} tokens) is the least a micro-batch holds; only "
-                               f"{fit} fit (refused below)")
+            n, why = (
+                one_seq,
+                (
+                    f"one whole sequence ({w.seq_len} tokens) is the least a micro-batch holds; only "
+                    f"{fit} fit (refused below)"
+                ),
+            )
         else:
-            why = (f"the largest micro-batch that fits ({fit} tokens)" if n == fit else
-                   f"{cap} tokens (the cap; {fit} would fit)")
+            why = (
+                f"the largest micro-batch that fits ({fit} tokens)"
+                if n == fit
+                else f"{cap} tokens (the cap; {fit} would fit)"
+            )
         if offline:
             why += "; offline.max_length is not read here: one example must fit"
         changes["train.max_tokens_per_gpu"] = _round_down(n) if n >= one_seq else n
@@ -212,9 +256,15 @@ def _choose(cfg: "Config", w: M.Workload, native: bool, offline: bool) -> tuple[
     return changes, out
 
 
-def resolve_config(cfg: "Config", model_folder: Path | str, *, gpu: GPU | None | str = "detect",
-                   prompt_len: int | None = None, offline: bool = False,
-                   log_plan: bool = False) -> tuple["Config", Plan]:
+def resolve_config(
+    cfg: Config,
+    model_folder: Path | str,
+    *,
+    gpu: GPU | None | str = "detect",
+    prompt_len: int | None = None,
+    offline: bool = False,
+    log_plan: bool = False,
+) -> tuple[Config, Plan]:
     """Resolve the ``auto`` keys of ``cfg`` and plan the run (module doc).
 
     Args:
@@ -236,17 +286,23 @@ def resolve_config(cfg: "Config", model_folder: Path | str, *, gpu: GPU | None |
     keys = auto_keys(cfg)
     if gpu is None:
         changes = {k: DEFAULTS[k] for k in keys}
-        plan = Plan(_set(cfg, changes), None, None, [Choice(k, v, "no GPU to plan for: today's default")
-                                                      for k, v in changes.items()],
-                    ["no GPU: memory and time are not planned (the CPU checks of reinforge/preflight.py apply)"])
+        plan = Plan(
+            _set(cfg, changes),
+            None,
+            None,
+            [Choice(k, v, "no GPU to plan for: today's default") for k, v in changes.items()],
+            ["no GPU: memory and time are not planned (the CPU checks of reinforge/preflight.py apply)"],
+        )
     else:
         w = workload(cfg, arch, gpu, prompt, native, offline)
         changes, choices = _choose(cfg, w, native, offline)
         resolved = _set(cfg, changes)
         plan = Plan(resolved, gpu, workload(resolved, arch, gpu, prompt, native, offline), choices)
         if not gpu.knows_speed:
-            plan.notes.append(f"{gpu.name} is not in the planner's table (reinforge/plan/hardware.py): memory is "
-                              f"planned from its {gpu.memory / M.GIB:.0f} GiB, time is not")
+            plan.notes.append(
+                f"{gpu.name} is not in the planner's table (reinforge/plan/hardware.py): memory is "
+                f"planned from its {gpu.memory / M.GIB:.0f} GiB, time is not"
+            )
         if prompt_len is None:
             plan.notes.append(f"prompts assumed {prompt} tokens (data.rollout_max_prompt_len)")
     if log_plan:
@@ -272,9 +328,11 @@ def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
         return []
     L, t = w.arch.num_layers, cfg.train.max_tokens_per_gpu
     rec = "none" if w.recompute == 0 else f"{w.recompute} of {L}"
-    head = (f"train.max_tokens_per_gpu={t} needs ~{_gib(peak.total)} at the training step's peak ({peak.words(5)}; "
-            f"layers recomputed: {rec}) but {w.gpu.name} leaves ~{_gib(w.usable)} to allocate "
-            f"({_gib(w.gpu.memory)} less {_gib(M.CUDA_CONTEXT)} and a {1 - M.USABLE_FRACTION:.0%} margin)")
+    head = (
+        f"train.max_tokens_per_gpu={t} needs ~{_gib(peak.total)} at the training step's peak ({peak.words(5)}; "
+        f"layers recomputed: {rec}) but {w.gpu.name} leaves ~{_gib(w.usable)} to allocate "
+        f"({_gib(w.gpu.memory)} less {_gib(M.CUDA_CONTEXT)} and a {1 - M.USABLE_FRACTION:.0%} margin)"
+    )
     fixes = []
     fit = M.max_tokens_that_fit(w)
     one = w.seq_len
@@ -282,24 +340,31 @@ def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
         fixes.append(f"it fits at train.max_tokens_per_gpu<={fit}")
     k = M.min_recompute_that_fits(w, t)
     if k is not None and k > w.recompute:
-        fixes.append(f"set model.recompute_num_layers={k}" + ("" if cfg.model.gradient_checkpointing
-                                                                else " with model.gradient_checkpointing=true"))
+        fixes.append(
+            f"set model.recompute_num_layers={k}"
+            + ("" if cfg.model.gradient_checkpointing else " with model.gradient_checkpointing=true")
+        )
     if w.colocated and not w.offload_rollout and cfg.cluster.mode == "local" and cfg.rollout.max_staleness == 0:
         off = M.with_(w, offload_rollout=True)
         if M.train_breakdown(off).total <= w.usable:
             fixes.append("set cluster.offload_rollout=true (the KV cache is freed while training)")
     if not fixes:
-        fixes.append(f"one sequence of {one} tokens does not fit even with every layer recomputed: lower "
-                     f"rollout.rollout_max_response_len, engine.kv_cache_memory_fraction, set "
-                     f"train.context_parallel_size > 1 over several GPUs, or use a GPU with more memory")
+        fixes.append(
+            f"one sequence of {one} tokens does not fit even with every layer recomputed: lower "
+            f"rollout.rollout_max_response_len, engine.kv_cache_memory_fraction, set "
+            f"train.context_parallel_size > 1 over several GPUs, or use a GPU with more memory"
+        )
     return [f"{head}: {', or '.join(fixes)} (`reinforge plan` shows every phase)"]
 
 
-def out_of_memory(cfg: "Config", phase: str, tokens: int, rows: int, error: BaseException) -> TrainingOutOfMemory:
+def out_of_memory(cfg: Config, phase: str, tokens: int, rows: int, error: BaseException) -> TrainingOutOfMemory:
     """The error a CUDA out-of-memory in the trainer becomes (raise it ``from`` the original)."""
     t, m = cfg.train, cfg.model
-    rec = ("every layer" if m.recompute_num_layers is None else f"{m.recompute_num_layers} layers") \
-        if m.gradient_checkpointing else "none"
+    rec = (
+        ("every layer" if m.recompute_num_layers is None else f"{m.recompute_num_layers} layers")
+        if m.gradient_checkpointing
+        else "none"
+    )
     first = str(error).split(". ")[0]
     return TrainingOutOfMemory(
         f"CUDA out of memory in the {phase} (a micro-batch of {tokens} tokens in {rows} row(s); "
@@ -308,7 +373,8 @@ def out_of_memory(cfg: "Config", phase: str, tokens: int, rows: int, error: Base
         f"lower train.max_tokens_per_gpu (or set it to auto), set model.gradient_checkpointing=true and "
         f"model.recompute_num_layers (or auto), cluster.offload_rollout=true, or lower "
         f"engine.kv_cache_memory_fraction; `reinforge plan -c CONFIG` shows what fits. No checkpoint was written "
-        f"at this point (the newest one is kept). ({first})")
+        f"at this point (the newest one is kept). ({first})"
+    )
 
 
 def format_plan(plan: Plan, lengths: list[int] | None = None) -> str:
@@ -316,19 +382,24 @@ def format_plan(plan: Plan, lengths: list[int] | None = None) -> str:
     lines = []
     if plan.gpu is not None:
         w = plan.workload
-        lines.append(f"{plan.gpu.name} ({_gib(plan.gpu.memory)}, {plan.gpu.source}); {w.num_seqs} sequences of "
-                     f"<= {w.seq_len} tokens, micro-batch {w.micro_tokens} tokens, {w.recompute} of "
-                     f"{w.arch.num_layers} layers recomputed; usable {_gib(w.usable)}")
+        lines.append(
+            f"{plan.gpu.name} ({_gib(plan.gpu.memory)}, {plan.gpu.source}); {w.num_seqs} sequences of "
+            f"<= {w.seq_len} tokens, micro-batch {w.micro_tokens} tokens, {w.recompute} of "
+            f"{w.arch.num_layers} layers recomputed; usable {_gib(w.usable)}"
+        )
         times = plan.times(lengths)
-        lines.append(f"{'phase':<12} {'peak memory':>12} {'predicted':>10}  largest parts (GiB; time "
-                     f"{'at the measured lengths' if lengths else 'with every response at its maximum'})")
+        lines.append(
+            f"{'phase':<12} {'peak memory':>12} {'predicted':>10}  largest parts (GiB; time "
+            f"{'at the measured lengths' if lengths else 'with every response at its maximum'})"
+        )
         for b in plan.memory():
             s = times.get(b.phase)
-            lines.append(f"{b.phase:<12} {_gib(b.total):>12} {('%.1f s' % s) if s is not None else 'n/a':>10}  "
-                         f"{b.words(4)}")
+            lines.append(
+                f"{b.phase:<12} {_gib(b.total):>12} {f'{s:.1f} s' if s is not None else 'n/a':>10}  {b.words(4)}"
+            )
         for phase in ("weight sync",):
             s = times.get(phase)
-            lines.append(f"{phase:<12} {'':>12} {('%.3f s' % s) if s is not None else 'n/a':>10}")
+            lines.append(f"{phase:<12} {'':>12} {f'{s:.3f} s' if s is not None else 'n/a':>10}")
     for c in plan.choices:
         lines.append(f"auto {c.key}={c.value}: {c.reason}")
     lines += [f"note: {n}" for n in plan.notes]

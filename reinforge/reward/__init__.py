@@ -7,12 +7,23 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["JudgeReward", "RewardManager", "exact_match_reward", "extract_answer", "math_reward",
-           "reasoning_gym_reward"]
+__all__ = [
+    "JudgeReward",
+    "RewardManager",
+    "exact_match_reward",
+    "extract_answer",
+    "math_reward",
+    "reasoning_gym_reward",
+]
 
-_WHERE = {"RewardManager": "manager", "exact_match_reward": "functions", "math_reward": "functions",
-          "reasoning_gym_reward": "functions", "extract_answer": "extract",
-          "JudgeReward": "judge"}
+_WHERE = {
+    "RewardManager": "manager",
+    "exact_match_reward": "functions",
+    "math_reward": "functions",
+    "reasoning_gym_reward": "functions",
+    "extract_answer": "extract",
+    "JudgeReward": "judge",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ from ..records import Sample
 from .extract import extract_answer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rg_scorer(task: str):
     from ..data.sources import import_reasoning_gym
 
@@ -67,8 +67,10 @@ def label_text(sample: Sample, reward: str) -> str:
     if label is None:
         raise ValueError(f"the {reward} reward needs a label (data.label_key)")
     if isinstance(label, bool) or not isinstance(label, (str, int, float)):
-        raise TypeError(f"the {reward} reward needs a string or number label (data.label_key), got "
-                        f"{type(label).__name__} {label!r:.80}")
+        raise TypeError(
+            f"the {reward} reward needs a string or number label (data.label_key), got "
+            f"{type(label).__name__} {label!r:.80}"
+        )
     return str(label)
 
 
@@ -77,7 +79,7 @@ class _NoTimeoutWarning(logging.Filter):
         return not record.getMessage().startswith("Timeout is disabled")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _quiet_math_verify() -> None:
     """Drop math-verify's "Timeout is disabled" warning (up to one per concurrent first call, 22 per
     eval): its signal timeouts are off on purpose, ``reward.timeout`` bounds each call instead."""

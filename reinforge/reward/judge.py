@@ -35,7 +35,8 @@ DEFAULT_TEMPLATE = (
     "Reference answer:\n{label}\n\n"
     "Response:\n{response}\n\n"
     "How correct is the response, judged against the reference answer? Give a score from 0 "
-    "(wrong) to 10 (fully correct), alone on the last line of your reply.")
+    "(wrong) to 10 (fully correct), alone on the last line of your reply."
+)
 LAST_NUMBER = r"-?\d+(?:\.\d+)?"
 
 
@@ -67,8 +68,17 @@ def fill_template(template: str, question: str, response: str, label: str) -> st
 class JudgeReward:
     """A reward function ``judge(sample) -> float`` in [0, 1], thread-safe (see the module doc)."""
 
-    def __init__(self, url: str, model: str, template: str | None = None, score_regex: str | None = None,
-                 max_score: float = 10.0, timeout: float = 10.0, retries: int = 2, cache_size: int = 4096):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        template: str | None = None,
+        score_regex: str | None = None,
+        max_score: float = 10.0,
+        timeout: float = 10.0,
+        retries: int = 2,
+        cache_size: int = 4096,
+    ):
         self.url = url.rstrip("/") + "/chat/completions"
         self.model = model
         self.template = template or DEFAULT_TEMPLATE
@@ -88,7 +98,7 @@ class JudgeReward:
 
     @staticmethod
     def _backoff(attempt: int) -> float:
-        return min(0.25 * 2 ** attempt, 4.0)
+        return min(0.25 * 2**attempt, 4.0)
 
     def __call__(self, sample: Sample) -> float:
         label = "" if sample.label is None else str(sample.label)
@@ -125,8 +135,9 @@ class JudgeReward:
         except ValueError:
             raise JudgeFailure("judge_unparseable", f"judge score {text!r} is not a number") from None
         if not 0.0 <= value <= self.max_score:
-            raise JudgeFailure("judge_unparseable",
-                               f"judge score {value:g} outside [0, reward.judge_max_score={self.max_score:g}]")
+            raise JudgeFailure(
+                "judge_unparseable", f"judge score {value:g} outside [0, reward.judge_max_score={self.max_score:g}]"
+            )
         return value / self.max_score
 
     def _ask(self, prompt: str) -> str:
@@ -166,5 +177,13 @@ class JudgeReward:
 
 def judge_from_config(cfg: Any) -> JudgeReward:
     """A :class:`JudgeReward` from a ``RewardConfig``."""
-    return JudgeReward(cfg.judge_url, cfg.judge_model, cfg.judge_template, cfg.judge_score_regex,
-                       cfg.judge_max_score, cfg.timeout, cfg.judge_retries, cfg.judge_cache_size)
+    return JudgeReward(
+        cfg.judge_url,
+        cfg.judge_model,
+        cfg.judge_template,
+        cfg.judge_score_regex,
+        cfg.judge_max_score,
+        cfg.timeout,
+        cfg.judge_retries,
+        cfg.judge_cache_size,
+    )

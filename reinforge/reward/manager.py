@@ -13,7 +13,8 @@ import logging
 import math
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..config import RewardConfig
 from ..records import Sample, Status
@@ -266,8 +267,7 @@ class RewardManager:
                     self._apply(sample, result)
                 except TimeoutError:
                     counts["timeouts"] += 1
-                    first.append(self._fail(sample, "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s",
-                                            fn))
+                    first.append(self._fail(sample, "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s", fn))
                     if fn is self.judge:
                         counts["judge_errors"] += 1
                         self._leave_out(sample)
@@ -309,15 +309,21 @@ class RewardManager:
             self._all_failed_streak = 0
             return
         self._all_failed_streak += 1
-        log.error("reward: all %d samples failed and scored 0 (%d of %d such batches in a row stop the run); "
-                  "e.g. %s", n, self._all_failed_streak, self.ALL_FAILED_LIMIT, example)
+        log.error(
+            "reward: all %d samples failed and scored 0 (%d of %d such batches in a row stop the run); e.g. %s",
+            n,
+            self._all_failed_streak,
+            self.ALL_FAILED_LIMIT,
+            example,
+        )
         if self._all_failed_streak >= self.ALL_FAILED_LIMIT:
             which = self.cfg.function_path or f"reward.type={self.cfg.type}"
             raise RewardFunctionFailing(
                 f"the reward function ({which}) failed on every sample of "
                 f"{self._all_failed_streak} consecutive batches (the last: {n} samples, {counts['errors']} errors, "
                 f"{counts['timeouts']} timeouts); e.g. {example}. Stopping instead of training on all-zero rewards: "
-                f"{self._hint(example)}, then resume with run.recover=auto")
+                f"{self._hint(example)}, then resume with run.recover=auto"
+            )
 
     def check_run(self) -> None:
         """Raise when every sample this manager scored failed (a run too short for
@@ -330,7 +336,8 @@ class RewardManager:
             which = self.cfg.function_path or f"reward.type={self.cfg.type}"
             raise RewardFunctionFailing(
                 f"every reward of this run failed ({self.num_scored} samples scored 0 by {which}); e.g. "
-                f"{self.first_failure}. Training on all-zero rewards taught nothing: {self._hint(self.first_failure)}")
+                f"{self.first_failure}. Training on all-zero rewards taught nothing: {self._hint(self.first_failure)}"
+            )
 
     @staticmethod
     def _leave_out(sample: Sample) -> None:
@@ -394,8 +401,11 @@ class RewardManager:
         except TimeoutError:
             cf.cancel()
             if self._runner is runner and not await runner.alive():
-                log.warning("reward function %s blocks its event loop (an async function that does not await): "
-                            "later calls run on a fresh loop", name)
+                log.warning(
+                    "reward function %s blocks its event loop (an async function that does not await): "
+                    "later calls run on a fresh loop",
+                    name,
+                )
                 self._runner = _AsyncRunner()
             raise
 
@@ -405,8 +415,10 @@ class RewardManager:
         if isinstance(result, dict):
             keys = [k for k in REWARD_KEYS if k in result]
             if len(keys) != 1:
-                raise ValueError(f"a reward dict holds the scalar under 'reward' or 'score' (exactly one of them); "
-                                 f"got keys {sorted(result)}")
+                raise ValueError(
+                    f"a reward dict holds the scalar under 'reward' or 'score' (exactly one of them); "
+                    f"got keys {sorted(result)}"
+                )
             info = {k: v for k, v in result.items() if k != keys[0]}
             result = result[keys[0]]
         if isinstance(result, bool):

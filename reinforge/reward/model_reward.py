@@ -48,10 +48,10 @@ class ModelReward:
         lengths = [len(s.tokens) for s in samples]
         order = sorted(range(len(samples)), key=lambda i: -lengths[i])  # little padding per batch
         for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
+            idx = order[start : start + self.batch_size]
             ids = torch.full((len(idx), lengths[idx[0]]), self.pad_id, dtype=torch.long)
             for row, i in enumerate(idx):
-                ids[row, :lengths[i]] = torch.tensor(samples[i].tokens)
+                ids[row, : lengths[i]] = torch.tensor(samples[i].tokens)
             rewards = self.model(ids.to(self.device))
             for i, r in zip(idx, rewards.float().cpu().tolist()):
                 out[i] = r

@@ -61,8 +61,11 @@ class _Worker:
     def __init__(self, function_path: str):
         child_in, parent_out = os.pipe()
         parent_in, child_out = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "reinforge.reward.workers", str(child_in), str(child_out)],
-                                     pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reinforge.reward.workers", str(child_in), str(child_out)],
+            pass_fds=(child_in, child_out),
+            stdin=subprocess.DEVNULL,
+        )
         os.close(child_in)
         os.close(child_out)
         self.out = Connection(parent_out, readable=False)
@@ -151,8 +154,9 @@ class RewardProcessPool:
     MAX_PER_CALL = 8
     GROW_AFTER_S = 0.05
 
-    def _send(self, w: _Worker, batch: list[int], samples: list[Any], todo: collections.deque,
-              out: list[Outcome | None]) -> None:
+    def _send(
+        self, w: _Worker, batch: list[int], samples: list[Any], todo: collections.deque, out: list[Outcome | None]
+    ) -> None:
         items = []
         for i in batch:
             s = samples[i]
@@ -169,11 +173,13 @@ class RewardProcessPool:
                 for i in batch:
                     self._send(w, [i], samples, todo, out) if w.state == "ready" else todo.appendleft(i)
                 return
-            out[batch[0]] = Outcome("error", message=f"the sample cannot be sent to the reward worker: "
-                                                     f"{type(e).__name__}: {e}")
+            out[batch[0]] = Outcome(
+                "error", message=f"the sample cannot be sent to the reward worker: {type(e).__name__}: {e}"
+            )
 
-    def _wait_and_handle(self, out: list[Outcome | None], todo: collections.deque | None = None,
-                         at_most: float | None = None) -> bool:
+    def _wait_and_handle(
+        self, out: list[Outcome | None], todo: collections.deque | None = None, at_most: float | None = None
+    ) -> bool:
         """Wait for answers (at most ``at_most`` s, or until the first deadline), handle them and the
         calls past their deadline; whether any worker answered."""
         live = [w for w in self.workers if w.state in ("starting", "busy")]
@@ -195,12 +201,15 @@ class RewardProcessPool:
             elif time.monotonic() >= w.deadline:
                 if w.state == "starting":
                     w.kill()
-                    raise ValueError(f"reward.function_path={self.function_path!r}: the reward worker did not finish "
-                                     f"importing it in {START_TIMEOUT_S:.0f} s")
+                    raise ValueError(
+                        f"reward.function_path={self.function_path!r}: the reward worker did not finish "
+                        f"importing it in {START_TIMEOUT_S:.0f} s"
+                    )
                 running, rest = w.tasks[0], list(w.tasks)[1:]
                 w.kill()  # the only way to end a stuck call: nothing keeps running
-                out[running] = Outcome("timeout", message=f"ran past reward.timeout={self.timeout:g}s (its worker "
-                                                          f"was stopped)")
+                out[running] = Outcome(
+                    "timeout", message=f"ran past reward.timeout={self.timeout:g}s (its worker was stopped)"
+                )
                 if todo is not None:
                     todo.extendleft(reversed(rest))
         return bool(ready)
@@ -209,11 +218,16 @@ class RewardProcessPool:
         state, tasks = w.state, list(w.tasks)
         code = w.kill()
         if state == "starting":
-            raise ValueError(f"reward.function_path={self.function_path!r}: the reward worker ended while importing "
-                             f"it ({describe_exit(code)})")
+            raise ValueError(
+                f"reward.function_path={self.function_path!r}: the reward worker ended while importing "
+                f"it ({describe_exit(code)})"
+            )
         if state == "busy" and tasks:
-            out[tasks[0]] = Outcome("exit", message=f"ended its worker process ({describe_exit(code)}: os._exit, "
-                                                    f"or a crash); the worker was replaced")
+            out[tasks[0]] = Outcome(
+                "exit",
+                message=f"ended its worker process ({describe_exit(code)}: os._exit, "
+                f"or a crash); the worker was replaced",
+            )
             if todo is not None:
                 todo.extendleft(reversed(tasks[1:]))
 
@@ -247,6 +261,7 @@ class RewardProcessPool:
 
 
 # ----------------------------------------------------------------------------- the worker process
+
 
 def _describe_exception(e: BaseException) -> str:
     import traceback
@@ -289,8 +304,12 @@ def worker_main(read_fd: int, write_fd: int) -> None:
         out.send(("init_error", str(e)))
         return
     except BaseException as e:  # a SyntaxError or an exception raised by the module's code
-        out.send(("init_error", f"reward.function_path={init['function_path']!r}: importing it raised "
-                                f"{_describe_exception(e)}"))
+        out.send(
+            (
+                "init_error",
+                f"reward.function_path={init['function_path']!r}: importing it raised {_describe_exception(e)}",
+            )
+        )
         return
     if inspect.iscoroutinefunction(fn):  # its event loop before the first call's clock starts
         _event_loop()
@@ -333,8 +352,13 @@ def _call(fn: Any, index: int, sample: Any) -> tuple:
     try:
         pickle.dumps(msg)
     except Exception as e:  # noqa: BLE001 - an unpicklable result
-        return ("done", index, "error", f"returned {type(value).__name__}, which cannot be sent back to the trainer "
-                                        f"({type(e).__name__}: {e})", None)
+        return (
+            "done",
+            index,
+            "error",
+            f"returned {type(value).__name__}, which cannot be sent back to the trainer ({type(e).__name__}: {e})",
+            None,
+        )
     return msg
 
 

@@ -45,11 +45,11 @@ from typing import Any
 from ..config import Config
 from ..data.dataset import render_prompt
 from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load_environment
+from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format
 from ..tools.toolset import SANDBOX_FAILURE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .generate import STATS_KEY, RolloutContext
-from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 
 CACHE_KEY = __name__
 TRUNCATION_NOTE = "\n... [output truncated]"
@@ -112,9 +112,17 @@ class Episode:
     final_reward: float | None = None
     final_answer: str = ""  # the last turn's text when it made no call (what built-in rewards read)
     calls: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=lambda: {
-        "agent/turns": 0, "agent/tool_calls": 0, "agent/tool_errors": 0, "agent/tool_time": 0.0,
-        "agent/tool_tokens": 0, "agent/final_answer": 0, "agent/infra_failures": 0})
+    stats: dict[str, float] = field(
+        default_factory=lambda: {
+            "agent/turns": 0,
+            "agent/tool_calls": 0,
+            "agent/tool_errors": 0,
+            "agent/tool_time": 0.0,
+            "agent/tool_tokens": 0,
+            "agent/final_answer": 0,
+            "agent/infra_failures": 0,
+        }
+    )
 
     def add(self, ids: list[int], log_probs: list[float], versions: list[int], sampled: bool) -> None:
         self.tokens += ids
@@ -187,14 +195,16 @@ class Agent:
             sample.reward = float(sum(given))
         sample.metadata["turn_rewards"] = ep.rewards
         sample.metadata["final_answer"] = ep.final_answer
-        ep.stats["agent/well_formed_call"] = float(ep.stats["agent/tool_calls"] > 0
-                                                   and not ep.stats.get("agent/tool_errors/parse"))
+        ep.stats["agent/well_formed_call"] = float(
+            ep.stats["agent/tool_calls"] > 0 and not ep.stats.get("agent/tool_errors/parse")
+        )
         sample.metadata[STATS_KEY] = {k: float(v) for k, v in ep.stats.items()}
         sample.metadata["tool_calls"] = ep.calls
         return sample
 
-    async def _play(self, ctx: RolloutContext, env: Environment, ep: Episode, params: SamplingParams,
-                    version: int) -> tuple[Status, int]:
+    async def _play(
+        self, ctx: RolloutContext, env: Environment, ep: Episode, params: SamplingParams, version: int
+    ) -> tuple[Status, int]:
         """The turns of one episode; returns the sample's status and the last policy version."""
         a, tok, budget = self.cfg, self.tokenizer, params.max_new_tokens
         turn_params = dataclasses.replace(params, stop=list(params.stop))
@@ -202,16 +212,20 @@ class Agent:
             turn_params.stop += [s for s in self.format.stop if s not in turn_params.stop]
         while True:
             room = budget - len(ep.mask)
-            request = GenerateRequest(list(ep.tokens), dataclasses.replace(
-                turn_params, max_new_tokens=min(room, a.max_turn_tokens or room)))
+            request = GenerateRequest(
+                list(ep.tokens), dataclasses.replace(turn_params, max_new_tokens=min(room, a.max_turn_tokens or room))
+            )
             (res,) = await ctx.async_engine.generate(request)
             ep.count("agent/turns")
             version = res.weight_version
             ep.add(res.token_ids, list(res.log_probs), res.token_versions or [version] * len(res.token_ids), True)
             if res.finish_reason == FinishReason.ABORT:
                 return Status.ABORTED, version
-            ended_by_token = (res.finish_reason == FinishReason.STOP and bool(res.token_ids)
-                              and res.token_ids[-1] in params.stop_token_ids)
+            ended_by_token = (
+                res.finish_reason == FinishReason.STOP
+                and bool(res.token_ids)
+                and res.token_ids[-1] in params.stop_token_ids
+            )
             text = tok.decode(res.token_ids[:-1] if ended_by_token else res.token_ids, skip_special_tokens=False)
             parsed = self._parse(text)
             finished = Status.COMPLETED if res.finish_reason == FinishReason.STOP else Status.TRUNCATED
@@ -225,7 +239,9 @@ class Agent:
             self._count(ep, step)
             if step.done:
                 ep.stats["agent/final_answer"] = float(parsed.is_final)
-                ep.final_answer = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if parsed.is_final else ""
+                ep.final_answer = (
+                    self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if parsed.is_final else ""
+                )
                 return finished, version
             if len(ep.mask) >= budget:
                 return Status.TRUNCATED, version
@@ -266,7 +282,9 @@ class Agent:
             out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: fn(*args)), self.cfg.env_timeout)
             return await asyncio.wait_for(out, self.cfg.env_timeout) if inspect.isawaitable(out) else out
         except TimeoutError:
-            raise EnvironmentFailure(f"{name} did not return within agent.env_timeout={self.cfg.env_timeout:g} s") from None
+            raise EnvironmentFailure(
+                f"{name} did not return within agent.env_timeout={self.cfg.env_timeout:g} s"
+            ) from None
         except (EnvironmentFailure, SandboxInfraError):
             raise
         except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
@@ -275,10 +293,12 @@ class Agent:
     @staticmethod
     def _checked_messages(messages: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise EnvironmentFailure(f"{where}: messages must be a list of {{'role': str, 'content': str}} dicts, "
-                                     f"got {str(messages)[:200]}")
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise EnvironmentFailure(
+                f"{where}: messages must be a list of {{'role': str, 'content': str}} dicts, got {str(messages)[:200]}"
+            )
         return messages
 
     def _checked_step(self, step: Any) -> Step:
@@ -294,8 +314,7 @@ class Agent:
         if self._prompt_tools is None:
             self._prompt_tools = prompt_tools(self.config, self.tokenizer)
         pt = self._prompt_tools
-        text = render_prompt(self.tokenizer, messages, True, self.config.data.system_prompt, pt.schemas,
-                             pt.system_text)
+        text = render_prompt(self.tokenizer, messages, True, self.config.data.system_prompt, pt.schemas, pt.system_text)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def close(self) -> None:
@@ -330,7 +349,7 @@ class Agent:
         ``agent.tool_output_max_tokens`` tokens (a huge one is cut in characters first, so that it is
         never tokenised whole)."""
         limit = self.cfg.tool_output_max_tokens
-        output = output[:limit * 32]
+        output = output[: limit * 32]
         for t in self._specials:
             output = output.replace(t, "")
         ids = self.tokenizer(output, add_special_tokens=False)["input_ids"]

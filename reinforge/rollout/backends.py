@@ -20,19 +20,20 @@ token's experts: ``algo.use_rollout_routing_replay``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..utils.registry import Registry
 from ..records import RolloutEngine
+from ..utils.registry import Registry
 
 if TYPE_CHECKING:
     from ..config import Config, EngineConfig
 
-BACKENDS: Registry[Callable[["EngineSpec"], RolloutEngine]] = Registry("rollout backend", "engine.backend")
+BACKENDS: Registry[Callable[[EngineSpec], RolloutEngine]] = Registry("rollout backend", "engine.backend")
 BACKENDS.register("embedded", "reinforge.rollout.embedded:from_spec", routing_record=True)
 BACKENDS.register("hf", "reinforge.rollout.hf_engine:from_spec")
 BACKENDS.register("vllm", "reinforge.rollout.vllm_engine:from_spec", tensor_parallel=True)
@@ -63,7 +64,7 @@ class EngineSpec:
             ``algo.use_rollout_routing_replay``); only backends registered with ``routing_record``.
     """
 
-    engine: "EngineConfig"
+    engine: EngineConfig
     model_path: Path
     tokenizer: Any
     device: torch.device
@@ -88,7 +89,7 @@ def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if dtype == "bf16" else torch.float32
 
 
-def run_max_seqs(cfg: "Config") -> int | None:
+def run_max_seqs(cfg: Config) -> int | None:
     """The most sequences a run asks its engine(s) to hold at once, or ``None`` when that is not
     known (a custom ``rollout.rollout_function_path`` makes its own requests).
 
@@ -110,7 +111,7 @@ def run_max_seqs(cfg: "Config") -> int | None:
     return max(rollout, evaluation, 1)
 
 
-def engine_config_for(cfg: "Config", max_seqs: int | None = None) -> "EngineConfig":
+def engine_config_for(cfg: Config, max_seqs: int | None = None) -> EngineConfig:
     """The ``engine`` section an engine of this run is built with: ``engine.max_num_seqs`` lowered
     to ``max_seqs`` (default :func:`run_max_seqs`) where that is smaller, so the embedded engine's
     KV cache (allocated whole when it is built: slots x ``max_model_len`` tokens on a CPU) holds
@@ -124,20 +125,37 @@ def engine_config_for(cfg: "Config", max_seqs: int | None = None) -> "EngineConf
     return dataclasses.replace(e, max_num_seqs=need)
 
 
-def engine_spec(cfg: "Config", model_path: Path, tokenizer: Any, device: torch.device, max_model_len: int,
-                index: int = 0, max_seqs: int | None = None) -> EngineSpec:
+def engine_spec(
+    cfg: Config,
+    model_path: Path,
+    tokenizer: Any,
+    device: torch.device,
+    max_model_len: int,
+    index: int = 0,
+    max_seqs: int | None = None,
+) -> EngineSpec:
     """The :class:`EngineSpec` of engine ``index`` of a run; its ``engine.max_num_seqs`` is capped
     by :func:`engine_config_for` (``max_seqs``: the most sequences the caller will submit at once,
     default :func:`run_max_seqs`)."""
     e, c = engine_config_for(cfg, max_seqs), cfg.cluster
     return EngineSpec(
-        engine=e, model_path=Path(model_path), tokenizer=tokenizer, device=device,
-        dtype=engine_dtype(e.dtype, device), max_model_len=max_model_len, seed=cfg.rollout.seed + index, index=index,
+        engine=e,
+        model_path=Path(model_path),
+        tokenizer=tokenizer,
+        device=device,
+        dtype=engine_dtype(e.dtype, device),
+        max_model_len=max_model_len,
+        seed=cfg.rollout.seed + index,
+        index=index,
         tensor_parallel_size=c.rollout_num_gpus_per_engine,
         num_engines=1 if c.mode == "ray" else max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine),
-        colocate=c.colocate, bucket_bytes=c.weight_sync_bucket_mb << 20, log_dir=Path(cfg.run.output_dir),
-        random_init=cfg.model.random_init, init_seed=cfg.train.seed,
-        record_routes=cfg.algo.use_rollout_routing_replay)
+        colocate=c.colocate,
+        bucket_bytes=c.weight_sync_bucket_mb << 20,
+        log_dir=Path(cfg.run.output_dir),
+        random_init=cfg.model.random_init,
+        init_seed=cfg.train.seed,
+        record_routes=cfg.algo.use_rollout_routing_replay,
+    )
 
 
 def build_engine(spec: EngineSpec) -> RolloutEngine:
@@ -150,7 +168,9 @@ def build_engine(spec: EngineSpec) -> RolloutEngine:
     """
     factory = BACKENDS.get(spec.engine.backend)
     if spec.record_routes and not BACKENDS.info(spec.engine.backend).get("routing_record"):
-        raise ValueError(f"algo.use_rollout_routing_replay=true needs an engine that records expert routes; "
-                         f"engine.backend={spec.engine.backend} does not: use engine.backend=embedded or set "
-                         f"algo.use_rollout_routing_replay=false")
+        raise ValueError(
+            f"algo.use_rollout_routing_replay=true needs an engine that records expert routes; "
+            f"engine.backend={spec.engine.backend} does not: use engine.backend=embedded or set "
+            f"algo.use_rollout_routing_replay=false"
+        )
     return factory(spec)

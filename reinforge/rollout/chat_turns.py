@@ -50,17 +50,23 @@ class TurnRenderer:
         Raises:
             ValueError: the template does not render the marker of the assistant message.
         """
-        conversation = [{"role": "user", "content": "REINFORGE_USER_TURN"},
-                        {"role": "assistant", "content": MARKER}, *messages]
-        text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True,
-                                                  **self.kwargs)
+        conversation = [
+            {"role": "user", "content": "REINFORGE_USER_TURN"},
+            {"role": "assistant", "content": MARKER},
+            *messages,
+        ]
+        text = self.tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True, **self.kwargs
+        )
         at = text.find(MARKER)
         if at < 0:
-            raise ValueError("the chat template does not render the content of an assistant message followed by "
-                             f"{[m['role'] for m in messages]} messages; set agent.tool_role to a role it renders")
-        delta = text[at + len(MARKER):]
+            raise ValueError(
+                "the chat template does not render the content of an assistant message followed by "
+                f"{[m['role'] for m in messages]} messages; set agent.tool_role to a role it renders"
+            )
+        delta = text[at + len(MARKER) :]
         if turn_ended_with and delta.startswith(turn_ended_with):
-            delta = delta[len(turn_ended_with):]
+            delta = delta[len(turn_ended_with) :]
         return delta
 
     def append_ids(self, messages: list[dict[str, Any]], turn_ended_with: str | None = None) -> list[int]:

@@ -21,13 +21,24 @@ def from_spec(spec) -> Any:
         from .hf_engine import HFEngine
 
         if spec.record_routes:
-            raise ValueError(f"algo.use_rollout_routing_replay=true: {spec.model_path} is not a model the embedded "
-                             f"engine implements, and the transformers fallback (engine.backend=hf) cannot record "
-                             f"expert routes; set algo.use_rollout_routing_replay=false")
+            raise ValueError(
+                f"algo.use_rollout_routing_replay=true: {spec.model_path} is not a model the embedded "
+                f"engine implements, and the transformers fallback (engine.backend=hf) cannot record "
+                f"expert routes; set algo.use_rollout_routing_replay=false"
+            )
 
-        log.warning("engine.backend=embedded needs %s; falling back to transformers' generate "
-                    "(engine.backend=hf)", native_models())
-        return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs,
-                        seed=spec.seed)
-    return EmbeddedEngine(model, spec.engine, max_model_len=spec.max_model_len, seed=spec.seed,
-                          tokenizer=spec.tokenizer, record_routes=spec.record_routes)
+        log.warning(
+            "engine.backend=embedded needs %s; falling back to transformers' generate (engine.backend=hf)",
+            native_models(),
+        )
+        return HFEngine(
+            model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs, seed=spec.seed
+        )
+    return EmbeddedEngine(
+        model,
+        spec.engine,
+        max_model_len=spec.max_model_len,
+        seed=spec.seed,
+        tokenizer=spec.tokenizer,
+        record_routes=spec.record_routes,
+    )

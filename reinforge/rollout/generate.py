@@ -6,20 +6,23 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ..config import Config
 from ..data import Prompt
+from ..records import FinishReason, GenerateRequest, GenerateResult, RolloutEngine, Sample, SamplingParams, Status
 from ..utils.imports import load_function
 from .async_client import AsyncEngine
-from ..records import (FinishReason, GenerateRequest, GenerateResult, RolloutEngine, Sample, SamplingParams,
-                       Status)
 
 log = logging.getLogger(__name__)
 
-_STATUS = {FinishReason.STOP: Status.COMPLETED, FinishReason.LENGTH: Status.TRUNCATED,
-           FinishReason.ABORT: Status.ABORTED}
+_STATUS = {
+    FinishReason.STOP: Status.COMPLETED,
+    FinishReason.LENGTH: Status.TRUNCATED,
+    FinishReason.ABORT: Status.ABORTED,
+}
 
 
 @dataclass
@@ -55,7 +58,7 @@ class RolloutContext:
         return self._async_engine
 
     @property
-    def custom_generate(self) -> "GenerateFn | None":
+    def custom_generate(self) -> GenerateFn | None:
         """``rollout.custom_generate_function_path`` loaded (None when unset).
 
         Raises:
@@ -112,9 +115,14 @@ def model_stop_token_ids(tokenizer: Any, model_path: str, extra: list[int]) -> l
     ids = list(dict.fromkeys(ids + list(extra)))
     eot = end_of_turn_token_id(tokenizer)
     if eot is not None and eot not in ids:
-        log.warning("%s: the chat template ends a turn with %r (id %d) but the model's generation config does "
-                    "not stop on it: add rollout.rollout_stop_token_ids=[%d]", model_path,
-                    tokenizer.convert_ids_to_tokens(eot), eot, eot)
+        log.warning(
+            "%s: the chat template ends a turn with %r (id %d) but the model's generation config does "
+            "not stop on it: add rollout.rollout_stop_token_ids=[%d]",
+            model_path,
+            tokenizer.convert_ids_to_tokens(eot),
+            eot,
+            eot,
+        )
     return ids
 
 
@@ -125,33 +133,37 @@ def end_of_turn_token_id(tokenizer: Any) -> int | None:
     try:
         marker = "reinforge-marker"
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False)
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
+        )
     except Exception:  # templates that refuse this conversation: no opinion
         return None
-    after = text[text.rfind(marker) + len(marker):]
+    after = text[text.rfind(marker) + len(marker) :]
     ids = tokenizer(after, add_special_tokens=False)["input_ids"]
     # special tokens: the named ones, and added tokens marked special (transformers 5 lists
     # <|im_end|> and the like only there)
     special = set(tokenizer.all_special_ids)
-    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
-                if getattr(t, "special", False)}
+    special |= {
+        i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if getattr(t, "special", False)
+    }
     return next((i for i in ids if i in special), None)
 
 
-def generate_groups(ctx: RolloutContext, prompts: list[Prompt], n: int, params: SamplingParams,
-                    start_index: int = 0) -> list[list[Sample]]:
+def generate_groups(
+    ctx: RolloutContext, prompts: list[Prompt], n: int, params: SamplingParams, start_index: int = 0
+) -> list[list[Sample]]:
     """``n`` samples per prompt (unscored): from the engine in one batch, or, when
     ``rollout.custom_generate_function_path`` is set, from that function (:func:`generate_with`)."""
     if ctx.custom_generate is not None:
         return generate_with(ctx, ctx.custom_generate, prompts, n, params, start_index)
     requests = [GenerateRequest(p.prompt_ids, params, n=n) for p in prompts]
     results = ctx.engine.generate(requests)
-    return [[sample_from_result(ctx, p, r, start_index + gi * n + j, gi) for j, r in enumerate(res)]
-            for gi, (p, res) in enumerate(zip(prompts, results))]
+    return [
+        [sample_from_result(ctx, p, r, start_index + gi * n + j, gi) for j, r in enumerate(res)]
+        for gi, (p, res) in enumerate(zip(prompts, results))
+    ]
 
 
-def sample_from_result(ctx: RolloutContext, prompt: Prompt, r: GenerateResult, index: int,
-                       group_index: int) -> Sample:
+def sample_from_result(ctx: RolloutContext, prompt: Prompt, r: GenerateResult, index: int, group_index: int) -> Sample:
     """The (unscored) sample of one engine result: prompt + response tokens, one log-prob, loss-mask
     entry and (when they differ) policy version per response token, status from the finish reason."""
     return Sample(
@@ -186,8 +198,9 @@ sample: ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and
 STATS_KEY = "rollout_stats"
 
 
-def generate_with(ctx: RolloutContext, fn: GenerateFn, prompts: list[Prompt], n: int, params: SamplingParams,
-                  start_index: int = 0) -> list[list[Sample]]:
+def generate_with(
+    ctx: RolloutContext, fn: GenerateFn, prompts: list[Prompt], n: int, params: SamplingParams, start_index: int = 0
+) -> list[list[Sample]]:
     """``n`` samples per prompt from the custom generate function ``fn``, all coroutines
     running concurrently on one event loop (engine calls batched by ``ctx.async_engine``).
 
@@ -196,9 +209,19 @@ def generate_with(ctx: RolloutContext, fn: GenerateFn, prompts: list[Prompt], n:
         Exception: the first exception a coroutine raised (after every coroutine has finished,
             so the engine is left with no request in flight).
     """
-    samples = [Sample(prompt=p.prompt, tokens=list(p.prompt_ids), response_length=0, label=p.label,
-                      metadata=dict(p.metadata), index=start_index + gi * n + j, group_index=gi)
-               for gi, p in enumerate(prompts) for j in range(n)]
+    samples = [
+        Sample(
+            prompt=p.prompt,
+            tokens=list(p.prompt_ids),
+            response_length=0,
+            label=p.label,
+            metadata=dict(p.metadata),
+            index=start_index + gi * n + j,
+            group_index=gi,
+        )
+        for gi, p in enumerate(prompts)
+        for j in range(n)
+    ]
 
     async def run_all() -> list[Any]:
         return await asyncio.gather(*(fn(ctx, s, copy.deepcopy(params)) for s in samples), return_exceptions=True)
@@ -208,7 +231,7 @@ def generate_with(ctx: RolloutContext, fn: GenerateFn, prompts: list[Prompt], n:
         if isinstance(out, BaseException):
             raise out
     finished = [_checked(ctx, out) for out in done]
-    return [finished[gi * n:(gi + 1) * n] for gi in range(len(prompts))]
+    return [finished[gi * n : (gi + 1) * n] for gi in range(len(prompts))]
 
 
 def _checked(ctx: RolloutContext, s: Any) -> Sample:
@@ -216,9 +239,11 @@ def _checked(ctx: RolloutContext, s: Any) -> Sample:
     if not isinstance(s, Sample):
         raise ValueError(f"{key} must return a Sample, got {type(s).__name__}")
     if not (len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length <= len(s.tokens)):
-        raise ValueError(f"{key} returned a sample with response_length={s.response_length}, {len(s.loss_mask)} "
-                         f"loss-mask entries, {len(s.rollout_log_probs)} log-probs and {len(s.tokens)} tokens: the "
-                         f"first three must be equal (one entry per response token)")
+        raise ValueError(
+            f"{key} returned a sample with response_length={s.response_length}, {len(s.loss_mask)} "
+            f"loss-mask entries, {len(s.rollout_log_probs)} log-probs and {len(s.tokens)} tokens: the "
+            f"first three must be equal (one entry per response token)"
+        )
     if s.status == Status.PENDING:
         raise ValueError(f"{key} returned a sample whose status is still 'pending'")
     if not s.response and s.response_length:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ class HFEngine:
         out: list[list[GenerateResult]] = [[] for _ in requests]
         torch.manual_seed(self.seed)
         for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start:start + self.batch_size]
+            chunk = rows[start : start + self.batch_size]
             by_params: dict[int, list[tuple[int, GenerateRequest]]] = {}
             for i, r in chunk:
                 by_params.setdefault(id(r.params), []).append((i, r))
@@ -50,17 +50,24 @@ class HFEngine:
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, r in enumerate(reqs):
-            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[row, width - len(r.prompt_ids):] = 1
+            ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids) :] = 1
         stop = [] if p.ignore_eos else list(p.stop_token_ids)
         greedy = p.temperature <= 0
         gen = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=p.max_new_tokens,
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=p.max_new_tokens,
             min_new_tokens=p.max_new_tokens if p.ignore_eos else None,
-            do_sample=not greedy, temperature=None if greedy else p.temperature,
-            top_p=p.top_p if p.top_p < 1 else None, top_k=p.top_k if p.top_k > 0 else None,
-            eos_token_id=stop or None, pad_token_id=self.pad_id,
-            return_dict_in_generate=True, output_logits=True)
+            do_sample=not greedy,
+            temperature=None if greedy else p.temperature,
+            top_p=p.top_p if p.top_p < 1 else None,
+            top_k=p.top_k if p.top_k > 0 else None,
+            eos_token_id=stop or None,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         seqs = gen.sequences[:, width:].cpu()
         temp = 1.0 if greedy else p.temperature
         logps = torch.stack([torch.log_softmax(l.float() / temp, -1) for l in gen.logits], 1).cpu()  # [B, T, V]
@@ -96,5 +103,6 @@ class HFEngine:
 def from_spec(spec) -> HFEngine:
     """The ``hf`` backend's factory (:mod:`reinforge.rollout.backends`)."""
     model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
-    return HFEngine(model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs,
-                    seed=spec.seed)
+    return HFEngine(
+        model, pad_token_id=spec.tokenizer.pad_token_id, batch_size=spec.engine.max_num_seqs, seed=spec.seed
+    )

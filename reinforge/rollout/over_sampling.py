@@ -36,9 +36,14 @@ from ..records import FinishReason, GenerateRequest, Sample
 from .async_rollout import PartialSample
 from .generate import RolloutContext, sample_from_result
 
-
-COUNTS = ("rollout/over_sampled_prompts", "rollout/aborted_samples", "rollout/carried_samples",
-          "rollout/requeued_prompts", "rollout/dropped_prompts", "rollout/discarded_tokens")
+COUNTS = (
+    "rollout/over_sampled_prompts",
+    "rollout/aborted_samples",
+    "rollout/carried_samples",
+    "rollout/requeued_prompts",
+    "rollout/dropped_prompts",
+    "rollout/discarded_tokens",
+)
 
 
 @runtime_checkable
@@ -82,8 +87,7 @@ class _Group:
         fresh = [p for p in self.parts if p.result is None and not p.tokens]
         out = [(p.continuation(), [p]) for p in self.parts if p.result is None and p.tokens]
         if fresh:
-            out.insert(0, (GenerateRequest(list(self.prompt.prompt_ids), fresh[0].request.params, n=len(fresh)),
-                           fresh))
+            out.insert(0, (GenerateRequest(list(self.prompt.prompt_ids), fresh[0].request.params, n=len(fresh)), fresh))
         return out
 
 
@@ -118,22 +122,27 @@ class OverSampledRollout:
         """
         engine = ctx.engine
         if not isinstance(engine, SteppableEngine):
-            raise TypeError(f"rollout.over_sampling_batch_size needs the in-process embedded engine; "
-                            f"{type(engine).__name__} cannot be stepped (engine.backend=embedded, cluster.mode=local)")
+            raise TypeError(
+                f"rollout.over_sampling_batch_size needs the in-process embedded engine; "
+                f"{type(engine).__name__} cannot be stepped (engine.backend=embedded, cluster.mode=local)"
+            )
         for key in COUNTS:
             self.counts.setdefault(key, 0.0)
         params = ctx.sampling_params()
-        groups = self.pending + [self._new_group(p, params)
-                                 for p in data.next_batch(max(self.over - len(self.pending), 0))]
+        groups = self.pending + [
+            self._new_group(p, params) for p in data.next_batch(max(self.over - len(self.pending), 0))
+        ]
         self.pending = []
         done = [g for g in groups if g.complete]  # carried complete groups: trained first
         if len(done) < self.batch_size:
             done += self._run(engine, [g for g in groups if not g.complete], self.batch_size - len(done))
-        trained = done[:self.batch_size]
+        trained = done[: self.batch_size]
         chosen = {id(g) for g in trained}
         self._hand_on([g for g in groups if id(g) not in chosen], len(groups))
-        return [[sample_from_result(ctx, g.prompt, p.result, gi * self.n + j, gi) for j, p in enumerate(g.parts)]
-                for gi, g in enumerate(trained)]
+        return [
+            [sample_from_result(ctx, g.prompt, p.result, gi * self.n + j, gi) for j, p in enumerate(g.parts)]
+            for gi, g in enumerate(trained)
+        ]
 
     def _new_group(self, prompt: Prompt, params: Any) -> _Group:
         request = GenerateRequest(list(prompt.prompt_ids), params, n=self.n)
@@ -168,8 +177,10 @@ class OverSampledRollout:
             engine.step()
             collect()
         engine.abort(*(request.request_id for request, _, _ in inflight))  # one read-back for all
-        self._add("rollout/aborted_samples", sum(r.finish_reason == FinishReason.ABORT
-                                                 for _, handle, _ in inflight for r in handle.results))
+        self._add(
+            "rollout/aborted_samples",
+            sum(r.finish_reason == FinishReason.ABORT for _, handle, _ in inflight for r in handle.results),
+        )
         collect()  # the aborted samples get their tokens so far
         return done
 
@@ -208,8 +219,10 @@ class OverSampledRollout:
         by_index = {p.index: p for p in data.prompts}
         missing = [i for i in indices if i not in by_index]
         if missing:
-            raise ValueError(f"the checkpoint's over-sampled prompts {missing[:5]} are not in this run's data: resume "
-                             f"with the same data settings")
+            raise ValueError(
+                f"the checkpoint's over-sampled prompts {missing[:5]} are not in this run's data: resume "
+                f"with the same data settings"
+            )
         self.pending = [self._new_group(by_index[i], params) for i in indices]
 
 

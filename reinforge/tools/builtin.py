@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from .sandbox import (SandboxLimits, SandboxResult, SandboxSlots, check_sandbox, default_max_sandboxes,
-                      run_python)
+from .sandbox import SandboxLimits, SandboxResult, SandboxSlots, check_sandbox, default_max_sandboxes, run_python
 from .toolset import SANDBOX_FAILURE, ToolError
 
 if TYPE_CHECKING:
@@ -22,8 +22,15 @@ MAX_INT_BITS = 4096  # results beyond ~1e1233 are refused rather than computed
 # which the result is 0 anyway (|x| < 10**1234 < 10**n / 2).
 MAX_ROUND_DIGITS = 1300
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
@@ -36,9 +43,17 @@ def _round(x: int | float, ndigits: int | None = None) -> int | float:
     return round(x, max(-MAX_ROUND_DIGITS, min(MAX_ROUND_DIGITS, ndigits)))
 
 
-_FUNCTIONS: dict[str, Callable[..., Any]] = {"abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt,
-                                             "floor": math.floor, "ceil": math.ceil, "log": math.log,
-                                             "exp": math.exp}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "abs": abs,
+    "round": _round,
+    "min": min,
+    "max": max,
+    "sqrt": math.sqrt,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "log": math.log,
+    "exp": math.exp,
+}
 _CONSTANTS = {"pi": math.pi, "e": math.e}
 
 
@@ -85,8 +100,12 @@ def _evaluate(node: ast.AST) -> int | float:
         if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
             raise ValueError("result too large")
         return value
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
-            and not node.keywords):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCTIONS
+        and not node.keywords
+    ):
         return _FUNCTIONS[node.func.id](*(_evaluate(a) for a in node.args))
     raise ValueError(f"unsupported syntax: {ast.unparse(node)[:40]!r}")
 
@@ -100,7 +119,7 @@ async def python(code: str) -> str:
     return sandbox_output(await run_python(code, SandboxLimits()))
 
 
-def make_python(agent: "AgentConfig | None") -> Callable[..., Any]:
+def make_python(agent: AgentConfig | None) -> Callable[..., Any]:
     """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
     ``python_memory_mb``, ``python_sandbox``, ``python_sandbox_uid``, ``max_concurrent_sandboxes``);
     the defaults of :class:`SandboxLimits` and the bubblewrap sandbox without one.
@@ -111,8 +130,13 @@ def make_python(agent: "AgentConfig | None") -> Callable[..., Any]:
     Raises:
         SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
     """
-    limits = SandboxLimits() if agent is None else SandboxLimits(
-        timeout=agent.tool_timeout, memory_mb=agent.python_memory_mb, sandbox_uid=agent.python_sandbox_uid)
+    limits = (
+        SandboxLimits()
+        if agent is None
+        else SandboxLimits(
+            timeout=agent.tool_timeout, memory_mb=agent.python_memory_mb, sandbox_uid=agent.python_sandbox_uid
+        )
+    )
     isolation = "bwrap" if agent is None else agent.python_sandbox
     check_sandbox(isolation, limits.sandbox_uid)
     bound = None if agent is None else agent.max_concurrent_sandboxes
@@ -144,8 +168,10 @@ def sandbox_output(r: SandboxResult) -> str:
     if r.timed_out:
         raise ToolError(f"the program did not finish within the time limit.\n{both}".strip(), "timeout")
     if r.oom_kills:
-        raise ToolError(f"a process of the program was killed at the memory limit (exit status {r.returncode})."
-                        f"\n{both}".strip(), "memory")
+        raise ToolError(
+            f"a process of the program was killed at the memory limit (exit status {r.returncode}).\n{both}".strip(),
+            "memory",
+        )
     if r.returncode != 0:
         if r.network_denied:
             raise ToolError(f"network access is disabled in the python tool.\n{both}".strip(), "network")

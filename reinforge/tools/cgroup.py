@@ -153,7 +153,7 @@ def remove_stale(mounts: dict[str, str] | None = None, own: dict[str, str] | Non
         except OSError:
             continue
         for d in entries:
-            pid = d.name[len(PREFIX):].split("-")[0]
+            pid = d.name[len(PREFIX) :].split("-")[0]
             if not pid.isdigit() or Path(f"/proc/{pid}").exists():
                 continue
             stale = Cgroup([d], 2 if "" in mounts and str(parent).startswith(mounts[""]) else 1)
@@ -184,8 +184,9 @@ def _create_v2(path: Path, memory_bytes: int, max_pids: int, cpus: float) -> Cgr
     return cg
 
 
-def _create_v1(mounts: dict[str, str], own: dict[str, str], name: str, memory_bytes: int, max_pids: int,
-               cpus: float) -> Cgroup:
+def _create_v1(
+    mounts: dict[str, str], own: dict[str, str], name: str, memory_bytes: int, max_pids: int, cpus: float
+) -> Cgroup:
     controllers = [c for c in ("memory", "pids", "cpu") if c in mounts]
     cg = Cgroup([], 1)
     try:

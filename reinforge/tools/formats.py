@@ -103,14 +103,16 @@ class HermesFormat(ToolCallFormat):
 
     def describe_tools(self, schemas: list[dict[str, Any]]) -> str:
         listing = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
-        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                "You are provided with function signatures within <tools></tools> XML tags:\n"
-                f"<tools>\n{listing}\n</tools>\n\n"
-                "For each function call, return a json object with function name and arguments within "
-                "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n'
-                "The result comes back within <tool_response></tool_response> XML tags. When you know the answer, "
-                "reply without a tool call.")
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listing}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n'
+            "The result comes back within <tool_response></tool_response> XML tags. When you know the answer, "
+            "reply without a tool call."
+        )
 
 
 class Llama3JsonFormat(ToolCallFormat):
@@ -122,7 +124,7 @@ class Llama3JsonFormat(ToolCallFormat):
         out = ParsedMessage()
         body = text.strip()
         if body.startswith(self._tag):
-            body = body[len(self._tag):].strip()
+            body = body[len(self._tag) :].strip()
         elif not body.startswith("{"):
             return out
         decoder = json.JSONDecoder()
@@ -131,11 +133,12 @@ class Llama3JsonFormat(ToolCallFormat):
             try:
                 obj, end = decoder.raw_decode(body, pos)
             except json.JSONDecodeError as e:
-                out.errors.append(f"the tool call is not valid JSON ({e.msg} at position {e.pos}): "
-                                  f"{body[pos:pos + 200]}")
+                out.errors.append(
+                    f"the tool call is not valid JSON ({e.msg} at position {e.pos}): {body[pos : pos + 200]}"
+                )
                 break
             except RecursionError:
-                out.errors.append(f"the tool call is nested too deeply to decode: {body[pos:pos + 200]}")
+                out.errors.append(f"the tool call is nested too deeply to decode: {body[pos : pos + 200]}")
                 break
             try:
                 out.calls.append(_call_from_json(obj, ("parameters", "arguments")))
@@ -148,10 +151,12 @@ class Llama3JsonFormat(ToolCallFormat):
 
     def describe_tools(self, schemas: list[dict[str, Any]]) -> str:
         listing = "\n\n".join(json.dumps(s, indent=4, ensure_ascii=False) for s in schemas)
-        return ("Given the following functions, please respond with a JSON for a function call with its proper "
-                "arguments that best answers the given prompt.\n\n"
-                'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
-                "value}. Do not use variables. When you know the answer, reply in plain text.\n\n" + listing)
+        return (
+            "Given the following functions, please respond with a JSON for a function call with its proper "
+            "arguments that best answers the given prompt.\n\n"
+            'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
+            "value}. Do not use variables. When you know the answer, reply in plain text.\n\n" + listing
+        )
 
 
 TOOL_CALL_FORMATS: Registry[type[ToolCallFormat]] = Registry("tool-call format", "agent.tool_call_format")

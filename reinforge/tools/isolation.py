@@ -50,15 +50,53 @@ LAUNCHER_EXIT = 125  # the launcher's exit status when a step failed (its stderr
 
 DENIED_SYSCALLS = (
     # kernel keyrings (the trainer's secrets), tracing and kernel-programming interfaces
-    "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev", "bpf",
-    "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
     # namespaces and mounts
-    "mount", "umount2", "pivot_root", "unshare", "setns", "open_tree", "move_mount", "fsopen", "fsconfig",
-    "fsmount", "fspick", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "unshare",
+    "setns",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "open_by_handle_at",
+    "name_to_handle_at",
     # the machine
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
-    "swapoff", "acct", "syslog", "quotactl", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
-    "lookup_dcookie", "vhangup", "iopl", "ioperm",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "syslog",
+    "quotactl",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "lookup_dcookie",
+    "vhangup",
+    "iopl",
+    "ioperm",
 )
 """System calls the sandboxed program may not make (``EPERM``): Docker's default profile's list
 narrowed to what a Python program never needs, and the issue 34 set (keyrings, ptrace, bpf,
@@ -152,8 +190,10 @@ def seccomp_program() -> bytes:
     try:
         import pyseccomp
     except (ImportError, OSError, RuntimeError) as e:
-        raise SandboxUnavailable(f"the python tool's seccomp filter needs libseccomp ({e}); install libseccomp2 "
-                                 f"(`apt-get install libseccomp2`) and the pyseccomp package") from None
+        raise SandboxUnavailable(
+            f"the python tool's seccomp filter needs libseccomp ({e}); install libseccomp2 "
+            f"(`apt-get install libseccomp2`) and the pyseccomp package"
+        ) from None
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in DENIED_SYSCALLS:
         try:
@@ -189,10 +229,18 @@ def read_only_paths() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
             links.append((os.readlink(p), p))
         elif os.path.isdir(p):
             binds.append(p)
-    binds += [p for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
-                          "/etc/localtime") if os.path.exists(p)]
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                str(Path(os.path.realpath(sys.executable)).parent.parent)}
+    binds += [
+        p
+        for p in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime")
+        if os.path.exists(p)
+    ]
+    prefixes = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        str(Path(os.path.realpath(sys.executable)).parent.parent),
+    }
     from ..models.hub import cache_dir
 
     models = os.path.realpath(cache_dir())
@@ -200,8 +248,10 @@ def read_only_paths() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
         if any(p == b or p.startswith(b.rstrip("/") + "/") for b in binds):
             continue
         if p == "/" or models == p or models.startswith(p + "/"):
-            raise SandboxUnavailable(f"the python interpreter's prefix {p} holds the models cache {models}; the "
-                                     f"sandbox would expose it: use a virtualenv elsewhere or set REINFORGE_CACHE")
+            raise SandboxUnavailable(
+                f"the python interpreter's prefix {p} holds the models cache {models}; the "
+                f"sandbox would expose it: use a virtualenv elsewhere or set REINFORGE_CACHE"
+            )
         binds.append(p)
     return tuple(links), tuple(binds)
 
@@ -241,9 +291,23 @@ def bwrap_args(disk_mb: int, stage_of: dict[str, str], fds: dict[str, int]) -> l
             ``empty`` (an empty file, shown as ``/proc/cmdline``), ``status`` (bwrap's JSON status).
     """
     links, binds = read_only_paths()
-    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--cap-drop", "ALL",
-            "--json-status-fd", str(fds["status"]), "--seccomp", str(fds["seccomp"])]
+    args = [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--uid",
+        str(INSIDE_UID),
+        "--gid",
+        str(INSIDE_UID),
+        "--cap-drop",
+        "ALL",
+        "--json-status-fd",
+        str(fds["status"]),
+        "--seccomp",
+        str(fds["seccomp"]),
+    ]
     # an interpreter under /tmp (a virtualenv in a checkout there): /tmp becomes a tmpfs of its own before the
     # interpreter is bound inside it (the symlink to the scratch folder cannot be made there)
     tmp_mount = any(p == "/tmp" or p.startswith("/tmp/") for p in binds)
@@ -254,10 +318,29 @@ def bwrap_args(disk_mb: int, stage_of: dict[str, str], fds: dict[str, int]) -> l
         args += ["--ro-bind", stage_of.get(p, p), p]
     for target, p in links:
         args += ["--symlink", target, p]
-    args += ["--proc", "/proc", "--ro-bind-data", str(fds["empty"]), "/proc/cmdline",
-             "--dev", "/dev", "--perms", "1777", "--size", str(sizes["/dev/shm"]), "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev",
-             "--perms", "0700", "--size", str(sizes[SCRATCH]), "--tmpfs", SCRATCH]
+    args += [
+        "--proc",
+        "/proc",
+        "--ro-bind-data",
+        str(fds["empty"]),
+        "/proc/cmdline",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(sizes["/dev/shm"]),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+        "--perms",
+        "0700",
+        "--size",
+        str(sizes[SCRATCH]),
+        "--tmpfs",
+        SCRATCH,
+    ]
     if not tmp_mount:
         args += ["--symlink", SCRATCH, "/tmp"]
     args += ["--chdir", SCRATCH, "--remount-ro", "/", "--clearenv"]
@@ -276,8 +359,9 @@ def staged_paths(uid: int | None) -> dict[str, str]:
     return {p: f"{STAGE}/{i}" for i, p in enumerate(p for p in binds if not reachable_by_others(p))}
 
 
-def launcher_command(command: list[str], cgroup_procs: list[str], uid: int | None,
-                     stage_of: dict[str, str]) -> list[str]:
+def launcher_command(
+    command: list[str], cgroup_procs: list[str], uid: int | None, stage_of: dict[str, str]
+) -> list[str]:
     """``python -I -S -c LAUNCHER SPEC...``: it prepares the process (module docstring) and
     ``exec``\\ s ``command`` (bwrap and its arguments).
 
@@ -288,15 +372,36 @@ def launcher_command(command: list[str], cgroup_procs: list[str], uid: int | Non
     """
     if stage_of:
         os.makedirs(STAGE, mode=0o755, exist_ok=True)
-    return [sys.executable, "-I", "-S", "-c", LAUNCHER, "-" if uid is None else str(uid), str(os.getpid()),
-            str(keyctl_number()), STAGE if stage_of else "-", str(len(cgroup_procs)), *cgroup_procs,
-            str(len(stage_of)), *stage_of, *command]
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        LAUNCHER,
+        "-" if uid is None else str(uid),
+        str(os.getpid()),
+        str(keyctl_number()),
+        STAGE if stage_of else "-",
+        str(len(cgroup_procs)),
+        *cgroup_procs,
+        str(len(stage_of)),
+        *stage_of,
+        *command,
+    ]
 
 
 def sandbox_env(home: str) -> dict[str, str]:
     """The program's whole environment (nothing of the trainer's)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
 
 
 def host_env() -> dict[str, str]:

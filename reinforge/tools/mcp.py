@@ -31,8 +31,17 @@ from .toolset import Tool
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
 
-__all__ = ["MCP_ERROR", "MCPServerSpec", "MCPServers", "MCPStartError", "function_schema", "load_mcp_tools",
-           "parse_server_specs", "require_sdk", "tool_listings"]
+__all__ = [
+    "MCP_ERROR",
+    "MCPServerSpec",
+    "MCPServers",
+    "MCPStartError",
+    "function_schema",
+    "load_mcp_tools",
+    "parse_server_specs",
+    "require_sdk",
+    "tool_listings",
+]
 
 KEY = "agent.mcp_servers"
 OUTPUT_CHARS_PER_TOKEN = 32  # outputs are cut at this many characters per agent.tool_output_max_tokens
@@ -146,7 +155,7 @@ def require_sdk() -> None:
 # ---------------------------------------------------------------------------------------------- tools
 
 
-def load_mcp_tools(agent: "AgentConfig", taken: dict[str, str] | None = None) -> list[Tool]:
+def load_mcp_tools(agent: AgentConfig, taken: dict[str, str] | None = None) -> list[Tool]:
     """The tools of ``agent.mcp_servers`` (all of a server's tools, or those of its ``tools``),
     named ``prefix + tool name``. The tool lists are read by starting each server once (then
     stopped) and kept for the process, so the prompts and the run's ToolSet see the same lists;
@@ -171,16 +180,26 @@ def load_mcp_tools(agent: "AgentConfig", taken: dict[str, str] | None = None) ->
         offered = {t["name"]: t for t in listing}
         for name in spec.tools if spec.tools is not None else offered:
             if name not in offered:
-                raise MCPStartError(f"{spec.key}.tools: the server {spec.name!r} has no tool {name!r}; it offers "
-                                    f"{', '.join(offered) or 'none'}")
+                raise MCPStartError(
+                    f"{spec.key}.tools: the server {spec.name!r} has no tool {name!r}; it offers "
+                    f"{', '.join(offered) or 'none'}"
+                )
             exposed = spec.prefix + name
             if exposed in owners:
-                raise ValueError(f"{spec.key}: the tool {exposed!r} of server {spec.name!r} clashes with the one of "
-                                 f"{owners[exposed]}; set {spec.key}.prefix (e.g. '{spec.name}_') or list the tools "
-                                 f"to offer in {spec.key}.tools")
+                raise ValueError(
+                    f"{spec.key}: the tool {exposed!r} of server {spec.name!r} clashes with the one of "
+                    f"{owners[exposed]}; set {spec.key}.prefix (e.g. '{spec.name}_') or list the tools "
+                    f"to offer in {spec.key}.tools"
+                )
             owners[exposed] = spec.label
-            tools.append(Tool(exposed, hub.tool_function(spec.index, name, exposed),
-                              function_schema(exposed, offered[name]), resource=hub))
+            tools.append(
+                Tool(
+                    exposed,
+                    hub.tool_function(spec.index, name, exposed),
+                    function_schema(exposed, offered[name]),
+                    resource=hub,
+                )
+            )
     return tools
 
 
@@ -215,8 +234,10 @@ def function_schema(name: str, tool: dict[str, Any]) -> dict[str, Any]:
     params = _clean(dict(tool.get("input_schema") or {}))
     params["type"] = "object"
     params.setdefault("properties", {})
-    return {"type": "function", "function": {"name": name, "description": (tool.get("description") or "").strip(),
-                                             "parameters": params}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": (tool.get("description") or "").strip(), "parameters": params},
+    }
 
 
 def _clean(schema: Any) -> Any:

@@ -238,16 +238,26 @@ class _Server:
                 return
             if self.restarts >= self.spec.max_restarts:
                 self.state = "down"
-                self._error = (f"it stopped {self.restarts + 1} times ({self.spec.key}.max_restarts="
-                               f"{self.spec.max_restarts})")
-                logger.error("MCP server %s stopped (%s) and is not restarted again: its tools answer with an "
-                             "error for the rest of the run", self.spec.label, reason)
+                self._error = (
+                    f"it stopped {self.restarts + 1} times ({self.spec.key}.max_restarts={self.spec.max_restarts})"
+                )
+                logger.error(
+                    "MCP server %s stopped (%s) and is not restarted again: its tools answer with an "
+                    "error for the rest of the run",
+                    self.spec.label,
+                    reason,
+                )
                 self._ready.set_result(None)
                 return
             self.restarts += 1
             self.state = "restarting"
-            logger.warning("MCP server %s stopped (%s); restart %d of at most %d", self.spec.label, reason,
-                           self.restarts, self.spec.max_restarts)
+            logger.warning(
+                "MCP server %s stopped (%s); restart %d of at most %d",
+                self.spec.label,
+                reason,
+                self.restarts,
+                self.spec.max_restarts,
+            )
 
     async def _run_once(self, stop: asyncio.Event) -> None:
         from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -283,11 +293,17 @@ class _Server:
                 break
             page = await session.list_tools(params=PaginatedRequestParams(cursor=page.next_cursor))
             tools += page.tools
-        listing = [{"name": t.name, "description": t.description or t.title or "",
-                    "input_schema": dict(t.input_schema or {})} for t in tools]
+        listing = [
+            {"name": t.name, "description": t.description or t.title or "", "input_schema": dict(t.input_schema or {})}
+            for t in tools
+        ]
         if self.listing and {t["name"] for t in listing} != {t["name"] for t in self.listing}:
-            logger.warning("MCP server %s now offers %s (was: %s)", self.spec.label,
-                           ", ".join(t["name"] for t in listing), ", ".join(t["name"] for t in self.listing))
+            logger.warning(
+                "MCP server %s now offers %s (was: %s)",
+                self.spec.label,
+                ", ".join(t["name"] for t in listing),
+                ", ".join(t["name"] for t in self.listing),
+            )
         self.listing = listing
 
     # calls
@@ -305,8 +321,9 @@ class _Server:
         except Exception as e:  # noqa: BLE001 - sorted below: a dead server, an error answer, a client failure
             if _disconnected(e):
                 self._died(stop, f"its connection closed during a call of {tool}")
-                raise ToolError(f"{exposed} failed: its MCP server {self.spec.name!r} stopped during the call",
-                                MCP_SERVER) from None
+                raise ToolError(
+                    f"{exposed} failed: its MCP server {self.spec.name!r} stopped during the call", MCP_SERVER
+                ) from None
             message = e.message if isinstance(e, MCPError) else f"{type(e).__name__}: {e}"
             raise ToolError(f"{exposed}: the MCP server answered with an error: {message}", MCP_ERROR) from None
         text, is_error = result_text(result, self.hub.max_output_chars)
@@ -412,7 +429,7 @@ class _EndWatch:
             self._on_end()
             raise
 
-    def __aiter__(self) -> "_EndWatch":
+    def __aiter__(self) -> _EndWatch:
         return self
 
     async def __anext__(self) -> Any:
@@ -423,7 +440,7 @@ class _EndWatch:
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
 
-    async def __aenter__(self) -> "_EndWatch":
+    async def __aenter__(self) -> _EndWatch:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -441,8 +458,9 @@ def _disconnected(e: BaseException) -> bool:
 
     if isinstance(e, MCPError):
         return e.code == CONNECTION_CLOSED
-    return isinstance(e, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, ConnectionError,
-                          EOFError))
+    return isinstance(
+        e, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, ConnectionError, EOFError)
+    )
 
 
 def _describe(e: BaseException, startup_timeout: float) -> str:

@@ -38,8 +38,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .cgroup import Cgroup, create_cgroup
-from .isolation import (SCRATCH, SandboxUnavailable, bwrap_args, bwrap_path, host_env, host_uid,
-                        launcher_command, sandbox_env, seccomp_program, staged_paths)
+from .isolation import (
+    SCRATCH,
+    SandboxUnavailable,
+    bwrap_args,
+    bwrap_path,
+    host_env,
+    host_uid,
+    launcher_command,
+    sandbox_env,
+    seccomp_program,
+    staged_paths,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +58,18 @@ OPT_OUT = "agent.python_sandbox=none"
 DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
 NETWORK_DENIED = "network access is disabled in this sandbox"
 
-__all__ = ["ISOLATIONS", "OPT_OUT", "SandboxLimits", "SandboxResult", "SandboxSlots", "SandboxUnavailable",
-           "bwrap_path", "check_sandbox", "default_max_sandboxes", "run_python"]
+__all__ = [
+    "ISOLATIONS",
+    "OPT_OUT",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxSlots",
+    "SandboxUnavailable",
+    "bwrap_path",
+    "check_sandbox",
+    "default_max_sandboxes",
+    "run_python",
+]
 
 # Runs before the user's code (the user's program is main.py in the working directory).
 # The interpreter starts with -S (no site module: the .pth files of a large environment cost 25-50 ms of
@@ -100,7 +120,7 @@ except BaseException as _e:  # show the user's frames only
     traceback.print_exception(type(_e), _e, _tb)
     sys.stderr.flush()
     os._exit(1)
-""" % NETWORK_DENIED
+""".replace('"%s"', repr(NETWORK_DENIED))
 
 
 @dataclass
@@ -165,7 +185,8 @@ def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_U
             raise SandboxUnavailable(
                 f"the python tool runs model-written code in a bubblewrap sandbox, which {problem}. Install it "
                 f"(`apt-get install bubblewrap libseccomp2`; `make setup` does it as root), or set "
-                f"{OPT_OUT} to run that code without isolation (unsafe: it can read and change your files).")
+                f"{OPT_OUT} to run that code without isolation (unsafe: it can read and change your files)."
+            )
 
 
 @functools.lru_cache(maxsize=4)
@@ -181,8 +202,11 @@ def _bwrap_problem(sandbox_uid: int) -> str | None:
         r = pool.submit(asyncio.run, trial).result()
     if r.infra_error or r.stdout.strip() != "42":
         why = r.infra_error or r.stderr.strip() or f"exit status {r.returncode}"
-        hint = ("user namespaces may be disabled, or root lacks CAP_SYS_ADMIN" if os.geteuid() == 0
-                else "user namespaces may be disabled")
+        hint = (
+            "user namespaces may be disabled, or root lacks CAP_SYS_ADMIN"
+            if os.geteuid() == 0
+            else "user namespaces may be disabled"
+        )
         return f"fails here ({why}; {hint})"
     return None
 
@@ -234,8 +258,11 @@ def _group_limits(lim: SandboxLimits) -> Cgroup | None:
     except OSError as e:
         if not _warned_no_cgroup:
             _warned_no_cgroup = True
-            log.warning("python tool: no cgroup could be made (%s); memory is limited per process and by the tmpfs "
-                        "sizes, processes per sandbox, CPU per process; not the sandbox's memory as a whole", e)
+            log.warning(
+                "python tool: no cgroup could be made (%s); memory is limited per process and by the tmpfs "
+                "sizes, processes per sandbox, CPU per process; not the sandbox's memory as a whole",
+                e,
+            )
         return None
 
 
@@ -255,8 +282,9 @@ def _data_fd(data: bytes) -> int:
     return fd
 
 
-async def run_python(code: str, limits: SandboxLimits | None = None, isolation: str = "bwrap",
-                     checked: bool = False) -> SandboxResult:
+async def run_python(
+    code: str, limits: SandboxLimits | None = None, isolation: str = "bwrap", checked: bool = False
+) -> SandboxResult:
     """Run ``code`` as a Python program under ``limits`` (module docstring).
 
     Cancelling the coroutine (a caller's own timeout) kills the sandbox. Never raises for what
@@ -280,17 +308,30 @@ async def run_python(code: str, limits: SandboxLimits | None = None, isolation: 
     fds: dict[str, int] = {}
     host_scratch = None
     try:
-        python = [sys.executable, "-I", "-S", "-c", _PRELUDE, str(lim.memory_mb * 2**20),
-                  str(lim.file_size_mb * 2**20), str(max(1, int(lim.timeout) + 1))]
+        python = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _PRELUDE,
+            str(lim.memory_mb * 2**20),
+            str(lim.file_size_mb * 2**20),
+            str(max(1, int(lim.timeout) + 1)),
+        ]
         if isolation == "bwrap":
-            fds = {"program": _data_fd(code.encode()), "seccomp": _data_fd(seccomp_program()),
-                   "empty": _data_fd(b"")}
+            fds = {"program": _data_fd(code.encode()), "seccomp": _data_fd(seccomp_program()), "empty": _data_fd(b"")}
             fds["status"], status_w = os.pipe()
             fds["status_w"] = status_w
             uid = host_uid(lim.sandbox_uid)
             stage_of = staged_paths(uid)
-            argv = [bwrap_path(), *bwrap_args(lim.disk_mb, stage_of, {**fds, "status": status_w}), "--",
-                    *python, str(lim.max_processes), _site_packages()]
+            argv = [
+                bwrap_path(),
+                *bwrap_args(lim.disk_mb, stage_of, {**fds, "status": status_w}),
+                "--",
+                *python,
+                str(lim.max_processes),
+                _site_packages(),
+            ]
             cgroup = _group_limits(lim)
             cmd = launcher_command(argv, cgroup.procs_files if cgroup else [], uid, stage_of)
             cwd, env, scratch = None, host_env(), SCRATCH
@@ -302,13 +343,24 @@ async def run_python(code: str, limits: SandboxLimits | None = None, isolation: 
             cmd, cwd, env, pass_fds = [*python, "0", _site_packages()], scratch, sandbox_env(scratch), ()
             env["PATH"] = os.environ.get("PATH", os.defpath)
         proc = await asyncio.create_subprocess_exec(
-            *cmd, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
+            *cmd,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
         for key in ("program", "seccomp", "empty", "status_w"):  # the child holds its copies
             if key in fds:
                 os.close(fds.pop(key))
-        reads = asyncio.ensure_future(asyncio.gather(_read_capped(proc.stdout, lim.max_output_bytes),
-                                                     _read_capped(proc.stderr, lim.max_output_bytes, tail=True)))
+        reads = asyncio.ensure_future(
+            asyncio.gather(
+                _read_capped(proc.stdout, lim.max_output_bytes),
+                _read_capped(proc.stderr, lim.max_output_bytes, tail=True),
+            )
+        )
         timed_out = False
         try:
             await asyncio.wait_for(proc.wait(), lim.timeout)
@@ -326,8 +378,15 @@ async def run_python(code: str, limits: SandboxLimits | None = None, isolation: 
         if isolation == "bwrap" and not timed_out and not _program_started(fds["status"]):
             infra = err.strip() or f"the sandbox exited with status {proc.returncode} before the program started"
         out, err = out.replace(scratch + os.sep, ""), err.replace(scratch + os.sep, "")
-        return SandboxResult(out, err, None if timed_out else proc.returncode, timed_out,
-                             time.perf_counter() - start, cgroup.oom_kills() if cgroup else 0, infra)
+        return SandboxResult(
+            out,
+            err,
+            None if timed_out else proc.returncode,
+            timed_out,
+            time.perf_counter() - start,
+            cgroup.oom_kills() if cgroup else 0,
+            infra,
+        )
     finally:
         if proc is not None and proc.returncode is None:  # cancelled: do not leave it running
             _kill(proc, cgroup)
@@ -398,7 +457,7 @@ async def _read_capped(stream: asyncio.StreamReader | None, limit: int, tail: bo
         if tail:
             kept = (kept + chunk)[-limit:]
         elif len(kept) < limit:
-            kept += chunk[:limit - len(kept)]
+            kept += chunk[: limit - len(kept)]
     text = kept.decode("utf-8", errors="replace")
     dropped = total - len(kept)
     if not dropped:

@@ -28,7 +28,8 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
@@ -68,8 +69,10 @@ def function_schema(fn: Callable[..., Any], name: str | None = None) -> dict[str
     params: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         params["required"] = required
-    return {"type": "function", "function": {"name": name or fn.__name__, "description": description,
-                                             "parameters": params}}
+    return {
+        "type": "function",
+        "function": {"name": name or fn.__name__, "description": description, "parameters": params},
+    }
 
 
 def parse_google_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -156,8 +159,10 @@ def check_arguments(schema: dict[str, Any], arguments: Any) -> dict[str, Any]:
     props = params.get("properties", {})
     unknown = sorted(set(arguments) - set(props))
     if unknown:
-        raise ToolArgumentError(f"unknown argument(s) {', '.join(map(repr, unknown))}; "
-                                f"the tool takes {', '.join(map(repr, props)) or 'none'}")
+        raise ToolArgumentError(
+            f"unknown argument(s) {', '.join(map(repr, unknown))}; "
+            f"the tool takes {', '.join(map(repr, props)) or 'none'}"
+        )
     missing = [k for k in params.get("required", []) if k not in arguments]
     if missing:
         raise ToolArgumentError(f"missing required argument(s) {', '.join(map(repr, missing))}")
@@ -176,8 +181,10 @@ def _check_value(prop: dict[str, Any], value: Any, key: str) -> Any:
         None: True,
         "string": isinstance(value, str),
         "boolean": isinstance(value, bool),
-        "integer": isinstance(value, int) and not isinstance(value, bool)
-        or isinstance(value, float) and value.is_integer(),
+        "integer": isinstance(value, int)
+        and not isinstance(value, bool)
+        or isinstance(value, float)
+        and value.is_integer(),
         "number": isinstance(value, (int, float)) and not isinstance(value, bool),
         "array": isinstance(value, list),
         "object": isinstance(value, dict),

@@ -18,9 +18,10 @@ import asyncio
 import importlib
 import inspect
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..utils.imports import load_function
 from ..utils.registry import Registry
@@ -73,8 +74,9 @@ class ToolResult:
     arguments: Any = None  # the call's arguments as the model wrote them (None for a call that did not parse)
 
     @classmethod
-    def failure(cls, name: str | None, kind: str, message: str, seconds: float = 0.0,
-                arguments: Any = None) -> "ToolResult":
+    def failure(
+        cls, name: str | None, kind: str, message: str, seconds: float = 0.0, arguments: Any = None
+    ) -> ToolResult:
         return cls(name, f"Error: {message}", kind, seconds, arguments)
 
 
@@ -93,13 +95,13 @@ class Tool:
     resource: Any = None
 
     @classmethod
-    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> "Tool":
+    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
         """Raises TypeError: the signature has no JSON schema (see ``function_schema``)."""
         schema = function_schema(fn, name)
         return cls(schema["function"]["name"], fn, schema)
 
 
-def load_tools(names: list[str], agent: "AgentConfig | None" = None) -> list[Tool]:
+def load_tools(names: list[str], agent: AgentConfig | None = None) -> list[Tool]:
     """The tools of ``agent.tools``: registered names or ``module:function`` paths; then, when
     ``agent`` is given, those of its ``mcp_servers`` (each server started once to read its tool
     list; the servers the tools call start when a :class:`ToolSet` takes them).
@@ -117,8 +119,10 @@ def load_tools(names: list[str], agent: "AgentConfig | None" = None) -> list[Too
             fn = load_function(spec, key)
         else:
             if spec not in TOOLS:
-                raise ValueError(f"{key}: unknown tool {spec!r}; registered: {', '.join(TOOLS.names())} (or give a "
-                                 f"'module:function' path)")
+                raise ValueError(
+                    f"{key}: unknown tool {spec!r}; registered: {', '.join(TOOLS.names())} (or give a "
+                    f"'module:function' path)"
+                )
             entry = TOOLS.entry(spec)
             fn = entry.load()
             if entry.info.get("factory"):
@@ -166,7 +170,7 @@ class ToolSet:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
 
     @classmethod
-    def from_config(cls, agent: "AgentConfig") -> "ToolSet":
+    def from_config(cls, agent: AgentConfig) -> ToolSet:
         return cls(load_tools(agent.tools, agent), agent.tool_timeout, agent.tool_concurrency)
 
     @property
@@ -198,15 +202,16 @@ class ToolSet:
                 loop = asyncio.get_running_loop()
                 out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: tool.fn(**args)), self.timeout)
         except TimeoutError:
-            return ToolResult.failure(call.name, TIMEOUT, f"{call.name} did not finish within {self.timeout:g} s",
-                                      time.perf_counter() - start)
+            return ToolResult.failure(
+                call.name, TIMEOUT, f"{call.name} did not finish within {self.timeout:g} s", time.perf_counter() - start
+            )
         except ToolError as e:
             return ToolResult.failure(call.name, e.kind, str(e), time.perf_counter() - start)
         except Exception as e:  # a tool's bug must not end the rollout
-            return ToolResult.failure(call.name, EXCEPTION, f"{call.name} raised {type(e).__name__}: {e}",
-                                      time.perf_counter() - start)
-        return ToolResult(call.name, out if isinstance(out, str) else _to_text(out), None,
-                          time.perf_counter() - start)
+            return ToolResult.failure(
+                call.name, EXCEPTION, f"{call.name} raised {type(e).__name__}: {e}", time.perf_counter() - start
+            )
+        return ToolResult(call.name, out if isinstance(out, str) else _to_text(out), None, time.perf_counter() - start)
 
     def close(self) -> None:
         """Stop the tools' resources (MCP servers) and the thread pool; safe to call twice."""

@@ -43,8 +43,9 @@ class TrainData:
     ref_log_probs: list[torch.Tensor] | None = None
 
 
-def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | None = None,
-                    routing: Routing | None = None) -> torch.Tensor:
+def response_logits(
+    model: nn.Module, mb: MicroBatch, shard: SequenceShard | None = None, routing: Routing | None = None
+) -> torch.Tensor:
     """Logits [N, V] that predict the N response tokens of ``mb`` (the response grid's row-major
     order); rows holding several sequences run with :class:`~reinforge.models.packing.PackedAttention`.
     With ``shard`` (context parallelism) only this rank's positions run: logits [n, V] of the
@@ -56,15 +57,18 @@ def response_logits(model: nn.Module, mb: MicroBatch, shard: SequenceShard | Non
     """
     if shard is not None:
         if routing is not None:
-            raise ValueError("context parallelism with a mixture-of-experts routing record / replay / aux loss is not "
-                             "supported: set train.context_parallel_size=1 for this model")
+            raise ValueError(
+                "context parallelism with a mixture-of-experts routing record / replay / aux loss is not "
+                "supported: set train.context_parallel_size=1 for this model"
+            )
         return model(shard.input_ids, shard.position_ids, shard.ctx, logits_mask=shard.index)
     index = (mb.logit_rows, mb.logit_cols)
     if is_native(model):
         return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index, routing=routing)
     if mb.packed:
-        raise ValueError(f"train.packing: sequences / shared_prompt need {native_models()}; use train.packing=none "
-                         f"for this model")
+        raise ValueError(
+            f"train.packing: sequences / shared_prompt need {native_models()}; use train.packing=none for this model"
+        )
     return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[index]
 
 
@@ -75,29 +79,48 @@ class Actor(ModelTrainer):
     rollout temperature and response length (the distribution the engine sampled from).
     """
 
-    def __init__(self, cfg: Config, model_path: str | Path, device: torch.device,
-                 ref_path: str | Path | None = None, parallel: ParallelContext | None = None, pad_id: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        model_path: str | Path,
+        device: torch.device,
+        ref_path: str | Path | None = None,
+        parallel: ParallelContext | None = None,
+        pad_id: int = 0,
+    ):
         t, m, a = cfg.train, cfg.model, cfg.algo
         model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
         set_gradient_checkpointing(model, m.gradient_checkpointing, m.recompute_num_layers)
         if m.torch_compile:
             if not is_native(model) or m.lora_rank:
-                raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set "
-                                 f"model.torch_compile=false")
+                raise ValueError(
+                    f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false"
+                )
             model.compile_layers()
         if m.lora_rank:
             model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         if t.moe_aux_loss_coeff > 0 and not (is_native(model) and model.args.moe_layers):
-            raise ValueError(f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs {moe_models()}; {model_path} "
-                             f"has no experts: set train.moe_aux_loss_coeff=0")
+            raise ValueError(
+                f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs {moe_models()}; {model_path} "
+                f"has no experts: set train.moe_aux_loss_coeff=0"
+            )
         self.replay_routes = a.use_rollout_routing_replay
         if self.replay_routes and not (is_native(model) and model.args.moe_layers):
-            raise ValueError(f"algo.use_rollout_routing_replay=true needs {moe_models()}; {model_path} is dense: "
-                             f"set algo.use_rollout_routing_replay=false")
+            raise ValueError(
+                f"algo.use_rollout_routing_replay=true needs {moe_models()}; {model_path} is dense: "
+                f"set algo.use_rollout_routing_replay=false"
+            )
         self._moe_shape = (model.args.moe_layers, model.args.num_experts_per_tok) if self.replay_routes else None
         model.train()
-        super().__init__(model, device, OptimizerSettings.for_actor(t), TrainSettings.from_config(m, t), name="actor",
-                         parallel=parallel, pad_id=pad_id)
+        super().__init__(
+            model,
+            device,
+            OptimizerSettings.for_actor(t),
+            TrainSettings.from_config(m, t),
+            name="actor",
+            parallel=parallel,
+            pad_id=pad_id,
+        )
         self.cfg = cfg
         self.ref: nn.Module | None = None
         # with LoRA the reference model is the base model: the policy with its adapters off
@@ -126,17 +149,22 @@ class Actor(ModelTrainer):
         state = {n: t.detach().cpu() for n, t in self.named_weights()}
         return state if self.parallel.rank == 0 else {}
 
-    def _token_log_probs(self, model: nn.Module, mb: MicroBatch, entropy: str = "none",
-                         routing: Routing | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_log_probs(
+        self, model: nn.Module, mb: MicroBatch, entropy: str = "none", routing: Routing | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log pi(token) [N] at response positions, at the rollout temperature, and the
         entropy [N] (``entropy``: none, metric = without gradient, loss = with gradient)."""
         shard = self.sequence_shard(mb)
         with self.autocast():
             logits = response_logits(model, mb, shard, routing)
         targets = mb.targets[mb.response_mask]
-        lp, ent = token_log_probs(logits, targets if shard is None else targets[shard.own],
-                                  self.cfg.rollout.rollout_temperature, self.settings.log_prob_chunk_size,
-                                  with_entropy=entropy != "none")
+        lp, ent = token_log_probs(
+            logits,
+            targets if shard is None else targets[shard.own],
+            self.cfg.rollout.rollout_temperature,
+            self.settings.log_prob_chunk_size,
+            with_entropy=entropy != "none",
+        )
         if shard is not None:  # every rank of the context-parallel group: all N tokens
             lp, ent = shard.gather(lp), (shard.gather(ent) if ent is not None else None)
         return lp, (ent.detach() if entropy == "metric" else ent)
@@ -175,8 +203,9 @@ class Actor(ModelTrainer):
             tokens, rows = (int(mb.input_ids.numel()), int(mb.input_ids.shape[0])) if mb is not None else (0, 0)
             raise out_of_memory(self.cfg, phase, tokens, rows, e) from None
 
-    def _routing(self, mb: MicroBatch, samples: list[Sample], aux_loss: bool = False,
-                 replay: bool = True) -> Routing | None:
+    def _routing(
+        self, mb: MicroBatch, samples: list[Sample], aux_loss: bool = False, replay: bool = True
+    ) -> Routing | None:
         """The :class:`Routing` of a policy forward pass over ``mb``: the rollout's experts replayed at
         the response positions (``algo.use_rollout_routing_replay`` and ``replay``,
         :mod:`.routing_replay`), the load-balancing statistics (``aux_loss``); None when neither.
@@ -225,23 +254,33 @@ class Actor(ModelTrainer):
         elif cfg.needs_old_log_probs:
             per_token["old_log_probs"] = self.compute_log_probs(samples)
         if self.has_reference and cfg.algo.use_kl_loss:
-            per_token["ref_log_probs"] = (data.ref_log_probs if data.ref_log_probs is not None
-                                          else self.compute_log_probs(samples, reference=True))
+            per_token["ref_log_probs"] = (
+                data.ref_log_probs
+                if data.ref_log_probs is not None
+                else self.compute_log_probs(samples, reference=True)
+            )
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
         ratios: list[torch.Tensor] | None = None if "old_log_probs" in per_token else []
         with self._out_of_memory_in("training step"):
             metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios) for idx in batches])
         if ratios is None:  # every rank holds every sample's old log-probs
-            log_ratio = token_log_ratios(per_token["old_log_probs"], per_token["rollout_log_probs"],
-                                         [s.loss_mask for s in samples])
+            log_ratio = token_log_ratios(
+                per_token["old_log_probs"], per_token["rollout_log_probs"], [s.loss_mask for s in samples]
+            )
         else:  # the step's forward pass gave them: each rank's tokens, gathered
-            log_ratio = torch.cat(self.parallel.gather_objects(torch.cat(ratios) if ratios else torch.zeros(0),
-                                                                dp_only=True))
+            log_ratio = torch.cat(
+                self.parallel.gather_objects(torch.cat(ratios) if ratios else torch.zeros(0), dp_only=True)
+            )
         metrics.update({f"train/{k}": v for k, v in mismatch_stats(log_ratio).items()})
         return metrics
 
-    def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]],
-                    ratios: list[torch.Tensor] | None = None) -> dict[str, float]:
+    def _train_step(
+        self,
+        samples: list[Sample],
+        idx: list[int],
+        per_token: dict[str, list[torch.Tensor]],
+        ratios: list[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
         """One optimizer step; appends ``old - rollout`` at this rank's loss-mask tokens to ``ratios`` if given."""
         a = self.cfg.algo
         use_kl = "ref_log_probs" in per_token
@@ -268,11 +307,22 @@ class Actor(ModelTrainer):
             lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric", routing)
             lp_grid, f = self.to_grid(mb, lp), mb.fields
             inputs = ObjectiveInputs(
-                log_probs=lp_grid, old_log_probs=f["old_log_probs"] if "old_log_probs" in f else lp_grid.detach(),
-                rollout_log_probs=f["rollout_log_probs"], advantages=f["advantages"], mask=mb.loss_mask,
-                entropy=self.to_grid(mb, ent), ref_log_probs=f.get("ref_log_probs"))
-            loss, stats = policy_objective(inputs, a, decoupled=self.cfg.decoupled_loss, num_tokens=num_tokens,
-                                           num_seqs=num_seqs, norm_length=self.cfg.rollout.rollout_max_response_len)
+                log_probs=lp_grid,
+                old_log_probs=f["old_log_probs"] if "old_log_probs" in f else lp_grid.detach(),
+                rollout_log_probs=f["rollout_log_probs"],
+                advantages=f["advantages"],
+                mask=mb.loss_mask,
+                entropy=self.to_grid(mb, ent),
+                ref_log_probs=f.get("ref_log_probs"),
+            )
+            loss, stats = policy_objective(
+                inputs,
+                a,
+                decoupled=self.cfg.decoupled_loss,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                norm_length=self.cfg.rollout.rollout_max_response_len,
+            )
             if aux_coeff > 0 and routing is not None:  # weighted by the micro-batch's share of the step's loss tokens
                 aux = routing.load_balancing_loss() * (mb.loss_mask.sum() / max(num_tokens, 1.0))
                 loss = loss + aux_coeff * aux

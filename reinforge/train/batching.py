@@ -77,11 +77,14 @@ class MicroBatch:
         sequence per row (plain causal attention)."""
         return PackedAttention(self.doc_ids, self.shared) if self.packed else None
 
-    def to(self, device: torch.device) -> "MicroBatch":
+    def to(self, device: torch.device) -> MicroBatch:
         """A copy on ``device``: one host-to-device copy per dtype (a copy from pageable memory
         waits for the device, so a dozen tensors each copied alone cost a dozen waits)."""
-        named = [(f.name, None, getattr(self, f.name)) for f in fields(self)
-                 if isinstance(getattr(self, f.name), torch.Tensor)]
+        named = [
+            (f.name, None, getattr(self, f.name))
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        ]
         named += [("fields", k, t) for k, t in self.fields.items()]
         if all(t.device == torch.device(device) for _, _, t in named):
             return self  # already there (the CPU trainer): nothing to copy
@@ -154,12 +157,13 @@ def prompt_groups(tokens: list[list[int]], response_lengths: list[int], indices:
     """``indices`` grouped by identical prompt tokens (groups in order of first appearance)."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i in indices:
-        groups.setdefault(tuple(tokens[i][:len(tokens[i]) - response_lengths[i]]), []).append(i)
+        groups.setdefault(tuple(tokens[i][: len(tokens[i]) - response_lengths[i]]), []).append(i)
     return list(groups.values())
 
 
-def plan_rows(tokens: list[list[int]], response_lengths: list[int], indices: list[int], layout: str,
-              max_tokens: int) -> list[list[list[int]]]:
+def plan_rows(
+    tokens: list[list[int]], response_lengths: list[int], indices: list[int], layout: str, max_tokens: int
+) -> list[list[list[int]]]:
     """Micro-batches of ``indices`` for ``layout``: each a list of model-input rows, each row a list
     of sample indices.
 
@@ -227,7 +231,7 @@ def build(
         P = len(tokens[row[0]]) - response_lengths[row[0]]
         if shared_prompt:
             prompt = tokens[row[0]][:P]
-            if P < 1 or any(tokens[i][:len(tokens[i]) - response_lengths[i]] != prompt for i in row):
+            if P < 1 or any(tokens[i][: len(tokens[i]) - response_lengths[i]] != prompt for i in row):
                 raise ValueError("a shared-prompt row needs samples with the same, non-empty prompt")
             ids += prompt
             pos += range(P)
@@ -262,7 +266,7 @@ def build(
         attn[r, :n] = 1
         position_ids[r, :n] = torch.as_tensor(row_pos[r], dtype=torch.long)
         doc_ids[r, :n] = torch.as_tensor(row_doc[r], dtype=torch.long)
-        shared[r, :row_shared[r]] = True
+        shared[r, : row_shared[r]] = True
     S, L = len(seqs), max([response_lengths[i] for i in seqs] + [1])
     resp = torch.zeros(S, L, dtype=torch.bool)
     lmask = torch.zeros(S, L, dtype=torch.float32)
@@ -274,10 +278,20 @@ def build(
             continue
         resp[s, :n] = True
         lmask[s, :n] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
-        targets[s, :n] = torch.as_tensor(tokens[i][len(tokens[i]) - n:], dtype=torch.long)
+        targets[s, :n] = torch.as_tensor(tokens[i][len(tokens[i]) - n :], dtype=torch.long)
         for k, values in (per_token or {}).items():
             grids[k][s, :n] = values[i]
-    return MicroBatch(input_ids, attn, torch.tensor(lrows, dtype=torch.long), torch.tensor(lcols, dtype=torch.long),
-                      resp, lmask, targets, grids, seqs, position_ids if packed else None, doc_ids if packed else None,
-                      shared if shared_prompt else None)
-
+    return MicroBatch(
+        input_ids,
+        attn,
+        torch.tensor(lrows, dtype=torch.long),
+        torch.tensor(lcols, dtype=torch.long),
+        resp,
+        lmask,
+        targets,
+        grids,
+        seqs,
+        position_ids if packed else None,
+        doc_ids if packed else None,
+        shared if shared_prompt else None,
+    )

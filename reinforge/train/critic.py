@@ -12,8 +12,8 @@ from ..config import Config
 from ..models.families import native_models
 from ..models.loading import build_model, is_native, set_gradient_checkpointing
 from ..records import Sample
-from .batching import MicroBatch
 from ..utils import seeds
+from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
 from .parallel import ParallelContext
 
@@ -44,14 +44,27 @@ class ValueModel(nn.Module):
 class Critic(ModelTrainer):
     """Value model, its AdamW optimizer and LR schedule (``critic.*`` settings)."""
 
-    def __init__(self, cfg: Config, path: str | Path, device: torch.device, parallel: ParallelContext | None = None,
-                 pad_id: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        path: str | Path,
+        device: torch.device,
+        parallel: ParallelContext | None = None,
+        pad_id: int = 0,
+    ):
         c, t, m = cfg.critic, cfg.train, cfg.model
         backbone = build_model(path, torch.float32, device, random_init=m.random_init, seed=t.seed)
         set_gradient_checkpointing(backbone, m.gradient_checkpointing, m.recompute_num_layers)
         model = ValueModel(backbone).train()
-        super().__init__(model, device, OptimizerSettings.for_critic(c, t), TrainSettings.from_config(m, t),
-                         name="critic", parallel=parallel, pad_id=pad_id)
+        super().__init__(
+            model,
+            device,
+            OptimizerSettings.for_critic(c, t),
+            TrainSettings.from_config(m, t),
+            name="critic",
+            parallel=parallel,
+            pad_id=pad_id,
+        )
         self.value_clip, self.num_steps, self.seed = c.value_clip, t.num_steps_per_rollout, t.seed
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
@@ -75,15 +88,19 @@ class Critic(ModelTrainer):
         self.model.train()
         return self.gather_rows(out)
 
-    def train(self, samples: list[Sample], returns: list[torch.Tensor], old_values: list[torch.Tensor],
-              rollout_id: int) -> dict[str, float]:
+    def train(
+        self, samples: list[Sample], returns: list[torch.Tensor], old_values: list[torch.Tensor], rollout_id: int
+    ) -> dict[str, float]:
         """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean)."""
         per_token = {"returns": returns, "old_values": old_values}
-        batches = shuffled_steps(len(samples), self.num_steps, seeds.derive(self.seed, seeds.CRITIC_SHUFFLE, rollout_id))
+        batches = shuffled_steps(
+            len(samples), self.num_steps, seeds.derive(self.seed, seeds.CRITIC_SHUFFLE, rollout_id)
+        )
         return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
 
-    def _train_step(self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
-                    ) -> dict[str, float]:
+    def _train_step(
+        self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
+    ) -> dict[str, float]:
         num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
         sums: dict[str, float | torch.Tensor] = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
         loss_sum: float | torch.Tensor = 0.0

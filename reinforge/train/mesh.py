@@ -8,8 +8,9 @@ ranks, on one node when it fits):
   :mod:`reinforge.models.families`; every registered family keeps the default), each decoder
   layer's q/k/v and gate/up projections are split by output rows (``ColwiseParallel``: each rank
   holds ``num_heads / tp`` query heads, ``num_kv_heads / tp`` key/value heads and
-  ``intermediate_size / tp`` MLP columns), o and down by input columns (``RowwiseParallel``: their outputs are summed over the
-  group). The embedding, the LM head and every norm stay whole on each rank (replicated); Qwen3's
+  ``intermediate_size / tp`` MLP columns), o and down by input columns (``RowwiseParallel``: their
+  outputs are summed over the group). The embedding, the LM head and every norm stay whole on each
+  rank (replicated); Qwen3's
   per-head ``q_norm`` / ``k_norm`` see only the local heads, so their gradients are summed over
   the group (:func:`sum_tensor_parallel_grads`).
 * ``cp`` (``train.context_parallel_size``): each rank of a group takes ``1 / cp`` of every
@@ -46,8 +47,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEYS = {"tp": "train.tensor_model_parallel_size", "cp": "train.context_parallel_size",
-        "ep": "train.expert_model_parallel_size"}
+KEYS = {
+    "tp": "train.tensor_model_parallel_size",
+    "cp": "train.context_parallel_size",
+    "ep": "train.expert_model_parallel_size",
+}
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Layout:
         return self.dp * self.cp * self.tp
 
     @classmethod
-    def for_world(cls, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1) -> "Layout":
+    def for_world(cls, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1) -> Layout:
         """The layout of ``world_size`` ranks with ``tp`` x ``cp`` ranks per model replica and the
         experts split over ``ep`` of the data-parallel ranks.
 
@@ -82,17 +86,23 @@ class Layout:
         if tp < 1 or cp < 1 or ep < 1:
             raise ValueError(f"{KEYS['tp']}={tp}, {KEYS['cp']}={cp} and {KEYS['ep']}={ep} must be >= 1")
         if world_size % (tp * cp):
-            raise ValueError(f"{KEYS['tp']}={tp} x {KEYS['cp']}={cp} = {tp * cp} does not divide the {world_size} "
-                             f"trainer rank(s) (cluster.actor_num_nodes x cluster.actor_num_gpus_per_node, or "
-                             f"torchrun's WORLD_SIZE): choose sizes whose product divides it")
+            raise ValueError(
+                f"{KEYS['tp']}={tp} x {KEYS['cp']}={cp} = {tp * cp} does not divide the {world_size} "
+                f"trainer rank(s) (cluster.actor_num_nodes x cluster.actor_num_gpus_per_node, or "
+                f"torchrun's WORLD_SIZE): choose sizes whose product divides it"
+            )
         dp = world_size // (tp * cp)
         if ep > 1 and (tp > 1 or cp > 1):
-            raise ValueError(f"{KEYS['ep']}={ep} with {KEYS['tp']}={tp} / {KEYS['cp']}={cp}: expert parallelism "
-                             f"combines with data parallelism (FSDP) only for now; set the other two to 1")
+            raise ValueError(
+                f"{KEYS['ep']}={ep} with {KEYS['tp']}={tp} / {KEYS['cp']}={cp}: expert parallelism "
+                f"combines with data parallelism (FSDP) only for now; set the other two to 1"
+            )
         if dp % ep:
-            raise ValueError(f"{KEYS['ep']}={ep} does not divide the {dp} data-parallel rank(s) of the {world_size} "
-                             f"trainer rank(s) (world size / ({KEYS['tp']}={tp} x {KEYS['cp']}={cp})): experts are "
-                             f"split over data-parallel ranks; choose a divisor of {dp}")
+            raise ValueError(
+                f"{KEYS['ep']}={ep} does not divide the {dp} data-parallel rank(s) of the {world_size} "
+                f"trainer rank(s) (world size / ({KEYS['tp']}={tp} x {KEYS['cp']}={cp})): experts are "
+                f"split over data-parallel ranks; choose a divisor of {dp}"
+            )
         return cls(dp, cp, tp, ep)
 
     def words(self) -> str:
@@ -110,8 +120,10 @@ class Layout:
         if num_experts == 0:
             return [f"{KEYS['ep']}={self.ep} needs {moe_models()}; this one is dense: set {KEYS['ep']}=1"]
         if num_experts % self.ep:
-            return [f"{KEYS['ep']}={self.ep} must divide the model's num_experts={num_experts} (each expert-parallel "
-                    f"rank holds num_experts / {KEYS['ep']} experts)"]
+            return [
+                f"{KEYS['ep']}={self.ep} must divide the model's num_experts={num_experts} (each expert-parallel "
+                f"rank holds num_experts / {KEYS['ep']} experts)"
+            ]
         return []
 
     def model_problems(self, num_heads: int, num_kv_heads: int, intermediate_size: int) -> list[str]:
@@ -121,13 +133,18 @@ class Layout:
         query head before the all-to-all (more traffic, same result), so only the query heads must divide."""
         out = []
         tp, cp = self.tp, self.cp
-        for name, n in (("num_attention_heads", num_heads), ("num_key_value_heads", num_kv_heads),
-                        ("intermediate_size", intermediate_size)):
+        for name, n in (
+            ("num_attention_heads", num_heads),
+            ("num_key_value_heads", num_kv_heads),
+            ("intermediate_size", intermediate_size),
+        ):
             if n % tp:
                 out.append(f"{KEYS['tp']}={tp} must divide the model's {name}={n}")
         if not out and (num_heads // tp) % cp:
-            out.append(f"{KEYS['cp']}={cp} must divide the query heads per tensor-parallel rank "
-                       f"(num_attention_heads={num_heads} / {KEYS['tp']}={tp} = {num_heads // tp})")
+            out.append(
+                f"{KEYS['cp']}={cp} must divide the query heads per tensor-parallel rank "
+                f"(num_attention_heads={num_heads} / {KEYS['tp']}={tp} = {num_heads // tp})"
+            )
         return out
 
 
@@ -142,11 +159,11 @@ class TrainMesh:
     """
 
     layout: Layout
-    mesh: "DeviceMesh"
-    dp_mesh: "DeviceMesh | None" = None  # with expert parallelism: edp x ep flattened (kept, not sliced by name)
+    mesh: DeviceMesh
+    dp_mesh: DeviceMesh | None = None  # with expert parallelism: edp x ep flattened (kept, not sliced by name)
 
     @classmethod
-    def build(cls, layout: Layout, device_type: str) -> "TrainMesh":
+    def build(cls, layout: Layout, device_type: str) -> TrainMesh:
         """Create the mesh over the default process group (its size must be ``layout.world_size``)."""
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -154,8 +171,9 @@ class TrainMesh:
         if world != layout.world_size:
             raise ValueError(f"the layout {layout.words()} does not match the {world} ranks of the process group")
         if layout.ep > 1:
-            mesh = init_device_mesh(device_type, (layout.edp, layout.ep, layout.cp, layout.tp),
-                                    mesh_dim_names=("edp", "ep", "cp", "tp"))
+            mesh = init_device_mesh(
+                device_type, (layout.edp, layout.ep, layout.cp, layout.tp), mesh_dim_names=("edp", "ep", "cp", "tp")
+            )
             dp_mesh = mesh["edp", "ep"]._flatten("dp")
         else:
             mesh = init_device_mesh(device_type, (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
@@ -164,7 +182,7 @@ class TrainMesh:
             log.info("trainer mesh: %s", layout.words())
         return cls(layout, mesh, dp_mesh)
 
-    def sub(self, dim: str) -> "DeviceMesh":
+    def sub(self, dim: str) -> DeviceMesh:
         """The 1-D mesh of dimension ``dim`` (``dp``, ``cp``, ``tp``; with expert parallelism also ``edp``, ``ep``)."""
         return self.dp_mesh if dim == "dp" and self.dp_mesh is not None else self.mesh[dim]
 
@@ -175,7 +193,7 @@ class TrainMesh:
         return self.sub(dim).get_group()
 
     @property
-    def fsdp_mesh(self) -> "DeviceMesh | None":
+    def fsdp_mesh(self) -> DeviceMesh | None:
         """The ranks that shard parameters and average gradients: ``dp x cp`` flattened (None: one rank)."""
         if self.layout.dp * self.layout.cp == 1:
             return None
@@ -186,7 +204,7 @@ class TrainMesh:
         return self.mesh["dp", "cp"]._flatten("dp_cp")
 
 
-def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: "DeviceMesh") -> None:
+def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: DeviceMesh) -> None:
     """Split each decoder layer's projections over ``tp_mesh`` as the layer's family plans it
     (``layer.tp_plan``: submodule -> ``"colwise"`` / ``"rowwise"``, from
     :meth:`~reinforge.models.families.base.Family.tp_plan`; see the module doc).
@@ -205,16 +223,20 @@ def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: "DeviceMesh") -> Non
         # split by train.expert_model_parallel_size, not by tp
         names = getattr(layer, "tp_plan", None)
         if names is None:
-            raise ValueError(f"{KEYS['tp']}: {type(layer).__name__} has no tensor-parallel plan (tp_plan); tensor "
-                             f"parallelism needs reinforge's own model code (a registered model family)")
+            raise ValueError(
+                f"{KEYS['tp']}: {type(layer).__name__} has no tensor-parallel plan (tp_plan); tensor "
+                f"parallelism needs reinforge's own model code (a registered model family)"
+            )
         bad = sorted(set(names.values()) - set(styles))
         if bad:
             raise ValueError(f"{KEYS['tp']}: the family's tp_plan names {bad}; the styles are {sorted(styles)}")
         for name in names:
             if type(layer.get_submodule(name)) is not nn.Linear:
-                raise ValueError(f"{KEYS['tp']}: {name} of {type(layer).__name__} is not a plain nn.Linear "
-                                 f"({type(layer.get_submodule(name)).__name__}); tensor parallelism needs reinforge's "
-                                 f"own model code without LoRA")
+                raise ValueError(
+                    f"{KEYS['tp']}: {name} of {type(layer).__name__} is not a plain nn.Linear "
+                    f"({type(layer.get_submodule(name)).__name__}); tensor parallelism needs reinforge's "
+                    f"own model code without LoRA"
+                )
         parallelize_module(layer, tp_mesh, {name: styles[style]() for name, style in names.items()})
 
 
@@ -248,7 +270,7 @@ def apply_expert_parallel(model: nn.Module, mesh: TrainMesh, fsdp_kwargs: dict[s
         n = block.experts.num_experts // layout.ep
         for name in ("gate_up_proj", "down_proj"):
             p = getattr(block.experts, name)
-            local = p.detach()[rank * n:(rank + 1) * n].clone()
+            local = p.detach()[rank * n : (rank + 1) * n].clone()
             dt = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
             setattr(block.experts, name, nn.Parameter(dt, requires_grad=p.requires_grad))
         block.ep_group = ep_mesh.get_group()

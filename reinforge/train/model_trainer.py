@@ -45,18 +45,34 @@ class OptimizerSettings:
     clip_grad: float = 1.0
 
     @classmethod
-    def for_actor(cls, t: "TrainConfig") -> "OptimizerSettings":
+    def for_actor(cls, t: TrainConfig) -> OptimizerSettings:
         """The policy's settings: ``train.*``."""
-        return cls(lr=t.lr, total_steps=t.num_rollout * t.num_steps_per_rollout, warmup_steps=t.lr_warmup_iters,
-                   decay_style=t.lr_decay_style, min_lr=t.min_lr, weight_decay=t.weight_decay,
-                   betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, clip_grad=t.clip_grad)
+        return cls(
+            lr=t.lr,
+            total_steps=t.num_rollout * t.num_steps_per_rollout,
+            warmup_steps=t.lr_warmup_iters,
+            decay_style=t.lr_decay_style,
+            min_lr=t.min_lr,
+            weight_decay=t.weight_decay,
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
+            clip_grad=t.clip_grad,
+        )
 
     @classmethod
-    def for_critic(cls, c: "CriticConfig", t: "TrainConfig") -> "OptimizerSettings":
+    def for_critic(cls, c: CriticConfig, t: TrainConfig) -> OptimizerSettings:
         """The value model's settings: ``critic.*``; AdamW's betas and eps and the step count from ``train.*``."""
-        return cls(lr=c.lr, total_steps=t.num_rollout * t.num_steps_per_rollout, warmup_steps=c.lr_warmup_iters,
-                   decay_style=c.lr_decay_style, min_lr=c.min_lr, weight_decay=c.weight_decay,
-                   betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, clip_grad=c.clip_grad)
+        return cls(
+            lr=c.lr,
+            total_steps=t.num_rollout * t.num_steps_per_rollout,
+            warmup_steps=c.lr_warmup_iters,
+            decay_style=c.lr_decay_style,
+            min_lr=c.min_lr,
+            weight_decay=c.weight_decay,
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_eps,
+            clip_grad=c.clip_grad,
+        )
 
 
 @dataclass
@@ -72,10 +88,15 @@ class TrainSettings:
     fused_kernels: bool = False
 
     @classmethod
-    def from_config(cls, m: "ModelConfig", t: "TrainConfig") -> "TrainSettings":
-        return cls(train_dtype=m.train_dtype, max_tokens_per_gpu=t.max_tokens_per_gpu,
-                   log_prob_chunk_size=t.log_prob_chunk_size, fsdp_cpu_offload=t.fsdp_cpu_offload, packing=t.packing,
-                   fused_kernels=m.fused_kernels and not m.torch_compile)
+    def from_config(cls, m: ModelConfig, t: TrainConfig) -> TrainSettings:
+        return cls(
+            train_dtype=m.train_dtype,
+            max_tokens_per_gpu=t.max_tokens_per_gpu,
+            log_prob_chunk_size=t.log_prob_chunk_size,
+            fsdp_cpu_offload=t.fsdp_cpu_offload,
+            packing=t.packing,
+            fused_kernels=m.fused_kernels and not m.torch_compile,
+        )
 
 
 def to_floats(values: dict[str, float | torch.Tensor]) -> dict[str, float]:
@@ -104,30 +125,52 @@ class ModelTrainer:
         parallel: this process's rank among the trainer ranks.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device, optim: OptimizerSettings, settings: TrainSettings,
-                 *, name: str, parallel: ParallelContext | None = None, pad_id: int = 0):
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        optim: OptimizerSettings,
+        settings: TrainSettings,
+        *,
+        name: str,
+        parallel: ParallelContext | None = None,
+        pad_id: int = 0,
+    ):
         self.device, self.name, self.optim, self.settings = device, name, optim, settings
         self.parallel = parallel or ParallelContext()
         if settings.fused_kernels and device.type == "cuda" and not liger_available():
-            log.warning("model.fused_kernels: the training kernels come from Liger-Kernel, which is not installed "
-                        "(`pip install liger-kernel`); %s trains with eager PyTorch norms", name)
+            log.warning(
+                "model.fused_kernels: the training kernels come from Liger-Kernel, which is not installed "
+                "(`pip install liger-kernel`); %s trains with eager PyTorch norms",
+                name,
+            )
         elif settings.fused_kernels:  # (on CUDA with Triton; the policy, a critic's or reward model's backbone)
             for m in model.modules():
                 if isinstance(m, CausalLM):
                     m.set_variant(Variant(fused_kernels=True))
         # the mesh's layout: tensor / context parallel groups, FSDP2 over dp x cp (train/parallel.py)
-        sharded = shard_model(model, self.parallel, mixed_precision=self.compute_dtype() is not None,
-                              cpu_offload=settings.fsdp_cpu_offload)
+        sharded = shard_model(
+            model,
+            self.parallel,
+            mixed_precision=self.compute_dtype() is not None,
+            cpu_offload=settings.fsdp_cpu_offload,
+        )
         self.fsdp, self.grad_divisor, self.tp_partial = sharded.fsdp, sharded.grad_divisor, sharded.tp_partial
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
-            **({"fused": True} if device.type == "cuda" else {}))
+            params,
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+            **({"fused": True} if device.type == "cuda" else {}),
+        )
         min_ratio = optim.min_lr / optim.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_multiplier(step, optim.warmup_steps, optim.total_steps, optim.decay_style,
-                                                       min_ratio))
+            self.optimizer,
+            lambda step: lr_multiplier(step, optim.warmup_steps, optim.total_steps, optim.decay_style, min_ratio),
+        )
         self.pad_id = pad_id
         self.skipped_steps = 0
 
@@ -141,8 +184,12 @@ class ModelTrainer:
     def shard(self, model: nn.Module) -> nn.Module:
         """Place another model of this trainer (a frozen reference) on the mesh as the trained one
         (bf16 compute through FSDP's mixed precision)."""
-        return shard_model(model, self.parallel, mixed_precision=self.compute_dtype() is not None,
-                           cpu_offload=self.settings.fsdp_cpu_offload).model
+        return shard_model(
+            model,
+            self.parallel,
+            mixed_precision=self.compute_dtype() is not None,
+            cpu_offload=self.settings.fsdp_cpu_offload,
+        ).model
 
     def autocast(self):
         """bf16 autocast for a model outside FSDP; FSDP's mixed precision does it when sharded."""
@@ -151,23 +198,27 @@ class ModelTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def micro_batches(self, samples: list[Sample], indices: list[int],
-                      per_token: dict[str, list[torch.Tensor]] | None = None) -> list[MicroBatch]:
+    def micro_batches(
+        self, samples: list[Sample], indices: list[int], per_token: dict[str, list[torch.Tensor]] | None = None
+    ) -> list[MicroBatch]:
         """Micro-batches of ``samples[indices]`` on the device, in the layout ``train.packing``
         (:mod:`~reinforge.train.batching`) within ``train.max_tokens_per_gpu`` tokens."""
         tokens = [s.tokens for s in samples]
         rlen = [s.response_length for s in samples]
         masks = [s.loss_mask for s in samples]
         layout = self.settings.packing
-        return [build(tokens, rlen, masks, rows, self.pad_id, per_token, layout == "shared_prompt").to(self.device)
-                for rows in plan_rows(tokens, rlen, indices, layout, self.settings.max_tokens_per_gpu)]
+        return [
+            build(tokens, rlen, masks, rows, self.pad_id, per_token, layout == "shared_prompt").to(self.device)
+            for rows in plan_rows(tokens, rlen, indices, layout, self.settings.max_tokens_per_gpu)
+        ]
 
-    def rank_micro_batches(self, samples: list[Sample], indices: list[int],
-                           per_token: dict[str, list[torch.Tensor]] | None = None
-                           ) -> tuple[list[MicroBatch], int]:
+    def rank_micro_batches(
+        self, samples: list[Sample], indices: list[int], per_token: dict[str, list[torch.Tensor]] | None = None
+    ) -> tuple[list[MicroBatch], int]:
         """This data-parallel rank's share of ``indices`` (token-balanced; whole prompt groups with
-        the shared-prompt layout; the same for the ranks of one tensor x context parallel group) as micro-batches, padded with dummy micro-batches to the largest
-        count of any rank. Returns (batches, real count)."""
+        the shared-prompt layout; the same for the ranks of one tensor x context parallel group) as
+        micro-batches, padded with dummy micro-batches to the largest count of any rank.
+        Returns (batches, real count)."""
         p = self.parallel
         if p.distributed:
             tokens, rlen = [s.tokens for s in samples], [s.response_length for s in samples]
@@ -211,8 +262,9 @@ class ModelTrainer:
             self.scheduler.step()
         else:
             self.skipped_steps += 1
-            log.warning("%s: skipping an optimizer step: loss=%s grad_norm=%s (not finite)", self.name, loss_sum,
-                        grad_norm)
+            log.warning(
+                "%s: skipping an optimizer step: loss=%s grad_norm=%s (not finite)", self.name, loss_sum, grad_norm
+            )
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, applied
 
@@ -278,8 +330,12 @@ class ModelTrainer:
         older layout with the optimizer state inside ``directory``. Returns whether the optimizer
         state was restored (False: the checkpoint has none; AdamW's moments start from zero)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
-                                                             set_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         model_sd = self._trainable(model_sd)
@@ -293,8 +349,9 @@ class ModelTrainer:
                 optim_sd = loaded["optim"]
         options = StateDictOptions(strict=False)  # frozen weights are not in the checkpoint
         if restored:
-            set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
-                           options=options)
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options
+            )
         else:
             set_model_state_dict(self.model, model_sd, options=options)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -339,7 +396,7 @@ def split_steps(indices: list[int], steps: int) -> list[list[int]]:
     """``steps`` nearly equal consecutive chunks of ``indices`` (all of them used)."""
     n = len(indices)
     bounds = [round(i * n / steps) for i in range(steps + 1)]
-    return [indices[bounds[i]:bounds[i + 1]] for i in range(steps)]
+    return [indices[bounds[i] : bounds[i + 1]] for i in range(steps)]
 
 
 def shuffled_steps(n: int, steps: int, seed: int) -> list[list[int]]:

@@ -52,8 +52,10 @@ def kto_mismatch(examples: list[OfflineExample]) -> list[OfflineExample]:
     """Example i's prompt with example (i + 1)'s completion (TRL's KL dataset: a fixed shift), the
     samples from which KTO estimates KL(pi || pi_ref)."""
     n = len(examples)
-    return [OfflineExample(e.prompt_ids, [examples[(i + 1) % n].responses[0]], [examples[(i + 1) % n].loss_masks[0]])
-            for i, e in enumerate(examples)]
+    return [
+        OfflineExample(e.prompt_ids, [examples[(i + 1) % n].responses[0]], [examples[(i + 1) % n].loss_masks[0]])
+        for i, e in enumerate(examples)
+    ]
 
 
 class OfflineTrainer(ModelTrainer):
@@ -66,12 +68,21 @@ class OfflineTrainer(ModelTrainer):
         total_steps: optimizer steps of the run (the LR schedule's length).
     """
 
-    def __init__(self, cfg: Config, model_path: str | Path, device: torch.device, total_steps: int,
-                 parallel: ParallelContext | None = None, pad_id: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        model_path: str | Path,
+        device: torch.device,
+        total_steps: int,
+        parallel: ParallelContext | None = None,
+        pad_id: int = 0,
+    ):
         o, t, m = cfg.offline, cfg.train, cfg.model
         if t.context_parallel_size > 1:
-            raise ValueError(f"train.context_parallel_size={t.context_parallel_size}: reinforge offline does not split "
-                             f"sequences over ranks yet; set it to 1 (tensor parallelism and FSDP apply)")
+            raise ValueError(
+                f"train.context_parallel_size={t.context_parallel_size}: reinforge offline does not split "
+                f"sequences over ranks yet; set it to 1 (tensor parallelism and FSDP apply)"
+            )
         self.o, self.info = o, OFFLINE_METHODS.info(o.method)
         self.loss_fn = OFFLINE_METHODS.get(o.method)
         self.is_reward = self.info["model"] == "reward"
@@ -79,17 +90,26 @@ class OfflineTrainer(ModelTrainer):
             model: nn.Module = build_reward_model(model_path, torch.float32, device, m.random_init, t.seed, pad_id)
         else:
             model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        set_gradient_checkpointing(model.backbone if self.is_reward else model, m.gradient_checkpointing,
-                                   m.recompute_num_layers)
+        set_gradient_checkpointing(
+            model.backbone if self.is_reward else model, m.gradient_checkpointing, m.recompute_num_layers
+        )
         if m.lora_rank:
             if self.is_reward:
-                raise ValueError("model.lora_rank: LoRA is for the policy methods; train reward models in full "
-                                 "(model.lora_rank=0)")
+                raise ValueError(
+                    "model.lora_rank: LoRA is for the policy methods; train reward models in full (model.lora_rank=0)"
+                )
             model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         optim = OptimizerSettings.for_actor(t)
         optim.total_steps = total_steps
-        super().__init__(model.train(), device, optim, TrainSettings.from_config(m, t), name=o.method,
-                         parallel=parallel, pad_id=pad_id)
+        super().__init__(
+            model.train(),
+            device,
+            optim,
+            TrainSettings.from_config(m, t),
+            name=o.method,
+            parallel=parallel,
+            pad_id=pad_id,
+        )
         # preference pairs on reinforge's own model: [prompt | chosen | rejected] rows (prompt computed once)
         self.shared_prefix = self.info["data"] == "pairs" and not self.is_reward and is_native(model)
         self.ref: nn.Module | None = None
@@ -140,7 +160,9 @@ class OfflineTrainer(ModelTrainer):
         else:
             width = max(len(u) for u in units)
             longest = [max(len(tokens[k]) for k in u) for u in units]
-            plans = [[[k] for j in g for k in units[j]] for g in split_by_token_budget(longest, max(1, budget // width))]
+            plans = [
+                [[k] for j in g for k in units[j]] for g in split_by_token_budget(longest, max(1, budget // width))
+            ]
         for rows in plans:
             mb = build(tokens, rlen, masks, rows, self.pad_id, shared_prompt=self.shared_prefix).to(self.device)
             out.append((mb, [seq_of[k] for k in mb.indices]))
@@ -162,8 +184,9 @@ class OfflineTrainer(ModelTrainer):
             return self.model(mb.input_ids)
 
     @torch.no_grad()
-    def sequence_stats(self, examples: list[OfflineExample], reference: bool = True) -> tuple[list[list[float]],
-                                                                                              list[list[int]]]:
+    def sequence_stats(
+        self, examples: list[OfflineExample], reference: bool = True
+    ) -> tuple[list[list[float]], list[list[int]]]:
         """Per example and response: (log-prob sum, token count) under the reference (the frozen
         model; with LoRA the policy with its adapters off; else the policy as it is) or the policy;
         gathered on every rank."""
@@ -194,8 +217,9 @@ class OfflineTrainer(ModelTrainer):
         return ref
 
     # ------------------------------------------------------------------ steps
-    def step(self, examples: list[OfflineExample], ids: list[int], ref: RefLogps | None, train: bool = True
-             ) -> dict[str, float]:
+    def step(
+        self, examples: list[OfflineExample], ids: list[int], ref: RefLogps | None, train: bool = True
+    ) -> dict[str, float]:
         """One optimizer step on examples ``ids`` (``train=False``: the same loss and metrics, no update).
 
         Returns:
@@ -240,8 +264,15 @@ class OfflineTrainer(ModelTrainer):
         if reward_model:
             return ["rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin"]
         if data == "pairs":
-            return ["rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin", "logps/chosen",
-                    "logps/rejected", "nll"]
+            return [
+                "rewards/chosen",
+                "rewards/rejected",
+                "rewards/accuracy",
+                "rewards/margin",
+                "logps/chosen",
+                "logps/rejected",
+                "nll",
+            ]
         if data == "unpaired":
             return ["rewards/desirable", "rewards/undesirable", "logps"]
         return ["nll"]
@@ -251,12 +282,23 @@ class OfflineTrainer(ModelTrainer):
         compute them from the same ids: no collective)."""
         nll_tokens = sum(sum(examples[i].loss_masks[0]) for i in ids)
         desirable = sum(bool(examples[i].desirable) for i in ids)
-        return {"examples": float(len(ids)), "nll_tokens": float(nll_tokens), "desirable": float(desirable),
-                "undesirable": float(len(ids) - desirable)}
+        return {
+            "examples": float(len(ids)),
+            "nll_tokens": float(nll_tokens),
+            "desirable": float(desirable),
+            "undesirable": float(len(ids) - desirable),
+        }
 
-    def _micro_batch_loss(self, mb: MicroBatch, rows: list[tuple[int, int]], examples: list[OfflineExample],
-                          ref: RefLogps | None, kl: torch.Tensor | None, counts: dict[str, float], data: str
-                          ) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(
+        self,
+        mb: MicroBatch,
+        rows: list[tuple[int, int]],
+        examples: list[OfflineExample],
+        ref: RefLogps | None,
+        kl: torch.Tensor | None,
+        counts: dict[str, float],
+        data: str,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """The method's objective (its ``OFFLINE_METHODS`` entry) on one micro-batch; ``rows``: the
         (example, response) of each row; a dummy micro-batch (no rows) gives a zero loss that still
         runs the collectives."""
@@ -285,6 +327,7 @@ class OfflineTrainer(ModelTrainer):
     @staticmethod
     def _ref_rows(rows: list[tuple[int, int]], ref: RefLogps, mean: bool, device: torch.device) -> torch.Tensor:
         """The reference's sequence log-prob of each row (token means with ``mean``)."""
+
         def value(i: int, k: int) -> float:
             return ref.sums[i][k] / max(ref.counts[i][k], 1) if mean else ref.sums[i][k]
 

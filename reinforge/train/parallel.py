@@ -21,8 +21,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.families import native_models
-from .mesh import (KEYS, Layout, TrainMesh, apply_expert_parallel, apply_tensor_parallel, set_context_parallel,
-                   tensor_parallel_partial_params)
+from .mesh import (
+    KEYS,
+    Layout,
+    TrainMesh,
+    apply_expert_parallel,
+    apply_tensor_parallel,
+    set_context_parallel,
+    tensor_parallel_partial_params,
+)
 
 
 @dataclass
@@ -57,9 +64,19 @@ class ParallelContext:
         return self.mesh.group("cp") if self.mesh is not None and self.layout.cp > 1 else None
 
     @classmethod
-    def init(cls, rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
-             timeout_s: float = 1800, *, tensor_parallel: int = 1, context_parallel: int = 1,
-             expert_parallel: int = 1) -> "ParallelContext":
+    def init(
+        cls,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        device: torch.device,
+        timeout_s: float = 1800,
+        *,
+        tensor_parallel: int = 1,
+        context_parallel: int = 1,
+        expert_parallel: int = 1,
+    ) -> ParallelContext:
         """Join the trainers' default process group (NCCL on GPUs, gloo on CPU) and build the
         mesh of ``world_size / (tensor_parallel * context_parallel)`` data-parallel ranks, the
         experts split over ``expert_parallel`` of them.
@@ -71,10 +88,14 @@ class ParallelContext:
         if world_size > 1 and not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", master_addr)
             os.environ.setdefault("MASTER_PORT", str(master_port))
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size,
-                                    init_method=f"tcp://{master_addr}:{master_port}",
-                                    timeout=datetime.timedelta(seconds=timeout_s),
-                                    **({"device_id": device} if device.type == "cuda" else {}))
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                rank=rank,
+                world_size=world_size,
+                init_method=f"tcp://{master_addr}:{master_port}",
+                timeout=datetime.timedelta(seconds=timeout_s),
+                **({"device_id": device} if device.type == "cuda" else {}),
+            )
         mesh = TrainMesh.build(layout, device.type) if world_size > 1 else None
         return cls(rank, world_size, mesh)
 
@@ -173,8 +194,7 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
     if layout.tp > 1 or layout.cp > 1:
         args = getattr(model, "args", None) or getattr(getattr(model, "backbone", None), "args", None)
         if args is None:
-            raise ValueError(f"{KEYS['tp']} / {KEYS['cp']} above 1 need {native_models()}, not "
-                             f"{type(model).__name__}")
+            raise ValueError(f"{KEYS['tp']} / {KEYS['cp']} above 1 need {native_models()}, not {type(model).__name__}")
         problems = layout.model_problems(args.num_heads, args.num_kv_heads, args.intermediate_size)
         if problems:
             raise ValueError("; ".join(problems))

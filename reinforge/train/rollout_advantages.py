@@ -33,8 +33,13 @@ def shaped_rewards(a: AlgoConfig, groups: list[list[Sample]], max_response_len: 
     rewards = torch.tensor([[float(s.reward) for s in g] for g in groups], dtype=torch.float32)
     valid = valid_samples(groups)
     if a.overlong_buffer_len:
-        pen = [[overlong_penalty(s.response_length, max_response_len, a.overlong_buffer_len,
-                                 a.overlong_penalty_factor) for s in g] for g in groups]
+        pen = [
+            [
+                overlong_penalty(s.response_length, max_response_len, a.overlong_buffer_len, a.overlong_penalty_factor)
+                for s in g
+            ]
+            for g in groups
+        ]
         rewards = rewards + torch.tensor(pen)
     if a.reward_clip is not None:
         rewards = rewards.clamp(-a.reward_clip, a.reward_clip)
@@ -67,7 +72,7 @@ def _grid(vectors: list[torch.Tensor]) -> torch.Tensor:
     """Per-sample vectors -> right-padded [N, Rmax] float32 grid (0 on padding)."""
     grid = torch.zeros(len(vectors), max((len(v) for v in vectors), default=1) or 1)
     for i, v in enumerate(vectors):
-        grid[i, :len(v)] = torch.as_tensor(v, dtype=torch.float32)
+        grid[i, : len(v)] = torch.as_tensor(v, dtype=torch.float32)
     return grid
 
 
@@ -78,10 +83,15 @@ class Advantages:
     rewards: torch.Tensor | None = None  # shaped [num_groups, n]
 
 
-def compute_advantages(a: AlgoConfig, groups: list[list[Sample]], max_response_len: int, *,
-                       values: list[torch.Tensor] | None = None,
-                       old_log_probs: list[torch.Tensor] | None = None,
-                       ref_log_probs: list[torch.Tensor] | None = None) -> Advantages:
+def compute_advantages(
+    a: AlgoConfig,
+    groups: list[list[Sample]],
+    max_response_len: int,
+    *,
+    values: list[torch.Tensor] | None = None,
+    old_log_probs: list[torch.Tensor] | None = None,
+    ref_log_probs: list[torch.Tensor] | None = None,
+) -> Advantages:
     """Advantages of every sample of ``groups`` (flattened group-major) for ``algo.advantage_estimator``.
 
     With ``algo.use_kl_in_reward`` each token's reward loses ``kl_coef * (log pi_old - log pi_ref)``
@@ -102,9 +112,12 @@ def compute_advantages(a: AlgoConfig, groups: list[list[Sample]], max_response_l
         token_kl = _grid([a.kl_coef * kl_penalty(o, r, "k1") for o, r in zip(old_log_probs, ref_log_probs)])
     rewards = shaped_rewards(a, groups, max_response_len)
     inputs = AdvantageInputs(
-        rewards=rewards, mask=_grid([torch.ones(n) for n in lengths]),
+        rewards=rewards,
+        mask=_grid([torch.ones(n) for n in lengths]),
         loss_mask=_grid([torch.tensor(s.loss_mask, dtype=torch.float32) for s in flat]),
-        token_kl=token_kl, values=_grid(values) if values is not None else None)
+        token_kl=token_kl,
+        values=_grid(values) if values is not None else None,
+    )
     valid = valid_samples(groups)
     if not bool(valid.all()):
         inputs.valid = valid

@@ -20,7 +20,7 @@ is a different model, whose router decides.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -30,8 +30,9 @@ from .batching import MicroBatch
 __all__ = ["replay_experts"]
 
 
-def replay_experts(mb: MicroBatch, samples: Sequence[Sample], moe_layers: Sequence[int],
-                   top_k: int) -> dict[int, torch.Tensor] | None:
+def replay_experts(
+    mb: MicroBatch, samples: Sequence[Sample], moe_layers: Sequence[int], top_k: int
+) -> dict[int, torch.Tensor] | None:
     """``Routing.replay`` for the forward pass of ``mb``: layer -> [R*T, k] int64 expert ids over
     the micro-batch's [R, T] input flattened row-major, the recorded experts of ``samples[i]`` at
     the positions that predict its response tokens (``mb.logit_rows`` / ``mb.logit_cols``) and -1
@@ -57,14 +58,18 @@ def replay_experts(mb: MicroBatch, samples: Sequence[Sample], moe_layers: Sequen
         s = samples[i]
         r = s.routed_experts
         if r is None:
-            raise ValueError(f"algo.use_rollout_routing_replay=true: sample {s.index} (group {s.group_index}) has "
-                             f"no recorded expert routes (Sample.routed_experts is None); they come from the "
-                             f"embedded engine's rollout (a custom rollout function must copy "
-                             f"GenerateResult.routed_experts into its samples)")
+            raise ValueError(
+                f"algo.use_rollout_routing_replay=true: sample {s.index} (group {s.group_index}) has "
+                f"no recorded expert routes (Sample.routed_experts is None); they come from the "
+                f"embedded engine's rollout (a custom rollout function must copy "
+                f"GenerateResult.routed_experts into its samples)"
+            )
         if tuple(r.shape) != (s.response_length, len(moe_layers), top_k):
-            raise ValueError(f"algo.use_rollout_routing_replay=true: sample {s.index}'s routed_experts has shape "
-                             f"{tuple(r.shape)}, expected [response_length={s.response_length}, "
-                             f"num_moe_layers={len(moe_layers)}, num_experts_per_tok={top_k}]")
+            raise ValueError(
+                f"algo.use_rollout_routing_replay=true: sample {s.index}'s routed_experts has shape "
+                f"{tuple(r.shape)}, expected [response_length={s.response_length}, "
+                f"num_moe_layers={len(moe_layers)}, num_experts_per_tok={top_k}]"
+            )
         parts.append(r)
     device = mb.input_ids.device
     routes = torch.cat(parts).to(device=device, dtype=torch.long)  # [N, layers, k], grid row-major

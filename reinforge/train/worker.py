@@ -8,8 +8,9 @@ same method on every worker with the same arguments; each takes its share of the
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -37,9 +38,18 @@ class TrainWorker:
             process group (world size 1: no process group, no sharding).
     """
 
-    def __init__(self, cfg: Config, base_path: str | Path, critic_path: str | Path | None = None, *,
-                 rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int = 0,
-                 pad_id: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        base_path: str | Path,
+        critic_path: str | Path | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 0,
+        pad_id: int = 0,
+    ):
         self.cfg = cfg
         self.base_path = Path(base_path)
         self.device = resolve_device(cfg.train.device)
@@ -47,10 +57,16 @@ class TrainWorker:
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         t = cfg.train
-        self.parallel = ParallelContext.init(rank, world_size, master_addr, master_port, self.device,
-                                             tensor_parallel=t.tensor_model_parallel_size,
-                                             context_parallel=t.context_parallel_size,
-                                             expert_parallel=t.expert_model_parallel_size)
+        self.parallel = ParallelContext.init(
+            rank,
+            world_size,
+            master_addr,
+            master_port,
+            self.device,
+            tensor_parallel=t.tensor_model_parallel_size,
+            context_parallel=t.context_parallel_size,
+            expert_parallel=t.expert_model_parallel_size,
+        )
         torch.manual_seed(cfg.train.seed)
         self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel, pad_id=pad_id)
         self.critic: Critic | None = None
@@ -71,8 +87,9 @@ class TrainWorker:
     def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         return self.actor.train(data, rollout_id)
 
-    def train_critic(self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor],
-                     rollout_id: int) -> dict[str, float]:
+    def train_critic(
+        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
+    ) -> dict[str, float]:
         return self.critic.train(samples, returns, values, rollout_id)
 
     # ------------------------------------------------------------------ weights

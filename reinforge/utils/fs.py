@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager
@@ -149,7 +150,8 @@ def lock_directory(directory: Path, what: str = "run.output_dir", create: bool =
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
             raise DirectoryLocked(
                 f"{what}={directory} is in use by another reinforge process ({holder}): wait for it to finish or "
-                f"stop it (kill -TERM <pid> writes a recover checkpoint), or choose another {what}") from None
+                f"stop it (kill -TERM <pid> writes a recover checkpoint), or choose another {what}"
+            ) from None
         os.ftruncate(fd, 0)
         import sys
 
@@ -161,3 +163,38 @@ def lock_directory(directory: Path, what: str = "run.output_dir", create: bool =
             _HELD.discard(directory.resolve())
     finally:
         os.close(fd)  # releases the lock
+
+
+# Messages of torch's zip writer (``torch.save``, DCP) when a write came up short: it reports
+# the position it expected instead of the errno (ambiguous: checked against the free space).
+_SHORT_WRITE = ("unexpected pos", "file write failed")
+# The errno's own words in the message of a writer that does not raise ``OSError`` (safetensors:
+# ``SafetensorError: ... No space left on device (os error 28)``, the partial file already removed).
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122", "enospc")
+_LOW_FREE_BYTES = 64 << 20
+
+
+def is_disk_full(e: BaseException, where: Path) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a failed write on a full disk:
+    an ``OSError`` with ``errno`` ENOSPC / EDQUOT, an error whose message carries that errno
+    (safetensors' ``os error 28``), or torch's short-write ``RuntimeError`` (``unexpected pos
+    ...``) while the filesystem of ``where`` has under 64 MiB or 1 % free."""
+    seen: set[int] = set()
+    short_write = False
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e).lower()
+        if any(m in text for m in _NO_SPACE):
+            return True
+        if any(m in text for m in _SHORT_WRITE):
+            short_write = True
+        e = e.__cause__ or e.__context__
+    if not short_write:
+        return False
+    try:
+        usage = shutil.disk_usage(where if Path(where).exists() else Path(where).parent)
+    except OSError:
+        return False
+    return usage.free < max(_LOW_FREE_BYTES, usage.total // 100)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def load_function(path: str, key: str) -> Callable[..., Any]:

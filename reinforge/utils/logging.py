@@ -35,16 +35,28 @@ class MetricsLogger:
         ImportError: a W&B project is set but ``wandb`` is not installed (``pip install wandb``).
     """
 
-    def __init__(self, out_dir: Path, tensorboard: bool = True, *, wandb_project: str | None = None,
-                 wandb_group: str | None = None, wandb_mode: str | None = None, config: dict[str, Any] | None = None,
-                 start_step: int | None = None):
+    def __init__(
+        self,
+        out_dir: Path,
+        tensorboard: bool = True,
+        *,
+        wandb_project: str | None = None,
+        wandb_group: str | None = None,
+        wandb_mode: str | None = None,
+        config: dict[str, Any] | None = None,
+        start_step: int | None = None,
+    ):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         if start_step is not None:
             dropped = truncate_metrics(self.path, start_step)
             if dropped:
-                log.info("dropped %d row(s) of %s at step %d or later (logged by an earlier attempt; redone now)",
-                         dropped, self.path, start_step)
+                log.info(
+                    "dropped %d row(s) of %s at step %d or later (logged by an earlier attempt; redone now)",
+                    dropped,
+                    self.path,
+                    start_step,
+                )
         self._file = self.path.open("a")
         self._tb = None
         self._wandb = None
@@ -60,12 +72,23 @@ class MetricsLogger:
             try:
                 import wandb
             except ImportError as e:
-                raise ImportError(f"W&B logging is on (project {project!r}) but wandb is not installed: "
-                                  f"pip install wandb") from e
+                raise ImportError(
+                    f"W&B logging is on (project {project!r}) but wandb is not installed: pip install wandb"
+                ) from e
             # the mode resolved here (run.wandb_mode, else WANDB_MODE, else online) is passed explicitly: W&B
             # reads its environment once per process, so a later WANDB_MODE would be missed
-            self._wandb = _wandb_init(wandb, out_dir, start_step, mode, project=project, group=wandb_group,
-                                      name=out_dir.name, dir=str(out_dir), config=config, mode=mode)
+            self._wandb = _wandb_init(
+                wandb,
+                out_dir,
+                start_step,
+                mode,
+                project=project,
+                group=wandb_group,
+                name=out_dir.name,
+                dir=str(out_dir),
+                config=config,
+                mode=mode,
+            )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one row (and the same scalars to TensorBoard / W&B).
@@ -102,10 +125,13 @@ class MetricsLogger:
             data = f.read()
             f.truncate(data.rfind(b"\n") + 1)
         self._file = self.path.open("a")
-        raise DiskFullError(errno.ENOSPC, f"disk full: the metrics of step {step} could not be appended to {self.path} "
-                                          f"(the rows before it are intact). Free space or move run.output_dir to a "
-                                          f"larger disk, then resume with --load {self.path.parent} (or "
-                                          f"run.recover=auto)") from e
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"disk full: the metrics of step {step} could not be appended to {self.path} "
+            f"(the rows before it are intact). Free space or move run.output_dir to a "
+            f"larger disk, then resume with --load {self.path.parent} (or "
+            f"run.recover=auto)",
+        ) from e
 
     def close(self) -> None:
         try:
@@ -199,15 +225,19 @@ def check_wandb(run: Any) -> None:
     try:
         importlib.import_module("wandb")
     except ImportError as e:
-        raise WandbSetupError(f"{source} asks for W&B logging (project {project!r}) but wandb cannot be imported "
-                              f"({e}): pip install wandb, or unset {source}") from None
+        raise WandbSetupError(
+            f"{source} asks for W&B logging (project {project!r}) but wandb cannot be imported "
+            f"({e}): pip install wandb, or unset {source}"
+        ) from None
     if mode not in WANDB_MODES:
         where = "run.wandb_mode" if run.wandb_mode else "WANDB_MODE (environment variable)"
         raise WandbSetupError(f"{where}: {mode!r} is not a W&B mode; use one of {', '.join(WANDB_MODES[:3])}")
     if mode in ("online", "shared", "run") and not _has_wandb_credentials():
-        raise WandbSetupError(f"W&B logging to project {project!r} is online but no W&B API key was found "
-                              f"(WANDB_API_KEY, or ~/.netrc from `wandb login`): run `wandb login`, or log without "
-                              f"network with WANDB_MODE=offline (or run.wandb_mode=offline; `wandb sync` later)")
+        raise WandbSetupError(
+            f"W&B logging to project {project!r} is online but no W&B API key was found "
+            f"(WANDB_API_KEY, or ~/.netrc from `wandb login`): run `wandb login`, or log without "
+            f"network with WANDB_MODE=offline (or run.wandb_mode=offline; `wandb sync` later)"
+        )
 
 
 def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, effective_mode: str, **kwargs: Any) -> Any:
@@ -226,8 +256,12 @@ def _wandb_init(wandb: Any, out_dir: Path, start_step: int | None, effective_mod
         try:
             return wandb.init(resume_from=f"{run_id}?_step={start_step}", **kwargs)
         except Exception as e:  # noqa: BLE001 - an older client or a server without run rewind
-            log.warning("W&B could not rewind run %s to step %d (%s): resuming it; steps it already has are "
-                        "kept there", run_id, start_step, e)
+            log.warning(
+                "W&B could not rewind run %s to step %d (%s): resuming it; steps it already has are kept there",
+                run_id,
+                start_step,
+                e,
+            )
     return wandb.init(id=run_id, resume="allow", **kwargs)
 
 

@@ -9,8 +9,9 @@ registered ones (verl's ``register_adv_est`` / ``_ROLLOUT_REGISTRY`` pattern).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -38,6 +39,12 @@ class Registry(Generic[T]):
         self.kind, self.config_key = kind, config_key
         self._entries: dict[str, Entry[T]] = {}
 
+    @overload
+    def register(self, name: str, target: None = None, **info: Any) -> Callable[[T], T]: ...
+
+    @overload
+    def register(self, name: str, target: T | str, **info: Any) -> None: ...
+
     def register(self, name: str, target: T | str | None = None, **info: Any) -> Callable[[T], T] | None:
         """Register ``target`` under ``name`` (with properties ``info``); without ``target``,
         a decorator. A ``"module:attr"`` string target is imported only when first used.
@@ -45,6 +52,7 @@ class Registry(Generic[T]):
         Raises:
             ValueError: ``name`` is taken.
         """
+
         def add(obj: T | str) -> T | str:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
@@ -61,8 +69,9 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise KeyError(f"{self.config_key}: unknown {self.kind} {name!r}; registered: "
-                           f"{', '.join(self.names())}") from None
+            raise KeyError(
+                f"{self.config_key}: unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
+            ) from None
 
     def get(self, name: str) -> T:
         return self.entry(name).load()

@@ -33,11 +33,22 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["TRACE_FILE", "Span", "TraceWriter", "active", "instant", "read_trace", "span", "spans_over",
-           "start_trace", "stop_trace"]
+__all__ = [
+    "TRACE_FILE",
+    "Span",
+    "TraceWriter",
+    "active",
+    "instant",
+    "read_trace",
+    "span",
+    "spans_over",
+    "start_trace",
+    "stop_trace",
+]
 
 TRACE_FILE = "trace.json"
 """Its name inside the run directory."""
@@ -81,8 +92,15 @@ class TraceWriter:
             os.pwrite(self._fd, data, 0)
             self._end, self._first = len(head.encode()), True
         self.write({"ph": "M", "name": "process_name", "pid": self.pid, "tid": 0, "args": {"name": process_name}})
-        self.write({"ph": "M", "name": "process_labels", "pid": self.pid, "tid": 0,
-                    "args": {"labels": f"pid {self.pid}" + (" (continued)" if continued else "")}})
+        self.write(
+            {
+                "ph": "M",
+                "name": "process_labels",
+                "pid": self.pid,
+                "tid": 0,
+                "args": {"labels": f"pid {self.pid}" + (" (continued)" if continued else "")},
+            }
+        )
 
     def now_us(self, perf_ns: int | None = None) -> float:
         """Microseconds since the Unix epoch of ``perf_ns`` (a ``time.perf_counter_ns()`` reading; now if None)."""
@@ -114,8 +132,14 @@ class TraceWriter:
 
     def complete(self, name: str, cat: str, start_ns: int, end_ns: int, args: dict[str, Any] | None) -> None:
         """A complete event (``"ph": "X"``) from two ``perf_counter_ns`` readings, on this thread's track."""
-        event = {"ph": "X", "name": name, "cat": cat, "ts": round(self.now_us(start_ns), 3),
-                 "dur": round(max(end_ns - start_ns, 0) / 1000.0, 3), "tid": self.thread_track()}
+        event = {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "ts": round(self.now_us(start_ns), 3),
+            "dur": round(max(end_ns - start_ns, 0) / 1000.0, 3),
+            "tid": self.thread_track(),
+        }
         if args:
             event["args"] = args
         self.write(event)
@@ -169,7 +193,7 @@ class Span:
         self.seconds = 0.0
         self._start = 0
 
-    def __enter__(self) -> "Span":
+    def __enter__(self) -> Span:
         self._start = time.perf_counter_ns()
         return self
 
@@ -201,8 +225,17 @@ def instant(name: str, cat: str = "loop", **args: Any) -> None:
     """A point event (``"ph": "i"``, thread scope) on this thread's track, when a trace is open."""
     writer = _writer
     if writer is not None:
-        writer.write({"ph": "i", "s": "t", "name": name, "cat": cat, "ts": round(writer.now_us(), 3),
-                      "tid": writer.thread_track(), **({"args": args} if args else {})})
+        writer.write(
+            {
+                "ph": "i",
+                "s": "t",
+                "name": name,
+                "cat": cat,
+                "ts": round(writer.now_us(), 3),
+                "tid": writer.thread_track(),
+                **({"args": args} if args else {}),
+            }
+        )
 
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ def span_depths(spans: list[dict[str, Any]]) -> list[int]:
     depth = [0] * len(spans)
     stack: list[float] = []  # end times of the open ancestors
     for i in order:
-        start, end = spans[i]["ts"], spans[i]["ts"] + spans[i]["dur"]
+        end = spans[i]["ts"] + spans[i]["dur"]
         while stack and stack[-1] < end - 1e-3:
             stack.pop()
         depth[i] = len(stack)
@@ -86,8 +86,12 @@ def plot_trace(path: str | Path, out: str | Path, max_depth: int = 3, title: str
     ax.set_ylim(y, 0)
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_xlabel("seconds since the first span")
-    ax.legend(handles=[Patch(color=c, label=n) for n, c in colours.items()],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.legend(
+        handles=[Patch(color=c, label=n) for n, c in colours.items()],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+    )
     if title:
         ax.set_title(title)
     fig.tight_layout()

@@ -14,13 +14,13 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = tl = None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available(device_type: str) -> bool:
     """Whether Triton kernels can run on this device type (CUDA with Triton installed)."""
     return device_type == "cuda" and triton is not None and torch.cuda.is_available()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def liger_available() -> bool:
     """Whether Liger-Kernel (the trainer's fused kernels with backward passes) can be imported."""
     try:

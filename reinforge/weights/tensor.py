@@ -3,7 +3,8 @@ value through Ray's object store (CPU engines in Ray mode)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,8 +14,7 @@ if TYPE_CHECKING:
     from ..records import RolloutEngine
 
 
-def sync_in_process(named: Iterable[tuple[str, torch.Tensor]], engine: "RolloutEngine", version: int
-                    ) -> dict[str, float]:
+def sync_in_process(named: Iterable[tuple[str, torch.Tensor]], engine: RolloutEngine, version: int) -> dict[str, float]:
     """Copy the policy's tensors into ``engine`` in place; returns ``{"time/sync": seconds}``."""
     with trace.span("update_weights", "sync", version=version) as s:
         engine.update_weights(with_fault_point(named), version)

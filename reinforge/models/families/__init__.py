@@ -15,26 +15,32 @@ any family.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ...utils.registry import Registry
 
 if TYPE_CHECKING:
     from .base import Family
 
-FAMILIES: Registry["Family"] = Registry("model family", "config.json model_type")
+FAMILIES: Registry[Family] = Registry("model family", "config.json model_type")
 # properties: moe (a mixture-of-experts family: expert parallelism, routing replay, the aux loss
 # apply), title (the models it covers, for messages and docs)
-FAMILIES.register("llama", "reinforge.models.families.llama:FAMILY", moe=False,
-                  title="Llama 2/3, SmolLM/SmolLM2")
+FAMILIES.register("llama", "reinforge.models.families.llama:FAMILY", moe=False, title="Llama 2/3, SmolLM/SmolLM2")
 FAMILIES.register("qwen2", "reinforge.models.families.qwen2:FAMILY", moe=False, title="Qwen2 / Qwen2.5")
 FAMILIES.register("qwen3", "reinforge.models.families.qwen3:FAMILY", moe=False, title="Qwen3 (dense)")
-FAMILIES.register("qwen3_moe", "reinforge.models.families.qwen3_moe:FAMILY", moe=True,
-                  title="Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B)")
-FAMILIES.register("qwen2_moe", "reinforge.models.families.qwen2_moe:FAMILY", moe=True,
-                  title="Qwen1.5-MoE / Qwen2-57B-A14B")
-FAMILIES.register("glm4_moe", "reinforge.models.families.glm4_moe:FAMILY", moe=True,
-                  title="GLM-4.5 / GLM-4.5-Air / GLM-4.6 (MoE)")
+FAMILIES.register(
+    "qwen3_moe",
+    "reinforge.models.families.qwen3_moe:FAMILY",
+    moe=True,
+    title="Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B)",
+)
+FAMILIES.register(
+    "qwen2_moe", "reinforge.models.families.qwen2_moe:FAMILY", moe=True, title="Qwen1.5-MoE / Qwen2-57B-A14B"
+)
+FAMILIES.register(
+    "glm4_moe", "reinforge.models.families.glm4_moe:FAMILY", moe=True, title="GLM-4.5 / GLM-4.5-Air / GLM-4.6 (MoE)"
+)
 
 
 def model_type_of(config: Any) -> str | None:
@@ -55,7 +61,7 @@ def is_moe_type(model_type: str | None) -> bool:
     return is_native_type(model_type) and bool(FAMILIES.info(model_type).get("moe"))
 
 
-def family_of(config: Any) -> "Family":
+def family_of(config: Any) -> Family:
     """The family of a ``config.json`` dict or a ``transformers`` config.
 
     Raises:
@@ -64,8 +70,9 @@ def family_of(config: Any) -> "Family":
     """
     model_type = model_type_of(config)
     if not is_native_type(model_type):
-        raise NotImplementedError(f"model_type {model_type!r} is not a registered model family "
-                                  f"(registered: {', '.join(FAMILIES.names())})")
+        raise NotImplementedError(
+            f"model_type {model_type!r} is not a registered model family (registered: {', '.join(FAMILIES.names())})"
+        )
     return FAMILIES.get(model_type)
 
 

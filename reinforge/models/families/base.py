@@ -9,8 +9,9 @@ layout, Hugging Face parameter names kept as they are.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,8 +22,12 @@ from ..transformer import MLP, Attention
 
 # the tensor-parallel styles a plan may name (torch.distributed.tensor.parallel's classes)
 TP_STYLES = ("colwise", "rowwise")
-LLAMA_ATTENTION_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
-                        "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise"}
+LLAMA_ATTENTION_PLAN = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+}
 LLAMA_MLP_PLAN = {"mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
 
 
@@ -84,8 +89,15 @@ class Family:
         """A sparse layer's mixture-of-experts block (:class:`~reinforge.models.moe.SparseMoeBlock`
         or a subclass; parameters under ``mlp.``)."""
         shared = MLP(args, args.shared_expert_intermediate_size) if args.shared_expert_intermediate_size else None
-        return SparseMoeBlock(args.hidden_size, args.num_experts, args.num_experts_per_tok,
-                              args.moe_intermediate_size, args.norm_topk_prob, layer, shared)
+        return SparseMoeBlock(
+            args.hidden_size,
+            args.num_experts,
+            args.num_experts_per_tok,
+            args.moe_intermediate_size,
+            args.norm_topk_prob,
+            layer,
+            shared,
+        )
 
     # ------------------------------------------------------------------ parallelism
     def tp_plan(self, sparse: bool) -> dict[str, str]:
@@ -118,8 +130,9 @@ class Family:
         return hub_named_tensors(named)
 
 
-def generic_config_shape(cfg: dict, experts_keys: tuple[str, ...] = ("num_experts", "num_local_experts"),
-                         shared_width: int | None = None) -> ConfigShape:
+def generic_config_shape(
+    cfg: dict, experts_keys: tuple[str, ...] = ("num_experts", "num_local_experts"), shared_width: int | None = None
+) -> ConfigShape:
     """:class:`ConfigShape` from the common ``config.json`` keys; ``experts_keys``: where the
     routed-expert count may be; ``shared_width``: the shared experts' width (default:
     ``shared_expert_intermediate_size``)."""
@@ -131,8 +144,13 @@ def generic_config_shape(cfg: dict, experts_keys: tuple[str, ...] = ("num_expert
         width = experts * int(cfg["moe_intermediate_size"]) + shared
     else:
         width = int(cfg.get("intermediate_size", 4 * hidden))
-    return ConfigShape(int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or heads),
-                       int(cfg.get("head_dim") or hidden // heads), experts, width)
+    return ConfigShape(
+        int(cfg["num_hidden_layers"]),
+        int(cfg.get("num_key_value_heads") or heads),
+        int(cfg.get("head_dim") or hidden // heads),
+        experts,
+        width,
+    )
 
 
 def qwen_moe_layers(cfg: Any) -> dict[str, Any]:
@@ -147,9 +165,15 @@ def qwen_moe_layers(cfg: Any) -> dict[str, Any]:
     if step < 1:
         raise ValueError(f"config.json: decoder_sparse_step={step} must be >= 1")
     dense = set(getattr(cfg, "mlp_only_layers", None) or [])
-    layers = tuple(i for i in range(cfg.num_hidden_layers)
-                   if num_experts > 0 and i not in dense and (i + 1) % step == 0)
+    layers = tuple(
+        i for i in range(cfg.num_hidden_layers) if num_experts > 0 and i not in dense and (i + 1) % step == 0
+    )
     top_k = int(cfg.num_experts_per_tok)
     check_top_k(top_k, num_experts, layers)
-    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=cfg.moe_intermediate_size,
-                norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)), moe_layers=layers)
+    return dict(
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=cfg.moe_intermediate_size,
+        norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)),
+        moe_layers=layers,
+    )

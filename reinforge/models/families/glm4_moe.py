@@ -69,20 +69,31 @@ class Glm4MoeBlock(SparseMoeBlock):
     """
 
     def __init__(self, args: ModelArgs, layer: int, cfg: Any):
-        super().__init__(args.hidden_size, args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size,
-                         args.norm_topk_prob, layer)
+        super().__init__(
+            args.hidden_size,
+            args.num_experts,
+            args.num_experts_per_tok,
+            args.moe_intermediate_size,
+            args.norm_topk_prob,
+            layer,
+        )
         E = args.num_experts
         self.n_group, self.topk_group = int(cfg.n_group or 1), int(cfg.topk_group or 1)
         if E % self.n_group or not 1 <= self.topk_group <= self.n_group:
-            raise ValueError(f"config.json: n_group={self.n_group} must divide n_routed_experts={E} and topk_group="
-                             f"{self.topk_group} be in [1, n_group]")
+            raise ValueError(
+                f"config.json: n_group={self.n_group} must divide n_routed_experts={E} and topk_group="
+                f"{self.topk_group} be in [1, n_group]"
+            )
         if self.n_group > 1 and (E // self.n_group < 2 or self.topk_group * E // self.n_group < self.top_k):
-            raise ValueError(f"config.json: topk_group={self.topk_group} groups of {E // self.n_group} experts (at "
-                             f"least 2 each) must hold num_experts_per_tok={self.top_k}")
+            raise ValueError(
+                f"config.json: topk_group={self.topk_group} groups of {E // self.n_group} experts (at "
+                f"least 2 each) must hold num_experts_per_tok={self.top_k}"
+            )
         self.routed_scaling_factor = float(cfg.routed_scaling_factor)
         self.gate = TopkRouter(E, args.hidden_size)
-        self.shared_experts = MLP(args, args.shared_expert_intermediate_size) \
-            if args.shared_expert_intermediate_size else None
+        self.shared_experts = (
+            MLP(args, args.shared_expert_intermediate_size) if args.shared_expert_intermediate_size else None
+        )
 
     def fuse_projection(self, on: bool) -> None:
         """The shared experts' gate / up projections as one matmul (inference)."""
@@ -128,14 +139,23 @@ class Glm4Moe(Family):
     model_type = "glm4_moe"
 
     def model_args(self, cfg: Any) -> ModelArgs:
-        args = dense_args(cfg, qkv_bias=bool(getattr(cfg, "attention_bias", False)), o_bias=False,
-                          qk_norm=bool(getattr(cfg, "use_qk_norm", False)))
+        args = dense_args(
+            cfg,
+            qkv_bias=bool(getattr(cfg, "attention_bias", False)),
+            o_bias=False,
+            qk_norm=bool(getattr(cfg, "use_qk_norm", False)),
+        )
         E, top_k, first = int(cfg.n_routed_experts or 0), int(cfg.num_experts_per_tok), int(cfg.first_k_dense_replace)
         layers = tuple(range(max(first, 0), cfg.num_hidden_layers)) if E else ()
         check_top_k(top_k, E, layers)
-        return args.with_(num_experts=E, num_experts_per_tok=top_k, moe_intermediate_size=cfg.moe_intermediate_size,
-                          norm_topk_prob=bool(cfg.norm_topk_prob), moe_layers=layers,
-                          shared_expert_intermediate_size=int(cfg.n_shared_experts or 0) * cfg.moe_intermediate_size)
+        return args.with_(
+            num_experts=E,
+            num_experts_per_tok=top_k,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            norm_topk_prob=bool(cfg.norm_topk_prob),
+            moe_layers=layers,
+            shared_expert_intermediate_size=int(cfg.n_shared_experts or 0) * cfg.moe_intermediate_size,
+        )
 
     def config_shape(self, cfg: dict) -> ConfigShape:
         shared = int(cfg.get("n_shared_experts", 1) or 0) * int(cfg.get("moe_intermediate_size") or 0)

@@ -16,8 +16,10 @@ class Qwen2Moe(Family):
 
     def model_args(self, cfg: Any) -> ModelArgs:
         args = dense_args(cfg, qkv_bias=bool(getattr(cfg, "qkv_bias", True)), o_bias=False, qk_norm=False)
-        return args.with_(**qwen_moe_layers(cfg),
-                          shared_expert_intermediate_size=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0))
+        return args.with_(
+            **qwen_moe_layers(cfg),
+            shared_expert_intermediate_size=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0),
+        )
 
 
 FAMILY = Qwen2Moe()
