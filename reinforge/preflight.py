@@ -540,11 +540,18 @@ def check_generate(
     window = context_window(model_config)
     problems = []
     total = prompt_tokens + max_new_tokens
-    if window is not None and total > window.tokens:
+    if window is not None and prompt_tokens >= window.tokens:  # no --max-new-tokens can make room
+        problems.append(
+            f"the prompt alone is {prompt_tokens} tokens (after the chat template and any --system prompt) "
+            f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}), "
+            f"leaving no room for a single new token: shorten the prompt by at least "
+            f"{prompt_tokens - window.tokens + 1} tokens, or use a model with a longer context window"
+        )
+    elif window is not None and total > window.tokens:
         problems.append(
             f"the prompt ({prompt_tokens} tokens) + --max-new-tokens={max_new_tokens} = {total} tokens "
             f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}): "
-            f"set --max-new-tokens to at most {max(window.tokens - prompt_tokens, 0)}"
+            f"set --max-new-tokens to at most {window.tokens - prompt_tokens}"
         )
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
     device = device or resolve_device(cfg.train.device)

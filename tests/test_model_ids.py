@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from reinforge.models.hub import resolve_model_path
+from reinforge.models.hub import pull_model, resolve_model_path
 from reinforge.models.loading import load_tokenizer
 
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -61,3 +61,35 @@ def test_cached_snapshot_without_config_is_not_a_model(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     with pytest.raises(FileNotFoundError, match="models--Org--Partial"):
         resolve_model_path("Org/Partial")
+
+
+@pytest.mark.parametrize(
+    "typed,meant",
+    [
+        ("smollm2-135m", "smollm2-135m-instruct"),  # a prefix of the known name (issue 38 item 8)
+        ("smolm2-135m-instruct", "smollm2-135m-instruct"),  # a misspelling
+        ("Qwen/Qwen2.5-0.5B-Instrct", "Qwen/Qwen2.5-0.5B-Instruct"),  # a hub id in the cache, misspelt
+        ("Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),  # the organisation left out
+    ],
+)
+def test_unknown_model_name_suggests_the_close_known_one(tmp_path, monkeypatch, typed, meant):
+    cache = tmp_path / "hub"
+    (cache / "models--Qwen--Qwen2.5-0.5B-Instruct").mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_model_path(typed)
+    assert f"not found. Did you mean {meant!r}?" in str(e.value)
+
+
+def test_unrelated_model_name_gets_no_suggestion(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_model_path("gpt2")
+    assert "did you mean" not in str(e.value).lower()
+
+
+def test_models_pull_of_a_near_name_suggests_the_known_one():
+    with pytest.raises(KeyError, match=r"unknown model 'smollm2-135m' \(did you mean 'smollm2-135m-instruct'\?\)"):
+        pull_model("smollm2-135m")

@@ -212,6 +212,16 @@ def test_generate_refuses_max_new_tokens_past_the_window(smollm2_path):
     check_generate(rl_cfg(), smollm2_path, 40, 100)
 
 
+@pytest.mark.parametrize("prompt_tokens", [8192, 9000])
+def test_generate_prompt_longer_than_the_window_names_the_prompt(smollm2_path, prompt_tokens):
+    """Issue 38 item 8: a prompt that fills the window alone was told to 'set --max-new-tokens to at most 0'."""
+    msg = refused(check_generate, rl_cfg(), smollm2_path, prompt_tokens, 16)
+    assert f"the prompt alone is {prompt_tokens} tokens" in msg and "holds 8192 positions" in msg
+    assert f"shorten the prompt by at least {prompt_tokens - 8191} tokens" in msg
+    assert "--max-new-tokens" not in msg
+    check_generate(rl_cfg(), smollm2_path, 8191, 1)  # one new token fits
+
+
 # ----------------------------------------------------------------------------- budgets and slots
 
 

@@ -120,14 +120,50 @@ def resolve_model_path(name_or_path: str, pull: bool = True) -> Path:
         if revision
         else f"{hub}/snapshots/<the commit in refs/main>"
     )
+    close = close_model_names(name_or_path)
+    hint = f"Did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
     raise FileNotFoundError(
-        f"model.path={name_or_path!r} not found. Looked for: (1) a Hugging Face folder at {path.resolve()} "
+        f"model.path={name_or_path!r} not found. {hint}Looked for: (1) a Hugging Face folder at {path.resolve()} "
         f"(no config.json there); (2) a known model name ({', '.join(KNOWN_MODELS)}); (3) a Hugging Face model "
         f"id in the local hub cache (offline): {snapshot} with a config.json"
         f"{'' if hub.is_dir() else f' ({hub} does not exist)'}. Download the model where the network is "
         f"reachable (`hf download {repo}`) into that cache (set HF_HUB_CACHE or HF_HOME if yours is elsewhere), "
         f"or point model.path to its folder"
     )
+
+
+def cached_hub_ids() -> list[str]:
+    """The model ids (``Org/Name``) held in the local Hugging Face hub cache (:func:`hf_cache_dir`),
+    read from its ``models--Org--Name`` folder names; empty when there is no cache."""
+    try:
+        return sorted(
+            p.name[len("models--") :].replace("--", "/") for p in hf_cache_dir().glob("models--*") if p.is_dir()
+        )
+    except OSError:
+        return []
+
+
+def close_model_names(name: str, n: int = 3) -> list[str]:
+    """Known model names (:data:`KNOWN_MODELS`) and model ids in the local hub cache close to ``name``
+    (case-insensitive): names of which one is a prefix of the other first, then close spellings
+    (``difflib``); at most ``n``, for "did you mean" hints."""
+    import difflib
+
+    repo, _ = _split_revision(name)
+    key = repo.strip().lower().rstrip("/")
+    if not key:
+        return []
+    candidates = list(dict.fromkeys([*KNOWN_MODELS, *cached_hub_ids()]))
+    lowered = {c.lower(): c for c in candidates}
+    tails = {c.lower().rsplit("/", 1)[-1]: c for c in candidates}  # "Qwen2.5-0.5B" finds "Qwen/Qwen2.5-0.5B"
+    found = [
+        c
+        for low, c in [*lowered.items(), *tails.items()]
+        if low != key and len(key) >= 3 and (low.startswith(key) or key.startswith(low))
+    ]
+    for pool in (lowered, tails):
+        found += [pool[m] for m in difflib.get_close_matches(key, list(pool), n=n, cutoff=0.75)]
+    return [c for c in dict.fromkeys(found) if c.lower() != key][:n]
 
 
 def _is_commit(revision: str) -> bool:
@@ -159,7 +195,9 @@ def pull_model(name: str, force: bool = False) -> Path:
 
     key = name.lower()
     if key not in KNOWN_MODELS:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+        close = [c for c in close_model_names(name) if c in KNOWN_MODELS]
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise KeyError(f"unknown model {name!r}{hint}; known: {', '.join(KNOWN_MODELS)}")
     target = cache_dir() / "models" / key
     if is_hf_folder(target) and not force:
         return target
