@@ -69,6 +69,7 @@ DECODE_EFFICIENCY = 0.52  # share of the bandwidth bound a whole rollout reaches
 FORWARD_MFU = 0.35  # log-prob pass
 TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
 BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)
+SYNC_EFFICIENCY = 0.5  # share of HBM bandwidth the on-device fp32 -> bf16 weight copy reaches (assumed)
 
 
 @dataclass(frozen=True)
@@ -440,9 +441,12 @@ def decode_weight_bytes(w: Workload, batch: int) -> float:
     return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp
 
 
-def generation_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
+def generation_seconds(
+    w: Workload, lengths: list[int] | None = None, efficiency: float = DECODE_EFFICIENCY, mfu: float = FORWARD_MFU
+) -> float | None:
     """Decode time of one rollout (``lengths``: the response lengths; default all ``response_len``,
-    an upper bound), in waves of :func:`engine_slots` sequences, plus the prefill at :data:`FORWARD_MFU`."""
+    an upper bound), in waves of :func:`engine_slots` sequences at ``efficiency`` of the bandwidth,
+    plus the prefill at ``mfu`` of the peak (both 1: the hardware limit, :mod:`.report`)."""
     if not w.gpu.knows_speed:
         return None
     a = w.arch
@@ -454,8 +458,8 @@ def generation_seconds(w: Workload, lengths: list[int] | None = None) -> float |
         wave = lengths[i : i + c]
         total += max(wave) * decode_weight_bytes(w, len(wave))
         total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
-    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.tp)
-    return total / (w.gpu.bandwidth * DECODE_EFFICIENCY) + prefill
+    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.tp)
+    return total / (w.gpu.bandwidth * efficiency) + prefill
 
 
 def forward_flops(w: Workload, lengths: list[int] | None = None) -> float:
@@ -482,13 +486,14 @@ def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None
     return flops / (w.gpu.bf16_flops * TRAIN_MFU * w.shards)
 
 
-def sync_seconds(w: Workload) -> float | None:
-    """Weight sync: fp32 read + bf16 write on the device (colocated), or fp32 over the network."""
+def sync_seconds(w: Workload, efficiency: float = SYNC_EFFICIENCY) -> float | None:
+    """Weight sync: fp32 read + bf16 write on the device (colocated) at ``efficiency`` of the
+    bandwidth, or fp32 over the network."""
     if not w.gpu.knows_speed:
         return None
     p = w.arch.num_params
     if w.colocated:
-        return 6 * p / (w.gpu.bandwidth * 0.5)
+        return 6 * p / (w.gpu.bandwidth * efficiency)
     return 4 * p / BROADCAST_BYTES_PER_S
 
 

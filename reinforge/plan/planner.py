@@ -152,7 +152,7 @@ def workload(
         tp=tp,
         cp=cp,
         lora=m.lora_rank > 0,
-        logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference and a.use_kl_loss),
+        logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference),  # as the loop runs them
         steps_per_rollout=t.num_steps_per_rollout,
         prefill_tokens=e.max_prefill_tokens,
     )
