@@ -20,7 +20,10 @@ Adding one (docs/design.md has a worked example)::
 
 Registration properties: ``group_based`` (needs ``n_samples_per_prompt >= 2``),
 ``needs_critic`` (a value model is trained and its values are passed in ``inputs.values``),
-``reads`` (the ``algo.*`` keys it uses; setting one with another estimator is refused).
+``reads`` (the ``algo.*`` keys it uses; setting one with another estimator is refused),
+``token_level`` (it reads per-token rewards, ``inputs.token_rewards``, and the discount
+``inputs.discount``: multi-turn episodes may then place each turn's reward at its turn's last
+token, ``agent.turn_reward: discounted``).
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ class AdvantageInputs:
             failed for infrastructure reasons: their loss mask is all 0 and their advantage 0), or
             None (all valid). Group statistics are then those of the group's valid samples: a
             group of k valid samples is treated as a group of k.
+        turn_rewards: [N, T] float32, each turn's reward of a multi-turn episode at the last token of
+            that turn's model output (:func:`place_turn_rewards`), or None: the rewards hold the
+            turns' sum (``agent.turn_reward: sum``). Token-level estimators only; the outcome at the
+            last token is then the reward minus these (the rest: the final reward, any shaping).
+        turn_discount: [N, T] float32, the per-turn discount (``agent.turn_discount``) at those last
+            tokens, 1 elsewhere, or None (:meth:`discount`).
     """
 
     rewards: torch.Tensor
@@ -63,6 +72,13 @@ class AdvantageInputs:
     token_kl: torch.Tensor | None = None
     values: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    turn_rewards: torch.Tensor | None = None
+    turn_discount: torch.Tensor | None = None
+
+    def discount(self, gamma: float) -> float | torch.Tensor:
+        """The discount from each token to the next policy token: ``gamma``, times the per-turn
+        discount at the turns' last tokens when ``turn_discount`` is set ([N, T] then)."""
+        return gamma if self.turn_discount is None else gamma * self.turn_discount
 
     def reward_kl(self) -> torch.Tensor | None:
         """[N, T] ``token_kl`` on the policy's tokens (``mask`` and ``loss_mask`` 1), 0 elsewhere; None
@@ -81,11 +97,17 @@ class AdvantageInputs:
 
     def token_rewards(self, outcome: torch.Tensor) -> torch.Tensor:
         """[N, T]: ``outcome`` ([G, n] or [N]) at each response's last token, minus the KL penalty on
-        the loss-mask tokens (verl's ``token_level_rewards``)."""
+        the loss-mask tokens (verl's ``token_level_rewards``). With ``turn_rewards`` each turn's
+        reward sits at its turn's last token and the last token gets the outcome minus their sum,
+        so a row still sums to the outcome (minus the KL)."""
         lengths = self.mask.sum(-1).long()
         out = torch.zeros_like(self.mask)
         rows = torch.nonzero(lengths > 0).flatten()
-        out[rows, lengths[rows] - 1] = outcome.flatten()[rows].to(out.dtype)
+        final = outcome.flatten().to(out.dtype)
+        if self.turn_rewards is not None:  # the turns' rewards at their own tokens, the rest at the last
+            final = final - self.turn_rewards.sum(-1)
+            out = out + masked_select(self.turn_rewards, self.mask != 0)
+        out[rows, lengths[rows] - 1] += final[rows]
         kl = self.reward_kl()
         return out if kl is None else out - kl
 
@@ -198,6 +220,48 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     return centred * torch.rsqrt(var + eps)
 
 
+def _at(gamma: float | torch.Tensor, t: int) -> float | torch.Tensor:
+    """The discount at column ``t``: a float, or the column of a [B, T] tensor."""
+    return gamma[:, t] if isinstance(gamma, torch.Tensor) else gamma
+
+
+def place_turn_rewards(
+    turn_rewards: list[list[float | None]], turn_ends: list[list[int]], lengths: list[int], width: int
+) -> torch.Tensor:
+    """[N, width] float32: each turn's reward at the response position where that turn's model
+    output ends (``turn_ends``, 0-based in the response), 0 elsewhere. Row i takes
+    ``turn_rewards[i][k]`` at ``turn_ends[i][k]``; a turn without a reward (None) adds nothing; a
+    row may list more ends than rewards (a last turn that was not stepped); an empty response
+    (``lengths[i]`` 0) gets nothing.
+
+    Raises:
+        ValueError: a reward without an end, or an end outside the row's ``lengths[i]`` tokens.
+    """
+    out = torch.zeros(len(turn_rewards), width)
+    for i, (rewards, ends, n) in enumerate(zip(turn_rewards, turn_ends, lengths, strict=True)):
+        if len(rewards) > len(ends):
+            raise ValueError(f"sample {i}: {len(rewards)} turn rewards but {len(ends)} turn ends")
+        for r, end in zip(rewards, ends):
+            if r is None or n == 0:
+                continue
+            if not 0 <= end < n:
+                raise ValueError(f"sample {i}: a turn ends at {end}, outside its {n} response tokens")
+            out[i, end] += float(r)
+    return out
+
+
+def turn_discounts(turn_ends: list[list[int]], width: int, discount: float) -> torch.Tensor:
+    """[N, width] float32: ``discount`` at every turn's last token but a row's last turn, 1
+    elsewhere: the factor between a turn's last policy token and the next turn's first, so a reward
+    k turns later counts ``discount**k`` (times the per-token ``gamma``)."""
+    out = torch.ones(len(turn_ends), width)
+    for i, ends in enumerate(turn_ends):
+        for end in ends[:-1]:
+            if 0 <= end < width:
+                out[i, end] = discount
+    return out
+
+
 def _policy_steps(mask: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(response [B, T] bool, policy step [B, T] bool): the policy's steps are the response tokens
     with loss mask 1; the others inside a response (tool outputs) are environment tokens."""
@@ -207,7 +271,10 @@ def _policy_steps(mask: torch.Tensor, loss_mask: torch.Tensor | None) -> tuple[t
 
 
 def reinforce_plus_plus_returns(
-    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, loss_mask: torch.Tensor | None = None
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float | torch.Tensor = 1.0,
+    loss_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Discounted return-to-go per token, G_t = r_t + gamma * G_{t+1} over the policy's tokens.
 
@@ -224,7 +291,8 @@ def reinforce_plus_plus_returns(
 
     Args:
         token_rewards, mask: [B, T] float; right-padded responses, ``mask`` 1 on response tokens.
-        gamma: discount per policy token.
+        gamma: discount per policy token; or [B, T], the discount from each policy token to the next
+            (a per-turn discount at the turns' last tokens: :meth:`AdvantageInputs.discount`).
         loss_mask: [B, T] 0/1, or None (every response token is a policy token).
     Returns:
         [B, T] returns, 0 on padding and on non-policy tokens.
@@ -235,7 +303,7 @@ def reinforce_plus_plus_returns(
     running, pending = zero, zero
     for t in range(token_rewards.shape[1] - 1, -1, -1):
         r = masked_select(token_rewards[:, t], response[:, t])
-        stepped = r + pending + gamma * running
+        stepped = r + pending + _at(gamma, t) * running
         running = torch.where(steps[:, t], stepped, torch.where(response[:, t], running, zero))
         pending = torch.where(steps[:, t] | ~response[:, t], zero, pending + r)
         returns[:, t] = torch.where(steps[:, t], running, zero)
@@ -246,7 +314,7 @@ def gae_advantages(
     token_rewards: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor,
-    gamma: float = 1.0,
+    gamma: float | torch.Tensor = 1.0,
     lam: float = 0.95,
     loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,7 +332,8 @@ def gae_advantages(
 
     Args:
         token_rewards, values, mask: [B, T] float; right-padded responses, ``mask`` 1 on response tokens.
-        gamma, lam: discount and GAE lambda, per policy token.
+        gamma, lam: discount and GAE lambda, per policy token; ``gamma`` may be [B, T], the discount
+            from each policy token to the next (as in :func:`reinforce_plus_plus_returns`).
         loss_mask: [B, T] 0/1, or None (every response token is a policy token).
     Returns:
         (advantages [B, T], returns [B, T]), 0 on padding and on non-policy tokens.
@@ -276,8 +345,9 @@ def gae_advantages(
     for t in range(values.shape[1] - 1, -1, -1):
         r = masked_select(token_rewards[:, t], response[:, t])
         v = masked_select(values[:, t], steps[:, t])
-        delta = r + pending + gamma * next_value - v
-        stepped = delta + gamma * lam * last
+        g = _at(gamma, t)
+        delta = r + pending + g * next_value - v
+        stepped = delta + g * lam * last
         keep = torch.where(response[:, t], last, zero)  # carried over a tool token, reset on padding
         last = torch.where(steps[:, t], stepped, keep)
         next_value = torch.where(steps[:, t], v, torch.where(response[:, t], next_value, zero))
@@ -308,12 +378,12 @@ def rloo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, No
     return inputs.broadcast(rloo_advantages(inputs.outcome(), inputs.valid)), None
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus", reads=("gamma",))
+@ADV_ESTIMATORS.register("reinforce_plus_plus", reads=("gamma",), token_level=True)
 def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """REINFORCE++: discounted token returns (:func:`reinforce_plus_plus_returns`) whitened over
     the batch's loss tokens (Hu 2025)."""
     returns = reinforce_plus_plus_returns(
-        inputs.token_rewards(inputs.rewards), inputs.mask, algo.gamma, inputs.loss_mask
+        inputs.token_rewards(inputs.rewards), inputs.mask, inputs.discount(algo.gamma), inputs.loss_mask
     )
     return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
 
@@ -350,7 +420,7 @@ def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -
     return masked_whiten(per_sample, inputs.mask * inputs.loss_mask), None
 
 
-@ADV_ESTIMATORS.register("gae", needs_critic=True, reads=("gamma", "lambd"))
+@ADV_ESTIMATORS.register("gae", needs_critic=True, reads=("gamma", "lambd"), token_level=True)
 def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's GAE (:func:`gae_advantages`) over the policy's tokens (tool outputs skipped),
     advantages whitened over the batch's loss tokens.
@@ -361,6 +431,11 @@ def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, tor
     if inputs.values is None:
         raise ValueError("advantage_estimator=gae needs the critic's values")
     adv, returns = gae_advantages(
-        inputs.token_rewards(inputs.rewards), inputs.values, inputs.mask, algo.gamma, algo.lambd, inputs.loss_mask
+        inputs.token_rewards(inputs.rewards),
+        inputs.values,
+        inputs.mask,
+        inputs.discount(algo.gamma),
+        algo.lambd,
+        inputs.loss_mask,
     )
     return masked_whiten(adv, inputs.mask * inputs.loss_mask), returns

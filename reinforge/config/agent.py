@@ -96,6 +96,22 @@ class AgentConfig(Section):
         ge=1,
         lt=2**32 - 1,
     )
+    turn_reward: Literal["sum", "discounted"] = opt(
+        "sum",
+        "how an environment's per-turn rewards reach the advantage estimator: `sum` (added into the "
+        "sample's reward, every estimator) or `discounted` (each turn's reward at the last token of that "
+        "turn's model output, returns discounted by `agent.turn_discount` per turn; token-level estimators "
+        "only: `reinforce_plus_plus`, `gae`) ([agents.md](agents.md#per-turn-rewards))",
+    )
+    turn_discount: float = opt(
+        1.0, "`turn_reward: discounted`: discount per turn (times `algo.gamma` per token)", ge=0, le=1
+    )
+    trace_episodes: int = opt(
+        1,
+        "with `run.trace`, the episodes of each rollout drawn turn by turn in the trace (samples 0 .. n-1 of "
+        "the rollout; each on its own track: generation, environment step, tool calls); 0: none",
+        ge=0,
+    )
     max_concurrent_sandboxes: int | None = opt(
         None,
         "`python` tool: sandboxes running at once across all samples (a call waits for a slot before its time "
@@ -112,6 +128,11 @@ class AgentConfig(Section):
                     f"agent.tools[{i}]: unknown tool {spec!r}; registered: {', '.join(TOOLS())} "
                     f"(or write 'package.module:function')"
                 )
+        if self.turn_reward == "sum" and self.turn_discount != 1.0:
+            raise ConfigError(
+                f"agent.turn_discount={self.turn_discount:g} applies with agent.turn_reward=discounted; "
+                f"with `sum` the turns' rewards are added undiscounted: set turn_reward=discounted or remove it"
+            )
         if not self.tool_role.strip():
             raise ConfigError("agent.tool_role must be `auto` or a role name")
         if self.mcp_servers:

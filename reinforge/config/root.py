@@ -157,6 +157,20 @@ class Config:
                 f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
                 f"it needs rollout.n_samples_per_prompt >= 2"
             )
+        if g.turn_reward == "discounted":
+            if not ADV_ESTIMATORS.info(a.advantage_estimator).get("token_level"):
+                token_level = ", ".join(n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.info(n).get("token_level"))
+                raise ConfigError(
+                    f"agent.turn_reward=discounted places each turn's reward at its own tokens, but "
+                    f"algo.advantage_estimator={a.advantage_estimator} gives every token of a sample one "
+                    f"advantage from its total reward: use a token-level estimator ({token_level}) or "
+                    f"agent.turn_reward=sum (the turns' rewards added up, what {a.advantage_estimator} sees anyway)"
+                )
+            if not r.custom_generate_function_path:
+                raise ConfigError(
+                    "agent.turn_reward=discounted needs multi-turn episodes: set "
+                    "rollout.custom_generate_function_path=reinforge.rollout.agent:generate"
+                )
         if r.max_staleness > 0:
             if a.needs_critic:
                 raise ConfigError(

@@ -16,7 +16,9 @@ An :class:`Environment` is one episode, made per sample from its data row (gym's
 
 The sample's reward is the sum of the per-turn rewards (``Step.reward``) and the final
 ``reward()`` when any of them is a number; when all are None the configured reward
-(``reward.type``) scores the sample as for any other rollout.
+(``reward.type``) scores the sample as for any other rollout. With ``agent.turn_reward:
+discounted`` (``reinforce_plus_plus``, ``gae``) each turn's reward is instead placed at the last
+token of that turn's model output, discounted by ``agent.turn_discount`` per turn.
 
 Methods may be ``async`` or plain (a plain one runs in the agent's worker threads). Whatever an
 environment does wrong (raises, exceeds ``agent.env_timeout``, returns something that is not a
@@ -122,6 +124,7 @@ class Environment:
 
 ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", "agent.environment")
 ENVIRONMENTS.register("tools", "reinforge.envs.tool_env:ToolEnv")
+ENVIRONMENTS.register("swe", "reinforge.envs.swe:SweEnv")
 
 
 def load_environment(spec: str) -> type[Environment]:

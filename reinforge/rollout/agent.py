@@ -19,7 +19,14 @@ ends the episode as an infrastructure failure: the sample's status is ``failed``
 and of the loss (never a reward of 0 for the model).
 
 Rewards: the sum of the environment's per-turn rewards and its final ``reward()`` when any is a
-number (``sample.reward``); otherwise the configured reward scores the sample.
+number (``sample.reward``); otherwise the configured reward scores the sample. Each model turn's
+last token (its position in the response) is listed in ``sample.metadata["turn_ends"]``, beside
+the stepped turns' rewards in ``sample.metadata["turn_rewards"]``: with ``agent.turn_reward:
+discounted`` the token-level estimators place each turn's reward there
+(:func:`reinforge.train.rollout_advantages.turn_reward_grids`).
+
+With ``run.trace`` the first ``agent.trace_episodes`` episodes of each rollout are drawn turn by
+turn, each on a track of its own (:mod:`reinforge.rollout.episode_trace`).
 
 Per-sample numbers go to ``sample.metadata["rollout_stats"]`` (averaged into the rollout
 metrics): ``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors`` (and
@@ -38,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +57,7 @@ from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Sta
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format
 from ..tools.toolset import SANDBOX_FAILURE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
+from .episode_trace import EpisodeTrace, span
 from .generate import STATS_KEY, RolloutContext
 
 CACHE_KEY = __name__
@@ -108,7 +117,8 @@ class Episode:
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    rewards: list[float | None] = field(default_factory=list)  # per turn
+    rewards: list[float | None] = field(default_factory=list)  # per stepped turn
+    turn_ends: list[int] = field(default_factory=list)  # per model turn: response position of its last token
     final_reward: float | None = None
     final_answer: str = ""  # the last turn's text when it made no call (what built-in rewards read)
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -158,14 +168,17 @@ class Agent:
         ep = Episode(tokens=list(sample.tokens))
         status, version = Status.COMPLETED, sample.weight_version
         env = None
+        tr, started = EpisodeTrace.maybe(sample.index, self.cfg.trace_episodes), time.perf_counter_ns()
         try:
-            env = await self._env_call(self.env_class, row, self.env_ctx)
-            first = await self._env_call(env.reset)
-            if first is not None:
-                ep.tokens = self._render_prompt(ctx, self._checked_messages(first, "reset"))
+            with span(tr, "env.reset", env=self.env_class.__name__):
+                env = await self._env_call(self.env_class, row, self.env_ctx)
+                first = await self._env_call(env.reset)
+                if first is not None:
+                    ep.tokens = self._render_prompt(ctx, self._checked_messages(first, "reset"))
             prompt_len = len(ep.tokens)
-            status, version = await self._play(ctx, env, ep, params, version)
-            final = await self._env_call(env.reward)
+            status, version = await self._play(ctx, env, ep, params, tr)
+            with span(tr, "env.reward"):
+                final = await self._env_call(env.reward)
             if final is not None and not isinstance(final, (int, float)):
                 raise EnvironmentFailure(f"reward() returned {type(final).__name__}, not a number or None")
             ep.final_reward = final
@@ -177,7 +190,8 @@ class Agent:
         finally:
             if env is not None:
                 try:
-                    await self._env_call(env.close)
+                    with span(tr, "env.close"):
+                        await self._env_call(env.close)
                 except EnvironmentFailure as e:
                     sample.metadata.setdefault("env_close_error", str(e)[:2000])
         sample.tokens = ep.tokens
@@ -194,65 +208,109 @@ class Agent:
         elif given:
             sample.reward = float(sum(given))
         sample.metadata["turn_rewards"] = ep.rewards
+        sample.metadata["turn_ends"] = ep.turn_ends
         sample.metadata["final_answer"] = ep.final_answer
         ep.stats["agent/well_formed_call"] = float(
             ep.stats["agent/tool_calls"] > 0 and not ep.stats.get("agent/tool_errors/parse")
         )
         sample.metadata[STATS_KEY] = {k: float(v) for k, v in ep.stats.items()}
         sample.metadata["tool_calls"] = ep.calls
+        if tr is not None:
+            tr.add(
+                "episode",
+                started,
+                time.perf_counter_ns(),
+                sample=sample.index,
+                group=sample.group_index,
+                status=status.value,
+                reward=sample.reward,
+                turns=int(ep.stats["agent/turns"]),
+            )
+            tr.flush()
         return sample
 
     async def _play(
-        self, ctx: RolloutContext, env: Environment, ep: Episode, params: SamplingParams, version: int
+        self, ctx: RolloutContext, env: Environment, ep: Episode, params: SamplingParams, tr: EpisodeTrace | None = None
     ) -> tuple[Status, int]:
         """The turns of one episode; returns the sample's status and the last policy version."""
-        a, tok, budget = self.cfg, self.tokenizer, params.max_new_tokens
+        a = self.cfg
         turn_params = dataclasses.replace(params, stop=list(params.stop))
         if a.stop_after_tool_call:
             turn_params.stop += [s for s in self.format.stop if s not in turn_params.stop]
         while True:
-            room = budget - len(ep.mask)
-            request = GenerateRequest(
-                list(ep.tokens), dataclasses.replace(turn_params, max_new_tokens=min(room, a.max_turn_tokens or room))
-            )
+            with span(tr, "turn", index=int(ep.stats["agent/turns"])):
+                done = await self._turn(ctx, env, ep, params, turn_params, tr)
+            if done is not None:
+                return done
+
+    async def _turn(
+        self,
+        ctx: RolloutContext,
+        env: Environment,
+        ep: Episode,
+        params: SamplingParams,
+        turn_params: SamplingParams,
+        tr: EpisodeTrace | None,
+    ) -> tuple[Status, int] | None:
+        """One model turn and the environment's answer; the episode's (status, version) when it
+        ends here, None when another turn follows."""
+        a, tok, budget = self.cfg, self.tokenizer, params.max_new_tokens
+        room = budget - len(ep.mask)
+        request = GenerateRequest(
+            list(ep.tokens), dataclasses.replace(turn_params, max_new_tokens=min(room, a.max_turn_tokens or room))
+        )
+        with span(tr, "generate") as args:
             (res,) = await ctx.async_engine.generate(request)
-            ep.count("agent/turns")
-            version = res.weight_version
-            ep.add(res.token_ids, list(res.log_probs), res.token_versions or [version] * len(res.token_ids), True)
-            if res.finish_reason == FinishReason.ABORT:
-                return Status.ABORTED, version
-            ended_by_token = (
-                res.finish_reason == FinishReason.STOP
-                and bool(res.token_ids)
-                and res.token_ids[-1] in params.stop_token_ids
+            args.update(
+                tokens=len(res.token_ids),
+                finish=res.finish_reason.value,
+                last_token=len(ep.mask) + len(res.token_ids) - 1,
             )
-            text = tok.decode(res.token_ids[:-1] if ended_by_token else res.token_ids, skip_special_tokens=False)
-            parsed = self._parse(text)
-            finished = Status.COMPLETED if res.finish_reason == FinishReason.STOP else Status.TRUNCATED
-            if not parsed.is_final and len(ep.mask) >= budget:  # a call that cannot be answered: not stepped
-                return Status.TRUNCATED, version
-            if not parsed.is_final and ep.stats["agent/turns"] >= a.max_turns:
-                return finished, version
-            index = int(ep.stats["agent/turns"]) - 1
+        ep.count("agent/turns")
+        version = res.weight_version
+        ep.add(res.token_ids, list(res.log_probs), res.token_versions or [version] * len(res.token_ids), True)
+        ep.turn_ends.append(len(ep.mask) - 1)  # where this turn's reward goes (agent.turn_reward: discounted)
+        if res.finish_reason == FinishReason.ABORT:
+            return Status.ABORTED, version
+        ended_by_token = (
+            res.finish_reason == FinishReason.STOP
+            and bool(res.token_ids)
+            and res.token_ids[-1] in params.stop_token_ids
+        )
+        text = tok.decode(res.token_ids[:-1] if ended_by_token else res.token_ids, skip_special_tokens=False)
+        parsed = self._parse(text)
+        finished = Status.COMPLETED if res.finish_reason == FinishReason.STOP else Status.TRUNCATED
+        if not parsed.is_final and len(ep.mask) >= budget:  # a call that cannot be answered: not stepped
+            return Status.TRUNCATED, version
+        if not parsed.is_final and ep.stats["agent/turns"] >= a.max_turns:
+            return finished, version
+        index = int(ep.stats["agent/turns"]) - 1
+        with span(tr, "env.step", env=type(env).__name__, calls=len(parsed.calls)) as args:
+            stepped = time.perf_counter_ns()
             step = self._checked_step(await self._env_call(env.step, Turn(text, parsed.calls, parsed.errors, index)))
-            ep.rewards.append(step.reward)
-            self._count(ep, step)
-            if step.done:
-                ep.stats["agent/final_answer"] = float(parsed.is_final)
-                ep.final_answer = (
-                    self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if parsed.is_final else ""
-                )
-                return finished, version
-            if len(ep.mask) >= budget:
-                return Status.TRUNCATED, version
-            if ep.stats["agent/turns"] >= a.max_turns:
-                return finished, version
-            ended_with = tok.decode(res.token_ids[-1:]) if ended_by_token else None
+            args.update(reward=step.reward, done=step.done)
+            if tr is not None:
+                for r in step.tool_results:
+                    tr.add(f"tool {r.name or '?'}", stepped, stepped + int(r.seconds * 1e9), error=r.error)
+        ep.rewards.append(step.reward)
+        self._count(ep, step)
+        if step.done:
+            ep.stats["agent/final_answer"] = float(parsed.is_final)
+            ep.final_answer = self.tokenizer.decode(res.token_ids, skip_special_tokens=True) if parsed.is_final else ""
+            return finished, version
+        if len(ep.mask) >= budget:
+            return Status.TRUNCATED, version
+        if ep.stats["agent/turns"] >= a.max_turns:
+            return finished, version
+        ended_with = tok.decode(res.token_ids[-1:]) if ended_by_token else None
+        with span(tr, "observation") as args:
             delta = self.renderer.append_ids(self._observations(step.messages), ended_with)
-            if len(ep.mask) + len(delta) >= budget:  # no room for the observation and a further turn
-                return Status.TRUNCATED, version
-            ep.add(delta, [0.0] * len(delta), [version] * len(delta), False)
-            ep.count("agent/tool_tokens", len(delta))
+            args["tokens"] = len(delta)
+        if len(ep.mask) + len(delta) >= budget:  # no room for the observation and a further turn
+            return Status.TRUNCATED, version
+        ep.add(delta, [0.0] * len(delta), [version] * len(delta), False)
+        ep.count("agent/tool_tokens", len(delta))
+        return None
 
     def _count(self, ep: Episode, step: Step) -> None:
         for r in step.tool_results:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs
+from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs, place_turn_rewards, turn_discounts
 from ..algo.losses import kl_penalty
 from ..config import AlgoConfig
 from ..records import Sample, Status
@@ -91,6 +91,7 @@ def compute_advantages(
     values: list[torch.Tensor] | None = None,
     old_log_probs: list[torch.Tensor] | None = None,
     ref_log_probs: list[torch.Tensor] | None = None,
+    turn_discount: float | None = None,
 ) -> Advantages:
     """Advantages of every sample of ``groups`` (flattened group-major) for ``algo.advantage_estimator``.
 
@@ -99,9 +100,16 @@ def compute_advantages(
     verl's ``apply_kl_penalty`` (``kld * response_mask``); outcome estimators use the sequence's
     total over those tokens (:meth:`~reinforge.algo.advantages.AdvantageInputs.reward_kl`).
 
+    ``turn_discount`` None: a multi-turn sample's per-turn rewards count through its reward, their
+    sum (``agent.turn_reward: sum``). A number (``agent.turn_reward: discounted``, token-level
+    estimators only): each turn's reward sits at the last token of that turn's model output
+    (:func:`turn_reward_grids`), the rest of the shaped reward (final reward, over-long penalty,
+    clipping or normalisation) at the response's last token, and returns are discounted by it
+    from one turn to the next.
+
     Raises:
-        ValueError: an estimator that needs a critic without ``values``, or KL in the reward
-            without log-probs.
+        ValueError: an estimator that needs a critic without ``values``, KL in the reward without
+            log-probs, or ``turn_discount`` with an estimator that is not token-level.
     """
     flat = [s for g in groups for s in g]
     lengths = [s.response_length for s in flat]
@@ -118,6 +126,10 @@ def compute_advantages(
         token_kl=token_kl,
         values=_grid(values) if values is not None else None,
     )
+    if turn_discount is not None:
+        if not ADV_ESTIMATORS.info(a.advantage_estimator).get("token_level"):
+            raise ValueError(f"per-turn rewards need a token-level estimator, not {a.advantage_estimator}")
+        inputs.turn_rewards, inputs.turn_discount = turn_reward_grids(flat, turn_discount, inputs.mask.shape[1])
     valid = valid_samples(groups)
     if not bool(valid.all()):
         inputs.valid = valid
@@ -128,3 +140,26 @@ def compute_advantages(
         return [grid[i, :n].clone() for i, n in enumerate(lengths)]
 
     return Advantages(rows(adv), rows(returns) if returns is not None else None, rewards)
+
+
+TURN_REWARDS = "turn_rewards"
+"""``sample.metadata`` key: the reward of each stepped turn of an agent episode (None: none)."""
+TURN_ENDS = "turn_ends"
+"""``sample.metadata`` key: for each model turn, the response position (0-based) of its last token."""
+
+
+def turn_reward_grids(samples: list[Sample], discount: float, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N, width] turn rewards at their turns' last tokens, [N, width] per-turn discounts) of
+    ``samples`` from their ``metadata`` (:data:`TURN_REWARDS`, :data:`TURN_ENDS`, written by the
+    agent loop); a sample without them (one turn, not an agent sample) or a failed one gets none.
+
+    Raises:
+        ValueError: a sample's turn positions do not fit its response (the message names its index).
+    """
+    rewards, ends = [], []
+    for s in samples:
+        keep = s.status != Status.FAILED
+        rewards.append(list(s.metadata.get(TURN_REWARDS) or []) if keep else [])
+        ends.append([int(e) for e in s.metadata.get(TURN_ENDS) or []] if keep else [])
+    lengths = [s.response_length for s in samples]
+    return place_turn_rewards(rewards, ends, lengths, width), turn_discounts(ends, width, discount)
