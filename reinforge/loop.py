@@ -27,6 +27,7 @@ from .eval.evaluate import eval_plot_keys, evaluate, write_eval
 from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
+from .plan.report import PlanReport
 from .records import ReplicatedEngine, Sample, Status
 from .recover import Preempted, RecoverTimer, all_damaged, changed_settings, check_compatible, recover_candidates
 from .reward import RewardManager
@@ -104,7 +105,7 @@ class RLLoop:
         from .plan import resolve_config  # `auto` keys chosen for this GPU, and the plan logged (docs/planner.md)
 
         cfg, self.plan = resolve_config(cfg, self.base_path, log_plan=True)
-        self.cfg = cfg
+        self.cfg, self.plan_report = cfg, PlanReport(self.plan)  # plan/* metrics, the end line
         if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
@@ -377,6 +378,7 @@ class RLLoop:
         metrics["rollout/engine_restarts"] = float(restarts)
         metrics.update(timings)
         metrics["time/rollout_step"] = sum(timings.values())
+        metrics.update(self.plan_report.rollout(metrics, generated, flat))  # predicted vs measured
         return metrics, generated
 
     # ------------------------------------------------------------------ loop
@@ -465,6 +467,7 @@ class RLLoop:
                 self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
                 if cfg.run.save_final:
                     self.save(cfg.train.num_rollout - 1)
+            plan_line = self.plan_report.finish()  # the phase furthest from its limit, into the trace too
         finally:
             self.source.close()
             trace.stop_trace()
@@ -472,6 +475,8 @@ class RLLoop:
             logger.close()
         result.evals = list(self.evals)
         result.history = list(self.history)
+        if plan_line:
+            print(f"\n{plan_line}", flush=True)
         print_run_summary(
             self.out,
             self.evals,
