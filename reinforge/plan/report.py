@@ -240,6 +240,11 @@ def suggest(phase: str, fraction: float, w: M.Workload, cfg: Config, tail: float
     return "the weight copy is the limit (a small share of the step)"
 
 
+def percent(x: float) -> str:
+    """``41%``; below 1% two significant digits (``0.034%``: a CPU run planned as a GPU)."""
+    return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{x * 100:.2g}%"
+
+
 class PlanReport:
     """Collects one run's predicted and measured phase times (module doc)."""
 
@@ -275,10 +280,9 @@ class PlanReport:
         into = self.rest if self.first.rollouts else self.first
         for p, s in got.items():
             pred, lim = predicted.get(p), limit.get(p)
-            if pred is not None and (pred > 0 or s > 0):
+            if pred is not None and pred > 0:  # 0: nothing ran to predict (no log-prob pass)
                 out[f"plan/{p}_predicted_s"] = pred
-                if pred > 0:
-                    out[f"plan/{p}_ratio"] = s / pred
+                out[f"plan/{p}_ratio"] = s / pred
             if lim is not None and lim > 0 and s > 0:
                 out[f"plan/{p}_limit_fraction"] = lim / s
             t = into.phases[p]
@@ -317,8 +321,8 @@ class PlanReport:
         phase, t = found
         tip = suggest(phase, t.fraction or 0.0, self.plan.workload, self.plan.cfg, c.tail, c.tokens_per_gpu / n)
         return (
-            f"plan: {WORDS[phase]} at {t.fraction or 0.0:.0%} {LIMITS[phase]} ({t.measured / n:.2f} s per rollout, "
-            f"{t.lost / n:.2f} s above the limit, predicted {t.predicted / n:.2f} s)"
+            f"plan: {WORDS[phase]} at {percent(t.fraction or 0.0)} {LIMITS[phase]} ({t.measured / n:.2f} s per "
+            f"rollout, {t.lost / n:.2f} s above the limit, predicted {t.predicted / n:.2f} s)"
             f"{',' if tip.startswith('the long tail') else ':'} {tip}"
         )
 
