@@ -28,6 +28,7 @@ from .models.loading import load_tokenizer, save_hf_state_dict
 from .models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
 from .models.reward_model import save_reward_model
 from .preflight import check_offline, longest_example
+from .recover import changed_settings
 from .train.offline import OfflineTrainer, RefLogps
 from .train.parallel import ParallelContext, full_tensor
 from .utils import trace
@@ -295,6 +296,13 @@ class OfflineLoop:
         if state.get("method") != self.cfg.offline.method:
             raise ValueError(
                 f"{path} is a checkpoint of offline.method={state.get('method')!r}, not {self.cfg.offline.method!r}"
+            )
+        changed = changed_settings(state["config"], self.cfg)  # (train.lr included: issue 38)
+        if changed:
+            log.warning(
+                "resuming %s with settings that differ from the checkpoint's: %s; the run will not continue exactly",
+                path,
+                "; ".join(changed),
             )
         trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
         try:

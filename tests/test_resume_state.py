@@ -89,3 +89,26 @@ def test_ctrl_c_with_recover_off_writes_a_checkpoint_and_exits_130(tmp_path, tin
         train_rows(out)[-1]["rollout_id"]
     )
     assert "stopped after SIGINT: checkpoint" in log
+
+
+def test_an_offline_resume_names_a_changed_lr(tmp_path, tiny_model_path, caplog):
+    """`reinforge offline --load RUN` with another train.lr: said, as the RL loop says it."""
+    from reinforge.offline_loop import run_offline
+    from tests.test_offline import offline_overrides, write_data
+
+    files, out = write_data(tmp_path, n=12), tmp_path / "run"
+    run_offline(load_config(None, offline_overrides(tiny_model_path, out, files["sft"], "sft")))
+    with caplog.at_level(logging.WARNING):
+        run_offline(
+            load_config(
+                None,
+                offline_overrides(
+                    tiny_model_path,
+                    out,
+                    files["sft"],
+                    "sft",
+                    **{"run.load": str(out), "offline.num_epochs": 2, "train.lr": 0.002},
+                ),
+            )
+        )
+    assert "settings that differ from the checkpoint's: train.lr 0.001 -> 0.002" in caplog.text
