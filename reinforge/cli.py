@@ -111,6 +111,13 @@ def _offline(args: argparse.Namespace) -> None:
 
 
 def _make_data(args: argparse.Namespace) -> None:
+    if args.kind == "swe":  # program-made repositories: no config, no model
+        from .envs.swe_data import write_swe_data
+
+        counts = write_swe_data(args.out, args.num_prompts, args.seed)
+        kinds = ", ".join(f"{k} {int(v)}" for k, v in counts.items() if k != "examples")
+        print(f"wrote {int(counts['examples'])} verified repositories (seed {args.seed}; {kinds}) to {args.out}")
+        return
     cfg = _resolved(load_config(args.config, list(args.overrides)))
     from .make_data import make_data
 
@@ -324,13 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     md.add_argument(
         "kind",
-        choices=["pairs", "kto", "sft", "tool-sft"],
-        help="tool-sft: tool-use conversations (call, tool output, answer) written from the task's data",
+        choices=["pairs", "kto", "sft", "tool-sft", "swe"],
+        help="tool-sft: tool-use conversations (call, tool output, answer) written from the task's data; "
+        "swe: synthetic Python repositories with one injected bug each, for agent.environment=swe "
+        "(--num-prompts of them, --seed; no config or model)",
     )
     md.add_argument("--config", "-c", help="YAML config (model, data, rollout sampling, reward)")
     md.add_argument("--out", required=True, help="output .jsonl")
     md.add_argument("--num-prompts", type=int, default=1000)
     md.add_argument("--pairs-per-prompt", type=int, default=1)
+    md.add_argument("--seed", type=int, default=0, help="swe: the generator's seed")
     md.add_argument(
         "--answer-format",
         default="<answer>{answer}</answer>",

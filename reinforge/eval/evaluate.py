@@ -50,7 +50,8 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, floa
     greedy = generate_groups(ctx, prompts, 1, ctx.sampling_params(evaluation=True, greedy=True))
     sampled = generate_groups(ctx, prompts, n, ctx.sampling_params(evaluation=True)) if n > 0 else []
     flat = [s for g in greedy + sampled for s in g]
-    counts = ctx.reward.score(flat)
+    unscored = [s for s in flat if s.reward is None]  # an environment's episodes come with their reward
+    counts = ctx.reward.score(unscored) if unscored else {}
     thr = cfg.reward.correct_threshold
 
     def correct(s: Sample) -> bool:

@@ -281,7 +281,9 @@ def tmpfs_sizes(disk_mb: int, tmp_mount: bool) -> dict[str, int]:
     return sizes
 
 
-def bwrap_args(disk_mb: int, stage_of: dict[str, str], fds: dict[str, int]) -> list[str]:
+def bwrap_args(
+    disk_mb: int, stage_of: dict[str, str], fds: dict[str, int], workdir_binds: dict[str, str] | None = None
+) -> list[str]:
     """The bubblewrap arguments of one run (module docstring).
 
     Args:
@@ -289,6 +291,8 @@ def bwrap_args(disk_mb: int, stage_of: dict[str, str], fds: dict[str, int]) -> l
         stage_of: folders the launcher binds at ``STAGE/<i>`` first (bound from there).
         fds: file descriptors bwrap reads: ``program`` (main.py), ``seccomp`` (the filter),
             ``empty`` (an empty file, shown as ``/proc/cmdline``), ``status`` (bwrap's JSON status).
+        workdir_binds: host folders shown read-only inside the working directory, ``{name: host path}``
+            (``SCRATCH/<name>``; an episode's workspace).
     """
     links, binds = read_only_paths()
     args = [
@@ -347,16 +351,19 @@ def bwrap_args(disk_mb: int, stage_of: dict[str, str], fds: dict[str, int]) -> l
     for k, v in sandbox_env(SCRATCH).items():
         args += ["--setenv", k, v]
     args += ["--file", str(fds["program"]), f"{SCRATCH}/main.py"]
+    for name, host in (workdir_binds or {}).items():
+        args += ["--ro-bind", stage_of.get(host, host), f"{SCRATCH}/{name}"]
     return args
 
 
-def staged_paths(uid: int | None) -> dict[str, str]:
+def staged_paths(uid: int | None, extra: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """The read-only folders the launcher binds at ``STAGE/<i>`` first: those the host ``uid`` the
-    sandbox runs as cannot reach (none when it runs as the trainer's own uid, ``uid=None``)."""
+    sandbox runs as cannot reach (none when it runs as the trainer's own uid, ``uid=None``), of the
+    system folders and of ``extra`` (folders bound into the working directory)."""
     if uid is None:
         return {}
     _, binds = read_only_paths()
-    return {p: f"{STAGE}/{i}" for i, p in enumerate(p for p in binds if not reachable_by_others(p))}
+    return {p: f"{STAGE}/{i}" for i, p in enumerate(p for p in (*binds, *extra) if not reachable_by_others(p))}
 
 
 def launcher_command(

@@ -283,7 +283,11 @@ def _data_fd(data: bytes) -> int:
 
 
 async def run_python(
-    code: str, limits: SandboxLimits | None = None, isolation: str = "bwrap", checked: bool = False
+    code: str,
+    limits: SandboxLimits | None = None,
+    isolation: str = "bwrap",
+    checked: bool = False,
+    binds: dict[str, str] | None = None,
 ) -> SandboxResult:
     """Run ``code`` as a Python program under ``limits`` (module docstring).
 
@@ -295,12 +299,18 @@ async def run_python(
         isolation: ``bwrap`` (the sandbox) or ``none`` (a plain subprocess: per-process limits
             only, unsafe; ``agent.python_sandbox=none``).
         checked: skip :func:`check_sandbox` (it calls this for its trial run).
+        binds: host folders the program sees read-only in its working directory, ``{name: host
+            path}`` (an episode's workspace: ``name/...``; it must be readable by the sandbox's uid).
+            Without isolation they are symbolic links (the program can write there).
 
     Raises:
         SandboxUnavailable: ``isolation="bwrap"`` and bubblewrap cannot run here.
         OSError: the interpreter could not be started.
     """
     lim = limits or SandboxLimits()
+    for name in binds or {}:
+        if not name or "/" in name or name in (".", "..", "main.py"):
+            raise ValueError(f"run_python: {name!r} cannot name a folder bound into the working directory")
     if not checked:
         check_sandbox(isolation, lim.sandbox_uid)
     start = time.perf_counter()
@@ -323,10 +333,10 @@ async def run_python(
             fds["status"], status_w = os.pipe()
             fds["status_w"] = status_w
             uid = host_uid(lim.sandbox_uid)
-            stage_of = staged_paths(uid)
+            stage_of = staged_paths(uid, tuple((binds or {}).values()))
             argv = [
                 bwrap_path(),
-                *bwrap_args(lim.disk_mb, stage_of, {**fds, "status": status_w}),
+                *bwrap_args(lim.disk_mb, stage_of, {**fds, "status": status_w}, binds),
                 "--",
                 *python,
                 str(lim.max_processes),
@@ -340,6 +350,8 @@ async def run_python(
             host_scratch = scratch = tempfile.mkdtemp(prefix="reinforge-sandbox-")
             with open(os.path.join(scratch, "main.py"), "w") as f:
                 f.write(code)
+            for name, host in (binds or {}).items():
+                os.symlink(os.path.abspath(host), os.path.join(scratch, name))
             cmd, cwd, env, pass_fds = [*python, "0", _site_packages()], scratch, sandbox_env(scratch), ()
             env["PATH"] = os.environ.get("PATH", os.defpath)
         proc = await asyncio.create_subprocess_exec(

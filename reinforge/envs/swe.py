@@ -1,0 +1,297 @@
+"""``agent.environment: swe``: fix the bug of a small Python repository (:mod:`.swe_data` rows).
+
+Per episode, :meth:`SweEnv.reset` writes the row's files (``metadata["swe"]["files"]``) into a
+fresh workspace, a temporary folder (``workspace_dir``, default the system's); :meth:`close`
+deletes it. The model has five tools:
+
+* ``list_files()``, ``read_file(path)``: what is in the workspace;
+* ``replace_in_file(path, old, new)`` (exactly one occurrence of ``old``), ``write_file(path,
+  content)``: edits, at most ``max_file_bytes`` per file and ``max_files`` files; paths are
+  relative to the workspace, and any that leaves it (absolute, ``..``, through a link) is refused;
+  the test files are read-only;
+* ``run_tests()``: the repository's tests, run in the ``python`` tool's sandbox
+  (:func:`reinforge.tools.sandbox.run_python`, ``agent.python_sandbox``, ``python_memory_mb``,
+  ``python_sandbox_uid``) with the workspace bound read-only in its working directory, at most
+  ``test_timeout`` seconds (default ``agent.tool_timeout``); the sandboxes of all episodes share
+  ``agent.max_concurrent_sandboxes`` slots (with the ``python`` tool's, when configured).
+
+Tools of ``agent.tools`` are offered too. A turn without a call ends the episode; so does
+``agent.max_turns``. The reward (:meth:`reward`) is 1.0 when every test of the row passes in a
+final run on the workspace as the episode left it (the last ``run_tests`` when nothing was edited
+since), else 0.0. A sandbox that cannot start, in a tool call or in the final run, is an
+infrastructure failure: the sample is failed and left out of its group, never scored 0.
+
+``agent.environment_kwargs``: ``workspace_dir``, ``max_file_bytes`` (65536), ``max_files`` (32),
+``test_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from ..tools import ToolCall, ToolResult, check_arguments, function_schema
+from ..tools.schema import ToolArgumentError
+from ..tools.toolset import BAD_ARGUMENTS, PARSE, SANDBOX_FAILURE, UNKNOWN_TOOL, ToolError
+from .base import Environment, EnvironmentFailure, Step, Turn
+from .swe_data import RUNNER
+
+if TYPE_CHECKING:
+    from ..config.agent import AgentConfig
+
+REPO = "repo"  # the workspace's name in the sandbox's working directory
+MAX_REPORT_LINES = 20
+
+
+def list_files() -> str:
+    """List the files of the repository with their sizes in bytes."""
+    raise NotImplementedError  # the schema only: SweEnv runs the tool
+
+
+def read_file(path: str) -> str:
+    """Show the text of a file of the repository.
+
+    Args:
+        path: the file's path relative to the repository, e.g. "numkit.py".
+    """
+    raise NotImplementedError
+
+
+def replace_in_file(path: str, old: str, new: str) -> str:
+    """Replace text in a file: the old text must occur exactly once in it.
+
+    Args:
+        path: the file's path relative to the repository.
+        old: the exact text to replace (with its indentation), e.g. one whole line.
+        new: the text that replaces it.
+    """
+    raise NotImplementedError
+
+
+def write_file(path: str, content: str) -> str:
+    """Write a whole file (created or replaced).
+
+    Args:
+        path: the file's path relative to the repository.
+        content: the file's new text.
+    """
+    raise NotImplementedError
+
+
+def run_tests() -> str:
+    """Run the repository's tests and show which fail."""
+    raise NotImplementedError
+
+
+SCHEMAS = {f.__name__: function_schema(f) for f in (list_files, read_file, replace_in_file, write_file, run_tests)}
+
+_slots: dict[int, Any] = {}  # SandboxSlots per limit, shared by the episodes of a process
+_checked: set[tuple[str, int]] = set()  # (isolation, uid) that check_sandbox passed
+
+
+class SweEnv(Environment):
+    """One repository-fixing episode (module docstring)."""
+
+    def __init__(self, row: dict[str, Any], ctx: Any):
+        super().__init__(row, ctx)
+        spec = (row.get("metadata") or {}).get("swe")
+        if not isinstance(spec, dict) or not isinstance(spec.get("files"), dict) or not spec.get("tests"):
+            raise ValueError("a swe row needs metadata.swe with files and tests (reinforge make-data swe)")
+        self.spec = spec
+        kw = ctx.kwargs
+        self.max_file_bytes = int(kw.get("max_file_bytes", 65536))
+        self.max_files = int(kw.get("max_files", 32))
+        self.workspace_dir = kw.get("workspace_dir")
+        self.test_timeout = float(kw.get("test_timeout", ctx.agent.tool_timeout))
+        self.tests = list(spec["tests"])
+        self.protected = {f"{t.replace('.', '/')}.py" for t in self.tests}
+        self.root: Path | None = None
+        self.counts = {"edits": 0, "test_runs": 0, "refused_paths": 0}
+        self.last_run: dict[str, Any] | None = None  # the last run_tests, while nothing was edited since
+        self.create_ms = 0.0
+
+    @classmethod
+    def tool_schemas(cls, agent: AgentConfig) -> list[dict[str, Any]]:
+        return list(SCHEMAS.values()) + super().tool_schemas(agent)
+
+    async def reset(self) -> None:
+        start = time.perf_counter()
+        self.root = Path(tempfile.mkdtemp(prefix="reinforge-swe-", dir=self.workspace_dir))
+        os.chmod(self.root, 0o755)  # the sandbox's uid reads it (the trainer may be root)
+        for path, text in self.spec["files"].items():
+            self._write(self._path(path), text, edit=False)
+        self.create_ms = (time.perf_counter() - start) * 1000
+        return None
+
+    async def step(self, turn: Turn) -> Step:
+        if turn.is_final:
+            return Step(done=True, info=self._info())
+        results = [ToolResult.failure(None, PARSE, e) for e in turn.errors]
+        for call in turn.calls:  # in order: an edit then a test run sees the edit
+            results.append(await self._call(call))
+        messages = [{"role": "tool", "name": r.name or "", "content": r.output} for r in results]
+        return Step(messages=messages, tool_results=results, info=self._info())
+
+    async def reward(self) -> float:
+        run = self.last_run if self.last_run is not None else await self._run_tests()
+        if run.get("infra_error"):
+            raise EnvironmentFailure(f"the final test run's sandbox failed: {run['infra_error']}")
+        return float(run["passed_all"])
+
+    async def close(self) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+    def _info(self) -> dict[str, float]:
+        return {**{k: float(v) for k, v in self.counts.items()}, "workspace_ms": self.create_ms}
+
+    async def _call(self, call: ToolCall) -> ToolResult:
+        start = time.perf_counter()
+        schema = SCHEMAS.get(call.name)
+        if schema is None:
+            if call.name in self.ctx.tools.tools:
+                return await self.ctx.tools.call(call)
+            known = ", ".join([*SCHEMAS, *self.ctx.tools.tools])
+            return ToolResult.failure(call.name, UNKNOWN_TOOL, f"unknown tool {call.name!r}; available tools: {known}")
+        try:
+            args = check_arguments(schema, call.arguments)
+        except ToolArgumentError as e:
+            return ToolResult.failure(call.name, BAD_ARGUMENTS, f"bad arguments for {call.name}: {e}")
+        try:
+            if call.name == "run_tests":
+                run = await self._run_tests()
+                if run.get("infra_error"):
+                    return ToolResult.failure(
+                        call.name, SANDBOX_FAILURE, f"the test sandbox failed to start: {run['infra_error']}"
+                    )
+                out = run["report"]
+            else:
+                out = getattr(self, f"_{call.name}")(**args)
+        except ToolError as e:
+            if e.kind == "path":
+                self.counts["refused_paths"] += 1
+            return ToolResult.failure(call.name, e.kind, str(e), time.perf_counter() - start, call.arguments)
+        return ToolResult(call.name, out, None, time.perf_counter() - start, call.arguments)
+
+    # -- the tools --------------------------------------------------------------------------------
+
+    def _list_files(self) -> str:
+        assert self.root is not None
+        files = sorted(p for p in self.root.rglob("*") if p.is_file())
+        return "\n".join(f"{p.relative_to(self.root).as_posix()} ({p.stat().st_size} bytes)" for p in files)
+
+    def _read_file(self, path: str) -> str:
+        p = self._path(path)
+        if not p.is_file():
+            raise ToolError(f"no file {path!r} (list_files shows the files)", "path")
+        return p.read_text(errors="replace")[: self.max_file_bytes] or "(empty file)"
+
+    def _replace_in_file(self, path: str, old: str, new: str) -> str:
+        p = self._editable(path)
+        if not p.is_file():
+            raise ToolError(f"no file {path!r} (list_files shows the files)", "path")
+        if not old:
+            raise ToolError("old must not be empty", "edit")
+        text = p.read_text(errors="replace")
+        n = text.count(old)
+        if n != 1:
+            where = "does not occur" if n == 0 else f"occurs {n} times"
+            raise ToolError(f"the old text {where} in {path}: give it exactly, enough to be unique", "edit")
+        self._write(p, text.replace(old, new))
+        return f"replaced 1 occurrence in {path}"
+
+    def _write_file(self, path: str, content: str) -> str:
+        p = self._editable(path)
+        assert self.root is not None
+        if not p.exists() and sum(1 for q in self.root.rglob("*") if q.is_file()) >= self.max_files:
+            raise ToolError(f"the repository has {self.max_files} files already", "too_large")
+        self._write(p, content)
+        return f"wrote {path} ({len(content.encode())} bytes)"
+
+    # -- workspace --------------------------------------------------------------------------------
+
+    def _path(self, path: str) -> Path:
+        """The host path of a workspace path; refused (``ToolError`` kind ``path``) when it would
+        leave the workspace: absolute, ``..``, a NUL, or resolving (links) outside it."""
+        assert self.root is not None
+        rel = PurePosixPath(path.strip())
+        if not path.strip() or "\0" in path or rel.is_absolute() or ".." in rel.parts or str(rel) == ".":
+            raise ToolError(f"{path!r} is not a path inside the repository (give e.g. 'numkit.py')", "path")
+        p = self.root / rel
+        real, root = os.path.realpath(p), os.path.realpath(self.root)
+        if not real.startswith(root + os.sep):
+            raise ToolError(f"{path!r} leaves the repository", "path")
+        return p
+
+    def _editable(self, path: str) -> Path:
+        p = self._path(path)
+        if p.relative_to(self.root).as_posix() in self.protected:  # type: ignore[arg-type]
+            raise ToolError(f"{path} is a test file: the tests are read-only; fix the code", "path")
+        return p
+
+    def _write(self, p: Path, text: str, edit: bool = True) -> None:
+        """Write a file (and its folders) readable by the sandbox's uid; an ``edit`` is the model's:
+        at most ``max_file_bytes``, counted, and the last test run no longer stands."""
+        data = text.encode()
+        if edit and len(data) > self.max_file_bytes:
+            raise ToolError(f"{len(data)} bytes: a file may hold at most {self.max_file_bytes}", "too_large")
+        assert self.root is not None
+        for parent in reversed(p.relative_to(self.root).parents[:-1]):
+            d = self.root / parent
+            if not d.is_dir():
+                d.mkdir()
+                os.chmod(d, 0o755)
+        p.write_bytes(data)
+        os.chmod(p, 0o644)
+        if edit:
+            self.counts["edits"] += 1
+            self.last_run = None
+
+    async def _run_tests(self) -> dict[str, Any]:
+        """One run of the row's tests in the sandbox: ``{"report", "passed_all", "infra_error",
+        "seconds"}``; the result is kept until the next edit."""
+        from ..tools.sandbox import SandboxLimits, SandboxSlots, check_sandbox, default_max_sandboxes, run_python
+
+        assert self.root is not None
+        a = self.ctx.agent
+        limits = SandboxLimits(
+            timeout=self.test_timeout, memory_mb=a.python_memory_mb, sandbox_uid=a.python_sandbox_uid
+        )
+        if (a.python_sandbox, limits.sandbox_uid) not in _checked:  # the first time: a trial sandbox
+            await asyncio.to_thread(check_sandbox, a.python_sandbox, limits.sandbox_uid)
+            _checked.add((a.python_sandbox, limits.sandbox_uid))
+        python = self.ctx.tools.tools.get("python")
+        slots = getattr(python.fn, "slots", None) if python is not None else None
+        if slots is None:
+            bound = a.max_concurrent_sandboxes or default_max_sandboxes(limits)
+            slots = _slots.setdefault(bound, SandboxSlots(bound))
+        nonce = secrets.token_hex(8)
+        program = (
+            RUNNER + f"\nimport os, sys\nsys.dont_write_bytecode = True\n_root = os.path.abspath({REPO!r}) + os.sep\n"
+            f"sys.path.insert(0, _root)\n_p, _f, _lines = run_tests({self.tests!r}, _root)\n"
+            f"print('\\n'.join(_lines[:{MAX_REPORT_LINES}]))\nprint('%d passed, %d failed' % (_p, _f))\n"
+            f"print({nonce!r}, _p, _f)\nsys.stdout.flush()\n"
+        )
+        async with slots:
+            r = await run_python(program, limits, a.python_sandbox, checked=True, binds={REPO: str(self.root)})
+        self.counts["test_runs"] += 1
+        lines = r.stdout.strip().splitlines()
+        tail = lines[-1].split() if lines else []
+        done = len(tail) == 3 and tail[0] == nonce
+        passed_all = done and r.returncode == 0 and int(tail[2]) == 0 and int(tail[1]) == int(self.spec["n_tests"])
+        shown = "\n".join(lines[:-1] if done else lines)
+        if r.timed_out:
+            shown = f"{shown}\nthe tests did not finish within {self.test_timeout:g} s".strip()
+        elif not done:
+            shown = f"{shown}\n{r.stderr.strip()[-2000:]}\nthe tests did not finish (exit status {r.returncode})"
+        run = {"report": shown.strip(), "passed_all": passed_all, "infra_error": r.infra_error, "seconds": r.seconds}
+        if not r.infra_error:
+            self.last_run = run
+        return run
