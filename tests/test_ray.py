@@ -1,4 +1,5 @@
-"""Ray placement on a local CPU cluster: 2 trainer actors (FSDP2 over gloo) + 1 engine actor."""
+"""Ray placement on a local CPU cluster: 2 trainer actors (FSDP2 over gloo) + 1 engine actor; the
+trace of such a run holds every process's own track (reinforge/cluster/ray_trace.py)."""
 
 import json
 
@@ -6,6 +7,7 @@ import pytest
 
 from reinforge.cluster.ray_cluster import ClusterError, check_resources, plan
 from reinforge.config import load_config
+from reinforge.utils import trace
 from tests.test_integration import tiny_overrides
 
 ray = pytest.importorskip("ray")
@@ -61,6 +63,7 @@ def test_ray_grpo_two_rollouts(tmp_path, tiny_model_path, ray_cluster, colocate)
                 "rollout.rollout_top_k": 8,
                 "data.n_eval_prompts": 2,
                 "run.save_final": "true",
+                "run.trace": "true",
             },
         ),
     )
@@ -76,6 +79,51 @@ def test_ray_grpo_two_rollouts(tmp_path, tiny_model_path, ray_cluster, colocate)
     assert [r["weight_version"] for r in train] == [1.0, 2.0]
     ckpt = out / "checkpoints" / "rollout_000001"
     assert (ckpt / "dcp" / "actor" / ".metadata").exists() and (ckpt / "model" / "config.json").exists()
+    check_merged_trace(out / "trace.json")
+
+
+SLACK_US = 2000  # two processes of one machine: the same clock, up to rounding and drift between reads
+
+
+def check_merged_trace(path):
+    """One track group per process: the driver, each trainer rank, the engine; the actors' spans
+    lie inside the driver's spans that waited for them."""
+    events = json.loads(path.read_text())["traceEvents"]  # valid JSON as written
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    pid = {name: p for p, name in procs.items()}
+    assert {"reinforge train", "trainer rank 0", "trainer rank 1", "engine 0"} <= set(pid), procs
+    assert len(set(procs)) == len(procs) >= 4  # a pid each
+
+    def spans(process, name):
+        return [e for e in events if e["ph"] == "X" and e["pid"] == pid[process] and e["name"] == name]
+
+    def inside(e, outer):
+        return outer["ts"] - SLACK_US <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"] + SLACK_US
+
+    steps = spans("reinforge train", "rollout_step")
+    assert [s["args"]["rollout_id"] for s in steps] == [0, 1]
+    for step in steps:
+        driver_train = next(e for e in spans("reinforge train", "train") if inside(e, step))
+        driver_rollout = next(e for e in spans("reinforge train", "rollout") if inside(e, step))
+        for rank in ("trainer rank 0", "trainer rank 1"):
+            trained = [e for e in spans(rank, "train_actor") if inside(e, driver_train)]
+            assert len(trained) == 1, (rank, step)  # the rank's own training, inside the driver's wait for it
+            assert any(inside(e, trained[0]) for e in spans(rank, "micro_batch"))  # and its micro-batches
+        generated = [e for e in spans("engine 0", "generate") if inside(e, driver_rollout)]
+        assert generated and all(e["args"]["samples"] > 0 for e in generated)
+    # every generation of the engine ran while the driver waited for one: a rollout or an eval;
+    # each eval (the last one, after the last weight sync, too) has the engine's generations
+    evals = spans("reinforge train", "eval")
+    assert all(
+        any(inside(g, w) for w in spans("reinforge train", "rollout") + evals) for g in spans("engine 0", "generate")
+    )
+    assert len(evals) == 2 and all(any(inside(g, e) for g in spans("engine 0", "generate")) for e in evals)
+    for update in spans("reinforge train", "update_weights"):  # each rank gathered, the engine loaded
+        for rank in ("trainer rank 0", "trainer rank 1"):
+            assert any(inside(e, update) for e in spans(rank, "sync_broadcast") + spans(rank, "sync_colocated"))
+        loaded = spans("engine 0", "update_weights") + spans("engine 0", "receive_bucket")
+        assert any(inside(e, update) for e in loaded)
+    assert trace.read_trace(path) == events
 
 
 class _BrokenEngine:

@@ -100,6 +100,52 @@ def test_threads_get_their_own_tracks_and_spans_time_without_a_trace(tmp_path):
     assert [e["args"]["index"] for e in _spans(events, "item")] == [0, 1]
 
 
+def test_another_process_records_into_memory_and_the_writer_merges_it(tmp_path):
+    """The Ray actors' side (start_buffer / drain) and the driver's (merge, collectors), in one process."""
+    trace.start_buffer("trainer rank 0", main_thread="train", sort_index=1)
+    try:
+        assert trace.active() and not trace.writing()
+        with trace.span("train_actor", "train"):
+            with trace.span("micro_batch", "train"):
+                pass
+        events = trace.drain()
+        assert trace.drain() == []  # handed over once
+    finally:
+        trace.stop_trace()
+    assert trace.drain() == [] and trace.merge(events) == 0  # nothing open: nothing to do
+    meta = {e["name"]: e["args"] for e in events if e["ph"] == "M"}
+    assert meta["process_name"] == {"name": "trainer rank 0"} and meta["thread_name"] == {"name": "train"}
+    assert meta["process_sort_index"] == {"sort_index": 1}
+    shift = 1e6  # another node's clock, one second behind: its events move onto this clock
+
+    path = tmp_path / "trace.json"
+    calls = []
+
+    def collector():  # runs at stop_trace, before the file is closed
+        calls.append(trace.merge([{"ph": "i", "s": "t", "name": "late", "ts": trace.now_us(), "tid": 1}], pid=7))
+
+    trace.add_collector(collector)
+    try:
+        trace.start_trace(path, "driver")
+        assert trace.writing()
+        with trace.span("train", "train"):
+            pass
+        assert trace.merge([dict(e) for e in events], shift_us=shift, pid=4242) == len(events)
+        trace.stop_trace()
+    finally:
+        trace.remove_collector(collector)
+    assert calls == [1]
+    merged = trace.read_trace(path)  # valid JSON, two processes
+    assert {e["pid"] for e in merged} >= {4242, 7} and len({e["pid"] for e in merged}) == 3
+    procs = {e["pid"]: e["args"]["name"] for e in merged if e["name"] == "process_name"}
+    assert procs[4242] == "trainer rank 0" and "driver" in procs.values()
+    moved = {e["name"]: e for e in _spans(merged) if e["pid"] == 4242}
+    assert moved["train_actor"]["ts"] == pytest.approx(_spans(events, "train_actor")[0]["ts"] + shift, abs=1e-3)
+    trace.start_trace(tmp_path / "other.json")
+    trace.stop_trace()
+    assert calls == [1]  # removed: not run again
+
+
 def test_span_depths_and_png(tmp_path):
     from reinforge.utils.trace_plot import plot_trace, span_depths
 

@@ -14,6 +14,8 @@
   trainer rank 0 broadcasts flat buckets over a dedicated process group to every engine.
 * **Multi-engine rollout** (:class:`EnginePool`): requests are spread over the engines by
   expected tokens; a failing engine is reported with its node and GPU.
+* **Trace** (``run.trace``): every actor records its own spans, merged into the driver's
+  ``trace.json`` as one track group per process (:mod:`reinforge.cluster.ray_trace`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
 from ..weights.tensor import by_value, with_fault_point
 from .base import ClusterSpec
+from .ray_trace import ActorTraces, TracedActor
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 log = logging.getLogger(__name__)
@@ -73,7 +76,7 @@ def get_all(refs: list[Any]) -> list[Any]:
 # ---------------------------------------------------------------------------- actors
 
 
-class TrainerActor:
+class TrainerActor(TracedActor):
     """Hosts one :class:`TrainWorker` (wrapped with ``ray.remote`` at run time)."""
 
     def address(self) -> tuple[str, int]:
@@ -94,14 +97,23 @@ class TrainerActor:
     ) -> dict[str, Any]:
         from ..train.worker import TrainWorker
 
-        self.worker = TrainWorker(
-            cfg, base_path, critic_path, rank=rank, world_size=world, master_addr=addr, master_port=port, pad_id=pad_id
-        )
+        with trace.span("setup", "train", rank=rank):
+            self.worker = TrainWorker(
+                cfg,
+                base_path,
+                critic_path,
+                rank=rank,
+                world_size=world,
+                master_addr=addr,
+                master_port=port,
+                pad_id=pad_id,
+            )
         self.weight_group = None
         return self.worker.describe()
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+        with trace.span(method, "train"):
+            return getattr(self.worker, method)(*args, **kwargs)
 
     def init_weight_group(self, addr: str, port: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, 0, size, backend_for(self.worker.device))
@@ -111,40 +123,47 @@ class TrainerActor:
         GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU."""
         import ray
 
-        for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
-            if engine is None:
-                continue
-            if bucket[0][1].is_cuda:
-                ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
-            else:
-                ray.get(engine.update_weights.remote(by_value(bucket), version))
+        with trace.span("sync_colocated", "sync", version=version):
+            for bucket in trace.spans_over(
+                "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
+            ):
+                if engine is None:
+                    continue
+                if bucket[0][1].is_cuda:
+                    ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
+                else:
+                    ray.get(engine.update_weights.remote(by_value(bucket), version))
 
     def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
         them by value through the object store (a replaced engine: works on any device)."""
         import ray
 
-        for bucket in self.worker.weight_buckets(bucket_bytes):
-            if engine is not None:
-                ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
+        with trace.span("send_weights", "sync", version=version):
+            for bucket in self.worker.weight_buckets(bucket_bytes):
+                if engine is not None:
+                    ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
 
     def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
         (:mod:`reinforge.weights.broadcast`)."""
         import ray
 
-        for bucket in with_fault_point(self.worker.weight_buckets(bucket_bytes)):
-            if engines:
-                ray.get(
-                    send_flat(
-                        self.weight_group,
-                        bucket,
-                        lambda meta: [e.receive_bucket.remote(meta, version) for e in engines],
+        with trace.span("sync_broadcast", "sync", version=version):
+            for bucket in trace.spans_over(
+                "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
+            ):
+                if engines:
+                    ray.get(
+                        send_flat(
+                            self.weight_group,
+                            bucket,
+                            lambda meta: [e.receive_bucket.remote(meta, version) for e in engines],
+                        )
                     )
-                )
 
 
-class EngineActor:
+class EngineActor(TracedActor):
     """Hosts one rollout engine (wrapped with ``ray.remote`` at run time)."""
 
     def setup(self, cfg: Config, base_path: str, max_model_len: int, index: int) -> dict[str, Any]:
@@ -156,27 +175,32 @@ class EngineActor:
 
         self.index = index
         self.device = resolve_device(cfg.train.device)
-        self.engine = build_engine(
-            engine_spec(cfg, Path(base_path), load_tokenizer(base_path), self.device, max_model_len, index=index)
-        )
+        with trace.span("setup", "engine", index=index):
+            self.engine = build_engine(
+                engine_spec(cfg, Path(base_path), load_tokenizer(base_path), self.device, max_model_len, index=index)
+            )
         self.weight_group = None
         return {"index": index, "node": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
         faults.hit("engine_generate")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
-        return self.engine.generate(requests)
+        with trace.span("generate", "engine", requests=len(requests), samples=sum(r.n for r in requests)):
+            return self.engine.generate(requests)
 
     def update_weights(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
-        self.engine.update_weights(named, version)
+        with trace.span("update_weights", "sync", version=version, tensors=len(named)):
+            self.engine.update_weights(named, version)
 
     def update_weights_ipc(self, handles: ipc.Handles, version: int) -> None:
-        self.engine.update_weights(ipc.from_handles(handles), version)
+        with trace.span("update_weights", "sync", version=version, ipc=True):
+            self.engine.update_weights(ipc.from_handles(handles), version)
 
     def init_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, rank, size, backend_for(self.device))
 
     def receive_bucket(self, meta: list[tuple[str, tuple[int, ...]]], version: int) -> None:
-        self.engine.update_weights(receive_flat(self.weight_group, meta, self.device), version)
+        with trace.span("receive_bucket", "sync", version=version, tensors=len(meta)):
+            self.engine.update_weights(receive_flat(self.weight_group, meta, self.device), version)
 
     def reseed(self, seed: int) -> None:
         self.engine.reseed(seed + seeds.ENGINE_INDEX * self.index)
@@ -190,10 +214,12 @@ class EngineActor:
         self.engine.resume()
 
     def sleep(self, offload_weights: bool = False) -> None:
-        self.engine.sleep(offload_weights=offload_weights)
+        with trace.span("sleep", "engine"):
+            self.engine.sleep(offload_weights=offload_weights)
 
     def wake_up(self) -> None:
-        self.engine.wake_up()
+        with trace.span("wake_up", "engine"):
+            self.engine.wake_up()
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -385,6 +411,10 @@ class RayCluster:
             )
 
         self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
+        self.traces = ActorTraces() if cfg.run.trace else None
+        if self.traces is not None:
+            for i, w in enumerate(self.workers):
+                self.traces.add(f"trainer {i}", w, f"trainer rank {i}", "train", 1 + i)
         addr, port = ray.get(self.workers[0].address.remote())
         critic = str(spec.critic_path) if spec.critic_path else None
         self.describe = ray.get(
@@ -400,6 +430,8 @@ class RayCluster:
         self._new_engine = lambda j: on(engine_bundle(j), engine_gpus, EngineActor, **threaded).remote()
         self._engine_setup = (str(spec.base_path), spec.max_model_len)
         handles = [self._new_engine(j) for j in range(p["engines"])]
+        for j, h in enumerate(handles):
+            self._trace_engine(j, h)
         infos = ray.get([h.setup.remote(cfg, *self._engine_setup, j) for j, h in enumerate(handles)])
         self.engine = EnginePool(
             handles,
@@ -420,6 +452,10 @@ class RayCluster:
             infos,
             "colocated" if c.colocate else "disaggregated",
         )
+
+    def _trace_engine(self, j: int, handle: Any) -> None:
+        if self.traces is not None:
+            self.traces.add(f"engine {j}", handle, f"engine {j}", "engine", 1 + len(self.workers) + j)
 
     def _init_weight_group(self) -> None:
         """(Re)build the disaggregated weight-sync group: trainer rank 0 and every engine."""
@@ -444,6 +480,7 @@ class RayCluster:
             pass
         with trace.span("replace_engine", "rollout", engine=j) as s:
             h = self._new_engine(j)
+            self._trace_engine(j, h)
             self.engine.infos[j] = ray.get(h.setup.remote(self.cfg, *self._engine_setup, j))
             self.engine.handles[j] = h
             version = self.engine.weight_version
@@ -498,6 +535,8 @@ class RayCluster:
                     ]
                 )
             self.engine.weight_version = version
+        if self.traces is not None:  # the actors' events of this step, into the driver's trace
+            self.traces.collect()
         return {"time/sync": s.seconds}
 
     def save(self, directory: Path, optimizer: bool = True) -> None:
@@ -510,6 +549,8 @@ class RayCluster:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.traces is not None:
+            self.traces.close()
         self.engine.shutdown()
         for a in self.workers + self.engine.handles:
             try:

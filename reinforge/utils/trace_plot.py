@@ -1,6 +1,7 @@
 """Render a run's ``trace.json`` (:mod:`reinforge.utils.trace`) to a PNG: one band per track
-(thread), nested spans stacked below their parents, one colour per span name, instants as ticks.
-For a look without a browser; ui.perfetto.dev shows the same file interactively.
+(thread; processes in their ``process_sort_index`` order), nested spans stacked below their
+parents, one colour per span name, instants as ticks. For a look without a browser;
+ui.perfetto.dev shows the same file interactively.
 
 ``python -m reinforge.utils.trace_plot RUN_DIR/trace.json OUT.png [--max-depth 3] [--title T]``
 """
@@ -57,7 +58,8 @@ def plot_trace(path: str | Path, out: str | Path, max_depth: int = 3, title: str
     tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for e in spans:
         tracks[(e["pid"], e.get("tid", 0))].append(e)
-    order = sorted(tracks, key=lambda k: (k[0], names.get(k) != "loop", names.get(k, "")))
+    rank = {e["pid"]: e["args"]["sort_index"] for e in events if e.get("name") == "process_sort_index"}
+    order = sorted(tracks, key=lambda k: (rank.get(k[0], 1 << 30), k[0], names.get(k) != "loop", names.get(k, "")))
     colours = {}
     cmap = plt.get_cmap("tab20")
     fig_rows = []
