@@ -30,7 +30,8 @@ class AgentConfig(Section):
     environment: str = opt(
         "tools",
         "the episode's environment: a registered name (`tools`: the model calls "
-        "`agent.tools` until it answers without a call) or a `module:Class` path of a "
+        "`agent.tools` until it answers without a call; `swe`: fix the bug of a small repository, "
+        "[agents.md](agents.md#the-swe-environment)) or a `module:Class` path of a "
         "`reinforge.envs.Environment` subclass ([agents.md](agents.md#environments))",
     )
     environment_kwargs: dict[str, Any] = opt({}, "keyword settings of the environment (its docstring lists them)")
