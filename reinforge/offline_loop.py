@@ -185,6 +185,7 @@ class OfflineLoop:
                 wandb_group=r.wandb_group,
                 wandb_mode=r.wandb_mode,
                 config=cfg.to_dict(),
+                start_step=self.start_step + 1 if self.start_step else 0,  # drop redone rows (and a row cut short)
             )
             if self.start_step == 0:
                 counts = {f"data/{k}": float(v) for k, v in self.train_set.counts.items()}

@@ -366,3 +366,66 @@ def test_a_changed_lr_is_named_on_resume():
     saved = json.loads(json.dumps(load_config(None, []).to_dict()))
     now = load_config(None, ["train.lr=1e-5", "train.num_rollout=50", "run.output_dir=x"])
     assert changed_settings(saved, now) == ["train.lr 1e-06 -> 1e-05"]
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl cut mid-file
+
+
+def write_rows(path: Path, steps, cut: int = 0) -> None:
+    text = "".join(json.dumps({"step": s, "rollout/reward_mean": s / 10}) + "\n" for s in steps)
+    path.write_text(text[: len(text) - cut] if cut else text)
+
+
+def test_a_metrics_file_cut_mid_row_is_named_in_words_on_resume(tmp_path, caplog):
+    """A resume after metrics.jsonl was cut short: the cut row is reported by file and line (before:
+    counted among the 'rows logged by an earlier attempt; redone now'), the steps whose rows the cut
+    removed are named, and the resumed rows follow whole rows."""
+    import logging
+
+    from reinforge.utils.logging import MetricsLogger
+
+    path = tmp_path / "metrics.jsonl"
+    write_rows(path, range(7), cut=20)  # steps 0-5 whole, step 6's row cut mid-way
+    with caplog.at_level(logging.INFO):
+        logger = MetricsLogger(tmp_path, tensorboard=False, start_step=5)  # resumed: steps 5, 6 redone
+    assert f"{path}:7: its last line is not a whole JSON row (cut short" in caplog.text
+    assert "dropped 1 row(s)" in caplog.text and "holds no rows" not in caplog.text
+    logger.log(5, {"rollout/reward_mean": 0.0})
+    logger.close()
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3, 4, 5]
+    caplog.clear()
+    write_rows(path, range(4), cut=50)  # the cut took step 3's row (41 bytes) and the end of step 2's
+    with caplog.at_level(logging.INFO):
+        MetricsLogger(tmp_path, tensorboard=False, start_step=6).close()
+    assert f"{path}:3: its last line is not a whole JSON row" in caplog.text
+    assert f"{path} holds no rows for step(s) 2-5, which ran before the checkpoint" in caplog.text
+    assert "dropped 0 row(s)" not in caplog.text
+
+
+def test_appending_after_a_row_cut_short_starts_a_new_line(tmp_path, caplog):
+    """A logger that appends (no start_step) after a cut row: the row is dropped with a warning, not
+    glued to the next one (before: '{"step": 2, "rollo{"step": 3, ...}', unreadable)."""
+    from reinforge.utils.logging import MetricsLogger, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    write_rows(path, range(3), cut=10)
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log(3, {"rollout/reward_mean": 0.3})
+    logger.close()
+    assert f"{path}:3: its last line is not a whole JSON row" in caplog.text
+    assert [r["step"] for r in read_metrics(path)] == [0, 1, 3]
+    path.write_text(path.read_text()[:-1])  # a whole row without its newline is kept
+    MetricsLogger(tmp_path, tensorboard=False).close()
+    assert [r["step"] for r in read_metrics(path)] == [0, 1, 3] and path.read_text().endswith("}\n")
+
+
+def test_plotting_a_run_whose_metrics_were_cut_names_the_line_and_plots_the_rest(tmp_path, caplog):
+    pytest.importorskip("matplotlib")
+    from reinforge.eval.summary import plot_run
+
+    path = tmp_path / "metrics.jsonl"
+    write_rows(path, range(5), cut=12)
+    with path.open("a") as f:  # a torn row inside the file (before: 'could not plot the run: Expecting ...')
+        f.write("\n" + json.dumps({"step": 5, "rollout/reward_mean": 0.5}) + "\n")
+    assert plot_run(tmp_path) == tmp_path / "curves.png"
+    assert f"{path}:5: line 5, not the last, is not a whole JSON row" in caplog.text

@@ -91,13 +91,22 @@ def test_ctrl_c_with_recover_off_writes_a_checkpoint_and_exits_130(tmp_path, tin
     assert "stopped after SIGINT: checkpoint" in log
 
 
-def test_an_offline_resume_names_a_changed_lr(tmp_path, tiny_model_path, caplog):
-    """`reinforge offline --load RUN` with another train.lr: said, as the RL loop says it."""
+def test_an_offline_resume_names_a_changed_lr_and_logs_each_step_once(tmp_path, tiny_model_path, caplog):
+    """`reinforge offline --load CHECKPOINT` of an older checkpoint, with another train.lr and
+    metrics.jsonl cut mid-row: the changed lr is said (as the RL loop says it), the cut row is named,
+    and the redone steps' rows replace the earlier attempt's (before: appended after them, the first
+    glued onto the cut row)."""
     from reinforge.offline_loop import run_offline
+    from reinforge.utils.logging import read_metrics
     from tests.test_offline import offline_overrides, write_data
 
-    files, out = write_data(tmp_path, n=12), tmp_path / "run"
-    run_offline(load_config(None, offline_overrides(tiny_model_path, out, files["sft"], "sft")))
+    files, out = write_data(tmp_path, n=18), tmp_path / "run"  # 3 steps of 6
+    args = {"run.save_interval": 1, "run.keep_last_n_checkpoints": "null", "offline.eval_fraction": 0}
+    run_offline(load_config(None, offline_overrides(tiny_model_path, out, files["sft"], "sft", **args)))
+    metrics = out / "metrics.jsonl"
+    assert [r["step"] for r in read_metrics(metrics) if "train/loss" in r] == [1, 2, 3]
+    metrics.write_text(metrics.read_text()[:-25])  # the last row (step 3's) cut mid-way
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         run_offline(
             load_config(
@@ -107,8 +116,13 @@ def test_an_offline_resume_names_a_changed_lr(tmp_path, tiny_model_path, caplog)
                     out,
                     files["sft"],
                     "sft",
-                    **{"run.load": str(out), "offline.num_epochs": 2, "train.lr": 0.002},
+                    **{**args, "run.load": str(out / "checkpoints" / "step_000000"), "train.lr": 0.002},
                 ),
             )
         )
     assert "settings that differ from the checkpoint's: train.lr 0.001 -> 0.002" in caplog.text
+    assert "is not a whole JSON row (cut short" in caplog.text
+    caplog.clear()
+    rows = read_metrics(metrics)
+    assert not caplog.text  # every line a whole row
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]  # steps 2 and 3 redone, logged once

@@ -4,11 +4,11 @@ commands that resume, evaluate and export it. Used by ``reinforge train`` and ``
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 from pathlib import Path
 
+from ..utils.logging import read_metrics
 from .evaluate import format_table
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def plot_run(
     except ImportError:
         log.warning("no curve PNG: matplotlib is not installed (pip install 'reinforge[plot]')")
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(path)  # a row cut short: skipped, with a warning naming file and line
     train = [r for r in rows if curve_key in r]
     evals = [r for r in rows if any(k in r for k in eval_keys)]
     if not train and not evals:

@@ -57,6 +57,8 @@ class MetricsLogger:
                     self.path,
                     start_step,
                 )
+        else:
+            drop_torn_last_row(self.path)  # appending after a cut row would glue the next row onto it
         self._file = self.path.open("a")
         self._tb = None
         self._wandb = None
@@ -145,31 +147,121 @@ class MetricsLogger:
             self._wandb = None
 
 
+def _torn(path: Path, lineno: int, last: bool) -> str:
+    where = "its last line" if last else f"line {lineno}, not the last,"
+    return (
+        f"{path}:{lineno}: {where} is not a whole JSON row (cut short: the file was truncated, or a write "
+        f"was torn by a crash or a full disk)"
+    )
+
+
+def read_metrics(path: Path, warn: Any = log.warning) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``, in file order. A line that is not a whole JSON object (a
+    row cut short) is skipped and reported through ``warn`` naming the file and line; blank lines
+    are skipped.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            warn(_torn(path, i, i == len(lines)) + ": skipped")
+    return rows
+
+
+def drop_torn_last_row(path: Path) -> bool:
+    """Cut ``path`` (a ``metrics.jsonl``) back to its last whole line when its last line has no
+    newline and is not a whole JSON row (a row cut short), with a warning naming the file and
+    line. Returns whether anything was cut."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb+") as f:
+        data = f.read()
+        if not data or data.endswith(b"\n"):
+            return False
+        keep = data.rfind(b"\n") + 1
+        try:
+            if isinstance(json.loads(data[keep:]), dict):
+                f.write(b"\n")  # a whole row that only lacks its newline
+                return False
+        except ValueError:
+            pass
+        f.truncate(keep)
+    log.warning("%s: dropped (the run goes on after the rows before it)", _torn(path, data.count(b"\n") + 1, True))
+    return True
+
+
 def truncate_metrics(path: Path, start_step: int) -> int:
     """Drop the rows of ``metrics.jsonl`` whose ``step`` is ``start_step`` or later (atomically:
-    a rewritten copy replaces the file). A last line cut short by a crash is dropped too.
-    Returns how many rows were dropped."""
+    a rewritten copy replaces the file). Lines that are not whole rows (cut short by a crash or a
+    truncated file) are dropped too, each with a warning naming the file and line; a resumed run
+    (``start_step`` > 1) whose file lacks the rows of earlier steps is warned about (those metrics
+    are lost: the steps ran, and are not redone).
+
+    Returns:
+        How many whole rows were dropped (rows cut short not counted).
+    """
     from .fs import atomic_write_text
 
     path = Path(path)
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    kept, dropped, torn = [], 0, []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            dropped += 1  # a torn last line
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            torn.append(i)
             continue
+        step = row.get("step")
         if isinstance(step, (int, float)) and step >= start_step:
             dropped += 1
         else:
-            kept.append(line)
-    if dropped:
-        atomic_write_text(path, "".join(f"{x}\n" for x in kept))
+            kept.append((step, line))
+    for i in torn:
+        log.warning("%s: dropped", _torn(path, i, i == len(lines)))
+    if dropped or torn:
+        atomic_write_text(path, "".join(f"{x}\n" for _, x in kept))
+    have = {int(step) for step, _ in kept if isinstance(step, (int, float))}
+    missing = [s for s in range(1, start_step) if s not in have]
+    if missing:
+        log.warning(
+            "%s holds no rows for step(s) %s, which ran before the checkpoint this run resumes from (the file was "
+            "cut or edited?): their metrics are lost and the curves will have a gap there; the run goes on from "
+            "step %d",
+            path,
+            _ranges(missing),
+            start_step,
+        )
     return dropped
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    out: list[str] = []
+    for s in steps:
+        if out and s == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
 
 
 class WandbSetupError(ValueError):
