@@ -78,10 +78,12 @@ def test_decode_splits():
         decode_splits(0, 2, 100, 132)
 
 
-def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=None, **kw):
+def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=None, v_in_qkv=False, **kw):
     """Kernel output and cache after the call, against the reference: write the new K/V, then
     gather and attend (``cache_dtype``: an 8-bit cache, written through ``cache_write`` and read
-    back in fp32). Returns (out, ref, cache_after, cache_ref)."""
+    back in fp32; ``v_in_qkv``: the new value a view of a packed [B, H + 2 KVH, D] projection output
+    while the new key is its own tensor, as after QK-norm or eager RoPE). Returns (out, ref,
+    cache_after, cache_ref)."""
     q, k, v, table, lens, mb = _paged_case(
         B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=device, seed=seed, lens=lens
     )
@@ -92,6 +94,10 @@ def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=Non
     vn = torch.randn(q.shape[0], KVH, D, generator=g).to(device=device, dtype=dtype)
     if cache_dtype is not None:  # beyond the 8-bit format's range: saturated where stored and where attended
         kn[0, 0, 0], vn[1, 0, 1] = 1e6, -1e6
+    if v_in_qkv:
+        qkv = torch.randn(q.shape[0], H + 2 * KVH, D, generator=g).to(device=device, dtype=dtype)
+        qkv[:, H + KVH :] = vn
+        vn = qkv[:, H + KVH :]
     pos = lens - 1
     w_blk = table.long().gather(1, (pos // BS)[:, None])[:, 0]
     w_off = pos % BS
@@ -125,6 +131,17 @@ LENS = [1, 2, 3, 15, 16, 17, 31, 33, 47, 64, 65, 100, 129, 130]
 def test_single_pass_kernel_equals_gathered_attention(dtype, tol):
     for H, KVH, D, BS in [(9, 3, 64, 16), (14, 2, 64, 16), (8, 8, 128, 32)]:
         _check(kernel_case(H, KVH, D, BS, dtype, KERNEL_DEVICE, block_n=16, num_splits=1), tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_reads_the_new_value_with_its_own_strides(dtype, tol, num_splits):
+    """The new value a view of the packed q/k/v output (batch stride (H + 2 KVH) D), the new key a
+    tensor of its own (stride KVH D): Qwen3's QK-norm, GLM's partial RoPE. Reading the value with the
+    key's strides gave every sequence but the first another row's value (found on the H100 with
+    glm4_moe, 2026-11-25)."""
+    _check(kernel_case(8, 2, 16, 16, dtype, KERNEL_DEVICE, v_in_qkv=True, num_splits=num_splits), tol)
 
 
 @needs_kernel

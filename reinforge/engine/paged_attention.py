@@ -132,6 +132,8 @@ if triton is not None:
         s_qh,
         s_nb,
         s_nh,
+        s_vb,
+        s_vh,
         s_kb,
         s_kh,
         s_kt,
@@ -170,7 +172,7 @@ if triton is not None:
         # the new token: written to the cache once (split 0, for later steps) and attended from
         # registers by split 0 (no race: no program reads position n_cached from memory)
         kn = tl.load(KN + b * s_nb + h * s_nh + d)
-        vn = tl.load(VN + b * s_nb + h * s_nh + d)
+        vn = tl.load(VN + b * s_vb + h * s_vh + d)
         if KV_FP8:  # an 8-bit cache: saturate and round, and attend to the rounded token like later steps
             kn = tl.minimum(tl.maximum(kn.to(tl.float32), -FP8_MAX), FP8_MAX).to(K.dtype.element_ty)
             vn = tl.minimum(tl.maximum(vn.to(tl.float32), -FP8_MAX), FP8_MAX).to(V.dtype.element_ty)
@@ -279,7 +281,8 @@ def paged_decode_attention_triton(
 
     Args:
         q: [B, H, D] queries, contiguous in D.
-        k_new, v_new: [B, KVH, D] the new token's key (RoPE applied) and value, contiguous in D.
+        k_new, v_new: [B, KVH, D] the new token's key (RoPE applied) and value, each contiguous in D
+            (their other strides may differ).
         k_cache, v_cache: [blocks, KVH, BS, D] one layer's cache, contiguous; D a power of two. In
             ``q``'s dtype, or an 8-bit float (``float8_e4m3fn`` / ``float8_e5m2``, scale 1): loads
             are converted to ``q``'s dtype, and the new token is saturated and rounded to the
@@ -347,6 +350,8 @@ def paged_decode_attention_triton(
         q.stride(1),
         k_new.stride(0),
         k_new.stride(1),
+        v_new.stride(0),  # its own strides: with QK-norm or eager RoPE k is a new tensor, v a view of the qkv output
+        v_new.stride(1),
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
