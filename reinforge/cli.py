@@ -31,6 +31,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg, overrides = train_config(args)
     check_output_dir(cfg.run)
     check_wandb(cfg.run)
+    _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
@@ -48,6 +49,19 @@ def _train(args: argparse.Namespace) -> int:
     with lock_directory(Path(cfg.run.output_dir)):
         run_training(cfg)
     return 0
+
+
+def _check_user_functions(cfg) -> None:
+    """The files of the config's ``module:function`` paths compile (utils/imports.check_function_source)."""
+    from .utils.imports import check_function_source
+
+    r = cfg.rollout
+    for key, path in (
+        ("reward.function_path", cfg.reward.function_path),
+        ("rollout.rollout_function_path", r.rollout_function_path),
+        ("rollout.custom_generate_function_path", r.custom_generate_function_path),
+    ):
+        check_function_source(path, key)
 
 
 def _preflight_rl(cfg) -> None:
@@ -154,6 +168,7 @@ def eval_config(args: argparse.Namespace):
 
 def _eval(args: argparse.Namespace) -> None:
     cfg = eval_config(args)
+    _check_user_functions(cfg)
     _preflight_rl(cfg)
     from .eval.evaluate import format_table, model_label
     from .loop import RLLoop

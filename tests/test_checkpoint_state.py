@@ -164,6 +164,13 @@ def test_load_of_a_run_directory_removes_interrupted_saves_unless_a_live_run_hol
     warnings: list[str] = []
     assert [p.name for p in ckpt.load_candidates(out, warn=warnings.append)] == ["rollout_000000"]
     assert not leftover.exists() and "removed 1 interrupted checkpoint save(s)" in warnings[0]
+    # `reinforge train --load RUN` into RUN itself: this process holds the lock, and still cleans up
+    from reinforge.utils.fs import lock_directory
+
+    (leftover / "dcp").mkdir(parents=True)
+    with lock_directory(out):
+        ckpt.load_candidates(out)
+    assert not leftover.exists()
 
 
 def test_convert_of_a_damaged_newest_checkpoint_falls_back_or_is_refused_in_words(tmp_path, capsys):
@@ -266,6 +273,27 @@ def test_the_supervisor_stops_on_the_same_error_twice_and_on_a_full_disk(tmp_pat
     assert len(rows) == attempts == len(list(tmp_path.glob("attempt*")))
     if mode != "disk":
         assert rows[0]["error"] == "SyntaxError: invalid syntax (my_reward.py, line 3)"
+
+
+def test_a_reward_module_with_a_syntax_error_is_refused_before_anything_is_built(tmp_path, monkeypatch, capsys):
+    """Before: the error came after 20-38 s of model building, at each --max-restarts attempt. The
+    file is compiled, not run (a module that exits at import cannot end the CLI)."""
+    from reinforge import cli, supervisor
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_reward.py").write_text("def score(sample):\n    return 1.0 +\n")
+    (tmp_path / "exits_at_import.py").write_text("import os\nos._exit(7)\ndef score(sample):\n    return 1.0\n")
+    monkeypatch.setattr(supervisor, "supervise", lambda *a, **k: pytest.fail("supervised despite the error"))
+    monkeypatch.setattr(cli, "_preflight_rl", lambda cfg: pytest.fail("got to the model"))
+    args = ["train", f"run.output_dir={tmp_path / 'run'}", "reward.type=custom", "--max-restarts=2"]
+    assert cli.main([*args, "reward.function_path=my_reward:score"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"reward.function_path='my_reward:score': {tmp_path / 'my_reward.py'}:2: SyntaxError: invalid syntax" in err
+    from reinforge.utils.imports import check_function_source
+
+    check_function_source("exits_at_import:score", "reward.function_path")  # compiled only: still alive
+    check_function_source("no_such_module:score", "reward.function_path")  # left to the import's own message
 
 
 # ----------------------------------------------------------------------------- signals during a save
