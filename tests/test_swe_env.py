@@ -3,6 +3,7 @@ the workspace's path checks, scripted episodes through the agent loop (a fix get
 gets 0, a sandbox that cannot start is an infrastructure failure), and a real training run."""
 
 import asyncio
+import dataclasses
 import json
 import os
 
@@ -192,6 +193,32 @@ def test_giving_up_gets_0_and_a_failing_run_shows_the_failure(tok, rows):  # noq
     turns = [_call("replace_in_file", path=row["metadata"]["swe"]["bug"]["path"], old="return", new="retur"), "Done."]
     s, _ = _play(tok, row, lambda prompt, turn: turns[turn])  # a syntax error: 0, not a failure
     assert s.status == Status.COMPLETED and s.reward == 0.0
+
+
+def test_evaluation_keeps_the_environments_reward(tok, rows):  # noqa: F811
+    """reward.type would score the final answer against the label (0 here): the episode's own
+    reward (the tests pass: 1) is what evaluation reports."""
+    from reinforge.eval.evaluate import evaluate
+    from reinforge.reward import RewardManager
+
+    row = rows[5]
+    bug = row["metadata"]["swe"]["bug"]
+    turns = [_call("replace_in_file", path=bug["path"], old=bug["buggy"], new=bug["fixed"]), "Fixed."]
+    engine = ScriptedEngine(tok, lambda prompt, turn: turns[turn], char_level=False)
+    ctx = agent_ctx(
+        tok,
+        engine,
+        "agent.environment=swe",
+        "reward.type=exact_match",
+        "eval.n_samples_per_eval_prompt=0",
+        "eval.pass_k=[]",
+    )
+    ctx = dataclasses.replace(ctx, reward=RewardManager(ctx.config.reward, pad_id=0))
+    try:
+        metrics, samples = evaluate(ctx, [_prompt(ctx, row)])
+    finally:
+        ctx.reward.close()
+    assert samples[0].reward == 1.0 and metrics["eval/greedy_reward"] == 1.0
 
 
 def test_max_turns_ends_the_episode_and_the_final_run_decides(tok, rows):  # noqa: F811
