@@ -83,3 +83,32 @@ def test_an_eval_row_of_a_checkpoint_names_its_run_and_rollout():
 
     assert model_label("runs/arith/checkpoints/rollout_000099/model") == "arith/rollout_000099"
     assert model_label("/models/smollm2-135m-instruct") == "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize(
+    "train,extra,says",
+    [
+        ("", {}, r"t.jsonl: no rows \(an empty file\?\)"),  # through the loader, with the default eval_fraction
+        (
+            '{"prompt": "a", "completion": "b"}\n',
+            {"offline.eval_fraction": 0.5},
+            r"all 1 row\(s\) went to the held-out",
+        ),
+        ('{"prompt": "a", "completion": "b"}\n', {"offline.eval_data": "e.jsonl"}, r"e.jsonl: no rows \(an empty file"),
+    ],
+)
+def test_offline_files_without_training_or_eval_rows_say_why(tmp_path, smollm2_path, train, extra, says):
+    """Before: a 1-row file held out whole said 'no rows (an empty file?)', and an empty
+    offline.eval_data was skipped without a word."""
+    from reinforge.data.offline import load_offline_datasets
+    from reinforge.models.loading import load_tokenizer
+
+    (tmp_path / "t.jsonl").write_text(train)
+    (tmp_path / "e.jsonl").write_text("")
+    extra = {k: str(tmp_path / v) if k == "offline.eval_data" else v for k, v in extra.items()}
+    cfg = load_config(
+        None,
+        ["offline.method=sft", f"offline.train_data={tmp_path / 't.jsonl'}", *(f"{k}={v}" for k, v in extra.items())],
+    )
+    with pytest.raises(DataError, match=says):
+        load_offline_datasets(cfg.offline, load_tokenizer(smollm2_path), None, 0)

@@ -276,6 +276,11 @@ def load_offline_datasets(
         eval_rows = [rows[i] for i in sorted(held)]
         rows = [rows[i] for i in range(len(rows)) if i not in held]
         eval_name = o.train_data
+        if not rows and eval_rows:  # (an empty file: build_examples says so)
+            raise DataError(
+                f"{o.train_data}: all {len(eval_rows)} row(s) went to the held-out set (offline.eval_fraction="
+                f"{o.eval_fraction}): add examples, or set offline.eval_fraction=0 (no evaluation)"
+            )
     train = build_examples(rows, o.train_data, tok, o)
-    evalset = build_examples(eval_rows, eval_name, tok, o) if eval_rows else None
+    evalset = build_examples(eval_rows, eval_name, tok, o) if eval_rows is not None else None  # empty: refused
     return train, evalset
