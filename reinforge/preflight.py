@@ -537,21 +537,16 @@ def check_generate(
     from .utils.device import resolve_device
 
     model_config = read_model_config(model_folder)
-    window = context_window(model_config)
-    problems = []
-    total = prompt_tokens + max_new_tokens
-    if window is not None and prompt_tokens >= window.tokens:  # no --max-new-tokens can make room
+    window, problems, total = context_window(model_config), [], prompt_tokens + max_new_tokens
+    if window is not None and total > window.tokens:
+        room, name, held = window.tokens - prompt_tokens, Path(model_folder).name, f"{window.tokens} positions"
         problems.append(
-            f"the prompt alone is {prompt_tokens} tokens (after the chat template and any --system prompt) "
-            f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}), "
-            f"leaving no room for a single new token: shorten the prompt by at least "
-            f"{prompt_tokens - window.tokens + 1} tokens, or use a model with a longer context window"
-        )
-    elif window is not None and total > window.tokens:
-        problems.append(
-            f"the prompt ({prompt_tokens} tokens) + --max-new-tokens={max_new_tokens} = {total} tokens "
-            f"but the model {Path(model_folder).name} holds {window.tokens} positions ({window.source}): "
-            f"set --max-new-tokens to at most {window.tokens - prompt_tokens}"
+            f"the prompt ({prompt_tokens} tokens) + --max-new-tokens={max_new_tokens} = {total} tokens but the model "
+            f"{name} holds {held} ({window.source}): set --max-new-tokens to at most {room}"
+            if room > 0  # else no --max-new-tokens makes room: the prompt is too long
+            else f"the prompt alone is {prompt_tokens} tokens (after the chat template and any --system prompt) but "
+            f"the model {name} holds {held} ({window.source}), leaving no room for a new token: shorten the prompt "
+            f"by at least {1 - room} tokens, or use a model with a longer context window"
         )
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
     device = device or resolve_device(cfg.train.device)
