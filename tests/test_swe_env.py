@@ -279,3 +279,22 @@ def test_smollm2_trains_in_the_swe_environment(tmp_path):
     assert len(dumped) == 4 and all(d["reward"] in (0.0, 1.0) for d in dumped)
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert evals and 0.0 <= evals[-1]["eval/greedy_reward"] <= 1.0
+
+
+def test_the_workspace_is_bound_read_only_into_the_sandbox(tmp_path):
+    from reinforge.tools.sandbox import SandboxLimits, run_python
+
+    if not _has_bwrap():
+        pytest.skip("bubblewrap is not installed")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "m.py").write_text("X = 41\n")
+    for p in (tmp_path, ws):
+        os.chmod(p, 0o755)
+    os.chmod(ws / "m.py", 0o644)
+    code = "import sys\nsys.path.insert(0, 'repo')\nimport m\nprint(m.X + 1, flush=True)\nopen('repo/m.py', 'w')\n"
+    r = asyncio.run(run_python(code, SandboxLimits(), binds={"repo": str(ws)}))
+    assert r.stdout.strip() == "42" and "Read-only file system" in r.stderr and r.returncode == 1
+    assert (ws / "m.py").read_text() == "X = 41\n"
+    with pytest.raises(ValueError, match="cannot name a folder"):
+        asyncio.run(run_python("pass", SandboxLimits(), binds={"../x": str(ws)}))
