@@ -92,6 +92,8 @@ def _has_bwrap():
 
 
 def test_paths_that_leave_the_workspace_are_refused(rows, tmp_path):
+    with pytest.raises(ValueError, match="max_file_byte"):
+        _env(rows[0], max_file_byte=1000)
     env = _env(rows[0], max_file_bytes=1000)
     spec = rows[0]["metadata"]["swe"]
 

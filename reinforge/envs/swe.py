@@ -45,6 +45,7 @@ from .swe_data import RUNNER
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
 
+KWARGS = ("workspace_dir", "max_file_bytes", "max_files", "test_timeout")
 REPO = "repo"  # the workspace's name in the sandbox's working directory
 MAX_REPORT_LINES = 20
 
@@ -105,6 +106,9 @@ class SweEnv(Environment):
             raise ValueError("a swe row needs metadata.swe with files and tests (reinforge make-data swe)")
         self.spec = spec
         kw = ctx.kwargs
+        unknown = sorted(set(kw) - set(KWARGS))
+        if unknown:
+            raise ValueError(f"agent.environment_kwargs: {unknown} not among the swe keys {list(KWARGS)}")
         self.max_file_bytes = int(kw.get("max_file_bytes", 65536))
         self.max_files = int(kw.get("max_files", 32))
         self.workspace_dir = kw.get("workspace_dir")
