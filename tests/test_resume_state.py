@@ -31,6 +31,7 @@ def test_optimizer_state_in_the_newest_checkpoint_only_and_a_resume_says_what_it
     keys = FileSystemReader(str(cks["rollout_000002"] / "dcp" / "actor")).read_metadata().state_dict_metadata
     assert keys and not any(k.startswith("optim.") for k in keys)  # the weights alone; AdamW in dcp/actor_optim
     assert "saved checkpoint" in caplog.text and "optimizer state" in caplog.text and " MB" in caplog.text
+    assert "checkpoints/.rollout_" not in caplog.text  # item 10: no save logs its hidden temporary folder
     caplog.clear()
     with caplog.at_level(logging.WARNING):  # an older checkpoint, a changed learning rate
         run_training(

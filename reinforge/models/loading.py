@@ -231,6 +231,10 @@ def save_hf_state_dict(
         n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
         for n, t in to_hub(state.items())
     }
+    import huggingface_hub.serialization._torch as hf_torch  # its logger is named by its file's path
+
+    # its "Model weights successfully saved to <out>!" names the hidden folder of a save in progress
+    logging.getLogger(hf_torch.__file__).setLevel(logging.WARNING)
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     for f in source.iterdir():
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
