@@ -219,12 +219,12 @@ def test_an_episodes_turns_and_tool_calls_in_the_trace(tok, tmp_path):
         "episode",
         "env.reset",
         "turn",
-        "generate",
+        "model.generate",
         "env.step",
         "tool calculator",
         "observation",
         "turn",
-        "generate",
+        "model.generate",
         "env.step",
         "env.reward",
         "env.close",
@@ -236,4 +236,7 @@ def test_an_episodes_turns_and_tool_calls_in_the_trace(tok, tmp_path):
     assert tool["ts"] >= step["ts"] and tool["args"]["error"] is None
     for e in spans:  # every span inside the episode's
         assert episode["ts"] <= e["ts"] and e["ts"] + e["dur"] <= episode["ts"] + episode["dur"] + 1e-3
-    assert samples[0].metadata["turn_ends"][0] == [e for e in spans if e["name"] == "generate"][0]["args"]["last_token"]
+    assert (
+        samples[0].metadata["turn_ends"][0]
+        == [e for e in spans if e["name"] == "model.generate"][0]["args"]["last_token"]
+    )

@@ -259,7 +259,7 @@ class Agent:
         request = GenerateRequest(
             list(ep.tokens), dataclasses.replace(turn_params, max_new_tokens=min(room, a.max_turn_tokens or room))
         )
-        with span(tr, "generate") as args:
+        with span(tr, "model.generate") as args:
             (res,) = await ctx.async_engine.generate(request)
             args.update(
                 tokens=len(res.token_ids),

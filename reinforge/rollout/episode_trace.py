@@ -8,7 +8,7 @@ one another on it). Its spans, nested::
     episode                     the whole episode (args: sample, group, status, reward, turns)
       env.reset                 the environment made and env.reset()
       turn                      one model turn and the environment's answer (args: index)
-        generate                the engine's generation (args: tokens, finish, last_token)
+        model.generate          the engine's generation of the turn (args: tokens, finish, last_token)
         env.step                env.step(turn) (args: env, calls, reward, done)
           tool <name>           each tool call of the step, from the step's start for its
                                 ``ToolResult.seconds`` (calls of a step run concurrently; args: error)
