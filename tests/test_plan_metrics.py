@@ -104,6 +104,18 @@ def test_the_phase_with_most_seconds_above_its_limit_wins_not_the_lowest_share(t
     assert "generation at 60% of the bandwidth limit" in line and "long tail" not in line
 
 
+def test_a_phase_faster_than_its_limit_did_less_work_and_is_not_predicted(tmp_path):
+    """H100, SWE environment, every reward 0 (2026-11-25): the training step skipped its passes (all
+    advantages zero) and measured 0.012 s against a 0.1 s limit, a limit fraction of 9: such a rollout
+    gets no prediction for the phase and leaves the end line alone."""
+    report = _report(tmp_path)
+    gen = samples([12000] * 128)
+    m = _feed(report, gen, {"generation": 0.5, "training": 9.0, "sync": 0.5})[-1]
+    assert "plan/training_measured_s" in m
+    assert not any(k.startswith(("plan/training_limit", "plan/training_pred", "plan/training_ratio")) for k in m)
+    assert report.bottleneck()[0] == "generation"
+
+
 def test_first_rollout_left_out_when_there_are_more(tmp_path):
     report = _report(tmp_path)
     gen = samples([12000] * 128)

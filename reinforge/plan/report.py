@@ -280,6 +280,10 @@ class PlanReport:
         into = self.rest if self.first.rollouts else self.first
         for p, s in got.items():
             pred, lim = predicted.get(p), limit.get(p)
+            if lim is not None and s < lim:
+                # faster than the hardware allows: the phase did less than the plan counts (a training
+                # step whose samples all had zero advantage skips its passes); no prediction this rollout
+                pred = lim = None
             if pred is not None and pred > 0:  # 0: nothing ran to predict (no log-prob pass)
                 out[f"plan/{p}_predicted_s"] = pred
                 out[f"plan/{p}_ratio"] = s / pred
