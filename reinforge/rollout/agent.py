@@ -33,7 +33,10 @@ metrics): ``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors`` (and
 ``agent/tool_errors/<kind>``), ``agent/tool_time`` (seconds), ``agent/tool_tokens`` (masked
 response tokens), ``agent/final_answer`` (1 when the last turn made no call),
 ``agent/infra_failures``, ``agent/well_formed_call`` (1 when the sample called a tool and every
-call of it parsed), and the environment's ``env/<key>`` numbers. The calls are listed in
+call of it parsed), and the environment's ``env/<key>`` numbers. The sandboxes an episode ran
+(the ``python`` tool's, an environment's; :mod:`reinforge.tools.sandbox_metrics`) give the fleet
+metrics: ``sandbox/runs`` and ``sandbox/failures`` (summed over the rollout, ``rollout_totals``),
+``sandbox/start_ms_p50`` and ``_p99`` (over every run of the rollout, ``rollout_values``). The calls are listed in
 ``sample.metadata["tool_calls"]``, the turns' rewards in ``sample.metadata["turn_rewards"]``, and
 the final answer (the last turn's text when it made no call, else empty) in
 ``sample.metadata["final_answer"]``: the built-in rewards read that, not the whole response, so a
@@ -43,6 +46,7 @@ number a tool printed is never taken for the model's answer.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import time
@@ -54,11 +58,11 @@ from ..config import Config
 from ..data.dataset import render_prompt
 from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load_environment
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
-from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format
+from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
 from ..tools.toolset import SANDBOX_FAILURE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .episode_trace import EpisodeTrace, span
-from .generate import STATS_KEY, RolloutContext
+from .generate import STATS_KEY, TOTALS_KEY, VALUES_KEY, RolloutContext
 
 CACHE_KEY = __name__
 TRUNCATION_NOTE = "\n... [output truncated]"
@@ -164,6 +168,17 @@ class Agent:
         self._prompt_tools: PromptTools | None = None
 
     async def run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
+        """One episode (module docstring), with the fleet metrics of the sandboxes it ran: their
+        count and infrastructure failures (summed over the rollout) and start latencies (its
+        percentiles), when it ran any."""
+        with sandbox_metrics.recording() as runs:
+            sample = await self._run(ctx, sample, params)
+        if runs.runs:
+            sample.metadata[TOTALS_KEY] = {"sandbox/runs": float(runs.runs), "sandbox/failures": float(runs.failures)}
+            sample.metadata[VALUES_KEY] = {"sandbox/start_ms": runs.start_ms}
+        return sample
+
+    async def _run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
         row = {"prompt": sample.prompt, "label": sample.label, "metadata": sample.metadata}
         ep = Episode(tokens=list(sample.tokens))
         status, version = Status.COMPLETED, sample.weight_version
@@ -336,8 +351,10 @@ class Agent:
         try:
             if inspect.iscoroutinefunction(fn):
                 return await asyncio.wait_for(fn(*args), self.cfg.env_timeout)
-            loop = asyncio.get_running_loop()
-            out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: fn(*args)), self.cfg.env_timeout)
+            loop, context = asyncio.get_running_loop(), contextvars.copy_context()  # the episode's (sandbox runs)
+            out = await asyncio.wait_for(
+                loop.run_in_executor(self._pool, context.run, lambda: fn(*args)), self.cfg.env_timeout
+            )
             return await asyncio.wait_for(out, self.cfg.env_timeout) if inspect.isawaitable(out) else out
         except TimeoutError:
             raise EnvironmentFailure(

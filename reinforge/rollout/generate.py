@@ -193,9 +193,13 @@ sampling parameters (``max_new_tokens`` bounds the whole response), and returns 
 sample: ``tokens`` = prompt + response, ``response_length``, ``loss_mask`` and
 ``rollout_log_probs`` (one entry per response token), ``status``, ``weight_version`` and
 ``response`` (decoded from the response ids when left empty). Numbers under
-``metadata["rollout_stats"]`` are averaged over the samples into the rollout metrics."""
+``metadata["rollout_stats"]`` are averaged over the samples into the rollout metrics, those under
+``metadata["rollout_totals"]`` summed, and the lists under ``metadata["rollout_values"]`` pooled
+into percentiles (``<name>_p50``, ``<name>_p99``)."""
 
 STATS_KEY = "rollout_stats"
+TOTALS_KEY = "rollout_totals"
+VALUES_KEY = "rollout_values"
 
 
 def generate_with(
@@ -264,12 +268,28 @@ def run_coroutine(coro: Awaitable[Any]) -> Any:
 
 def rollout_stats(samples: list[Sample]) -> dict[str, float]:
     """Mean over ``samples`` of each number in their ``metadata["rollout_stats"]`` (a sample
-    without a key counts 0); empty when no sample has stats."""
+    without a key counts 0), the sum of each of their ``metadata["rollout_totals"]``, and the
+    50th and 99th percentiles (nearest rank) of the values of all their ``metadata["rollout_values"]``
+    lists of one name (``<name>_p50``, ``<name>_p99``; none for a name without values); empty when
+    no sample has any."""
     sums: dict[str, float] = {}
+    totals: dict[str, float] = {}
+    values: dict[str, list[float]] = {}
     for s in samples:
         for k, v in s.metadata.get(STATS_KEY, {}).items():
             sums[k] = sums.get(k, 0.0) + float(v)
-    return {k: v / len(samples) for k, v in sums.items()}
+        for k, v in s.metadata.get(TOTALS_KEY, {}).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+        for k, vs in s.metadata.get(VALUES_KEY, {}).items():
+            values.setdefault(k, []).extend(float(v) for v in vs)
+    out = {k: v / len(samples) for k, v in sums.items()}
+    out.update(totals)
+    for k, vs in values.items():
+        if vs:
+            vs.sort()
+            out[f"{k}_p50"] = vs[round(0.5 * (len(vs) - 1))]
+            out[f"{k}_p99"] = vs[round(0.99 * (len(vs) - 1))]
+    return out
 
 
 def default_rollout(ctx: RolloutContext, rollout_id: int, data_source: Any) -> list[list[Sample]]:

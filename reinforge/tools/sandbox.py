@@ -50,6 +50,7 @@ from .isolation import (
     seccomp_program,
     staged_paths,
 )
+from .sandbox_metrics import record
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ ISOLATIONS = ("bwrap", "none")
 OPT_OUT = "agent.python_sandbox=none"
 DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
 NETWORK_DENIED = "network access is disabled in this sandbox"
+START_MARK = b"\x00reinforge:started\x00"  # the prelude's first write (stderr)
 
 __all__ = [
     "ISOLATIONS",
@@ -71,11 +73,15 @@ __all__ = [
     "run_python",
 ]
 
-# Runs before the user's code (the user's program is main.py in the working directory).
+# Runs before the user's code (the user's program is main.py in the working directory). Its first line writes
+# START_MARK to stderr: the host takes the mark's arrival for the program's start (the start latency; a run whose
+# program never started is the sandbox's failure) and removes it from the output.
 # The interpreter starts with -S (no site module: the .pth files of a large environment cost 25-50 ms of
 # every start); the site-packages folders come as arguments and are put on sys.path as they are.
 _PRELUDE = r"""
-import os, resource, sys
+import os
+os.write(2, b"\x00reinforge:started\x00")
+import resource, sys
 _mem, _fsize, _cpu, _nproc = (int(a) for a in sys.argv[1:5])
 sys.path.extend(sys.argv[5].split(os.pathsep) if sys.argv[5] else [])
 resource.setrlimit(resource.RLIMIT_AS, (_mem, _mem))
@@ -146,8 +152,11 @@ class SandboxResult:
     """What a run did: its output (decoded, capped), exit status (None when killed at the time
     limit; 128 + the signal number when the program was killed by a signal), whether it timed out,
     its wall-clock ``seconds``, processes the kernel killed at the group's memory limit
-    (``oom_kills``), and ``infra_error``: a message when the sandbox itself failed to start (the
-    launcher or bubblewrap, never the program), else None."""
+    (``oom_kills``), ``infra_error``: a message when the sandbox itself failed to start (the
+    process could not be made, the launcher or bubblewrap failed, or the program had not started
+    when the time limit was reached; never the program's doing), else None, and ``start_ms``: the
+    milliseconds from the run's launch (cgroup and arguments included) to the program's first line,
+    None when it never started."""
 
     stdout: str
     stderr: str
@@ -156,6 +165,7 @@ class SandboxResult:
     seconds: float
     oom_kills: int = 0
     infra_error: str | None = None
+    start_ms: float | None = None
 
     @property
     def out_of_memory(self) -> bool:
@@ -293,7 +303,10 @@ async def run_python(
 
     Cancelling the coroutine (a caller's own timeout) kills the sandbox. Never raises for what
     the program does: failures are in the result (exit status, stderr, ``timed_out``,
-    ``oom_kills``); a sandbox that could not start is ``infra_error``.
+    ``oom_kills``); a sandbox that could not start (its process could not be made, e.g. out of
+    memory or processes; bubblewrap failed; the program had not started at the time limit) is
+    ``infra_error``. Each run is reported to the episode's fleet metrics
+    (:mod:`reinforge.tools.sandbox_metrics`).
 
     Args:
         isolation: ``bwrap`` (the sandbox) or ``none`` (a plain subprocess: per-process limits
@@ -305,7 +318,6 @@ async def run_python(
 
     Raises:
         SandboxUnavailable: ``isolation="bwrap"`` and bubblewrap cannot run here.
-        OSError: the interpreter could not be started.
     """
     lim = limits or SandboxLimits()
     for name in binds or {}:
@@ -315,6 +327,7 @@ async def run_python(
         check_sandbox(isolation, lim.sandbox_uid)
     start = time.perf_counter()
     proc = reads = cgroup = None
+    started: list[float] = []  # when the prelude's START_MARK arrived
     fds: dict[str, int] = {}
     host_scratch = None
     try:
@@ -354,23 +367,28 @@ async def run_python(
                 os.symlink(os.path.abspath(host), os.path.join(scratch, name))
             cmd, cwd, env, pass_fds = [*python, "0", _site_packages()], scratch, sandbox_env(scratch), ()
             env["PATH"] = os.environ.get("PATH", os.defpath)
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            cwd=cwd,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                cwd=cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
+        except OSError as e:  # no memory or processes left to make it (the fleet's, not the program's)
+            return _recorded(
+                SandboxResult("", "", None, False, time.perf_counter() - start, 0, f"the process could not start: {e}")
+            )
         for key in ("program", "seccomp", "empty", "status_w"):  # the child holds its copies
             if key in fds:
                 os.close(fds.pop(key))
         reads = asyncio.ensure_future(
             asyncio.gather(
                 _read_capped(proc.stdout, lim.max_output_bytes),
-                _read_capped(proc.stderr, lim.max_output_bytes, tail=True),
+                _read_capped(proc.stderr, lim.max_output_bytes, tail=True, mark=started),
             )
         )
         timed_out = False
@@ -389,15 +407,20 @@ async def run_python(
         infra = None
         if isolation == "bwrap" and not timed_out and not _program_started(fds["status"]):
             infra = err.strip() or f"the sandbox exited with status {proc.returncode} before the program started"
+        elif timed_out and not started:
+            infra = f"the program had not started after {lim.timeout:g} s (the time limit)"
         out, err = out.replace(scratch + os.sep, ""), err.replace(scratch + os.sep, "")
-        return SandboxResult(
-            out,
-            err,
-            None if timed_out else proc.returncode,
-            timed_out,
-            time.perf_counter() - start,
-            cgroup.oom_kills() if cgroup else 0,
-            infra,
+        return _recorded(
+            SandboxResult(
+                out,
+                err,
+                None if timed_out else proc.returncode,
+                timed_out,
+                time.perf_counter() - start,
+                cgroup.oom_kills() if cgroup else 0,
+                infra,
+                (started[0] - start) * 1000 if started and not infra else None,
+            )
         )
     finally:
         if proc is not None and proc.returncode is None:  # cancelled: do not leave it running
@@ -413,6 +436,12 @@ async def run_python(
             os.close(fd)
         if host_scratch is not None:
             shutil.rmtree(host_scratch, ignore_errors=True)
+
+
+def _recorded(r: SandboxResult) -> SandboxResult:
+    """``r``, reported to the current episode's fleet metrics."""
+    record(r.start_ms, r.infra_error is not None)
+    return r
 
 
 @functools.lru_cache(maxsize=1)
@@ -457,14 +486,21 @@ def _kill(proc: asyncio.subprocess.Process, cgroup: Cgroup | None) -> None:
         cgroup.kill()
 
 
-async def _read_capped(stream: asyncio.StreamReader | None, limit: int, tail: bool = False) -> str:
+async def _read_capped(
+    stream: asyncio.StreamReader | None, limit: int, tail: bool = False, mark: list[float] | None = None
+) -> str:
     """All of ``stream`` read (so the writer never blocks); the first ``limit`` bytes kept, or the
-    last ones with ``tail`` (the end of a traceback says what went wrong)."""
+    last ones with ``tail`` (the end of a traceback says what went wrong). With ``mark``, the first
+    :data:`START_MARK` is taken out and the time it arrived appended to ``mark`` (the prelude writes
+    it at once, in one write: it is never split, and nothing of the program comes before it)."""
     if stream is None:
         return ""
     kept = bytearray()
     total = 0
     while chunk := await stream.read(65536):
+        if mark is not None and not mark and START_MARK in chunk:
+            mark.append(time.perf_counter())
+            chunk = chunk.replace(START_MARK, b"", 1)
         total += len(chunk)
         if tail:
             kept = (kept + chunk)[-limit:]

@@ -15,6 +15,7 @@ and whose ``error`` names the kind (counted in the rollout metrics).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 import inspect
 import time
@@ -199,8 +200,10 @@ class ToolSet:
                 timeout = None if getattr(tool.fn, "self_timed", False) else self.timeout
                 out = await asyncio.wait_for(tool.fn(**args), timeout)
             else:
-                loop = asyncio.get_running_loop()
-                out = await asyncio.wait_for(loop.run_in_executor(self._pool, lambda: tool.fn(**args)), self.timeout)
+                loop, context = asyncio.get_running_loop(), contextvars.copy_context()  # the episode's (sandbox runs)
+                out = await asyncio.wait_for(
+                    loop.run_in_executor(self._pool, context.run, lambda: tool.fn(**args)), self.timeout
+                )
         except TimeoutError:
             return ToolResult.failure(
                 call.name, TIMEOUT, f"{call.name} did not finish within {self.timeout:g} s", time.perf_counter() - start
