@@ -85,6 +85,7 @@ class OfflineLoop:
             tensor_parallel=cfg.train.tensor_model_parallel_size,
             context_parallel=cfg.train.context_parallel_size,
             expert_parallel=cfg.train.expert_model_parallel_size,
+            single_rank_fsdp=cfg.train.fsdp_cpu_offload,
         )
         self.is_main = self.parallel.rank == 0
         torch.manual_seed(cfg.train.seed)
@@ -338,8 +339,7 @@ class OfflineLoop:
             log.info("resumed from %s at step %d of %d", path, self.start_step, self.total_steps)
 
     def close(self) -> None:
-        if self.parallel.distributed and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        self.parallel.close()
 
 
 def run_offline(cfg: Config, **rank_kwargs: Any) -> list[tuple[str, dict[str, float]]]:

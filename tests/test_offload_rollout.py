@@ -25,15 +25,16 @@ def test_config_refuses_offload_rollout_where_it_does_not_apply(overrides, match
         load_config(None, overrides)
 
 
-def run(tmp_path, model_path, offload: bool, weights: bool = False):
-    """Two rollout steps; returns whether the engine was asleep at each train call, and metrics."""
+def run(tmp_path, model_path, offload: bool, weights: bool = False, extra: tuple[str, ...] = ()):
+    """Two rollout steps (``extra`` overrides on top); returns whether the engine was asleep at each
+    train call, and metrics."""
     data = tmp_path / "prompts.jsonl"  # plain prompts: no task generator needed
     data.write_text("".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(64)))
     overrides = [
         o
         for o in tiny_overrides(
             model_path,
-            tmp_path / f"run{offload}{weights}",
+            tmp_path / f"run{offload}{weights}{'_'.join(extra)}",
             **{
                 "cluster.offload_rollout": str(offload).lower(),
                 "cluster.offload_engine_weights": str(weights).lower(),
@@ -43,7 +44,7 @@ def run(tmp_path, model_path, offload: bool, weights: bool = False):
         )
         if o not in TASK
     ]
-    cfg = load_config(None, overrides + [f"data.prompt_data={data}"])
+    cfg = load_config(None, overrides + [f"data.prompt_data={data}", *extra])
     loop = RLLoop(cfg)
     asleep, train_actor = [], loop.cluster.train_actor
 

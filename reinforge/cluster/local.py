@@ -70,3 +70,4 @@ class LocalCluster:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        self.worker.parallel.close()  # train.fsdp_cpu_offload's process group of one

@@ -342,7 +342,16 @@ class TrainConfig(Section):
     seed: int = opt(1234, "torch / numpy / python seed, and the seed of mini-batch shuffling")
     device: str = opt("auto", "`auto` (cuda when available), `cpu`, `cuda`, `cuda:1`, ...")
     fsdp_cpu_offload: bool = opt(
-        False, "FSDP2 CPU offload of parameters, gradients and optimizer state (several trainer ranks)"
+        False,
+        "FSDP2 CPU offload (`CPUOffloadPolicy`) of parameters, gradients and AdamW's state: each decoder layer "
+        "visits the GPU for its forward and backward, the step runs on the CPU; one trainer rank (local mode) "
+        "too, on a process group of its own ([parallelism.md](parallelism.md#offload))",
+    )
+    optimizer_offload: bool = opt(
+        False,
+        "AdamW's moments in page-locked CPU memory; the step runs on the GPU a chunk of parameters at a "
+        "time, the moments copied in and out (verl's `optimizer_offload`): the GPU keeps fp32 parameters and "
+        "gradients, 8 of 16 bytes per parameter ([parallelism.md](parallelism.md#offload))",
     )
     tensor_model_parallel_size: int = opt(
         1,

@@ -20,6 +20,7 @@ from ..utils.triton import liger_available
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
 from .context_parallel import SequenceShard
 from .mesh import clip_grads, sum_tensor_parallel_grads
+from .offload import build_adamw
 from .parallel import ParallelContext, partition_by_tokens, shard_model
 from .schedule import lr_multiplier
 
@@ -84,6 +85,7 @@ class TrainSettings:
     max_tokens_per_gpu: int = 8192
     log_prob_chunk_size: int = 2048
     fsdp_cpu_offload: bool = False
+    optimizer_offload: bool = False
     packing: str = "none"
     fused_kernels: bool = False
 
@@ -94,6 +96,7 @@ class TrainSettings:
             max_tokens_per_gpu=t.max_tokens_per_gpu,
             log_prob_chunk_size=t.log_prob_chunk_size,
             fsdp_cpu_offload=t.fsdp_cpu_offload,
+            optimizer_offload=t.optimizer_offload,
             packing=t.packing,
             fused_kernels=m.fused_kernels and not m.torch_compile,
         )
@@ -158,13 +161,14 @@ class ModelTrainer:
         self.fsdp, self.grad_divisor, self.tp_partial = sharded.fsdp, sharded.grad_divisor, sharded.tp_partial
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = build_adamw(  # train.optimizer_offload: the moments in CPU memory (train/offload.py)
             params,
+            device,
+            settings.optimizer_offload,
             lr=optim.lr,
             betas=optim.betas,
             eps=optim.eps,
             weight_decay=optim.weight_decay,
-            **({"fused": True} if device.type == "cuda" else {}),
         )
         min_ratio = optim.min_lr / optim.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -362,7 +366,7 @@ class ModelTrainer:
         """The whole model state on CPU (rank 0 gets it; other ranks get {}); a collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        if not self.parallel.distributed:
+        if not self.parallel.distributed and not self.fsdp:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 

@@ -30,6 +30,7 @@ from .mesh import (
     set_context_parallel,
     tensor_parallel_partial_params,
 )
+from .offload import join_single_rank_group, offload_policy
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ParallelContext:
     rank: int = 0
     world_size: int = 1
     mesh: TrainMesh | None = None
+    owns_group: bool = False  # this process made the default process group (init): close() ends it
 
     @property
     def distributed(self) -> bool:
@@ -76,15 +78,19 @@ class ParallelContext:
         tensor_parallel: int = 1,
         context_parallel: int = 1,
         expert_parallel: int = 1,
+        single_rank_fsdp: bool = False,
     ) -> ParallelContext:
         """Join the trainers' default process group (NCCL on GPUs, gloo on CPU) and build the
         mesh of ``world_size / (tensor_parallel * context_parallel)`` data-parallel ranks, the
-        experts split over ``expert_parallel`` of them.
+        experts split over ``expert_parallel`` of them. ``single_rank_fsdp`` (``train.fsdp_cpu_offload``
+        on one rank): a process group and mesh of one rank, so that FSDP2 can offload
+        (:func:`~reinforge.train.offload.join_single_rank_group`).
 
         Raises:
             ValueError: the parallel sizes do not divide ``world_size`` (:meth:`Layout.for_world`).
         """
         layout = Layout.for_world(world_size, tensor_parallel, context_parallel, expert_parallel)
+        owns_group = not dist.is_initialized() and (world_size > 1 or single_rank_fsdp)
         if world_size > 1 and not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", master_addr)
             os.environ.setdefault("MASTER_PORT", str(master_port))
@@ -96,8 +102,17 @@ class ParallelContext:
                 timeout=datetime.timedelta(seconds=timeout_s),
                 **({"device_id": device} if device.type == "cuda" else {}),
             )
-        mesh = TrainMesh.build(layout, device.type) if world_size > 1 else None
-        return cls(rank, world_size, mesh)
+        if world_size == 1 and single_rank_fsdp:
+            join_single_rank_group(device)
+        mesh = TrainMesh.build(layout, device.type) if world_size > 1 or single_rank_fsdp else None
+        return cls(rank, world_size, mesh, owns_group)
+
+    def close(self) -> None:
+        """End the default process group if :meth:`init` made it (a later run in this process
+        starts from none)."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_group = False
 
     def _device(self) -> torch.device:
         if dist.get_backend() == "nccl":
@@ -184,7 +199,7 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
             wraps its projections, e.g. LoRA with tensor parallelism), or whose heads they do not divide;
             expert parallelism for a model without experts, or whose ``num_experts`` it does not divide.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh, layout = parallel.mesh, parallel.layout
     if mesh is None:
@@ -204,13 +219,15 @@ def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bo
     if layout.cp > 1:
         set_context_parallel(layers, mesh.group("cp"))
     fsdp_mesh = mesh.fsdp_mesh
+    if fsdp_mesh is None and cpu_offload and layout.world_size == 1:
+        fsdp_mesh = mesh.sub("dp")  # train.fsdp_cpu_offload on one rank: FSDP2 over a mesh of one
     if fsdp_mesh is None:
         return out
     kwargs: dict[str, Any] = {}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        kwargs["offload_policy"] = offload_policy()
     if layout.ep > 1:
         ignored = apply_expert_parallel(model, mesh, kwargs)
         if ignored:
@@ -238,5 +255,7 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly FSDP- or tensor-parallel-sharded: a DTensor) parameter; a
-    collective when sharded."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    collective when sharded (not on a mesh of one rank: the local tensor is the whole)."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    return t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()

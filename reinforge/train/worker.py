@@ -66,6 +66,7 @@ class TrainWorker:
             tensor_parallel=t.tensor_model_parallel_size,
             context_parallel=t.context_parallel_size,
             expert_parallel=t.expert_model_parallel_size,
+            single_rank_fsdp=t.fsdp_cpu_offload,
         )
         torch.manual_seed(cfg.train.seed)
         self.actor = Actor(cfg, base_path, self.device, ref_path=base_path, parallel=self.parallel, pad_id=pad_id)

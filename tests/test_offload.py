@@ -1,0 +1,92 @@
+"""Offload for one GPU (issue 36 item 6): ``train.optimizer_offload`` (AdamW's moments in CPU memory,
+the step a chunk of parameters at a time) and ``train.fsdp_cpu_offload`` on a single trainer rank
+(FSDP2 over a one-rank process group). On the CPU the chunked step and the one-rank FSDP2 path run
+for real; the side-stream copies are the GPU's (scripts/gpu_offload.sh)."""
+
+import copy
+
+import pytest
+import torch
+
+from reinforge.train.offload import OffloadedAdamW, build_adamw
+from tests.test_offload_rollout import run
+
+
+def _params(seed: int) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(64, 32), (32,), (16, 64), (7, 5), (128,)]
+    return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+
+
+def _steps(opt, params, n: int, seed: int = 1) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 600, 1 << 30])  # a chunk per parameter, a few, one
+def test_offloaded_adamw_steps_exactly_as_adamw(chunk_bytes):
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    plain_params, off_params = _params(0), _params(0)
+    plain, off = torch.optim.AdamW(plain_params, **kw), OffloadedAdamW(off_params, chunk_bytes=chunk_bytes, **kw)
+    assert len(off._chunks()) == 0  # no gradients yet
+    _steps(plain, plain_params, 3)
+    _steps(off, off_params, 3)
+    for a, b in zip(plain_params, off_params):
+        assert torch.equal(a, b)
+    for a, b in zip(plain_params, off_params):
+        sa, sb = plain.state[a], off.state[b]
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+        assert sb["exp_avg"].device.type == "cpu" and float(sa["step"]) == float(sb["step"]) == 3
+    if chunk_bytes == 1:
+        assert len(off._chunks()) == len(off_params)
+
+
+def test_offloaded_adamw_state_dict_is_adamws():
+    kw = dict(lr=1e-2)
+    a_params, b_params = _params(0), _params(0)
+    a = OffloadedAdamW(a_params, chunk_bytes=600, **kw)
+    _steps(a, a_params, 2)
+    plain = torch.optim.AdamW(b_params, **kw)  # the offloaded optimizer's state loads into the plain one
+    for p, q in zip(a_params, b_params):
+        q.data.copy_(p.data)
+    plain.load_state_dict(copy.deepcopy(a.state_dict()))  # a copy: load_state_dict keeps tensors
+    back = OffloadedAdamW(_params(5), chunk_bytes=600, **kw)  # and back, into another offloaded one
+    back_params = back.param_groups[0]["params"]
+    for p, q in zip(a_params, back_params):
+        q.data.copy_(p.data)
+    back.load_state_dict(copy.deepcopy(plain.state_dict()))
+    _steps(a, a_params, 1, seed=9)
+    _steps(plain, b_params, 1, seed=9)
+    _steps(back, back_params, 1, seed=9)
+    for p, q, r in zip(a_params, b_params, back_params):
+        assert torch.equal(p, q) and torch.equal(p, r)
+
+
+def test_build_adamw_chooses_the_offloaded_optimizer():
+    params = _params(0)
+    assert type(build_adamw(params, torch.device("cpu"), False, lr=1.0)) is torch.optim.AdamW
+    assert type(build_adamw(params, torch.device("cpu"), True, lr=1.0)) is OffloadedAdamW
+
+
+def test_one_rank_training_with_offload_matches_without(tmp_path, tiny_model_path, monkeypatch):
+    """Two GRPO rollouts in local mode: the metrics with optimizer offload are those without
+    (the same update); FSDP2's CPU offload on one rank (a process group of its own) trains to the
+    same metrics within float tolerance (its reduction and state layout differ)."""
+    _, plain = run(tmp_path, tiny_model_path, offload=False)
+    _, offloaded = run(tmp_path, tiny_model_path, False, extra=("train.optimizer_offload=true",))
+    assert offloaded == plain
+    import reinforge.train.model_trainer as mt
+
+    sharded, shard = [], mt.shard_model
+    monkeypatch.setattr(mt, "shard_model", lambda *a, **k: sharded.append(shard(*a, **k)) or sharded[-1])
+    _, fsdp = run(tmp_path, tiny_model_path, False, extra=("train.fsdp_cpu_offload=true",))
+    assert sharded and all(s.fsdp for s in sharded)  # FSDP2 wrapped the one rank's model
+    assert not torch.distributed.is_initialized()  # the run's process group of one is gone
+    assert fsdp[0]["rollout/reward_mean"] == plain[0]["rollout/reward_mean"]
+    for a, b in zip(plain, fsdp):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
