@@ -8,6 +8,8 @@ import copy
 import pytest
 import torch
 
+from reinforge.config import load_config
+
 from reinforge.train.offload import OffloadedAdamW, build_adamw
 from tests.test_offload_rollout import run
 
@@ -69,6 +71,15 @@ def test_build_adamw_chooses_the_offloaded_optimizer():
     params = _params(0)
     assert type(build_adamw(params, torch.device("cpu"), False, lr=1.0)) is torch.optim.AdamW
     assert type(build_adamw(params, torch.device("cpu"), True, lr=1.0)) is OffloadedAdamW
+
+
+def test_optimizer_offload_is_refused_where_it_does_not_apply():
+    from reinforge.config.fields import ConfigError
+
+    with pytest.raises(ConfigError, match="set one of the two"):
+        load_config(None, ["train.optimizer_offload=true", "train.fsdp_cpu_offload=true"])
+    with pytest.raises(ConfigError, match="2 trainer ranks use train.fsdp_cpu_offload"):
+        load_config(None, ["train.optimizer_offload=true", "cluster.mode=ray", "cluster.actor_num_gpus_per_node=2"])
 
 
 def test_one_rank_training_with_offload_matches_without(tmp_path, tiny_model_path, monkeypatch):

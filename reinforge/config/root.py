@@ -108,6 +108,15 @@ class Config:
                 f"{r.max_staleness}): Ray colocated engines sleep anyway (cluster.colocate), and an "
                 f"asynchronous rollout generates during training"
             )
+        if t.optimizer_offload and (t.fsdp_cpu_offload or (c.mode == "ray" and c.num_trainers > 1)):
+            raise ConfigError(
+                "train.optimizer_offload keeps AdamW's moments of one unsharded trainer rank in CPU memory: with "
+                + (
+                    "train.fsdp_cpu_offload they are there already (set one of the two)"
+                    if t.fsdp_cpu_offload
+                    else f"{c.num_trainers} trainer ranks use train.fsdp_cpu_offload=true instead"
+                )
+            )
         if a.dynamic_sampling and r.n_samples_per_prompt < 2:
             raise ConfigError("algo.dynamic_sampling needs rollout.n_samples_per_prompt >= 2")
         if a.overlong_buffer_len is not None and a.overlong_buffer_len >= r.rollout_max_response_len:

@@ -211,7 +211,17 @@ class OffloadedAdamW(torch.optim.AdamW):
 
 
 def build_adamw(params: list[torch.nn.Parameter], device: torch.device, offload: bool, **kwargs) -> torch.optim.AdamW:
-    """The trainer's AdamW: fused on CUDA; ``offload``: :class:`OffloadedAdamW`."""
+    """The trainer's AdamW: fused on CUDA; ``offload``: :class:`OffloadedAdamW`.
+
+    Raises:
+        ValueError: ``offload`` with sharded (DTensor) parameters: several trainer ranks (``torchrun``)
+            offload with ``train.fsdp_cpu_offload``.
+    """
+    if offload and any(hasattr(p, "device_mesh") for p in params):
+        raise ValueError(
+            "train.optimizer_offload works on one unsharded trainer rank; with several ranks (FSDP) set "
+            "train.fsdp_cpu_offload=true instead"
+        )
     if device.type == "cuda":
         kwargs["fused"] = True
     return OffloadedAdamW(params, **kwargs) if offload else torch.optim.AdamW(params, **kwargs)
