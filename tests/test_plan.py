@@ -367,3 +367,50 @@ def test_plan_vs_measured_runs_on_cpu(tiny_model_path, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "| generation |" in out and "| training |" in out and "GPU planned: NVIDIA H100" in out
+
+
+QWEN3_8B = dict(
+    model_type="qwen3",
+    architectures=["Qwen3ForCausalLM"],
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+)
+
+
+def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path):
+    """Issue 36 item 6: AdamW alone (8 B / parameter: 65 GB) does not fit beside an 8B model's
+    weights, gradients and engine on one H200; with its moments (or everything) in host memory it
+    does, and the planner says what the offload costs in time."""
+    path = folder(tmp_path, QWEN3_8B)
+    base = [
+        f"model.path={path}",
+        "model.gradient_checkpointing=true",
+        "rollout.rollout_batch_size=8",
+        "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=8192",
+        "engine.max_num_seqs=64",
+        "cluster.offload_rollout=true",
+        "train.max_tokens_per_gpu=16384",
+    ]
+
+    def plan(*extra):
+        _, p = resolve_config(load_config(None, [*base, *extra]), path, gpu=GPUS["h200"], prompt_len=64)
+        return p
+
+    arch = M.Arch.from_config(QWEN3_8B)
+    assert 8.0e9 < arch.num_params < 8.4e9  # Qwen3-8B: 8.19B
+    assert training_problems(plan(), 64)  # 16 B / parameter: 131 GB before activations
+    opt, fsdp = plan("train.optimizer_offload=true"), plan("train.fsdp_cpu_offload=true")
+    assert training_problems(opt, 64) == [] and training_problems(fsdp, 64) == []
+    w = opt.workload
+    assert "AdamW" not in M.trainer_resident(w) and M.trainer_resident(fsdp.workload) == {}
+    assert M.train_seconds(w) > M.train_seconds(M.with_(w, optimizer_offload=False))  # the copies cost time
+    peak = M.train_breakdown(fsdp.workload)
+    assert "offloaded layers in flight" in peak.parts and peak.total < M.train_breakdown(w).total

@@ -6,6 +6,8 @@ Memory (bytes), per phase of a colocated RL step on one GPU:
   optimizer step: ``zero_grad(set_to_none=True)``), AdamW's two fp32 moments (8 B), all divided by the
   FSDP shards (data x context parallel ranks) and the tensor-parallel size; LoRA: the adapters only.
   A frozen reference model adds 2 B / parameter (bf16; 4 B and sharded under FSDP).
+  ``train.optimizer_offload``: no AdamW on the GPU; ``train.fsdp_cpu_offload``: none of it, but two
+  layers (and the embedding / head) in flight, 10 B / parameter (fp32 in, bf16 cast, fp32 gradient).
 * **activations of one micro-batch of N tokens** (bf16 autocast over fp32 weights, flash / varlen
   attention, so no [T, T] term), counted per token and per decoder layer after Korthikanti et al.
   2022, "Reducing Activation Recomputation in Large Transformer Models" (sec. 4.1: 34 h bytes per token
@@ -70,6 +72,9 @@ FORWARD_MFU = 0.35  # log-prob pass
 TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
 BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)
 SYNC_EFFICIENCY = 0.5  # share of HBM bandwidth the on-device fp32 -> bf16 weight copy reaches (assumed)
+HOST_LINK_BYTES_PER_S = 25e9  # host <-> GPU copies of offloaded state (PCIe Gen5 x16 at ~40% of its 64 GB/s; assumed)
+HOST_ADAMW_BYTES_PER_S = 10e9  # a CPU AdamW step (FSDP2's CPU offload) streams 32 B / parameter (assumed)
+OFFLOAD_COPY_BYTES = 10  # per parameter of a layer in flight under FSDP2 CPU offload: fp32 in, bf16 cast, fp32 grad
 
 
 @dataclass(frozen=True)
@@ -203,6 +208,9 @@ class Workload:
         offload_engine_weights: the engine's weights go to the CPU too.
         reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
         dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
+        optimizer_offload: AdamW's moments in host memory (``train.optimizer_offload``).
+        fsdp_offload: weights, gradients and AdamW in host memory, a layer at a time on the GPU
+            (``train.fsdp_cpu_offload``).
         lora: only adapters train (no gradients or AdamW state for the base).
         logprob_passes: forward passes without gradient before training (old, reference log-probs).
         steps_per_rollout: optimizer steps per rollout.
@@ -231,6 +239,8 @@ class Workload:
     tp: int = 1
     cp: int = 1
     lora: bool = False
+    optimizer_offload: bool = False
+    fsdp_offload: bool = False
     logprob_passes: int = 0
     steps_per_rollout: int = 1
     prefill_tokens: int = 16384
@@ -269,10 +279,17 @@ class Breakdown:
 
 
 def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
-    """The trainer's memory outside a forward pass: fp32 weights, gradients (``grads``), AdamW, reference."""
+    """The trainer's memory outside a forward pass: fp32 weights, gradients (``grads``), AdamW, reference.
+    ``fsdp_offload``: none of it (it is all in host memory; the layers in flight are
+    :func:`train_breakdown`'s); ``optimizer_offload``: no AdamW (its step brings a chunk of moments
+    at a time, after the activations are freed)."""
+    if w.fsdp_offload:
+        return {}
     p = w.arch.num_params
     trained = p if not w.lora else 0  # adapters: negligible here
-    out = {"weights fp32": 4 * p / w.shards, "AdamW": 8 * trained / w.shards}
+    out = {"weights fp32": 4 * p / w.shards}
+    if not w.optimizer_offload:
+        out["AdamW"] = 8 * trained / w.shards
     if grads:
         out["gradients"] = 4 * trained / w.shards
     if w.reference and not w.lora:
@@ -303,7 +320,7 @@ def kv_pool(w: Workload, after_training: bool = True) -> float:
     if w.colocated:
         resident = trainer_resident(w, grads=False)
         if not (w.offload_rollout and after_training):
-            resident.pop("AdamW")
+            resident.pop("AdamW", None)
         taken += sum(resident.values())
     free = max(w.gpu.memory - taken, 0)
     return min(kv_need(w), w.kv_fraction * free)
@@ -350,11 +367,15 @@ def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | Non
     )
     sharded = w.shards > 1
     bf16 = (2 * 2 * a.layers_params / a.num_layers) if sharded else 2 * (kept_params / w.tp + a.head_params)
+    copies = {"bf16 weight copies": bf16}
+    if w.fsdp_offload:  # two layers (one prefetched) and the root module's embedding / head visit the GPU
+        outer = a.head_params * (1 if a.tied else 2)
+        copies = {"offloaded layers in flight": OFFLOAD_COPY_BYTES * (2 * a.layers_params / a.num_layers + outer)}
     parts = {
         **trainer_resident(w),
         **engine_during_training(w),
         "activations": n * activation_bytes_per_token(w, k),
-        "bf16 weight copies": bf16,
+        **copies,
         "log-softmax chunks": LOGIT_CHUNK_TEMPS * min(w.log_prob_chunk, n) * a.vocab_size * 4,
     }
     return Breakdown("training", parts)
@@ -469,21 +490,46 @@ def forward_flops(w: Workload, lengths: list[int] | None = None) -> float:
     return 2 * a.flop_params * sum(seqs) + 2 * a.num_layers * a.q_dim * sum(s * s for s in seqs)
 
 
+def micro_batches(w: Workload, lengths: list[int] | None = None) -> int:
+    """Micro-batches of ``micro_tokens`` one pass over the rollout takes, per trainer rank."""
+    seqs = [w.prompt_len + n for n in lengths] if lengths else [w.seq_len] * w.num_seqs
+    return max(1, math.ceil(sum(seqs) / (w.micro_tokens * w.dp)))
+
+
+def host_copy_seconds(w: Workload, passes: float, lengths: list[int] | None = None) -> float:
+    """Seconds of ``fsdp_offload``'s host-to-GPU weight copies (fp32) for ``passes`` per micro-batch."""
+    if not w.fsdp_offload:
+        return 0.0
+    return passes * micro_batches(w, lengths) * 4 * w.arch.num_params / w.shards / HOST_LINK_BYTES_PER_S
+
+
 def logprob_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
+    """The forward passes without gradient; with ``fsdp_offload`` no faster than the weights' copies in."""
     if not w.gpu.knows_speed:
         return None
-    return w.logprob_passes * forward_flops(w, lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.shards)
+    compute = forward_flops(w, lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.shards)
+    return w.logprob_passes * max(compute, host_copy_seconds(w, 1, lengths))
 
 
 def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
-    """Forward + backward (3 x forward) + the recomputed layers' forward, at :data:`TRAIN_MFU`."""
+    """Forward + backward (3 x forward) + the recomputed layers' forward, at :data:`TRAIN_MFU`;
+    ``optimizer_offload`` adds the moments' copies (16 B / parameter a step over
+    :data:`HOST_LINK_BYTES_PER_S`), ``fsdp_offload`` is no faster than its weight copies (3 x 4 B /
+    parameter a micro-batch) and adds the CPU step (:data:`HOST_ADAMW_BYTES_PER_S`)."""
     if not w.gpu.knows_speed:
         return None
     f = forward_flops(w, lengths)
     flops = 3 * f + f * w.recompute / w.arch.num_layers
     if w.critic:
         flops *= 2
-    return flops / (w.gpu.bf16_flops * TRAIN_MFU * w.shards)
+    compute = flops / (w.gpu.bf16_flops * TRAIN_MFU * w.shards)
+    trained = 0 if w.lora else w.arch.num_params / w.shards
+    if w.optimizer_offload:  # the moments in and out at every step, overlapped with nothing else
+        compute += w.steps_per_rollout * 16 * trained / HOST_LINK_BYTES_PER_S
+    if w.fsdp_offload:  # weights in for the forward and the backward, gradients out; the step on the CPU
+        copies = host_copy_seconds(w, 3, lengths)
+        compute = max(compute, copies) + w.steps_per_rollout * 32 * trained / HOST_ADAMW_BYTES_PER_S
+    return compute
 
 
 def sync_seconds(w: Workload, efficiency: float = SYNC_EFFICIENCY) -> float | None:

@@ -152,6 +152,8 @@ def workload(
         tp=tp,
         cp=cp,
         lora=m.lora_rank > 0,
+        optimizer_offload=t.optimizer_offload,
+        fsdp_offload=t.fsdp_cpu_offload,
         logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference),  # as the loop runs them
         steps_per_rollout=t.num_steps_per_rollout,
         prefill_tokens=e.max_prefill_tokens,
