@@ -86,6 +86,21 @@ ARCHS = {
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
     ),
+    # Issue 36's one-GPU large dense model: Qwen3-8B's shape (8.19B parameters, untied embeddings)
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+    ),
     # Issue 26's multi-GPU runs: Qwen2.5-7B's layers (untied embeddings); Qwen3-30B-A3B's layout (128 experts,
     # 8 per token; 30.5B total / 3.3B active) and the same with half the layers (15.5B / 1.8B active)
     "qwen2.5-7b": dict(
@@ -162,8 +177,14 @@ def hf_config(name: str, **overrides):
 
 
 def write_random_model(name: str, folder: Path, **overrides) -> None:
-    """A Hugging Face folder (bf16 safetensors, seed 0) of architecture ``name``; the tokenizer is not needed."""
+    """A Hugging Face folder (bf16 safetensors, seed 0) of architecture ``name``; the tokenizer is not needed.
+    The weights are drawn on the GPU when there is one (an 8B model's initialisation takes minutes on a CPU)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(hf_config(name, **overrides), dtype=torch.bfloat16).save_pretrained(folder)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(hf_config(name, **overrides), dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -39,10 +39,13 @@ def random_reward(sample) -> float:
     return float(random.Random(hash(tuple(sample.tokens[-8:]))).random() < 0.5)
 
 
-def write_model(folder: Path, tokenizer: Path, max_positions: int, arch: str) -> None:
+def write_model(folder: Path, tokenizer: Path, max_positions: int, arch: str, own_vocab: bool = False) -> None:
+    """A random model of ``arch`` with SmolLM2's tokenizer: its 49,152-entry vocabulary and tied
+    embeddings, or (``own_vocab``) the architecture's own (ids the tokenizer lacks decode to nothing)."""
     from archs import write_random_model
 
-    write_random_model(arch, folder, vocab_size=49152, max_position_embeddings=max_positions, tie_word_embeddings=True)
+    shape = {} if own_vocab else {"vocab_size": 49152, "tie_word_embeddings": True}
+    write_random_model(arch, folder, max_position_embeddings=max_positions, **shape)
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
             shutil.copy(f, folder / f.name)
@@ -129,8 +132,14 @@ def run(
         ]
     overrides += args.set
     loop = RLLoop(load_config(None, overrides))
+    cuda = torch.cuda.is_available() and args.device.startswith("cuda")
     try:
-        metrics = [loop.rollout_step(i)[0] for i in range(args.steps)]
+        metrics = []
+        for i in range(args.steps):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            metrics.append(loop.rollout_step(i)[0])
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")  # of the last step
     finally:
         loop.close()
     m = metrics[-1]
@@ -145,6 +154,9 @@ def run(
         "train_s": train_s,
         "step_s": m["time/rollout_step"],
         "tok_s_gpu": generated / m["time/rollout_step"],
+        "train_tok_s": m["perf/train_tokens_per_s"],
+        "sync_s": m["time/sync"],
+        "peak_gib": peak,
         **{
             k[len("train/") :]: v
             for k, v in m.items()
@@ -185,12 +197,15 @@ def main() -> None:
     )
     ap.add_argument("--arch", default="qwen2.5-1.5b", help="bench/archs.py name (smollm2 for a CPU smoke run)")
     ap.add_argument("--set", nargs="*", default=[], help="further config overrides (key=value)")
+    ap.add_argument(
+        "--own-vocab", action="store_true", help="the architecture's own vocabulary (default: SmolLM2's 49,152, tied)"
+    )
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = tmp / "model"
-        write_model(model, args.tokenizer, max(32768, max(args.lengths) + 512), args.arch)
+        write_model(model, args.tokenizer, max(32768, max(args.lengths) + 512), args.arch, args.own_vocab)
         write_prompts(tmp / "prompts.jsonl", 512)
         for length in args.lengths:
             seqs = args.seqs or SEQS.get(length, 64)
@@ -207,16 +222,17 @@ def main() -> None:
     print(f"\n{name}, torch {torch.__version__}; last of {args.steps} steps")
     print(
         "| responses <= | KV cache | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
-        "step s | generated tok/s per GPU |"
+        "trained tok/s | weight sync s | peak GiB | step s | generated tok/s per GPU |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for length, kvd, r in rows:
         if "error" in r:
             print(f"| {length} | {kvd} | {r['error']} |")
             continue
         print(
             f"| {length} | {kvd} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
-            f"{r['train_s']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |"
+            f"{r['train_s']:.1f} | {r['train_tok_s']:,.0f} | {r['sync_s']:.1f} | {r['peak_gib']:.1f} | "
+            f"{r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |"
         )
     mismatch = [k for k in rows[0][2] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
     if mismatch:  # the trainer's log-probs against the engine's, last step (algo/mismatch.py)

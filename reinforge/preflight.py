@@ -53,6 +53,7 @@ import torch
 
 from .config.fields import ConfigError
 from .models.context import ContextWindow, context_window
+from .reward.judge_engine import judge_problems
 
 if TYPE_CHECKING:
     from .config import Config
@@ -514,6 +515,7 @@ def check_rl(
         cfg.cluster.mode == "local",
         "rollout.rollout_max_response_len",
     )
+    problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # reward.judge_model_path
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
         problems += training_problems(plan, n.prompt)
     _raise(problems)
@@ -577,9 +579,8 @@ def check_offline(cfg: Config, model_folder: Path, longest: int) -> None:
         PreflightError: naming ``offline.max_length`` / ``train.max_tokens_per_gpu`` and the limit.
     """
     o, model_config = cfg.offline, read_model_config(model_folder)
-    problems = parallel_problems(
-        cfg, model_config, None
-    )  # (the world size is torchrun's: checked when the ranks start)
+    # (the world size is torchrun's: checked when the ranks start)
+    problems = parallel_problems(cfg, model_config, None)
     window = context_window(model_config)
     if window is not None and longest > window.tokens:
         problems.append(

@@ -1,7 +1,7 @@
 """Offload for one GPU (issue 36 item 6): ``train.optimizer_offload`` (AdamW's moments in CPU memory,
 the step a chunk of parameters at a time) and ``train.fsdp_cpu_offload`` on a single trainer rank
 (FSDP2 over a one-rank process group). On the CPU the chunked step and the one-rank FSDP2 path run
-for real; the side-stream copies are the GPU's (scripts/gpu_offload.sh)."""
+for real; the side-stream copies are the GPU's (scripts/gpu_8b_offload.sh runs this file there)."""
 
 import copy
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from reinforge.config import load_config
-
 from reinforge.train.offload import OffloadedAdamW, build_adamw
 from tests.test_offload_rollout import run
 
@@ -101,3 +100,25 @@ def test_one_rank_training_with_offload_matches_without(tmp_path, tiny_model_pat
         assert a.keys() == b.keys()
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copies need a GPU")
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 30])
+def test_offloaded_adamw_on_a_gpu_steps_exactly_as_fused_adamw(chunk_bytes):
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    plain_params = [torch.nn.Parameter(p.detach().cuda()) for p in _params(0)]
+    off_params = [torch.nn.Parameter(p.detach().cuda()) for p in _params(0)]
+    plain, off = torch.optim.AdamW(plain_params, **kw), OffloadedAdamW(off_params, chunk_bytes=chunk_bytes, **kw)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for a, b in zip(plain_params, off_params):
+            a.grad = torch.randn(a.shape, generator=g).cuda()
+            b.grad = a.grad.clone()
+        plain.step()
+        off.step()
+    torch.cuda.synchronize()
+    for a, b in zip(plain_params, off_params):
+        assert torch.equal(a, b)
+        sa, sb = plain.state[a], off.state[b]
+        assert sb["exp_avg"].device.type == "cpu" and sb["exp_avg_sq"].device.type == "cpu"
+        assert torch.equal(sa["exp_avg"].cpu(), sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"].cpu(), sb["exp_avg_sq"])
