@@ -144,7 +144,7 @@ class RLLoop:
         self.engine = self.cluster.engine
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
-        self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0)
+        self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
         self.rollout_fn: RolloutFn = (

@@ -74,7 +74,25 @@ class RewardConfig(Section):
     model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
     model_batch_size: int = opt(64, "`type: model`: samples scored per forward pass", ge=1)
     judge_url: str | None = opt(None, "`type: judge`: an OpenAI-compatible base URL (`http://127.0.0.1:8000/v1`)")
-    judge_model: str | None = opt(None, "`type: judge`: the model name sent to the judge")
+    judge_model: str | None = opt(None, "`type: judge`: the model name sent to the judge at `judge_url`")
+    judge_model_path: str | None = opt(
+        None,
+        "`type: judge` without `judge_url`: a judge run by the embedded engine in the trainer's process, on its "
+        "device, asleep except while it scores: a Hugging Face folder or a known name (`smollm2-135m-instruct`)",
+    )
+    judge_max_num_seqs: int = opt(
+        16, "embedded judge: answers generated at once (its engine's slots; capped at one rollout's samples)", ge=1
+    )
+    judge_max_len: int = opt(
+        0,
+        "embedded judge: tokens of one judge prompt (chat template applied) + its answer; a longer prompt is a "
+        "judge error (counted). 0: the judge model's context window, at most 2048",
+        ge=0,
+    )
+    judge_max_new_tokens: int = opt(256, "embedded judge: tokens of its answer at most (greedy)", ge=1)
+    judge_offload_weights: bool = opt(
+        False, "embedded judge on a GPU: its weights wait on the CPU while it sleeps (freed GPU memory, slower wake)"
+    )
     judge_template: str | None = opt(
         None,
         "`type: judge`: prompt with `{question}`, `{response}`, `{label}` (unset: "
@@ -97,8 +115,25 @@ class RewardConfig(Section):
         if self.function_path and self.type not in ("custom", "auto"):
             raise ConfigError(f"reward.function_path is set but reward.type={self.type!r}; use type custom")
         _check_function_path("reward.function_path", self.function_path)
-        if self.type == "judge" and not (self.judge_url and self.judge_model):
-            raise ConfigError("reward.type=judge needs reward.judge_url (OpenAI-compatible) and reward.judge_model")
+        if self.judge_model_path and self.type != "judge":
+            raise ConfigError(f"reward.judge_model_path is set but reward.type={self.type!r}; use type judge")
+        if self.type != "judge":
+            return
+        if self.judge_url and self.judge_model_path:
+            raise ConfigError(
+                "reward.judge_url and reward.judge_model_path are both set: a judge is either an endpoint "
+                "(judge_url + judge_model) or the embedded engine with its own model (judge_model_path); unset one"
+            )
+        if not self.judge_model_path and not (self.judge_url and self.judge_model):
+            raise ConfigError(
+                "reward.type=judge needs reward.judge_url (OpenAI-compatible) and reward.judge_model, or "
+                "reward.judge_model_path (a judge model run by the embedded engine)"
+            )
+        if self.judge_template is not None and "{response}" not in self.judge_template:
+            raise ConfigError(
+                "reward.judge_template has no {response}: the judge would not see what it grades; put {response} "
+                "(and {question}, {label}) in the template"
+            )
 
 
 @dataclass

@@ -1,4 +1,10 @@
-"""LLM-as-judge rewards (``reward.type: judge``) through an OpenAI-compatible endpoint.
+"""LLM-as-judge rewards (``reward.type: judge``): an OpenAI-compatible endpoint, or the embedded engine.
+
+Two transports, one way of scoring: the judge is either an endpoint (``reward.judge_url``, below) or a
+model run by the embedded engine in this process (``reward.judge_model_path``:
+:class:`~reinforge.reward.judge_engine.EngineJudge`, which answers a whole scoring call in one batched
+generation, :meth:`JudgeReward.judge_many`). The template, the score's parsing, the cache and the failure
+kinds are this module's for both.
 
 Each sample's question, response and label fill ``reward.judge_template``; the filled prompt is sent
 to ``POST {reward.judge_url}/chat/completions`` (``reward.judge_model``, temperature 0); the score is
@@ -66,20 +72,27 @@ def fill_template(template: str, question: str, response: str, label: str) -> st
 
 
 class JudgeReward:
-    """A reward function ``judge(sample) -> float`` in [0, 1], thread-safe (see the module doc)."""
+    """A reward function ``judge(sample) -> float`` in [0, 1], thread-safe (see the module doc).
+
+    With ``engine`` (an :class:`~reinforge.reward.judge_engine.EngineJudge`) the judge is the embedded
+    engine: :attr:`batched` is true and the manager calls :meth:`judge_many` once per scoring call;
+    ``url``, ``model``, ``timeout`` and ``retries`` are then unused.
+    """
 
     def __init__(
         self,
-        url: str,
-        model: str,
+        url: str | None,
+        model: str | None,
         template: str | None = None,
         score_regex: str | None = None,
         max_score: float = 10.0,
         timeout: float = 10.0,
         retries: int = 2,
         cache_size: int = 4096,
+        engine: Any = None,
     ):
-        self.url = url.rstrip("/") + "/chat/completions"
+        self.engine = engine
+        self.url = (url or "").rstrip("/") + "/chat/completions"
         self.model = model
         self.template = template or DEFAULT_TEMPLATE
         self.regex = re.compile(score_regex or LAST_NUMBER)
@@ -89,8 +102,22 @@ class JudgeReward:
         self.cache_size = int(cache_size)
         self._cache: collections.OrderedDict[tuple[str, str, str], float] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.requests = 0  # HTTP requests sent (retries included)
+        self.requests = 0  # HTTP requests sent (retries included), or prompts the embedded engine answered
         self._session = None
+
+    @property
+    def batched(self) -> bool:
+        """Whether the judge answers a whole scoring call at once (the embedded engine)."""
+        return self.engine is not None
+
+    @property
+    def name(self) -> str:
+        """The judge in words, for logs: ``judge M at URL`` or ``embedded judge PATH``."""
+        return (
+            f"embedded judge {self.engine.spec.path}"
+            if self.engine is not None
+            else f"judge {self.model} at {self.url}"
+        )
 
     def budget(self) -> float:
         """The longest one sample can take: every try timing out, plus the waits between them."""
@@ -100,23 +127,79 @@ class JudgeReward:
     def _backoff(attempt: int) -> float:
         return min(0.25 * 2**attempt, 4.0)
 
-    def __call__(self, sample: Sample) -> float:
+    @staticmethod
+    def key(sample: Sample) -> tuple[str, str, str]:
+        """What the judge reads of ``sample`` (and the cache's key): question, response, label."""
         label = "" if sample.label is None else str(sample.label)
-        key = (question_text(sample), answer_text(sample), label)
+        return question_text(sample), answer_text(sample), label
+
+    def _cached(self, key: tuple[str, str, str]) -> float | None:
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        answer = self._ask(fill_template(self.template, *key))
-        score = self.parse(answer)
-        sample.reward_info["judge_answer"] = answer[-500:]
+        return None
+
+    def _store(self, key: tuple[str, str, str], score: float) -> None:
         if self.cache_size > 0:
             with self._lock:
                 self._cache[key] = score
                 self._cache.move_to_end(key)
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
+
+    def __call__(self, sample: Sample) -> float:
+        """One sample through the endpoint (or the engine, as a call of one).
+
+        Raises:
+            JudgeFailure: no answer, or no score in it.
+        """
+        if self.engine is not None:
+            (out,) = self.judge_many([sample])
+            if isinstance(out, JudgeFailure):
+                raise out
+            return out
+        key = self.key(sample)
+        hit = self._cached(key)
+        if hit is not None:
+            return hit
+        answer = self._ask(fill_template(self.template, *key))
+        score = self.parse(answer)
+        sample.reward_info["judge_answer"] = answer[-500:]
+        self._store(key, score)
         return score
+
+    def judge_many(self, samples: list[Sample]) -> list[float | JudgeFailure]:
+        """Scores of ``samples`` in order (a :class:`JudgeFailure` where there is none), from the cache or
+        from one batched call of the embedded engine for the rest (each distinct question, response and
+        label judged once). The answer is kept in ``sample.reward_info["judge_answer"]`` (its last 500
+        characters). Only for the embedded engine (:attr:`batched`)."""
+        out: list[float | JudgeFailure | None] = [None] * len(samples)
+        todo: dict[tuple[str, str, str], list[int]] = {}
+        for i, s in enumerate(samples):
+            key = self.key(s)
+            hit = self._cached(key)
+            if hit is None:
+                todo.setdefault(key, []).append(i)
+            else:
+                out[i] = hit
+        if todo:
+            answers = self.engine.answer([fill_template(self.template, *k) for k in todo])
+            with self._lock:
+                self.requests += len(todo)
+            for (key, where), answer in zip(todo.items(), answers):
+                result: float | JudgeFailure = answer if isinstance(answer, JudgeFailure) else 0.0
+                if not isinstance(answer, JudgeFailure):
+                    for i in where:
+                        samples[i].reward_info["judge_answer"] = answer[-500:]
+                    try:
+                        result = self.parse(answer)
+                        self._store(key, result)
+                    except JudgeFailure as e:
+                        result = e
+                for i in where:
+                    out[i] = result
+        return out  # type: ignore[return-value]
 
     def parse(self, answer: str) -> float:
         """The score in ``answer`` divided by ``max_score``.
@@ -139,6 +222,11 @@ class JudgeReward:
                 "judge_unparseable", f"judge score {value:g} outside [0, reward.judge_max_score={self.max_score:g}]"
             )
         return value / self.max_score
+
+    def close(self) -> None:
+        """Free the embedded judge's engine (nothing to do for an endpoint)."""
+        if self.engine is not None:
+            self.engine.close()
 
     def _ask(self, prompt: str) -> str:
         import requests
@@ -175,8 +263,9 @@ class JudgeReward:
         raise JudgeFailure("judge_errors", f"judge {self.url} failed {self.retries + 1} times; last: {last}")
 
 
-def judge_from_config(cfg: Any) -> JudgeReward:
-    """A :class:`JudgeReward` from a ``RewardConfig``."""
+def judge_from_config(cfg: Any, engine: Any = None) -> JudgeReward:
+    """A :class:`JudgeReward` from a ``RewardConfig``; ``engine``: the embedded judge's
+    :class:`~reinforge.reward.judge_engine.EngineJudge` (``reward.judge_model_path``), else the endpoint."""
     return JudgeReward(
         cfg.judge_url,
         cfg.judge_model,
@@ -186,4 +275,5 @@ def judge_from_config(cfg: Any) -> JudgeReward:
         cfg.timeout,
         cfg.judge_retries,
         cfg.judge_cache_size,
+        engine=engine,
     )

@@ -115,7 +115,9 @@ class RewardManager:
     The reward function is chosen by ``reward.type``: ``auto`` uses the reasoning-gym scorer
     for prompts from a reasoning-gym source and math-verify otherwise; ``model`` scores with a
     trained reward model in batches (:class:`~reinforge.reward.model_reward.ModelReward`); ``judge`` asks an
-    LLM judge at an OpenAI-compatible endpoint (:class:`~reinforge.reward.judge.JudgeReward`: a judge that
+    LLM judge at an OpenAI-compatible endpoint, or run by the embedded engine with its own model (one batched
+    call per :meth:`score`, :mod:`~reinforge.reward.judge_engine`; ``run``: the run's whole config, which
+    places it) (:class:`~reinforge.reward.judge.JudgeReward`: a judge that
     fails or answers without a score is counted in ``reward/judge_errors`` / ``reward/judge_unparseable``
     and ``reward/errors``, and the sample is left out of its group's statistics and of the loss, status
     ``failed``); ``custom`` loads
@@ -147,7 +149,7 @@ class RewardManager:
 
     ALL_FAILED_LIMIT = 3
 
-    def __init__(self, cfg: RewardConfig, pad_id: int = 0):
+    def __init__(self, cfg: RewardConfig, pad_id: int = 0, run: Any = None):
         self.cfg = cfg
         self.custom: Callable[..., Any] | None = None
         self.pool = None
@@ -167,7 +169,12 @@ class RewardManager:
         if cfg.type == "judge":
             from .judge import judge_from_config
 
-            self.judge = judge_from_config(cfg)
+            engine = None
+            if cfg.judge_model_path:  # the embedded engine, placed by the run's config
+                from .judge_engine import build_engine_judge
+
+                engine = build_engine_judge(cfg, run)
+            self.judge = judge_from_config(cfg, engine)
         self._logged: set[str] = set()
         self._abandoned: list[threading.Thread] = []
         self._runner: _AsyncRunner | None = None
@@ -200,7 +207,7 @@ class RewardManager:
         if self.model is not None:
             return f"reward model {self.cfg.model_path}"
         if self.judge is not None:
-            return f"judge {self.cfg.judge_model} at {self.cfg.judge_url}"
+            return self.judge.name
         fn = getattr(fn, "func", fn)  # functools.partial
         return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
@@ -219,6 +226,8 @@ class RewardManager:
             return {"reward/errors": 0.0, "reward/timeouts": 0.0}
         if self.pool is not None:
             return self._score_in_processes(samples)
+        if self.judge is not None and self.judge.batched:
+            return self._score_judged(samples)
         try:
             asyncio.get_running_loop()
             inside = True
@@ -246,10 +255,29 @@ class RewardManager:
         out["reward/abandoned_threads"] = 0.0  # a stuck call's worker is stopped: nothing is left running
         return out
 
+    def _score_judged(self, samples: list[Sample]) -> dict[str, float]:
+        """The embedded judge: every sample in one batched call (:meth:`JudgeReward.judge_many`); its
+        failures are counted and left out as an endpoint's are."""
+        counts = {"errors": 0, "timeouts": 0, "judge_errors": 0, "judge_unparseable": 0}
+        first: list[str] = []
+        for sample, result in zip(samples, self.judge.judge_many(samples)):
+            if isinstance(result, JudgeFailure):
+                counts["errors"] += 1
+                counts[result.kind] += 1
+                first.append(self._fail(sample, result.kind, str(result), self.judge))
+                self._leave_out(sample)
+            else:
+                self._apply(sample, result)
+        out = self._finish(len(samples), counts, first)
+        out["reward/abandoned_threads"] = 0.0
+        return out
+
     async def ascore(self, samples: list[Sample]) -> dict[str, float]:
         """:meth:`score` in a running event loop."""
         if self.pool is not None:
             return await asyncio.to_thread(self._score_in_processes, samples)
+        if self.judge is not None and self.judge.batched:
+            return await asyncio.to_thread(self._score_judged, samples)
         sem = asyncio.Semaphore(self.cfg.concurrency)
         counts = {"errors": 0, "timeouts": 0}
         if self.judge is not None:
@@ -441,6 +469,8 @@ class RewardManager:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        if self.judge is not None:
+            self.judge.close()
         if self._runner is not None:
             self._runner.stop()
             self._runner = None
