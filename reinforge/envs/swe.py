@@ -1,8 +1,11 @@
 """``agent.environment: swe``: fix the bug of a small Python repository (:mod:`.swe_data` rows).
 
-Per episode, :meth:`SweEnv.reset` writes the row's files (``metadata["swe"]["files"]``) into a
-fresh workspace, a temporary folder (``workspace_dir``, default the system's); :meth:`close`
-deletes it. The model has five tools:
+Per episode, :meth:`SweEnv.reset` makes a copy-on-write workspace (:mod:`.workspace`): the row's
+base, shared by every episode and never written (``metadata["swe"]["base"]``: a folder, or
+``{"repo": path or URL, "commit": full id}``, extracted once into ``base_cache``), under a layer of
+the episode's own (a temporary folder in ``workspace_dir``, default the system's) into which the
+row's ``files`` are written and every edit goes; a row may give a base, files, or both.
+:meth:`close` deletes the episode's layer. The model has five tools:
 
 * ``list_files()``, ``read_file(path)``: what is in the workspace;
 * ``replace_in_file(path, old, new)`` (exactly one occurrence of ``old``), ``write_file(path,
@@ -11,7 +14,8 @@ deletes it. The model has five tools:
   the test files are read-only;
 * ``run_tests()``: the repository's tests, run in the ``python`` tool's sandbox
   (:func:`reinforge.tools.sandbox.run_python`, ``agent.python_sandbox``, ``python_memory_mb``,
-  ``python_sandbox_uid``) with the workspace bound read-only in its working directory, at most
+  ``python_sandbox_uid``) with the workspace's layers shown merged and read-only in its working
+  directory, at most
   ``test_timeout`` seconds (default ``agent.tool_timeout``); the sandboxes of all episodes share
   ``agent.max_concurrent_sandboxes`` slots (with the ``python`` tool's, when configured).
 
@@ -21,8 +25,9 @@ final run on the workspace as the episode left it (the last ``run_tests`` when n
 since), else 0.0. A sandbox that cannot start, in a tool call or in the final run, is an
 infrastructure failure: the sample is failed and left out of its group, never scored 0.
 
-``agent.environment_kwargs``: ``workspace_dir``, ``max_file_bytes`` (65536), ``max_files`` (32),
-``test_timeout``.
+``agent.environment_kwargs``: ``workspace_dir``, ``base_cache`` (default
+``<reinforge cache>/swe-bases``), ``max_file_bytes`` (65536), ``max_files`` (32: files of the
+episode's own layer, the row's and the written ones), ``test_timeout``.
 """
 
 from __future__ import annotations
@@ -30,10 +35,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
-import tempfile
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..tools import ToolCall, ToolResult, check_arguments, function_schema
@@ -41,11 +44,12 @@ from ..tools.schema import ToolArgumentError
 from ..tools.toolset import BAD_ARGUMENTS, PARSE, SANDBOX_FAILURE, UNKNOWN_TOOL, ToolError
 from .base import Environment, EnvironmentFailure, Step, Turn
 from .swe_data import RUNNER
+from .workspace import PathRefused, Workspace, folder_base, git_base
 
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
 
-KWARGS = ("workspace_dir", "max_file_bytes", "max_files", "test_timeout")
+KWARGS = ("workspace_dir", "base_cache", "max_file_bytes", "max_files", "test_timeout")
 REPO = "repo"  # the workspace's name in the sandbox's working directory
 MAX_REPORT_LINES = 20
 
@@ -102,8 +106,18 @@ class SweEnv(Environment):
     def __init__(self, row: dict[str, Any], ctx: Any):
         super().__init__(row, ctx)
         spec = (row.get("metadata") or {}).get("swe")
-        if not isinstance(spec, dict) or not isinstance(spec.get("files"), dict) or not spec.get("tests"):
-            raise ValueError("a swe row needs metadata.swe with files and tests (reinforge make-data swe)")
+        if (
+            not isinstance(spec, dict)
+            or not spec.get("tests")
+            or not isinstance(spec.get("files", {}), dict)
+            or ("files" not in spec and "base" not in spec)
+        ):
+            raise ValueError("a swe row needs metadata.swe with tests, and files or a base (reinforge make-data swe)")
+        base = spec.get("base")
+        if base is not None and not (
+            isinstance(base, str) or (isinstance(base, dict) and {"repo", "commit"} <= set(base))
+        ):
+            raise ValueError(f"metadata.swe.base: {base!r} is neither a folder nor {{'repo': ..., 'commit': ...}}")
         self.spec = spec
         kw = ctx.kwargs
         unknown = sorted(set(kw) - set(KWARGS))
@@ -112,13 +126,20 @@ class SweEnv(Environment):
         self.max_file_bytes = int(kw.get("max_file_bytes", 65536))
         self.max_files = int(kw.get("max_files", 32))
         self.workspace_dir = kw.get("workspace_dir")
+        self.base_cache = kw.get("base_cache")
         self.test_timeout = float(kw.get("test_timeout", ctx.agent.tool_timeout))
         self.tests = list(spec["tests"])
         self.protected = {f"{t.replace('.', '/')}.py" for t in self.tests}
-        self.root: Path | None = None
+        self.ws: Workspace | None = None
         self.counts = {"edits": 0, "test_runs": 0, "refused_paths": 0}
         self.last_run: dict[str, Any] | None = None  # the last run_tests, while nothing was edited since
         self.create_ms = 0.0
+        self.base_ms = 0.0
+
+    @property
+    def root(self) -> Path | None:
+        """The episode's own layer (its files and edits; the base's files are not in it)."""
+        return self.ws.upper if self.ws is not None else None
 
     @classmethod
     def tool_schemas(cls, agent: AgentConfig) -> list[dict[str, Any]]:
@@ -126,12 +147,26 @@ class SweEnv(Environment):
 
     async def reset(self) -> None:
         start = time.perf_counter()
-        self.root = Path(tempfile.mkdtemp(prefix="reinforge-swe-", dir=self.workspace_dir))
-        os.chmod(self.root, 0o755)  # the sandbox's uid reads it (the trainer may be root)
-        for path, text in self.spec["files"].items():
-            self._write(self._path(path), text, edit=False)
+        base = await asyncio.to_thread(self._base)
+        self.base_ms = (time.perf_counter() - start) * 1000
+        start = time.perf_counter()
+        self.ws = Workspace(base, self.workspace_dir, name="repository")
+        for path, text in self.spec.get("files", {}).items():
+            self._write(path, text, edit=False)
         self.create_ms = (time.perf_counter() - start) * 1000
         return None
+
+    def _base(self) -> Path | None:
+        """The row's base folder (a git base extracted into the cache the first time)."""
+        base = self.spec.get("base")
+        if base is None:
+            return None
+        if isinstance(base, str):
+            return folder_base(base)
+        from ..models.hub import cache_dir
+
+        cache = self.base_cache or os.path.join(cache_dir(), "swe-bases")
+        return git_base(str(base["repo"]), str(base["commit"]), cache)
 
     async def step(self, turn: Turn) -> Step:
         if turn.is_final:
@@ -149,12 +184,13 @@ class SweEnv(Environment):
         return float(run["passed_all"])
 
     async def close(self) -> None:
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self.root = None
+        if self.ws is not None:
+            self.ws.close()
+            self.ws = None
 
     def _info(self) -> dict[str, float]:
-        return {**{k: float(v) for k, v in self.counts.items()}, "workspace_ms": self.create_ms}
+        times = {"workspace_ms": self.create_ms, "base_ms": self.base_ms}
+        return {**{k: float(v) for k, v in self.counts.items()}, **times}
 
     async def _call(self, call: ToolCall) -> ToolResult:
         start = time.perf_counter()
@@ -187,73 +223,63 @@ class SweEnv(Environment):
     # -- the tools --------------------------------------------------------------------------------
 
     def _list_files(self) -> str:
-        assert self.root is not None
-        files = sorted(p for p in self.root.rglob("*") if p.is_file())
-        return "\n".join(f"{p.relative_to(self.root).as_posix()} ({p.stat().st_size} bytes)" for p in files)
+        assert self.ws is not None
+        return "\n".join(f"{path} ({size} bytes)" for path, size in self.ws.files().items())
 
     def _read_file(self, path: str) -> str:
-        p = self._path(path)
-        if not p.is_file():
+        assert self.ws is not None
+        if not self._checked(self.ws.is_file, path):
             raise ToolError(f"no file {path!r} (list_files shows the files)", "path")
-        return p.read_text(errors="replace")[: self.max_file_bytes] or "(empty file)"
+        return self.ws.read_bytes(path).decode(errors="replace")[: self.max_file_bytes] or "(empty file)"
 
     def _replace_in_file(self, path: str, old: str, new: str) -> str:
-        p = self._editable(path)
-        if not p.is_file():
+        assert self.ws is not None
+        self._editable(path)
+        if not self.ws.is_file(path):
             raise ToolError(f"no file {path!r} (list_files shows the files)", "path")
         if not old:
             raise ToolError("old must not be empty", "edit")
-        text = p.read_text(errors="replace")
+        text = self.ws.read_bytes(path).decode(errors="replace")
         n = text.count(old)
         if n != 1:
             where = "does not occur" if n == 0 else f"occurs {n} times"
             raise ToolError(f"the old text {where} in {path}: give it exactly, enough to be unique", "edit")
-        self._write(p, text.replace(old, new))
+        self._write(path, text.replace(old, new))
         return f"replaced 1 occurrence in {path}"
 
     def _write_file(self, path: str, content: str) -> str:
-        p = self._editable(path)
-        assert self.root is not None
-        if not p.exists() and sum(1 for q in self.root.rglob("*") if q.is_file()) >= self.max_files:
+        assert self.ws is not None
+        rel = self._editable(path)
+        if not (self.ws.upper / rel).exists() and self.ws.own_files() >= self.max_files:
             raise ToolError(f"the repository has {self.max_files} files already", "too_large")
-        self._write(p, content)
+        self._write(path, content)
         return f"wrote {path} ({len(content.encode())} bytes)"
 
     # -- workspace --------------------------------------------------------------------------------
 
-    def _path(self, path: str) -> Path:
-        """The host path of a workspace path; refused (``ToolError`` kind ``path``) when it would
-        leave the workspace: absolute, ``..``, a NUL, or resolving (links) outside it."""
-        assert self.root is not None
-        rel = PurePosixPath(path.strip())
-        if not path.strip() or "\0" in path or rel.is_absolute() or ".." in rel.parts or str(rel) == ".":
-            raise ToolError(f"{path!r} is not a path inside the repository (give e.g. 'numkit.py')", "path")
-        p = self.root / rel
-        real, root = os.path.realpath(p), os.path.realpath(self.root)
-        if not real.startswith(root + os.sep):
-            raise ToolError(f"{path!r} leaves the repository", "path")
-        return p
+    def _checked(self, fn: Any, path: str) -> Any:
+        """``fn(path)``; a path that would leave the workspace is a ``ToolError`` of kind ``path``."""
+        try:
+            return fn(path)
+        except PathRefused as e:
+            raise ToolError(str(e), "path") from None
 
-    def _editable(self, path: str) -> Path:
-        p = self._path(path)
-        if p.relative_to(self.root).as_posix() in self.protected:  # type: ignore[arg-type]
+    def _editable(self, path: str) -> str:
+        """The checked relative path of a file the model may write (not a test file)."""
+        assert self.ws is not None
+        rel = self._checked(self.ws.check, path).as_posix()
+        if rel in self.protected:
             raise ToolError(f"{path} is a test file: the tests are read-only; fix the code", "path")
-        return p
+        return rel
 
-    def _write(self, p: Path, text: str, edit: bool = True) -> None:
-        """Write a file (and its folders) readable by the sandbox's uid; an ``edit`` is the model's:
-        at most ``max_file_bytes``, counted, and the last test run no longer stands."""
+    def _write(self, path: str, text: str, edit: bool = True) -> None:
+        """Write a file into the episode's layer, readable by the sandbox's uid; an ``edit`` is the
+        model's: at most ``max_file_bytes``, counted, and the last test run no longer stands."""
         data = text.encode()
         if edit and len(data) > self.max_file_bytes:
             raise ToolError(f"{len(data)} bytes: a file may hold at most {self.max_file_bytes}", "too_large")
-        assert self.root is not None
-        for parent in reversed(p.relative_to(self.root).parents[:-1]):
-            d = self.root / parent
-            if not d.is_dir():
-                d.mkdir()
-                os.chmod(d, 0o755)
-        p.write_bytes(data)
-        os.chmod(p, 0o644)
+        assert self.ws is not None
+        self._checked(lambda p: self.ws.write_bytes(p, data), path)  # type: ignore[union-attr]
         if edit:
             self.counts["edits"] += 1
             self.last_run = None
@@ -263,7 +289,7 @@ class SweEnv(Environment):
         "seconds"}``; the result is kept until the next edit."""
         from ..tools.sandbox import SandboxLimits, SandboxSlots, check_sandbox, default_max_sandboxes, run_python
 
-        assert self.root is not None
+        assert self.ws is not None
         a = self.ctx.agent
         limits = SandboxLimits(
             timeout=self.test_timeout, memory_mb=a.python_memory_mb, sandbox_uid=a.python_sandbox_uid
@@ -284,12 +310,13 @@ class SweEnv(Environment):
             f"print({nonce!r}, _p, _f)\nsys.stdout.flush()\n"
         )
         async with slots:
-            r = await run_python(program, limits, a.python_sandbox, checked=True, binds={REPO: str(self.root)})
+            r = await run_python(program, limits, a.python_sandbox, checked=True, binds={REPO: self.ws.layers})
         self.counts["test_runs"] += 1
         lines = r.stdout.strip().splitlines()
         tail = lines[-1].split() if lines else []
         done = len(tail) == 3 and tail[0] == nonce
-        passed_all = done and r.returncode == 0 and int(tail[2]) == 0 and int(tail[1]) == int(self.spec["n_tests"])
+        expected = int(self.spec["n_tests"]) if "n_tests" in self.spec else max(1, int(tail[1]) if done else 1)
+        passed_all = done and r.returncode == 0 and int(tail[2]) == 0 and int(tail[1]) == expected
         shown = "\n".join(lines[:-1] if done else lines)
         if r.timed_out:
             shown = f"{shown}\nthe tests did not finish within {self.test_timeout:g} s".strip()

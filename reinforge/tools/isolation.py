@@ -15,9 +15,14 @@ input of the model's) does, in this order:
 3. when the trainer is root: drops to ``agent.python_sandbox_uid`` (uid and gid, no supplementary
    groups), so that the user namespace ``bwrap`` makes maps the sandbox to that unprivileged host
    uid, not to root (which would let the program write host-wide ``/proc/sys`` settings);
-4. joins a fresh, empty session keyring (nothing of the trainer's keys is reachable);
-5. sets its parent-death signal (SIGKILL: the trainer's death kills it) and checks that the
-   trainer is still there; then ``exec``\\ s ``bwrap``.
+4. when a folder is shown as layers (a copy-on-write workspace: a shared base and the episode's
+   own layer, :func:`overlay_option`): makes a user namespace of its own (its uid mapped to itself,
+   nothing else) with a private mount namespace, and mounts there a read-only ``overlay`` of the
+   layers on top of the top layer's path, which ``bwrap`` then binds like any folder (the mount
+   exists only in that namespace and vanishes with the run; bubblewrap 0.8 has no overlay options);
+5. joins a fresh, empty session keyring (nothing of the trainer's keys is reachable);
+6. sets its parent-death signal (SIGKILL: the death of its parent, the trainer or its launch
+   server, kills it) and checks that the parent is still there; then ``exec``\\ s ``bwrap``.
 
 ``bwrap`` then unshares every namespace (user, mount, pid, network, IPC, UTS, cgroup), forbids
 nested user namespaces, keeps its own reaper as pid 1 (``--die-with-parent``: when the trainer or
@@ -104,13 +109,15 @@ perf, userfaultfd, io_uring, mount, unshare, setns)."""
 
 LAUNCHER = r"""
 import ctypes, os, sys
-# argv: uid ("-": keep), trainer pid, keyctl's number, stage ("-": none), N, N cgroup.procs files, M, M sources,
-# then the command (no json: its import alone costs 14 ms of each sandbox's start)
+# argv: uid ("-": keep), parent pid, keyctl's number, stage ("-": none), N, N cgroup.procs files, M, M sources,
+# K, K (mount point, overlay options) pairs, then the command (no json: its import alone costs 14 ms of each start)
 a = sys.argv[1:]
-n, m = int(a[4]), int(a[5 + int(a[4])])
+n = int(a[4])
+m = int(a[5 + n])
+k = int(a[6 + n + m])
 spec = {"uid": None if a[0] == "-" else int(a[0]), "parent": int(a[1]), "keyctl": int(a[2]),
         "stage": None if a[3] == "-" else a[3], "cgroup_procs": a[5:5 + n], "stage_sources": a[6 + n:6 + n + m],
-        "command": a[6 + n + m:]}
+        "overlays": [a[7 + n + m + 2 * i:9 + n + m + 2 * i] for i in range(k)], "command": a[7 + n + m + 2 * k:]}
 libc = ctypes.CDLL(None, use_errno=True)
 
 def fail(step, err):
@@ -153,11 +160,24 @@ if uid is not None:
         os.setresuid(uid, uid, uid)
     except OSError as e:
         fail("dropping to uid %d" % uid, e)
+if spec["overlays"]:
+    u, g = os.getuid(), os.getgid()
+    call(libc.prctl(4, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")  # the uid drop made /proc/self/*_map root's
+    call(libc.unshare(0x10000000 | 0x00020000), "unshare(CLONE_NEWUSER | CLONE_NEWNS)")
+    try:
+        for name, text in (("uid_map", "%d %d 1" % (u, u)), ("setgroups", "deny"), ("gid_map", "%d %d 1" % (g, g))):
+            with open("/proc/self/" + name, "w") as out:
+                out.write(text)
+    except OSError as e:
+        fail("mapping the uid in a user namespace for the overlay", e)
+    call(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None), "making the mount namespace private")
+    for point, options in spec["overlays"]:
+        call(libc.mount(b"overlay", point.encode(), b"overlay", 0x1, options.encode()), "mounting the overlay " + point)
 if libc.syscall(spec["keyctl"], 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, anonymous: a fresh, empty one
     fail("joining a new session keyring", os.strerror(ctypes.get_errno()))
 call(libc.prctl(1, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 if os.getppid() != spec["parent"]:
-    fail("checking the trainer", "it has exited")
+    fail("checking the parent", "it has exited")
 os.execv(spec["command"][0], spec["command"])
 """
 
@@ -366,33 +386,70 @@ def staged_paths(uid: int | None, extra: list[str] | tuple[str, ...] = ()) -> di
     return {p: f"{STAGE}/{i}" for i, p in enumerate(p for p in (*binds, *extra) if not reachable_by_others(p))}
 
 
-def launcher_command(
-    command: list[str], cgroup_procs: list[str], uid: int | None, stage_of: dict[str, str]
+def overlay_option(layers: list[str] | tuple[str, ...], stage_of: dict[str, str]) -> str:
+    """The ``overlay`` mount options that show ``layers`` (host folders, bottom first) as one
+    read-only folder: ``lowerdir=top:...:bottom`` (staged paths where :func:`staged_paths` has them).
+
+    Raises:
+        ValueError: a layer's path holds a character the option cannot carry (``:``, ``,``, ``\\``,
+            a newline).
+    """
+    for p in layers:
+        if any(c in p for c in ":,\\\n"):
+            raise ValueError(f"the workspace layer {p!r} has ':', ',', '\\' or a newline in its path: move it")
+    return "lowerdir=" + ":".join(stage_of.get(p, p) for p in reversed(layers))
+
+
+def launcher_args(
+    cgroup_procs: list[str],
+    uid: int | None,
+    stage_of: dict[str, str],
+    parent: int,
+    overlays: list[tuple[str, str]] | None = None,
 ) -> list[str]:
-    """``python -I -S -c LAUNCHER SPEC...``: it prepares the process (module docstring) and
-    ``exec``\\ s ``command`` (bwrap and its arguments).
+    """The launcher's arguments before the command (:data:`LAUNCHER`'s ``argv[1:]``).
 
     Args:
         cgroup_procs: the ``cgroup.procs`` files to join (none without a cgroup).
         uid: the host uid to drop to (:func:`host_uid`), or None to keep the trainer's.
         stage_of: :func:`staged_paths` of that uid.
+        parent: the pid of the launcher's parent (the trainer, or its launch server): the launcher
+            refuses to go on when it has exited.
+        overlays: ``(mount point, options)`` of each read-only overlay (:func:`overlay_option`).
     """
     if stage_of:
         os.makedirs(STAGE, mode=0o755, exist_ok=True)
     return [
-        sys.executable,
-        "-I",
-        "-S",
-        "-c",
-        LAUNCHER,
         "-" if uid is None else str(uid),
-        str(os.getpid()),
+        str(parent),
         str(keyctl_number()),
         STAGE if stage_of else "-",
         str(len(cgroup_procs)),
         *cgroup_procs,
         str(len(stage_of)),
         *stage_of,
+        str(len(overlays or ())),
+        *(x for pair in overlays or () for x in pair),
+    ]
+
+
+def launcher_command(
+    command: list[str],
+    cgroup_procs: list[str],
+    uid: int | None,
+    stage_of: dict[str, str],
+    overlays: list[tuple[str, str]] | None = None,
+) -> list[str]:
+    """``python -I -S -c LAUNCHER ARGS... COMMAND...``: it prepares the process (module docstring)
+    and ``exec``\\ s ``command`` (bwrap and its arguments); ``ARGS`` are :func:`launcher_args`
+    with this process as the parent."""
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        LAUNCHER,
+        *launcher_args(cgroup_procs, uid, stage_of, os.getpid(), overlays),
         *command,
     ]
 

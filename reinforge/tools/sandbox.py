@@ -25,8 +25,8 @@ which does **not** contain hostile code.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
-import json
 import logging
 import os
 import shutil
@@ -46,10 +46,12 @@ from .isolation import (
     host_env,
     host_uid,
     launcher_command,
+    overlay_option,
     sandbox_env,
     seccomp_program,
     staged_paths,
 )
+from .sandbox_io import START_MARK, data_fd, layers_of, merged_copy, program_started, read_capped
 from .sandbox_metrics import record
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,10 @@ ISOLATIONS = ("bwrap", "none")
 OPT_OUT = "agent.python_sandbox=none"
 DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
 NETWORK_DENIED = "network access is disabled in this sandbox"
-START_MARK = b"\x00reinforge:started\x00"  # the prelude's first write (stderr)
 
 __all__ = [
     "ISOLATIONS",
+    "START_MARK",
     "OPT_OUT",
     "SandboxLimits",
     "SandboxResult",
@@ -124,7 +126,11 @@ except BaseException as _e:  # show the user's frames only
     while _tb is not None and _tb.tb_frame.f_code.co_filename != _path:
         _tb = _tb.tb_next
     traceback.print_exception(type(_e), _e, _tb)
-    sys.stderr.flush()
+    for _s in (sys.stdout, sys.stderr):  # os._exit flushes nothing
+        try:
+            _s.flush()
+        except Exception:
+            pass
     os._exit(1)
 """.replace('"%s"', repr(NETWORK_DENIED))
 
@@ -276,28 +282,12 @@ def _group_limits(lim: SandboxLimits) -> Cgroup | None:
         return None
 
 
-def _data_fd(data: bytes) -> int:
-    """A readable descriptor of ``data`` (a pipe when it fits its buffer, else a temporary file)."""
-    if len(data) <= 32768:
-        r, w = os.pipe()
-        os.write(w, data)
-        os.close(w)
-        return r
-    f = tempfile.TemporaryFile()
-    f.write(data)
-    f.flush()
-    fd = os.dup(f.fileno())
-    f.close()
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
 async def run_python(
     code: str,
     limits: SandboxLimits | None = None,
     isolation: str = "bwrap",
     checked: bool = False,
-    binds: dict[str, str] | None = None,
+    binds: dict[str, str | list[str]] | None = None,
 ) -> SandboxResult:
     """Run ``code`` as a Python program under ``limits`` (module docstring).
 
@@ -313,16 +303,19 @@ async def run_python(
             only, unsafe; ``agent.python_sandbox=none``).
         checked: skip :func:`check_sandbox` (it calls this for its trial run).
         binds: host folders the program sees read-only in its working directory, ``{name: host
-            path}`` (an episode's workspace: ``name/...``; it must be readable by the sandbox's uid).
-            Without isolation they are symbolic links (the program can write there).
+            path}`` (an episode's workspace: ``name/...``; it must be readable by the sandbox's uid),
+            or ``{name: [host paths]}``: layers, bottom first, shown as one folder (a copy-on-write
+            workspace: the later layers' files hide the earlier ones'; an overlay mount, or where
+            none can be made here, a copy of the layers made for the run). Without isolation a
+            folder is a symbolic link (the program can write there), layers a copy.
 
     Raises:
         SandboxUnavailable: ``isolation="bwrap"`` and bubblewrap cannot run here.
+        ValueError: a name of ``binds`` that is not a plain folder name, or a layer path an overlay
+            cannot carry.
     """
     lim = limits or SandboxLimits()
-    for name in binds or {}:
-        if not name or "/" in name or name in (".", "..", "main.py"):
-            raise ValueError(f"run_python: {name!r} cannot name a folder bound into the working directory")
+    layers = layers_of(binds)
     if not checked:
         check_sandbox(isolation, lim.sandbox_uid)
     start = time.perf_counter()
@@ -330,6 +323,7 @@ async def run_python(
     started: list[float] = []  # when the prelude's START_MARK arrived
     fds: dict[str, int] = {}
     host_scratch = None
+    copies: list[str] = []  # merged copies of layers made for this run
     try:
         python = [
             sys.executable,
@@ -342,29 +336,40 @@ async def run_python(
             str(max(1, int(lim.timeout) + 1)),
         ]
         if isolation == "bwrap":
-            fds = {"program": _data_fd(code.encode()), "seccomp": _data_fd(seccomp_program()), "empty": _data_fd(b"")}
+            fds = {"program": data_fd(code.encode()), "seccomp": data_fd(seccomp_program()), "empty": data_fd(b"")}
             fds["status"], status_w = os.pipe()
             fds["status_w"] = status_w
             uid = host_uid(lim.sandbox_uid)
-            stage_of = staged_paths(uid, tuple((binds or {}).values()))
+            layered = any(len(ls) > 1 for ls in layers.values())
+            if layered and not _overlay_trial.get() and not await _overlays_work(lim.sandbox_uid):
+                layers = {n: [merged_copy(ls, copies)] if len(ls) > 1 else ls for n, ls in layers.items()}
+            stage_of = staged_paths(uid, tuple(p for ls in layers.values() for p in ls))
+            overlays = [
+                (stage_of.get(ls[-1], ls[-1]), overlay_option(ls, stage_of)) for ls in layers.values() if len(ls) > 1
+            ]
             argv = [
                 bwrap_path(),
-                *bwrap_args(lim.disk_mb, stage_of, {**fds, "status": status_w}, binds),
+                *bwrap_args(
+                    lim.disk_mb, stage_of, {**fds, "status": status_w}, {n: ls[-1] for n, ls in layers.items()}
+                ),
                 "--",
                 *python,
                 str(lim.max_processes),
                 _site_packages(),
             ]
             cgroup = _group_limits(lim)
-            cmd = launcher_command(argv, cgroup.procs_files if cgroup else [], uid, stage_of)
+            cmd = launcher_command(argv, cgroup.procs_files if cgroup else [], uid, stage_of, overlays)
             cwd, env, scratch = None, host_env(), SCRATCH
             pass_fds = (fds["program"], fds["seccomp"], fds["empty"], status_w)
         else:
             host_scratch = scratch = tempfile.mkdtemp(prefix="reinforge-sandbox-")
             with open(os.path.join(scratch, "main.py"), "w") as f:
                 f.write(code)
-            for name, host in (binds or {}).items():
-                os.symlink(os.path.abspath(host), os.path.join(scratch, name))
+            for name, ls in layers.items():
+                if len(ls) > 1:
+                    merged_copy(ls, [], os.path.join(scratch, name))
+                else:
+                    os.symlink(ls[0], os.path.join(scratch, name))
             cmd, cwd, env, pass_fds = [*python, "0", _site_packages()], scratch, sandbox_env(scratch), ()
             env["PATH"] = os.environ.get("PATH", os.defpath)
         try:
@@ -387,8 +392,8 @@ async def run_python(
                 os.close(fds.pop(key))
         reads = asyncio.ensure_future(
             asyncio.gather(
-                _read_capped(proc.stdout, lim.max_output_bytes),
-                _read_capped(proc.stderr, lim.max_output_bytes, tail=True, mark=started),
+                read_capped(proc.stdout, lim.max_output_bytes),
+                read_capped(proc.stderr, lim.max_output_bytes, tail=True, mark=started),
             )
         )
         timed_out = False
@@ -405,7 +410,7 @@ async def run_python(
         except TimeoutError:
             out, err = "", "(output lost: a background process kept the output open)"
         infra = None
-        if isolation == "bwrap" and not timed_out and not _program_started(fds["status"]):
+        if isolation == "bwrap" and not timed_out and not program_started(fds["status"]):
             infra = err.strip() or f"the sandbox exited with status {proc.returncode} before the program started"
         elif timed_out and not started:
             infra = f"the program had not started after {lim.timeout:g} s (the time limit)"
@@ -436,6 +441,46 @@ async def run_python(
             os.close(fd)
         if host_scratch is not None:
             shutil.rmtree(host_scratch, ignore_errors=True)
+        for d in copies:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+_overlays: dict[int, bool] = {}  # sandbox uid -> whether a layered bind can be an overlay mount here
+_overlay_trial: contextvars.ContextVar[bool] = contextvars.ContextVar("reinforge_overlay_trial", default=False)
+
+
+async def _overlays_work(sandbox_uid: int) -> bool:
+    """Whether the launcher can mount a read-only overlay here for runs as ``sandbox_uid`` (a user
+    namespace of its own and an unprivileged overlay mount: Linux 5.11 or later, user namespaces
+    allowed); checked once per uid with a trial run, a warning when not."""
+    if sandbox_uid not in _overlays:
+        made: list[str] = []
+        try:
+            for i in range(2):
+                made.append(tempfile.mkdtemp(prefix="reinforge-overlay-trial-"))
+                os.chmod(made[-1], 0o755)
+                with open(os.path.join(made[-1], f"f{i}"), "w") as f:
+                    f.write(str(i))
+                os.chmod(os.path.join(made[-1], f"f{i}"), 0o644)
+            code = "import os\nprint(sorted(os.listdir('x')))"
+            lim = SandboxLimits(timeout=30, sandbox_uid=sandbox_uid)
+            token = _overlay_trial.set(True)
+            try:
+                r = await run_python(code, lim, checked=True, binds={"x": list(made)})
+            finally:
+                _overlay_trial.reset(token)
+        finally:
+            for d in made:
+                shutil.rmtree(d, ignore_errors=True)
+        ok = r.stdout.strip() == "['f0', 'f1']"
+        if not ok:
+            log.warning(
+                "python sandbox: no overlay can be mounted here (%s); a run on a copy-on-write workspace binds a "
+                "copy of its layers instead (made per run: slower with large bases)",
+                (r.infra_error or r.stderr or r.stdout).strip()[-300:],
+            )
+        _overlays[sandbox_uid] = ok
+    return _overlays[sandbox_uid]
 
 
 def _recorded(r: SandboxResult) -> SandboxResult:
@@ -452,29 +497,6 @@ def _site_packages() -> str:
     return os.pathsep.join(p for p in site.getsitepackages() if os.path.isdir(p))
 
 
-def _program_started(status_fd: int) -> bool:
-    """Whether bwrap reported the program's start (a ``child-pid`` record on its JSON status
-    descriptor, which the program cannot write to)."""
-    os.set_blocking(status_fd, False)
-    data = b""
-    try:
-        while chunk := os.read(status_fd, 65536):
-            data += chunk
-    except BlockingIOError:
-        pass
-    decoder, text, pos = json.JSONDecoder(), data.decode(errors="replace"), 0
-    while pos < len(text):
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return False
-        if isinstance(obj, dict) and "child-pid" in obj:
-            return True
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-    return False
-
-
 def _kill(proc: asyncio.subprocess.Process, cgroup: Cgroup | None) -> None:
     """SIGKILL the process group of ``proc`` (under bwrap: bwrap, whose death kills the pid
     namespace through ``--die-with-parent``) and every process of the cgroup."""
@@ -484,31 +506,3 @@ def _kill(proc: asyncio.subprocess.Process, cgroup: Cgroup | None) -> None:
         pass
     if cgroup is not None:
         cgroup.kill()
-
-
-async def _read_capped(
-    stream: asyncio.StreamReader | None, limit: int, tail: bool = False, mark: list[float] | None = None
-) -> str:
-    """All of ``stream`` read (so the writer never blocks); the first ``limit`` bytes kept, or the
-    last ones with ``tail`` (the end of a traceback says what went wrong). With ``mark``, the first
-    :data:`START_MARK` is taken out and the time it arrived appended to ``mark`` (the prelude writes
-    it at once, in one write: it is never split, and nothing of the program comes before it)."""
-    if stream is None:
-        return ""
-    kept = bytearray()
-    total = 0
-    while chunk := await stream.read(65536):
-        if mark is not None and not mark and START_MARK in chunk:
-            mark.append(time.perf_counter())
-            chunk = chunk.replace(START_MARK, b"", 1)
-        total += len(chunk)
-        if tail:
-            kept = (kept + chunk)[-limit:]
-        elif len(kept) < limit:
-            kept += chunk[: limit - len(kept)]
-    text = kept.decode("utf-8", errors="replace")
-    dropped = total - len(kept)
-    if not dropped:
-        return text
-    note = f"[{dropped} bytes of output dropped]"
-    return f"{note}\n{text}" if tail else f"{text}\n{note}"

@@ -1,0 +1,105 @@
+"""Descriptors, streams and bound folders of one sandbox run (:func:`.sandbox.run_python`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+
+START_MARK = b"\x00reinforge:started\x00"  # the prelude's first write (stderr)
+
+
+def data_fd(data: bytes) -> int:
+    """A readable descriptor of ``data`` (a pipe when it fits its buffer, else a temporary file)."""
+    if len(data) <= 32768:
+        r, w = os.pipe()
+        os.write(w, data)
+        os.close(w)
+        return r
+    f = tempfile.TemporaryFile()
+    f.write(data)
+    f.flush()
+    fd = os.dup(f.fileno())
+    f.close()
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def layers_of(binds: dict[str, str | list[str]] | None) -> dict[str, list[str]]:
+    """``binds`` as ``{name: [absolute host paths, bottom first]}``, checked."""
+    out = {}
+    for name, value in (binds or {}).items():
+        if not name or "/" in name or name in (".", "..", "main.py"):
+            raise ValueError(f"run_python: {name!r} cannot name a folder bound into the working directory")
+        paths = [value] if isinstance(value, str) else list(value)
+        if not paths or not all(isinstance(p, str) and p for p in paths):
+            raise ValueError(f"run_python: binds[{name!r}] must be a host folder or a list of them, not {value!r}")
+        out[name] = [os.path.abspath(p) for p in paths]
+    return out
+
+
+def merged_copy(layers: list[str], made: list[str], dest: str | None = None) -> str:
+    """A copy of ``layers`` merged (later layers' files over earlier ones'), at ``dest`` or in a new
+    temporary folder readable by any uid (appended to ``made``). Where no overlay can be mounted:
+    it costs time in proportion to the files."""
+    if dest is None:
+        dest = tempfile.mkdtemp(prefix="reinforge-merged-")
+        made.append(dest)
+        os.chmod(dest, 0o755)
+    for layer in layers:
+        shutil.copytree(layer, dest, symlinks=True, dirs_exist_ok=True)
+    return dest
+
+
+def program_started(status_fd: int) -> bool:
+    """Whether bwrap reported the program's start (a ``child-pid`` record on its JSON status
+    descriptor, which the program cannot write to)."""
+    os.set_blocking(status_fd, False)
+    data = b""
+    try:
+        while chunk := os.read(status_fd, 65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    decoder, text, pos = json.JSONDecoder(), data.decode(errors="replace"), 0
+    while pos < len(text):
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return False
+        if isinstance(obj, dict) and "child-pid" in obj:
+            return True
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return False
+
+
+async def read_capped(
+    stream: asyncio.StreamReader | None, limit: int, tail: bool = False, mark: list[float] | None = None
+) -> str:
+    """All of ``stream`` read (so the writer never blocks); the first ``limit`` bytes kept, or the
+    last ones with ``tail`` (the end of a traceback says what went wrong). With ``mark``, the first
+    :data:`START_MARK` is taken out and the time it arrived appended to ``mark`` (the prelude writes
+    it at once, in one write: it is never split, and nothing of the program comes before it)."""
+    if stream is None:
+        return ""
+    kept = bytearray()
+    total = 0
+    while chunk := await stream.read(65536):
+        if mark is not None and not mark and START_MARK in chunk:
+            mark.append(time.perf_counter())
+            chunk = chunk.replace(START_MARK, b"", 1)
+        total += len(chunk)
+        if tail:
+            kept = (kept + chunk)[-limit:]
+        elif len(kept) < limit:
+            kept += chunk[: limit - len(kept)]
+    text = kept.decode("utf-8", errors="replace")
+    dropped = total - len(kept)
+    if not dropped:
+        return text
+    note = f"[{dropped} bytes of output dropped]"
+    return f"{note}\n{text}" if tail else f"{text}\n{note}"
