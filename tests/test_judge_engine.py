@@ -160,47 +160,57 @@ def test_preflight_refuses_in_one_line(tmp_path, tiny_model_path, sevens_judge):
     assert judge_problems(cfg, tiny_model_path, 17, cpu, memory + 6 * per_slot) == []
 
 
-def test_train_with_an_embedded_judge_asleep_while_training_and_generating(tmp_path, tiny_model_path, sevens_judge):
-    """Two rollouts and an evaluation with a tiny policy and the tiny judge, through the loop: the judge
-    scores every rollout and the evaluation in one engine call each, and holds no KV cache while the
-    policy generates or the trainer trains."""
-    from reinforge.loop import RLLoop
+def test_train_with_an_embedded_judge_asleep_while_training_and_generating(
+    tmp_path, tiny_model_path, sevens_judge, monkeypatch
+):
+    """`reinforge train`: two rollouts of a tiny policy judged by the tiny judge, an evaluation
+    after: the judge scores each rollout and the evaluation in one engine call, and holds no KV cache
+    while the policy generates or the trainer trains."""
+    from reinforge import cli
+    from reinforge.cluster.local import LocalCluster
+    from reinforge.engine import EmbeddedEngine
 
+    judges: list[EngineJudge] = []
+    seen: dict[str, list[bool]] = {"train": [], "generate": [], "judge": []}
+    init, train_actor, generate = EngineJudge.__init__, LocalCluster.train_actor, EmbeddedEngine.generate
+
+    def spy_init(self, spec):
+        init(self, spec)
+        judges.append(self)
+
+    def spy_train(self, *a, **k):
+        seen["train"].append(judges[0].asleep)
+        return train_actor(self, *a, **k)
+
+    def spy_generate(self, requests):
+        judge = bool(judges) and self is judges[0].engine
+        seen["judge" if judge else "generate"].append(bool(judges) and judges[0].asleep)
+        return generate(self, requests)
+
+    monkeypatch.setattr(EngineJudge, "__init__", spy_init)
+    monkeypatch.setattr(LocalCluster, "train_actor", spy_train)
+    monkeypatch.setattr(EmbeddedEngine, "generate", spy_generate)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(16)))
-    overrides = [o for o in tiny_overrides(tiny_model_path, tmp_path / "run") if o not in TASK] + [
+    out = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tiny_model_path, out) if o not in TASK] + [
         f"data.prompt_data={data}",
         "reward.type=judge",
         f"reward.judge_model_path={sevens_judge}",
         "reward.judge_score_regex=(7)",
         "reward.judge_max_new_tokens=3",
         "reward.correct_threshold=0.5",
+        "run.save_final=false",
+        "eval.eval_before_train=false",
     ]
-    loop = RLLoop(load_config(None, overrides))
-    judge = loop.reward.judge.engine
-    assert isinstance(judge, EngineJudge) and judge.asleep
-    seen: dict[str, list[bool]] = {"train": [], "generate": [], "judge": []}
-    train_actor, generate, judge_generate = loop.cluster.train_actor, loop.engine.generate, judge.engine.generate
-
-    def spy(name, fn, state=lambda: judge.asleep):
-        def call(*a, **k):
-            seen[name].append(state())
-            return fn(*a, **k)
-
-        return call
-
-    loop.cluster.train_actor = spy("train", train_actor)
-    loop.engine.generate = spy("generate", generate)
-    judge.engine.generate = spy("judge", judge_generate)
-    try:
-        metrics = [loop.rollout_step(i)[0] for i in range(2)]
-        from reinforge.eval.evaluate import evaluate
-
-        ev, _ = evaluate(loop.ctx, loop.eval_data.prompts)
-    finally:
-        loop.close()
+    assert cli.main(["train", *overrides]) == 0
+    (judge,) = judges
     assert seen["train"] == [True, True] and seen["generate"] and all(seen["generate"])
-    assert seen["judge"] == [False, False, False] and judge.calls == 3  # 2 rollouts + 1 evaluation, awake then
-    for m in metrics:
-        assert m["rollout/reward_mean"] == pytest.approx(0.7) and m["reward/judge_errors"] == 0
-    assert ev["eval/greedy_reward"] == pytest.approx(0.7) and ev["eval/greedy_accuracy"] == 1.0
+    assert seen["judge"] == [False] * 3 and judge.calls == 3  # 2 rollouts and the evaluation after: awake then
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [r for r in rows if "rollout/reward_mean" in r]
+    assert len(rollouts) == 2
+    for r in rollouts:
+        assert r["rollout/reward_mean"] == pytest.approx(0.7) and r["reward/judge_errors"] == 0
+    evals = [r for r in rows if "eval/greedy_reward" in r]
+    assert len(evals) == 1 and all(r["eval/greedy_reward"] == pytest.approx(0.7) for r in evals)
