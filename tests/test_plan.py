@@ -205,6 +205,10 @@ def test_check_rl_refuses_training_memory_in_words(tmp_path):
         ("128 fp8 offload", 128, 14173, 1, 130.2),
         ("64 bf16 KV 0.55", 64, 12658, 2, 96.0),
         ("64 fp8 KV 0.55", 64, 12643, 1, 76.3),
+        # issue 37's planner runs (docs/benchmarks.md, `auto` rows): 8k and 16k; 2k (8.3 s at a mean 2,015) is a
+        # one-step run whose ~2 s of compilation and graph capture the steady-state model leaves out (1.23x)
+        ("8k auto", 128, 7502, 1, 45.4),
+        ("16k auto", 128, 13774, 1, 127.9),
     ],
 )
 def test_generation_time_within_20_percent_of_recorded_rollouts(rows, seqs, length, kv, measured_s):
@@ -212,7 +216,7 @@ def test_generation_time_within_20_percent_of_recorded_rollouts(rows, seqs, leng
         M.Arch.from_config(M139),
         H100,
         30,
-        16384,
+        max(16384, length),
         seqs,
         seqs,
         16640,

@@ -59,9 +59,9 @@ def test_generation_with_a_long_tail_is_named_with_over_sampling(tmp_path):
     m = out[-1]
     assert m["plan/generation_limit_fraction"] == pytest.approx(0.41)
     assert m["plan/training_limit_fraction"] == pytest.approx(0.35)
-    # the fraction's formula: decode bytes / bandwidth + prefill FLOPs / peak, over the measured seconds
+    # the fraction's formula: decode bytes / bandwidth + prefill FLOPs / peak (no host time), over the measured seconds
     lengths = [s.response_length for s in gen]
-    bound = M.generation_seconds(M.with_(w, num_seqs=len(gen)), lengths, efficiency=1.0, mfu=1.0)
+    bound = M.generation_seconds(M.with_(w, num_seqs=len(gen)), lengths, efficiency=1.0, mfu=1.0, host_step_s=0.0)
     assert m["plan/generation_limit_fraction"] == pytest.approx(bound / m["plan/generation_measured_s"])
     assert m["plan/generation_predicted_s"] == pytest.approx(M.generation_seconds(M.with_(w, num_seqs=128), lengths))
     assert m["plan/generation_ratio"] == pytest.approx(

@@ -44,7 +44,8 @@ Time (seconds), at assumed efficiencies (:data:`DECODE_EFFICIENCY`, :data:`TRAIN
 * generation: bandwidth-bound decode; every step reads the weights (a MoE model: the experts the
   step's tokens select, in expectation) and the KV cache of every running sequence, so a wave of
   sequences of lengths L_i reads ``max L_i x W + sum_i kv x (P L_i + L_i^2 / 2)`` bytes (the bound of
-  docs/benchmarks.md, "What 9k tok/s per GPU at 16k would take"), over HBM bandwidth x efficiency;
+  docs/benchmarks.md, "What 9k tok/s per GPU at 16k would take"), over HBM bandwidth x efficiency,
+  plus the host's work per decode step (:data:`DECODE_STEP_HOST_S`);
 * log-probs: ``2 x active parameters x tokens + 2 x layers x q x sum L_i^2`` FLOPs (causal attention
   forward), at the forward MFU;
 * training: 3 x that (forward and backward) plus the recomputed layers' forward again, at the
@@ -67,7 +68,12 @@ LOGIT_CHUNK_TEMPS = 5.0  # fp32 [chunk, V] buffers alive at once in the log-soft
 LOGIT_CHUNK_TEMPS_FORWARD = 3.0  # ... in the forward without gradient (the log-prob pass: 8.1 GiB at 16k, measured)
 CUDA_CONTEXT = GIB  # the CUDA context and cuBLAS / NCCL workspaces, outside the allocator's count
 USABLE_FRACTION = 0.90  # of the rest: the allocator's fragmentation (docs/results/grpo_long: 13 GiB reserved unused)
-DECODE_EFFICIENCY = 0.52  # share of the bandwidth bound a whole rollout reaches (47-58% measured, long tail included)
+DECODE_EFFICIENCY = 0.60  # share of the bandwidth bound the decode kernels reach, host work apart (fit below)
+DECODE_STEP_HOST_S = 1.0e-3  # host work per decode step: scheduling, sampling, graph launch (fit below)
+# Fit to the recorded rollouts of docs/benchmarks.md (H100, 1.39B, 64-128 sequences, 2k-16k responses, bf16 and fp8
+# caches): one efficiency for every length left 2k at 1.53x its prediction and 16k at 0.92x (the host's share falls
+# with length); with the per-step term every recorded rollout is within 0.93-1.14x, 2k at 1.23x (one-step runs: the
+# first step's compilation and graph capture, ~2 s, are in it). tests/test_plan.py holds the points.
 FORWARD_MFU = 0.35  # log-prob pass
 TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
 BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)
@@ -463,24 +469,30 @@ def decode_weight_bytes(w: Workload, batch: int) -> float:
 
 
 def generation_seconds(
-    w: Workload, lengths: list[int] | None = None, efficiency: float = DECODE_EFFICIENCY, mfu: float = FORWARD_MFU
+    w: Workload,
+    lengths: list[int] | None = None,
+    efficiency: float = DECODE_EFFICIENCY,
+    mfu: float = FORWARD_MFU,
+    host_step_s: float = DECODE_STEP_HOST_S,
 ) -> float | None:
     """Decode time of one rollout (``lengths``: the response lengths; default all ``response_len``,
-    an upper bound), in waves of :func:`engine_slots` sequences at ``efficiency`` of the bandwidth,
-    plus the prefill at ``mfu`` of the peak (both 1: the hardware limit, :mod:`.report`)."""
+    an upper bound), in waves of :func:`engine_slots` sequences at ``efficiency`` of the bandwidth
+    plus ``host_step_s`` per decode step, and the prefill at ``mfu`` of the peak (1, 1 and 0: the
+    hardware limit, :mod:`.report`)."""
     if not w.gpu.knows_speed:
         return None
     a = w.arch
     lengths = list(lengths) if lengths else [w.response_len] * w.num_seqs
     c = engine_slots(w)
     kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
-    total = 0.0
+    total = steps = 0.0
     for i in range(0, len(lengths), c):
         wave = lengths[i : i + c]
+        steps += max(wave)
         total += max(wave) * decode_weight_bytes(w, len(wave))
         total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
     prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.tp)
-    return total / (w.gpu.bandwidth * efficiency) + prefill
+    return total / (w.gpu.bandwidth * efficiency) + steps * host_step_s + prefill
 
 
 def forward_flops(w: Workload, lengths: list[int] | None = None) -> float:

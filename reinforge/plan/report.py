@@ -145,7 +145,7 @@ def predict(
     gw = M.with_(w, prompt_len=prompt, num_seqs=max(1, math.ceil(len(lengths) / engines)))
     per_engine = lengths[::engines] if engines > 1 else lengths  # one engine's share, in order
     gen = M.generation_seconds(gw, per_engine)
-    gen_limit = M.generation_seconds(gw, per_engine, efficiency=1.0, mfu=1.0)
+    gen_limit = M.generation_seconds(gw, per_engine, efficiency=1.0, mfu=1.0, host_step_s=0.0)
     seqs = [len(s.tokens) for s in trained]
     tw = M.with_(w, prompt_len=0, logprob_passes=log_prob_passes(cfg))  # ``seqs`` are whole sequences
     peak = (w.gpu.bf16_flops or 0.0) * w.shards
