@@ -418,3 +418,51 @@ def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path):
     assert M.train_seconds(w) > M.train_seconds(M.with_(w, optimizer_offload=False))  # the copies cost time
     peak = M.train_breakdown(fsdp.workload)
     assert "offloaded layers in flight" in peak.parts and peak.total < M.train_breakdown(w).total
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (Path(__file__).parents[1] / "examples").glob("*.yaml")))
+def test_every_example_fits_one_h100_as_planned(example, smollm2_path):
+    """Issue 37: no configuration in examples/ dies of a CUDA out-of-memory: on an 80 GB H100 each one's
+    plan fits every phase (or would be refused at start in words; none is)."""
+    cfg = load_config(Path(__file__).parents[1] / "examples" / example, [])
+    resolved, plan = resolve_config(cfg, smollm2_path, gpu=H100)
+    assert training_problems(plan) == []
+    assert all(b.total <= plan.workload.usable for b in plan.memory()), [(b.phase, b.words()) for b in plan.memory()]
+
+
+@pytest.mark.parametrize(
+    "arch,length,seqs,gpu,extra",
+    [
+        ("qwen2.5-1.5b", 8192, 128, "h100", []),  # bench/grpo_long.py's default rows
+        ("qwen2.5-1.5b", 16384, 64, "h100", []),
+        ("qwen2.5-1.5b", 32768, 16, "h100", []),
+        (  # scripts/gpu_8b_offload.sh
+            "qwen3-8b",
+            4096,
+            64,
+            "h200",
+            [
+                "train.max_tokens_per_gpu=8192",
+                "engine.kv_cache_memory_fraction=0.6",
+                "engine.kv_cache_dtype=fp8",
+                "train.optimizer_offload=true",
+                "cluster.offload_rollout=true",
+            ],
+        ),
+    ],
+)
+def test_the_benchmarks_fit_their_gpu_as_planned(tmp_path, monkeypatch, arch, length, seqs, gpu, extra):
+    """Issue 37: bench/grpo_long.py's workloads on the GPUs they are run on fit every phase."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    import grpo_long
+    from archs import hf_config
+
+    shape = {"vocab_size": 49152, "tie_word_embeddings": True} if arch != "qwen3-8b" else {}
+    hf_config(arch, max_position_embeddings=max(32768, length + 512), **shape).save_pretrained(tmp_path)
+    o = grpo_long.workload_overrides(
+        tmp_path, tmp_path / "p.jsonl", tmp_path / "r", length=length, seqs=seqs, n=8, max_num_seqs=seqs,
+        kv_fraction=0.3, max_tokens=0, steps=2,
+    )  # fmt: skip
+    _, plan = resolve_config(load_config(None, [*o, *extra]), tmp_path, gpu=GPUS[gpu], prompt_len=40)
+    assert training_problems(plan, 40) == []
+    assert all(b.total <= plan.workload.usable for b in plan.memory())
