@@ -1,10 +1,14 @@
-"""The python tool's sandbox: start latency and runs per second, on this machine.
+"""The python tool's sandbox: start latency and runs per second, on this machine, for both launchers.
 
-Runs a trivial program (``pass``) ``--runs`` times one after another (latency of one sandbox:
-launcher + bubblewrap + the interpreter's start, p50 / p99 in ms), then ``--runs`` programs through
-``--concurrency`` slots at once (runs per second of the fleet), and prints one table row per
-setting. ``--code`` replaces the program. The physical floor beside it: the same interpreter started
-bare (``python -I -S -c pass``, as the sandbox starts it) without any sandbox, p50 in ms.
+For each ``--concurrency`` (slots at once) it runs ``--runs`` trivial programs (``pass``; ``--code``
+replaces it) through each launcher: ``exec`` (a new interpreter runs the launcher for every run:
+how sandboxes started before the launch server) and ``server`` (the launch server forks it:
+reinforge.tools.launch_server). The launchers alternate in rounds of ``--round`` runs, so that a
+change of the machine's load meets both alike. Per launcher and concurrency: the start latency
+(``SandboxResult.start_ms``: launch to the program's first line, the ``sandbox/start_ms`` metric),
+p50 / p99 in ms; the whole run (launch to result) p50; runs per second; failures (infrastructure
+or a non-zero exit). Beside it the floor: the interpreter started bare (``python -I -S -c pass``,
+as the sandbox starts it), p50 in ms, and the load average before and after (the machine is shared).
 
     python bench/sandbox.py --runs 100 --concurrency 1 2 4 8
 """
@@ -13,39 +17,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
 import time
 
-from reinforge.tools.sandbox import SandboxLimits, SandboxSlots, check_sandbox, run_python
+from reinforge.tools.sandbox import LAUNCHERS, SandboxLimits, SandboxSlots, check_sandbox, run_python
 
 
 def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 1]); nan for no values."""
+    if not xs:
+        return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-async def sequential(code: str, runs: int, limits: SandboxLimits) -> tuple[list[float], int]:
-    times, failures = [], 0
-    for _ in range(runs):
-        t = time.perf_counter()
-        r = await run_python(code, limits, checked=True)
-        times.append(time.perf_counter() - t)
-        failures += bool(r.infra_error or r.returncode != 0)
-    return times, failures
-
-
-async def fleet(code: str, runs: int, concurrency: int, limits: SandboxLimits) -> tuple[float, int]:
+async def fleet(code: str, runs: int, concurrency: int, limits: SandboxLimits, launcher: str) -> dict:
+    """``runs`` programs through ``concurrency`` slots: start and run times (s), wall time, failures."""
     slots = SandboxSlots(concurrency)
+    out: dict = {"start": [], "run": [], "failures": 0}
 
-    async def one():
+    async def one() -> None:
         async with slots:
-            return await run_python(code, limits, checked=True)
+            r = await run_python(code, limits, checked=True, launcher=launcher)
+        if r.infra_error or r.returncode != 0:
+            out["failures"] += 1
+        if r.start_ms is not None:
+            out["start"].append(r.start_ms)
+        out["run"].append(r.seconds * 1e3)
 
     t = time.perf_counter()
-    results = await asyncio.gather(*(one() for _ in range(runs)))
-    return time.perf_counter() - t, sum(bool(r.infra_error or r.returncode != 0) for r in results)
+    await asyncio.gather(*(one() for _ in range(runs)))
+    out["wall"] = time.perf_counter() - t
+    return out
 
 
 def bare_start_ms(runs: int) -> float:
@@ -59,22 +65,41 @@ def bare_start_ms(runs: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=50)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--runs", type=int, default=50, help="runs per launcher and concurrency")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--round", type=int, default=10, help="runs of one launcher before the other's")
+    ap.add_argument("--launchers", nargs="+", default=["exec", "server"], choices=LAUNCHERS)
     ap.add_argument("--code", default="pass")
     args = ap.parse_args()
     limits = SandboxLimits(timeout=30)
     check_sandbox("bwrap", limits.sandbox_uid)
-    times, failures = asyncio.run(sequential(args.code, args.runs, limits))
-    print(f"bare interpreter start (no sandbox), p50: {bare_start_ms(args.runs):.1f} ms")
+    for launcher in args.launchers:  # warm-up: the server's start, the caches
+        asyncio.run(fleet(args.code, 2, 1, limits, launcher))
+    load = os.getloadavg()[0]
+    print(f"bare interpreter start (no sandbox), p50: {bare_start_ms(20):.1f} ms; load average {load:.1f}")
     print(
-        f"one sandbox at a time: start-to-exit p50 {percentile(times, 0.5) * 1e3:.1f} ms, "
-        f"p99 {percentile(times, 0.99) * 1e3:.1f} ms, failures {failures}/{args.runs}"
+        "\n| launcher | slots | runs | start p50 ms | start p99 ms | run p50 ms | runs/s | failures |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
-    print("\n| slots | runs | wall s | runs/s | failures |\n| ---: | ---: | ---: | ---: | ---: |")
     for c in args.concurrency:
-        wall, failed = asyncio.run(fleet(args.code, args.runs, c, limits))
-        print(f"| {c} | {args.runs} | {wall:.2f} | {args.runs / wall:.1f} | {failed} |")
+        acc = {name: {"start": [], "run": [], "failures": 0, "wall": 0.0} for name in args.launchers}
+        done = 0
+        while done < args.runs:
+            n = min(args.round, args.runs - done)
+            for name in args.launchers:
+                r = asyncio.run(fleet(args.code, n, c, limits, name))
+                for k in ("start", "run"):
+                    acc[name][k] += r[k]
+                acc[name]["failures"] += r["failures"]
+                acc[name]["wall"] += r["wall"]
+            done += n
+        for name, a in acc.items():
+            p50, p99 = percentile(a["start"], 0.5), percentile(a["start"], 0.99)
+            print(
+                f"| {name} | {c} | {args.runs} | {p50:.1f} | {p99:.1f} | {percentile(a['run'], 0.5):.1f} "
+                f"| {args.runs / a['wall']:.1f} | {a['failures']} |"
+            )
+    print(f"\nload average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

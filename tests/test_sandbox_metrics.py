@@ -100,7 +100,11 @@ def test_a_failed_sandbox_of_the_python_tool_is_counted(tok, monkeypatch):  # no
     async def no_processes(*args, **kwargs):
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(sb.asyncio, "create_subprocess_exec", no_processes)
+    async def no_fork(self, *args, **kwargs):
+        raise sb.LaunchError("fork: [Errno 11] Resource temporarily unavailable")
+
+    monkeypatch.setattr(sb.asyncio, "create_subprocess_exec", no_processes)  # a launcher per run
+    monkeypatch.setattr(sb.launch_server.LaunchServer, "launch", no_fork)  # the launch server
     turns = [call("python", code="print(6 * 7)"), "42"]
     ctx = agent_ctx(tok, ScriptedEngine(tok, lambda prompt, turn: turns[turn]))
     (s,) = run_agent(ctx, "what is 6*7?")

@@ -5,6 +5,9 @@ anywhere, share kernel state with the trainer, or outlive it. A run is started a
 
     python -I -S -c LAUNCHER SPEC... bwrap ARGS -- python -I -c PRELUDE ...
 
+or, by default, by the trainer's launch server (:mod:`.launch_server`), which forks a process that
+runs the same launcher code on the same arguments: the interpreter started once, not per run.
+
 The **launcher** (:data:`LAUNCHER`, a few lines of Python run before ``bwrap``; it reads no
 input of the model's) does, in this order:
 

@@ -6,7 +6,9 @@ root anywhere (the trainer, if root, drops to the unprivileged ``agent.python_sa
 before ``bwrap`` makes the user namespace); every namespace is new; a seccomp filter denies the
 kernel keyrings, ptrace, bpf, perf, io_uring, mounts and namespaces; the program sees the system
 folders and the interpreter read-only, an empty ``/proc/cmdline``, and its own scratch ``tmpfs``;
-it dies with ``bwrap``, and ``bwrap`` dies with the trainer.
+it dies with ``bwrap``, and ``bwrap`` dies with the trainer (or with the trainer's launch server,
+:mod:`.launch_server`, which starts each run's launcher without a new interpreter, and dies with
+the trainer).
 
 Limits of one run (:class:`SandboxLimits`): of the whole group (a cgroup, :mod:`.cgroup`):
 memory ``memory_mb + disk_mb`` (tmpfs pages are charged to it), ``max_processes``, one CPU; per
@@ -37,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from . import launch_server
 from .cgroup import Cgroup, create_cgroup
 from .isolation import (
     SCRATCH,
@@ -45,18 +48,21 @@ from .isolation import (
     bwrap_path,
     host_env,
     host_uid,
+    launcher_args,
     launcher_command,
     overlay_option,
     sandbox_env,
     seccomp_program,
     staged_paths,
 )
-from .sandbox_io import START_MARK, data_fd, layers_of, merged_copy, program_started, read_capped
+from .launch_server import LaunchError, ServerDied
+from .sandbox_io import START_MARK, ServerRun, data_fd, layers_of, merged_copy, program_started, read_capped
 from .sandbox_metrics import record
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "none")
+LAUNCHERS = ("server", "exec")
 OPT_OUT = "agent.python_sandbox=none"
 DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
 NETWORK_DENIED = "network access is disabled in this sandbox"
@@ -288,6 +294,7 @@ async def run_python(
     isolation: str = "bwrap",
     checked: bool = False,
     binds: dict[str, str | list[str]] | None = None,
+    launcher: str = "server",
 ) -> SandboxResult:
     """Run ``code`` as a Python program under ``limits`` (module docstring).
 
@@ -308,6 +315,8 @@ async def run_python(
             workspace: the later layers' files hide the earlier ones'; an overlay mount, or where
             none can be made here, a copy of the layers made for the run). Without isolation a
             folder is a symbolic link (the program can write there), layers a copy.
+        launcher: ``server`` (the launch server forks the launcher: :mod:`.launch_server`; where
+            none can run here, as ``exec``) or ``exec`` (a new interpreter runs the launcher).
 
     Raises:
         SandboxUnavailable: ``isolation="bwrap"`` and bubblewrap cannot run here.
@@ -316,6 +325,8 @@ async def run_python(
     """
     lim = limits or SandboxLimits()
     layers = layers_of(binds)
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"run_python: launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
     if not checked:
         check_sandbox(isolation, lim.sandbox_uid)
     start = time.perf_counter()
@@ -358,7 +369,12 @@ async def run_python(
                 _site_packages(),
             ]
             cgroup = _group_limits(lim)
-            cmd = launcher_command(argv, cgroup.procs_files if cgroup else [], uid, stage_of, overlays)
+            procs = cgroup.procs_files if cgroup else []
+            server = launch_server.server() if launcher == "server" else None
+            if server is None:
+                cmd = launcher_command(argv, procs, uid, stage_of, overlays)
+            else:
+                cmd = [*launcher_args(procs, uid, stage_of, 0, overlays), *argv]  # the server names the parent
             cwd, env, scratch = None, host_env(), SCRATCH
             pass_fds = (fds["program"], fds["seccomp"], fds["empty"], status_w)
         else:
@@ -372,18 +388,22 @@ async def run_python(
                     os.symlink(ls[0], os.path.join(scratch, name))
             cmd, cwd, env, pass_fds = [*python, "0", _site_packages()], scratch, sandbox_env(scratch), ()
             env["PATH"] = os.environ.get("PATH", os.defpath)
+            server = None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                cwd=cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=pass_fds,
-            )
-        except OSError as e:  # no memory or processes left to make it (the fleet's, not the program's)
+            if server is not None:
+                proc = await ServerRun.start(server, cmd, list(pass_fds))
+            else:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd,
+                    cwd=cwd,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                    pass_fds=pass_fds,
+                )
+        except (OSError, LaunchError, ServerDied) as e:  # no memory or processes left (the fleet's, not the program's)
             return _recorded(
                 SandboxResult("", "", None, False, time.perf_counter() - start, 0, f"the process could not start: {e}")
             )
@@ -409,10 +429,10 @@ async def run_python(
             out, err = await asyncio.wait_for(reads, 2.0)
         except TimeoutError:
             out, err = "", "(output lost: a background process kept the output open)"
-        infra = None
-        if isolation == "bwrap" and not timed_out and not program_started(fds["status"]):
+        infra = getattr(proc, "died", None)  # the launch server died during the run: it took the program along
+        if infra is None and isolation == "bwrap" and not timed_out and not program_started(fds["status"]):
             infra = err.strip() or f"the sandbox exited with status {proc.returncode} before the program started"
-        elif timed_out and not started:
+        elif infra is None and timed_out and not started:
             infra = f"the program had not started after {lim.timeout:g} s (the time limit)"
         out, err = out.replace(scratch + os.sep, ""), err.replace(scratch + os.sep, "")
         return _recorded(
@@ -432,9 +452,10 @@ async def run_python(
             _kill(proc, cgroup)
         if reads is not None and not reads.done():
             reads.cancel()
-        transport = getattr(proc, "_transport", None)  # asyncio leaves it to the GC, which warns once the loop closed
-        if transport is not None:
-            transport.close()
+        if isinstance(proc, ServerRun):
+            proc.close()
+        elif proc is not None and proc._transport is not None:  # asyncio leaves it to the GC: a warning after the loop
+            proc._transport.close()
         if cgroup is not None and not cgroup.remove():
             log.warning("python tool: cgroup %s could not be removed", cgroup.dirs)
         for fd in fds.values():
@@ -497,12 +518,15 @@ def _site_packages() -> str:
     return os.pathsep.join(p for p in site.getsitepackages() if os.path.isdir(p))
 
 
-def _kill(proc: asyncio.subprocess.Process, cgroup: Cgroup | None) -> None:
-    """SIGKILL the process group of ``proc`` (under bwrap: bwrap, whose death kills the pid
-    namespace through ``--die-with-parent``) and every process of the cgroup."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill(proc: asyncio.subprocess.Process | ServerRun, cgroup: Cgroup | None) -> None:
+    """SIGKILL ``proc`` (a launcher started per run: its process group) (under bwrap: bwrap, whose
+    death kills the pid namespace through ``--die-with-parent``) and every process of the cgroup."""
+    if isinstance(proc, ServerRun):
+        proc.kill()
+    else:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     if cgroup is not None:
         cgroup.kill()

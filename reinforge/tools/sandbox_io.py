@@ -8,6 +8,12 @@ import os
 import shutil
 import tempfile
 import time
+from typing import TYPE_CHECKING
+
+from .launch_server import ServerDied
+
+if TYPE_CHECKING:
+    from .launch_server import Launched, LaunchServer
 
 START_MARK = b"\x00reinforge:started\x00"  # the prelude's first write (stderr)
 
@@ -103,3 +109,71 @@ async def read_capped(
         return text
     note = f"[{dropped} bytes of output dropped]"
     return f"{note}\n{text}" if tail else f"{text}\n{note}"
+
+
+class ServerRun:
+    """A run started by the launch server (:mod:`.launch_server`), with what ``run_python`` uses
+    of asyncio's ``Process``: ``pid``, ``returncode``, ``stdout``/``stderr`` readers, ``wait()``;
+    ``died`` says why the run was cut short when the server died during it."""
+
+    def __init__(self) -> None:
+        self.launched: Launched | None = None
+        self.pid = 0
+        self.returncode: int | None = None
+        self.died: str | None = None
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
+        self._transports: list[asyncio.BaseTransport] = []
+
+    @classmethod
+    async def start(cls, server: LaunchServer, args: list[str], fds: list[int]) -> ServerRun:
+        """Start the launcher with ``args``; the run gets ``fds`` at their own numbers, stdin from
+        ``/dev/null`` and our pipes as stdout and stderr.
+
+        Raises:
+            LaunchError, ServerDied: the run could not be started.
+        """
+        run, loop = cls(), asyncio.get_running_loop()
+        ours: list[int] = []
+        try:
+            ours.append(os.open(os.devnull, os.O_RDONLY))
+            readers = []
+            for _ in range(2):
+                r, w = os.pipe()
+                ours.append(w)
+                reader = asyncio.StreamReader(limit=2**16, loop=loop)
+                pipe = os.fdopen(r, "rb", buffering=0)
+                transport, _ = await loop.connect_read_pipe(lambda rd=reader: asyncio.StreamReaderProtocol(rd), pipe)
+                run._transports.append(transport)
+                readers.append(reader)
+            run.stdout, run.stderr = readers
+            run.launched = await server.launch(args, [*ours, *fds], fds)
+            run.pid = run.launched.pid
+            return run
+        except BaseException:
+            run.close()
+            raise
+        finally:
+            for fd in ours:  # the run holds its copies
+                os.close(fd)
+
+    async def wait(self) -> int | None:
+        """The exit status (None when the server died during the run: :attr:`died`)."""
+        assert self.launched is not None
+        if self.returncode is None and self.died is None:
+            try:  # shielded: a caller's timeout must not drop the status
+                self.returncode = await asyncio.shield(self.launched.exited)
+            except ServerDied as e:
+                self.died = str(e)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.launched is not None:
+            self.launched.kill()
+
+    def close(self) -> None:
+        for t in self._transports:
+            t.close()
+        self._transports = []
+        if self.launched is not None:
+            self.launched.close()
