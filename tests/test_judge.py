@@ -168,3 +168,22 @@ def test_config_needs_url_and_model():
     with pytest.raises(ConfigError, match="judge_url"):
         RewardConfig(type="judge").check()
     RewardConfig(type="judge", judge_url="http://127.0.0.1:8000/v1", judge_model="m").check()
+
+
+def test_a_verdict_word_is_scored_by_judge_verdicts(judge):
+    judge.reply = lambda p: "The response matches.\nVerdict: Yes" if "Response:\n4\n" in p else "No, it does not match."
+    s = [_sample(), _sample(response="5", i=1)]
+    kw = dict(judge_score_regex=r"(?i)\b(yes|no)\b", judge_max_score=1, judge_verdicts={"yes": 1, "no": 0})
+    counts = _mgr(judge.url, **kw).score(s)
+    assert [x.reward for x in s] == [1.0, 0.0] and counts["reward/judge_unparseable"] == 0
+    jr = JudgeReward("http://127.0.0.1:1/v1", "m", score_regex=r"(\w+)$", max_score=1, verdicts={"yes": 1})
+    with pytest.raises(JudgeFailure, match=r"'maybe' is not a number nor a verdict of reward.judge_verdicts \['yes'\]"):
+        jr.parse("maybe")
+
+
+def test_config_refuses_verdicts_out_of_range():
+    for verdicts in ({"yes": 2.0}, {"yes": "1"}):
+        with pytest.raises(ConfigError, match="judge_verdicts"):
+            RewardConfig(
+                type="judge", judge_url="http://x/v1", judge_model="m", judge_max_score=1, judge_verdicts=verdicts
+            ).check()

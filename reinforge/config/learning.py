@@ -102,6 +102,11 @@ class RewardConfig(Section):
         None, "`type: judge`: the last match is the score (its last group, if any); unset: the last number"
     )
     judge_max_score: float = opt(10.0, "`type: judge`: the score is divided by this (in [0, 1])", gt=0)
+    judge_verdicts: dict[str, float] = opt(
+        {},
+        "`type: judge`: scores of verdict words the regex may capture instead of a number, matched without case: "
+        '`{yes: 1, no: 0}` with `judge_score_regex: "(?i)\\b(yes|no)\\b"` and `judge_max_score: 1`',
+    )
     judge_retries: int = opt(2, "`type: judge`: retries of a failed request (error, timeout, HTTP 429 / 5xx)", ge=0)
     judge_cache_size: int = opt(4096, "`type: judge`: scores kept in memory (same question/response/label)", ge=0)
 
@@ -128,6 +133,12 @@ class RewardConfig(Section):
             raise ConfigError(
                 "reward.type=judge needs reward.judge_url (OpenAI-compatible) and reward.judge_model, or "
                 "reward.judge_model_path (a judge model run by the embedded engine)"
+            )
+        bad = {k: v for k, v in self.judge_verdicts.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+        if bad or any(not 0 <= v <= self.judge_max_score for v in self.judge_verdicts.values()):
+            raise ConfigError(
+                f"reward.judge_verdicts={self.judge_verdicts}: each verdict's score must be a number in "
+                f"[0, reward.judge_max_score={self.judge_max_score:g}]"
             )
         if self.judge_template is not None and "{response}" not in self.judge_template:
             raise ConfigError(

@@ -8,7 +8,8 @@ kinds are this module's for both.
 
 Each sample's question, response and label fill ``reward.judge_template``; the filled prompt is sent
 to ``POST {reward.judge_url}/chat/completions`` (``reward.judge_model``, temperature 0); the score is
-parsed from the answer (``reward.judge_score_regex``, default the last number) and divided by
+parsed from the answer (``reward.judge_score_regex``, default the last number; a verdict word it captures
+is scored by ``reward.judge_verdicts``) and divided by
 ``reward.judge_max_score``. Samples are judged concurrently by the reward manager's threads
 (``reward.concurrency`` requests in flight). A failed request (connection error, timeout, HTTP 429 or
 5xx) is retried ``reward.judge_retries`` times; each request waits at most ``reward.timeout`` s.
@@ -90,6 +91,7 @@ class JudgeReward:
         retries: int = 2,
         cache_size: int = 4096,
         engine: Any = None,
+        verdicts: dict[str, float] | None = None,
     ):
         self.engine = engine
         self.url = (url or "").rstrip("/") + "/chat/completions"
@@ -97,6 +99,7 @@ class JudgeReward:
         self.template = template or DEFAULT_TEMPLATE
         self.regex = re.compile(score_regex or LAST_NUMBER)
         self.max_score = float(max_score)
+        self.verdicts = {str(k).strip().lower(): float(v) for k, v in (verdicts or {}).items()}
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.cache_size = int(cache_size)
@@ -202,11 +205,12 @@ class JudgeReward:
         return out  # type: ignore[return-value]
 
     def parse(self, answer: str) -> float:
-        """The score in ``answer`` divided by ``max_score``.
+        """The score in ``answer`` divided by ``max_score``: the last match of the regex (its last group
+        that matched, if it has groups), a number or a verdict word of ``verdicts`` (without case).
 
         Raises:
-            JudgeFailure: (``judge_unparseable``) no match, a match that is not a number, or a
-                number outside ``[0, max_score]``.
+            JudgeFailure: (``judge_unparseable``) no match, a match that is neither a number nor a
+                verdict, or a score outside ``[0, max_score]``.
         """
         matches = list(self.regex.finditer(answer))
         if not matches:
@@ -216,7 +220,11 @@ class JudgeReward:
         try:
             value = float(text)
         except ValueError:
-            raise JudgeFailure("judge_unparseable", f"judge score {text!r} is not a number") from None
+            verdict = self.verdicts.get(text.strip().lower())
+            if verdict is None:
+                known = f" nor a verdict of reward.judge_verdicts {sorted(self.verdicts)}" if self.verdicts else ""
+                raise JudgeFailure("judge_unparseable", f"judge score {text!r} is not a number{known}") from None
+            value = verdict
         if not 0.0 <= value <= self.max_score:
             raise JudgeFailure(
                 "judge_unparseable", f"judge score {value:g} outside [0, reward.judge_max_score={self.max_score:g}]"
@@ -276,4 +284,5 @@ def judge_from_config(cfg: Any, engine: Any = None) -> JudgeReward:
         cfg.judge_retries,
         cfg.judge_cache_size,
         engine=engine,
+        verdicts=cfg.judge_verdicts,
     )

@@ -259,6 +259,7 @@ class EngineJudge:
         self.engine.sleep(offload_weights=spec.offload_weights)
         self._lock = threading.Lock()
         self.calls = 0  # batched generate calls
+        self.prompt_tokens = self.answer_tokens = 0  # tokens prefilled and generated over all calls
         log.info(
             "embedded judge %s on %s: %d slots of %d tokens (answers of at most %d), asleep between scorings",
             spec.path,
@@ -320,8 +321,10 @@ class EngineJudge:
                         out[i] = JudgeFailure("judge_errors", msg)
                     return out  # type: ignore[return-value]
                 self.engine.sleep(offload_weights=s.offload_weights)
+            self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
             for i, res in zip(where, results):
                 out[i] = self.tokenizer.decode(res[0].token_ids, skip_special_tokens=True)
+                self.answer_tokens += len(res[0].token_ids)
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
