@@ -192,7 +192,6 @@ def kv_cache_plan(
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
     of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """
-    from .engine.fp8 import check_quantization
     from .engine.kv_cache import kv_cache_dtype, plan_kv_layout
     from .models.shape import model_shape
     from .rollout.backends import engine_config_for
@@ -202,7 +201,6 @@ def kv_cache_plan(
     weight_dtype = _engine_dtype(cfg, device)
     try:
         dtype = kv_cache_dtype(cfg.engine.kv_cache_dtype, weight_dtype, device)
-        check_quantization(cfg.engine.quantization, device)  # fp8 weights: compute capability 8.9+
     except ValueError as e:
         raise PreflightError(f"this run cannot start: {e}") from None
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
