@@ -41,6 +41,7 @@ from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult
 from ..utils import trace
 from .attention import bucket
+from .fp8 import quantize_model
 from .kv_cache import plan_kv_layout
 from .runner import LENGTH, MAX_STOP_IDS, STOP, ModelRunner, Snapshot
 from .scheduler import Group, Pending, Scheduler
@@ -68,7 +69,7 @@ class EmbeddedEngine:
     Raises:
         TypeError: ``model`` is not a reinforge ``CausalLM``.
         ValueError: ``record_routes`` for a dense model; ``engine.kv_cache_dtype`` unusable here
-            (:func:`.kv_cache.kv_cache_dtype`).
+            (:func:`.kv_cache.kv_cache_dtype`); ``engine.quantization`` unusable here (:func:`.fp8.quantize_model`).
         MemoryError, ValueError: the KV cache cannot hold one sequence (:func:`.kv_cache.plan_kv_layout`).
     """
 
@@ -87,6 +88,9 @@ class EmbeddedEngine:
         self.model = model.eval().requires_grad_(False)
         self.kernels = self.model.set_variant(Variant.for_inference()).fused_kernels
         self.config = config or EngineConfig()
+        # engine.quantization=fp8: the linear layers' weights in fp8 from here on, synced weights too
+        # (before the KV cache is sized: the bf16 weights' memory is free then)
+        self.fp8 = quantize_model(self.model, self.config.quantization)
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.weight_version = 0
@@ -242,12 +246,14 @@ class EmbeddedEngine:
             self._process(snap)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy new weights (Hugging Face names) into the engine's model in place.
+        """Copy new weights (Hugging Face names) into the engine's model in place; with
+        ``engine.quantization: fp8`` those of the fp8 layers are quantized in place (:mod:`.fp8`).
 
         Raises:
             KeyError: a name that the model does not have.
+            ValueError: a tensor of an fp8 layer with the wrong shape.
         """
-        copy_weights_(self.model, named_tensors)
+        copy_weights_(self.model, self.fp8.load(named_tensors) if self.fp8 is not None else named_tensors)
         self.weight_version = version
 
     def sleep(self, offload_weights: bool = False) -> None:
@@ -262,7 +268,10 @@ class EmbeddedEngine:
         self.runner.free()
         if offload_weights and self.device.type != "cpu":
             self._offloaded_from = self.device
-            self.model.fuse_projections(False)  # .to copies each view on its own: drop the fused matrices
+            if self.fp8 is not None:  # the fp8 layers are no parameters: moved on their own
+                self.fp8.to("cpu")
+            else:
+                self.model.fuse_projections(False)  # .to copies each view on its own: drop the fused matrices
             self.model.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -271,7 +280,10 @@ class EmbeddedEngine:
         """Undo :meth:`sleep`: weights back on the device, KV cache allocated again."""
         if self._offloaded_from is not None:
             self.model.to(self._offloaded_from)
-            self.model.fuse_projections(self.model.variant.fused_projections)
+            if self.fp8 is not None:
+                self.fp8.to(self._offloaded_from)
+            else:
+                self.model.fuse_projections(self.model.variant.fused_projections)
             self._offloaded_from = None
         if self.scheduler is None:
             self._allocate()

@@ -26,6 +26,12 @@ def from_spec(spec) -> Any:
                 f"engine implements, and the transformers fallback (engine.backend=hf) cannot record "
                 f"expert routes; set algo.use_rollout_routing_replay=false"
             )
+        if spec.engine.quantization:
+            raise ValueError(
+                f"engine.quantization={spec.engine.quantization}: {spec.model_path} is not a model the embedded "
+                f"engine implements ({native_models()}), and the transformers fallback keeps its weights as "
+                f"they are; use engine.backend=vllm or set engine.quantization=null"
+            )
 
         log.warning(
             "engine.backend=embedded needs %s; falling back to transformers' generate (engine.backend=hf)",

