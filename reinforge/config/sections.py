@@ -228,6 +228,15 @@ class EngineConfig(Section):
         "the engine's log-probs then differ more from the trainer's (`train/logprob_abs_diff`; "
         "`algo.use_tis` corrects for it). Embedded, vLLM and SGLang engines",
     )
+    quantization: Literal["fp8"] | None = opt(
+        None,
+        "rollout weights (vLLM's and SGLang's `quantization`): `fp8` = the engine's attention and MLP projections "
+        "in float8 e4m3 with one fp32 scale per 128x128 block (DeepSeek-V3's format), quantized at start and at "
+        "every weight sync on the engine's device; embeddings, LM head, norms and routed MoE experts stay in "
+        "`engine.dtype`. Half the weight bytes a decode step reads on a Hopper GPU (block-scaled "
+        "`torch._scaled_mm`); GPUs of compute capability 8.9+; the engine's log-probs differ more from the "
+        "trainer's (`algo.use_tis` corrects for it). Embedded, vLLM and SGLang engines ([engines.md](engines.md))",
+    )
     max_num_seqs: int | Literal["auto"] = opt(
         256,
         "engine slots: sequences decoded at once (vLLM: `max_num_seqs`), at most; an engine is built with no "
@@ -292,6 +301,11 @@ class EngineConfig(Section):
                 f"engine.kv_cache_dtype={self.kv_cache_dtype}: the hf backend (transformers `generate`) "
                 "keeps its cache in the model's dtype; use engine.backend=embedded, vllm or sglang, or "
                 "engine.kv_cache_dtype=auto"
+            )
+        if self.quantization is not None and self.backend == "hf":
+            raise ConfigError(
+                f"engine.quantization={self.quantization}: the hf backend (transformers `generate`) keeps the "
+                "model's weights as they are; use engine.backend=embedded, vllm or sglang, or engine.quantization=null"
             )
 
 
@@ -372,6 +386,26 @@ class TrainConfig(Section):
         "docs/parallelism.md)",
         ge=1,
     )
+    pipeline_model_parallel_size: int = opt(
+        1,
+        "trainer ranks that each hold a stage of consecutive decoder layers (torch.distributed.pipelining, "
+        "1F1B schedule; must divide num_hidden_layers; Megatron's `--pipeline-model-parallel-size`; "
+        "[parallelism.md](parallelism.md#pipeline-parallelism))",
+        ge=1,
+    )
+    virtual_pipeline_model_parallel_size: int = opt(
+        1,
+        "model chunks (virtual stages) per pipeline rank: above 1 the interleaved 1F1B schedule, "
+        "pipeline_model_parallel_size x this stages in all (Megatron's `--virtual-pipeline-model-parallel-size`)",
+        ge=1,
+    )
+
+    def check(self) -> None:
+        from ..parallel_layout import size_problems, train_sizes
+
+        problems = size_problems(*train_sizes(self))
+        if problems:
+            raise ConfigError(problems[0])
 
 
 @dataclass
