@@ -182,8 +182,14 @@ def test_a_verdict_word_is_scored_by_judge_verdicts(judge):
 
 
 def test_config_refuses_verdicts_out_of_range():
-    for verdicts in ({"yes": 2.0}, {"yes": "1"}):
+    for verdicts in ({"yes": 2.0}, {"yes": "1"}, {True: 1}):
         with pytest.raises(ConfigError, match="judge_verdicts"):
             RewardConfig(
                 type="judge", judge_url="http://x/v1", judge_model="m", judge_max_score=1, judge_verdicts=verdicts
             ).check()
+    from reinforge.config import load_config
+
+    with pytest.raises(ConfigError, match="quote them"):  # YAML 1.1: unquoted yes / no are booleans
+        load_config(None, ["reward.type=judge", "reward.judge_model_path=x", "reward.judge_verdicts={yes: 1, no: 0}"])
+    cfg = load_config(None, ["reward.type=judge", "reward.judge_model_path=x", "reward.judge_verdicts={'yes': 1}"])
+    assert cfg.reward.judge_verdicts == {"yes": 1}

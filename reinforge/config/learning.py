@@ -105,7 +105,8 @@ class RewardConfig(Section):
     judge_verdicts: dict[str, float] = opt(
         {},
         "`type: judge`: scores of verdict words the regex may capture instead of a number, matched without case: "
-        '`{yes: 1, no: 0}` with `judge_score_regex: "(?i)\\b(yes|no)\\b"` and `judge_max_score: 1`',
+        "`{'yes': 1, 'no': 0}` (quoted: YAML reads yes / no as booleans) with "
+        '`judge_score_regex: "(?i)\\b(yes|no)\\b"` and `judge_max_score: 1`',
     )
     judge_retries: int = opt(2, "`type: judge`: retries of a failed request (error, timeout, HTTP 429 / 5xx)", ge=0)
     judge_cache_size: int = opt(4096, "`type: judge`: scores kept in memory (same question/response/label)", ge=0)
@@ -133,6 +134,11 @@ class RewardConfig(Section):
             raise ConfigError(
                 "reward.type=judge needs reward.judge_url (OpenAI-compatible) and reward.judge_model, or "
                 "reward.judge_model_path (a judge model run by the embedded engine)"
+            )
+        if any(not isinstance(k, str) for k in self.judge_verdicts):
+            raise ConfigError(
+                f"reward.judge_verdicts={self.judge_verdicts}: its keys must be words; YAML reads yes, no, on, off, "
+                f"true and false unquoted as booleans: quote them ({{'yes': 1, 'no': 0}})"
             )
         bad = {k: v for k, v in self.judge_verdicts.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
         if bad or any(not 0 <= v <= self.judge_max_score for v in self.judge_verdicts.values()):
