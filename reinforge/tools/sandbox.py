@@ -99,35 +99,64 @@ resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 if _nproc > 0:
     resource.setrlimit(resource.RLIMIT_NPROC, (_nproc, _nproc))
 
-import socket as _socket_mod, _socket
-
 def _deny(*args, **kwargs):
     raise PermissionError(1, "%s")
 
-_INET = (_socket.AF_INET, _socket.AF_INET6)
+def _guard(module):  # the network guard, put on socket and _socket as the program imports them
+    for name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname", "gethostbyname_ex",
+                 "gethostbyaddr", "getnameinfo", "fromfd"):
+        if hasattr(module, name):
+            setattr(module, name, _deny)
+    if module.__name__ == "socket":
+        inet = (module.AF_INET, module.AF_INET6)
 
-class _NoInternetSocket(_socket_mod.socket):
-    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-        if fileno is None and (family == -1 or family in _INET):
-            _deny()
-        super().__init__(family, type, proto, fileno)
+        class _NoInternetSocket(module.socket):
+            def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
+                if fileno is None and (family == -1 or family in inet):
+                    _deny()
+                super().__init__(family, type, proto, fileno)
 
-_socket_mod.socket = _NoInternetSocket  # not _socket.socket: socket.socket.__init__ calls it (AF_UNIX would recurse)
-for _name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname", "gethostbyname_ex",
-              "gethostbyaddr", "getnameinfo", "fromfd"):
-    for _m in (_socket_mod, _socket):
-        if hasattr(_m, _name):
-            setattr(_m, _name, _deny)
-del _m, _name
+        module.socket = _NoInternetSocket  # not _socket.socket: socket.socket.__init__ calls it (AF_UNIX would recurse)
 
-import runpy, traceback
+class _GuardLoader:
+    def __init__(self, loader):
+        self.loader = loader
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _guard(module)
+
+class _GuardFinder:  # imports socket (12 ms of CPU: enum classes) only for the programs that use it
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in ("socket", "_socket"):
+            return None
+        for finder in sys.meta_path:
+            if finder is not _GuardFinder and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    spec.loader = _GuardLoader(spec.loader)
+                    return spec
+        return None
+
+sys.meta_path.insert(0, _GuardFinder)
+
 sys.argv = ["main.py"]
 _path = os.path.abspath("main.py")
+_main = type(sys)("__main__")  # as runpy.run_path would (its imports cost 7 ms of each start), kept as __main__
+_main.__file__ = _path
+sys.modules["__main__"] = _main
 try:
-    runpy.run_path(_path, run_name="__main__")
+    with open(_path, "rb") as _f:
+        _code = compile(_f.read(), _path, "exec")
+    exec(_code, _main.__dict__)
 except SystemExit:
     raise
 except BaseException as _e:  # show the user's frames only
+    import traceback
     _tb = _e.__traceback__
     while _tb is not None and _tb.tb_frame.f_code.co_filename != _path:
         _tb = _tb.tb_next
