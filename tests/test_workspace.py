@@ -133,10 +133,13 @@ def test_a_git_base_is_extracted_once_read_only_and_shared(repo, tmp_path):
 
 def test_layers_of_a_killed_process_are_swept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f"{PREFIX}{dead.stdout.strip()}-abc"
-    (stale / "sub").mkdir(parents=True)
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    stale = tmp_path / f"{PREFIX}{ns}-{dead.stdout.strip()}-abc"
+    elsewhere = tmp_path / f"{PREFIX}{ns + 1}-{dead.stdout.strip()}-abc"  # another pid namespace's: not ours to judge
+    for d in (stale, elsewhere):
+        (d / "sub").mkdir(parents=True)
     mine = Workspace(None, tmp_path)
-    assert not stale.exists() and mine.upper.exists()  # the first workspace in a folder sweeps it
+    assert not stale.exists() and elsewhere.exists() and mine.upper.exists()  # the first workspace sweeps
     assert remove_stale(tmp_path) == []  # ours is alive
     mine.close()
 

@@ -1,7 +1,7 @@
 """Copy-on-write workspaces: a shared, read-only base folder and one writable layer per episode.
 
 A :class:`Workspace` is made in O(1) whatever the base's size: a new empty folder (the episode's
-layer, ``reinforge-ws-<pid>-*`` in ``workspace_dir`` or the system's temporary folder) over the
+layer, ``reinforge-ws-<pid namespace>-<pid>-*`` in ``workspace_dir`` or the system's temporary folder) over the
 base, which is never copied nor written. Reads fall through to the base where the episode's layer
 has no such file; writes go to the episode's layer (a whole file at a time: the file is copied up
 as it is written); :meth:`Workspace.close` deletes the layer, and with it every edit. Many episodes
@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-PREFIX = "reinforge-ws-"  # + pid + "-" + random: the episode's layer
+PREFIX = "reinforge-ws-"  # + pid namespace + "-" + pid + "-" + random: the episode's layer
 _swept: set[str] = set()  # parent folders remove_stale ran on in this process
 _COMMIT = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
@@ -65,7 +65,7 @@ class Workspace:
         if parent not in _swept:
             _swept.add(parent)
             remove_stale(parent)
-        self.upper = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
+        self.upper = Path(tempfile.mkdtemp(prefix=f"{_owner()}-", dir=parent))
         os.chmod(self.upper, 0o755)  # the sandbox's uid reads it (the trainer may be root)
 
     @property
@@ -182,16 +182,27 @@ def _walk(root: Path) -> Iterator[tuple[str, int]]:
                 yield os.path.relpath(p, root).replace(os.sep, "/"), st.st_size
 
 
+def _owner() -> str:
+    """``PREFIX<pid namespace>-<pid>``: a layer's owner, as no other process of any pid namespace
+    names itself (a temporary folder may be shared by containers of other pid namespaces)."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{PREFIX}{ns}-{os.getpid()}"
+
+
 def remove_stale(parent: str | Path) -> list[Path]:
     """Delete the episode layers in ``parent`` whose process no longer runs (it was killed before
-    it could close them). Returns the folders removed."""
-    removed = []
+    it could close them): those of this pid namespace whose pid is gone. Returns the folders removed."""
+    removed: list[Path] = []
+    ours = _owner().rsplit("-", 1)[0] + "-"  # PREFIX<pid namespace>-
     try:
-        entries = list(Path(parent).glob(PREFIX + "*"))
+        entries = list(Path(parent).glob(ours + "*"))
     except OSError:
         return removed
     for d in entries:
-        pid = d.name[len(PREFIX) :].split("-")[0]
+        pid = d.name[len(ours) :].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
