@@ -22,6 +22,7 @@ import long_responses as lr  # noqa: E402
 from archs import write_random_model  # noqa: E402
 
 import reinforge.train.actor as actor_mod  # noqa: E402
+import reinforge.train.step as step_mod  # noqa: E402
 from reinforge.train.model_trainer import ModelTrainer  # noqa: E402
 
 PHASES = ("micro_batches", "forward", "log_probs", "backward", "optimizer_step")
@@ -39,7 +40,7 @@ def labelled(name, fn):
 def label_phases() -> None:
     ModelTrainer.micro_batches = labelled("micro_batches", ModelTrainer.micro_batches)
     ModelTrainer.optimizer_step = labelled("optimizer_step", ModelTrainer.optimizer_step)
-    actor_mod.response_logits = labelled("forward", actor_mod.response_logits)
+    step_mod.response_outputs = labelled("forward", step_mod.response_outputs)
     actor_mod.token_log_probs = labelled("log_probs", actor_mod.token_log_probs)
     torch.Tensor.backward = labelled("backward", torch.Tensor.backward)
 

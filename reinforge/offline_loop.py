@@ -27,6 +27,7 @@ from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
 from .models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
 from .models.reward_model import save_reward_model
+from .parallel_layout import Layout
 from .preflight import check_offline, longest_example
 from .recover import changed_settings
 from .train.offline import OfflineTrainer, RefLogps
@@ -82,9 +83,7 @@ class OfflineLoop:
             master_addr or env_addr,
             master_port or env_port,
             self.device,
-            tensor_parallel=cfg.train.tensor_model_parallel_size,
-            context_parallel=cfg.train.context_parallel_size,
-            expert_parallel=cfg.train.expert_model_parallel_size,
+            layout=Layout.of_train(cfg.train, world),
             single_rank_fsdp=cfg.train.fsdp_cpu_offload,
         )
         self.is_main = self.parallel.rank == 0

@@ -9,10 +9,11 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   RoPE scaling such as YaRN counted): the longest prompt + ``rollout.rollout_max_response_len``
   (training), + the evaluation response (``eval.eval_max_response_len``, else the rollout's),
   + ``--max-new-tokens`` (``reinforge generate``); the longest example (``reinforge offline``);
-* **parallel layout**: ``train.tensor_model_parallel_size`` x ``train.context_parallel_size``
-  must divide the trainer ranks, the model must be reinforge's own and its heads (and MLP
-  columns) divisible by them; ``train.expert_model_parallel_size`` must divide the data-parallel
-  ranks and the model's ``num_experts`` (a mixture-of-experts model) (:func:`parallel_problems`);
+* **parallel layout** (the rules: :mod:`reinforge.parallel_layout`): ``train.pipeline_model_parallel_size``
+  x ``train.tensor_model_parallel_size`` x ``train.context_parallel_size`` must divide the trainer ranks,
+  the model must be reinforge's own and its heads, MLP columns and decoder layers divisible by them;
+  ``train.expert_model_parallel_size`` must divide the data-parallel ranks and the model's
+  ``num_experts`` (a mixture-of-experts model) (:func:`parallel_problems`);
 * **token budgets**: ``train.max_tokens_per_gpu`` must hold one whole training sequence (a
   micro-batch never splits a sequence; verl refuses the same in its dynamic batching).
   ``engine.max_prefill_tokens`` and ``train.log_prob_chunk_size`` need not: a longer prompt is
@@ -399,21 +400,21 @@ def trainer_ranks(cfg: Config) -> int:
 
 
 def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int | None) -> list[str]:
-    """``train.tensor_model_parallel_size`` / ``train.context_parallel_size`` /
-    ``train.expert_model_parallel_size`` against the trainer ranks (None: not known here, e.g.
-    torchrun's) and the model: reinforge's own model code, heads and MLP columns they divide
-    (:meth:`reinforge.train.mesh.Layout.model_problems`), experts (a mixture-of-experts model
-    whose ``num_experts`` the expert-parallel size divides: :meth:`~reinforge.train.mesh.Layout.expert_problems`)."""
-    from .train.mesh import Layout
+    """The trainer's parallel layout (:class:`reinforge.parallel_layout.Layout`, where the rules live)
+    against the trainer ranks (None: not known here, e.g. torchrun's) and the model: reinforge's own
+    model code for tensor, context and pipeline parallelism, heads, MLP columns and decoder layers
+    they divide, a mixture-of-experts model whose ``num_experts`` expert parallelism divides."""
+    from .parallel_layout import Layout, size_problems, train_sizes
 
-    t = cfg.train
-    tp, cp, ep = t.tensor_model_parallel_size, t.context_parallel_size, t.expert_model_parallel_size
-    if tp * cp * ep == 1:
+    sizes = train_sizes(cfg.train)
+    if sizes == (1, 1, 1, 1, 1):
         return []
-    out = []
+    out = size_problems(*sizes)
+    if out:
+        return out
     if world_size is not None:
         try:
-            Layout.for_world(world_size, tp, cp, ep)
+            Layout.for_world(world_size, *sizes)
         except ValueError as e:
             local = (
                 " (cluster.mode=local runs one trainer rank: use cluster.mode=ray)"
@@ -421,25 +422,8 @@ def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int
                 else ""
             )
             out.append(f"{e}{local}")
-    if ep > 1:
-        from .models.shape import num_experts
-
-        experts = num_experts(model_config)  # the family reads its key (num_experts, n_routed_experts, ...)
-        out += Layout(ep, 1, 1, ep).expert_problems(experts)
-    if tp * cp == 1:
-        return out
-    if not is_native_config(model_config):
-        from .models.families import native_models
-
-        out.append(
-            f"train.tensor_model_parallel_size={tp} / train.context_parallel_size={cp} need {native_models()}, "
-            f"not model_type {model_config.get('model_type')!r}"
-        )
-        return out
-    heads = model_config["num_attention_heads"]
-    return out + Layout(1, cp, tp).model_problems(
-        heads, model_config.get("num_key_value_heads") or heads, model_config["intermediate_size"]
-    )
+    tp, cp, ep, pp, vpp = sizes
+    return out + Layout(1, cp, tp, ep, pp, vpp).config_problems(model_config)
 
 
 def _raise(problems: list[str]) -> None:
@@ -583,6 +567,11 @@ def check_offline(cfg: Config, model_folder: Path, longest: int) -> None:
     o, model_config = cfg.offline, read_model_config(model_folder)
     # (the world size is torchrun's: checked when the ranks start)
     problems = parallel_problems(cfg, model_config, None)
+    for key in ("context_parallel_size", "pipeline_model_parallel_size"):
+        if getattr(cfg.train, key) > 1:
+            problems.append(
+                f"train.{key}={getattr(cfg.train, key)}: reinforge offline does not run it yet; set it to 1"
+            )
     window = context_window(model_config)
     if window is not None and longest > window.tokens:
         problems.append(

@@ -90,8 +90,8 @@ def test_one_rank_training_with_offload_matches_without(tmp_path, tiny_model_pat
     assert offloaded == plain
     import reinforge.train.model_trainer as mt
 
-    sharded, shard = [], mt.shard_model
-    monkeypatch.setattr(mt, "shard_model", lambda *a, **k: sharded.append(shard(*a, **k)) or sharded[-1])
+    sharded, shard = [], mt.parallelize
+    monkeypatch.setattr(mt, "parallelize", lambda *a, **k: sharded.append(shard(*a, **k)) or sharded[-1])
     _, fsdp = run(tmp_path, tiny_model_path, False, extra=("train.fsdp_cpu_offload=true",))
     assert sharded and all(s.fsdp for s in sharded)  # FSDP2 wrapped the one rank's model
     assert not torch.distributed.is_initialized()  # the run's process group of one is gone

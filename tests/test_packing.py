@@ -175,11 +175,12 @@ def test_attention_mask_and_cu_seqlens():
 
 
 def test_hugging_face_model_refuses_packing(tmp_path, tiny_model_path):
-    from reinforge.train.actor import response_logits
+    from reinforge.train.step import ModelInput, response_outputs
 
     mb = build([[1, 2, 3], [1, 2, 4]], [1, 1], [[1], [1]], [[0, 1]], pad_id=0)
     with pytest.raises(ValueError, match="train.packing=none"):
-        response_logits(torch.nn.Linear(1, 1), mb)
+        inp = ModelInput(mb.input_ids, None, None, (mb.logit_rows, mb.logit_cols))
+        response_outputs(torch.nn.Linear(1, 1), mb, inp)
 
 
 @pytest.mark.slow

@@ -103,13 +103,10 @@ def placement_counts(cfg: Config) -> dict[str, int]:
 def layout_words(cfg: Config, trainers: int) -> str:
     """``trainers`` in words with their parallel layout, e.g. ``"4 (4 trainer ranks = 2 data x 2 tensor)"``
     (the number alone when every rank is data parallel or the sizes do not divide it: config checks say so)."""
-    from ..train.mesh import Layout
+    from ..parallel_layout import Layout
 
-    t = cfg.train
     try:
-        layout = Layout.for_world(
-            trainers, t.tensor_model_parallel_size, t.context_parallel_size, t.expert_model_parallel_size
-        )
+        layout = Layout.of_train(cfg.train, trainers)
     except ValueError:
         return str(trainers)
     return f"{trainers} ({layout.words()})" if layout.dp != trainers or layout.ep > 1 else str(trainers)

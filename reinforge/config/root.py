@@ -89,6 +89,7 @@ class Config:
         for name in SECTIONS:
             getattr(self, name).validate()
         r, t, a, c = self.rollout, self.train, self.algo, self.cluster
+        pp = t.pipeline_model_parallel_size
         samples = r.rollout_batch_size * r.n_samples_per_prompt
         if samples % t.num_steps_per_rollout:
             raise ConfigError(
@@ -204,34 +205,12 @@ class Config:
                     "rollout.custom_generate_function_path (multi-turn / agent samples carry no "
                     "recorded routes): unset one of them"
                 )
-            if t.context_parallel_size > 1:
-                raise ConfigError(
-                    f"algo.use_rollout_routing_replay=true is not supported with "
-                    f"train.context_parallel_size={t.context_parallel_size}: set it to 1"
-                )
-        per_replica = t.tensor_model_parallel_size * t.context_parallel_size
-        if c.mode == "ray" and c.num_trainers % per_replica:
-            raise ConfigError(
-                f"train.tensor_model_parallel_size={t.tensor_model_parallel_size} x "
-                f"train.context_parallel_size={t.context_parallel_size} = {per_replica} does not divide "
-                f"the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes} x "
-                f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): change either"
-            )
-        ep = t.expert_model_parallel_size
-        if ep > 1 and per_replica > 1:
-            raise ConfigError(
-                f"train.expert_model_parallel_size={ep} with train.tensor_model_parallel_size="
-                f"{t.tensor_model_parallel_size} / train.context_parallel_size={t.context_parallel_size}: "
-                f"expert parallelism combines with data parallelism (FSDP) only for now; set the other "
-                f"two to 1"
-            )
-        if c.mode == "ray" and ep > 1 and c.num_trainers % ep:
-            raise ConfigError(
-                f"train.expert_model_parallel_size={ep} does not divide the {c.num_trainers} data-parallel "
-                f"ranks of the {c.num_trainers} trainer ranks (cluster.actor_num_nodes={c.actor_num_nodes}"
-                f" x cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}): experts are split over "
-                f"data-parallel ranks; choose a divisor of {c.num_trainers}"
-            )
+            for key, size in (("context_parallel_size", t.context_parallel_size), ("pipeline_model_parallel_size", pp)):
+                if size > 1:
+                    raise ConfigError(
+                        f"algo.use_rollout_routing_replay=true is not supported with train.{key}={size}: set it to 1"
+                    )
+        self._check_parallel_layout()
         if c.mode == "ray" and e.backend in ("embedded", "hf") and c.rollout_num_gpus_per_engine != 1:
             raise ConfigError(
                 f"engine.backend={e.backend} runs one engine per GPU: "
@@ -239,3 +218,32 @@ class Config:
                 f"engine.backend=vllm)"
             )
         return self
+
+    def _check_parallel_layout(self) -> None:
+        """The trainer's layout (:mod:`reinforge.parallel_layout`) against the Ray placement's trainer
+        ranks, and what pipeline parallelism does not combine with yet."""
+        from ..parallel_layout import Layout
+
+        t, c, pp = self.train, self.cluster, self.train.pipeline_model_parallel_size
+        if c.mode == "ray":
+            world = (
+                f"cluster.actor_num_nodes={c.actor_num_nodes} x cluster.actor_num_gpus_per_node="
+                f"{c.actor_num_gpus_per_node}"
+            )
+            try:
+                Layout.of_train(t, c.num_trainers, world)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        if pp == 1:
+            return
+        unsupported = [
+            (self.algo.needs_critic, f"algo.advantage_estimator={self.algo.advantage_estimator} (a critic)"),
+            (self.model.lora_rank > 0, f"model.lora_rank={self.model.lora_rank} (LoRA)"),
+            (t.moe_aux_loss_coeff > 0, f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff}"),
+        ]
+        for bad, what in unsupported:
+            if bad:
+                raise ConfigError(
+                    f"train.pipeline_model_parallel_size={pp} does not combine with {what} yet: set "
+                    f"train.pipeline_model_parallel_size=1, or change that key"
+                )

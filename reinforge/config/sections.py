@@ -386,6 +386,26 @@ class TrainConfig(Section):
         "docs/parallelism.md)",
         ge=1,
     )
+    pipeline_model_parallel_size: int = opt(
+        1,
+        "trainer ranks that each hold a stage of consecutive decoder layers (torch.distributed.pipelining, "
+        "1F1B schedule; must divide num_hidden_layers; Megatron's `--pipeline-model-parallel-size`; "
+        "[parallelism.md](parallelism.md#pipeline-parallelism))",
+        ge=1,
+    )
+    virtual_pipeline_model_parallel_size: int = opt(
+        1,
+        "model chunks (virtual stages) per pipeline rank: above 1 the interleaved 1F1B schedule, "
+        "pipeline_model_parallel_size x this stages in all (Megatron's `--virtual-pipeline-model-parallel-size`)",
+        ge=1,
+    )
+
+    def check(self) -> None:
+        from ..parallel_layout import size_problems, train_sizes
+
+        problems = size_problems(*train_sizes(self))
+        if problems:
+            raise ConfigError(problems[0])
 
 
 @dataclass

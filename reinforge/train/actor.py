@@ -14,18 +14,18 @@ from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
 from ..models.families import moe_models, native_models
-from ..models.loading import build_model, is_native, named_weights, set_gradient_checkpointing
+from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.moe import Routing
 from ..records import Sample
 from ..utils import faults, seeds, trace
 from .batching import MicroBatch
-from .context_parallel import SequenceShard
-from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
 from .routing_replay import replay_experts
+from .step import Head, RoutingFn, forward_backward, forward_only
 
-__all__ = ["Actor", "TrainData", "response_logits"]
+__all__ = ["Actor", "TrainData"]
 
 
 @dataclass
@@ -41,35 +41,6 @@ class TrainData:
     advantages: list[torch.Tensor]
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
-
-
-def response_logits(
-    model: nn.Module, mb: MicroBatch, shard: SequenceShard | None = None, routing: Routing | None = None
-) -> torch.Tensor:
-    """Logits [N, V] that predict the N response tokens of ``mb`` (the response grid's row-major
-    order); rows holding several sequences run with :class:`~reinforge.models.packing.PackedAttention`.
-    With ``shard`` (context parallelism) only this rank's positions run: logits [n, V] of the
-    tokens ``shard.own``. ``routing``: a mixture-of-experts model's
-    :class:`~reinforge.models.moe.Routing` (native models; not with ``shard``).
-
-    Raises:
-        ValueError: a packed micro-batch (``train.packing`` other than ``none``) for a Hugging Face model.
-    """
-    if shard is not None:
-        if routing is not None:
-            raise ValueError(
-                "context parallelism with a mixture-of-experts routing record / replay / aux loss is not "
-                "supported: set train.context_parallel_size=1 for this model"
-            )
-        return model(shard.input_ids, shard.position_ids, shard.ctx, logits_mask=shard.index)
-    index = (mb.logit_rows, mb.logit_cols)
-    if is_native(model):
-        return model(mb.input_ids, mb.position_ids, mb.attention(), logits_mask=index, routing=routing)
-    if mb.packed:
-        raise ValueError(
-            f"train.packing: sequences / shared_prompt need {native_models()}; use train.packing=none for this model"
-        )
-    return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[index]
 
 
 class Actor(ModelTrainer):
@@ -90,13 +61,8 @@ class Actor(ModelTrainer):
     ):
         t, m, a = cfg.train, cfg.model, cfg.algo
         model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        set_gradient_checkpointing(model, m.gradient_checkpointing, m.recompute_num_layers)
-        if m.torch_compile:
-            if not is_native(model) or m.lora_rank:
-                raise ValueError(
-                    f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false"
-                )
-            model.compile_layers()
+        if m.torch_compile and (not is_native(model) or m.lora_rank):  # (compiled in parallelize)
+            raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false")
         if m.lora_rank:
             model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
         if t.moe_aux_loss_coeff > 0 and not (is_native(model) and model.args.moe_layers):
@@ -120,6 +86,7 @@ class Actor(ModelTrainer):
             name="actor",
             parallel=parallel,
             pad_id=pad_id,
+            compile_layers=m.torch_compile,
         )
         self.cfg = cfg
         self.ref: nn.Module | None = None
@@ -134,9 +101,12 @@ class Actor(ModelTrainer):
     def named_weights(self):
         """(Hugging Face name, full tensor) pairs of the current policy (for weight sync); LoRA
         adapters are merged into their base weights. With FSDP every rank must iterate it (each
-        tensor is an all-gather)."""
+        tensor is an all-gather; with pipeline parallelism also a broadcast from its stage)."""
         if has_lora(self.model):
             yield from merged_named_weights(self.model, full_tensor)
+            return
+        if self.pipeline is not None:  # every weight from the stage that holds it, on every rank
+            yield from self.pipeline.full_named_weights(full_tensor)
             return
         for name, t in named_weights(self.model):
             yield name, full_tensor(t)
@@ -149,25 +119,15 @@ class Actor(ModelTrainer):
         state = {n: t.detach().cpu() for n, t in self.named_weights()}
         return state if self.parallel.rank == 0 else {}
 
-    def _token_log_probs(
-        self, model: nn.Module, mb: MicroBatch, entropy: str = "none", routing: Routing | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log pi(token) [N] at response positions, at the rollout temperature, and the
-        entropy [N] (``entropy``: none, metric = without gradient, loss = with gradient)."""
-        shard = self.sequence_shard(mb)
-        with self.autocast():
-            logits = response_logits(model, mb, shard, routing)
-        targets = mb.targets[mb.response_mask]
-        lp, ent = token_log_probs(
-            logits,
-            targets if shard is None else targets[shard.own],
-            self.cfg.rollout.rollout_temperature,
-            self.settings.log_prob_chunk_size,
-            with_entropy=entropy != "none",
-        )
-        if shard is not None:  # every rank of the context-parallel group: all N tokens
-            lp, ent = shard.gather(lp), (shard.gather(ent) if ent is not None else None)
-        return lp, (ent.detach() if entropy == "metric" else ent)
+    def _head(self, with_entropy: bool = False) -> Head:
+        """The log-prob head: log pi(token) [n] at the rollout temperature and, ``with_entropy``, the
+        entropy [n] (:func:`~reinforge.algo.logprobs.token_log_probs`, in chunks over the vocabulary)."""
+        temperature, chunk = self.cfg.rollout.rollout_temperature, self.settings.log_prob_chunk_size
+
+        def head(logits: torch.Tensor, targets: torch.Tensor):
+            return token_log_probs(logits, targets, temperature, chunk, with_entropy=with_entropy)
+
+        return head
 
     @torch.no_grad()
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -182,10 +142,13 @@ class Actor(ModelTrainer):
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
         with base, self._out_of_memory_in("reference log-prob pass" if reference else "log-prob pass"):
-            for mb in mbs:  # the reference model's router decides (no replay)
-                self._current_mb = mb
-                lp, _ = self._token_log_probs(model, mb, routing=self._routing(mb, samples, replay=not reference))
-                self.split_rows(mb, self.to_grid(mb, lp), out)
+            # the reference model's router decides (no replay)
+            values = forward_only(
+                self, model, mbs, self._head(), routing=self._routing_fn(samples, replay=not reference)
+            )
+        for mb, v in zip(mbs, values):
+            if v is not None:  # (pipeline parallelism: the last stage's)
+                self.split_rows(mb, self.to_grid(mb, v[0]), out)
         model.train(was_training)
         return self.gather_rows(out)
 
@@ -218,6 +181,12 @@ class Actor(ModelTrainer):
         if ids is None and not aux_loss:
             return None
         return Routing(replay=ids, aux_loss=aux_loss, token_mask=mb.attention_mask if aux_loss else None)
+
+    def _routing_fn(self, samples: list[Sample], aux_loss: bool = False, replay: bool = True) -> RoutingFn | None:
+        """:meth:`_routing` per micro-batch for the step module, None when a pass needs no routing."""
+        if not aux_loss and not (replay and self.replay_routes):
+            return None
+        return lambda mb: self._routing(mb, samples, aux_loss, replay)
 
     def train(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         """Run ``train.num_steps_per_rollout`` optimizer steps over the rollout's samples.
@@ -267,10 +236,9 @@ class Actor(ModelTrainer):
             log_ratio = token_log_ratios(
                 per_token["old_log_probs"], per_token["rollout_log_probs"], [s.loss_mask for s in samples]
             )
-        else:  # the step's forward pass gave them: each rank's tokens, gathered
-            log_ratio = torch.cat(
-                self.parallel.gather_objects(torch.cat(ratios) if ratios else torch.zeros(0), dp_only=True)
-            )
+        else:  # the step's forward pass gave them: each model replica's tokens (from the rank that reports), gathered
+            mine = torch.cat(ratios) if ratios and self.parallel.reports else torch.zeros(0)
+            log_ratio = torch.cat(self.parallel.gather_objects(mine))
         metrics.update({f"train/{k}": v for k, v in mismatch_stats(log_ratio).items()})
         return metrics
 
@@ -294,17 +262,19 @@ class Actor(ModelTrainer):
         if not use_kl and a.entropy_coef == 0:
             idx = [i for i in idx if bool(per_token["advantages"][i].any())]
         mbs, real = self.rank_micro_batches(samples, idx, per_token)
-        # per-token sums stay on the device until the step ends (one synchronisation, not ~10 per micro-batch)
-        sums: dict[str, float | torch.Tensor] = dict.fromkeys(("loss", "trained_tokens", *STAT_KEYS), 0.0)
         aux_coeff = self.cfg.train.moe_aux_loss_coeff
-        if aux_coeff > 0:  # every rank reports the key (the sum over ranks needs the same keys)
-            sums["moe_aux_loss"] = 0.0
+        keys = [*STAT_KEYS, *(["moe_aux_loss"] if aux_coeff > 0 else [])]  # every rank reports every key
+        routes: dict[int, Routing | None] = {}
+        routing = self._routing_fn(samples, aux_loss=aux_coeff > 0)
+
+        def route(mb: MicroBatch) -> Routing | None:  # the load-balancing loss over the real tokens (no padding)
+            routes[id(mb)] = r = routing(mb) if routing is not None else None
+            return r
+
         log_ratio_grids = []
-        for mb in trace.spans_over("micro_batch", mbs, "train"):
-            self._current_mb = mb
-            # the load-balancing loss over the micro-batch's real tokens (padding left out)
-            routing = self._routing(mb, samples, aux_loss=aux_coeff > 0)
-            lp, ent = self._token_log_probs(self.model, mb, "loss" if a.entropy_coef > 0 else "metric", routing)
+
+        def loss_fn(i: int, mb: MicroBatch, values) -> tuple[torch.Tensor, dict]:
+            lp, ent = values
             lp_grid, f = self.to_grid(mb, lp), mb.fields
             inputs = ObjectiveInputs(
                 log_probs=lp_grid,
@@ -312,7 +282,7 @@ class Actor(ModelTrainer):
                 rollout_log_probs=f["rollout_log_probs"],
                 advantages=f["advantages"],
                 mask=mb.loss_mask,
-                entropy=self.to_grid(mb, ent),
+                entropy=self.to_grid(mb, ent if a.entropy_coef > 0 else ent.detach()),
                 ref_log_probs=f.get("ref_log_probs"),
             )
             loss, stats = policy_objective(
@@ -323,21 +293,21 @@ class Actor(ModelTrainer):
                 num_seqs=num_seqs,
                 norm_length=self.cfg.rollout.rollout_max_response_len,
             )
-            if aux_coeff > 0 and routing is not None:  # weighted by the micro-batch's share of the step's loss tokens
-                aux = routing.load_balancing_loss() * (mb.loss_mask.sum() / max(num_tokens, 1.0))
+            r = routes.get(id(mb))
+            if aux_coeff > 0 and r is not None:  # weighted by the micro-batch's share of the step's loss tokens
+                aux = r.load_balancing_loss() * (mb.loss_mask.sum() / max(num_tokens, 1.0))
                 loss = loss + aux_coeff * aux
-                sums["moe_aux_loss"] += aux.detach() * num_tokens  # mean over tokens below
+                stats = {**stats, "moe_aux_loss": aux.detach() * num_tokens}  # mean over tokens below
             if faults.hit("nan_loss"):  # fault injection (tests); a no-op unless REINFORGE_FAULT arms it
                 loss = loss * float("nan")
-            (loss * self.loss_scale).backward()
-            sums["loss"] += loss.detach()
-            for k, v in stats.items():
-                sums[k] += v
             if ratios is not None:
                 log_ratio_grids.append((inputs.old_log_probs - inputs.rollout_log_probs, mb.loss_mask))
-        for mb in mbs[:real]:
-            sums["trained_tokens"] += mb.loss_mask.sum()
-        sums = to_floats(sums)
+            return loss, stats
+
+        sums = forward_backward(
+            self, self.model, mbs, self._head(with_entropy=True), loss_fn, keys, routing=route if routing else None
+        )
+        sums["trained_tokens"] = float(sum(mb.loss_mask.sum() for mb in mbs[:real])) if real else 0.0
         with trace.span("optimizer_step", "train"):
             grad_norm, _ = self.optimizer_step(sums["loss"], bool(mbs))
         if ratios is not None:

@@ -10,12 +10,13 @@ from torch import nn
 from ..algo.losses import aggregate, clipped_value_loss
 from ..config import Config
 from ..models.families import native_models
-from ..models.loading import build_model, is_native, set_gradient_checkpointing
+from ..models.loading import build_model, is_native
 from ..records import Sample
 from ..utils import seeds
 from .batching import MicroBatch
-from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps, to_floats
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext
+from .step import forward_backward, forward_only
 
 
 class ValueModel(nn.Module):
@@ -35,10 +36,20 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, ctx=None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        ctx=None,
+        logits_mask: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Values [B, T] (fp32): V at position t estimates the return from token t + 1 on
-        (``position_ids`` / ``ctx``: packed rows, as :meth:`CausalLM.forward_hidden`)."""
-        return self.value_head(self.backbone.forward_hidden(input_ids, position_ids, ctx)).squeeze(-1).float()
+        (``position_ids`` / ``ctx``: packed rows, as :meth:`CausalLM.forward_hidden`); with
+        ``logits_mask`` (rows [n], columns [n]) only those positions' values, [n]."""
+        hidden = self.backbone.forward_hidden(input_ids, position_ids, ctx)
+        if logits_mask is not None:
+            hidden = hidden[logits_mask]
+        return self.value_head(hidden).squeeze(-1).float()
 
 
 class Critic(ModelTrainer):
@@ -54,8 +65,7 @@ class Critic(ModelTrainer):
     ):
         c, t, m = cfg.critic, cfg.train, cfg.model
         backbone = build_model(path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        set_gradient_checkpointing(backbone, m.gradient_checkpointing, m.recompute_num_layers)
-        model = ValueModel(backbone).train()
+        model = ValueModel(backbone).train()  # (the backbone's activation checkpointing: in parallelize)
         super().__init__(
             model,
             device,
@@ -67,15 +77,10 @@ class Critic(ModelTrainer):
         )
         self.value_clip, self.num_steps, self.seed = c.value_clip, t.num_steps_per_rollout, t.seed
 
-    def _values(self, mb: MicroBatch) -> torch.Tensor:
-        """V(s_t) on the [S, L] response grid: the value at the position that predicts each response token."""
-        shard = self.sequence_shard(mb)
-        with self.autocast():
-            if shard is None:
-                values = self.model(mb.input_ids, mb.position_ids, mb.attention())[mb.logit_rows, mb.logit_cols]
-            else:  # context parallelism: this rank's positions, then all N values on every rank of the group
-                values = shard.gather(self.model(shard.input_ids, shard.position_ids, shard.ctx)[shard.index])
-        return self.to_grid(mb, values)
+    @staticmethod
+    def _head(values: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+        """The value head's outputs are the values (V(s_t) at the position that predicts each response token)."""
+        return (values,)
 
     @torch.no_grad()
     def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -83,8 +88,8 @@ class Critic(ModelTrainer):
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
-        for mb in mbs:
-            self.split_rows(mb, self._values(mb), out)
+        for mb, v in zip(mbs, forward_only(self, self.model, mbs, self._head)):
+            self.split_rows(mb, self.to_grid(mb, v[0]), out)
         self.model.train()
         return self.gather_rows(out)
 
@@ -102,21 +107,19 @@ class Critic(ModelTrainer):
         self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
     ) -> dict[str, float]:
         num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
-        sums: dict[str, float | torch.Tensor] = {"value_loss": 0.0, "value_clipfrac": 0.0, "values": 0.0}
-        loss_sum: float | torch.Tensor = 0.0
         mbs, _ = self.rank_micro_batches(samples, idx, per_token)
-        for mb in mbs:
-            values = self._values(mb)
-            f = mb.fields
+
+        def loss_fn(i: int, mb: MicroBatch, out) -> tuple[torch.Tensor, dict]:
+            values, f, m = self.to_grid(mb, out[0]), mb.fields, mb.loss_mask
             loss_tok, clipped = clipped_value_loss(values, f["old_values"], f["returns"], self.value_clip)
-            loss = aggregate(loss_tok, mb.loss_mask, "token_mean", num_tokens=num_tokens)
-            (loss * self.loss_scale).backward()
-            loss_sum += loss.detach()
-            m = mb.loss_mask
-            sums["value_loss"] += (loss_tok.detach() * m).sum()
-            sums["value_clipfrac"] += (clipped.float() * m).sum()
-            sums["values"] += (values.detach() * m).sum()
-        sums = to_floats({**sums, "loss": loss_sum})
+            loss = aggregate(loss_tok, m, "token_mean", num_tokens=num_tokens)
+            return loss, {
+                "value_loss": (loss_tok.detach() * m).sum(),
+                "value_clipfrac": (clipped.float() * m).sum(),
+                "values": (values.detach() * m).sum(),
+            }
+
+        sums = forward_backward(self, self.model, mbs, self._head, loss_fn, ("value_loss", "value_clipfrac", "values"))
         grad_norm, _ = self.optimizer_step(sums.pop("loss"), bool(mbs))
         sums = self.parallel.sum_floats(sums)
         step = {f"critic/{k}": v / max(num_tokens, 1.0) for k, v in sums.items()}

@@ -1,8 +1,13 @@
-"""The trainer's device mesh: data x context x tensor parallelism, composed as torchtitan does.
+"""The trainer's device mesh: pipeline x data x context x tensor parallelism, composed as torchtitan does.
 
-The trainer ranks form a 3-D mesh ``(dp, cp, tp)`` (``init_device_mesh``, dimensions named
-``dp``, ``cp``, ``tp``; ``tp`` innermost, so a tensor-parallel group is made of neighbouring
-ranks, on one node when it fits):
+The sizes and their rules are :class:`~reinforge.parallel_layout.Layout`'s. The trainer ranks form
+a 3-D mesh ``(dp, cp, tp)`` (``init_device_mesh``, dimensions named ``dp``, ``cp``, ``tp``; ``tp``
+innermost, so a tensor-parallel group is made of neighbouring ranks, on one node when it fits),
+4-D ``(pp, dp, cp, tp)`` with pipeline parallelism:
+
+* ``pp`` (``train.pipeline_model_parallel_size``, outermost): each rank of a pipeline holds the
+  decoder layers of its stage(s) (:mod:`reinforge.train.pipeline`); activations travel between
+  neighbouring stages point to point. The ranks of one pipeline take the same samples.
 
 * ``tp`` (``train.tensor_model_parallel_size``): as the model family plans it (``Family.tp_plan``,
   :mod:`reinforge.models.families`; every registered family keeps the default), each decoder
@@ -40,112 +45,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models.families import moe_models
+from ..parallel_layout import KEYS, Layout
+
+__all__ = ["KEYS", "Layout", "TrainMesh"]
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 log = logging.getLogger(__name__)
-
-KEYS = {
-    "tp": "train.tensor_model_parallel_size",
-    "cp": "train.context_parallel_size",
-    "ep": "train.expert_model_parallel_size",
-}
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How many trainer ranks each dimension takes: ``dp * cp * tp`` = the world size; ``ep``
-    (expert parallelism) divides ``dp``: its ranks are data-parallel ranks too."""
-
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-    ep: int = 1
-
-    @property
-    def edp(self) -> int:
-        """The data-parallel ranks that hold the same experts (FSDP shards the experts over them)."""
-        return self.dp // self.ep
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.cp * self.tp
-
-    @classmethod
-    def for_world(cls, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1) -> Layout:
-        """The layout of ``world_size`` ranks with ``tp`` x ``cp`` ranks per model replica and the
-        experts split over ``ep`` of the data-parallel ranks.
-
-        Raises:
-            ValueError: a size below 1, ``tp * cp`` does not divide ``world_size``, ``ep`` does not
-                divide the data-parallel ranks ``world_size / (tp * cp)``, or ``ep`` > 1 with
-                ``tp`` or ``cp`` > 1 (not supported yet); the message names the keys and the world size.
-        """
-        if tp < 1 or cp < 1 or ep < 1:
-            raise ValueError(f"{KEYS['tp']}={tp}, {KEYS['cp']}={cp} and {KEYS['ep']}={ep} must be >= 1")
-        if world_size % (tp * cp):
-            raise ValueError(
-                f"{KEYS['tp']}={tp} x {KEYS['cp']}={cp} = {tp * cp} does not divide the {world_size} "
-                f"trainer rank(s) (cluster.actor_num_nodes x cluster.actor_num_gpus_per_node, or "
-                f"torchrun's WORLD_SIZE): choose sizes whose product divides it"
-            )
-        dp = world_size // (tp * cp)
-        if ep > 1 and (tp > 1 or cp > 1):
-            raise ValueError(
-                f"{KEYS['ep']}={ep} with {KEYS['tp']}={tp} / {KEYS['cp']}={cp}: expert parallelism "
-                f"combines with data parallelism (FSDP) only for now; set the other two to 1"
-            )
-        if dp % ep:
-            raise ValueError(
-                f"{KEYS['ep']}={ep} does not divide the {dp} data-parallel rank(s) of the {world_size} "
-                f"trainer rank(s) (world size / ({KEYS['tp']}={tp} x {KEYS['cp']}={cp})): experts are "
-                f"split over data-parallel ranks; choose a divisor of {dp}"
-            )
-        return cls(dp, cp, tp, ep)
-
-    def words(self) -> str:
-        """E.g. ``"4 trainer ranks = 2 data x 2 tensor"``, ``"4 trainer ranks = 4 data (experts over 2)"``
-        (dimensions of size 1 left out, but for data)."""
-        parts = [f"{self.dp} data" + (f" (experts over {self.ep})" if self.ep > 1 else "")]
-        parts += [f"{n} {name}" for n, name in ((self.cp, "context"), (self.tp, "tensor")) if n > 1]
-        return f"{self.world_size} trainer rank{'s' if self.world_size > 1 else ''} = {' x '.join(parts)}"
-
-    def expert_problems(self, num_experts: int) -> list[str]:
-        """What the model's experts do not allow (empty: fine): ``ep`` must divide ``num_experts``
-        (0 for a dense model, which expert parallelism does not apply to)."""
-        if self.ep == 1:
-            return []
-        if num_experts == 0:
-            return [f"{KEYS['ep']}={self.ep} needs {moe_models()}; this one is dense: set {KEYS['ep']}=1"]
-        if num_experts % self.ep:
-            return [
-                f"{KEYS['ep']}={self.ep} must divide the model's num_experts={num_experts} (each expert-parallel "
-                f"rank holds num_experts / {KEYS['ep']} experts)"
-            ]
-        return []
-
-    def model_problems(self, num_heads: int, num_kv_heads: int, intermediate_size: int) -> list[str]:
-        """What the model's shape does not allow (empty: fine). Tensor parallelism splits the query
-        heads, the key/value heads and the MLP columns; context parallelism (Ulysses) splits each
-        rank's query heads again. Key/value heads that ``cp`` does not divide are repeated to one per
-        query head before the all-to-all (more traffic, same result), so only the query heads must divide."""
-        out = []
-        tp, cp = self.tp, self.cp
-        for name, n in (
-            ("num_attention_heads", num_heads),
-            ("num_key_value_heads", num_kv_heads),
-            ("intermediate_size", intermediate_size),
-        ):
-            if n % tp:
-                out.append(f"{KEYS['tp']}={tp} must divide the model's {name}={n}")
-        if not out and (num_heads // tp) % cp:
-            out.append(
-                f"{KEYS['cp']}={cp} must divide the query heads per tensor-parallel rank "
-                f"(num_attention_heads={num_heads} / {KEYS['tp']}={tp} = {num_heads // tp})"
-            )
-        return out
 
 
 @dataclass
@@ -155,12 +62,14 @@ class TrainMesh:
     Attributes:
         layout: the sizes.
         mesh: the 3-D ``DeviceMesh`` (dims ``dp``, ``cp``, ``tp``); with expert parallelism 4-D
-            (``edp``, ``ep``, ``cp``, ``tp``, with ``dp`` their first two flattened).
+            (``edp``, ``ep``, ``cp``, ``tp``, with ``dp`` their first two flattened); with pipeline
+            parallelism 4-D (``pp``, ``dp``, ``cp``, ``tp``).
     """
 
     layout: Layout
     mesh: DeviceMesh
     dp_mesh: DeviceMesh | None = None  # with expert parallelism: edp x ep flattened (kept, not sliced by name)
+    _pair_group: Any = None  # (pipeline) the first and last stage of this rank's pipeline: built on first use
 
     @classmethod
     def build(cls, layout: Layout, device_type: str) -> TrainMesh:
@@ -175,6 +84,9 @@ class TrainMesh:
                 device_type, (layout.edp, layout.ep, layout.cp, layout.tp), mesh_dim_names=("edp", "ep", "cp", "tp")
             )
             dp_mesh = mesh["edp", "ep"]._flatten("dp")
+        elif layout.pp > 1:
+            shape, names = (layout.pp, layout.dp, layout.cp, layout.tp), ("pp", "dp", "cp", "tp")
+            mesh, dp_mesh = init_device_mesh(device_type, shape, mesh_dim_names=names), None
         else:
             mesh = init_device_mesh(device_type, (layout.dp, layout.cp, layout.tp), mesh_dim_names=("dp", "cp", "tp"))
             dp_mesh = None
@@ -191,6 +103,22 @@ class TrainMesh:
 
     def group(self, dim: str) -> dist.ProcessGroup:
         return self.sub(dim).get_group()
+
+    def pipeline_ends(self) -> dist.ProcessGroup:
+        """The process group of the first and the last stage of this rank's pipeline (the ranks that
+        hold a tied embedding and its LM-head copy); the pipeline group itself when ``pp`` is 2. A
+        collective the first time: every rank builds every pipeline's pair in the same order."""
+        if self._pair_group is None:
+            if self.layout.pp == 2:
+                self._pair_group = self.group("pp")
+            else:
+                pipelines = self.mesh.mesh.movedim(0, -1).reshape(-1, self.layout.pp).tolist()
+                me = dist.get_rank()
+                for ranks in pipelines:  # dist.new_group is a collective over the world: all pairs, everywhere
+                    group = dist.new_group([ranks[0], ranks[-1]])
+                    if me in ranks:
+                        self._pair_group = group
+        return self._pair_group
 
     @property
     def fsdp_mesh(self) -> DeviceMesh | None:
@@ -305,13 +233,15 @@ def sum_tensor_parallel_grads(params: list[nn.Parameter], group: dist.ProcessGro
             dist.all_reduce(g, group=group)
 
 
-def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+def grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The 2-norm of all gradients as one fp32 scalar tensor, the same on every rank.
 
     Gradients may be plain tensors (one process, or replicated over tensor parallelism) or DTensors
     on different meshes (FSDP's 1-D ``dp`` mesh for replicated parameters, the 2-D ``dp x tp`` mesh
     for tensor-parallel ones): each mesh's group is normed alone (a DTensor norm reduces over its
-    own mesh only, so replicated copies are not counted twice) and the groups are combined.
+    own mesh only, so replicated copies are not counted twice) and the groups are combined. With
+    pipeline parallelism (``pp_group``) each stage holds other parameters: the squares are summed
+    over the pipeline (the caller leaves a tied LM-head copy out of ``params``).
     """
     groups: dict[Any, list[torch.Tensor]] = {}
     for p in params:
@@ -322,13 +252,23 @@ def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
         n = torch.nn.utils.get_total_norm(grads, 2.0)
         n = n.full_tensor() if hasattr(n, "full_tensor") else n
         total = total + n.detach().float().cpu() ** 2
+    if pp_group is not None:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(pp_group) == "nccl" else "cpu"
+        total = total.to(device)
+        dist.all_reduce(total, group=pp_group)
+        total = total.cpu()
     return total.sqrt()
 
 
-def clip_grads(params: list[nn.Parameter], max_norm: float) -> float:
+def clip_grads(
+    params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None = None, also: list | None = None
+) -> float:
     """Scale the gradients so that their norm is at most ``max_norm`` (as ``clip_grad_norm_``, on
-    any mix of meshes). Returns the norm before clipping (NaN / Inf left as they are: the caller skips)."""
-    norm = float(grad_norm(params))
+    any mix of meshes; over the pipeline with ``pp_group``; ``also``: parameters scaled but not
+    counted, a tied LM-head copy). Returns the norm before clipping (NaN / Inf left as they are: the
+    caller skips)."""
+    norm = float(grad_norm(params, pp_group))
+    params = params + (also or [])
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0:
         for p in params:

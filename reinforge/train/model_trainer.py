@@ -21,7 +21,8 @@ from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
 from .context_parallel import SequenceShard
 from .mesh import clip_grads, sum_tensor_parallel_grads
 from .offload import build_adamw
-from .parallel import ParallelContext, partition_by_tokens, shard_model
+from .parallel import ParallelContext, full_tensor, parallelize, partition_by_tokens
+from .pipeline import Pipeline
 from .schedule import lr_multiplier
 
 if TYPE_CHECKING:
@@ -78,8 +79,8 @@ class OptimizerSettings:
 
 @dataclass
 class TrainSettings:
-    """How a model is run: precision, micro-batch budget, log-prob chunk, FSDP offload (from
-    ``model.*`` / ``train.*``)."""
+    """How a model is run: precision, micro-batch budget, log-prob chunk, FSDP offload, activation
+    checkpointing (from ``model.*`` / ``train.*``)."""
 
     train_dtype: str = "auto"
     max_tokens_per_gpu: int = 8192
@@ -88,6 +89,8 @@ class TrainSettings:
     optimizer_offload: bool = False
     packing: str = "none"
     fused_kernels: bool = False
+    gradient_checkpointing: bool = False
+    recompute_num_layers: int | None = None
 
     @classmethod
     def from_config(cls, m: ModelConfig, t: TrainConfig) -> TrainSettings:
@@ -99,17 +102,9 @@ class TrainSettings:
             optimizer_offload=t.optimizer_offload,
             packing=t.packing,
             fused_kernels=m.fused_kernels and not m.torch_compile,
+            gradient_checkpointing=m.gradient_checkpointing,
+            recompute_num_layers=m.recompute_num_layers,
         )
-
-
-def to_floats(values: dict[str, float | torch.Tensor]) -> dict[str, float]:
-    """A dict of floats and scalar tensors as floats, with one device-to-host copy for all the
-    tensors (a training step accumulates its metrics on the device and synchronises once)."""
-    out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
-    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
-    if keys:
-        out.update(zip(keys, torch.stack([values[k].detach().double() for k in keys]).tolist()))
-    return {k: out[k] for k in values}
 
 
 class ModelTrainer:
@@ -126,7 +121,10 @@ class ModelTrainer:
         settings: precision, micro-batch budget, offload.
         name: for log messages ("actor", "critic").
         parallel: this process's rank among the trainer ranks.
+        compile_layers: ``torch.compile`` each decoder layer (``model.torch_compile``).
     """
+
+    _current_mb: MicroBatch | None = None  # the micro-batch running (for an out-of-memory message)
 
     def __init__(
         self,
@@ -138,6 +136,7 @@ class ModelTrainer:
         name: str,
         parallel: ParallelContext | None = None,
         pad_id: int = 0,
+        compile_layers: bool = False,
     ):
         self.device, self.name, self.optim, self.settings = device, name, optim, settings
         self.parallel = parallel or ParallelContext()
@@ -151,15 +150,15 @@ class ModelTrainer:
             for m in model.modules():
                 if isinstance(m, CausalLM):
                     m.set_variant(Variant(fused_kernels=True))
-        # the mesh's layout: tensor / context parallel groups, FSDP2 over dp x cp (train/parallel.py)
-        sharded = shard_model(
-            model,
-            self.parallel,
-            mixed_precision=self.compute_dtype() is not None,
-            cpu_offload=settings.fsdp_cpu_offload,
+        # the mesh's layout: pipeline stages, tensor / context / expert parallelism, recompute, compile,
+        # FSDP2 over dp x cp (train/parallel.py)
+        self._pipelines: dict[int, Pipeline] = {}
+        sharded = self._parallelize(
+            model, (settings.gradient_checkpointing, settings.recompute_num_layers), compile_layers
         )
         self.fsdp, self.grad_divisor, self.tp_partial = sharded.fsdp, sharded.grad_divisor, sharded.tp_partial
         self.model = model
+        self.pipeline = sharded.pipeline
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_adamw(  # train.optimizer_offload: the moments in CPU memory (train/offload.py)
             params,
@@ -185,15 +184,27 @@ class ModelTrainer:
             return None
         return torch.bfloat16
 
-    def shard(self, model: nn.Module) -> nn.Module:
-        """Place another model of this trainer (a frozen reference) on the mesh as the trained one
-        (bf16 compute through FSDP's mixed precision)."""
-        return shard_model(
+    def _parallelize(self, model: nn.Module, recompute: tuple[bool, int | None], compile_layers: bool = False):
+        sharded = parallelize(
             model,
             self.parallel,
             mixed_precision=self.compute_dtype() is not None,
             cpu_offload=self.settings.fsdp_cpu_offload,
-        ).model
+            recompute=recompute,
+            compile_layers=compile_layers,
+        )
+        if sharded.pipeline is not None:
+            self._pipelines[id(model)] = sharded.pipeline
+        return sharded
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        """Place another model of this trainer (a frozen reference) on the mesh as the trained one
+        (bf16 compute through FSDP's mixed precision; the same pipeline stages)."""
+        return self._parallelize(model, (False, None)).model
+
+    def pipeline_of(self, model: nn.Module) -> Pipeline | None:
+        """The pipeline stages of ``model`` (the trained one, or one placed by :meth:`shard`) on this rank."""
+        return self._pipelines.get(id(model))
 
     def autocast(self):
         """bf16 autocast for a model outside FSDP; FSDP's mixed precision does it when sharded."""
@@ -257,7 +268,15 @@ class ModelTrainer:
                     p.grad = torch.zeros_like(p)
         if self.tp_partial:
             sum_tensor_parallel_grads(self.tp_partial, self.parallel.mesh.group("tp"))
-        grad_norm = clip_grads([p for p in self.model.parameters() if p.requires_grad], self.optim.clip_grad)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.pipeline is not None:  # the stages' norms summed; a tied LM-head copy counted once, on the first stage
+            self.pipeline.sync_tied_grads()
+            copy = self.pipeline.head_copy()
+            counted = [p for p in params if p is not copy]
+            also = [p for p in params if p is copy]
+            grad_norm = clip_grads(counted, self.optim.clip_grad, self.parallel.pp_group, also=also)
+        else:
+            grad_norm = clip_grads(params, self.optim.clip_grad)
         loss_sum = self.parallel.sum_floats({"loss": loss_sum})["loss"]
         applied = math.isfinite(grad_norm) and math.isfinite(loss_sum)
         if applied:
@@ -311,13 +330,16 @@ class ModelTrainer:
     def save(self, directory: str, optimizer: bool = True) -> dict[str, Any]:
         """The model's trainable weights into ``directory`` and, with ``optimizer``, the AdamW state
         into ``directory + "_optim"``, with ``torch.distributed.checkpoint`` (each rank writes its
-        shards; loadable on any number of ranks). Frozen weights (the base model under LoRA) are
-        not written: they are rebuilt from ``model.path``. Returns the small replicated state
-        (scheduler, counters) for the caller to store."""
+        shards, or its pipeline stages' weights; loadable on any layout). The optimizer state is
+        flattened (one entry per parameter name, ``param_groups`` too: a pipeline rank's groups hold
+        only its parameters). Frozen weights (the base model under LoRA) are not written: they are
+        rebuilt from ``model.path``. Returns the small replicated state (scheduler, counters) for the
+        caller to store."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        options = StateDictOptions(flatten_optimizer_state_dict=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         with _single_process_dcp(self.parallel):
             dcp.save({"model": self._trainable(model_sd)}, checkpoint_id=directory)
             if optimizer:
@@ -330,9 +352,13 @@ class ModelTrainer:
         return {k: v for k, v in model_sd.items() if k not in frozen} if frozen else model_sd
 
     def load(self, directory: str, state: dict[str, Any]) -> bool:
-        """Inverse of :meth:`save` (resharding to this run's number of ranks); also reads the
-        older layout with the optimizer state inside ``directory``. Returns whether the optimizer
-        state was restored (False: the checkpoint has none; AdamW's moments start from zero)."""
+        """Inverse of :meth:`save` (resharding to this run's layout); also reads the older layouts
+        (the optimizer state inside ``directory``, or not flattened). Returns whether the optimizer
+        state was restored (False: the checkpoint has none; AdamW's moments start from zero).
+
+        Raises:
+            ValueError: a checkpoint whose optimizer state is not flattened (written before pipeline
+                parallelism) loaded on pipeline ranks."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -341,18 +367,30 @@ class ModelTrainer:
             set_state_dict,
         )
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        model_sd = self._trainable(model_sd)
         combined = _has_optimizer_state(directory)  # written before the optimizer got its own folder
+        optim_dir = directory if combined else optimizer_dir(directory)
+        restored = combined or Path(optim_dir, ".metadata").is_file()
+        flat = restored and _flattened(optim_dir)
+        if restored and not flat and self.pipeline is not None:
+            raise ValueError(
+                f"{directory}: its optimizer state predates pipeline parallelism (not flattened); load it with "
+                f"train.pipeline_model_parallel_size=1 and save it again"
+            )
+        options = StateDictOptions(strict=False, flatten_optimizer_state_dict=flat)  # frozen weights: not stored
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
+        model_sd = self._trainable(model_sd)
+        # a tied LM head's copy on the last pipeline stage takes the embedding's optimizer state (they are equal)
+        alias = self.pipeline is not None and self.pipeline.head_copy() is not None
+        rename = (".lm_head.weight.", ".model.embed_tokens.weight.") if alias else (".", ".")
+        request = {k.replace(*rename): v for k, v in optim_sd.items()}
         with _single_process_dcp(self.parallel):
-            dcp.load({"model": model_sd, **({"optim": optim_sd} if combined else {})}, checkpoint_id=directory)
-            restored = combined or Path(optimizer_dir(directory), ".metadata").is_file()
+            dcp.load({"model": model_sd, **({"optim": request} if combined else {})}, checkpoint_id=directory)
             if restored and not combined:
-                loaded = {"optim": optim_sd}
-                dcp.load(loaded, checkpoint_id=optimizer_dir(directory))
-                optim_sd = loaded["optim"]
-        options = StateDictOptions(strict=False)  # frozen weights are not in the checkpoint
+                loaded = {"optim": request}
+                dcp.load(loaded, checkpoint_id=optim_dir)
+                request = loaded["optim"]
         if restored:
+            optim_sd = {k: request[k.replace(*rename)] for k in optim_sd}
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options
             )
@@ -366,6 +404,12 @@ class ModelTrainer:
         """The whole model state on CPU (rank 0 gets it; other ranks get {}); a collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if self.pipeline is not None:  # each weight from the stage that holds it
+            full = {}
+            for name, t in self.pipeline.full_named_weights(full_tensor):
+                if self.parallel.rank == 0:
+                    full[name] = t.cpu()
+            return full
         if not self.parallel.distributed and not self.fsdp:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -374,6 +418,15 @@ class ModelTrainer:
 def optimizer_dir(directory: str) -> str:
     """Where :meth:`ModelTrainer.save` writes the optimizer state of the weights in ``directory``."""
     return str(directory).rstrip("/") + "_optim"
+
+
+def _flattened(directory: str) -> bool:
+    """Whether the optimizer state in the DCP checkpoint ``directory`` is flattened (one
+    ``param_groups.<name>.*`` entry per parameter, not ``param_groups.<i>.params`` lists)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(directory).read_metadata().state_dict_metadata
+    return not any(k.startswith("optim.param_groups.") and k.split(".")[2].isdigit() for k in keys)
 
 
 def _has_optimizer_state(directory: str) -> bool:

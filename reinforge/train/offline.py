@@ -23,13 +23,13 @@ from ..algo.logprobs import token_log_probs
 from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
 from ..data.offline import OfflineExample
-from ..models.loading import build_model, is_native, set_gradient_checkpointing
+from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
-from .actor import response_logits
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
 from .parallel import ParallelContext, partition_by_tokens
+from .step import forward_backward, forward_only
 
 Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # (example, response) of each sequence
 
@@ -78,11 +78,12 @@ class OfflineTrainer(ModelTrainer):
         pad_id: int = 0,
     ):
         o, t, m = cfg.offline, cfg.train, cfg.model
-        if t.context_parallel_size > 1:
-            raise ValueError(
-                f"train.context_parallel_size={t.context_parallel_size}: reinforge offline does not split "
-                f"sequences over ranks yet; set it to 1 (tensor parallelism and FSDP apply)"
-            )
+        for key in ("context_parallel_size", "pipeline_model_parallel_size"):
+            if getattr(t, key) > 1:
+                raise ValueError(
+                    f"train.{key}={getattr(t, key)}: reinforge offline does not run it yet; set it to 1 (tensor "
+                    f"parallelism and FSDP apply)"
+                )
         self.o, self.info = o, OFFLINE_METHODS.info(o.method)
         self.loss_fn = OFFLINE_METHODS.get(o.method)
         self.is_reward = self.info["model"] == "reward"
@@ -90,9 +91,6 @@ class OfflineTrainer(ModelTrainer):
             model: nn.Module = build_reward_model(model_path, torch.float32, device, m.random_init, t.seed, pad_id)
         else:
             model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-        set_gradient_checkpointing(
-            model.backbone if self.is_reward else model, m.gradient_checkpointing, m.recompute_num_layers
-        )
         if m.lora_rank:
             if self.is_reward:
                 raise ValueError(
@@ -172,16 +170,9 @@ class OfflineTrainer(ModelTrainer):
         return out
 
     # ------------------------------------------------------------------ forward passes
-    def _token_logps(self, model: nn.Module, mb: MicroBatch) -> torch.Tensor:
-        """log pi(token) on the [S, L] response grid (0 off the response)."""
-        with self.autocast():
-            logits = response_logits(model, mb)
-        lp = token_log_probs(logits, mb.targets[mb.response_mask], 1.0, self.settings.log_prob_chunk_size)[0]
-        return self.to_grid(mb, lp)
-
-    def _rewards(self, mb: MicroBatch) -> torch.Tensor:
-        with self.autocast():
-            return self.model(mb.input_ids)
+    def _head(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
+        """log pi(token) [n] of the response tokens (temperature 1)."""
+        return (token_log_probs(logits, targets, 1.0, self.settings.log_prob_chunk_size)[0],)
 
     @torch.no_grad()
     def sequence_stats(
@@ -196,9 +187,11 @@ class OfflineTrainer(ModelTrainer):
         model.eval()
         sums: list[list[float] | None] = [None] * len(examples)
         counts: list[list[int] | None] = [None] * len(examples)
+        batches = self._batches(examples, list(range(len(examples))))
         with base:
-            for mb, rows in self._batches(examples, list(range(len(examples)))):
-                grid = self._token_logps(model, mb)
+            values = forward_only(self, model, [mb for mb, _ in batches], self._head)
+            for (mb, rows), v in zip(batches, values):
+                grid = self.to_grid(mb, v[0])
                 s, c = (grid * mb.loss_mask).sum(-1).tolist(), mb.loss_mask.sum(-1).long().tolist()
                 for (i, k), si, ci in zip(rows, s, c):
                     if sums[i] is None:
@@ -231,18 +224,18 @@ class OfflineTrainer(ModelTrainer):
         kl = self._kto_kl(examples, ids, ref) if self.o.method == "kto" else None
         counts = self._global_counts(examples, ids)
         self.model.train(train)
-        sums: dict[str, float] = {}
-        loss_sum = 0.0
         batches = self._batches(examples, ids)
-        with torch.set_grad_enabled(train):
-            for mb, rows in batches:
-                loss, stats = self._micro_batch_loss(mb, rows, examples, ref, kl, counts, data)
-                if train:
-                    (loss * self.loss_scale).backward()
-                loss_sum += float(loss.detach())
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
-        sums = self.parallel.sum_floats({k: sums.get(k, 0.0) for k in self._stat_keys(data, self.is_reward)})
+
+        def loss_fn(i: int, mb: MicroBatch, values) -> tuple[torch.Tensor, dict[str, float]]:
+            return self._micro_batch_loss(mb, batches[i][1], examples, ref, kl, counts, data, values[0])
+
+        keys = self._stat_keys(data, self.is_reward)
+        mbs = [mb for mb, _ in batches]
+        sums = forward_backward(
+            self, self.model, mbs, None if self.is_reward else self._head, loss_fn, keys, backward=train
+        )
+        loss_sum = sums.pop("loss")
+        sums = self.parallel.sum_floats(sums)
         if train:
             grad_norm, _ = self.optimizer_step(loss_sum, any(rows for _, rows in batches))
         metrics = {k: v / max(counts["examples"], 1.0) for k, v in sums.items()}
@@ -298,21 +291,23 @@ class OfflineTrainer(ModelTrainer):
         kl: torch.Tensor | None,
         counts: dict[str, float],
         data: str,
+        out: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The method's objective (its ``OFFLINE_METHODS`` entry) on one micro-batch; ``rows``: the
+        """The method's objective (its ``OFFLINE_METHODS`` entry) on one micro-batch from the model's
+        ``out`` (a reward model's scores [R], else the log-probs of the N response tokens); ``rows``: the
         (example, response) of each row; a dummy micro-batch (no rows) gives a zero loss that still
-        runs the collectives."""
+        ran the collectives."""
         o = self.o
         b = OfflineBatch(examples=counts["examples"], nll_tokens=counts["nll_tokens"])
         if self.is_reward:
-            b.rewards = self._rewards(mb)
+            b.rewards = out
             if not rows:
                 return b.rewards.sum() * 0.0, {}
             if o.margin_key:
                 b.margin = torch.tensor([examples[i].margin for i, k in rows if k == 0], device=b.rewards.device)
             return self.loss_fn(b, o)
         mean = bool(self.info.get("length_normalized"))
-        grid = self._token_logps(self.model, mb)
+        grid = self.to_grid(mb, out)
         if not rows:
             return grid.sum() * 0.0, {}
         b.seq_logps = sequence_logps(grid, mb.loss_mask, mean)

@@ -1,5 +1,6 @@
-"""Parallelism for the trainer: the process group and its device mesh (:mod:`.mesh`), sharding
-a model over it (tensor parallelism, context parallelism, FSDP2), and rank-balanced work.
+"""Parallelism for the trainer: the process group and its device mesh (:mod:`.mesh`), placing a
+model on it (:func:`parallelize`: pipeline stages, tensor, context and expert parallelism,
+activation checkpointing, compile, FSDP2, in that order), and rank-balanced work.
 
 Rule that keeps ranks from hanging: every rank issues the same collectives in the same order
 whatever its data. Work is split over the data-parallel ranks by :func:`partition_by_tokens`
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.families import native_models
+from ..models.loading import is_native, set_gradient_checkpointing
 from .mesh import (
     KEYS,
     Layout,
@@ -31,6 +33,7 @@ from .mesh import (
     tensor_parallel_partial_params,
 )
 from .offload import join_single_rank_group, offload_policy
+from .pipeline import Pipeline, split_stages
 
 
 @dataclass
@@ -61,6 +64,29 @@ class ParallelContext:
         return self.layout.dp
 
     @property
+    def pp_rank(self) -> int:
+        """This rank's place in its pipeline (0 without pipeline parallelism)."""
+        return self.mesh.coordinate("pp") if self.mesh is not None and self.layout.pp > 1 else 0
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The ranks of this rank's pipeline, None when ``pipeline_model_parallel_size`` is 1."""
+        return self.mesh.group("pp") if self.mesh is not None and self.layout.pp > 1 else None
+
+    @property
+    def reports(self) -> bool:
+        """Whether this rank speaks for its model replica's samples (one per data-parallel rank): the
+        last pipeline stage (it computes the losses), tensor and context coordinate 0."""
+        if self.mesh is None:
+            return True
+        lay, m = self.layout, self.mesh
+        return (
+            (lay.pp == 1 or self.pp_rank == lay.pp - 1)
+            and (lay.tp == 1 or m.coordinate("tp") == 0)
+            and (lay.cp == 1 or m.coordinate("cp") == 0)
+        )
+
+    @property
     def cp_group(self) -> dist.ProcessGroup | None:
         """The context-parallel group, None when ``context_parallel_size`` is 1."""
         return self.mesh.group("cp") if self.mesh is not None and self.layout.cp > 1 else None
@@ -75,21 +101,20 @@ class ParallelContext:
         device: torch.device,
         timeout_s: float = 1800,
         *,
-        tensor_parallel: int = 1,
-        context_parallel: int = 1,
-        expert_parallel: int = 1,
+        layout: Layout | None = None,
         single_rank_fsdp: bool = False,
     ) -> ParallelContext:
-        """Join the trainers' default process group (NCCL on GPUs, gloo on CPU) and build the
-        mesh of ``world_size / (tensor_parallel * context_parallel)`` data-parallel ranks, the
-        experts split over ``expert_parallel`` of them. ``single_rank_fsdp`` (``train.fsdp_cpu_offload``
-        on one rank): a process group and mesh of one rank, so that FSDP2 can offload
-        (:func:`~reinforge.train.offload.join_single_rank_group`).
+        """Join the trainers' default process group (NCCL on GPUs, gloo on CPU) and build the mesh
+        of ``layout`` (:meth:`Layout.of_train` of the run's ``train`` section; default: every rank
+        data parallel). ``single_rank_fsdp`` (``train.fsdp_cpu_offload`` on one rank): a process group
+        and mesh of one rank, so that FSDP2 can offload (:func:`~reinforge.train.offload.join_single_rank_group`).
 
         Raises:
-            ValueError: the parallel sizes do not divide ``world_size`` (:meth:`Layout.for_world`).
+            ValueError: ``layout`` is for another number of ranks than ``world_size``.
         """
-        layout = Layout.for_world(world_size, tensor_parallel, context_parallel, expert_parallel)
+        layout = layout or Layout(world_size)
+        if layout.world_size != world_size:
+            raise ValueError(f"the layout {layout.words()} does not match the {world_size} trainer rank(s)")
         owns_group = not dist.is_initialized() and (world_size > 1 or single_rank_fsdp)
         if world_size > 1 and not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", master_addr)
@@ -136,6 +161,17 @@ class ParallelContext:
         dist.all_reduce(t, group=self.mesh.group("dp") if self.mesh is not None else None)
         return dict(zip(keys, t.tolist()))
 
+    def sum_over_pipeline(self, values: dict[str, float]) -> dict[str, float]:
+        """Element-wise sum of a dict of floats over this rank's pipeline (the last stage's sums reach
+        every stage; the others hold zeros); ``values`` unchanged without pipeline parallelism."""
+        group = self.pp_group
+        if group is None or not values:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._device())
+        dist.all_reduce(t, group=group)
+        return dict(zip(keys, t.tolist()))
+
     def gather_objects(self, obj: Any, dp_only: bool = False) -> list[Any]:
         """Every rank's ``obj`` (a collective); ``dp_only``: one per data-parallel rank (the ranks of
         one tensor / context parallel group hold the same samples: counted once)."""
@@ -169,79 +205,118 @@ class Sharded:
     """A model placed on the mesh, and what the trainer must do for it.
 
     Attributes:
-        model: the model (modified in place).
+        model: the model (modified in place; with pipeline parallelism only this rank's stages are left).
         fsdp: FSDP2 wraps it (it averages gradients over its ranks; bf16 through its mixed precision).
         grad_divisor: the number of ranks FSDP averages gradients over (losses are scaled by it
             to stay sums).
         tp_partial: parameters whose gradients must be summed over the tensor-parallel group.
+        pipeline: this rank's pipeline stages and their schedule (None without pipeline parallelism).
     """
 
     model: nn.Module
     fsdp: bool = False
     grad_divisor: int = 1
     tp_partial: list[nn.Parameter] = field(default_factory=list)
+    pipeline: Pipeline | None = None
 
 
-def shard_model(model: nn.Module, parallel: ParallelContext, mixed_precision: bool, cpu_offload: bool) -> Sharded:
-    """Place ``model`` on the mesh of ``parallel``: tensor parallelism on every decoder layer's
-    projections, the context-parallel group on its attention, then FSDP2 (``fully_shard``: one unit
-    per decoder layer, the rest in the root unit) over the ``dp x cp`` ranks, composed with tensor
-    parallelism as 2-D DTensors (torchtitan's FSDP x TP). With expert parallelism the experts are
-    split over ``ep`` first (:func:`~reinforge.train.mesh.apply_expert_parallel`: their own FSDP
-    unit over the ``dp / ep`` ranks that hold the same experts, or left out of FSDP when that is 1).
+def parallelize(
+    model: nn.Module,
+    parallel: ParallelContext,
+    *,
+    mixed_precision: bool = False,
+    cpu_offload: bool = False,
+    recompute: tuple[bool, int | None] = (False, None),
+    compile_layers: bool = False,
+) -> Sharded:
+    """Place ``model`` on the mesh of ``parallel``, one dimension after the other in torchtitan's order:
+
+    1. **pipeline** (``pp``): only this rank's stages of consecutive decoder layers stay
+       (:func:`~reinforge.train.pipeline.split_stages`; the embedding on the first stage, the final
+       norm and LM head on the last);
+    2. **tensor** (``tp``): every decoder layer's projections (:func:`~reinforge.train.mesh.apply_tensor_parallel`);
+    3. **context** (``cp``): the context-parallel group on every attention (Ulysses);
+    4. **expert** (``ep``): the experts over ``ep`` (:func:`~reinforge.train.mesh.apply_expert_parallel`:
+       their own FSDP unit over the ``dp / ep`` ranks that hold the same experts, or left out of FSDP);
+    5. **activation checkpointing** (``recompute``: ``model.gradient_checkpointing``,
+       ``model.recompute_num_layers``);
+    6. **compile** (``compile_layers``: ``model.torch_compile``, each decoder layer);
+    7. **FSDP2** (``fully_shard``: one unit per decoder layer, the rest in the root unit, or in each
+       pipeline stage's unit) over the ``dp x cp`` ranks, composed with tensor parallelism as 2-D
+       DTensors (torchtitan's FSDP x TP).
 
     On CUDA with ``mixed_precision`` the unit all-gathers bf16 parameters and reduces
     gradients in fp32 (``MixedPrecisionPolicy``); ``cpu_offload`` keeps parameters, gradients
-    and optimizer state on the CPU between uses (``CPUOffloadPolicy``).
+    and optimizer state on the CPU between uses (``CPUOffloadPolicy``). A critic's or reward
+    model's ``backbone`` gets the activation checkpointing and compile.
 
     Raises:
-        ValueError: tensor or context parallelism for a model that is not reinforge's own (or
-            wraps its projections, e.g. LoRA with tensor parallelism), or whose heads they do not divide;
-            expert parallelism for a model without experts, or whose ``num_experts`` it does not divide.
+        ValueError: tensor, context or pipeline parallelism for a model that is not reinforge's own
+            (or wraps its projections, e.g. LoRA with tensor parallelism), or whose heads / layers they
+            do not divide; expert parallelism for a model without experts, or whose ``num_experts`` it
+            does not divide; ``recompute`` / ``compile_layers`` a model does not allow.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh, layout = parallel.mesh, parallel.layout
-    if mesh is None:
-        return Sharded(model)
-    layers = _decoder_layers(model)
+    backbone = getattr(model, "backbone", model)
     out = Sharded(model)
-    if layout.tp > 1 or layout.cp > 1:
-        args = getattr(model, "args", None) or getattr(getattr(model, "backbone", None), "args", None)
-        if args is None:
-            raise ValueError(f"{KEYS['tp']} / {KEYS['cp']} above 1 need {native_models()}, not {type(model).__name__}")
-        problems = layout.model_problems(args.num_heads, args.num_kv_heads, args.intermediate_size)
+    if layout.tp > 1 or layout.cp > 1 or layout.pp > 1:
+        if not is_native(backbone):
+            raise ValueError(
+                f"{KEYS['tp']} / {KEYS['cp']} / {KEYS['pp']} above 1 need {native_models()}, not {type(model).__name__}"
+            )
+        a = backbone.args
+        problems = layout.model_problems(a.num_heads, a.num_kv_heads, a.intermediate_size, a.num_layers)
         if problems:
             raise ValueError("; ".join(problems))
+    split = None
+    if layout.pp > 1:
+        if model is not backbone:
+            raise ValueError(f"{KEYS['pp']} > 1 runs a policy (a language model), not a {type(model).__name__}")
+        split = split_stages(model, layout.pp, layout.vpp, parallel.pp_rank)
+    stages = split.stages if split is not None else []
+    layers = _decoder_layers(model)
     if layout.tp > 1:
         apply_tensor_parallel(layers, mesh.mesh["tp"])
-        out.tp_partial = tensor_parallel_partial_params(model)
     if layout.cp > 1:
         set_context_parallel(layers, mesh.group("cp"))
-    fsdp_mesh = mesh.fsdp_mesh
-    if fsdp_mesh is None and cpu_offload and layout.world_size == 1:
+    enabled, num_layers = recompute
+    set_gradient_checkpointing(backbone, enabled, num_layers)
+    if compile_layers:
+        for layer in layers:  # nn.Module.compile: parameter names and the state dict unchanged
+            layer.compile(dynamic=True)
+    fsdp_mesh = mesh.fsdp_mesh if mesh is not None else None
+    if mesh is not None and fsdp_mesh is None and cpu_offload and layout.world_size == 1:
         fsdp_mesh = mesh.sub("dp")  # train.fsdp_cpu_offload on one rank: FSDP2 over a mesh of one
-    if fsdp_mesh is None:
-        return out
     kwargs: dict[str, Any] = {}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
         kwargs["offload_policy"] = offload_policy()
-    if layout.ep > 1:
-        ignored = apply_expert_parallel(model, mesh, kwargs)
-        if ignored:
-            kwargs["ignored_params"] = set(ignored)
-    for layer in layers:
-        fully_shard(layer, mesh=fsdp_mesh, **kwargs)
-    fully_shard(model, mesh=fsdp_mesh, **kwargs)
-    if layout.tp > 1:  # fully_shard registered new (sharded) parameters: the list must hold those, not the old
+    if fsdp_mesh is not None:
+        if layout.ep > 1:
+            ignored = apply_expert_parallel(model, mesh, kwargs)
+            if ignored:
+                kwargs["ignored_params"] = set(ignored)
+        for layer in layers:
+            fully_shard(layer, mesh=fsdp_mesh, **kwargs)
+        for stage in stages:  # each pipeline stage is a root unit (its forward runs; the model's does not)
+            fully_shard(stage, mesh=fsdp_mesh, **kwargs)
+        if not stages:
+            fully_shard(model, mesh=fsdp_mesh, **kwargs)
+        out.fsdp, out.grad_divisor = True, layout.dp * layout.cp
+    if layout.tp > 1:  # after fully_shard, which registered new (sharded) parameters: the list must hold those
         out.tp_partial = tensor_parallel_partial_params(model)
-    out.fsdp, out.grad_divisor = True, layout.dp * layout.cp
+    if split is not None:
+        act_dtype = torch.bfloat16 if out.fsdp and mixed_precision else None
+        out.pipeline = Pipeline(model, split, parallel, act_dtype)
     return out
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of ``model`` (a policy, a critic's / reward model's backbone, a LoRA-wrapped
+    policy); with pipeline parallelism those of this rank's stages."""
     for path in ("model.layers", "backbone.model.layers", "model.model.layers"):
         obj: Any = model
         try:
@@ -249,7 +324,7 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
                 obj = getattr(obj, part)
         except AttributeError:
             continue
-        return list(obj)
+        return list(obj.values()) if isinstance(obj, nn.ModuleDict) else list(obj)
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
 
 

@@ -17,6 +17,7 @@ import torch
 from ..config import Config
 from ..models.loading import save_hf_state_dict
 from ..models.lora import adapter_state_dict, has_lora, save_adapter
+from ..parallel_layout import Layout
 from ..records import Sample
 from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
@@ -63,9 +64,7 @@ class TrainWorker:
             master_addr,
             master_port,
             self.device,
-            tensor_parallel=t.tensor_model_parallel_size,
-            context_parallel=t.context_parallel_size,
-            expert_parallel=t.expert_model_parallel_size,
+            layout=Layout.of_train(t, world_size),
             single_rank_fsdp=t.fsdp_cpu_offload,
         )
         torch.manual_seed(cfg.train.seed)
