@@ -135,3 +135,30 @@ def test_pipeline_times_fsdp_or_tp_on_four_ranks(tiny_model_path, other):
     for data in (make_data(7, seed=13), make_data(1, seed=14)):
         single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
         assert_same(single[:2], run_ranks(4, pp_cfg(tiny_model_path, **extra), tiny_model_path, data))
+
+
+def _resume_worker(rank, world, port, cfg, path, data, ckpt, queue):
+    from reinforge.train.worker import TrainWorker
+
+    w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
+    w.load(ckpt)
+    metrics = w.train_actor(data, 1)
+    weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}
+    if rank == 0:
+        queue.put((metrics, weights))
+    w.parallel.barrier()
+
+
+def test_one_process_checkpoint_resumes_on_two_stages(tmp_path, tiny_model_path):
+    """A one-process checkpoint loads on PP=2 ranks (the last stage's LM-head copy takes the tied
+    embedding's weights and AdamW state) and the next step equals an uninterrupted run's."""
+    from tests.ranks import spawn_ranks
+
+    data = make_data(6, seed=15)
+    metrics, weights, _ = run_single(make_cfg(tiny_model_path), tiny_model_path, data, steps=2)
+    _, _, w = run_single(make_cfg(tiny_model_path), tiny_model_path, data, steps=1)
+    w.save(str(tmp_path / "ck"))
+    resumed = spawn_ranks(
+        _resume_worker, 2, (pp_cfg(tiny_model_path), str(tiny_model_path), data, str(tmp_path / "ck"))
+    )
+    assert_same(([metrics[1]], weights), ([resumed[0]], {k: torch.from_numpy(v) for k, v in resumed[1].items()}))
