@@ -127,11 +127,13 @@ def test_interleaved_stages_with_a_reference_model_match_one_process(four_layer_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("other", ["fsdp", "tp"])
-def test_pipeline_times_fsdp_or_tp_on_four_ranks(tiny_model_path, other):
-    """2 pipeline x 2 data (FSDP2 over each stage's data-parallel ranks) and 2 pipeline x 2 tensor;
-    packed rows (padded to one shape per step) and a sample too few for every data rank."""
-    extra = {"train.packing": "sequences"} | ({"train.tensor_model_parallel_size": 2} if other == "tp" else {})
+@pytest.mark.parametrize("other", ["fsdp", "tp", "cp"])
+def test_pipeline_times_fsdp_tp_or_cp_on_four_ranks(tiny_model_path, other):
+    """2 pipeline x 2 data (FSDP2 over each stage's data-parallel ranks), 2 pipeline x 2 tensor and
+    2 pipeline x 2 context; packed rows (padded to one shape per step) and a sample too few for every
+    data rank."""
+    sizes = {"tp": {"train.tensor_model_parallel_size": 2}, "cp": {"train.context_parallel_size": 2}}
+    extra = {"train.packing": "sequences", **sizes.get(other, {})}
     for data in (make_data(7, seed=13), make_data(1, seed=14)):
         single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
         assert_same(single[:2], run_ranks(4, pp_cfg(tiny_model_path, **extra), tiny_model_path, data))
