@@ -139,6 +139,16 @@ def run(
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             metrics.append(loop.rollout_step(i)[0])
+            m = metrics[-1]  # each step as it ends: a run cut at its time limit still shows what it measured
+            peak_step = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+            print(
+                f"step {i}: generate {m['time/generate']:.1f} s ({m['perf/generate_tokens_per_s']:,.0f} tok/s), "
+                f"logprob {m['time/logprob']:.1f} s, train {m.get('time/train', 0.0):.1f} s "
+                f"({m['perf/train_tokens_per_s']:,.0f} tok/s), sync {m['time/sync']:.2f} s, "
+                f"step {m['time/rollout_step']:.1f} s, mean response {m['rollout/response_len_mean']:,.0f}, "
+                f"peak {peak_step:.1f} GiB",
+                flush=True,
+            )
         peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")  # of the last step
     finally:
         loop.close()
