@@ -103,11 +103,12 @@ def test_one_rank_training_with_offload_matches_without(tmp_path, tiny_model_pat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copies need a GPU")
-@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 30])
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 1 << 30])  # 3000: small moments that share pages (H200, 2026-11-27)
 def test_offloaded_adamw_on_a_gpu_steps_exactly_as_fused_adamw(chunk_bytes):
     kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-    plain_params = [torch.nn.Parameter(p.detach().cuda()) for p in _params(0)]
-    off_params = [torch.nn.Parameter(p.detach().cuda()) for p in _params(0)]
+    big = torch.randn(512, 1024, generator=torch.Generator().manual_seed(2))  # 2 MiB: moments in mappings of their own
+    plain_params = [torch.nn.Parameter(p.detach().cuda()) for p in [*_params(0), big]]
+    off_params = [torch.nn.Parameter(p.detach().cuda()) for p in [*_params(0), big]]
     plain, off = torch.optim.AdamW(plain_params, **kw), OffloadedAdamW(off_params, chunk_bytes=chunk_bytes, **kw)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
@@ -122,3 +123,61 @@ def test_offloaded_adamw_on_a_gpu_steps_exactly_as_fused_adamw(chunk_bytes):
         sa, sb = plain.state[a], off.state[b]
         assert sb["exp_avg"].device.type == "cpu" and sb["exp_avg_sq"].device.type == "cpu"
         assert torch.equal(sa["exp_avg"].cpu(), sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"].cpu(), sb["exp_avg_sq"])
+    del off  # the registered mappings are unregistered with the optimizer
+    torch.cuda.synchronize()
+
+
+def test_host_buffers_are_made_once_and_remade_on_a_new_shape():
+    from reinforge.train.offload import HostBuffers
+
+    buffers = HostBuffers()
+    a = buffers.get("m", torch.zeros(3, 4))
+    assert a.shape == (3, 4) and a.device.type == "cpu" and buffers.get("m", torch.zeros(3, 4)) is a
+    b = buffers.get("m", torch.zeros(5, dtype=torch.bfloat16))
+    assert b is not a and b.shape == (5,) and b.dtype == torch.bfloat16
+
+
+def test_host_buffers_register_their_own_mappings_and_unregister_them(monkeypatch):
+    """The CUDA bookkeeping with a fake runtime (this machine has no GPU): a large buffer is an exact,
+    page-aligned mapping registered once, unregistered when remade and when the buffers go; a failed
+    registration clears CUDA's error and leaves the buffer usable."""
+    import gc
+
+    from reinforge.train import offload
+
+    calls = []
+
+    class FakeCudart:
+        fail = False
+
+        def cudaHostRegister(self, ptr, n, flags):
+            calls.append(("register", ptr, n))
+            return 712 if self.fail else 0  # cudaErrorHostMemoryAlreadyRegistered
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+        def cudaGetLastError(self):
+            calls.append(("clear",))
+            return 0
+
+    rt = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: rt)
+    buffers = offload.HostBuffers()
+    like = torch.zeros(512, 1024)  # 2 MiB
+    a = buffers.get("m", like)
+    assert a.data_ptr() % 4096 == 0 and calls == [("register", a.data_ptr(), 2 << 20)]
+    a.fill_(3.0)
+    assert float(a.sum()) == 3.0 * a.numel()
+    ptr = a.data_ptr()
+    del a
+    b = buffers.get("m", torch.zeros(1024, 1024))  # remade: the old mapping unregistered first
+    assert calls[1] == ("unregister", ptr) and calls[2][0] == "register"
+    rt.fail = True
+    buffers.get("v", like)
+    assert calls[-2][0] == "register" and calls[-1] == ("clear",)
+    del b, buffers
+    gc.collect()
+    assert calls[-1][0] == "unregister" and sum(c[0] == "unregister" for c in calls) == 2  # the failed one is not

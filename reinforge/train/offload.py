@@ -2,8 +2,10 @@
 offload on a single trainer rank (``train.fsdp_cpu_offload`` in local mode).
 
 ``train.optimizer_offload`` (verl's name): :class:`OffloadedAdamW` keeps the two moments of every
-parameter in the CPU's memory, page-locked (``cudaHostRegister`` on ordinary CPU tensors, so a
-192 MB moment takes 192 MB and not the next power of two, as torch's pinned allocator rounds),
+parameter in the CPU's memory, page-locked (:class:`HostBuffers`: a moment of 1 MiB or more is an
+anonymous mapping of its own registered with ``cudaHostRegister``, so a 192 MB moment takes 192 MB
+and not the next power of two, as torch's pinned allocator rounds; smaller ones come from that
+allocator),
 and runs the step on the GPU a chunk of parameters at a time: the chunk's moments are copied in
 on a side stream while the previous chunk is updated, updated by the same (fused) AdamW kernel,
 and copied back. The GPU holds the fp32 parameters and gradients and one or two chunks of
@@ -22,6 +24,9 @@ layer's parameters visit the GPU for its forward and backward; the step runs on 
 from __future__ import annotations
 
 import logging
+import math
+import mmap
+import weakref
 from collections.abc import Hashable
 from typing import Any
 
@@ -31,6 +36,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 30  # parameters per step chunk (their two fp32 moments: twice that on the GPU at a time)
+OWN_MAPPING_BYTES = 1 << 20  # a host buffer at least this large gets an exactly sized mapping of its own
 
 
 def join_single_rank_group(device: torch.device) -> None:
@@ -50,13 +56,67 @@ def offload_policy():
     return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
 
 
-def _register(t: torch.Tensor) -> torch.Tensor:
-    """Page-lock ``t``'s memory in place (CPU tensor, with CUDA available); ``t`` unchanged otherwise."""
-    if torch.cuda.is_available() and t.numel():
-        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-        if int(err) != 0:
-            log.warning("train.optimizer_offload: cudaHostRegister failed (%s): unpinned copies are slower", err)
-    return t
+class HostBuffers:
+    """Page-locked CPU tensors that live as long as this object.
+
+    With CUDA, a buffer of at least :data:`OWN_MAPPING_BYTES` is an anonymous ``mmap`` of exactly its
+    size (page-aligned, sharing no page with another allocation, which ``cudaHostRegister`` refuses:
+    "already mapped") registered with CUDA, and unregistered when replaced or when this object goes
+    (before its mapping is unmapped); smaller ones come from torch's pinned allocator. Without CUDA
+    they are plain CPU tensors. A registration that fails is logged once and the buffer stays
+    unpinned (slower copies, the same values)."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[Hashable, torch.Tensor] = {}
+        self._maps: dict[Hashable, tuple[mmap.mmap, int]] = {}  # key -> (mapping, registered address or 0)
+        self._registered: set[int] = set()  # shared with the finalizer (it must not hold self)
+        self._warned = False
+        weakref.finalize(self, _unregister_all, self._registered)
+
+    def get(self, key: Hashable, like: torch.Tensor) -> torch.Tensor:
+        """The buffer ``key``, shaped and typed like ``like`` (made, or remade, on demand)."""
+        t = self._tensors.get(key)
+        if t is not None and t.shape == like.shape and t.dtype == like.dtype:
+            return t
+        self._drop(key)
+        t = self._tensors[key] = self._make(key, like.shape, like.dtype)
+        return t
+
+    def _make(self, key: Hashable, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if not torch.cuda.is_available() or nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        if nbytes < OWN_MAPPING_BYTES:
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        m = mmap.mmap(-1, nbytes)
+        t = torch.frombuffer(m, dtype=dtype).view(shape)
+        cudart = torch.cuda.cudart()
+        err = cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)
+        ptr = t.data_ptr() if int(err) == 0 else 0
+        if ptr:
+            self._registered.add(ptr)
+        else:
+            cudart.cudaGetLastError()  # clear it: torch's next CUDA call would raise it
+            if not self._warned:
+                log.warning("train.optimizer_offload: cudaHostRegister failed (%s): unpinned copies are slower", err)
+                self._warned = True
+        self._maps[key] = (m, ptr)
+        return t
+
+    def _drop(self, key: Hashable) -> None:
+        self._tensors.pop(key, None)
+        m, ptr = self._maps.pop(key, (None, 0))
+        if ptr:
+            self._registered.discard(ptr)
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def _unregister_all(registered: set[int]) -> None:
+    if registered and torch.cuda.is_available():
+        cudart = torch.cuda.cudart()
+        for ptr in registered:
+            cudart.cudaHostUnregister(ptr)
+        registered.clear()
 
 
 def _is_moment(key: Hashable, value: Any) -> bool:
@@ -72,7 +132,7 @@ class OffloadedAdamW(torch.optim.AdamW):
         super().__init__(params, **kwargs)
         self.chunk_bytes = chunk_bytes
         self._streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None
-        self._host: dict[tuple[int, Hashable], torch.Tensor] = {}
+        self._host = HostBuffers()
         self.register_load_state_dict_post_hook(lambda opt: opt._adopt_loaded())
 
     def _chunks(self) -> list[list[torch.nn.Parameter]]:
@@ -177,10 +237,7 @@ class OffloadedAdamW(torch.optim.AdamW):
 
     def _buffer(self, p: torch.nn.Parameter, key: Hashable, like: torch.Tensor) -> torch.Tensor:
         """The page-locked CPU buffer of ``p``'s moment ``key`` (made on first use)."""
-        host = self._host.get((id(p), key))
-        if host is None or host.shape != like.shape or host.dtype != like.dtype:
-            host = self._host[(id(p), key)] = _register(torch.empty(like.shape, dtype=like.dtype, device="cpu"))
-        return host
+        return self._host.get((id(p), key), like)
 
     def _adopt_loaded(self) -> None:
         """After ``load_state_dict``: every moment into its page-locked CPU buffer (a checkpoint
