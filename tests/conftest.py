@@ -61,5 +61,20 @@ def make_tiny_model(out: Path, tokenizer_src: Path, model_type: str = "llama", s
 
 
 @pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory, smollm2_path) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), smollm2_path)
+def smollm2_tokenizer_path() -> Path:
+    """SmolLM2's tokenizer files: the converted model's folder, or (a GPU machine without the model
+    package) the tokenizer files carried in ``.device/cache/models/smollm2-135m-instruct``."""
+    from reinforge.models.hub import resolve_model_path
+
+    try:
+        return resolve_model_path("smollm2-135m-instruct")
+    except FileNotFoundError:
+        carried = Path(__file__).resolve().parents[1] / ".device" / "cache" / "models" / "smollm2-135m-instruct"
+        if not (carried / "tokenizer.json").exists():
+            raise
+        return carried
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, smollm2_tokenizer_path) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), smollm2_tokenizer_path)
