@@ -2,9 +2,10 @@
 weights, time per step, tokens/s and peak memory of a few actor steps on bench/fsdp_two_gpus.py's
 synthetic GRPO-shaped data.
 
-Layouts (``--world`` ranks, default 4), each a name ``pp<P>[-vpp<V>][-tp<T>]``: ``P`` pipeline stages
-(``train.pipeline_model_parallel_size``), ``V`` model chunks per stage rank (interleaved 1F1B), ``T``
-tensor-parallel ranks, the rest data parallel (FSDP2); ``fsdp``: FSDP2 over all ranks, the reference.
+Layouts (``--world`` ranks, default 4), each a name ``[pp<P>][-vpp<V>][-tp<T>][-sp]``: ``P`` pipeline
+stages (``train.pipeline_model_parallel_size``), ``V`` model chunks per stage rank (interleaved 1F1B),
+``T`` tensor-parallel ranks, ``sp`` sequence parallelism with them (``train.sequence_parallel``), the
+rest data parallel (FSDP2); ``fsdp``: FSDP2 over all ranks, the reference.
 Random weights of ``--arch`` (default Qwen3-dense-0.5B's shape: 24 layers). Per layout: the last step's
 loss and gradient norm, the weights' distance from the reference's (bench/tp_fsdp.py's fingerprints:
 the largest relative difference of a weight's norm, the largest difference along a seeded random
@@ -12,6 +13,7 @@ direction relative to the norm), the median s/step, the step's tokens per second
 peak memory of any rank (``torch.cuda.max_memory_allocated``).
 
     PYTHONPATH=.:bench python bench/pipeline.py --world 4 --layouts fsdp pp2 pp2-vpp2 pp4 pp2-tp2   # 4 GPUs
+    PYTHONPATH=.:bench python bench/pipeline.py --world 4 --layouts fsdp tp2 tp2-sp tp4 tp4-sp      # sequence parallel
     PYTHONPATH=.:bench python bench/pipeline.py --world 4 --tiny --device cpu --steps 2 --samples 8   # gloo
 """
 
@@ -37,7 +39,7 @@ from tests.ranks import spawn_ranks  # noqa: E402
 
 
 def parse(layout: str) -> dict[str, int]:
-    """``pp2-vpp2-tp2`` -> the train keys; ``fsdp`` -> {}."""
+    """``pp2-vpp2-tp2``, ``tp2-sp`` -> the train keys; ``fsdp`` -> {}."""
     if layout == "fsdp":
         return {}
     sizes = dict(re.findall(r"(vpp|pp|tp)(\d+)", layout))
@@ -46,7 +48,10 @@ def parse(layout: str) -> dict[str, int]:
         "vpp": "train.virtual_pipeline_model_parallel_size",
         "tp": "train.tensor_model_parallel_size",
     }
-    return {keys[k]: int(v) for k, v in sizes.items()}
+    out: dict[str, int | str] = {keys[k]: int(v) for k, v in sizes.items()}
+    if layout.endswith("-sp"):
+        out["train.sequence_parallel"] = "true"
+    return out
 
 
 def worker(rank, world, port, overrides, path, data, steps, device, queue):

@@ -16,6 +16,9 @@ The dimensions, outermost first, with their keys (slime's / Megatron's names):
 ``ep``  ``train.expert_model_parallel_size``             the experts, carved out of ``dp``
 ======  ===============================================  =============================================
 
+``train.sequence_parallel`` (Megatron's ``--sequence-parallel``) is not a dimension: with ``tp`` it
+splits the positions of what tensor parallelism leaves whole (norms, residual stream) over the same ranks.
+
 ``world size = pp x dp x cp x tp``; ``ep`` divides ``dp``.
 """
 
@@ -30,6 +33,7 @@ KEYS = {
     "tp": "train.tensor_model_parallel_size",
     "cp": "train.context_parallel_size",
     "ep": "train.expert_model_parallel_size",
+    "sp": "train.sequence_parallel",
 }
 WORLD = "cluster.actor_num_nodes x cluster.actor_num_gpus_per_node, or torchrun's WORLD_SIZE"
 
@@ -38,10 +42,11 @@ def _ranks(n: int) -> str:
     return f"{n} trainer rank{'s' if n != 1 else ''}"
 
 
-def size_problems(tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1, vpp: int = 1) -> list[str]:
+def size_problems(tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1, vpp: int = 1, sp: bool = False) -> list[str]:
     """What the sizes alone do not allow (empty: fine), whatever the world size: a size below 1,
-    virtual stages without pipeline parallelism, expert parallelism with tensor / context / pipeline
-    parallelism (not supported yet)."""
+    virtual stages without pipeline parallelism, sequence parallelism without tensor parallelism,
+    expert parallelism with tensor / context / pipeline parallelism and sequence parallelism with
+    context / pipeline parallelism (not supported yet)."""
     sizes = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "vpp": vpp}
     low = [f"{KEYS[k]}={v}" for k, v in sizes.items() if v < 1]
     if low:
@@ -57,6 +62,11 @@ def size_problems(tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1, vpp: int =
             f"{KEYS['ep']}={ep} with {KEYS['tp']}={tp} / {KEYS['cp']}={cp}: expert parallelism "
             f"combines with data parallelism (FSDP) only for now; set the other two to 1"
         )
+    if sp and tp == 1:
+        out.append(f"{KEYS['sp']}=true splits what tensor parallelism leaves whole: it needs {KEYS['tp']} > 1")
+    for key, size in (("cp", cp), ("pp", pp)):
+        if sp and size > 1:
+            out.append(f"{KEYS['sp']}=true does not combine with {KEYS[key]}={size} yet: set one of them off")
     if ep > 1 and pp > 1:
         out.append(
             f"{KEYS['ep']}={ep} with {KEYS['pp']}={pp}: expert parallelism does not combine with "
@@ -77,6 +87,7 @@ class Layout:
     ep: int = 1
     pp: int = 1
     vpp: int = 1
+    sp: bool = False
 
     @property
     def edp(self) -> int:
@@ -94,7 +105,15 @@ class Layout:
 
     @classmethod
     def for_world(
-        cls, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1, pp: int = 1, vpp: int = 1, world: str = WORLD
+        cls,
+        world_size: int,
+        tp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        pp: int = 1,
+        vpp: int = 1,
+        sp: bool = False,
+        world: str = WORLD,
     ) -> Layout:
         """The layout of ``world_size`` ranks with ``pp x cp x tp`` ranks per model replica and the
         experts split over ``ep`` of the data-parallel ranks. ``world``: where the world size comes
@@ -104,7 +123,7 @@ class Layout:
             ValueError: :func:`size_problems`, ``pp * cp * tp`` does not divide ``world_size``, or ``ep``
                 does not divide the data-parallel ranks; one line naming the keys and the world size.
         """
-        problems = size_problems(tp, cp, ep, pp, vpp)
+        problems = size_problems(tp, cp, ep, pp, vpp, sp)
         if problems:
             raise ValueError(problems[0])
         per_replica = pp * tp * cp
@@ -121,7 +140,7 @@ class Layout:
                 f"{KEYS['ep']}={ep} does not divide the {dp} data-parallel rank(s) of the {_ranks(world_size)} "
                 f"({world}): experts are split over data-parallel ranks; choose a divisor of {dp}"
             )
-        return cls(dp, cp, tp, ep, pp, vpp)
+        return cls(dp, cp, tp, ep, pp, vpp, sp)
 
     @classmethod
     def of_train(cls, train: Any, world_size: int, world: str = WORLD) -> Layout:
@@ -134,6 +153,8 @@ class Layout:
         parts = [f"{self.pp} pipeline" + (f" ({self.stages} stages)" if self.vpp > 1 else "")] if self.pp > 1 else []
         parts.append(f"{self.dp} data" + (f" (experts over {self.ep})" if self.ep > 1 else ""))
         parts += [f"{n} {name}" for n, name in ((self.cp, "context"), (self.tp, "tensor")) if n > 1]
+        if self.sp:
+            parts[-1] += " (sequence parallel)"
         return f"{_ranks(self.world_size)} = {' x '.join(parts)}"
 
     def expert_problems(self, num_experts: int) -> list[str]:
@@ -186,13 +207,18 @@ class Layout:
         """What a ``config.json`` dict does not allow: tensor, context or pipeline parallelism need
         reinforge's own model code (a registered family) and :meth:`model_problems`; expert
         parallelism a mixture-of-experts model whose experts it divides (:meth:`expert_problems`)."""
-        from .models.families import is_native_type, native_models
+        from .models.families import is_moe_type, is_native_type, native_models
         from .models.shape import num_experts
 
         cfg = model_config.get("text_config", model_config)
         out = self.expert_problems(num_experts(cfg)) if self.ep > 1 else []
         if self.tp * self.cp * self.pp == 1:
             return out
+        if self.sp and is_moe_type(cfg.get("model_type")):
+            out.append(
+                f"{KEYS['sp']}=true: a mixture-of-experts layer's MLP is not split by tensor parallelism, so "
+                f"sequence parallelism does not apply to {cfg.get('model_type')} yet; set it to false"
+            )
         if not is_native_type(cfg.get("model_type")):
             named = " / ".join(f"{KEYS[k]}={getattr(self, k)}" for k in ("tp", "cp", "pp") if getattr(self, k) > 1)
             return out + [f"{named} need {native_models()}, not model_type {cfg.get('model_type')!r}"]
@@ -202,12 +228,13 @@ class Layout:
         )
 
 
-def train_sizes(train: Any) -> tuple[int, int, int, int, int]:
-    """(tp, cp, ep, pp, vpp) of a ``train`` config section, in :meth:`Layout.for_world`'s order."""
+def train_sizes(train: Any) -> tuple[int, int, int, int, int, bool]:
+    """(tp, cp, ep, pp, vpp, sp) of a ``train`` config section, in :meth:`Layout.for_world`'s order."""
     return (
         train.tensor_model_parallel_size,
         train.context_parallel_size,
         train.expert_model_parallel_size,
         train.pipeline_model_parallel_size,
         train.virtual_pipeline_model_parallel_size,
+        train.sequence_parallel,
     )

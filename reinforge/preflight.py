@@ -407,7 +407,7 @@ def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int
     from .parallel_layout import Layout, size_problems, train_sizes
 
     sizes = train_sizes(cfg.train)
-    if sizes == (1, 1, 1, 1, 1):
+    if sizes == (1, 1, 1, 1, 1, False):
         return []
     out = size_problems(*sizes)
     if out:
@@ -422,8 +422,8 @@ def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int
                 else ""
             )
             out.append(f"{e}{local}")
-    tp, cp, ep, pp, vpp = sizes
-    return out + Layout(1, cp, tp, ep, pp, vpp).config_problems(model_config)
+    tp, cp, ep, pp, vpp, sp = sizes
+    return out + Layout(1, cp, tp, ep, pp, vpp, sp).config_problems(model_config)
 
 
 def _raise(problems: list[str]) -> None:

@@ -4,7 +4,8 @@
 # 2 tensor; loss, gradient norm, weights after the steps, s/step, tokens/s, peak memory (random
 # Qwen3-dense-0.5B weights, 24 layers, 256 synthetic samples, bf16, NCCL). Device kind: nvidia-h100-x4 (no
 # Ray, no .device needed). Output: $OUT/pipeline.log. DRY_RUN=1: the same on CPU, 4 gloo ranks, a tiny
-# 4-layer qwen3, 2 steps. LAYOUTS / STEPS override the rows (10 minutes a command: take them a few at a time).
+# 4-layer qwen3, 2 steps. LAYOUTS / STEPS override the rows (10 minutes a command: take them a few at a time);
+# LAYOUTS="fsdp tp2 tp2-sp tp4 tp4-sp": tensor parallelism without and with train.sequence_parallel (peak memory).
 source "$(dirname "$0")/multi_common.sh"
 need_gpus 4
 if [[ $DRY == 1 ]]; then

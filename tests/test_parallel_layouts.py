@@ -118,3 +118,39 @@ def test_config_and_preflight_name_keys_world_and_layout(tiny_model_path):
         r"\(4 trainer ranks = 2 data x 2 tensor\)\)",
     ):
         check_placement(cfg, {"GPU": 2, "CPU": 64})
+
+
+@pytest.mark.parametrize("packing", ["none", "sequences"])
+def test_sequence_parallel_matches_one_process(tmp_path, tiny_model_path, packing):
+    """train.sequence_parallel with TP=2: norms and residual stream over half the positions each
+    (rows of odd length padded to a multiple of tp), the same loss, gradient norm and weights; with
+    padded rows its checkpoint (the norms are DTensors over the tensor-parallel ranks) resumes on one process."""
+    cfg = layout_cfg(tiny_model_path, tp=2, **{"train.sequence_parallel": "true", "train.packing": packing})
+    data = make_data(5, seed=16)
+    if packing == "none":
+        assert_resumes_on_one_process(tiny_model_path, cfg, data, tmp_path / "ckpt")
+        return
+    single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
+    assert_same(single[:2], run_ranks(2, cfg, tiny_model_path, data))
+
+
+def test_sequence_parallel_refusals():
+    with pytest.raises(ValueError, match="sequence_parallel=true splits what tensor parallelism leaves whole"):
+        Layout.for_world(2, sp=True)
+    with pytest.raises(ValueError, match="sequence_parallel=true does not combine with train.pipeline_model"):
+        Layout.for_world(4, tp=2, pp=2, sp=True)
+    moe = {"model_type": "qwen3_moe", "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 8}
+    assert "mixture-of-experts" in Layout(tp=2, sp=True).config_problems(moe)[0]
+    assert Layout.for_world(4, tp=2, sp=True).words() == "4 trainer ranks = 2 data x 2 tensor (sequence parallel)"
+
+
+@pytest.mark.slow
+def test_fsdp_times_tp_with_sequence_parallel_qwen3(tmp_path, smollm2_path):
+    """2 data x 2 tensor with sequence parallelism on Qwen3 (per-head q_norm / k_norm summed over the
+    tensor-parallel ranks, norms as DTensors under FSDP2): one process's update."""
+    from tests.conftest import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "qwen3", smollm2_path, "qwen3")
+    data = make_data(6, seed=17)
+    cfg = layout_cfg(path, tp=2, **{"train.sequence_parallel": "true"})
+    assert_same(run_single(make_cfg(path), path, data)[:2], run_ranks(4, cfg, path, data))

@@ -399,6 +399,13 @@ class TrainConfig(Section):
         "pipeline_model_parallel_size x this stages in all (Megatron's `--virtual-pipeline-model-parallel-size`)",
         ge=1,
     )
+    sequence_parallel: bool = opt(
+        False,
+        "with tensor_model_parallel_size > 1: the norms and the residual stream split by positions over the "
+        "tensor-parallel ranks (all-gather before, reduce-scatter after each layer's attention and MLP instead of "
+        "an all-reduce; activations / tp between them); Megatron's `--sequence-parallel` "
+        "([parallelism.md](parallelism.md#sequence-parallelism))",
+    )
 
     def check(self) -> None:
         from ..parallel_layout import size_problems, train_sizes

@@ -132,19 +132,35 @@ class TrainMesh:
         return self.mesh["dp", "cp"]._flatten("dp_cp")
 
 
-def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Split each decoder layer's projections over ``tp_mesh`` as the layer's family plans it
     (``layer.tp_plan``: submodule -> ``"colwise"`` / ``"rowwise"``, from
     :meth:`~reinforge.models.families.base.Family.tp_plan`; see the module doc).
 
+    ``sequence_parallel`` (``train.sequence_parallel``, Megatron's ``--sequence-parallel``; Korthikanti
+    et al. 2022): the layer's input, its norms and its residual adds hold ``1 / tp`` of the positions
+    (``SequenceParallel`` norms); the attention's and the MLP's inputs are all-gathered over the
+    positions (``PrepareModuleInput``) and the row-wise projections' outputs reduce-scattered back to
+    them (``RowwiseParallel(output_layouts=Shard(1))``) instead of all-reduced
+    (:func:`apply_sequence_parallel_ends` splits the embedding's output and gathers the final norm's).
+
     Raises:
         ValueError: a layer without a plan (not reinforge's own model code), a plan style other than
             colwise / rowwise, or a planned submodule that is not a plain ``nn.Linear`` (e.g.
-            LoRA-wrapped projections).
+            LoRA-wrapped projections); sequence parallelism on a mixture-of-experts layer.
     """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    if sequence_parallel:
+        styles["rowwise"] = lambda: RowwiseParallel(output_layouts=Shard(1))
     for layer in layers:
         # a mixture-of-experts layer's MLP stays whole on every tensor-parallel rank in the default
         # plan (its input, the attention's all-reduced output, is the same there): the experts are
@@ -165,7 +181,46 @@ def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: DeviceMesh) -> None:
                     f"({type(layer.get_submodule(name)).__name__}); tensor parallelism needs reinforge's "
                     f"own model code without LoRA"
                 )
-        parallelize_module(layer, tp_mesh, {name: styles[style]() for name, style in names.items()})
+        plan: dict[str, Any] = {name: styles[style]() for name, style in names.items()}
+        if sequence_parallel:
+            if getattr(layer, "sparse", False):
+                raise ValueError(
+                    f"{KEYS['sp']}=true: a mixture-of-experts layer's MLP is not split by tensor parallelism"
+                )
+            whole = (Replicate(),)
+            plan |= {
+                "input_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(
+                    input_layouts=(Shard(1), None, None, None), desired_input_layouts=(*whole, None, None, None)
+                ),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=whole),
+            }
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def apply_sequence_parallel_ends(lm: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """The two ends of sequence parallelism on a :class:`~reinforge.models.transformer.CausalLM`: each
+    tensor-parallel rank keeps its ``1 / tp`` of the embedding's output positions (the backward pass
+    all-gathers their gradients: every rank's embedding gradient is the whole one), and the final norm
+    runs on those positions (``SequenceParallel``) and all-gathers its output, so the LM head (or a
+    value head) sees every position. Rows must hold a multiple of ``tp`` positions (the step pads them)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+    def own_positions(module, args, out):
+        return (
+            DTensor.from_local(out, tp_mesh, [Replicate()], run_check=False)
+            .redistribute(tp_mesh, [Shard(1)])
+            .to_local()
+        )
+
+    def all_positions(module, args, out):
+        return out.redistribute(tp_mesh, [Replicate()]).to_local() if isinstance(out, DTensor) else out
+
+    lm.model.embed_tokens.register_forward_hook(own_positions)
+    parallelize_module(lm.model, tp_mesh, {"norm": SequenceParallel()})
+    lm.model.norm.register_forward_hook(all_positions)
 
 
 def apply_expert_parallel(model: nn.Module, mesh: TrainMesh, fsdp_kwargs: dict[str, Any]) -> list[nn.Parameter]:

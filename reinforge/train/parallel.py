@@ -28,6 +28,7 @@ from .mesh import (
     Layout,
     TrainMesh,
     apply_expert_parallel,
+    apply_sequence_parallel_ends,
     apply_tensor_parallel,
     set_context_parallel,
     tensor_parallel_partial_params,
@@ -234,7 +235,8 @@ def parallelize(
     1. **pipeline** (``pp``): only this rank's stages of consecutive decoder layers stay
        (:func:`~reinforge.train.pipeline.split_stages`; the embedding on the first stage, the final
        norm and LM head on the last);
-    2. **tensor** (``tp``): every decoder layer's projections (:func:`~reinforge.train.mesh.apply_tensor_parallel`);
+    2. **tensor** (``tp``): every decoder layer's projections (:func:`~reinforge.train.mesh.apply_tensor_parallel`),
+       with ``train.sequence_parallel`` the norms and residual stream by positions;
     3. **context** (``cp``): the context-parallel group on every attention (Ulysses);
     4. **expert** (``ep``): the experts over ``ep`` (:func:`~reinforge.train.mesh.apply_expert_parallel`:
        their own FSDP unit over the ``dp / ep`` ranks that hold the same experts, or left out of FSDP);
@@ -278,7 +280,9 @@ def parallelize(
     stages = split.stages if split is not None else []
     layers = _decoder_layers(model)
     if layout.tp > 1:
-        apply_tensor_parallel(layers, mesh.mesh["tp"])
+        apply_tensor_parallel(layers, mesh.mesh["tp"], layout.sp)
+        if layout.sp:
+            apply_sequence_parallel_ends(backbone, mesh.mesh["tp"])
     if layout.cp > 1:
         set_context_parallel(layers, mesh.group("cp"))
     enabled, num_layers = recompute

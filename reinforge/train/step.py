@@ -69,7 +69,12 @@ class ModelInput:
 
 
 def model_input(trainer: ModelTrainer, mb: MicroBatch) -> ModelInput:
-    """The model input of ``mb`` on this rank (its positions only under context parallelism)."""
+    """The model input of ``mb`` on this rank (its positions only under context parallelism; rows
+    padded to a multiple of ``tp`` positions under sequence parallelism)."""
+    layout = trainer.parallel.layout
+    if layout.sp and mb.input_ids.shape[1] % layout.tp:
+        R, T = mb.input_ids.shape
+        mb = pad_micro_batch(mb, R, -(-T // layout.tp) * layout.tp, trainer.pad_id)
     shard = trainer.sequence_shard(mb)
     if shard is not None:
         return ModelInput(shard.input_ids, shard.position_ids, shard.ctx, shard.index, shard)
