@@ -6,7 +6,7 @@ run load on one process with the same weights; the config and preflight checks n
 import pytest
 import torch
 
-from reinforge.train.mesh import Layout
+from reinforge.parallel_layout import Layout
 from tests.ranks import spawn_ranks
 from tests.test_distributed import (
     assert_resumes_on_one_process,

@@ -3,7 +3,7 @@ gradient norm and updated weights of one process (fp32), also with ranks that ge
 
 import pytest
 
-from reinforge.train.mesh import Layout
+from reinforge.parallel_layout import Layout
 from tests.test_distributed import (
     assert_resumes_on_one_process,
     assert_same,
