@@ -49,7 +49,8 @@ def weight_norm(name: str, t: torch.Tensor) -> float:
 
 def worker(rank, world, port, overrides, path, data, steps, device, queue, summarize=weight_norm):
     """One trainer rank: ``steps`` training steps of ``data``; rank 0 puts (last metrics, median
-    step seconds, {name: summarize(name, full weight)}) on ``queue``."""
+    step seconds, {name: summarize(name, full weight)}, every rank's peak GPU memory in GiB (nan on
+    a CPU)) on ``queue``."""
     from reinforge.config import load_config
     from reinforge.train.worker import TrainWorker
 
@@ -67,9 +68,10 @@ def worker(rank, world, port, overrides, path, data, steps, device, queue, summa
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
+    peaks = w.parallel.gather_objects(torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"))
     summary = {n: summarize(n, t) for n, t in w.named_weights()}  # full tensors: every rank iterates (FSDP)
     if rank == 0:
-        queue.put((metrics[-1], statistics.median(times[1:] or times), summary))
+        queue.put((metrics[-1], statistics.median(times[1:] or times), summary, peaks))
     w.parallel.barrier()
 
 
@@ -98,7 +100,7 @@ def main():
                 f"model.fused_kernels={fused}",
                 "train.packing=sequences",
             ]
-            m, step_s, norms = spawn_ranks(
+            m, step_s, norms, _ = spawn_ranks(
                 worker, world, (overrides, str(folder), data, args.steps, args.device), timeout=900
             )
             rows.append((world, fused, m["train/loss"], m["train/grad_norm"], step_s, norms))

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from archs import ARCHS, tiny_overrides, write_random_model  # noqa: E402
 from fsdp_two_gpus import make_data  # noqa: E402
-from tp_fsdp import fingerprint, projection_diff, rel  # noqa: E402
+from tp_fsdp import projection_diff, rel, worker  # noqa: E402
 
 from tests.ranks import spawn_ranks  # noqa: E402
 
@@ -52,34 +50,6 @@ def parse(layout: str) -> dict[str, int]:
     if layout.endswith("-sp"):
         out["train.sequence_parallel"] = "true"
     return out
-
-
-def worker(rank, world, port, overrides, path, data, steps, device, queue):
-    """One trainer rank: ``steps`` actor steps; rank 0 puts (last metrics, median s/step, the weights'
-    fingerprints, the peak memory of every rank in GiB) on ``queue``."""
-    from reinforge.config import load_config
-    from reinforge.train.worker import TrainWorker
-
-    cuda = device == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    cfg = load_config(None, overrides + [f"train.device={f'cuda:{rank}' if cuda else 'cpu'}"])
-    w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
-    metrics, times = [], []
-    for r in range(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        metrics.append(w.train_actor(data, r))
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
-    peaks = w.parallel.gather_objects(peak)
-    prints = {n: fingerprint(n, t) for n, t in w.named_weights()}  # full tensors: every rank iterates
-    if rank == 0:
-        queue.put((metrics[-1], statistics.median(times[1:] or times), prints, peaks))
-    w.parallel.barrier()
 
 
 def main(argv: list[str] | None = None) -> list[tuple]:

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> list[tuple]:
     layouts = [(1, 1), (args.world, 1)] + [(args.world, t) for t in args.tp]
     rows = []
     for world, tp in layouts:
-        m, step_s, prints = spawn_ranks(
+        m, step_s, prints, _ = spawn_ranks(
             worker,
             world,
             (base + [f"train.tensor_model_parallel_size={tp}"], str(folder), data, args.steps, args.device),

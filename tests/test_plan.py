@@ -373,26 +373,15 @@ def test_plan_vs_measured_runs_on_cpu(tiny_model_path, tmp_path, capsys):
     assert "| generation |" in out and "| training |" in out and "GPU planned: NVIDIA H100" in out
 
 
-QWEN3_8B = dict(
-    model_type="qwen3",
-    architectures=["Qwen3ForCausalLM"],
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    tie_word_embeddings=False,
-)
-
-
-def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path):
+def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path, monkeypatch):
     """Issue 36 item 6: AdamW alone (8 B / parameter: 65 GB) does not fit beside an 8B model's
     weights, gradients and engine on one H200; with its moments (or everything) in host memory it
     does, and the planner says what the offload costs in time."""
-    path = folder(tmp_path, QWEN3_8B)
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    from archs import ARCHS
+
+    qwen3_8b = {**ARCHS["qwen3-8b"], "architectures": ["Qwen3ForCausalLM"]}
+    path = folder(tmp_path, qwen3_8b)
     base = [
         f"model.path={path}",
         "model.gradient_checkpointing=true",
@@ -408,7 +397,7 @@ def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path):
         _, p = resolve_config(load_config(None, [*base, *extra]), path, gpu=GPUS["h200"], prompt_len=64)
         return p
 
-    arch = M.Arch.from_config(QWEN3_8B)
+    arch = M.Arch.from_config(qwen3_8b)
     assert 8.0e9 < arch.num_params < 8.4e9  # Qwen3-8B: 8.19B
     assert training_problems(plan(), 64)  # 16 B / parameter: 131 GB before activations
     opt, fsdp = plan("train.optimizer_offload=true"), plan("train.fsdp_cpu_offload=true")
