@@ -4,7 +4,8 @@ Layout of ``<output_dir>/checkpoints/rollout_000012/``::
 
     model/              the policy as a Hugging Face folder (fp32 safetensors, config, tokenizer)
     dcp/actor/          the policy's trainable weights, torch.distributed.checkpoint (sharded: loads
-                        on any number of trainer ranks; with LoRA the adapters only)
+                        on any number of trainer ranks; with LoRA the adapters only); when every
+                        parameter trains, only ``hf_weights.json``: the weights are ``model/``'s
     dcp/actor_optim/    its AdamW state (``run.save_optimizer``: in every checkpoint, the newest only,
                         or none)
     dcp/critic/, dcp/critic_optim/   the same for the critic (PPO with a critic only)
@@ -381,9 +382,11 @@ _NUMPY_RNG_GLOBALS = [
 ]
 
 
-# Files every complete RL checkpoint has (``dcp/actor/.metadata`` is written last by DCP);
-# offline checkpoints (``step_*``) hold ``dcp/model`` instead.
+# Files every complete RL checkpoint has (``dcp/actor/.metadata`` is written last by DCP; a policy whose
+# weights are model/'s has ``dcp/actor/hf_weights.json`` instead); offline checkpoints (``step_*``) hold
+# ``dcp/model`` instead.
 REQUIRED_FILES = ("state.json", "rng.pt", "trainer_state.pt", "model/config.json", "dcp/actor/.metadata")
+WEIGHTS_ELSEWHERE = {"dcp/actor/.metadata": "dcp/actor/hf_weights.json"}  # the one required file that may be this
 # Keys of state.json that resuming reads.
 STATE_KEYS = {"rollout": ("rollout_id", "weight_version", "data", "config"), "step": ("step", "config")}
 
@@ -398,6 +401,10 @@ def checkpoint_problem(ckpt: Path, deep: bool = True) -> str | None:
     kind = "step" if ckpt.name.startswith("step_") else "rollout"
     required = (
         REQUIRED_FILES if kind == "rollout" else tuple(n.replace("dcp/actor", "dcp/model") for n in REQUIRED_FILES)
+    )
+    required = tuple(
+        WEIGHTS_ELSEWHERE[n] if n in WEIGHTS_ELSEWHERE and (ckpt / WEIGHTS_ELSEWHERE[n]).is_file() else n
+        for n in required
     )
     for name in required:
         if not (ckpt / name).is_file():

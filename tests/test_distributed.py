@@ -151,6 +151,35 @@ def test_dcp_saved_on_two_ranks_loads_on_one(tiny_model_path, tmp_path):
         assert torch.equal(weights[k], hf[k].detach()), k
 
 
+def _resume_worker(rank, world, port, cfg, path, data, ckpt, queue):
+    from reinforge.train.worker import TrainWorker
+
+    w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
+    w.load(ckpt)
+    m = w.train_actor(data, 1)
+    weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}
+    if rank == 0:
+        queue.put((m, weights))
+    w.parallel.barrier()
+
+
+def test_a_one_process_checkpoint_resumes_on_two_fsdp_ranks(tiny_model_path, tmp_path):
+    """Every parameter trains, so the checkpoint's weights are its Hugging Face folder only
+    (dcp/actor/hf_weights.json): two FSDP ranks read the full tensors, keep their shards, load the
+    AdamW state from DCP, and the next step equals an uninterrupted run's."""
+    import json
+
+    cfg = make_cfg(tiny_model_path)
+    data = make_data(6, seed=4)
+    single_metrics, single_weights, _ = run_single(cfg, tiny_model_path, data, steps=2)
+    *_, w = run_single(cfg, tiny_model_path, data, steps=1)
+    w.save(str(tmp_path / "ckpt"))
+    assert json.loads((tmp_path / "ckpt" / "dcp" / "actor" / "hf_weights.json").read_text())["weights"]
+    assert not (tmp_path / "ckpt" / "dcp" / "actor" / ".metadata").exists()
+    m, weights = spawn_ranks(_resume_worker, 2, (cfg, str(tiny_model_path), data, str(tmp_path / "ckpt")))
+    assert_same(([single_metrics[1]], single_weights), ([m], {k: torch.from_numpy(v) for k, v in weights.items()}))
+
+
 def test_two_ranks_shared_prompt_match_one_padded_process(tiny_model_path):
     """Shared-prompt rows split by whole prompt groups over 2 ranks give the update of one
     process with padded rows."""

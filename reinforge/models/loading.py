@@ -100,6 +100,13 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def read_native_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The weights of Hugging Face folder ``path`` (a registered family's) under reinforge's own
+    parameter names (the family's ``from_hub``: MoE experts stacked), on the CPU as stored."""
+    path = Path(path)
+    return family_of(json.loads((path / "config.json").read_text())).from_hub(_read_safetensors(path), str(path))
+
+
 def build_model(
     path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,

@@ -4,6 +4,7 @@ micro-batches, rank-balanced work, NaN-guarded steps and sharded checkpoints."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -327,24 +328,65 @@ class ModelTrainer:
         for s, i in enumerate(mb.indices):
             out[i] = grid[s][mb.response_mask[s]].detach().float().cpu()
 
-    def save(self, directory: str, optimizer: bool = True) -> dict[str, Any]:
+    def save(self, directory: str, optimizer: bool = True, weights_in: str | None = None) -> dict[str, Any]:
         """The model's trainable weights into ``directory`` and, with ``optimizer``, the AdamW state
         into ``directory + "_optim"``, with ``torch.distributed.checkpoint`` (each rank writes its
         shards, or its pipeline stages' weights; loadable on any layout). The optimizer state is
         flattened (one entry per parameter name, ``param_groups`` too: a pipeline rank's groups hold
         only its parameters). Frozen weights (the base model under LoRA) are not written: they are
-        rebuilt from ``model.path``. Returns the small replicated state (scheduler, counters) for the
-        caller to store."""
+        rebuilt from ``model.path``. ``weights_in``: a Hugging Face folder (relative to
+        ``directory``) the caller writes with these very weights in fp32 (:attr:`hf_folder_holds_weights`):
+        ``directory`` then holds only :data:`HF_WEIGHTS` naming it, and :meth:`load` reads the weights
+        from there (4 bytes per parameter saved). Returns the small replicated state (scheduler,
+        counters) for the caller to store."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         options = StateDictOptions(flatten_optimizer_state_dict=True)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
+        if weights_in is not None and self.parallel.rank == 0:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            Path(directory, HF_WEIGHTS).write_text(json.dumps({"weights": weights_in, "dtype": "float32"}) + "\n")
         with _single_process_dcp(self.parallel):
-            dcp.save({"model": self._trainable(model_sd)}, checkpoint_id=directory)
+            if weights_in is None:
+                dcp.save({"model": self._trainable(model_sd)}, checkpoint_id=directory)
             if optimizer:
                 dcp.save({"optim": optim_sd}, checkpoint_id=optimizer_dir(directory))
         return {"scheduler": self.scheduler.state_dict(), "skipped_steps": self.skipped_steps}
+
+    @property
+    def hf_folder_holds_weights(self) -> bool:
+        """Whether a Hugging Face folder of :meth:`full_state_dict` holds every trained weight as
+        trained (fp32, names the family maps back): every parameter trains (no LoRA), the model is
+        reinforge's own, and no pipeline splits it (its tied head's copy is not in the folder)."""
+        return (
+            self.pipeline is None
+            and isinstance(self.model, CausalLM)
+            and all(p.requires_grad for p in self.model.parameters())
+        )
+
+    def load_hf_weights(self, folder: str | Path) -> None:
+        """Set the (possibly sharded) model's weights from the Hugging Face folder :meth:`save`'s
+        ``weights_in`` named: every rank reads the full tensors and keeps its shards.
+
+        Raises:
+            KeyError: the folder lacks a weight of the model."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        from ..models.loading import read_native_weights
+
+        full = read_native_weights(folder)
+        if "lm_head.weight" not in full and "model.embed_tokens.weight" in full:  # tied: stored once
+            full["lm_head.weight"] = full["model.embed_tokens.weight"]  # (also a last pipeline stage's head copy)
+        local = self.model.state_dict()  # this rank's (a pipeline stage's) names
+        state = {k: v for k, v in full.items() if k in local}
+        missing = sorted(set(local) - set(state))
+        if missing:
+            raise KeyError(f"{folder}: the checkpoint's weights lack {missing[:5]}")
+        if self.fsdp or self.parallel.distributed:
+            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            self.model.load_state_dict(state, strict=False)
 
     def _trainable(self, model_sd: dict[str, Any]) -> dict[str, Any]:
         """``model_sd`` without the frozen parameters (all of it when every parameter trains)."""
@@ -367,7 +409,10 @@ class ModelTrainer:
             set_state_dict,
         )
 
-        combined = _has_optimizer_state(directory)  # written before the optimizer got its own folder
+        marker = Path(directory, HF_WEIGHTS)
+        if marker.is_file():  # the weights are the checkpoint's Hugging Face folder (save's weights_in)
+            self.load_hf_weights(Path(directory, json.loads(marker.read_text())["weights"]))
+        combined = not marker.is_file() and _has_optimizer_state(directory)  # (before the optimizer's own folder)
         optim_dir = directory if combined else optimizer_dir(directory)
         restored = combined or Path(optim_dir, ".metadata").is_file()
         flat = restored and _flattened(optim_dir)
@@ -384,7 +429,8 @@ class ModelTrainer:
         rename = (".lm_head.weight.", ".model.embed_tokens.weight.") if alias else (".", ".")
         request = {k.replace(*rename): v for k, v in optim_sd.items()}
         with _single_process_dcp(self.parallel):
-            dcp.load({"model": model_sd, **({"optim": request} if combined else {})}, checkpoint_id=directory)
+            if not marker.is_file():
+                dcp.load({"model": model_sd, **({"optim": request} if combined else {})}, checkpoint_id=directory)
             if restored and not combined:
                 loaded = {"optim": request}
                 dcp.load(loaded, checkpoint_id=optim_dir)
@@ -413,6 +459,9 @@ class ModelTrainer:
         if not self.parallel.distributed and not self.fsdp:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+HF_WEIGHTS = "hf_weights.json"  # in a weights folder whose weights are the checkpoint's Hugging Face folder
 
 
 def optimizer_dir(directory: str) -> str:

@@ -107,9 +107,12 @@ class TrainWorker:
         ``dcp/actor`` and ``dcp/critic`` (sharded, any-rank-count loadable; trainable weights only),
         with ``optimizer`` their AdamW states in ``dcp/actor_optim`` and ``dcp/critic_optim``, and from rank 0
         ``model/`` (the policy as a Hugging Face folder, LoRA merged), ``adapter/`` (with LoRA: the
-        PEFT adapter folder) and ``trainer_state.pt``."""
+        PEFT adapter folder) and ``trainer_state.pt``. When ``model/`` holds every trained weight as
+        trained (full-parameter training, :attr:`~ModelTrainer.hf_folder_holds_weights`), ``dcp/actor``
+        names it instead of holding a second copy."""
         d = Path(directory)
-        state = {"actor": self.actor.save(str(d / "dcp" / "actor"), optimizer)}
+        weights_in = "../../model" if self.actor.hf_folder_holds_weights else None  # relative to dcp/actor
+        state = {"actor": self.actor.save(str(d / "dcp" / "actor"), optimizer, weights_in=weights_in)}
         if self.critic is not None:
             state["critic"] = self.critic.save(str(d / "dcp" / "critic"), optimizer)
         full = self.actor.hf_state_dict()
