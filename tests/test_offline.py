@@ -414,3 +414,18 @@ def test_shared_prefix_rows_score_like_separate_sequences(tmp_path, tiny_model_p
     separate, _ = t.sequence_stats(examples, reference=False)
     assert torch.allclose(torch.tensor(shared), torch.tensor(separate), atol=1e-4)
     loop.close()
+
+
+def test_a_rank_with_only_dummy_micro_batches_keeps_its_gradient_shard(tmp_path, tiny_model_path):
+    """One example per step over 2 FSDP ranks: the rank without data runs dummy micro-batches, whose
+    backward still reduce-scatters the other rank's gradients into its shard; that shard must be
+    applied (it was zeroed as if the step had no micro-batch), so the weights equal one process's."""
+    files = write_data(tmp_path, n=2)
+    eq = {**EQ, "offline.global_batch_size": 1}
+    one = offline_overrides(tiny_model_path, tmp_path / "one", data_for("sft", files), "sft", **eq)
+    two = offline_overrides(tiny_model_path, tmp_path / "two", data_for("sft", files), "sft", **eq)
+    run_offline(load_config(None, one))
+    run_ranks(2, two, timeout=180)
+    w1, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=2e-5), name

@@ -237,7 +237,7 @@ class OfflineTrainer(ModelTrainer):
         loss_sum = sums.pop("loss")
         sums = self.parallel.sum_floats(sums)
         if train:
-            grad_norm, _ = self.optimizer_step(loss_sum, any(rows for _, rows in batches))
+            grad_norm, _ = self.optimizer_step(loss_sum, bool(batches))  # a rank of dummies holds FSDP's shards too
         metrics = {k: v / max(counts["examples"], 1.0) for k, v in sums.items()}
         metrics["loss"] = self.parallel.sum_floats({"l": loss_sum})["l"]
         if "nll" in metrics:

@@ -157,6 +157,8 @@ def forward_backward(
             sums[k] += v
 
     pipeline = trainer.pipeline_of(model)
+    if pipeline is not None and not mbs:  # every advantage zero: empty on every rank alike (counts are global)
+        return to_floats(sums)
     if pipeline is not None:
         if head is None or routing is not None:
             raise ValueError("pipeline parallelism runs a language model's response tokens, without routing")
