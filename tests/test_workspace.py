@@ -129,6 +129,22 @@ def test_a_git_base_is_extracted_once_read_only_and_shared(repo, tmp_path):
     with pytest.raises(RuntimeError, match="git"):
         git_base(str(tmp_path / "no-repo"), "1" * 40, cache)
     assert not (cache / ("1" * 40)).exists()
+    marker = tmp_path / "injected"
+    with pytest.raises(ValueError, match="starts with '-'"):  # an option, not a repository: git would run it
+        git_base(f"--upload-pack=touch {marker};", "2" * 40, cache)
+    assert not marker.exists()
+
+
+def test_a_folder_base_that_would_expose_the_host_is_refused(tmp_path, monkeypatch):
+    from reinforge.envs.workspace import folder_base
+
+    monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    for bad in ("/", "/proc/self", str(tmp_path), str(tmp_path / "cache")):
+        with pytest.raises(ValueError, match="would expose"):
+            folder_base(bad)
+    (tmp_path / "repo").mkdir()
+    assert folder_base(tmp_path / "repo") == tmp_path / "repo"
 
 
 def test_layers_of_a_killed_process_are_swept(tmp_path):
@@ -284,3 +300,26 @@ def test_nothing_is_left_after_a_failed_episode(repo, tmp_path, monkeypatch):
         asyncio.run(env.reset())
     asyncio.run(env.close())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(PREFIX)]
+
+
+def test_the_merged_copy_never_writes_through_a_link_of_the_base(tmp_path):
+    """The fallback where no overlay mounts: a copy of base + episode layer. A link in the base (absolute,
+    into the base itself) must not carry the episode's file into the base; a file of the episode that
+    replaces a base link wins, as the overlay shows it; folders merge."""
+    from reinforge.tools.sandbox_io import merged_copy
+
+    base, upper = tmp_path / "base", tmp_path / "upper"
+    (base / "real").mkdir(parents=True)
+    (base / "real" / "a.py").write_text("base a\n")
+    (base / "alias").symlink_to(base / "real")  # absolute link to a folder of the base
+    (base / "rel.txt").symlink_to("real/a.py")
+    (upper / "alias").mkdir(parents=True)
+    (upper / "alias" / "new.py").write_text("episode\n")  # what Workspace.write_bytes('alias/new.py') leaves
+    (upper / "rel.txt").write_text("episode file over a base link\n")
+    (upper / "real").mkdir()
+    (upper / "real" / "b.py").write_text("episode b\n")
+    out = Path(merged_copy([str(base), str(upper)], [], str(tmp_path / "merged")))
+    assert sorted(p.name for p in (base / "real").iterdir()) == ["a.py"]  # the base is unchanged
+    assert (out / "alias" / "new.py").read_text() == "episode\n" and not (out / "alias").is_symlink()
+    assert not (out / "rel.txt").is_symlink() and (out / "rel.txt").read_text().startswith("episode")
+    assert sorted(p.name for p in (out / "real").iterdir()) == ["a.py", "b.py"]

@@ -218,10 +218,17 @@ def folder_base(path: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: not a folder.
+        ValueError: ``/``, a folder of ``/proc``, ``/sys`` or ``/dev``, or one that holds the models
+            cache (the sandbox would expose them).
     """
+    from ..models.hub import cache_dir
+
     p = Path(os.path.realpath(os.path.expanduser(str(path))))
     if not p.is_dir():
         raise FileNotFoundError(f"the workspace base {str(path)!r} is not a folder")
+    models = Path(os.path.realpath(cache_dir()))
+    if p == Path("/") or p.parts[1:2] in (("proc",), ("sys",), ("dev",)) or models == p or p in models.parents:
+        raise ValueError(f"the workspace base {str(path)!r} would expose {p} to the sandbox: use a folder of its own")
     return p
 
 
@@ -261,9 +268,12 @@ def git_base(repo: str, commit: str, cache: str | Path) -> Path:
     return dest
 
 
+def _git_env() -> dict[str, str]:
+    return {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}
+
+
 def _git(args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}
-    return subprocess.run(["git", *args], env=env, capture_output=True, text=True)
+    return subprocess.run(["git", *args], env=_git_env(), capture_output=True, text=True)
 
 
 def _extract(repo: str, commit: str, dest: Path) -> None:
@@ -273,6 +283,8 @@ def _extract(repo: str, commit: str, dest: Path) -> None:
         raise RuntimeError("a git base needs git (`apt-get install git`)")
     if not hasattr(tarfile, "data_filter"):
         raise RuntimeError("a git base needs tarfile's extraction filters (Python 3.10.12, 3.11.4 or later)")
+    if repo.startswith("-"):  # git would read it as an option (--upload-pack=... runs a command)
+        raise ValueError(f"the base repository {repo!r} starts with '-': name a path or a URL")
     scratch = None
     source = os.path.expanduser(repo)
     try:
@@ -280,15 +292,14 @@ def _extract(repo: str, commit: str, dest: Path) -> None:
             scratch = tempfile.mkdtemp(prefix=".fetch-", dir=dest.parent)
             for args in (
                 ["init", "-q", "--bare", scratch],
-                ["-C", scratch, "fetch", "-q", "--depth", "1", repo, commit],
+                ["-C", scratch, "fetch", "-q", "--depth", "1", "--end-of-options", repo, commit],
             ):
                 r = _git(args)
                 if r.returncode:
                     raise RuntimeError(f"git {' '.join(args[:3])} ... {repo} failed: {r.stderr.strip()[-500:]}")
             source = scratch
-        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}
         cmd = ["git", "-C", source, "archive", "--format=tar", f"{commit}^{{tree}}"]
-        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        with subprocess.Popen(cmd, env=_git_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
             assert proc.stdout is not None and proc.stderr is not None
             try:
                 with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:  # streamed: never all in memory

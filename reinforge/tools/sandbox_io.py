@@ -48,15 +48,35 @@ def layers_of(binds: dict[str, str | list[str]] | None) -> dict[str, list[str]]:
 
 
 def merged_copy(layers: list[str], made: list[str], dest: str | None = None) -> str:
-    """A copy of ``layers`` merged (later layers' files over earlier ones'), at ``dest`` or in a new
-    temporary folder readable by any uid (appended to ``made``). Where no overlay can be mounted:
-    it costs time in proportion to the files."""
+    """A copy of ``layers`` merged (later layers' entries over earlier ones', as an overlay shows
+    them), at ``dest`` or in a new temporary folder readable by any uid (appended to ``made``). Where
+    no overlay can be mounted: it costs time in proportion to the files.
+
+    The top layer is copied first and an entry that exists is never written again, so a link an
+    earlier layer holds is copied as a link and never followed (a write through it could land in
+    that layer's target: the shared base)."""
     if dest is None:
         dest = tempfile.mkdtemp(prefix="reinforge-merged-")
         made.append(dest)
         os.chmod(dest, 0o755)
-    for layer in layers:
-        shutil.copytree(layer, dest, symlinks=True, dirs_exist_ok=True)
+    os.makedirs(dest, exist_ok=True)
+    for layer in reversed(layers):
+        for root, dirs, files in os.walk(layer):  # links to folders are listed, not entered
+            rel = os.path.relpath(root, layer)
+            target = dest if rel == "." else os.path.join(dest, rel)
+            if os.path.islink(target) or not os.path.isdir(target):  # a layer above put a file or link here
+                dirs[:] = []
+                continue
+            for name in dirs + files:
+                src, dst = os.path.join(root, name), os.path.join(target, name)
+                if os.path.lexists(dst):
+                    continue
+                if os.path.islink(src):
+                    os.symlink(os.readlink(src), dst)
+                elif os.path.isdir(src):
+                    os.mkdir(dst)
+                else:
+                    shutil.copy2(src, dst, follow_symlinks=False)
     return dest
 
 
