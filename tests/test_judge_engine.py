@@ -89,6 +89,31 @@ def test_unparseable_answer_is_counted_and_left_out(sevens_judge):
     mgr.close()
 
 
+def test_a_judge_that_cannot_wake_counts_the_call_as_judge_errors_and_sleeps_again(sevens_judge, monkeypatch):
+    """A KV cache that does not fit at wake-up (the policy's engine holding memory) fails the call like
+    any engine error: counted, the samples left out, the judge asleep again with its weights where
+    reward.judge_offload_weights keeps them; the next call wakes it normally."""
+    mgr = _mgr(sevens_judge, judge_score_regex="(7)", judge_offload_weights=True)
+    engine = mgr.judge.engine.engine
+    wake, sleeps = engine.wake_up, []
+    sleep = engine.sleep
+    monkeypatch.setattr(engine, "sleep", lambda offload_weights=False: (sleeps.append(offload_weights), sleep())[1])
+
+    def no_memory():
+        raise MemoryError("the KV cache does not fit")
+
+    monkeypatch.setattr(engine, "wake_up", no_memory)
+    s = [_sample(), _sample(response="5", i=1)]
+    counts = mgr.score(s)  # (before: the MemoryError ended the rollout)
+    assert counts["reward/judge_errors"] == 2 and all(x.status == Status.FAILED for x in s)
+    assert "does not fit" in s[0].reward_info["reward_failure"] and sleeps[-1] is True
+    monkeypatch.setattr(engine, "wake_up", wake)
+    again = [_sample(i=2)]
+    mgr.score(again)
+    assert again[0].reward == 0.7 and sleeps[-1] is True and mgr.judge.engine.asleep
+    mgr.close()
+
+
 def test_a_prompt_past_judge_max_len_is_a_judge_error(sevens_judge):
     mgr = _mgr(sevens_judge, judge_score_regex="(7)", judge_max_len=160)
     s = [_sample(), _sample(response="word " * 300, i=1)]

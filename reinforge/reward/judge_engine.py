@@ -107,7 +107,8 @@ def judge_spec(cfg: Config) -> JudgeSpec:
     device = resolve_device(cfg.train.device)
     need = run_max_seqs(cfg)
     slots = min(r.judge_max_num_seqs, need) if need else r.judge_max_num_seqs
-    engine = dataclasses.replace(cfg.engine, max_num_seqs=slots, num_kv_blocks=0)
+    # the policy engine's settings, but never its fp8 weights (a judge's scores are not the policy's to trade)
+    engine = dataclasses.replace(cfg.engine, max_num_seqs=slots, num_kv_blocks=0, quantization=None)
     _, window = _window(path)
     max_len = r.judge_max_len or min(DEFAULT_MAX_LEN, window.tokens if window else DEFAULT_MAX_LEN)
     dtype = engine_dtype(cfg.engine.dtype, device)
@@ -311,16 +312,17 @@ class EngineJudge:
         if requests:
             with self._lock, trace.span("judge_generate", "reward", prompts=len(requests)):
                 self.calls += 1
-                self.engine.wake_up()
                 try:
+                    self.engine.wake_up()  # (its KV cache may not fit now: a failure of the call like any)
                     results = self.engine.generate(requests)
                 except Exception as e:  # noqa: BLE001 - every answer of the call failed: counted, not scored
-                    self.engine.shutdown()  # drops what is queued; asleep until the next call
+                    self.engine.shutdown()  # drops what is queued
                     msg = f"the embedded judge's engine failed: {type(e).__name__}: {e}"
                     for i in where:
                         out[i] = JudgeFailure("judge_errors", msg)
                     return out  # type: ignore[return-value]
-                self.engine.sleep(offload_weights=s.offload_weights)
+                finally:  # asleep until the next call, its weights where reward.judge_offload_weights keeps them
+                    self.engine.sleep(offload_weights=s.offload_weights)
             self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
             for i, res in zip(where, results):
                 out[i] = self.tokenizer.decode(res[0].token_ids, skip_special_tokens=True)
