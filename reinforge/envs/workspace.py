@@ -73,10 +73,6 @@ class Workspace:
         """The host folders of the workspace, bottom first (``run_python``'s ``binds`` value)."""
         return [str(p) for p in (self.base, self.upper) if p is not None]
 
-    @property
-    def closed(self) -> bool:
-        return not self.upper.exists()
-
     def close(self) -> None:
         """Delete the episode's layer (its edits); the base stays. Idempotent."""
         shutil.rmtree(self.upper, ignore_errors=True)

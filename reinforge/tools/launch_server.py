@@ -116,9 +116,15 @@ def serve(msg, fds):
 while True:
     for key, _ in sel.select():
         if key.fileobj is sock:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
+            msg, fds, flags, _ = socket.recv_fds(sock, 1 << 16, 64)
             if not msg:
                 os._exit(0)  # the trainer closed its end
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):  # a request cut short: refuse it whole
+                for fd in fds:
+                    os.close(fd)
+                rid = msg.split(b"\0", 1)[0].decode(errors="replace")
+                send(["E", rid, "the launch request was too large"], [])
+                continue
             serve(msg, fds)
         else:
             rid, pid = running.pop(key.fd)
@@ -321,6 +327,7 @@ class LaunchServer:
                 with s.lock:
                     s.pending.pop(rid, None)
                 s.dead = True
+                _shut(s.sock)  # the server exits and its reader thread ends; the next attempt starts another
                 if attempt:
                     raise ServerDied("the sandbox launch server does not answer") from None
                 continue
@@ -332,16 +339,6 @@ class LaunchServer:
                 continue
             return Launched(pid, pidfd, req.exited)
         raise ServerDied("the sandbox launch server died twice before starting the run")
-
-    def stop(self) -> None:
-        """Close our end (the server exits; runs in flight die with it)."""
-        with self._lock:
-            s, self._server = self._server, None
-        if s is not None and s.owner == os.getpid():
-            try:
-                s.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 @dataclass
@@ -397,3 +394,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Close our end of a server's socket (the server exits at end of file; runs in flight die with it)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

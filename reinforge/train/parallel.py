@@ -155,23 +155,15 @@ class ParallelContext:
     def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
         """Element-wise sum of a dict of floats over the data-parallel ranks (same keys on every
         rank; the ranks of one tensor / context parallel group hold the same values, counted once)."""
-        if not self.distributed or not values:
+        if not self.distributed:
             return values
-        keys = sorted(values)
-        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._device())
-        dist.all_reduce(t, group=self.mesh.group("dp") if self.mesh is not None else None)
-        return dict(zip(keys, t.tolist()))
+        return _all_reduce_floats(values, self.mesh.group("dp") if self.mesh is not None else None, self._device())
 
     def sum_over_pipeline(self, values: dict[str, float]) -> dict[str, float]:
         """Element-wise sum of a dict of floats over this rank's pipeline (the last stage's sums reach
         every stage; the others hold zeros); ``values`` unchanged without pipeline parallelism."""
         group = self.pp_group
-        if group is None or not values:
-            return values
-        keys = sorted(values)
-        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._device())
-        dist.all_reduce(t, group=group)
-        return dict(zip(keys, t.tolist()))
+        return values if group is None else _all_reduce_floats(values, group, self._device())
 
     def gather_objects(self, obj: Any, dp_only: bool = False) -> list[Any]:
         """Every rank's ``obj`` (a collective); ``dp_only``: one per data-parallel rank (the ranks of
@@ -338,3 +330,13 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     if not hasattr(t, "full_tensor"):
         return t
     return t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
+
+
+def _all_reduce_floats(values: dict[str, float], group: Any, device: torch.device) -> dict[str, float]:
+    """``values`` summed element-wise over ``group`` (None: every rank), in float64."""
+    if not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=group)
+    return dict(zip(keys, t.tolist()))

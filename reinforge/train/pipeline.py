@@ -246,11 +246,6 @@ class Pipeline:
             for st in self.stages:
                 st.inputs = []
 
-    @property
-    def is_last(self) -> bool:
-        """Whether this rank holds the last stage (it computes the losses)."""
-        return any(st.index == self.pp * self.vpp - 1 for st in self.stages)
-
     # ------------------------------------------------------------------ the tied embedding
     def _tied_param(self) -> nn.Parameter | None:
         """This rank's copy of a tied embedding / LM head (the first stage's embedding, the last
