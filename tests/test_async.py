@@ -14,12 +14,7 @@ from reinforge.loop import RLLoop, run_training
 from reinforge.records import GenerateRequest, Sample, SamplingParams
 from reinforge.rollout.async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
 from reinforge.rollout.source import SyncRollouts
-from tests.test_integration import tiny_overrides
-
-
-def read_metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
+from tests.test_integration import read_metrics, tiny_overrides, without_timings
 
 # ---------------------------------------------------------------------------- the decoupled objective
 
@@ -379,10 +374,7 @@ def test_zero_staleness_is_the_synchronous_loop(tmp_path, tiny_model_path):
             loop.train()
         finally:
             loop.close()
-        runs[name] = [
-            {k: v for k, v in m.items() if k != "time" and not k.startswith(("time/", "perf/"))}
-            for m in read_metrics(out)
-        ]
+        runs[name] = without_timings(read_metrics(out))
     assert runs["sync"] == runs["k0"]
     assert not any(k.startswith("async/") for m in runs["k0"] for k in m)
 

@@ -40,6 +40,14 @@ def read_metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+WALL_CLOCK = ("time/", "perf/", "plan/")  # seconds, rates and the planner's measured-vs-predicted: not reproducible
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    """``rows`` of metrics without the ones that depend on wall-clock time (two identical runs differ there)."""
+    return [{k: v for k, v in m.items() if k != "time" and not k.startswith(WALL_CLOCK)} for m in rows]
+
+
 def test_grpo_two_rollouts_tiny_model(tmp_path, tiny_model_path, capsys):
     out = tmp_path / "run"
     cfg = load_config(

@@ -17,7 +17,7 @@ from reinforge.records import Status
 from reinforge.rollout.generate import RolloutContext
 from reinforge.rollout.over_sampling import OverSampledRollout, off_policy_metrics
 from tests.test_engine import trainer_log_probs
-from tests.test_integration import read_metrics, tiny_overrides
+from tests.test_integration import read_metrics, tiny_overrides, without_timings
 
 # a stop string that most tokens' text contains: the tiny model's responses end after 1-5 tokens, so
 # samples finish at different steps and the early stop leaves some half-generated
@@ -234,10 +234,7 @@ def test_over_sampling_equal_to_the_batch_trains_as_without_it(tmp_path, tiny_mo
     runs = {}
     for name, extra in (("default", {}), ("equal", {"rollout.over_sampling_batch_size": 2})):
         trained, rows = _run(tiny_model_path, tmp_path / name, **extra)
-        runs[name] = (
-            trained,
-            [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/")) and k != "time"} for m in rows],
-        )
+        runs[name] = (trained, without_timings(rows))
     (t_default, m_default), (t_equal, m_equal) = runs["default"], runs["equal"]
     assert [[s.tokens for s in r] for r in t_default] == [[s.tokens for s in r] for r in t_equal]
     extra = {k for m in m_equal for k in m} - {k for m in m_default for k in m}
