@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs 2 workers on 2 cores: one thread each, not 2 x 2
+    torch.set_num_threads(1)
 
 TOKENIZER_FILES = (
     "tokenizer.json",
