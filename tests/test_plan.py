@@ -243,7 +243,10 @@ AUTO = [
 ]
 
 
-def test_auto_on_a_gpu_chooses_values_that_fit(tmp_path):
+def test_auto_on_a_gpu_chooses_values_that_fit(tmp_path, monkeypatch):
+    import reinforge.plan.planner as planner
+
+    monkeypatch.setattr(planner, "liger_available", lambda: True)  # a GPU with Liger: fused norms
     path = folder(tmp_path, M139)
     cfg = grpo16k(path, *AUTO)
     assert auto_keys(cfg) == [
@@ -263,6 +266,10 @@ def test_auto_on_a_gpu_chooses_values_that_fit(tmp_path):
     assert (
         "training" in text and "auto train.max_tokens_per_gpu=" in text and "auto model.recompute_num_layers=" in text
     )
+    # without Liger the norms are eager PyTorch and keep fp32 intermediates: more recomputation to fit
+    monkeypatch.setattr(planner, "liger_available", lambda: False)
+    eager, eager_plan = resolve_config(cfg, path, gpu=H100, prompt_len=30)
+    assert eager.model.recompute_num_layers > m.recompute_num_layers and training_problems(eager_plan, 30) == []
 
 
 def test_auto_without_a_gpu_keeps_todays_defaults(tmp_path):
@@ -455,3 +462,20 @@ def test_the_benchmarks_fit_their_gpu_as_planned(tmp_path, monkeypatch, arch, le
     _, plan = resolve_config(load_config(None, [*o, *extra]), tmp_path, gpu=GPUS[gpu], prompt_len=40)
     assert training_problems(plan, 40) == []
     assert all(b.total <= plan.workload.usable for b in plan.memory())
+
+
+def test_the_2k_auto_choice_that_ran_out_of_memory_is_no_longer_made(tmp_path, monkeypatch):
+    """H100, 2026-11-27 (`LENGTH=2048 ROLLOUTS=2 SETTINGS=auto scripts/gpu_planner.sh`, no Liger on the
+    device): `auto` chose 14,592 tokens per micro-batch and no recomputation, and the second step ran
+    out of memory in training. With eager norms counted, that setting is refused in words and `auto`
+    chooses a smaller micro-batch."""
+    import reinforge.plan.planner as planner
+
+    monkeypatch.setattr(planner, "liger_available", lambda: False)
+    path = folder(tmp_path, M139)
+    at2k = ["rollout.rollout_max_response_len=2048", "cluster.offload_rollout=true"]
+    (msg,) = problems(grpo16k(path, *at2k, "train.max_tokens_per_gpu=14592", "model.recompute_num_layers=0"), path, 40)
+    assert msg.startswith("train.max_tokens_per_gpu=14592 needs ~")
+    resolved, plan = resolve_config(grpo16k(path, *at2k, *AUTO), path, gpu=H100, prompt_len=40)
+    chosen = (resolved.train.max_tokens_per_gpu, resolved.model.recompute_num_layers)
+    assert chosen != (14592, 0) and training_problems(plan, 40) == []

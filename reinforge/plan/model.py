@@ -81,6 +81,11 @@ SYNC_EFFICIENCY = 0.5  # share of HBM bandwidth the on-device fp32 -> bf16 weigh
 HOST_LINK_BYTES_PER_S = 25e9  # host <-> GPU copies of offloaded state (PCIe Gen5 x16 at ~40% of its 64 GB/s; assumed)
 HOST_ADAMW_BYTES_PER_S = 10e9  # a CPU AdamW step (FSDP2's CPU offload) streams 32 B / parameter (assumed)
 OFFLOAD_COPY_BYTES = 10  # per parameter of a layer in flight under FSDP2 CPU offload: fp32 in, bf16 cast, fp32 grad
+# Eager PyTorch RMSNorm (no Liger kernels, no torch.compile) keeps fp32 intermediates for its backward that the fused
+# norm does not: bytes per hidden element per norm. Fit (2026-11-27) to issue 37's H100 runs, which had no Liger:
+# their one-step training peaks were 12-13 GiB above this model without the term at 14-18k tokens of 22-28 kept
+# layers, and a second step at 2k (AdamW resident) ran out of memory; 8 keeps the configurations known to run.
+EAGER_NORM_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,7 @@ class Workload:
         offload_engine_weights: the engine's weights go to the CPU too.
         reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
         dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
+        eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
         optimizer_offload: AdamW's moments in host memory (``train.optimizer_offload``).
         fsdp_offload: weights, gradients and AdamW in host memory, a layer at a time on the GPU
             (``train.fsdp_cpu_offload``).
@@ -245,6 +251,7 @@ class Workload:
     tp: int = 1
     cp: int = 1
     lora: bool = False
+    eager_norms: bool = False
     optimizer_offload: bool = False
     fsdp_offload: bool = False
     logprob_passes: int = 0
@@ -359,8 +366,9 @@ def activation_bytes_per_token(w: Workload, recompute: int | None = None) -> flo
     a = w.arch
     k = w.recompute if recompute is None else recompute
     sparse = [a.experts > 0 and i >= a.num_layers - a.moe_layers for i in range(a.num_layers)]
-    layers = sum(4 * a.hidden if i < k else a.kept_layer_bytes(sparse[i], w.tp) for i in range(a.num_layers))
-    return layers + 14 * a.hidden + 4 * a.vocab_size
+    norm = EAGER_NORM_BYTES * a.hidden if w.eager_norms else 0  # per RMSNorm whose activations are kept
+    layers = sum(4 * a.hidden if i < k else a.kept_layer_bytes(sparse[i], w.tp) + 2 * norm for i in range(a.num_layers))
+    return layers + 14 * a.hidden + norm + 4 * a.vocab_size
 
 
 def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | None = None) -> Breakdown:

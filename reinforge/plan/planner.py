@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.fields import ConfigError
+from ..utils.triton import liger_available
 from . import model as M
 from .hardware import GPU, detect
 
@@ -152,6 +153,7 @@ def workload(
         tp=tp,
         cp=cp,
         lora=m.lora_rank > 0,
+        eager_norms=not (m.torch_compile or (m.fused_kernels and liger_available())),
         optimizer_offload=t.optimizer_offload,
         fsdp_offload=t.fsdp_cpu_offload,
         logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference),  # as the loop runs them
