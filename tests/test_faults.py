@@ -197,9 +197,10 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
     ck = out / "checkpoints"
     assert (ck / "latest").read_text().strip() == "rollout_000002"
     (ck / "rollout_000002" / "rng.pt").write_bytes(b"truncated")  # unreadable file
-    shard = next((ck / "rollout_000001" / "dcp" / "actor").glob("*.distcp"))
+    # the weights (model/'s safetensors: full-parameter checkpoints store them there only)
+    shard = next((ck / "rollout_000001" / "model").glob("*.safetensors"))
     data = bytearray(shard.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 64] = os.urandom(64)  # random bytes inside a shard: found by its CRC-32
+    data[len(data) // 2 : len(data) // 2 + 64] = os.urandom(64)  # random bytes inside the weights: found by CRC-32
     shard.write_bytes(bytes(data))
     (ck / ".rollout_000003.partial").mkdir()  # leftover of a save killed mid-way
     t = time.perf_counter()
@@ -215,7 +216,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
     )
     seconds = time.perf_counter() - t
     assert "rollout_000002 is not usable (rng.pt has 9 bytes" in caplog.text
-    assert f"rollout_000001 is not usable (dcp/actor/{shard.name} is damaged (CRC-32" in caplog.text
+    assert f"rollout_000001 is not usable (model/{shard.name} is damaged (CRC-32" in caplog.text
     assert not (ck / ".rollout_000003.partial").exists()
     assert len(result.prompts) == 4  # resumed after rollout 0: rollouts 1..4 trained
     ids = [int(r["rollout_id"]) for r in train_rows(out)]
