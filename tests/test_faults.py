@@ -223,8 +223,8 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
     assert ids == [0, 1, 2, 3, 4]  # rollouts 1, 2 redone: their first rows were dropped, each appears once
     report(
         fault="damaged newest checkpoints",
-        injected="truncated rng.pt of the newest, 64 random bytes inside a "
-        "DCP shard of the one before, a leftover temporary folder",
+        injected="truncated rng.pt of the newest, 64 random bytes inside the "
+        "model.safetensors of the one before, a leftover temporary folder",
         what="restart with run.recover=auto",
         happened="warned, skipped both, resumed from the third newest",
         rollouts_lost=2,
