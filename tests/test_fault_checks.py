@@ -186,6 +186,10 @@ def test_metrics_rows_of_redone_steps_are_dropped(tmp_path):
     log.close()
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 6, "rollout/rew')  # a row torn by SIGKILL
+    # TensorBoard reads event files in name order: <seconds>.<host>.<pid>.<a per-process counter>; a resumed run is
+    # another process in another second, but here one process writes both, and its counter may pass 9 -> 10
+    # (other writers of this test process before: pytest-xdist), which sorts before: make the second differ
+    time.sleep(max(0.0, 1.05 - (time.time() % 1.0)))
     log = MetricsLogger(tmp_path, tensorboard=True, start_step=4)  # resumed: steps 4, 5 are redone
     for step in (4, 5, 6):
         log.log(step, {"rollout/reward_mean": 10.0 + step})
