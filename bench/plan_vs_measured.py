@@ -77,8 +77,8 @@ def measure(cfg, rollouts: int, gpu=None) -> dict:
 
     loop.source.take = take_and_measure
     meter.wrap(loop.source, "take", "generation")
-    meter.wrap(loop.cluster, "compute_log_probs", "log-probs")
-    meter.wrap(loop.cluster, "train_actor", "training")
+    meter.wrap(loop.cluster, "score", "log-probs")
+    meter.wrap(loop.cluster, "train", "training")
     meter.wrap(loop.cluster, "sync_weights", "weight sync")
     try:
         t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The RL loop (single controller): rollout -> reward -> advantages -> train -> weight sync.
+"""The RL loop (single controller): take (rollout, reward) -> score (log-probs, advantages) -> train -> sync.
 
 :class:`RLLoop` owns one run's parts: the prompt datasets, the :class:`~reinforge.cluster.base.Cluster`
 (trainer ranks and rollout engine, local or Ray, behind one interface), the reward manager and
@@ -34,9 +34,9 @@ from .reward import RewardManager
 from .reward.manager import reward_info_metrics
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
-from .rollout.source import AsyncRollouts, RolloutSource, SyncRollouts
-from .train.actor import TrainData
-from .train.rollout_advantages import apply_overlong_filter, compute_advantages
+from .rollout.source import AsyncRollouts, Rollout, RolloutSource, SyncRollouts
+from .train.rollout_advantages import apply_overlong_filter
+from .train.rollout_share import RolloutBatch
 from .utils import seeds, trace
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
@@ -50,21 +50,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rollout_metrics(cfg: Config, groups: list[list[Sample]], advantages: list[torch.Tensor]) -> dict[str, float]:
-    """Reward, advantage and length statistics of the groups trained on."""
+def rollout_metrics(cfg: Config, groups: list[list[Sample]]) -> dict[str, float]:
+    """Reward and length statistics of the groups trained on (the advantages' come from the trainer
+    ranks, ``Cluster.score``)."""
     every = [s for g in groups for s in g]
     flat = [s for s in every if s.status != Status.FAILED] or every  # failed episodes: counted, not averaged
     rewards = torch.tensor([s.reward for s in flat], dtype=torch.float32)
     lens = torch.tensor([s.response_length for s in flat], dtype=torch.float32)
-    adv = torch.cat([a for a in advantages if len(a)]) if any(len(a) for a in advantages) else torch.zeros(1)
     same = [len({s.reward for s in g if s.status != Status.FAILED}) <= 1 for g in groups]
     return {
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0,
         "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()),
-        "rollout/advantage_mean": float(adv.mean()),
-        "rollout/advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
-        "rollout/advantage_abs_mean": float(adv.abs().mean()),
         "rollout/zero_std_groups": sum(same) / len(groups),
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
@@ -316,70 +313,61 @@ class RLLoop:
         self.engine.reseed(seeds.derive(self.cfg.rollout.seed, seeds.ENGINE_ROLLOUT, value))
 
     def rollout_step(self, rollout_id: int) -> tuple[dict[str, float], list[list[Sample]]]:
-        """One RL iteration: generate and score, advantages, train, sync. Returns the metrics and
-        every group generated (including those dynamic sampling dropped). Asynchronous
-        (``rollout.max_staleness`` > 0): the rollout comes from the producer thread, generated
-        meanwhile by policy versions ``>= rollout_id - max_staleness``."""
-        cfg, cl = self.cfg, self.cluster
+        """One RL iteration: take -> score -> train -> sync. Returns the metrics and every group
+        generated (including those dynamic sampling dropped).
+
+        * take: the rollout, generated and rewarded (:class:`~reinforge.rollout.source.RolloutSource`;
+          asynchronous, ``rollout.max_staleness`` > 0: from the producer thread, generated meanwhile
+          by policy versions ``>= rollout_id - max_staleness``), the over-long filter applied;
+        * score: the rollout goes to the trainer ranks once; each computes the old / reference
+          log-probs, values and advantages of its share and keeps them (``Cluster.score``);
+        * train: the critic's and the policy's optimizer steps on the ranks (``Cluster.train``);
+        * sync: the new weights into the engine(s).
+
+        From the trainer ranks only metrics come back to this process."""
+        cl = self.cluster
         rollout = self.source.take(rollout_id)
-        groups, generated, counts = rollout.groups, rollout.generated, dict(rollout.metrics)
-        timings = {k: counts.pop(k) for k in ("time/generate", "time/reward") if k in counts}
-        flat = [s for g in groups for s in g]
-        counts["rollout/overlong_filtered"] = float(apply_overlong_filter(cfg.algo, flat))
+        flat = [s for g in rollout.groups for s in g]
+        filtered = apply_overlong_filter(self.cfg.algo, flat)
         cl.before_train()
-        old_lp = ref_lp = values = None
-        with trace.span("log_probs", "train") as s:
-            if cfg.needs_old_log_probs:
-                with trace.span("old_log_probs", "train"):
-                    old_lp = cl.compute_log_probs(flat)
-            if cl.has_reference:
-                with trace.span("ref_log_probs", "train"):
-                    ref_lp = cl.compute_log_probs(flat, reference=True)
-            if cl.has_critic:
-                with trace.span("values", "train"):
-                    values = cl.compute_values(flat)
-        timings["time/logprob"] = s.seconds
-        adv = compute_advantages(
-            cfg.algo,
-            groups,
-            cfg.rollout.rollout_max_response_len,
-            values=values,
-            old_log_probs=old_lp,
-            ref_log_probs=ref_lp,
-            turn_discount=cfg.agent.turn_discount if cfg.agent.turn_reward == "discounted" else None,
-        )
-        metrics = rollout_metrics(cfg, groups, adv.advantages)
-        all_rewards = torch.tensor(
-            [s.reward for g in generated for s in g if s.status != Status.FAILED] or [0.0], dtype=torch.float32
-        )
-        metrics["rollout/generated_reward_mean"] = float(all_rewards.mean())
-        metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
-        metrics.update(counts)
-        metrics.update(rollout_stats([s for g in generated for s in g]))
-        metrics.update(reward_info_metrics([s for g in generated for s in g]))  # a custom reward's extra numbers
-        if cl.has_critic:
-            with trace.span("train_critic", "train") as s:
-                metrics.update(cl.train_critic(flat, adv.returns, values, rollout_id))
-            timings["time/train_critic"] = s.seconds
-        with trace.span("train", "train", rollout_id=rollout_id, samples=len(flat)) as s:
-            if not cl.has_critic or rollout_id >= cfg.critic.num_warmup_rollouts:
-                metrics.update(cl.train_actor(TrainData(flat, adv.advantages, old_lp, ref_lp), rollout_id))
-        timings["time/train"] = s.seconds
+        with trace.span("score", "train", rollout_id=rollout_id) as scoring:
+            scored = cl.score(RolloutBatch(rollout.groups, rollout_id))
+        with trace.span("train", "train", rollout_id=rollout_id, samples=len(flat)) as training:
+            trained = cl.train(rollout_id)
         cl.after_train()
         with trace.span("weight_sync", "sync", version=self.weight_version + 1):
             sync = self.sync_weights()
+        timings = {k: rollout.metrics[k] for k in ("time/generate", "time/reward") if k in rollout.metrics}
+        timings["time/logprob"] = scoring.seconds
+        if "time/train_critic" in trained:  # (measured on the trainer: the critic's part of the call)
+            timings["time/train_critic"] = trained.pop("time/train_critic")
+        timings["time/train"] = training.seconds - timings.get("time/train_critic", 0.0)
         timings["time/sync"] = sync.pop("time/sync")
-        metrics.update(sync)
-        out_tokens = sum(s.response_length for g in generated for s in g)
-        metrics["perf/generate_tokens_per_s"] = out_tokens / max(rollout.generate_s, 1e-9)
-        metrics["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
-        metrics["weight_version"] = float(self.weight_version)
+        metrics = {**scored, **trained, **sync, "rollout/overlong_filtered": float(filtered)}
+        return self._step_metrics(rollout, flat, metrics, timings), rollout.generated
+
+    def _step_metrics(
+        self, rollout: Rollout, flat: list[Sample], metrics: dict[str, float], timings: dict[str, float]
+    ) -> dict[str, float]:
+        """One step's metrics: the trainers' (``metrics``), the rollout's own, the rewards, lengths and
+        throughput computed here, the plan's prediction against the ``timings``."""
+        generated = [s for g in rollout.generated for s in g]
+        out = rollout_metrics(self.cfg, rollout.groups)
+        out.update(metrics)
+        rewards = [s.reward for s in generated if s.status != Status.FAILED] or [0.0]
+        out["rollout/generated_reward_mean"] = float(torch.tensor(rewards, dtype=torch.float32).mean())
+        out.update({k: v for k, v in rollout.metrics.items() if k not in timings})
+        out.update(rollout_stats(generated))
+        out.update(reward_info_metrics(generated))  # a custom reward's extra numbers
+        out["perf/generate_tokens_per_s"] = sum(s.response_length for s in generated) / max(rollout.generate_s, 1e-9)
+        out["perf/train_tokens_per_s"] = sum(len(s.tokens) for s in flat) / max(timings["time/train"], 1e-9)
+        out["weight_version"] = float(self.weight_version)
         restarts = self.engine.restarts if isinstance(self.engine, ReplicatedEngine) else 0  # Ray: replaced engines
-        metrics["rollout/engine_restarts"] = float(restarts)
-        metrics.update(timings)
-        metrics["time/rollout_step"] = sum(timings.values())
-        metrics.update(self.plan_report.rollout(metrics, generated, flat))  # predicted vs measured
-        return metrics, generated
+        out["rollout/engine_restarts"] = float(restarts)
+        out.update(timings)
+        out["time/rollout_step"] = sum(timings.values())
+        out.update(self.plan_report.rollout(out, rollout.generated, flat))  # predicted vs measured
+        return out
 
     # ------------------------------------------------------------------ loop
     def train(self) -> RunResult:

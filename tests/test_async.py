@@ -288,19 +288,19 @@ def test_async_loop_trains_within_the_staleness_bound(tmp_path, tiny_model_path,
     )
     loop = RLLoop(cfg)
     trained = []
-    train_actor = loop.cluster.train_actor
+    score = loop.cluster.score
 
-    def checked(data, rollout_id):
+    def checked(batch):
         v = loop.weight_version
-        assert v == rollout_id
-        for s in data.samples:
+        assert v == batch.rollout_id
+        for s in (s for g in batch.groups for s in g):
             versions = s.token_versions()
             assert len(versions) == s.response_length
             assert all(v - k <= x <= v for x in versions), (v, versions)
             trained.append(v - min(versions))
-        return train_actor(data, rollout_id)
+        return score(batch)
 
-    loop.cluster.train_actor = checked
+    loop.cluster.score = checked
     try:
         result = loop.train()
     finally:

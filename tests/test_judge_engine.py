@@ -197,7 +197,7 @@ def test_train_with_an_embedded_judge_asleep_while_training_and_generating(
 
     judges: list[EngineJudge] = []
     seen: dict[str, list[bool]] = {"train": [], "generate": [], "judge": []}
-    init, train_actor, generate = EngineJudge.__init__, LocalCluster.train_actor, EmbeddedEngine.generate
+    init, train, generate = EngineJudge.__init__, LocalCluster.train, EmbeddedEngine.generate
 
     def spy_init(self, spec):
         init(self, spec)
@@ -205,7 +205,7 @@ def test_train_with_an_embedded_judge_asleep_while_training_and_generating(
 
     def spy_train(self, *a, **k):
         seen["train"].append(judges[0].asleep)
-        return train_actor(self, *a, **k)
+        return train(self, *a, **k)
 
     def spy_generate(self, requests):
         judge = bool(judges) and self is judges[0].engine
@@ -213,7 +213,7 @@ def test_train_with_an_embedded_judge_asleep_while_training_and_generating(
         return generate(self, requests)
 
     monkeypatch.setattr(EngineJudge, "__init__", spy_init)
-    monkeypatch.setattr(LocalCluster, "train_actor", spy_train)
+    monkeypatch.setattr(LocalCluster, "train", spy_train)
     monkeypatch.setattr(EmbeddedEngine, "generate", spy_generate)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(16)))

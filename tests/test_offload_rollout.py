@@ -46,13 +46,13 @@ def run(tmp_path, model_path, offload: bool, weights: bool = False, extra: tuple
     ]
     cfg = load_config(None, overrides + [f"data.prompt_data={data}", *extra])
     loop = RLLoop(cfg)
-    asleep, train_actor = [], loop.cluster.train_actor
+    asleep, train = [], loop.cluster.train
 
     def spy(*args, **kwargs):
         asleep.append(loop.cluster.engine.scheduler is None)
-        return train_actor(*args, **kwargs)
+        return train(*args, **kwargs)
 
-    loop.cluster.train_actor = spy
+    loop.cluster.train = spy
     try:
         metrics = [loop.rollout_step(i)[0] for i in range(2)]
     finally:

@@ -168,13 +168,13 @@ def _cfg(tiny_model_path, out, **extra):
 def _run(tiny_model_path, out, **extra):
     loop = RLLoop(_cfg(tiny_model_path, out, **extra))
     trained = []
-    train_actor = loop.cluster.train_actor
+    score = loop.cluster.score
 
-    def record(data, rollout_id):
-        trained.append(list(data.samples))
-        return train_actor(data, rollout_id)
+    def record(batch):
+        trained.append([s for g in batch.groups for s in g])
+        return score(batch)
 
-    loop.cluster.train_actor = record
+    loop.cluster.score = record
     try:
         loop.train()
     finally:

@@ -255,7 +255,7 @@ def test_traced_run_records_every_phase(tmp_path, tiny_model_path):
         "rollout",
         "generate",
         "reward",
-        "log_probs",
+        "score",
         "train",
         "micro_batch",
         "optimizer_step",

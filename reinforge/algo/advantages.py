@@ -24,6 +24,11 @@ Registration properties: ``group_based`` (needs ``n_samples_per_prompt >= 2``),
 ``token_level`` (it reads per-token rewards, ``inputs.token_rewards``, and the discount
 ``inputs.discount``: multi-turn episodes may then place each turn's reward at its turn's last
 token, ``agent.turn_reward: discounted``).
+
+The rows an estimator receives are whole groups, but not always the whole batch: with several
+data-parallel trainer ranks each rank runs it on the groups it holds. Group statistics need
+nothing more; a statistic over the batch (REINFORCE++'s and GAE's whitening) sums through
+``inputs.batch_sum`` (:func:`masked_whiten` does), which is None when the rows are the batch.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from ..utils.registry import Registry
 from .masking import masked_select
 
 Estimator = Callable[["AdvantageInputs", Any], "tuple[torch.Tensor, torch.Tensor | None]"]
+BatchSum = Callable[[torch.Tensor], torch.Tensor]
 ADV_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", "algo.advantage_estimator")
 
 
@@ -64,6 +70,11 @@ class AdvantageInputs:
             last token is then the reward minus these (the rest: the final reward, any shaping).
         turn_discount: [N, T] float32, the per-turn discount (``agent.turn_discount``) at those last
             tokens, 1 elsewhere, or None (:meth:`discount`).
+        batch_sum: None when the N rows are the whole batch. When they are one data-parallel rank's
+            share of it (whole groups: ``TrainWorker.score``), a function summing a tensor over the
+            ranks (a collective: every rank's estimator calls it in the same order); a statistic
+            over the batch (:func:`masked_whiten`) goes through it, so each rank's rows get the
+            advantages they would get in the whole batch.
     """
 
     rewards: torch.Tensor
@@ -74,6 +85,7 @@ class AdvantageInputs:
     valid: torch.Tensor | None = None
     turn_rewards: torch.Tensor | None = None
     turn_discount: torch.Tensor | None = None
+    batch_sum: BatchSum | None = None
 
     def discount(self, gamma: float) -> float | torch.Tensor:
         """The discount from each token to the next policy token: ``gamma``, times the per-turn
@@ -206,17 +218,23 @@ def rloo_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) ->
     return group_centered(rewards, valid) * factor
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, batch_sum: BatchSum | None = None
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the entries where ``mask`` is 1 (unbiased variance,
     as verl's ``masked_whiten``); entries outside the mask are returned as 0 whatever they hold.
 
     Args:
         values, mask: same shape; ``mask`` 0/1.
+        batch_sum: the rows are one rank's share of the batch: sums the count, the sum and the
+            squared deviations over the ranks (:attr:`AdvantageInputs.batch_sum`), so the mean and
+            variance are the whole batch's (two collectives). None: these rows are the batch.
     """
-    count = (mask != 0).sum().to(values.dtype)
-    mean = masked_select(values, mask).sum() / count.clamp(min=1)
+    total = batch_sum if batch_sum is not None else (lambda t: t)
+    count = total((mask != 0).sum().to(values.dtype))
+    mean = total(masked_select(values, mask).sum()) / count.clamp(min=1)
     centred = masked_select(values - mean, mask)
-    var = (centred**2).sum() / (count - 1).clamp(min=1)
+    var = total((centred**2).sum()) / (count - 1).clamp(min=1)
     return centred * torch.rsqrt(var + eps)
 
 
@@ -385,7 +403,7 @@ def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[t
     returns = reinforce_plus_plus_returns(
         inputs.token_rewards(inputs.rewards), inputs.mask, inputs.discount(algo.gamma), inputs.loss_mask
     )
-    return masked_whiten(returns, inputs.mask * inputs.loss_mask), None
+    return masked_whiten(returns, inputs.mask * inputs.loss_mask, batch_sum=inputs.batch_sum), None
 
 
 def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -417,7 +435,7 @@ def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -
     token, whitened over the batch's loss tokens, as verl's ``reinforce_plus_plus_baseline``.
     It reads no ``algo.gamma`` (verl's ignores it; setting it is refused)."""
     per_sample = inputs.broadcast(reinforce_plus_plus_baseline_advantages(inputs.outcome(), inputs.valid))
-    return masked_whiten(per_sample, inputs.mask * inputs.loss_mask), None
+    return masked_whiten(per_sample, inputs.mask * inputs.loss_mask, batch_sum=inputs.batch_sum), None
 
 
 @ADV_ESTIMATORS.register("gae", needs_critic=True, reads=("gamma", "lambd"), token_level=True)
@@ -438,4 +456,4 @@ def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, tor
         algo.lambd,
         inputs.loss_mask,
     )
-    return masked_whiten(adv, inputs.mask * inputs.loss_mask), returns
+    return masked_whiten(adv, inputs.mask * inputs.loss_mask, batch_sum=inputs.batch_sum), returns

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from ..records import RolloutEngine, Sample
+from ..records import RolloutEngine
 from ..utils.registry import Registry
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..train.actor import TrainData
+    from ..train.rollout_share import RolloutBatch
 
 
 @dataclass
@@ -37,30 +35,26 @@ class ClusterSpec:
 class Cluster(Protocol):
     """Trainer ranks (policy, reference, critic) and rollout engine(s) of one run.
 
-    Every trainer method runs on every rank with the same arguments (each rank takes its share
-    of the samples) and returns rank 0's result.
+    Every trainer method runs on every rank with the same arguments and returns rank 0's result.
+    A rollout reaches the ranks once (:meth:`score`); what is computed from it per token stays on
+    the ranks, and the driver receives metrics only.
     """
 
     engine: RolloutEngine  # generation; a pool of engines behind the same interface in Ray mode
     has_reference: bool  # a frozen reference model is loaded (KL)
     has_critic: bool  # a value model is trained (estimators registered needs_critic)
 
-    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
-        """Per-sample response log-probs [response_length] (fp32, CPU) under the policy or the reference."""
+    def score(self, batch: RolloutBatch) -> dict[str, float]:
+        """Hand the rollout to the trainer ranks (Ray: put in the object store once, every rank
+        reads it; local: the same object). Each rank takes its share of whole groups and computes
+        their old / reference log-probs, critic values and advantages, kept there for :meth:`train`
+        (``TrainWorker.score``). Returns the advantage statistics and the shaped-reward mean."""
         ...
 
-    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Per-sample critic values [response_length] (fp32, CPU)."""
-        ...
-
-    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
-        """``train.num_steps_per_rollout`` policy optimizer steps; metrics averaged over them."""
-        ...
-
-    def train_critic(
-        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
-    ) -> dict[str, float]:
-        """The critic's optimizer steps on the returns; metrics."""
+    def train(self, rollout_id: int) -> dict[str, float]:
+        """The critic's and the policy's ``train.num_steps_per_rollout`` optimizer steps on the
+        rollout :meth:`score` handed over (``TrainWorker.train``); metrics averaged over the steps,
+        with a critic ``time/train_critic``."""
         ...
 
     def before_train(self) -> None:

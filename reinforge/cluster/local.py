@@ -7,9 +7,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..records import Sample
 from ..rollout.backends import build_engine, engine_spec
-from ..train.actor import TrainData
+from ..train.rollout_share import RolloutBatch
 from ..train.worker import TrainWorker
 from ..utils.device import resolve_device
 from ..weights.tensor import sync_in_process
@@ -33,19 +32,12 @@ class LocalCluster:
         self.has_reference = self.worker.has_reference
         self.has_critic = self.worker.critic is not None
 
-    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
-        return self.worker.compute_log_probs(samples, reference=reference)
+    def score(self, batch: RolloutBatch) -> dict[str, float]:
+        """The worker scores the rollout in place (one process: nothing is copied)."""
+        return self.worker.score(batch)
 
-    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        return self.worker.compute_values(samples)
-
-    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
-        return self.worker.train_actor(data, rollout_id)
-
-    def train_critic(
-        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
-    ) -> dict[str, float]:
-        return self.worker.train_critic(samples, returns, values, rollout_id)
+    def train(self, rollout_id: int) -> dict[str, float]:
+        return self.worker.train(rollout_id)
 
     def before_train(self) -> None:
         """With ``cluster.offload_rollout`` the engine frees its KV cache (and its weights go to the CPU

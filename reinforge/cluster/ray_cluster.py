@@ -8,6 +8,10 @@
 * **Engine actors** each run an embedded engine. ``colocate: true`` places engine ``i`` on
   trainer ``i``'s GPU (half a GPU each in Ray's accounting): engines ``sleep()`` while the
   trainers train and ``wake_up()`` before the rollout. Otherwise engines have their own GPUs.
+* **The rollout moves once**: each step the driver puts the rollout in the object store
+  (``ray.put``) and hands every trainer rank the reference; each takes its share of whole groups,
+  computes their log-probs, values and advantages and trains on them (``TrainWorker.score`` /
+  ``train``); only metrics come back (``bench/driver_bytes.py`` measures it).
 * **Weight sync** after every optimizer phase, in buckets of ``cluster.weight_sync_bucket_mb``:
   colocated, each trainer rank gathers the full tensors from the FSDP shards and hands them
   to the engine on its own GPU (CUDA IPC handles on GPUs, by value on CPU); disaggregated,
@@ -24,12 +28,12 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config import Config
-from ..records import GenerateRequest, GenerateResult, Sample
+from ..records import GenerateRequest, GenerateResult
 from ..utils import faults, seeds, trace
 from ..utils.net import free_port
 from ..weights import ipc
@@ -39,6 +43,9 @@ from ..weights.tensor import by_value, with_fault_point
 from .base import ClusterSpec
 from .ray_trace import ActorTraces, TracedActor
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
+
+if TYPE_CHECKING:
+    from ..train.rollout_share import RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -496,19 +503,17 @@ class RayCluster:
         return get_all([w.call.remote(method, *args, **kwargs) for w in self.workers])[0]
 
     # ------------------------------------------------------------------ Cluster
-    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
-        return self._on_every_rank("compute_log_probs", samples, reference=reference)
+    def score(self, batch: RolloutBatch) -> dict[str, float]:
+        """Put the rollout in the object store once and give every rank the reference (Ray hands each
+        rank the object, read from its node's store; the driver sends the data once, not once per
+        rank and call); each rank scores its share and keeps it (``TrainWorker.score``)."""
+        import ray
 
-    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        return self._on_every_rank("compute_values", samples)
+        ref = ray.put(batch)
+        return self._on_every_rank("score", ref)
 
-    def train_actor(self, data: Any, rollout_id: int) -> dict[str, float]:
-        return self._on_every_rank("train_actor", data, rollout_id)
-
-    def train_critic(
-        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
-    ) -> dict[str, float]:
-        return self._on_every_rank("train_critic", samples, returns, values, rollout_id)
+    def train(self, rollout_id: int) -> dict[str, float]:
+        return self._on_every_rank("train", rollout_id)
 
     def before_train(self) -> None:
         if self.cfg.cluster.colocate:

@@ -33,14 +33,22 @@ class TrainData:
     """What one rollout hands to the trainer.
 
     ``advantages[i]`` has one entry per response token of ``samples[i]``; ``old_log_probs``
-    and ``ref_log_probs`` likewise when the loop has computed them already (else the actor
-    computes what it needs).
+    and ``ref_log_probs`` likewise when they were computed already (else the actor computes what
+    it needs).
+
+    ``owned`` None: every rank holds every sample's per-token data, and each optimizer step's
+    samples are split over the data-parallel ranks anew (token-balanced). A list of indices: this
+    rank holds the per-token data of those samples only (the other entries may be None; the
+    samples of every rank are the same list, :class:`~reinforge.train.rollout_share.RolloutShare`),
+    and in each step it runs the step's samples among them. Either way a step's samples and its
+    loss normalisers are the same, so the update is the same up to float summation order.
     """
 
     samples: list[Sample]
     advantages: list[torch.Tensor]
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
+    owned: list[int] | None = None
 
 
 class Actor(ModelTrainer):
@@ -130,9 +138,14 @@ class Actor(ModelTrainer):
         return head
 
     @torch.no_grad()
-    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
+    def compute_log_probs(
+        self, samples: list[Sample], reference: bool = False, owned: list[int] | None = None
+    ) -> list[torch.Tensor]:
         """Per-sample response log-probs (fp32, CPU) under the policy or the reference model (with
-        LoRA: the policy with its adapters off)."""
+        LoRA: the policy with its adapters off). ``owned`` None: every sample's, computed by the
+        data-parallel ranks in shares and gathered on every rank; a list: the samples this rank
+        holds (:class:`~reinforge.train.rollout_share.RolloutShare`), computed here and kept here
+        (None at the other entries; with pipeline parallelism shared over this rank's pipeline)."""
         if reference and not self.has_reference:
             raise RuntimeError("no reference model (neither algo.use_kl_loss nor algo.use_kl_in_reward)")
         model = self.ref if (reference and self.ref is not None) else self.model
@@ -140,7 +153,9 @@ class Actor(ModelTrainer):
         was_training = model.training
         model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
-        mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
+        mbs, _ = self.rank_micro_batches(
+            samples, list(range(len(samples))) if owned is None else owned, split=owned is None
+        )
         with base, self._out_of_memory_in("reference log-prob pass" if reference else "log-prob pass"):
             # the reference model's router decides (no replay)
             values = forward_only(
@@ -150,7 +165,7 @@ class Actor(ModelTrainer):
             if v is not None:  # (pipeline parallelism: the last stage's)
                 self.split_rows(mb, self.to_grid(mb, v[0]), out)
         model.train(was_training)
-        return self.gather_rows(out)
+        return self.gather_rows(out, pipeline_only=owned is not None)
 
     @contextlib.contextmanager
     def _out_of_memory_in(self, phase: str):
@@ -212,7 +227,7 @@ class Actor(ModelTrainer):
             samples when the old log-probs were computed first, else those of the samples the step ran.
         """
         cfg = self.cfg
-        samples = data.samples
+        samples, owned = data.samples, data.owned
         per_token: dict[str, list[torch.Tensor]] = {
             "advantages": data.advantages,
             "rollout_log_probs": [torch.as_tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples],
@@ -221,21 +236,28 @@ class Actor(ModelTrainer):
         if data.old_log_probs is not None:
             per_token["old_log_probs"] = data.old_log_probs
         elif cfg.needs_old_log_probs:
-            per_token["old_log_probs"] = self.compute_log_probs(samples)
+            per_token["old_log_probs"] = self.compute_log_probs(samples, owned=owned)
         if self.has_reference and cfg.algo.use_kl_loss:
             per_token["ref_log_probs"] = (
                 data.ref_log_probs
                 if data.ref_log_probs is not None
-                else self.compute_log_probs(samples, reference=True)
+                else self.compute_log_probs(samples, reference=True, owned=owned)
             )
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
         ratios: list[torch.Tensor] | None = None if "old_log_probs" in per_token else []
+        mine = frozenset(owned) if owned is not None else None
         with self._out_of_memory_in("training step"):
-            metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios) for idx in batches])
-        if ratios is None:  # every rank holds every sample's old log-probs
+            metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios, mine) for idx in batches])
+        if ratios is None:  # the old log-probs of every sample: on every rank, or each on the rank that holds it
+            rows = range(len(samples)) if owned is None else owned
             log_ratio = token_log_ratios(
-                per_token["old_log_probs"], per_token["rollout_log_probs"], [s.loss_mask for s in samples]
+                [per_token["old_log_probs"][i] for i in rows],
+                [per_token["rollout_log_probs"][i] for i in rows],
+                [samples[i].loss_mask for i in rows],
             )
+            if owned is not None:  # each model replica's share (from the rank that reports), gathered
+                mine = log_ratio if self.parallel.reports else log_ratio[:0]
+                log_ratio = torch.cat(self.parallel.gather_objects(mine))
         else:  # the step's forward pass gave them: each model replica's tokens (from the rank that reports), gathered
             mine = torch.cat(ratios) if ratios and self.parallel.reports else torch.zeros(0)
             log_ratio = torch.cat(self.parallel.gather_objects(mine))
@@ -248,20 +270,25 @@ class Actor(ModelTrainer):
         idx: list[int],
         per_token: dict[str, list[torch.Tensor]],
         ratios: list[torch.Tensor] | None = None,
+        mine: frozenset[int] | None = None,
     ) -> dict[str, float]:
-        """One optimizer step; appends ``old - rollout`` at this rank's loss-mask tokens to ``ratios`` if given."""
+        """One optimizer step over samples ``idx``: this rank's share of them, or (``mine``, the samples
+        this rank holds: :attr:`TrainData.owned`) those among them it holds; appends ``old - rollout``
+        at this rank's loss-mask tokens to ``ratios`` if given."""
         a = self.cfg.algo
         use_kl = "ref_log_probs" in per_token
         self.model.train()
-        # Loss normalisers count every sample of the step ...
+        # Loss normalisers count every sample of the step (every rank knows every sample) ...
         num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
         num_seqs = float(sum(any(samples[i].loss_mask) for i in idx))
+        if mine is not None:
+            idx = [i for i in idx if i in mine]
         # ... but a sample whose advantages are all zero adds nothing to the policy-gradient
         # loss or its gradient, so without KL / entropy terms it is not run at all (early in
         # training most GRPO groups have equal rewards: this skips most of the compute).
         if not use_kl and a.entropy_coef == 0:
             idx = [i for i in idx if bool(per_token["advantages"][i].any())]
-        mbs, real = self.rank_micro_batches(samples, idx, per_token)
+        mbs, real = self.rank_micro_batches(samples, idx, per_token, split=mine is None)
         aux_coeff = self.cfg.train.moe_aux_loss_coeff
         keys = [*STAT_KEYS, *(["moe_aux_loss"] if aux_coeff > 0 else [])]  # every rank reports every key
         routes: dict[int, Routing | None] = {}

@@ -83,31 +83,48 @@ class Critic(ModelTrainer):
         return (values,)
 
     @torch.no_grad()
-    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """Per-sample values at the response positions (fp32, CPU), one per response token."""
+    def compute_values(self, samples: list[Sample], owned: list[int] | None = None) -> list[torch.Tensor]:
+        """Per-sample values at the response positions (fp32, CPU), one per response token: of every
+        sample (computed in shares, gathered on every rank), or of the samples ``owned`` by this rank
+        (kept here, None at the other entries; as :meth:`Actor.compute_log_probs`)."""
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
-        mbs, _ = self.rank_micro_batches(samples, list(range(len(samples))))
+        rows = list(range(len(samples))) if owned is None else owned
+        mbs, _ = self.rank_micro_batches(samples, rows, split=owned is None)
         for mb, v in zip(mbs, forward_only(self, self.model, mbs, self._head)):
-            self.split_rows(mb, self.to_grid(mb, v[0]), out)
+            if v is not None:  # (pipeline parallelism: the last stage's)
+                self.split_rows(mb, self.to_grid(mb, v[0]), out)
         self.model.train()
-        return self.gather_rows(out)
+        return self.gather_rows(out, pipeline_only=owned is not None)
 
     def train(
-        self, samples: list[Sample], returns: list[torch.Tensor], old_values: list[torch.Tensor], rollout_id: int
+        self,
+        samples: list[Sample],
+        returns: list[torch.Tensor],
+        old_values: list[torch.Tensor],
+        rollout_id: int,
+        owned: list[int] | None = None,
     ) -> dict[str, float]:
-        """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean)."""
+        """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean). ``owned``: the
+        samples whose returns and values this rank holds (:attr:`TrainData.owned`), None: all."""
         per_token = {"returns": returns, "old_values": old_values}
         batches = shuffled_steps(
             len(samples), self.num_steps, seeds.derive(self.seed, seeds.CRITIC_SHUFFLE, rollout_id)
         )
-        return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
+        mine = frozenset(owned) if owned is not None else None
+        return mean_metrics([self._train_step(samples, idx, per_token, mine) for idx in batches])
 
     def _train_step(
-        self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
+        self,
+        samples: list[Sample],
+        idx: list[int],
+        per_token: dict[str, list[torch.Tensor]],
+        mine: frozenset[int] | None = None,
     ) -> dict[str, float]:
-        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
-        mbs, _ = self.rank_micro_batches(samples, idx, per_token)
+        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))  # every sample of the step
+        if mine is not None:
+            idx = [i for i in idx if i in mine]
+        mbs, _ = self.rank_micro_batches(samples, idx, per_token, split=mine is None)
 
         def loss_fn(i: int, mb: MicroBatch, out) -> tuple[torch.Tensor, dict]:
             values, f, m = self.to_grid(mb, out[0]), mb.fields, mb.loss_mask

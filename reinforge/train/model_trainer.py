@@ -229,14 +229,20 @@ class ModelTrainer:
         ]
 
     def rank_micro_batches(
-        self, samples: list[Sample], indices: list[int], per_token: dict[str, list[torch.Tensor]] | None = None
+        self,
+        samples: list[Sample],
+        indices: list[int],
+        per_token: dict[str, list[torch.Tensor]] | None = None,
+        *,
+        split: bool = True,
     ) -> tuple[list[MicroBatch], int]:
         """This data-parallel rank's share of ``indices`` (token-balanced; whole prompt groups with
         the shared-prompt layout; the same for the ranks of one tensor x context parallel group) as
-        micro-batches, padded with dummy micro-batches to the largest count of any rank.
-        Returns (batches, real count)."""
+        micro-batches, padded with dummy micro-batches to the largest count of any rank. ``split``
+        False: ``indices`` are this rank's already (the samples it holds, :class:`RolloutShare`),
+        taken whole. Returns (batches, real count)."""
         p = self.parallel
-        if p.distributed:
+        if p.distributed and split:
             tokens, rlen = [s.tokens for s in samples], [s.response_length for s in samples]
             shared = self.settings.packing == "shared_prompt"
             units = prompt_groups(tokens, rlen, indices) if shared else [[i] for i in indices]
@@ -311,12 +317,14 @@ class ModelTrainer:
             return None
         return SequenceShard(mb, p.mesh.coordinate("cp"), p.layout.cp, p.cp_group, self.pad_id)
 
-    def gather_rows(self, out: list[Any]) -> list[Any]:
-        """Merge the per-sample results each rank filled in (``None`` elsewhere)."""
-        if not self.parallel.distributed:
+    def gather_rows(self, out: list[Any], pipeline_only: bool = False) -> list[Any]:
+        """Merge the per-sample results each rank filled in (``None`` elsewhere): from every rank, or
+        with ``pipeline_only`` from the ranks of this rank's pipeline (they share its samples and
+        only the last stage computed them; nothing moves without pipeline parallelism)."""
+        if not self.parallel.distributed or (pipeline_only and self.parallel.pp_group is None):
             return out
         merged = list(out)
-        for part in self.parallel.gather_objects(out):
+        for part in self.parallel.gather_objects(out, pipeline_only=pipeline_only):
             for i, v in enumerate(part):
                 if v is not None:
                     merged[i] = v

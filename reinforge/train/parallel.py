@@ -159,18 +159,30 @@ class ParallelContext:
             return values
         return _all_reduce_floats(values, self.mesh.group("dp") if self.mesh is not None else None, self._device())
 
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed element-wise over the data-parallel ranks (a collective, in float64), in its
+        own dtype and device; ``t`` itself when not distributed. The ranks of one tensor / context
+        parallel group or pipeline hold the same samples: counted once, as :meth:`sum_floats`."""
+        if not self.distributed:
+            return t
+        total = t.detach().to(self._device(), torch.float64)
+        dist.all_reduce(total, group=self.mesh.group("dp") if self.mesh is not None else None)
+        return total.to(t.device, t.dtype)
+
     def sum_over_pipeline(self, values: dict[str, float]) -> dict[str, float]:
         """Element-wise sum of a dict of floats over this rank's pipeline (the last stage's sums reach
         every stage; the others hold zeros); ``values`` unchanged without pipeline parallelism."""
         group = self.pp_group
         return values if group is None else _all_reduce_floats(values, group, self._device())
 
-    def gather_objects(self, obj: Any, dp_only: bool = False) -> list[Any]:
+    def gather_objects(self, obj: Any, dp_only: bool = False, pipeline_only: bool = False) -> list[Any]:
         """Every rank's ``obj`` (a collective); ``dp_only``: one per data-parallel rank (the ranks of
-        one tensor / context parallel group hold the same samples: counted once)."""
-        if not self.distributed:
+        one tensor / context parallel group hold the same samples: counted once); ``pipeline_only``:
+        the ranks of this rank's pipeline (only ``[obj]`` without pipeline parallelism)."""
+        if not self.distributed or (pipeline_only and self.pp_group is None):
             return [obj]
         group = self.mesh.group("dp") if dp_only and self.mesh is not None else None
+        group = self.pp_group if pipeline_only else group
         out: list[Any] = [None] * (dist.get_world_size(group) if group is not None else self.world_size)
         dist.all_gather_object(out, obj, group=group)
         return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs, place_turn_rewards, turn_discounts
+from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs, BatchSum, place_turn_rewards, turn_discounts
 from ..algo.losses import kl_penalty
 from ..config import AlgoConfig
 from ..records import Sample, Status
@@ -80,7 +80,7 @@ def _grid(vectors: list[torch.Tensor]) -> torch.Tensor:
 class Advantages:
     advantages: list[torch.Tensor]  # per sample, per response token
     returns: list[torch.Tensor] | None = None  # estimators with a critic only
-    rewards: torch.Tensor | None = None  # shaped [num_groups, n]
+    rewards: torch.Tensor | None = None  # shaped [num_groups, n], of every group
 
 
 def compute_advantages(
@@ -92,8 +92,18 @@ def compute_advantages(
     old_log_probs: list[torch.Tensor] | None = None,
     ref_log_probs: list[torch.Tensor] | None = None,
     turn_discount: float | None = None,
+    owned: list[int] | None = None,
+    batch_sum: BatchSum | None = None,
 ) -> Advantages:
     """Advantages of every sample of ``groups`` (flattened group-major) for ``algo.advantage_estimator``.
+
+    ``owned`` (a data-parallel rank's share, :class:`~reinforge.train.rollout_share.RolloutShare`):
+    the indices of the groups this rank holds, whose samples ``values`` and the log-probs are given
+    for (flattened group-major, in ``owned`` order); the advantages and returns are theirs. Rewards
+    are still shaped over every group (their normalisation is the batch's) and the estimator's
+    batch statistics are summed over the ranks by ``batch_sum``
+    (:attr:`~reinforge.algo.advantages.AdvantageInputs.batch_sum`), so each sample gets the
+    advantage it gets with ``owned`` None (all groups), up to float summation order.
 
     With ``algo.use_kl_in_reward`` each token's reward loses ``kl_coef * (log pi_old - log pi_ref)``
     (k1) on the tokens with loss mask 1 only: tool outputs (loss mask 0) carry no KL penalty, as in
@@ -111,6 +121,11 @@ def compute_advantages(
         ValueError: an estimator that needs a critic without ``values``, KL in the reward without
             log-probs, or ``turn_discount`` with an estimator that is not token-level.
     """
+    all_rewards = shaped_rewards(a, groups, max_response_len)
+    rewards = all_rewards
+    if owned is not None:
+        groups = [groups[g] for g in owned]
+        rewards = all_rewards[torch.tensor(owned, dtype=torch.long)]
     flat = [s for g in groups for s in g]
     lengths = [s.response_length for s in flat]
     token_kl = None
@@ -118,13 +133,13 @@ def compute_advantages(
         if old_log_probs is None or ref_log_probs is None:
             raise ValueError("algo.use_kl_in_reward needs the policy's and the reference's log-probs")
         token_kl = _grid([a.kl_coef * kl_penalty(o, r, "k1") for o, r in zip(old_log_probs, ref_log_probs)])
-    rewards = shaped_rewards(a, groups, max_response_len)
     inputs = AdvantageInputs(
         rewards=rewards,
         mask=_grid([torch.ones(n) for n in lengths]),
         loss_mask=_grid([torch.tensor(s.loss_mask, dtype=torch.float32) for s in flat]),
         token_kl=token_kl,
         values=_grid(values) if values is not None else None,
+        batch_sum=batch_sum,
     )
     if turn_discount is not None:
         if not ADV_ESTIMATORS.info(a.advantage_estimator).get("token_level"):
@@ -139,7 +154,7 @@ def compute_advantages(
     def rows(grid: torch.Tensor) -> list[torch.Tensor]:
         return [grid[i, :n].clone() for i, n in enumerate(lengths)]
 
-    return Advantages(rows(adv), rows(returns) if returns is not None else None, rewards)
+    return Advantages(rows(adv), rows(returns) if returns is not None else None, all_rewards)
 
 
 TURN_REWARDS = "turn_rewards"

@@ -3,6 +3,11 @@
 In local mode the driver holds one worker; in Ray mode each GPU (or CPU process) runs one
 inside a Ray actor and the workers form a torch process group (FSDP2). The driver calls the
 same method on every worker with the same arguments; each takes its share of the samples.
+
+A rollout step is two calls: :meth:`TrainWorker.score` (the rollout, handed over once: this rank
+takes its share of whole groups and computes their old / reference log-probs, values and
+advantages, kept here) and :meth:`TrainWorker.train` (the critic's and the policy's optimizer
+steps on what it kept). Both return metrics only (:mod:`.rollout_share`).
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from ..models.loading import save_hf_state_dict
 from ..models.lora import adapter_state_dict, has_lora, save_adapter
 from ..parallel_layout import Layout
 from ..records import Sample
+from ..utils import trace
 from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData
 from .critic import Critic
 from .parallel import ParallelContext, full_tensor
+from .rollout_advantages import compute_advantages
+from .rollout_share import RolloutBatch, RolloutShare, advantage_metrics
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +80,80 @@ class TrainWorker:
         self.critic: Critic | None = None
         if cfg.algo.needs_critic:
             self.critic = Critic(cfg, critic_path or base_path, self.device, parallel=self.parallel, pad_id=pad_id)
+        self.rollout: RolloutShare | None = None  # this rank's share of the rollout, from score to train
 
     @property
     def has_reference(self) -> bool:
         return self.actor.has_reference
 
-    # ------------------------------------------------------------------ compute
+    # ------------------------------------------------------------------ a rollout step
+    def score(self, batch: RolloutBatch) -> dict[str, float]:
+        """Take this rank's share of ``batch`` (whole groups, :class:`RolloutShare`) and compute on it
+        what training needs, kept here until :meth:`train`: the old log-probs
+        (``Config.needs_old_log_probs``), the reference's (a reference model), the critic's values
+        (``gae``), then the advantages and returns (:func:`compute_advantages` on these groups; the
+        batch-wide statistics summed over the data-parallel ranks). Every rank must call it.
+
+        Returns:
+            ``rollout/advantage_{mean,std,abs_mean}`` over every sample's tokens and
+            ``rollout/shaped_reward_mean`` (the same on every rank).
+        """
+        cfg, p = self.cfg, self.parallel
+        share = RolloutShare.take(batch, p.dp_rank, p.dp_size, shared_prompt=cfg.train.packing == "shared_prompt")
+        samples, owned = share.samples, share.owned
+        if cfg.needs_old_log_probs:
+            with trace.span("old_log_probs", "train"):
+                share.old_log_probs = self.actor.compute_log_probs(samples, owned=owned)
+        if self.has_reference:
+            with trace.span("ref_log_probs", "train"):
+                share.ref_log_probs = self.actor.compute_log_probs(samples, reference=True, owned=owned)
+        if self.critic is not None:
+            with trace.span("values", "train"):
+                share.values = self.critic.compute_values(samples, owned=owned)
+        several = p.dp_size > 1
+        with trace.span("advantages", "train"):
+            adv = compute_advantages(
+                cfg.algo,
+                batch.groups,
+                cfg.rollout.rollout_max_response_len,
+                values=share.mine(share.values),
+                old_log_probs=share.mine(share.old_log_probs),
+                ref_log_probs=share.mine(share.ref_log_probs),
+                turn_discount=cfg.agent.turn_discount if cfg.agent.turn_reward == "discounted" else None,
+                owned=share.groups,
+                batch_sum=p.sum_tensor if several else None,
+            )
+        share.advantages, share.returns = share.spread(adv.advantages), share.spread(adv.returns)
+        self.rollout = share
+        metrics = advantage_metrics(adv.advantages, p.sum_floats if several else None)
+        metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
+        return metrics
+
+    def train(self, rollout_id: int) -> dict[str, float]:
+        """The critic's optimizer steps (``gae``), then, after ``critic.num_warmup_rollouts``, the
+        policy's, on the share :meth:`score` kept (which is then dropped). Every rank must call it.
+
+        Returns:
+            the ``critic/*`` and ``train/*`` metrics and, with a critic, ``time/train_critic`` (s).
+
+        Raises:
+            RuntimeError: no rollout was scored since the last call.
+        """
+        share, self.rollout = self.rollout, None
+        if share is None:
+            raise RuntimeError("TrainWorker.train: no rollout on this rank (call score first)")
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            with trace.span("train_critic", "train") as s:
+                metrics.update(self.critic.train(share.samples, share.returns, share.values, rollout_id, share.owned))
+            metrics["time/train_critic"] = s.seconds
+        if self.critic is None or rollout_id >= self.cfg.critic.num_warmup_rollouts:
+            data = TrainData(share.samples, share.advantages, share.old_log_probs, share.ref_log_probs, share.owned)
+            with trace.span("train_actor", "train"):
+                metrics.update(self.actor.train(data, rollout_id))
+        return metrics
+
+    # ------------------------------------------------------------------ every rank holds every sample
     def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
         return self.actor.compute_log_probs(samples, reference=reference)
 
