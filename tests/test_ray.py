@@ -4,6 +4,7 @@ trace of such a run holds every process's own track (reinforge/cluster/ray_trace
 import json
 
 import pytest
+import torch
 
 from reinforge.cluster.ray_cluster import ClusterError, check_resources, plan
 from reinforge.config import load_config
@@ -78,7 +79,7 @@ def test_ray_grpo_two_rollouts(tmp_path, tiny_model_path, ray_cluster, colocate)
     assert all(r["train/logprob_abs_diff"] < 1e-4 for r in train)
     assert [r["weight_version"] for r in train] == [1.0, 2.0]
     ckpt = out / "checkpoints" / "rollout_000001"
-    assert (ckpt / "dcp" / "actor" / ".metadata").exists() and (ckpt / "model" / "config.json").exists()
+    assert (ckpt / "dcp" / "actor" / "hf_weights.json").exists() and (ckpt / "model" / "config.json").exists()
     check_merged_trace(out / "trace.json")
 
 
@@ -124,6 +125,154 @@ def check_merged_trace(path):
         loaded = spans("engine 0", "update_weights") + spans("engine 0", "receive_bucket")
         assert any(inside(e, update) for e in loaded)
     assert trace.read_trace(path) == events
+
+
+HUB_CASES = {
+    "grpo-kl": [
+        "algo.advantage_estimator=grpo",
+        "algo.use_kl_loss=true",
+        "algo.kl_loss_coef=0.1",
+        "algo.use_kl_in_reward=true",
+        "algo.kl_coef=0.1",
+    ],
+    # (no value clipping: a token at the clip boundary would flip with the summation order, and the clip
+    # fraction with it)
+    "ppo-critic": [
+        "algo.advantage_estimator=gae",
+        "algo.use_kl_loss=true",
+        "algo.kl_loss_coef=0.1",
+        "critic.lr=1e-2",
+        "critic.value_clip=null",
+    ],
+}
+
+
+def hub_rollout(seed: int) -> list:
+    """3 groups of 4 samples of varied lengths, rewards and tool tokens (2 ranks hold 2 and 1 groups)."""
+    from reinforge.records import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for gi in range(3):
+        prompt = torch.randint(10, 40000, (3 + gi,), generator=g).tolist()
+        group = []
+        for j in range(4):
+            R = 3 + (gi * 4 + j * 3) % 8
+            mask = [1] * R
+            if j == 2:
+                mask[1] = 0  # a tool's token
+            group.append(
+                Sample(
+                    prompt="p",
+                    tokens=prompt + torch.randint(10, 40000, (R,), generator=g).tolist(),
+                    response_length=R,
+                    reward=float(torch.rand(1, generator=g) > 0.5) + 0.1 * j,
+                    loss_mask=mask,
+                    rollout_log_probs=(-1.0 - torch.rand(R, generator=g)).tolist(),
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("case", list(HUB_CASES))
+def test_the_rollout_moves_once_and_trains_as_the_driver_hub_did(tmp_path, tiny_model_path, ray_cluster, case):
+    """Cluster.score / train (the rollout put in the object store once, log-probs, values and
+    advantages on the ranks that hold the samples, metrics back) against the loop before
+    (2026-11-27: the driver pulled the log-probs and values of every sample, computed the advantages
+    and sent everything to every rank), on 2 FSDP ranks over gloo: the same metrics and weights
+    after 2 rollouts of 2 optimizer steps. The "before" flow runs on a twin TrainWorker in each rank's
+    process (same process group, same initial weights), called as the old loop called the ranks."""
+    from reinforge.cluster.base import ClusterSpec
+    from reinforge.cluster.ray_cluster import RayCluster
+    from reinforge.models.loading import load_tokenizer
+    from reinforge.plan import resolve_config
+    from reinforge.train.actor import TrainData
+    from reinforge.train.rollout_advantages import compute_advantages
+    from reinforge.train.rollout_share import RolloutBatch
+
+    overrides = [
+        f"model.path={tiny_model_path}",
+        f"run.output_dir={tmp_path}",
+        "cluster.mode=ray",
+        "cluster.actor_num_gpus_per_node=2",
+        "cluster.rollout_num_gpus=1",
+        "cluster.colocate=false",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.rollout_max_response_len=12",
+        "train.num_steps_per_rollout=2",
+        "train.num_rollout=2",
+        "train.max_tokens_per_gpu=32",  # several micro-batches per rank
+        "train.lr=1e-2",
+        "train.clip_grad=1e9",
+        "train.adam_eps=1e-3",  # updates proportional to the gradient: summation-order noise stays noise
+        *HUB_CASES[case],
+    ]
+    cfg, _ = resolve_config(load_config(None, overrides), tiny_model_path)
+    tok = load_tokenizer(tiny_model_path)
+    cluster = RayCluster(cfg, ClusterSpec(tiny_model_path, None, tok, tok.pad_token_id or 0, 24))
+    ranks = cluster.workers
+
+    def make_twin(actor, cfg, path, rank, world):
+        from reinforge.train.worker import TrainWorker
+
+        actor.twin = TrainWorker(cfg, path, rank=rank, world_size=world)
+
+    def on_twins(method, *args, **kwargs):  # the loop before: the same call, by value, to every rank
+        return ray.get(
+            [w.__ray_call__.remote(lambda a, *x, **k: getattr(a.twin, method)(*x, **k), *args, **kwargs) for w in ranks]
+        )[0]
+
+    def weights(attr):
+        def get(actor):
+            w = getattr(actor, attr)
+            return {
+                "actor": w.actor.full_state_dict(),
+                "critic": w.critic.full_state_dict() if w.critic is not None else {},
+            }
+
+        return ray.get([w.__ray_call__.remote(get) for w in ranks])[0]
+
+    try:
+        ray.get([w.__ray_call__.remote(make_twin, cfg, str(tiny_model_path), i, 2) for i, w in enumerate(ranks)])
+        for rollout_id in range(2):
+            groups = hub_rollout(rollout_id)
+            flat = [s for g in groups for s in g]
+            # before: the driver as the hub of per-token data
+            old = on_twins("compute_log_probs", flat)
+            ref = on_twins("compute_log_probs", flat, reference=True)
+            values = on_twins("compute_values", flat) if cluster.has_critic else None
+            adv = compute_advantages(cfg.algo, groups, 12, values=values, old_log_probs=old, ref_log_probs=ref)
+            every = torch.cat(adv.advantages)
+            before = {
+                "rollout/advantage_mean": float(every.mean()),
+                "rollout/advantage_std": float(every.std()),
+                "rollout/advantage_abs_mean": float(every.abs().mean()),
+                "rollout/shaped_reward_mean": float(adv.rewards.mean()),
+            }
+            if cluster.has_critic:
+                before.update(on_twins("train_critic", flat, adv.returns, values, rollout_id))
+            before.update(on_twins("train_actor", TrainData(flat, adv.advantages, old, ref), rollout_id))
+            # after: the rollout moves once
+            after = cluster.score(RolloutBatch(groups, rollout_id))
+            after.update(cluster.train(rollout_id))
+            after.pop("time/train_critic", None)
+            assert set(after) == set(before)
+            for k, v in before.items():
+                assert after[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (rollout_id, k)
+            assert before["train/kl"] != 0 and before["train/grad_norm"] > 0
+        a, b = weights("twin"), weights("worker")
+        assert set(a["actor"]) == set(b["actor"]) and set(a["critic"]) == set(b["critic"])
+        assert bool(a["critic"]) == (case == "ppo-critic")
+        for part in ("actor", "critic"):
+            for name, t in a[part].items():
+                torch.testing.assert_close(b[part][name], t, rtol=1e-4, atol=1e-6, msg=f"{part} {name}")
+        from safetensors.torch import load_file
+
+        start = load_file(str(tiny_model_path / "model.safetensors"))
+        assert max(float((b["actor"][n] - t.float()).abs().max()) for n, t in start.items() if n in b["actor"]) > 1e-3
+    finally:
+        cluster.shutdown()
 
 
 class _BrokenEngine:
