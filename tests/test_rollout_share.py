@@ -12,23 +12,33 @@ import torch
 from reinforge.config import load_config
 from reinforge.records import Sample, Status
 from reinforge.train.rollout_advantages import compute_advantages
-from reinforge.train.rollout_share import RolloutBatch, RolloutShare, advantage_metrics, group_share
+from reinforge.train.rollout_share import RolloutBatch, RolloutShare, advantage_metrics, group_share, move_rows, owners
 
 
 class ThreadRanks:
-    """``n`` threads standing for data-parallel ranks: :meth:`sum` adds every rank's value (in rank order)."""
+    """``n`` threads standing for data-parallel ranks, exchanging through a barrier (rank order)."""
 
     def __init__(self, n: int):
         self.n, self.barrier, self.parts = n, threading.Barrier(n), [None] * n
 
-    def sum(self, rank: int, value):
+    def gather(self, rank: int, value) -> list:
         self.parts[rank] = value
         self.barrier.wait()
         parts = list(self.parts)
         self.barrier.wait()
+        return parts
+
+    def sum(self, rank: int, value):
+        parts = self.gather(rank, value)
         if isinstance(value, dict):
             return {k: sum(p[k] for p in parts) for k in value}
         return sum(parts[1:], parts[0])
+
+    def all_to_all(self, rank: int, t, send_sizes, recv_sizes):
+        """ParallelContext.all_to_all over the threads: rows of ``t`` in ``send_sizes`` chunks, one per rank."""
+        chunks = self.gather(rank, list(t.split(send_sizes)))
+        assert [len(chunks[src][rank]) for src in range(self.n)] == recv_sizes
+        return torch.cat([chunks[src][rank] for src in range(self.n)])
 
     def run(self, fn):
         out, errors = [None] * self.n, []
@@ -155,3 +165,38 @@ def test_advantage_metrics_of_no_token_are_zero():
     assert advantage_metrics([]) == zero and advantage_metrics([torch.zeros(0)]) == zero
     one = advantage_metrics([torch.tensor([2.0])])
     assert one == {"rollout/advantage_mean": 2.0, "rollout/advantage_std": 0.0, "rollout/advantage_abs_mean": 2.0}
+
+
+class FakeParallel:
+    """What move_rows reads of a ParallelContext, for one thread of ThreadRanks."""
+
+    def __init__(self, world: ThreadRanks, rank: int):
+        self.world, self.dp_rank, self.dp_size = world, rank, world.n
+
+    def all_to_all(self, t, send_sizes, recv_sizes):
+        return self.world.all_to_all(self.dp_rank, t, send_sizes, recv_sizes)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_rows_move_from_the_rank_that_holds_them_to_the_rank_that_runs_them(ranks):
+    groups = rollout(num_groups=5)
+    flat = [s for g in groups for s in g]
+    lengths = [s.response_length for s in flat]
+    owner = owners(groups, ranks)
+    share = RolloutShare.take(RolloutBatch(groups, 0), ranks - 1, ranks)
+    assert share.owner == owner and all(owner[i] == ranks - 1 for i in share.owned)
+    rows = {k: [torch.arange(n, dtype=torch.float32) + 100 * i + k for i, n in enumerate(lengths)] for k in (0, 1)}
+    dest = [(i * 7) % ranks if i % 5 else -1 for i in range(len(flat))]  # -1: a sample no step runs
+    world = ThreadRanks(ranks)
+
+    def rank(r):
+        held = {f"f{k}": [v if owner[i] == r else None for i, v in enumerate(rows[k])] for k in rows}
+        return move_rows(FakeParallel(world, r), held, lengths, owner, dest)
+
+    for r, got in enumerate(world.run(rank)):
+        for k in rows:
+            for i in range(len(flat)):
+                if dest[i] == r:
+                    torch.testing.assert_close(got[f"f{k}"][i], rows[k][i])
+                else:
+                    assert got[f"f{k}"][i] is None

@@ -22,6 +22,7 @@ from ..utils import faults, seeds, trace
 from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
+from .rollout_share import move_rows
 from .routing_replay import replay_experts
 from .step import Head, RoutingFn, forward_backward, forward_only
 
@@ -36,19 +37,20 @@ class TrainData:
     and ``ref_log_probs`` likewise when they were computed already (else the actor computes what
     it needs).
 
-    ``owned`` None: every rank holds every sample's per-token data, and each optimizer step's
-    samples are split over the data-parallel ranks anew (token-balanced). A list of indices: this
-    rank holds the per-token data of those samples only (the other entries may be None; the
-    samples of every rank are the same list, :class:`~reinforge.train.rollout_share.RolloutShare`),
-    and in each step it runs the step's samples among them. Either way a step's samples and its
-    loss normalisers are the same, so the update is the same up to float summation order.
+    ``owner`` None: every rank holds every sample's per-token data. A list: ``owner[i]`` is the
+    data-parallel rank that holds sample ``i``'s per-token data (it scored its group:
+    :class:`~reinforge.train.rollout_share.RolloutShare`); this rank's entries are present, the
+    others may be None. Either way each optimizer step splits its samples over the ranks the same
+    way (token-balanced, :meth:`~reinforge.train.model_trainer.ModelTrainer.rank_shares`): with
+    ``owner`` the rows a rank needs are moved to it from their holders first
+    (:func:`~reinforge.train.rollout_share.move_rows`), rank to rank.
     """
 
     samples: list[Sample]
     advantages: list[torch.Tensor]
     old_log_probs: list[torch.Tensor] | None = None
     ref_log_probs: list[torch.Tensor] | None = None
-    owned: list[int] | None = None
+    owner: list[int] | None = None
 
 
 class Actor(ModelTrainer):
@@ -226,8 +228,9 @@ class Actor(ModelTrainer):
             mismatch (:func:`~reinforge.algo.mismatch.mismatch_stats`) over every rank's tokens: those of all
             samples when the old log-probs were computed first, else those of the samples the step ran.
         """
-        cfg = self.cfg
-        samples, owned = data.samples, data.owned
+        cfg, p = self.cfg, self.parallel
+        samples, owner = data.samples, data.owner
+        owned = None if owner is None else [i for i, r in enumerate(owner) if r == p.dp_rank]
         per_token: dict[str, list[torch.Tensor]] = {
             "advantages": data.advantages,
             "rollout_log_probs": [torch.as_tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples],
@@ -244,51 +247,63 @@ class Actor(ModelTrainer):
                 else self.compute_log_probs(samples, reference=True, owned=owned)
             )
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
+        # a sample whose advantages are all zero adds nothing to the policy-gradient loss or its gradient, so
+        # without KL / entropy terms it is not run at all (early in training most GRPO groups have equal rewards)
+        nonzero = None
+        if "ref_log_probs" not in per_token and cfg.algo.entropy_coef == 0:
+            nonzero = self._nonzero(per_token["advantages"], owned)
+        held = per_token
+        if owner is not None:  # each step's share of every rank, as with every sample everywhere: rows moved there
+            dest = self.step_ranks(samples, [_running(step, nonzero) for step in batches])
+            moving = {k: v for k, v in per_token.items() if k != "rollout_log_probs"}
+            moved = move_rows(p, moving, [s.response_length for s in samples], owner, dest)
+            per_token = {**moved, "rollout_log_probs": held["rollout_log_probs"]}
         ratios: list[torch.Tensor] | None = None if "old_log_probs" in per_token else []
-        mine = frozenset(owned) if owned is not None else None
         with self._out_of_memory_in("training step"):
-            metrics = mean_metrics([self._train_step(samples, idx, per_token, ratios, mine) for idx in batches])
+            metrics = mean_metrics([self._train_step(samples, step, per_token, ratios, nonzero) for step in batches])
         if ratios is None:  # the old log-probs of every sample: on every rank, or each on the rank that holds it
             rows = range(len(samples)) if owned is None else owned
             log_ratio = token_log_ratios(
-                [per_token["old_log_probs"][i] for i in rows],
-                [per_token["rollout_log_probs"][i] for i in rows],
+                [held["old_log_probs"][i] for i in rows],
+                [held["rollout_log_probs"][i] for i in rows],
                 [samples[i].loss_mask for i in rows],
             )
             if owned is not None:  # each model replica's share (from the rank that reports), gathered
-                mine = log_ratio if self.parallel.reports else log_ratio[:0]
-                log_ratio = torch.cat(self.parallel.gather_objects(mine))
+                log_ratio = torch.cat(p.gather_objects(log_ratio if p.reports else log_ratio[:0]))
         else:  # the step's forward pass gave them: each model replica's tokens (from the rank that reports), gathered
-            mine = torch.cat(ratios) if ratios and self.parallel.reports else torch.zeros(0)
-            log_ratio = torch.cat(self.parallel.gather_objects(mine))
+            mine = torch.cat(ratios) if ratios and p.reports else torch.zeros(0)
+            log_ratio = torch.cat(p.gather_objects(mine))
         metrics.update({f"train/{k}": v for k, v in mismatch_stats(log_ratio).items()})
         return metrics
+
+    def _nonzero(self, advantages: list[torch.Tensor], owned: list[int] | None) -> list[bool]:
+        """Whether each sample has a non-zero advantage: from every sample's advantages, or (``owned``)
+        from this rank's, the flags summed over the data-parallel ranks."""
+        if owned is None:
+            return [bool(a.any()) for a in advantages]
+        flags = torch.zeros(len(advantages))
+        for i in owned:
+            flags[i] = float(bool(advantages[i].any()))
+        return (self.parallel.sum_tensor(flags) > 0.5).tolist()
 
     def _train_step(
         self,
         samples: list[Sample],
-        idx: list[int],
+        step: list[int],
         per_token: dict[str, list[torch.Tensor]],
         ratios: list[torch.Tensor] | None = None,
-        mine: frozenset[int] | None = None,
+        nonzero: list[bool] | None = None,
     ) -> dict[str, float]:
-        """One optimizer step over samples ``idx``: this rank's share of them, or (``mine``, the samples
-        this rank holds: :attr:`TrainData.owned`) those among them it holds; appends ``old - rollout``
-        at this rank's loss-mask tokens to ``ratios`` if given."""
+        """One optimizer step over the samples ``step``: this rank's share (token-balanced) of those of them
+        that run (``nonzero`` given: those with a non-zero advantage); appends ``old - rollout`` at this
+        rank's loss-mask tokens to ``ratios`` if given."""
         a = self.cfg.algo
         use_kl = "ref_log_probs" in per_token
         self.model.train()
-        # Loss normalisers count every sample of the step (every rank knows every sample) ...
-        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
-        num_seqs = float(sum(any(samples[i].loss_mask) for i in idx))
-        if mine is not None:
-            idx = [i for i in idx if i in mine]
-        # ... but a sample whose advantages are all zero adds nothing to the policy-gradient
-        # loss or its gradient, so without KL / entropy terms it is not run at all (early in
-        # training most GRPO groups have equal rewards: this skips most of the compute).
-        if not use_kl and a.entropy_coef == 0:
-            idx = [i for i in idx if bool(per_token["advantages"][i].any())]
-        mbs, real = self.rank_micro_batches(samples, idx, per_token, split=mine is None)
+        # Loss normalisers count every sample of the step, the skipped ones too (every rank knows every sample)
+        num_tokens = float(sum(sum(samples[i].loss_mask) for i in step))
+        num_seqs = float(sum(any(samples[i].loss_mask) for i in step))
+        mbs, real = self.rank_micro_batches(samples, _running(step, nonzero), per_token)
         aux_coeff = self.cfg.train.moe_aux_loss_coeff
         keys = [*STAT_KEYS, *(["moe_aux_loss"] if aux_coeff > 0 else [])]  # every rank reports every key
         routes: dict[int, Routing | None] = {}
@@ -353,3 +368,8 @@ class Actor(ModelTrainer):
             metrics.pop("train/tis_truncated")
             metrics.pop("train/tis_masked")
         return metrics
+
+
+def _running(step: list[int], nonzero: list[bool] | None) -> list[int]:
+    """The samples of ``step`` that run: those with a non-zero advantage when ``nonzero`` is given."""
+    return step if nonzero is None else [i for i in step if nonzero[i]]

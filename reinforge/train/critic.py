@@ -16,6 +16,7 @@ from ..utils import seeds
 from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
 from .parallel import ParallelContext
+from .rollout_share import move_rows
 from .step import forward_backward, forward_only
 
 
@@ -103,28 +104,25 @@ class Critic(ModelTrainer):
         returns: list[torch.Tensor],
         old_values: list[torch.Tensor],
         rollout_id: int,
-        owned: list[int] | None = None,
+        owner: list[int] | None = None,
     ) -> dict[str, float]:
-        """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean). ``owned``: the
-        samples whose returns and values this rank holds (:attr:`TrainData.owned`), None: all."""
+        """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean). ``owner``: the
+        data-parallel rank holding each sample's returns and values (:attr:`TrainData.owner`; they are
+        moved to the ranks that run them first), None: every rank holds all."""
         per_token = {"returns": returns, "old_values": old_values}
         batches = shuffled_steps(
             len(samples), self.num_steps, seeds.derive(self.seed, seeds.CRITIC_SHUFFLE, rollout_id)
         )
-        mine = frozenset(owned) if owned is not None else None
-        return mean_metrics([self._train_step(samples, idx, per_token, mine) for idx in batches])
+        if owner is not None:
+            dest = self.step_ranks(samples, batches)
+            per_token = move_rows(self.parallel, per_token, [s.response_length for s in samples], owner, dest)
+        return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
 
     def _train_step(
-        self,
-        samples: list[Sample],
-        idx: list[int],
-        per_token: dict[str, list[torch.Tensor]],
-        mine: frozenset[int] | None = None,
+        self, samples: list[Sample], idx: list[int], per_token: dict[str, list[torch.Tensor]]
     ) -> dict[str, float]:
-        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))  # every sample of the step
-        if mine is not None:
-            idx = [i for i in idx if i in mine]
-        mbs, _ = self.rank_micro_batches(samples, idx, per_token, split=mine is None)
+        num_tokens = float(sum(sum(samples[i].loss_mask) for i in idx))
+        mbs, _ = self.rank_micro_batches(samples, idx, per_token)
 
         def loss_fn(i: int, mb: MicroBatch, out) -> tuple[torch.Tensor, dict]:
             values, f, m = self.to_grid(mb, out[0]), mb.fields, mb.loss_mask

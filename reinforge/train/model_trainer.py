@@ -236,23 +236,42 @@ class ModelTrainer:
         *,
         split: bool = True,
     ) -> tuple[list[MicroBatch], int]:
-        """This data-parallel rank's share of ``indices`` (token-balanced; whole prompt groups with
-        the shared-prompt layout; the same for the ranks of one tensor x context parallel group) as
-        micro-batches, padded with dummy micro-batches to the largest count of any rank. ``split``
-        False: ``indices`` are this rank's already (the samples it holds, :class:`RolloutShare`),
-        taken whole. Returns (batches, real count)."""
+        """This data-parallel rank's share of ``indices`` (:meth:`rank_shares`) as micro-batches, padded
+        with dummy micro-batches to the largest count of any rank. ``split`` False: ``indices`` are
+        this rank's already (the samples it holds of a rollout,
+        :class:`~reinforge.train.rollout_share.RolloutShare`), taken whole. Returns (batches, real count)."""
         p = self.parallel
-        if p.distributed and split:
-            tokens, rlen = [s.tokens for s in samples], [s.response_length for s in samples]
-            shared = self.settings.packing == "shared_prompt"
-            units = prompt_groups(tokens, rlen, indices) if shared else [[i] for i in indices]
-            parts = partition_by_tokens([row_length(tokens, rlen, u, shared) for u in units], p.dp_size)
-            indices = [i for j in parts[p.dp_rank] for i in units[j]]
+        if split:
+            indices = self.rank_shares(samples, indices)[p.dp_rank if p.distributed else 0]
         mbs = self.micro_batches(samples, indices, per_token) if indices else []
         real = len(mbs)
         for _ in range(p.max_int(real) - real):
             mbs.append(self.dummy_micro_batch(per_token))
         return mbs, real
+
+    def rank_shares(self, samples: list[Sample], indices: list[int]) -> list[list[int]]:
+        """Every data-parallel rank's share of ``indices`` (deterministic: each rank computes all of
+        them alike): token-balanced (:func:`partition_by_tokens`), whole prompt groups with the
+        shared-prompt layout; the ranks of one tensor x context parallel group or pipeline take the
+        same share. Not distributed: ``[indices]``."""
+        p = self.parallel
+        if not p.distributed:
+            return [indices]
+        tokens, rlen = [s.tokens for s in samples], [s.response_length for s in samples]
+        shared = self.settings.packing == "shared_prompt"
+        units = prompt_groups(tokens, rlen, indices) if shared else [[i] for i in indices]
+        parts = partition_by_tokens([row_length(tokens, rlen, u, shared) for u in units], p.dp_size)
+        return [[i for j in part for i in units[j]] for part in parts]
+
+    def step_ranks(self, samples: list[Sample], steps: list[list[int]]) -> list[int]:
+        """For each sample, the data-parallel rank that runs it in ``steps`` (each step's samples split by
+        :meth:`rank_shares`); -1 for a sample no step runs."""
+        ranks = [-1] * len(samples)
+        for step in steps:
+            for r, share in enumerate(self.rank_shares(samples, step)):
+                for i in share:
+                    ranks[i] = r
+        return ranks
 
     def dummy_micro_batch(self, per_token: dict[str, list[torch.Tensor]] | None) -> MicroBatch:
         """Two pad tokens, one response position with loss mask 0: runs the collectives, adds nothing."""

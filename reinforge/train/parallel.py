@@ -169,6 +169,18 @@ class ParallelContext:
         dist.all_reduce(total, group=self.mesh.group("dp") if self.mesh is not None else None)
         return total.to(t.device, t.dtype)
 
+    def all_to_all(self, t: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
+        """Rows of ``t`` to the data-parallel ranks (a collective over the ``dp`` group): the first
+        ``send_sizes[0]`` rows to dp rank 0, the next ``send_sizes[1]`` to rank 1, ...; returns the
+        rows received, ``recv_sizes[r]`` from rank r in rank order (each rank must know what it
+        receives). ``t``: [sum(send_sizes), ...] float; the result on ``t``'s device and dtype."""
+        if not self.distributed:
+            return t
+        out = torch.empty((sum(recv_sizes), *t.shape[1:]), dtype=t.dtype, device=self._device())
+        group = self.mesh.group("dp") if self.mesh is not None else None
+        dist.all_to_all_single(out, t.to(self._device()).contiguous(), recv_sizes, send_sizes, group=group)
+        return out.to(t.device)
+
     def sum_over_pipeline(self, values: dict[str, float]) -> dict[str, float]:
         """Element-wise sum of a dict of floats over this rank's pipeline (the last stage's sums reach
         every stage; the others hold zeros); ``values`` unchanged without pipeline parallelism."""

@@ -5,7 +5,9 @@ The driver hands a rollout to the trainer ranks once (:class:`RolloutBatch`: in 
 Each rank takes whole prompt groups (:func:`group_share`, token-balanced over the data-parallel
 ranks, as slime splits its rollout data per data-parallel rank), computes their old / reference
 log-probs, critic values and advantages, and keeps them (:class:`RolloutShare`) for the optimizer
-steps (``TrainWorker.score`` / ``TrainWorker.train``). Per-token data never goes back to the
+steps (``TrainWorker.score`` / ``TrainWorker.train``). Each optimizer step then splits its samples
+over the ranks token-balanced, as before, and the rows a rank runs but does not hold come to it
+from the rank that does, rank to rank (:func:`move_rows`). Per-token data never goes back to the
 driver: it receives metrics, reduced over the ranks (:func:`advantage_metrics`).
 """
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..records import Sample
-from .parallel import partition_by_tokens
+from .parallel import ParallelContext, partition_by_tokens
 
 
 @dataclass
@@ -54,6 +56,7 @@ class RolloutShare:
             an optimizer step's loss normalisers count the whole step).
         groups: the indices of the groups this rank holds (:func:`group_share`).
         owned: the indices in ``samples`` of their samples (group-major, in ``groups`` order).
+        owner: for every sample, the data-parallel rank that holds it (:func:`owners`).
         old_log_probs, ref_log_probs, values, advantages, returns: per sample of ``samples``, fp32
             [response_length] on the CPU for the samples ``owned``, None at the others; a field is
             None when the run does not compute it.
@@ -62,6 +65,7 @@ class RolloutShare:
     samples: list[Sample]
     groups: list[int]
     owned: list[int]
+    owner: list[int]
     old_log_probs: list[torch.Tensor | None] | None = None
     ref_log_probs: list[torch.Tensor | None] | None = None
     values: list[torch.Tensor | None] | None = None
@@ -77,11 +81,12 @@ class RolloutShare:
             n += len(g)
         mine = group_share(batch.groups, dp_rank, dp_size, shared_prompt)
         owned = [starts[g] + j for g in mine for j in range(len(batch.groups[g]))]
-        return cls([s for g in batch.groups for s in g], mine, owned)
+        owner = owners(batch.groups, dp_size, shared_prompt)
+        return cls([s for g in batch.groups for s in g], mine, owned, owner)
 
     def mine(self, rows: list[torch.Tensor | None] | None) -> list[torch.Tensor] | None:
         """The entries of ``rows`` (one per sample) of the samples this rank holds, in ``owned`` order."""
-        return None if rows is None else [rows[i] for i in self.owned]  # type: ignore[misc]
+        return None if rows is None else [rows[i] for i in self.owned]
 
     def spread(self, rows: list[torch.Tensor] | None) -> list[torch.Tensor | None] | None:
         """Inverse of :meth:`mine`: one entry per sample, None at the samples of other ranks."""
@@ -91,6 +96,66 @@ class RolloutShare:
         for i, r in zip(self.owned, rows, strict=True):
             out[i] = r
         return out
+
+
+def owners(groups: list[list[Sample]], dp_size: int, shared_prompt: bool = False) -> list[int]:
+    """For each sample of ``groups`` (flattened group-major), the data-parallel rank that holds it
+    (:func:`group_share`; the same on every rank)."""
+    group_owner = [0] * len(groups)
+    for r in range(dp_size):
+        for g in group_share(groups, r, dp_size, shared_prompt):
+            group_owner[g] = r
+    return [group_owner[g] for g, group in enumerate(groups) for _ in group]
+
+
+def move_rows(
+    parallel: ParallelContext,
+    fields: dict[str, list[torch.Tensor | None]],
+    lengths: list[int],
+    owner: list[int],
+    dest: list[int],
+) -> dict[str, list[torch.Tensor | None]]:
+    """Hand per-sample rows from the ranks that hold them to the ranks that train on them.
+
+    The rollout's samples are scored where they are held (whole groups, :func:`group_share`), but
+    each optimizer step splits its samples over the data-parallel ranks anew, token-balanced
+    (``ModelTrainer.rank_shares``), so that no rank waits for another. This moves each sample's rows
+    once, from ``owner[i]`` to ``dest[i]``, rank to rank (one ``all_to_all`` over the ``dp`` group
+    for all fields; each rank knows every sample's length and place, so nothing else is exchanged).
+    A collective: every rank calls it with the same ``lengths``, ``owner``, ``dest`` and field names.
+
+    Args:
+        parallel: this rank's place (``dp_rank``, ``dp_size``).
+        fields: name -> one fp32 [lengths[i]] row per sample, present at the samples this rank
+            holds (None elsewhere).
+        lengths: every sample's row length (its response length).
+        owner: the dp rank holding each sample's rows.
+        dest: the dp rank that needs each sample's rows, or -1 (none: the sample is not trained).
+
+    Returns:
+        name -> one row per sample, present at the samples with ``dest[i]`` this rank (CPU), None
+        elsewhere.
+    """
+    n, keys = len(lengths), sorted(fields)
+    if not keys:
+        return {}
+    if parallel.dp_size == 1:
+        return {k: [fields[k][i] if dest[i] == 0 else None for i in range(n)] for k in keys}
+    me, ranks = parallel.dp_rank, parallel.dp_size
+    send = sorted((i for i in range(n) if owner[i] == me and dest[i] >= 0), key=lambda i: (dest[i], i))
+    recv = sorted((i for i in range(n) if dest[i] == me), key=lambda i: (owner[i], i))
+    send_sizes, recv_sizes = [0] * ranks, [0] * ranks
+    for i in send:
+        send_sizes[dest[i]] += lengths[i]
+    for i in recv:
+        recv_sizes[owner[i]] += lengths[i]
+    rows = [torch.stack([fields[k][i].float().reshape(-1) for k in keys], dim=1) for i in send]
+    got = parallel.all_to_all(torch.cat(rows) if rows else torch.zeros(0, len(keys)), send_sizes, recv_sizes)
+    out: dict[str, list[torch.Tensor | None]] = {k: [None] * n for k in keys}
+    for i, part in zip(recv, got.split([lengths[i] for i in recv])):
+        for j, k in enumerate(keys):
+            out[k][i] = part[:, j].clone()
+    return out
 
 
 def advantage_metrics(

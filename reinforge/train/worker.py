@@ -145,10 +145,10 @@ class TrainWorker:
         metrics: dict[str, float] = {}
         if self.critic is not None:
             with trace.span("train_critic", "train") as s:
-                metrics.update(self.critic.train(share.samples, share.returns, share.values, rollout_id, share.owned))
+                metrics.update(self.critic.train(share.samples, share.returns, share.values, rollout_id, share.owner))
             metrics["time/train_critic"] = s.seconds
         if self.critic is None or rollout_id >= self.cfg.critic.num_warmup_rollouts:
-            data = TrainData(share.samples, share.advantages, share.old_log_probs, share.ref_log_probs, share.owned)
+            data = TrainData(share.samples, share.advantages, share.old_log_probs, share.ref_log_probs, share.owner)
             with trace.span("train_actor", "train"):
                 metrics.update(self.actor.train(data, rollout_id))
         return metrics
