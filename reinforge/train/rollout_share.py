@@ -54,8 +54,8 @@ class RolloutShare:
     Attributes:
         samples: every sample of the rollout, flattened group-major (each rank knows every sample:
             an optimizer step's loss normalisers count the whole step).
-        groups: the indices of the groups this rank holds (:func:`group_share`).
-        owned: the indices in ``samples`` of their samples (group-major, in ``groups`` order).
+        groups: the indices of the groups this rank holds (:func:`group_share`, ascending).
+        owned: the indices in ``samples`` of their samples (ascending: group-major, in ``groups`` order).
         owner: for every sample, the data-parallel rank that holds it (:func:`owners`).
         old_log_probs, ref_log_probs, values, advantages, returns: per sample of ``samples``, fp32
             [response_length] on the CPU for the samples ``owned``, None at the others; a field is
@@ -75,13 +75,9 @@ class RolloutShare:
     @classmethod
     def take(cls, batch: RolloutBatch, dp_rank: int, dp_size: int, shared_prompt: bool = False) -> RolloutShare:
         """Rank ``dp_rank``'s share of ``batch`` (:func:`group_share`)."""
-        starts, n = [], 0
-        for g in batch.groups:
-            starts.append(n)
-            n += len(g)
-        mine = group_share(batch.groups, dp_rank, dp_size, shared_prompt)
-        owned = [starts[g] + j for g in mine for j in range(len(batch.groups[g]))]
         owner = owners(batch.groups, dp_size, shared_prompt)
+        owned = [i for i, r in enumerate(owner) if r == dp_rank]  # (ascending: group-major, groups ascending)
+        mine = group_share(batch.groups, dp_rank, dp_size, shared_prompt)
         return cls([s for g in batch.groups for s in g], mine, owned, owner)
 
     def mine(self, rows: list[torch.Tensor | None] | None) -> list[torch.Tensor] | None:
