@@ -51,8 +51,10 @@ demo-agent: setup
 	$(BIN)/python bench/agent_pipeline.py --out runs/demo_agent --sft-examples 32 --rollouts 2 --eval-prompts 32 \
 	    --rl rollout.rollout_batch_size=4 rollout.n_samples_per_prompt=4 -- offline.global_batch_size=8
 
+# two workers (pytest-xdist): the suite takes half the time on a 2-core machine; tests/conftest.py
+# gives each worker one torch thread
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 tests
 
 # format and fix what ruff can; `make test` checks lint, format and types (tests/test_lint.py)
 lint: setup

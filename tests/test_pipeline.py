@@ -102,12 +102,19 @@ def test_stages_chained_give_the_models_logits(four_layer_path):
     index = (torch.tensor([0, 0, 1]), torch.tensor([1, 2, 2]))
     inp = ModelInput(ids, None, None, index)
     stages = sorted((st for s in splits for st in s.stages), key=lambda st: st.index)
+    seen = {}
+
+    def loss(i, logits):  # the last stage hands its logits to the step's loss and outputs that [1]
+        seen[i] = logits
+        return logits.sum()
+
     x = ids
     for st in stages:
-        st.inputs = [inp]
+        st.inputs, st.loss = [inp], loss
         x = st(x, torch.tensor([0]))
     with torch.no_grad():
-        assert torch.allclose(x, whole(ids, logits_mask=index), atol=1e-5)
+        assert torch.allclose(seen[0], whole(ids, logits_mask=index), atol=1e-5)
+        assert x.shape == (1,) and torch.allclose(x, seen[0].sum().reshape(1))
 
 
 def test_two_stages_match_one_process_and_resume(tmp_path, tiny_model_path):

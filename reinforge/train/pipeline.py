@@ -62,9 +62,11 @@ class StageModule(nn.Module):
     """One pipeline stage of a :class:`~reinforge.models.transformer.CausalLM`: its decoder layers
     (the model's own modules, registered here too) and, first or last, the embedding or the final
     norm and LM head. ``forward(x, mb_index)``: ``x`` token ids [R, T] (first stage) or the previous
-    stage's hidden states [R, T, hidden]; returns hidden states, or on the last stage the logits
-    [n, vocab] of the response positions. What else a micro-batch needs (positions, the attention
-    context, the response positions) is in ``inputs[mb_index]``, set for the step by :class:`Pipeline`."""
+    stage's hidden states [R, T, hidden]; returns hidden states, or on the last stage the micro-batch's
+    loss [1] (``loss(mb_index, logits)`` of the logits [n, vocab] at the response positions: a fixed
+    output shape, which torch 2.11's schedules check on the last stage too). What else a micro-batch
+    needs (positions, the attention context, the response positions) and ``loss`` are set for the step
+    by :class:`Pipeline`."""
 
     def __init__(self, lm: CausalLM, index: int, layer_ids: range, first: bool, last: bool):
         super().__init__()
@@ -75,6 +77,7 @@ class StageModule(nn.Module):
         self.norm = lm.model.norm if last else None
         self.lm_head = lm.lm_head if last else None
         self.inputs: list[Any] = []
+        self.loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
         self.act_dtype = torch.float32
 
     def forward(self, x: torch.Tensor, mb_index: torch.Tensor) -> torch.Tensor:
@@ -94,7 +97,8 @@ class StageModule(nn.Module):
                 x = layer(x, cos, sin, inp.ctx)
         if self.lm_head is None:
             return x.to(self.act_dtype)
-        return self.lm_head(self.norm(x)[inp.index])
+        assert self.loss is not None, "Pipeline.run sets the last stage's loss"
+        return self.loss(int(mb_index), self.lm_head(self.norm(x)[inp.index])).reshape(1)
 
 
 @dataclass
@@ -210,13 +214,13 @@ class Pipeline:
         R, T = inputs[0].input_ids.shape
         # (requires_grad: what a stage receives and sends back a gradient for)
         hidden = torch.empty(R, T, self.lm.args.hidden_size, dtype=self.act_dtype, device="meta", requires_grad=True)
-        head = torch.empty(1, self.lm.args.vocab_size, dtype=self.act_dtype, device="meta", requires_grad=True)
+        loss_out = torch.empty(1, dtype=torch.float32, device="meta", requires_grad=True)  # (the last stage's)
         ids = torch.empty(R, T, dtype=torch.long, device="meta")
         device = inputs[0].input_ids.device
         S = self.pp * self.vpp
         stages = []
         for st in self.stages:
-            st.inputs = inputs
+            st.inputs, st.loss = inputs, loss
             first, last = st.index == 0, st.index == S - 1
             stages.append(
                 PipelineStage(
@@ -225,13 +229,13 @@ class Pipeline:
                     S,
                     device,
                     input_args=ids if first else hidden,
-                    output_args=head if last else hidden,
+                    output_args=loss_out if last else hidden,
                     group=self.group,
                 )
             )
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return loss(int(target), output)
+            return output.sum()  # (the last stage's output is its micro-batch's loss already)
 
         if self.vpp == 1:
             schedule: Any = Schedule1F1B(stages[0], n, loss_fn=loss_fn, scale_grads=False)
@@ -244,7 +248,7 @@ class Pipeline:
                 (schedule.step if backward else schedule.eval)(*args, target=index, mb_index=index)
         finally:
             for st in self.stages:
-                st.inputs = []
+                st.inputs, st.loss = [], None
 
     # ------------------------------------------------------------------ the tied embedding
     def _tied_param(self) -> nn.Parameter | None:
