@@ -181,3 +181,30 @@ def test_host_buffers_register_their_own_mappings_and_unregister_them(monkeypatc
     del b, buffers
     gc.collect()
     assert calls[-1][0] == "unregister" and sum(c[0] == "unregister" for c in calls) == 2  # the failed one is not
+
+
+def test_build_adamw_steps_sharded_and_plain_parameters_fused(tmp_path):
+    """A fused AdamW over DTensor and plain parameters at once (pipeline x tensor parallel without data
+    parallelism: norms stay plain) steps each as alone; one group of both raised on 4 GPUs (torch
+    refuses mixed Tensor and DTensor in ``_fused_adamw_``)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        torch.manual_seed(0)
+        w, b = torch.randn(4, 3), torch.randn(3)
+        sharded = torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Replicate()]))
+        plain = torch.nn.Parameter(b.clone())
+        opt = build_adamw([sharded, plain], torch.device("cpu"), False, fused=True, lr=0.1)
+        ref = [torch.nn.Parameter(w.clone()), torch.nn.Parameter(b.clone())]
+        ref_opt = torch.optim.AdamW(ref, lr=0.1, fused=True)
+        for p, g in zip([sharded, plain, *ref], [torch.ones(4, 3), torch.ones(3)] * 2):
+            p.grad = distribute_tensor(g, mesh, [Replicate()]) if hasattr(p, "device_mesh") else g
+        opt.step()
+        ref_opt.step()
+        assert torch.equal(sharded.full_tensor(), ref[0]) and torch.equal(plain.detach(), ref[1])
+    finally:
+        dist.destroy_process_group()

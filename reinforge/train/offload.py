@@ -267,8 +267,14 @@ class OffloadedAdamW(torch.optim.AdamW):
         return torch.optim.Optimizer._process_value_according_to_param_policy(param, value, param_id, param_groups, key)
 
 
-def build_adamw(params: list[torch.nn.Parameter], device: torch.device, offload: bool, **kwargs) -> torch.optim.AdamW:
-    """The trainer's AdamW: fused on CUDA; ``offload``: :class:`OffloadedAdamW`.
+def build_adamw(
+    params: list[torch.nn.Parameter], device: torch.device, offload: bool, fused: bool | None = None, **kwargs
+) -> torch.optim.AdamW:
+    """The trainer's AdamW: fused (``fused`` None: on CUDA); ``offload``: :class:`OffloadedAdamW`.
+
+    Sharded (DTensor) and plain parameters go in two parameter groups: a fused or foreach step runs
+    one kernel over a group's tensors and torch refuses to mix the two kinds in one (a pipeline x
+    tensor-parallel layout without data parallelism leaves the norms unsharded).
 
     Raises:
         ValueError: ``offload`` with sharded (DTensor) parameters: several trainer ranks (``torchrun``)
@@ -279,6 +285,10 @@ def build_adamw(params: list[torch.nn.Parameter], device: torch.device, offload:
             "train.optimizer_offload works on one unsharded trainer rank; with several ranks (FSDP) set "
             "train.fsdp_cpu_offload=true instead"
         )
-    if device.type == "cuda":
+    if device.type == "cuda" if fused is None else fused:
         kwargs["fused"] = True
-    return OffloadedAdamW(params, **kwargs) if offload else torch.optim.AdamW(params, **kwargs)
+    sharded = [p for p in params if hasattr(p, "device_mesh")]
+    groups: list[Any] = params
+    if 0 < len(sharded) < len(params):
+        groups = [{"params": sharded}, {"params": [p for p in params if not hasattr(p, "device_mesh")]}]
+    return OffloadedAdamW(groups, **kwargs) if offload else torch.optim.AdamW(groups, **kwargs)
