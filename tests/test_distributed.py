@@ -45,7 +45,9 @@ def _worker(rank, world, port, cfg, path, data, steps, save_dir, queue):
 
     w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
     metrics = [w.train_actor(data, r) for r in range(steps)]
-    weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}  # numpy: no shared-memory handles
+    weights = {
+        n: t.detach().float().cpu().numpy().copy() for n, t in w.named_weights()
+    }  # numpy: no shared-memory handles (bf16: as fp32)
     if save_dir:
         w.save(save_dir)
     if rank == 0:

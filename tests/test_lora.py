@@ -1,6 +1,7 @@
 """LoRA: only adapters train, the engine gets exactly the merged model, the reference is the base,
 checkpoints hold the adapter (a PEFT folder), and several FSDP ranks equal one process."""
 
+import copy
 import json
 
 import pytest
@@ -148,13 +149,89 @@ def test_offline_dpo_with_lora_uses_the_base_as_reference(tmp_path, tiny_model_p
     loop.close()
 
 
-def test_lora_two_ranks_equal_one_process(tiny_model_path):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_lora_two_ranks_equal_one_process(tiny_model_path, dtype):
+    """bf16: FSDP2's mixed precision over a frozen base held in bf16 and fp32 adapters in one unit."""
     from tests.test_distributed import make_cfg, make_data, run_ranks
 
-    cfg = make_cfg(tiny_model_path, **{"model.lora_rank": 4, "model.lora_alpha": 8})
+    cfg = make_cfg(tiny_model_path, **{"model.lora_rank": 4, "model.lora_alpha": 8, "model.train_dtype": dtype})
     data = make_data(9)
     (m1, w1), (m2, w2) = run_ranks(1, cfg, tiny_model_path, data), run_ranks(2, cfg, tiny_model_path, data)
-    assert m1[0]["train/loss"] == pytest.approx(m2[0]["train/loss"], rel=1e-4)
+    assert m1[0]["train/loss"] == pytest.approx(m2[0]["train/loss"], rel=1e-4 if dtype == "fp32" else 1e-3)
     assert set(w1) == set(w2) and not any("lora" in n for n in w1)
     for n in w1:
-        assert torch.allclose(w1[n], w2[n], atol=2e-5), n
+        assert torch.allclose(w1[n], w2[n], atol=2e-5 if dtype == "fp32" else 1e-2), n
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_moe"])
+def test_frozen_base_held_in_bf16_trains_bit_for_bit_as_fp32(tmp_path, smollm2_path, model_type):
+    """Under bf16 autocast the frozen base's matmul weights (Linear layers, the routed experts) held in
+    bf16 give the same loss and adapter gradients, bit for bit, as held in fp32 (autocast casts them
+    anyway); embeddings, norms and the adapters stay fp32; the merged weights are the fp32 merge
+    rounded once."""
+    from reinforge.models.loading import build_model
+    from reinforge.models.lora import apply_lora, hold_frozen_weights, merged_named_weights
+    from reinforge.models.moe import Experts
+    from tests.conftest import make_tiny_model
+    from tests.test_moe import make_tiny_moe
+
+    path = (
+        make_tiny_moe(tmp_path, smollm2_path, model_type)
+        if "moe" in model_type
+        else make_tiny_model(tmp_path, smollm2_path)
+    )
+    targets = ["q_proj", "v_proj", "gate_proj", "up_proj"] if model_type == "llama" else ["q_proj", "v_proj"]
+    model = apply_lora(build_model(path), 4, 8, 0.0, targets)
+    for n, p in model.named_parameters():  # B starts at zero: a value, so that the merge means something
+        if ".lora_B" in n:
+            p.data.normal_(0, 0.02)
+    models = [model, copy.deepcopy(model)]
+    fp32_bytes = sum(p.numel() * p.element_size() for p in models[1].parameters())
+    freed = hold_frozen_weights(models[1], torch.bfloat16)
+    assert 0 < freed < fp32_bytes / 2 and freed == fp32_bytes - sum(
+        p.numel() * p.element_size() for p in models[1].parameters()
+    )
+    dtypes = {n: p.dtype for n, p in models[1].named_parameters()}
+    assert all(dtypes[n] == torch.float32 for n in dtypes if ".lora_" in n or "norm" in n or "embed" in n)
+    assert all(dtypes[n] == torch.bfloat16 for n in dtypes if n.endswith("base_layer.weight"))
+    experts = [m for m in models[1].modules() if isinstance(m, Experts)]
+    assert all(e.gate_up_proj.dtype == torch.bfloat16 for e in experts) and bool(experts) == ("moe" in model_type)
+
+    ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    losses, grads = [], []
+    for m in models:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = m(ids)
+        loss = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).mean()
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.requires_grad})
+    assert torch.equal(losses[0], losses[1])
+    assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+    want = dict(merged_named_weights(models[0]))
+    got = dict(merged_named_weights(models[1]))
+    assert want.keys() == got.keys()
+    for n, t in got.items():
+        assert torch.allclose(t.float(), want[n], rtol=1e-2, atol=1e-3), n
+
+
+def test_lora_rollout_step_with_bf16_autocast_holds_the_base_in_bf16(tmp_path, tiny_model_path):
+    """A GRPO step with LoRA under bf16 autocast (``model.train_dtype=bf16``; on a GPU the default):
+    the frozen base is held in bf16, the adapters train, weight sync and the checkpoint's adapter
+    folder are written."""
+    overrides = tiny_overrides(
+        tiny_model_path, tmp_path / "run", **{**LORA, "model.train_dtype": "bf16", "train.num_rollout": 1}
+    )
+    loop = RLLoop(load_config(None, overrides))
+    actor = loop.cluster.worker.actor
+    held = {n: p.dtype for n, p in actor.model.named_parameters()}
+    assert {held[n] for n in held if n.endswith("base_layer.weight")} == {torch.bfloat16}
+    assert {held[n] for n in held if ".lora_" in n} == {torch.float32}
+    before = {n: t.float().clone() for n, t in actor.named_weights()}
+    loop.rollout_step(0)  # GRPO step, then weight sync of the merged weights
+    after = dict(actor.named_weights())
+    assert any(not torch.equal(after[n].float(), before[n]) for n in after), "the step changed nothing"
+    ckpt = loop.save(0)
+    assert json.loads((ckpt / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    loop.close()

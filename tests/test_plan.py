@@ -414,6 +414,10 @@ def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path, monkey
     assert M.train_seconds(w) > M.train_seconds(M.with_(w, optimizer_offload=False))  # the copies cost time
     peak = M.train_breakdown(fsdp.workload)
     assert "offloaded layers in flight" in peak.parts and peak.total < M.train_breakdown(w).total
+    lora = plan("model.lora_rank=16").workload  # the frozen base held in bf16: 2 B / parameter, no AdamW
+    assert M.trainer_resident(lora) == {"weights bf16": 2 * arch.num_params, "AdamW": 0, "gradients": 0}
+    fp32 = M.trainer_resident(M.with_(lora, train_bf16=False))
+    assert fp32["weights fp32"] == 4 * arch.num_params
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (Path(__file__).parents[1] / "examples").glob("*.yaml")))

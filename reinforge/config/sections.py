@@ -71,7 +71,8 @@ class ModelConfig(Section):
         0,
         "LoRA rank r (`peft`); 0 trains every weight. Only the adapters are optimised; "
         "engines and exports get the merged weights; the reference model is the base (adapters "
-        "off)",
+        "off). Under bf16 autocast (`train_dtype`, on a GPU by default) the frozen base's linear and "
+        "expert weights are held in bf16: half the memory, the same forward and backward",
         ge=0,
     )
     lora_alpha: float = opt(16.0, "LoRA alpha (the update is scaled by alpha / r)", gt=0)

@@ -224,6 +224,8 @@ class Workload:
         fsdp_offload: weights, gradients and AdamW in host memory, a layer at a time on the GPU
             (``train.fsdp_cpu_offload``).
         lora: only adapters train (no gradients or AdamW state for the base).
+        train_bf16: the trainer's forward runs under bf16 autocast (``model.train_dtype``); with ``lora``
+            the frozen base is held in bf16 (:func:`~reinforge.models.lora.hold_frozen_weights`).
         logprob_passes: forward passes without gradient before training (old, reference log-probs).
         steps_per_rollout: optimizer steps per rollout.
         prefill_tokens: ``engine.max_prefill_tokens``.
@@ -251,6 +253,7 @@ class Workload:
     tp: int = 1
     cp: int = 1
     lora: bool = False
+    train_bf16: bool = True
     eager_norms: bool = False
     optimizer_offload: bool = False
     fsdp_offload: bool = False
@@ -300,7 +303,8 @@ def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
         return {}
     p = w.arch.num_params
     trained = p if not w.lora else 0  # adapters: negligible here
-    out = {"weights fp32": 4 * p / w.shards}
+    # LoRA under bf16 autocast: the frozen base in bf16 (its embedding and norms, ~1-2%, stay fp32)
+    out = {"weights bf16": 2 * p / w.shards} if w.lora and w.train_bf16 else {"weights fp32": 4 * p / w.shards}
     if not w.optimizer_offload:
         out["AdamW"] = 8 * trained / w.shards
     if grads:

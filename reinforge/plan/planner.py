@@ -153,6 +153,7 @@ def workload(
         tp=tp,
         cp=cp,
         lora=m.lora_rank > 0,
+        train_bf16=m.train_dtype != "fp32",
         eager_norms=not (m.torch_compile or (m.fused_kernels and liger_available())),
         optimizer_offload=t.optimizer_offload,
         fsdp_offload=t.fsdp_cpu_offload,

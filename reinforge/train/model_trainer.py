@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..models.lora import has_lora, hold_frozen_weights
 from ..models.transformer import CausalLM, Variant
 from ..records import Sample
 from ..utils import faults
@@ -113,7 +114,8 @@ class ModelTrainer:
     :class:`~reinforge.train.actor.Actor` and :class:`~reinforge.train.critic.Critic`.
 
     Precision: fp32 parameters and optimizer state; on CUDA the forward pass runs under
-    bf16 autocast (``model.train_dtype: auto | bf16``), on CPU in fp32.
+    bf16 autocast (``model.train_dtype: auto | bf16``), on CPU in fp32. With LoRA under bf16 autocast
+    the frozen base's matmul weights are held in bf16 (:func:`~reinforge.models.lora.hold_frozen_weights`).
 
     Args:
         model: the model to train (sharded here with FSDP2 when ``parallel`` has several ranks).
@@ -151,6 +153,9 @@ class ModelTrainer:
             for m in model.modules():
                 if isinstance(m, CausalLM):
                     m.set_variant(Variant(fused_kernels=True))
+        if has_lora(model) and self.compute_dtype() is not None:  # the frozen base in bf16: half its memory
+            freed = hold_frozen_weights(model, torch.bfloat16)
+            log.info("%s: LoRA's frozen base weights held in bf16 (%.1f GiB freed)", name, freed / 2**30)
         # the mesh's layout: pipeline stages, tensor / context / expert parallelism, recompute, compile,
         # FSDP2 over dp x cp (train/parallel.py)
         self._pipelines: dict[int, Pipeline] = {}
