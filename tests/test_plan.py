@@ -468,6 +468,36 @@ def test_the_benchmarks_fit_their_gpu_as_planned(tmp_path, monkeypatch, arch, le
     assert all(b.total <= plan.workload.usable for b in plan.memory())
 
 
+def test_lora_on_a_30b_a3b_fits_one_h200_with_the_engine_weights_offloaded(tmp_path, monkeypatch):
+    """Issue 36 item 7b: a Qwen3-30B-A3B-shaped model (30.5B parameters) with LoRA on attention, 4k
+    responses: its frozen base held in bf16 (57 GiB) beside the engine's bf16 copy (57 GiB; fp8 rollout
+    weights leave the routed experts in bf16) leaves no room to train; with the engine's weights in host
+    memory while training (``cluster.offload_engine_weights``) it fits."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    from archs import ARCHS
+
+    path = folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
+    base = [
+        f"model.path={path}",
+        "model.gradient_checkpointing=true",
+        "model.lora_rank=16",
+        "model.lora_target_modules=[q_proj,k_proj,v_proj,o_proj]",
+        "rollout.rollout_batch_size=8",
+        "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=4096",
+        "engine.max_num_seqs=64",
+        "cluster.offload_rollout=true",
+        "train.max_tokens_per_gpu=8192",
+    ]
+
+    def plan(*extra):
+        return resolve_config(load_config(None, [*base, *extra]), path, gpu=GPUS["h200"], prompt_len=64)[1]
+
+    assert 30.0e9 < M.Arch.from_config(ARCHS["qwen3-moe-30b-a3b"]).num_params < 31.0e9
+    assert "weights bf16" in training_problems(plan(), 64)[0]
+    assert training_problems(plan("cluster.offload_engine_weights=true"), 64) == []
+
+
 def test_the_2k_auto_choice_that_ran_out_of_memory_is_no_longer_made(tmp_path, monkeypatch):
     """H100, 2026-11-27 (`LENGTH=2048 ROLLOUTS=2 SETTINGS=auto scripts/gpu_planner.sh`, no Liger on the
     device): `auto` chose 14,592 tokens per micro-batch and no recomputation, and the second step ran
