@@ -39,13 +39,20 @@ def random_reward(sample) -> float:
     return float(random.Random(hash(tuple(sample.tokens[-8:]))).random() < 0.5)
 
 
-def write_model(folder: Path, tokenizer: Path, max_positions: int, arch: str, own_vocab: bool = False) -> None:
+def write_model(
+    folder: Path, tokenizer: Path, max_positions: int, arch: str, own_vocab: bool = False, weights: bool = True
+) -> None:
     """A random model of ``arch`` with SmolLM2's tokenizer: its 49,152-entry vocabulary and tied
-    embeddings, or (``own_vocab``) the architecture's own (ids the tokenizer lacks decode to nothing)."""
-    from archs import write_random_model
+    embeddings, or (``own_vocab``) the architecture's own (ids the tokenizer lacks decode to nothing).
+    ``weights`` False: config.json only (the run sets ``model.random_init``: a 30B model's 61 GB would not
+    fit the device's disk)."""
+    from archs import hf_config, write_random_model
 
     shape = {} if own_vocab else {"vocab_size": 49152, "tie_word_embeddings": True}
-    write_random_model(arch, folder, max_position_embeddings=max_positions, **shape)
+    if weights:
+        write_random_model(arch, folder, max_position_embeddings=max_positions, **shape)
+    else:
+        hf_config(arch, max_position_embeddings=max_positions, **shape).save_pretrained(folder)
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
             shutil.copy(f, folder / f.name)
@@ -210,12 +217,20 @@ def main() -> None:
     ap.add_argument(
         "--own-vocab", action="store_true", help="the architecture's own vocabulary (default: SmolLM2's 49,152, tied)"
     )
+    ap.add_argument(
+        "--random-init",
+        action="store_true",
+        help="no weights on disk: trainer and engine draw them (model.random_init; for models the disk cannot hold)",
+    )
     args = ap.parse_args()
+    if args.random_init:
+        args.set = [*args.set, "model.random_init=true"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = tmp / "model"
-        write_model(model, args.tokenizer, max(32768, max(args.lengths) + 512), args.arch, args.own_vocab)
+        positions = max(32768, max(args.lengths) + 512)
+        write_model(model, args.tokenizer, positions, args.arch, args.own_vocab, weights=not args.random_init)
         write_prompts(tmp / "prompts.jsonl", 512)
         for length in args.lengths:
             seqs = args.seqs or SEQS.get(length, 64)

@@ -196,6 +196,17 @@ def test_frozen_base_held_in_bf16_trains_bit_for_bit_as_fp32(tmp_path, smollm2_p
     assert all(dtypes[n] == torch.bfloat16 for n in dtypes if n.endswith("base_layer.weight"))
     experts = [m for m in models[1].modules() if isinstance(m, Experts)]
     assert all(e.gate_up_proj.dtype == torch.bfloat16 for e in experts) and bool(experts) == ("moe" in model_type)
+    # build_model(matmul_dtype=bf16) makes them so directly (no fp32 copy first): the same tensors
+    direct = apply_lora(build_model(path, matmul_dtype=torch.bfloat16), 4, 8, 0.0, targets)
+    held = dict(models[1].named_parameters())
+    for n, p in direct.named_parameters():
+        assert p.dtype == held[n].dtype, n  # (peft makes the adapters fp32 on a bf16 base too)
+        assert ".lora_" in n or torch.equal(p, held[n]), n
+    assert hold_frozen_weights(direct, torch.bfloat16) == 0
+    rand = build_model(path, random_init=True, matmul_dtype=torch.bfloat16)
+    assert {n: p.dtype for n, p in rand.named_parameters()} == {
+        n.replace(".base_layer", ""): d for n, d in dtypes.items() if ".lora_" not in n
+    }
 
     ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
     losses, grads = [], []

@@ -115,6 +115,7 @@ def build_model(
     max_positions: int | None = None,
     seed: int = 0,
     head_optional: bool = False,
+    matmul_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """The causal LM stored in Hugging Face folder ``path``.
 
@@ -125,7 +126,9 @@ def build_model(
     ``transformers.AutoModelForCausalLM`` with a warning naming the registered families.
     ``random_init`` ignores the stored weights (benchmarks, tests). ``head_optional``
     accepts a folder without ``lm_head.weight`` (a reward model's backbone; the head is zeros)
-    and ignores its ``score.weight``.
+    and ignores its ``score.weight``. ``matmul_dtype``: the weights that only enter matmuls
+    (:func:`~reinforge.models.lora.matmul_weights`) are made in that dtype, the rest in ``dtype``
+    (LoRA's frozen base under bf16 autocast, without a transient copy in ``dtype``; native models only).
 
     Raises:
         FileNotFoundError: no config.json or no safetensors weights in ``path``.
@@ -144,8 +147,16 @@ def build_model(
             e,
         )
         return _build_hf_model(path, cfg, dtype, device, random_init, seed)
+    low = set()
+    if matmul_dtype is not None and matmul_dtype != dtype:
+        from .lora import matmul_weights
+
+        model = model.to(dtype)  # (on the meta device: no memory)
+        for name, module, attr in list(matmul_weights(model)):
+            low.add(name)
+            setattr(module, attr, nn.Parameter(getattr(module, attr).to(matmul_dtype)))
     if random_init:
-        model = model.to_empty(device=device).to(dtype)
+        model = model.to_empty(device=device) if low else model.to_empty(device=device).to(dtype)
         if model.args.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))
@@ -165,7 +176,9 @@ def build_model(
         unexpected = sorted(set(state) - expected)
         if unexpected:
             log.warning("%s: ignoring %d unexpected tensors (e.g. %s)", path, len(unexpected), unexpected[0])
-        state = {k: v.to(device=device, dtype=dtype) for k, v in state.items() if k in expected}
+        state = {
+            k: v.to(device=device, dtype=matmul_dtype if k in low else dtype) for k, v in state.items() if k in expected
+        }
         model.load_state_dict(state, strict=False, assign=True)
         if model.args.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight

@@ -49,39 +49,52 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none"
     )
     model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    for p in model.parameters():  # the adapters train in fp32, also on a base held in bf16 (peft follows the base)
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
     model.lora_config = config
     return model
 
 
-def hold_frozen_weights(model: nn.Module, dtype: torch.dtype) -> int:
-    """Store the frozen weights of an adapted ``model`` that only ever enter a matmul in ``dtype``
-    (the trainer's autocast dtype): every ``nn.Linear``'s weight and bias (the adapted layers' base
-    layers, the router, an untied LM head) and the routed experts (:class:`~reinforge.models.moe.Experts`),
-    in place. Autocast casts these to ``dtype`` before each matmul anyway, so the forward and backward
-    passes are unchanged, bit for bit; the memory of the frozen base halves (fp32 -> bf16: a Qwen3-30B-A3B
-    base takes 61 GB instead of 122). Embeddings and norms (whose outputs keep the input's dtype) and
-    every trained parameter stay as they are; a weight tied to the embedding is left too.
-
-    Returns:
-        the bytes this freed.
-    """
+def matmul_weights(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
+    """(full name, module, attribute) of every weight that only ever enters a matmul: each ``nn.Linear``'s
+    weight and bias (the router, an untied LM head, the layers LoRA adapts and their adapters) and the
+    routed experts (:class:`~reinforge.models.moe.Experts`); not one tied to an embedding."""
     from .moe import Experts
 
-    keep = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    freed = 0
-    for module in model.modules():
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    if getattr(getattr(model, "args", None), "tie_word_embeddings", False):  # (on the meta device: not yet tied)
+        tied.add(id(getattr(getattr(model, "lm_head", None), "weight", None)))
+    for prefix, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            names = ["weight", "bias"]
+            names = ("weight", "bias")
         elif isinstance(module, Experts):
-            names = ["gate_up_proj", "down_proj"]
+            names = ("gate_up_proj", "down_proj")
         else:
             continue
         for name in names:
             p = getattr(module, name, None)
-            if p is None or p.requires_grad or id(p) in keep or p.dtype == dtype or not p.is_floating_point():
-                continue
-            freed += p.numel() * (p.element_size() - torch.empty((), dtype=dtype).element_size())
-            setattr(module, name, nn.Parameter(p.detach().to(dtype), requires_grad=False))
+            if p is not None and id(p) not in tied and p.is_floating_point():
+                yield f"{prefix}.{name}" if prefix else name, module, name
+
+
+def hold_frozen_weights(model: nn.Module, dtype: torch.dtype) -> int:
+    """Store the frozen :func:`matmul_weights` of an adapted ``model`` in ``dtype`` (the trainer's
+    autocast dtype), in place. Autocast casts these to ``dtype`` before each matmul anyway, so the
+    forward and backward passes are unchanged, bit for bit; the memory of the frozen base halves (fp32
+    -> bf16: a Qwen3-30B-A3B base takes 57 GiB instead of 114). Embeddings and norms (whose outputs keep
+    their input's dtype) and every trained parameter stay as they are.
+
+    Returns:
+        the bytes this freed (0 when :func:`~reinforge.models.loading.build_model` loaded them so).
+    """
+    freed, size = 0, torch.empty((), dtype=dtype).element_size()
+    for _, module, name in list(matmul_weights(model)):
+        p = getattr(module, name)
+        if p.requires_grad or p.dtype == dtype:
+            continue
+        freed += p.numel() * (p.element_size() - size)
+        setattr(module, name, nn.Parameter(p.detach().to(dtype), requires_grad=False))
     return freed
 
 

@@ -20,7 +20,7 @@ from ..models.moe import Routing
 from ..records import Sample
 from ..utils import faults, seeds, trace
 from .batching import MicroBatch
-from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
+from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
 from .rollout_share import move_rows
 from .routing_replay import replay_experts
@@ -70,7 +70,9 @@ class Actor(ModelTrainer):
         pad_id: int = 0,
     ):
         t, m, a = cfg.train, cfg.model, cfg.algo
-        model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+        # LoRA under bf16 autocast: the frozen base's matmul weights made in bf16 (models/lora.py: hold_frozen_weights)
+        low = autocast_dtype(m.train_dtype, device) if m.lora_rank else None
+        model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed, matmul_dtype=low)
         if m.torch_compile and (not is_native(model) or m.lora_rank):  # (compiled in parallelize)
             raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false")
         if m.lora_rank:

@@ -109,6 +109,14 @@ class TrainSettings:
         )
 
 
+def autocast_dtype(train_dtype: str, device: torch.device) -> torch.dtype | None:
+    """The trainer's autocast dtype for ``model.train_dtype`` on ``device``: bf16 (``bf16``; ``auto`` on
+    CUDA) or None (fp32: ``fp32``; ``auto`` elsewhere)."""
+    if train_dtype == "fp32" or (train_dtype == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
 class ModelTrainer:
     """A model (not an ``nn.Module`` itself) with its AdamW optimizer and LR schedule: the base of
     :class:`~reinforge.train.actor.Actor` and :class:`~reinforge.train.critic.Critic`.
@@ -154,8 +162,7 @@ class ModelTrainer:
                 if isinstance(m, CausalLM):
                     m.set_variant(Variant(fused_kernels=True))
         if has_lora(model) and self.compute_dtype() is not None:  # the frozen base in bf16: half its memory
-            freed = hold_frozen_weights(model, torch.bfloat16)
-            log.info("%s: LoRA's frozen base weights held in bf16 (%.1f GiB freed)", name, freed / 2**30)
+            hold_frozen_weights(model, torch.bfloat16)  # (a no-op where build_model made them so)
         # the mesh's layout: pipeline stages, tensor / context / expert parallelism, recompute, compile,
         # FSDP2 over dp x cp (train/parallel.py)
         self._pipelines: dict[int, Pipeline] = {}
@@ -185,10 +192,7 @@ class ModelTrainer:
 
     def compute_dtype(self) -> torch.dtype | None:
         """bf16 when the forward pass runs in bf16 (``model.train_dtype``), else None (fp32)."""
-        mode = self.settings.train_dtype
-        if mode == "fp32" or (mode == "auto" and self.device.type != "cuda"):
-            return None
-        return torch.bfloat16
+        return autocast_dtype(self.settings.train_dtype, self.device)
 
     def _parallelize(self, model: nn.Module, recompute: tuple[bool, int | None], compile_layers: bool = False):
         sharded = parallelize(
