@@ -10,6 +10,7 @@ from reinforge.parallel_layout import Layout
 from reinforge.train.batching import build
 from reinforge.train.pipeline import microbatch_count, pad_micro_batch, split_stages
 from tests.test_distributed import (
+    _resume_worker,
     assert_resumes_on_one_process,
     assert_same,
     make_cfg,
@@ -153,18 +154,6 @@ def test_pipeline_times_fsdp_tp_or_cp_on_four_ranks(tiny_model_path, other):
     for data in (make_data(7, seed=13), make_data(1, seed=14)):
         single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
         assert_same(single[:2], run_ranks(4, pp_cfg(tiny_model_path, **extra), tiny_model_path, data))
-
-
-def _resume_worker(rank, world, port, cfg, path, data, ckpt, queue):
-    from reinforge.train.worker import TrainWorker
-
-    w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
-    w.load(ckpt)
-    metrics = w.train_actor(data, 1)
-    weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}
-    if rank == 0:
-        queue.put((metrics, weights))
-    w.parallel.barrier()
 
 
 def test_one_process_checkpoint_resumes_on_two_stages(tmp_path, tiny_model_path):
