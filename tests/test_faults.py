@@ -73,15 +73,18 @@ def train_rows(out: Path) -> list[dict]:
 
 # ----------------------------------------------------------------------------- crashes + restarts
 
-CRASHES = [  # (fault spec, where, whether the crash is inside a rollout)
-    ("ckpt_write:2", "SIGKILL during a checkpoint write: rollout 1's (model written, rng/state not)", False),
-    ("optimizer_step:3", "SIGKILL during an optimizer step: rollout 2's", True),
-    ("weight_sync:3", "SIGKILL during weight sync: after rollout 1 (engine half updated)", True),
+CRASHES = [  # (fault spec, where, rollout steps done before the crash (the weight sync is part of a step),
+    # whether the crash is inside a rollout step)
+    ("ckpt_write:2", "SIGKILL during a checkpoint write: rollout 1's (model written, rng/state not)", 2, False),
+    ("optimizer_step:3", "SIGKILL during an optimizer step: rollout 2's", 2, True),
+    ("weight_sync:3", "SIGKILL during weight sync: after rollout 1 (engine half updated)", 1, True),
 ]
 
 
-@pytest.mark.parametrize("fault,where,mid_rollout", CRASHES, ids=[c[0] for c in CRASHES])
-def test_crash_is_restarted_and_loses_at_most_one_rollout(tmp_path, tiny_model_path, fault, where, mid_rollout):
+@pytest.mark.parametrize("fault,where,trained,mid_rollout", CRASHES, ids=[c[0] for c in CRASHES])
+def test_crash_is_restarted_and_loses_at_most_one_rollout(
+    tmp_path, tiny_model_path, fault, where, trained, mid_rollout
+):
     out = tmp_path / "run"
     proc = cli_train(tmp_path, ["--max-restarts", "2", *overrides(tiny_model_path, out)], fault=fault)
     log, _ = proc.communicate(timeout=600)
@@ -96,7 +99,10 @@ def test_crash_is_restarted_and_loses_at_most_one_rollout(tmp_path, tiny_model_p
     # the run ends with every rollout trained, in order after the resume
     assert sorted(set(before + after)) == list(range(ROLLOUTS))
     assert after == list(range(after[0], ROLLOUTS))
-    lost = (max(before) + 1 - after[0]) + int(mid_rollout)
+    # the work thrown away: rollouts trained before the crash that ran again, and the one in flight (the resumed
+    # run drops the metrics rows of the rollouts it redoes, so ``before`` may not show the last trained one)
+    assert max(before) < trained
+    lost = (trained - after[0]) + int(mid_rollout)
     assert lost <= 1, (before, after)
     # nothing partial is left behind, and the newest checkpoint is complete
     ck = out / "checkpoints"
