@@ -109,6 +109,17 @@ class TrainSettings:
         )
 
 
+def same_groups(scheduler_state: dict[str, Any], groups: int) -> dict[str, Any]:
+    """A saved LR scheduler's state for an optimizer of ``groups`` parameter groups: every group has the
+    one learning rate, but the count follows the layout (:func:`~reinforge.train.offload.build_adamw`
+    splits sharded and plain parameters), so a checkpoint of one layout resumes on another."""
+    out = dict(scheduler_state)
+    for key in ("base_lrs", "_last_lr"):
+        if isinstance(out.get(key), list) and out[key] and len(out[key]) != groups:
+            out[key] = out[key][:1] * groups
+    return out
+
+
 def autocast_dtype(train_dtype: str, device: torch.device) -> torch.dtype | None:
     """The trainer's autocast dtype for ``model.train_dtype`` on ``device``: bf16 (``bf16``; ``auto`` on
     CUDA) or None (fp32: ``fp32``; ``auto`` elsewhere)."""
@@ -478,7 +489,7 @@ class ModelTrainer:
             )
         else:
             set_model_state_dict(self.model, model_sd, options=options)
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.load_state_dict(same_groups(state["scheduler"], len(self.optimizer.param_groups)))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         return restored
 
