@@ -52,9 +52,11 @@ demo-agent: setup
 	    --rl rollout.rollout_batch_size=4 rollout.n_samples_per_prompt=4 -- offline.global_batch_size=8
 
 # two workers (pytest-xdist): the suite takes half the time on a 2-core machine; tests/conftest.py
-# gives each worker one torch thread and puts the tests that start Ray on one worker (loadgroup)
+# gives each worker one torch thread. (Tests that start Ray are slower when the two workers run two Ray
+# clusters at once, but xdist 3.8's --dist loadgroup does not group under pytest 9: it sets item._nodeid,
+# which pytest 9's nodeid no longer reads.)
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n 2 tests
 
 # format and fix what ruff can; `make test` checks lint, format and types (tests/test_lint.py)
 lint: setup

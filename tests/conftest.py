@@ -12,28 +12,6 @@ import torch
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs 2 workers on 2 cores: one thread each, not 2 x 2
     torch.set_num_threads(1)
 
-RAY_MARKS = ('"cluster.mode": "ray"', "cluster.mode=ray", "ray.init(", "ray_cluster")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests that start Ray run on one xdist worker (``--dist loadgroup``, group "ray"): two Ray clusters at
-    once on the 2 cores made a trainer-rank restart test take 515 s instead of 99."""
-    import inspect
-
-    sources: dict[object, str] = {}
-    for item in items:
-        fn = getattr(item, "function", None)
-        if fn is None:
-            continue
-        if fn not in sources:
-            try:
-                sources[fn] = inspect.getsource(fn)
-            except (OSError, TypeError):
-                sources[fn] = ""
-        if any(mark in sources[fn] for mark in RAY_MARKS) or "ray_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
