@@ -75,6 +75,11 @@ class ParallelContext:
         return self.mesh.group("pp") if self.mesh is not None and self.layout.pp > 1 else None
 
     @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The data-parallel ranks' group (None: the default group, every rank, without a mesh)."""
+        return self.mesh.group("dp") if self.mesh is not None else None
+
+    @property
     def reports(self) -> bool:
         """Whether this rank speaks for its model replica's samples (one per data-parallel rank): the
         last pipeline stage (it computes the losses), tensor and context coordinate 0."""
@@ -157,7 +162,7 @@ class ParallelContext:
         rank; the ranks of one tensor / context parallel group hold the same values, counted once)."""
         if not self.distributed:
             return values
-        return _all_reduce_floats(values, self.mesh.group("dp") if self.mesh is not None else None, self._device())
+        return _all_reduce_floats(values, self.dp_group, self._device())
 
     def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` summed element-wise over the data-parallel ranks (a collective, in float64), in its
@@ -166,7 +171,7 @@ class ParallelContext:
         if not self.distributed:
             return t
         total = t.detach().to(self._device(), torch.float64)
-        dist.all_reduce(total, group=self.mesh.group("dp") if self.mesh is not None else None)
+        dist.all_reduce(total, group=self.dp_group)
         return total.to(t.device, t.dtype)
 
     def all_to_all(self, t: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
@@ -177,8 +182,7 @@ class ParallelContext:
         if not self.distributed:
             return t
         out = torch.empty((sum(recv_sizes), *t.shape[1:]), dtype=t.dtype, device=self._device())
-        group = self.mesh.group("dp") if self.mesh is not None else None
-        dist.all_to_all_single(out, t.to(self._device()).contiguous(), recv_sizes, send_sizes, group=group)
+        dist.all_to_all_single(out, t.to(self._device()).contiguous(), recv_sizes, send_sizes, group=self.dp_group)
         return out.to(t.device)
 
     def sum_over_pipeline(self, values: dict[str, float]) -> dict[str, float]:
@@ -193,7 +197,7 @@ class ParallelContext:
         the ranks of this rank's pipeline (only ``[obj]`` without pipeline parallelism)."""
         if not self.distributed or (pipeline_only and self.pp_group is None):
             return [obj]
-        group = self.mesh.group("dp") if dp_only and self.mesh is not None else None
+        group = self.dp_group if dp_only else None
         group = self.pp_group if pipeline_only else group
         out: list[Any] = [None] * (dist.get_world_size(group) if group is not None else self.world_size)
         dist.all_gather_object(out, obj, group=group)
