@@ -32,19 +32,24 @@ class RolloutBatch:
     rollout_id: int
 
 
-def group_share(groups: list[list[Sample]], dp_rank: int, dp_size: int, shared_prompt: bool = False) -> list[int]:
-    """The indices of the groups data-parallel rank ``dp_rank`` of ``dp_size`` holds: whole groups,
-    balanced by tokens (:func:`~reinforge.train.parallel.partition_by_tokens`; deterministic, so the
-    ranks' shares are disjoint and cover every group). A group's tokens: its samples' prompts and
-    responses, with ``shared_prompt`` (``train.packing``) its prompt once. A rank may hold none when
+def group_shares(groups: list[list[Sample]], dp_size: int, shared_prompt: bool = False) -> list[list[int]]:
+    """The indices of the groups each data-parallel rank of ``dp_size`` holds (ascending): whole groups,
+    balanced by tokens (:func:`~reinforge.train.parallel.partition_by_tokens`; deterministic, so every
+    rank computes the same disjoint shares covering every group). A group's tokens: its samples' prompts
+    and responses, with ``shared_prompt`` (``train.packing``) its prompt once. A rank may hold none when
     there are fewer groups than ranks."""
     if dp_size == 1:
-        return list(range(len(groups)))
+        return [list(range(len(groups)))]
     lengths = [
         (g[0].prompt_length + sum(s.response_length for s in g)) if shared_prompt else sum(len(s.tokens) for s in g)
         for g in groups
     ]
-    return partition_by_tokens(lengths, dp_size)[dp_rank]
+    return partition_by_tokens(lengths, dp_size)
+
+
+def group_share(groups: list[list[Sample]], dp_rank: int, dp_size: int, shared_prompt: bool = False) -> list[int]:
+    """The indices of the groups data-parallel rank ``dp_rank`` of ``dp_size`` holds (:func:`group_shares`)."""
+    return group_shares(groups, dp_size, shared_prompt)[dp_rank]
 
 
 @dataclass
@@ -75,10 +80,10 @@ class RolloutShare:
     @classmethod
     def take(cls, batch: RolloutBatch, dp_rank: int, dp_size: int, shared_prompt: bool = False) -> RolloutShare:
         """Rank ``dp_rank``'s share of ``batch`` (:func:`group_share`)."""
-        owner = owners(batch.groups, dp_size, shared_prompt)
+        shares = group_shares(batch.groups, dp_size, shared_prompt)
+        owner = _sample_owners(batch.groups, shares)
         owned = [i for i, r in enumerate(owner) if r == dp_rank]  # (ascending: group-major, groups ascending)
-        mine = group_share(batch.groups, dp_rank, dp_size, shared_prompt)
-        return cls([s for g in batch.groups for s in g], mine, owned, owner)
+        return cls([s for g in batch.groups for s in g], shares[dp_rank], owned, owner)
 
     def mine(self, rows: list[torch.Tensor | None] | None) -> list[torch.Tensor] | None:
         """The entries of ``rows`` (one per sample) of the samples this rank holds, in ``owned`` order."""
@@ -96,10 +101,14 @@ class RolloutShare:
 
 def owners(groups: list[list[Sample]], dp_size: int, shared_prompt: bool = False) -> list[int]:
     """For each sample of ``groups`` (flattened group-major), the data-parallel rank that holds it
-    (:func:`group_share`; the same on every rank)."""
+    (:func:`group_shares`; the same on every rank)."""
+    return _sample_owners(groups, group_shares(groups, dp_size, shared_prompt))
+
+
+def _sample_owners(groups: list[list[Sample]], shares: list[list[int]]) -> list[int]:
     group_owner = [0] * len(groups)
-    for r in range(dp_size):
-        for g in group_share(groups, r, dp_size, shared_prompt):
+    for r, share in enumerate(shares):
+        for g in share:
             group_owner[g] = r
     return [group_owner[g] for g, group in enumerate(groups) for _ in group]
 
