@@ -3,9 +3,11 @@ checkpoints hold the adapter (a PEFT folder), and several FSDP ranks equal one p
 
 import copy
 import json
+from unittest import mock
 
 import pytest
 import torch
+from torch import nn
 
 from reinforge.config import load_config
 from reinforge.loop import RLLoop
@@ -207,6 +209,21 @@ def test_frozen_base_held_in_bf16_trains_bit_for_bit_as_fp32(tmp_path, smollm2_p
     assert {n: p.dtype for n, p in rand.named_parameters()} == {
         n.replace(".base_layer", ""): d for n, d in dtypes.items() if ".lora_" not in n
     }
+    # random weights drawn in any dtype are the fp32 draw rounded: trainer (bf16 base) and engine (bf16)
+    # of one seed hold the same model, and neither allocates the whole model in fp32 first
+    allocated = []  # the dtypes to_empty allocates: a 30B model's fp32 copy first did not fit one H200
+    to_empty = nn.Module.to_empty
+
+    def recording(module, *, device, recurse=True):
+        allocated.extend(p.dtype for p in module.parameters())
+        return to_empty(module, device=device, recurse=recurse)
+
+    with mock.patch.object(nn.Module, "to_empty", recording):
+        engine = dict(build_model(path, torch.bfloat16, random_init=True).named_parameters())
+    assert set(allocated) == {torch.bfloat16}
+    full = dict(build_model(path, random_init=True).named_parameters())
+    for n, p in rand.named_parameters():
+        assert torch.equal(p, full[n].to(p.dtype)) and torch.equal(engine[n], full[n].bfloat16()), n
 
     ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
     losses, grads = [], []

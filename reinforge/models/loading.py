@@ -148,15 +148,15 @@ def build_model(
         )
         return _build_hf_model(path, cfg, dtype, device, random_init, seed)
     low = set()
+    model = model.to(dtype)  # (on the meta device: no memory; to_empty then allocates each tensor once, in dtype)
     if matmul_dtype is not None and matmul_dtype != dtype:
         from .lora import matmul_weights
 
-        model = model.to(dtype)  # (on the meta device: no memory)
         for name, module, attr in list(matmul_weights(model)):
             low.add(name)
             setattr(module, attr, nn.Parameter(getattr(module, attr).to(matmul_dtype)))
     if random_init:
-        model = model.to_empty(device=device) if low else model.to_empty(device=device).to(dtype)
+        model = model.to_empty(device=device)
         if model.args.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         model.init_weights(generator=torch.Generator(device=device).manual_seed(seed))

@@ -417,10 +417,16 @@ class CausalLM(nn.Module):
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
         """Random initialisation, the family's (``Family.init_weight``; default: normal(0, std)
-        matrices, unit norms, zero biases)."""
+        matrices, unit norms, zero biases). A parameter held below fp32 gets the same values as an
+        fp32 model's, rounded (trainer and engine of one seed agree whatever dtypes each holds)."""
         with torch.no_grad():
             for name, p in self.named_parameters():
-                self.family.init_weight(name, p, std, generator)
+                if p.dtype == torch.float32:
+                    self.family.init_weight(name, p, std, generator)
+                else:  # drawn in fp32 and rounded: the values of an fp32 model cast, one tensor's transient
+                    full = torch.empty_like(p, dtype=torch.float32)
+                    self.family.init_weight(name, full, std, generator)
+                    p.copy_(full)
 
     def forward_hidden(
         self,
