@@ -329,12 +329,14 @@ class RLLoop:
         rollout = self.source.take(rollout_id)
         flat = [s for g in rollout.groups for s in g]
         filtered = apply_overlong_filter(self.cfg.algo, flat)
-        cl.before_train()
+        with trace.span("offload", "train", to="host") as sleeping:  # the engine's cache (and weights) freed
+            cl.before_train()
         with trace.span("score", "train", rollout_id=rollout_id) as scoring:
             scored = cl.score(RolloutBatch(rollout.groups, rollout_id))
         with trace.span("train", "train", rollout_id=rollout_id, samples=len(flat)) as training:
             trained = cl.train(rollout_id)
-        cl.after_train()
+        with trace.span("offload", "train", to="device") as waking:
+            cl.after_train()
         with trace.span("weight_sync", "sync", version=self.weight_version + 1):
             sync = self.sync_weights()
         timings = {k: rollout.metrics[k] for k in ("time/generate", "time/reward") if k in rollout.metrics}
@@ -343,6 +345,7 @@ class RLLoop:
             timings["time/train_critic"] = trained.pop("time/train_critic")
         timings["time/train"] = training.seconds - timings.get("time/train_critic", 0.0)
         timings["time/sync"] = sync.pop("time/sync")
+        timings["time/offload"] = sleeping.seconds + waking.seconds
         metrics = {**scored, **trained, **sync, "rollout/overlong_filtered": float(filtered)}
         return self._step_metrics(rollout, flat, metrics, timings), rollout.generated
 

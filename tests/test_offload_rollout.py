@@ -57,6 +57,9 @@ def run(tmp_path, model_path, offload: bool, weights: bool = False, extra: tuple
         metrics = [loop.rollout_step(i)[0] for i in range(2)]
     finally:
         loop.close()
+    for m in metrics:  # the engine's sleep and wake are a timed phase of the step (`time/offload`)
+        phases = [v for k, v in m.items() if k.startswith("time/") and k != "time/rollout_step"]
+        assert m["time/offload"] >= 0 and m["time/rollout_step"] == pytest.approx(sum(phases))
     return asleep, [{k: m[k] for k in KEYS if k in m} for m in metrics]
 
 
