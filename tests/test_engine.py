@@ -189,6 +189,35 @@ def test_sleep_and_wake_up(engine, tok):
     assert a.token_ids == b.token_ids
 
 
+def test_sleep_discards_a_policy_engines_weights_until_a_sync_writes_them_all(tiny_model_path, tok):
+    """``discard_weights`` (a policy engine, cluster.offload_engine_weights): sleep frees the weights'
+    memory outright, no copy kept; generating before weight syncs have rewritten every parameter
+    raises; after them the engine generates as before. A frozen model's engine keeps its weights."""
+    from reinforge.models.loading import named_weights
+
+    policy = build_model(tiny_model_path, torch.float32, random_init=True)  # (not file-mapped: freeable)
+    weights = [(n, t.clone()) for n, t in named_weights(policy)]
+    eng = EmbeddedEngine(policy, EngineConfig(max_num_seqs=4), max_model_len=64, tokenizer=tok, discard_weights=True)
+    p, sp = prompts(tok, 1, seed=3)[0], SamplingParams(max_new_tokens=6, temperature=0.0)
+    (before,) = eng.generate([GenerateRequest(p, sp)])[0]
+    eng.sleep(offload_weights=True)
+    assert all(q.untyped_storage().nbytes() == 0 for q in eng.model.parameters())
+    eng.wake_up()
+    eng.update_weights(weights[:3], version=1)  # (the Ray path syncs in buckets: one call per bucket)
+    with pytest.raises(RuntimeError, match=r"freed by sleep\(offload_weights=True\) and \d+ parameters"):
+        eng.generate([GenerateRequest(p, sp)])
+    eng.update_weights(weights[3:], version=1)
+    (after,) = eng.generate([GenerateRequest(p, sp)])[0]
+    assert after.token_ids == before.token_ids and after.log_probs == before.log_probs
+
+    frozen = build_model(tiny_model_path, torch.float32, random_init=True)
+    frozen = EmbeddedEngine(frozen, EngineConfig(max_num_seqs=4), max_model_len=64)
+    frozen.sleep(offload_weights=True)
+    frozen.wake_up()
+    (kept,) = frozen.generate([GenerateRequest(p, sp)])[0]
+    assert kept.token_ids == before.token_ids
+
+
 def test_missing_end_of_turn_stop_token_is_warned(tmp_path, smollm2_path, caplog):
     import json
     import shutil

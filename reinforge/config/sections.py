@@ -464,7 +464,9 @@ class ClusterConfig(Section):
     num_cpus_per_worker: float = opt(1.0, "CPUs reserved per trainer rank and per engine", gt=0)
     weight_sync_bucket_mb: int = opt(256, "weight sync sends the policy in buckets of about this many MB", ge=1)
     offload_engine_weights: bool = opt(
-        False, "colocate (or `offload_rollout`): move engine weights to the CPU while the trainers train"
+        False,
+        "colocate (or `offload_rollout`): free the engine's weights while the trainers train; the weight sync "
+        "after training writes them again (no copy is kept: vLLM's sleep level 2)",
     )
     offload_rollout: bool | Literal["auto"] = opt(
         False,

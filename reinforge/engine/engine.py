@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from ..config.sections import EngineConfig
-from ..models.loading import copy_weights_
+from ..models.loading import copy_weights_, free_weight_storage, restore_weight_storage
 from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult
 from ..utils import trace
@@ -65,6 +65,10 @@ class EmbeddedEngine:
         tokenizer: needed only for requests with stop strings.
         record_routes: record the experts behind every generated token of a mixture-of-experts
             model (``GenerateResult.routed_experts``; rollout routing replay). Off: nothing is recorded.
+        discard_weights: what ``sleep(offload_weights=True)`` does with the weights. True (a policy
+            engine, whose next weight sync rewrites every parameter): free their memory, no copy kept
+            (vLLM's sleep level 2); generating before a sync has refilled them all raises. False (a
+            frozen model, e.g. the embedded judge): move them to host memory and back.
 
     Raises:
         TypeError: ``model`` is not a reinforge ``CausalLM``.
@@ -82,6 +86,7 @@ class EmbeddedEngine:
         seed: int = 0,
         tokenizer: Any = None,
         record_routes: bool = False,
+        discard_weights: bool = False,
     ):
         if not isinstance(model, CausalLM):
             raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
@@ -110,6 +115,9 @@ class EmbeddedEngine:
         self._request_ids = itertools.count()
         self._interrupted = False
         self._offloaded_from: torch.device | None = None
+        self.discard_weights = discard_weights and self.fp8 is None  # (fp8 layers: moved to host instead)
+        self._freed: list | None = None  # the weights' storages a discarding sleep freed
+        self._to_refill: set[str] = set()  # parameters no weight sync has written since
         self.scheduler: Scheduler | None = None
         self._pending: Snapshot | None = None  # read-back of the last decode steps, not processed yet
         self._allocate()
@@ -165,6 +173,11 @@ class EmbeddedEngine:
         """
         if self.scheduler is None:
             raise RuntimeError("the engine is asleep: call wake_up() first")
+        if self._to_refill:
+            raise RuntimeError(
+                f"the engine's weights were freed by sleep(offload_weights=True) and {len(self._to_refill)} "
+                f"parameters (e.g. {min(self._to_refill)}) have not been written by update_weights since"
+            )
         p = request.params
         if not request.prompt_ids:
             raise ValueError("empty prompt")
@@ -253,11 +266,19 @@ class EmbeddedEngine:
             KeyError: a name that the model does not have.
             ValueError: a tensor of an fp8 layer with the wrong shape.
         """
+        if self._to_refill:
+            named_tensors = self._refilling(named_tensors)
         copy_weights_(self.model, self.fp8.load(named_tensors) if self.fp8 is not None else named_tensors)
         self.weight_version = version
 
+    def _refilling(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named_tensors:
+            self._to_refill.discard(name)
+            yield name, tensor
+
     def sleep(self, offload_weights: bool = False) -> None:
-        """Free the KV cache (and move the weights to CPU when ``offload_weights``).
+        """Free the KV cache; with ``offload_weights`` the weights' memory too: freed outright with
+        ``discard_weights`` (the next weight syncs refill them), else moved to host memory (GPU only).
 
         Raises:
             RuntimeError: requests are in flight.
@@ -266,7 +287,10 @@ class EmbeddedEngine:
             raise RuntimeError("sleep() with requests in flight")
         self.scheduler, self._pending = None, None
         self.runner.free()
-        if offload_weights and self.device.type != "cpu":
+        if offload_weights and self.discard_weights and self._freed is None:
+            self._to_refill = {n for n, _ in self.model.named_parameters()}  # (a tied head: listed once)
+            self._freed = free_weight_storage(self.model)
+        elif offload_weights and self.device.type != "cpu" and self._offloaded_from is None:
             self._offloaded_from = self.device
             if self.fp8 is not None:  # the fp8 layers are no parameters: moved on their own
                 self.fp8.to("cpu")
@@ -277,7 +301,11 @@ class EmbeddedEngine:
             torch.cuda.empty_cache()
 
     def wake_up(self) -> None:
-        """Undo :meth:`sleep`: weights back on the device, KV cache allocated again."""
+        """Undo :meth:`sleep`: weights back on the device (discarded ones: allocated, to be written
+        by weight syncs), KV cache allocated again."""
+        if self._freed is not None:
+            restore_weight_storage(self._freed)
+            self._freed = None
         if self._offloaded_from is not None:
             self.model.to(self._offloaded_from)
             if self.fp8 is not None:

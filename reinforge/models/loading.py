@@ -295,3 +295,26 @@ def copy_weights_(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Ten
         params[name].copy_(tensor)
         copied += 1
     return copied
+
+
+def free_weight_storage(model: nn.Module) -> list[tuple[torch.UntypedStorage, int]]:
+    """Free the memory of ``model``'s parameters without a copy anywhere (each storage resized to 0
+    bytes; views such as fused projections share theirs): an engine whose next weight sync rewrites
+    every parameter (vLLM's sleep level 2). Returns what :func:`restore_weight_storage` needs."""
+    freed, seen = [], set()
+    for p in model.parameters():
+        storage = p.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() == 0 or not storage.resizable():
+            continue  # (not resizable: mapped from a safetensors file, no anonymous memory to free)
+        seen.add(storage.data_ptr())
+        freed.append((storage, storage.nbytes()))
+    for storage, _ in freed:
+        storage.resize_(0)
+    return freed
+
+
+def restore_weight_storage(freed: list[tuple[torch.UntypedStorage, int]]) -> None:
+    """Allocate the storages :func:`free_weight_storage` freed again, at their sizes; their values are
+    undefined until a weight sync writes them."""
+    for storage, nbytes in freed:
+        storage.resize_(nbytes)

@@ -216,7 +216,7 @@ class Workload:
         log_prob_chunk: ``train.log_prob_chunk_size``.
         colocated: the engine shares this GPU (local mode, Ray ``colocate``).
         offload_rollout: the KV cache is freed while training (``cluster.offload_rollout``; Ray colocated).
-        offload_engine_weights: the engine's weights go to the CPU too.
+        offload_engine_weights: the engine's weights are freed too (the weight sync writes them again).
         reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
         dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
         eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).

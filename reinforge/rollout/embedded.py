@@ -47,4 +47,5 @@ def from_spec(spec) -> Any:
         seed=spec.seed,
         tokenizer=spec.tokenizer,
         record_routes=spec.record_routes,
+        discard_weights=True,  # a policy engine: the weight sync after training rewrites every parameter
     )
