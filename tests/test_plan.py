@@ -498,6 +498,42 @@ def test_lora_on_a_30b_a3b_fits_one_h200_with_the_engine_weights_offloaded(tmp_p
     assert training_problems(plan("cluster.offload_engine_weights=true"), 64) == []
 
 
+def test_a_kv_pool_short_of_full_length_still_decodes_every_sequence_at_once(tmp_path, monkeypatch):
+    """H200, 2026-11-28 (scripts/gpu_30b_a3b.sh): the 11.5 GiB pool held 60 of the 64 sequences at their
+    full 4,160 tokens, yet the engine (blocks granted as sequences grow) decoded them in one wave of
+    4,096 steps: 74.1 s, where two waves were predicted (126 s). The slots count a sequence at its mean
+    footprint; a pool short of that still splits the rollout."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    from archs import ARCHS
+
+    import reinforge.plan.model as Mo
+
+    path = folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
+    settings = [
+        f"model.path={path}",
+        "model.gradient_checkpointing=true",
+        "model.lora_rank=16",
+        "model.lora_target_modules=[q_proj,k_proj,v_proj,o_proj]",
+        "rollout.rollout_batch_size=8",
+        "rollout.n_samples_per_prompt=8",
+        "rollout.rollout_max_response_len=4096",
+        "engine.max_num_seqs=64",
+        "engine.kv_cache_dtype=fp8",
+        "cluster.offload_rollout=true",
+        "cluster.offload_engine_weights=true",
+        "train.max_tokens_per_gpu=8192",
+    ]
+
+    def workload(fraction):
+        cfg = load_config(None, [*settings, f"engine.kv_cache_memory_fraction={fraction}"])
+        return resolve_config(cfg, path, gpu=GPUS["h200"], prompt_len=64)[1].workload
+
+    w = workload(0.6)
+    assert Mo.kv_pool(w) < Mo.kv_need(w) and Mo.engine_slots(w) == 64
+    assert Mo.generation_seconds(w) < 74.1 / 0.7  # one wave: 99 s against the measured 74.1 s (two: 126 s)
+    assert Mo.engine_slots(workload(0.2)) < 64  # a third of the pool: the sequences queue
+
+
 def test_the_2k_auto_choice_that_ran_out_of_memory_is_no_longer_made(tmp_path, monkeypatch):
     """H100, 2026-11-27 (`LENGTH=2048 ROLLOUTS=2 SETTINGS=auto scripts/gpu_planner.sh`, no Liger on the
     device): `auto` chose 14,592 tokens per micro-batch and no recomputation, and the second step ran
