@@ -468,11 +468,10 @@ def test_the_benchmarks_fit_their_gpu_as_planned(tmp_path, monkeypatch, arch, le
     assert all(b.total <= plan.workload.usable for b in plan.memory())
 
 
-def test_lora_on_a_30b_a3b_fits_one_h200_with_the_engine_weights_offloaded(tmp_path, monkeypatch):
-    """Issue 36 item 7b: a Qwen3-30B-A3B-shaped model (30.5B parameters) with LoRA on attention, 4k
-    responses: its frozen base held in bf16 (57 GiB) beside the engine's bf16 copy (57 GiB; fp8 rollout
-    weights leave the routed experts in bf16) leaves no room to train; with the engine's weights in host
-    memory while training (``cluster.offload_engine_weights``) it fits."""
+def a3b_lora_plan(tmp_path, monkeypatch):
+    """plan(*overrides): the planner on one H200 for scripts/gpu_30b_a3b.sh's workload (a Qwen3-30B-A3B
+    shape, LoRA r=16 on attention, 64 sequences of 4k, 8,192 tokens per micro-batch, every layer
+    recomputed, the KV cache freed while training)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
     from archs import ARCHS
 
@@ -489,9 +488,16 @@ def test_lora_on_a_30b_a3b_fits_one_h200_with_the_engine_weights_offloaded(tmp_p
         "cluster.offload_rollout=true",
         "train.max_tokens_per_gpu=8192",
     ]
+    return lambda *extra: resolve_config(load_config(None, [*base, *extra]), path, gpu=GPUS["h200"], prompt_len=64)[1]
 
-    def plan(*extra):
-        return resolve_config(load_config(None, [*base, *extra]), path, gpu=GPUS["h200"], prompt_len=64)[1]
+
+def test_lora_on_a_30b_a3b_fits_one_h200_with_the_engine_weights_offloaded(tmp_path, monkeypatch):
+    """Issue 36 item 7b: a Qwen3-30B-A3B-shaped model (30.5B parameters) with LoRA on attention, 4k
+    responses: its frozen base held in bf16 (57 GiB) beside the engine's bf16 copy (57 GiB; fp8 rollout
+    weights leave the routed experts in bf16) leaves no room to train; with the engine's weights freed
+    while training (``cluster.offload_engine_weights``) it fits."""
+    plan = a3b_lora_plan(tmp_path, monkeypatch)
+    from archs import ARCHS  # (bench/: on the path now)
 
     assert 30.0e9 < M.Arch.from_config(ARCHS["qwen3-moe-30b-a3b"]).num_params < 31.0e9
     assert "weights bf16" in training_problems(plan(), 64)[0]
@@ -503,35 +509,14 @@ def test_a_kv_pool_short_of_full_length_still_decodes_every_sequence_at_once(tmp
     full 4,160 tokens, yet the engine (blocks granted as sequences grow) decoded them in one wave of
     4,096 steps: 74.1 s, where two waves were predicted (126 s). The slots count a sequence at its mean
     footprint; a pool short of that still splits the rollout."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
-    from archs import ARCHS
-
     import reinforge.plan.model as Mo
 
-    path = folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
-    settings = [
-        f"model.path={path}",
-        "model.gradient_checkpointing=true",
-        "model.lora_rank=16",
-        "model.lora_target_modules=[q_proj,k_proj,v_proj,o_proj]",
-        "rollout.rollout_batch_size=8",
-        "rollout.n_samples_per_prompt=8",
-        "rollout.rollout_max_response_len=4096",
-        "engine.max_num_seqs=64",
-        "engine.kv_cache_dtype=fp8",
-        "cluster.offload_rollout=true",
-        "cluster.offload_engine_weights=true",
-        "train.max_tokens_per_gpu=8192",
-    ]
-
-    def workload(fraction):
-        cfg = load_config(None, [*settings, f"engine.kv_cache_memory_fraction={fraction}"])
-        return resolve_config(cfg, path, gpu=GPUS["h200"], prompt_len=64)[1].workload
-
-    w = workload(0.6)
+    plan = a3b_lora_plan(tmp_path, monkeypatch)
+    run = ("engine.kv_cache_dtype=fp8", "cluster.offload_engine_weights=true")
+    w = plan(*run, "engine.kv_cache_memory_fraction=0.6").workload
     assert Mo.kv_pool(w) < Mo.kv_need(w) and Mo.engine_slots(w) == 64
     assert Mo.generation_seconds(w) < 74.1 / 0.7  # one wave: 99 s against the measured 74.1 s (two: 126 s)
-    assert Mo.engine_slots(workload(0.2)) < 64  # a third of the pool: the sequences queue
+    assert Mo.engine_slots(plan(*run, "engine.kv_cache_memory_fraction=0.2").workload) < 64  # the sequences queue
 
 
 def test_the_2k_auto_choice_that_ran_out_of_memory_is_no_longer_made(tmp_path, monkeypatch):
