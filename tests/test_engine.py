@@ -202,6 +202,7 @@ def test_sleep_discards_a_policy_engines_weights_until_a_sync_writes_them_all(ti
     (before,) = eng.generate([GenerateRequest(p, sp)])[0]
     eng.sleep(offload_weights=True)
     assert all(q.untyped_storage().nbytes() == 0 for q in eng.model.parameters())
+    eng.sleep(offload_weights=True)  # (asleep already: nothing more to free)
     eng.wake_up()
     eng.update_weights(weights[:3], version=1)  # (the Ray path syncs in buckets: one call per bucket)
     with pytest.raises(RuntimeError, match=r"freed by sleep\(offload_weights=True\) and \d+ parameters"):

@@ -287,10 +287,12 @@ class EmbeddedEngine:
             raise RuntimeError("sleep() with requests in flight")
         self.scheduler, self._pending = None, None
         self.runner.free()
-        if offload_weights and self.discard_weights and self._freed is None:
+        if not offload_weights or self._freed is not None or self._offloaded_from is not None:
+            pass  # (weights kept, or already freed / moved by an earlier sleep)
+        elif self.discard_weights:
             self._to_refill = {n for n, _ in self.model.named_parameters()}  # (a tied head: listed once)
             self._freed = free_weight_storage(self.model)
-        elif offload_weights and self.device.type != "cpu" and self._offloaded_from is None:
+        elif self.device.type != "cpu":
             self._offloaded_from = self.device
             if self.fp8 is not None:  # the fp8 layers are no parameters: moved on their own
                 self.fp8.to("cpu")
