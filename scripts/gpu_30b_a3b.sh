@@ -7,6 +7,7 @@
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG="$OUT/gpu_30b_a3b.log"
+source scripts/device_liger.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$LOG"
 timeout "${T30B:-560}" python bench/grpo_long.py --arch qwen3-moe-30b-a3b --own-vocab --random-init \
     --lengths ${LENGTHS:-4096} --seqs "${SEQS:-64}" --n 8 --steps "${STEPS:-2}" --max-tokens 8192 \

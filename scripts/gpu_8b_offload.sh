@@ -8,6 +8,7 @@
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG="$OUT/gpu_8b_offload.log"
+source scripts/device_liger.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$LOG"
 timeout 60 python -m pytest -q -p no:cacheprovider tests/test_offload.py -k "adamw" 2>&1 | tail -2 | tee -a "$LOG"
 timeout "${T8B:-420}" python bench/grpo_long.py --arch qwen3-8b --own-vocab --lengths ${LENGTHS:-4096} \

@@ -15,8 +15,7 @@ set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" REINFORGE_CACHE="$PWD/.device/cache" PYTHONUNBUFFERED=1
 parts=${PARTS:-tests kernel decode16}
 out=${OUT:-.}
-python -c "import liger_kernel" 2>/dev/null || python -m pip install -q --no-deps --no-index \
-    --root-user-action=ignore .device/whl/liger_kernel-*.whl
+source scripts/device_liger.sh
 if [[ $parts == *tests* ]]; then
   timeout 300 python -m pytest -q -p no:cacheprovider tests/test_paged_attention.py tests/test_fp8_kv_cache.py \
       tests/test_kv_cache.py tests/test_engine.py 2>&1 | tee "$out/gpu_tests.log" | tail -8

