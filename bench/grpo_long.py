@@ -152,6 +152,7 @@ def run(
                 f"step {i}: generate {m['time/generate']:.1f} s ({m['perf/generate_tokens_per_s']:,.0f} tok/s), "
                 f"logprob {m['time/logprob']:.1f} s, train {m.get('time/train', 0.0):.1f} s "
                 f"({m['perf/train_tokens_per_s']:,.0f} tok/s), sync {m['time/sync']:.2f} s, "
+                f"offload {m.get('time/offload', 0.0):.1f} s, "
                 f"step {m['time/rollout_step']:.1f} s, mean response {m['rollout/response_len_mean']:,.0f}, "
                 f"peak {peak_step:.1f} GiB",
                 flush=True,
@@ -173,6 +174,7 @@ def run(
         "tok_s_gpu": generated / m["time/rollout_step"],
         "train_tok_s": m["perf/train_tokens_per_s"],
         "sync_s": m["time/sync"],
+        "offload_s": m.get("time/offload", 0.0),
         "peak_gib": peak,
         **{
             k[len("train/") :]: v
@@ -247,16 +249,16 @@ def main() -> None:
     print(f"\n{name}, torch {torch.__version__}; last of {args.steps} steps")
     print(
         "| responses <= | KV cache | sequences | mean length | generation s | generation tok/s | log-prob + train s | "
-        "trained tok/s | weight sync s | peak GiB | step s | generated tok/s per GPU |"
+        "trained tok/s | weight sync s | engine offload s | peak GiB | step s | generated tok/s per GPU |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for length, kvd, r in rows:
         if "error" in r:
             print(f"| {length} | {kvd} | {r['error']} |")
             continue
         print(
             f"| {length} | {kvd} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
-            f"{r['train_s']:.1f} | {r['train_tok_s']:,.0f} | {r['sync_s']:.1f} | {r['peak_gib']:.1f} | "
+            f"{r['train_s']:.1f} | {r['train_tok_s']:,.0f} | {r['sync_s']:.1f} | {r['offload_s']:.1f} | {r['peak_gib']:.1f} | "
             f"{r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |"
         )
     mismatch = [k for k in rows[0][2] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
