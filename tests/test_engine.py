@@ -203,6 +203,8 @@ def test_sleep_discards_a_policy_engines_weights_until_a_sync_writes_them_all(ti
     eng.sleep(offload_weights=True)
     assert all(q.untyped_storage().nbytes() == 0 for q in eng.model.parameters())
     eng.sleep(offload_weights=True)  # (asleep already: nothing more to free)
+    with pytest.raises(RuntimeError, match="wake_up"):  # (no storage to write into)
+        eng.update_weights(weights, version=1)
     eng.wake_up()
     eng.update_weights(weights[:3], version=1)  # (the Ray path syncs in buckets: one call per bucket)
     with pytest.raises(RuntimeError, match=r"freed by sleep\(offload_weights=True\) and \d+ parameters"):

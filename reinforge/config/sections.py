@@ -466,7 +466,8 @@ class ClusterConfig(Section):
     offload_engine_weights: bool = opt(
         False,
         "colocate (or `offload_rollout`): free the engine's weights while the trainers train; the weight sync "
-        "after training writes them again (no copy is kept: vLLM's sleep level 2)",
+        "after training writes them again (no copy is kept: vLLM's sleep level 2; with `engine.quantization` "
+        "the embedded engine moves them to host memory instead)",
     )
     offload_rollout: bool | Literal["auto"] = opt(
         False,

@@ -265,7 +265,10 @@ class EmbeddedEngine:
         Raises:
             KeyError: a name that the model does not have.
             ValueError: a tensor of an fp8 layer with the wrong shape.
+            RuntimeError: asleep with the weights freed (``wake_up`` first).
         """
+        if self._freed is not None:
+            raise RuntimeError("update_weights() while asleep with the weights freed: call wake_up() first")
         if self._to_refill:
             named_tensors = self._refilling(named_tensors)
         copy_weights_(self.model, self.fp8.load(named_tensors) if self.fp8 is not None else named_tensors)
@@ -273,8 +276,8 @@ class EmbeddedEngine:
 
     def _refilling(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in named_tensors:
-            self._to_refill.discard(name)
             yield name, tensor
+            self._to_refill.discard(name)  # (resumed once the copy has landed: a failed copy stays to refill)
 
     def sleep(self, offload_weights: bool = False) -> None:
         """Free the KV cache; with ``offload_weights`` the weights' memory too: freed outright with

@@ -492,10 +492,11 @@ def generation_seconds(
     mfu: float = FORWARD_MFU,
     host_step_s: float = DECODE_STEP_HOST_S,
 ) -> float | None:
-    """Decode time of one rollout (``lengths``: the response lengths; default all ``response_len``,
-    an upper bound), in waves of :func:`engine_slots` sequences at ``efficiency`` of the bandwidth
-    plus ``host_step_s`` per decode step, and the prefill at ``mfu`` of the peak (1, 1 and 0: the
-    hardware limit, :mod:`.report`)."""
+    """Decode time of one rollout (``lengths``: the response lengths; default all ``response_len``:
+    the longest rollout), in waves of :func:`engine_slots` sequences at ``efficiency`` of the
+    bandwidth plus ``host_step_s`` per decode step, and the prefill at ``mfu`` of the peak (1, 1 and
+    0: the hardware limit, :mod:`.report`). Preemption's recomputation is not counted: a pool short
+    of the slots' peak footprint (full length) but not of their mean one is taken as one wave."""
     if not w.gpu.knows_speed:
         return None
     a = w.arch
