@@ -134,6 +134,24 @@ def test_router_bias_groups_and_weights(glm_path):
     assert not torch.equal(ids.sort(-1).values, unbiased.sort(-1).values)  # the bias moves the choice
 
 
+@pytest.mark.parametrize("random_init", [False, True])
+def test_a_bf16_copy_keeps_the_router_in_fp32(glm_path, random_init):
+    """As transformers' ``_keep_in_fp32_modules``: the engine's bf16 copy holds the router's weight and
+    score-correction bias in fp32, so its choice of experts is the fp32 model's (a bias rounded to
+    bf16 steps of ~0.004 flips near-tied experts); everything else is bf16."""
+    full = build_model(glm_path, torch.float32, random_init=random_init).eval()
+    half = build_model(glm_path, torch.bfloat16, random_init=random_init).eval()
+    router = {n for n, _ in half.named_parameters() if ".mlp.gate." in n}
+    assert router and all(p.dtype == torch.float32 for n, p in half.named_parameters() if n in router)
+    assert all(p.dtype == torch.bfloat16 for n, p in half.named_parameters() if n not in router)
+    wanted = dict(full.named_parameters())
+    assert all(torch.equal(p, wanted[n]) for n, p in half.named_parameters() if n in router)
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a, b = full.model.layers[2].mlp, half.model.layers[2].mlp
+        assert torch.equal(a.select(a.router_scores(x)[0]), b.select(b.router_scores(x)[0]))
+
+
 def test_trains_one_step(glm_path):
     model = build_model(glm_path, torch.float32).train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)

@@ -147,14 +147,18 @@ def build_model(
             e,
         )
         return _build_hf_model(path, cfg, dtype, device, random_init, seed)
-    low = set()
     model = model.to(dtype)  # (on the meta device: no memory; to_empty then allocates each tensor once, in dtype)
     if matmul_dtype is not None and matmul_dtype != dtype:
         from .lora import matmul_weights
 
-        for name, module, attr in list(matmul_weights(model)):
-            low.add(name)
+        for _, module, attr in list(matmul_weights(model)):
             setattr(module, attr, nn.Parameter(getattr(module, attr).to(matmul_dtype)))
+    if dtype != torch.float32:  # the family's fp32 parameters (a router) stay fp32
+        for name, p in list(model.named_parameters()):
+            if name.endswith(model.family.fp32_params):
+                module, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(module), attr, nn.Parameter(p.float(), requires_grad=p.requires_grad))
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
     if random_init:
         model = model.to_empty(device=device)
         if model.args.tie_word_embeddings:
@@ -176,9 +180,7 @@ def build_model(
         unexpected = sorted(set(state) - expected)
         if unexpected:
             log.warning("%s: ignoring %d unexpected tensors (e.g. %s)", path, len(unexpected), unexpected[0])
-        state = {
-            k: v.to(device=device, dtype=matmul_dtype if k in low else dtype) for k, v in state.items() if k in expected
-        }
+        state = {k: v.to(device=device, dtype=dtypes.get(k, dtype)) for k, v in state.items() if k in expected}
         model.load_state_dict(state, strict=False, assign=True)
         if model.args.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight

@@ -54,10 +54,14 @@ class Family:
         model_type: the registry key.
         tp_partial_grads: name fragments of replicated parameters that see only the local heads
             under tensor parallelism (their gradients are summed over the tensor-parallel group).
+        fp32_params: name endings of parameters held in fp32 in a model built in a lower precision
+            (the engine's bf16 copy; transformers' ``_keep_in_fp32_modules``), e.g. a router whose
+            choice a rounded weight would change.
     """
 
     model_type: str = ""
     tp_partial_grads: tuple[str, ...] = (".q_norm.", ".k_norm.")
+    fp32_params: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ config mapping
     def model_args(self, cfg: Any) -> ModelArgs:

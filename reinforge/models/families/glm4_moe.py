@@ -137,6 +137,7 @@ class Glm4MoeBlock(SparseMoeBlock):
 
 class Glm4Moe(Family):
     model_type = "glm4_moe"
+    fp32_params = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")  # (transformers keeps them fp32)
 
     def model_args(self, cfg: Any) -> ModelArgs:
         args = dense_args(
