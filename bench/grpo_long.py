@@ -258,8 +258,8 @@ def main() -> None:
             continue
         print(
             f"| {length} | {kvd} | {r['seqs']:.0f} | {r['mean_len']:,.0f} | {r['gen_s']:.1f} | {r['gen_tok_s']:,.0f} | "
-            f"{r['train_s']:.1f} | {r['train_tok_s']:,.0f} | {r['sync_s']:.1f} | {r['offload_s']:.1f} | {r['peak_gib']:.1f} | "
-            f"{r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |"
+            f"{r['train_s']:.1f} | {r['train_tok_s']:,.0f} | {r['sync_s']:.1f} | {r['offload_s']:.1f} | "
+            f"{r['peak_gib']:.1f} | {r['step_s']:.1f} | {r['tok_s_gpu']:,.0f} |"
         )
     mismatch = [k for k in rows[0][2] if k.startswith(("logprob_abs_diff", "importance_weight"))] if rows else []
     if mismatch:  # the trainer's log-probs against the engine's, last step (algo/mismatch.py)
