@@ -14,6 +14,10 @@ under bf16 autocast with gradient checkpointing, as reinforge's trainer runs it.
                         all in memory).
 * ``fused+no_checkpointing``  ``fused`` without gradient checkpointing (every layer's activations
                         kept: no recomputation, more memory).
+* ``fused+compile``     ``fused`` with every decoder layer compiled by inductor (``model.torch_compile``).
+
+``--profile`` adds, after each variant's timings, the profiler's table of one more step: the 25
+kernels with the most GPU time (self CUDA time, summed by name) and the step's total.
 
 At commit ed393e6 (before the project dropped its own backward kernels for Liger's) the script
 also measured those kernels ("ours"): docs/benchmarks.md has that table.
@@ -28,6 +32,7 @@ and the peak memory of the step (parameters and gradients included).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import sys
@@ -41,7 +46,7 @@ from archs import active_params, hf_config  # noqa: E402
 from reinforge.algo.logprobs import token_log_probs  # noqa: E402
 from reinforge.models import transformer as T  # noqa: E402
 
-VARIANTS = ("eager", "fused", "fused+liger_loss", "fused+no_checkpointing")
+VARIANTS = ("eager", "fused", "fused+liger_loss", "fused+no_checkpointing", "fused+compile")
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 EPS = 0.2
 
@@ -53,12 +58,18 @@ def ppo_clip(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor) -> torch.Te
 
 def build(arch: str, variant: str, device: torch.device) -> T.CausalLM:
     torch.manual_seed(0)
-    model = T.CausalLM(hf_config(arch)).to(device)
+    with torch.device("meta"):  # allocated once, on the GPU (an 8B model's CPU init takes minutes)
+        model = T.CausalLM(hf_config(arch))
+    model.to_empty(device=device)
+    if model.args.tie_word_embeddings:  # to_empty allocates each module's tensor: tie them again
+        model.lm_head.weight = model.model.embed_tokens.weight
     model.init_weights()
     model.init_rope()
     model.gradient_checkpointing = not variant.endswith("no_checkpointing")
     model.train()
     model.set_variant(T.Variant(fused_kernels=variant.startswith("fused")))
+    if variant.endswith("compile"):
+        model.compile_layers()
     return model
 
 
@@ -97,7 +108,19 @@ def model_flops(cfg, n_params: int, tokens: int, row_len: int) -> float:
     return tokens * (6 * n_params + attn)
 
 
-def measure(arch: str, variant: str, tokens: int, row_len: int, steps: int, device: torch.device) -> dict:
+def kernel_table(run, rows: int = 25) -> str:
+    """The profiler's table of one call of ``run``: the ``rows`` kernels with the most GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60)
+
+
+def measure(
+    arch: str, variant: str, tokens: int, row_len: int, steps: int, device: torch.device, profile: bool = False
+) -> dict:
     model = build(arch, variant, device)
     rows = tokens // row_len
     g = torch.Generator(device=device).manual_seed(0)
@@ -115,6 +138,7 @@ def measure(arch: str, variant: str, tokens: int, row_len: int, steps: int, devi
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated() / 2**30
+    table = kernel_table(functools.partial(step_fn, model, variant, ids, old, adv)) if profile else None
     del model
     gc.collect()
     torch.cuda.empty_cache()
@@ -126,6 +150,7 @@ def measure(arch: str, variant: str, tokens: int, row_len: int, steps: int, devi
         tok_s=tokens / s,
         peak_gib=peak,
         loss=losses[-1],
+        table=table,
         flops=model_flops(hf_config(arch), n_params, tokens, row_len),
     )
 
@@ -137,6 +162,7 @@ def main() -> None:
     ap.add_argument("--row-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--profile", action="store_true", help="print each variant's kernel table (one more step)")
     args = ap.parse_args()
     device = torch.device("cuda")
     name = torch.cuda.get_device_name()
@@ -153,7 +179,7 @@ def main() -> None:
         rows = []
         for v in args.variants:
             try:
-                rows.append(measure(args.arch, v, tokens, args.row_len, args.steps, device))
+                rows.append(measure(args.arch, v, tokens, args.row_len, args.steps, device, args.profile))
             except Exception as e:  # OOM, or a torch.compile failure inside Liger's chunked loss
                 rows.append(dict(variant=v, tokens=tokens, error=f"{type(e).__name__}: {str(e)[:60]}"))
                 gc.collect()
@@ -170,6 +196,9 @@ def main() -> None:
                 f"{mfu:.1f} | {r['peak_gib']:.1f} | {r['loss']:.4f} |",
                 flush=True,
             )
+        for r in rows:
+            if r.get("table"):
+                print(f"\n{args.arch}, {tokens} tokens, {r['variant']}: kernels by GPU time\n{r['table']}", flush=True)
 
 
 if __name__ == "__main__":
