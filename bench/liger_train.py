@@ -5,16 +5,19 @@ random weights (default: Qwen2.5-1.5B's architecture, 151,936-entry vocabulary),
 under bf16 autocast with gradient checkpointing, as reinforge's trainer runs it. Rows of
 ``--row-len`` tokens, ``tokens / row-len`` rows per micro-batch. Variants, each a fresh model:
 
-* ``eager``             RMSNorm / RoPE / SiLU-and-multiply in eager PyTorch; LM head -> bf16 logits
-                        [N, V] -> reinforge's chunked log-probs (``algo.logprobs.token_log_probs``).
+* ``eager``             RMSNorm / RoPE / SiLU-and-multiply / MoE permutation in eager PyTorch; LM head ->
+                        bf16 logits [N, V] -> the chunked PyTorch log-probs (``algo/logprobs.py``).
 * ``fused``             ``model.fused_kernels``: Liger-Kernel's RMSNorm, RoPE and SiLU-mul with
-                        gradients (``models/fused.py``), the same loss path.
+                        gradients (``models/fused.py``), the log-prob and MoE permutation kernels
+                        (``algo/fused_logprobs.py``, ``models/moe_dispatch.py``).
 * ``fused+liger_loss``  the same kernels; the LM head and the loss as Liger's
                         ``LigerFusedLinearGRPOLoss`` (chunked over rows: the [N, V] logits are never
                         all in memory).
 * ``fused+no_checkpointing``  ``fused`` without gradient checkpointing (every layer's activations
                         kept: no recomputation, more memory).
 * ``fused+compile``     ``fused`` with every decoder layer compiled by inductor (``model.torch_compile``).
+* ``fused+torch_paths`` ``fused`` with the log-probs and the MoE token permutation in PyTorch (chunked
+                        log-probs; advanced indexing), as before their Triton kernels (2026-11-28).
 
 ``--profile`` adds, after each variant's timings, the profiler's table of one more step: the 25
 kernels with the most GPU time (self CUDA time, summed by name) and the step's total.
@@ -44,11 +47,18 @@ sys.path.insert(0, "bench")
 from archs import active_params, hf_config  # noqa: E402
 
 from reinforge.algo.logprobs import token_log_probs  # noqa: E402
+from reinforge.models import moe_dispatch  # noqa: E402
 from reinforge.models import transformer as T  # noqa: E402
 
-VARIANTS = ("eager", "fused", "fused+liger_loss", "fused+no_checkpointing", "fused+compile")
+VARIANTS = ("eager", "fused", "fused+liger_loss", "fused+no_checkpointing", "fused+compile", "fused+torch_paths")
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 EPS = 0.2
+FUSED_DISPATCH = moe_dispatch._fused
+
+
+def torch_paths(variant: str) -> bool:
+    """Whether ``variant`` takes the PyTorch log-probs and MoE permutation instead of their kernels."""
+    return variant == "eager" or variant.endswith("torch_paths")
 
 
 def ppo_clip(lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
@@ -94,7 +104,7 @@ def step_fn(model: T.CausalLM, variant: str, ids: torch.Tensor, old: torch.Tenso
             loss = out[0] if isinstance(out, tuple) else out
         else:
             logits = model.lm_head(hidden.reshape(-1, hidden.shape[-1]))
-            lp, _ = token_log_probs(logits, targets.reshape(-1))
+            lp, _ = token_log_probs(logits, targets.reshape(-1), fused=not torch_paths(variant))
             loss = ppo_clip(lp, old.reshape(-1), adv.repeat_interleave(targets.shape[1]))
     loss.backward()
     return loss.detach()
@@ -122,6 +132,7 @@ def measure(
     arch: str, variant: str, tokens: int, row_len: int, steps: int, device: torch.device, profile: bool = False
 ) -> dict:
     model = build(arch, variant, device)
+    moe_dispatch._fused = (lambda t: False) if torch_paths(variant) else FUSED_DISPATCH
     rows = tokens // row_len
     g = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, model.args.vocab_size, (rows, row_len), device=device, generator=g)

@@ -15,13 +15,11 @@ its parts, each timed alone with CUDA events:
 The limit beside each row: the grouped matmuls' FLOPs (forward 2 x 3 x k x H x I per token,
 backward twice that) at the bf16 dense peak (989 TFLOP/s on an H100 / H200 SXM).
 
-Variants of the dispatch and combine (the rest is the block's own code):
+Variants of the dispatch and combine (``reinforge.models.moe_dispatch``; the rest is the block's own code):
 
-* ``index``    ``x[order // k]`` and ``ys[inverse]``, then ``(ys * w).sum(1)`` (advanced indexing:
-               its backward is ``index_put_`` with accumulation, which sorts the indices);
-* ``select``   ``index_select`` both ways (backward: ``index_add_``), the same weighted sum;
-* ``scatter``  ``index_select`` in, the gate weight applied to the sorted rows, and one
-               ``index_add_`` into the [N, H] output (no un-permute; fp32 accumulation).
+* ``torch``  PyTorch's advanced indexing: ``x[order // k]``, ``ys[pos]``, ``(ys * w).sum(1)``
+             (the backward of the indexing is ``index_put_`` with accumulation, which sorts);
+* ``fused``  the Triton kernels, one per direction, a program per token moving its k rows.
 
     PYTHONPATH=. python bench/moe_block.py [--arch qwen3-moe-2.6b-a0.5b] [--tokens 16384] [--profile]
 """
@@ -37,39 +35,20 @@ import torch
 sys.path.insert(0, "bench")
 from archs import hf_config  # noqa: E402
 
+from reinforge.models import moe_dispatch as D  # noqa: E402
 from reinforge.models.moe import SparseMoeBlock  # noqa: E402
 from reinforge.utils.triton import triton_available  # noqa: E402
 
 PEAK_BF16 = 989e12
-VARIANTS = ("index", "select", "scatter")
+VARIANTS = ("torch", "fused")
 
 
-def dispatch_combine(variant: str):
-    """A replacement of ``SparseMoeBlock._experts`` (no expert parallelism) for ``variant``."""
+FUSED = D._fused
 
-    def experts(self, x, ids, weights):
-        N, k = ids.shape
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        gate_up, down = self.experts.gate_up_proj.to(dtype), self.experts.down_proj.to(dtype)
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        ends = torch.searchsorted(flat[order], torch.arange(gate_up.shape[0], device=x.device), right=True)
-        tok = order // k
-        if variant == "index":
-            xs = x.to(dtype)[tok]
-        else:
-            xs = x.to(dtype).index_select(0, tok)
-        ys = self._compute(xs, gate_up, down, ends)
-        if variant == "scatter":
-            w = weights.reshape(-1).index_select(0, order).to(ys.dtype)
-            out = torch.zeros(N, ys.shape[-1], device=ys.device, dtype=torch.float32)
-            return out.index_add_(0, tok, (ys * w[:, None]).float()).to(ys.dtype)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        ys = (ys[inverse] if variant == "index" else ys.index_select(0, inverse)).view(N, k, ys.shape[-1])
-        return (ys * weights.to(ys.dtype).unsqueeze(-1)).sum(1)
 
-    return experts
+def use(variant: str) -> None:
+    """Route ``moe_dispatch``'s functions to the Triton kernels (``fused``) or PyTorch's indexing."""
+    D._fused = FUSED if variant == "fused" else (lambda t: False)
 
 
 def timed(fn, steps: int) -> float:
@@ -110,13 +89,12 @@ def main() -> None:
         "| tokens | variant | fwd+bwd ms | router | cast | dispatch | experts | combine | grouped-mm FLOPs at peak ms |"
     )
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    original = SparseMoeBlock._experts
     for N in args.tokens:
         x = torch.randn(1, N, H, device=dev, requires_grad=True)
         gy = torch.randn(1, N, H, device=dev, dtype=torch.bfloat16)
         limit = 3 * (2 * 3 * k * H * I) * N / PEAK_BF16 * 1e3
         for v in args.variants:
-            SparseMoeBlock._experts = dispatch_combine(v)
+            use(v)
 
             def step():
                 with torch.autocast("cuda", torch.bfloat16):
@@ -124,7 +102,7 @@ def main() -> None:
                 y.backward(gy)
 
             total = timed(step, args.steps) * 1e3
-            parts = part_times(block, x, v, args.steps)
+            parts = part_times(block, x, args.steps)
             print(
                 f"| {N} | {v} | {total:.2f} | "
                 + " | ".join(f"{parts[p]:.2f}" for p in ("router", "cast", "dispatch", "experts", "combine"))
@@ -138,10 +116,9 @@ def main() -> None:
                     step()
                     torch.cuda.synchronize()
                 print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
-    SparseMoeBlock._experts = original
 
 
-def part_times(block: SparseMoeBlock, x: torch.Tensor, variant: str, steps: int) -> dict[str, float]:
+def part_times(block: SparseMoeBlock, x: torch.Tensor, steps: int) -> dict[str, float]:
     """Forward + backward ms of each part of the block on its own (inputs detached, fresh leaves)."""
     N, H = x.shape[1], x.shape[2]
     xb = x.detach().reshape(N, H).to(torch.bfloat16).requires_grad_()
@@ -155,40 +132,32 @@ def part_times(block: SparseMoeBlock, x: torch.Tensor, variant: str, steps: int)
     ends = torch.searchsorted(flat[order], torch.arange(E, device=x.device), right=True)
     gate_up = block.experts.gate_up_proj.detach().to(torch.bfloat16).requires_grad_()
     down = block.experts.down_proj.detach().to(torch.bfloat16).requires_grad_()
-    xs = xb.detach()[order // k].requires_grad_()
+    xs, pos = D.dispatch(xb.detach(), order, k)
+    xs.requires_grad_()
     ys = block._compute(xs, gate_up, down, ends).detach().requires_grad_()
-    w = torch.rand(N, k, device=x.device).requires_grad_()
+    w = torch.rand(N, k, device=x.device, dtype=torch.bfloat16).requires_grad_()
 
     def router():
         with torch.autocast("cuda", torch.bfloat16):
-            s, dt = block.router_scores(x.reshape(N, H))
-            i = block.select(s)
-            out = block.gate_weights(s, i)
+            s, _ = block.router_scores(x.reshape(N, H))
+            out = block.gate_weights(s, block.select(s))
         out.sum().backward()
 
     def cast():
         a, b = block.experts.gate_up_proj.to(torch.bfloat16), block.experts.down_proj.to(torch.bfloat16)
-        (a.float().sum() + b.float().sum()).backward()
+        torch.autograd.backward([a, b], [torch.ones_like(a), torch.ones_like(b)])
 
     def dispatch():
         o = torch.argsort(flat, stable=True)
         torch.searchsorted(flat[o], torch.arange(E, device=x.device), right=True)
-        t = o // k
-        r = xb[t] if variant == "index" else xb.index_select(0, t)
+        r, _ = D.dispatch(xb, o, k)
         r.backward(torch.ones_like(r))
 
     def experts():
         block._compute(xs, gate_up, down, ends).backward(torch.ones_like(xs))
 
     def combine():
-        if variant == "scatter":
-            ww = w.reshape(-1).index_select(0, order).to(ys.dtype)
-            out = torch.zeros(N, H, device=x.device).index_add_(0, order // k, (ys * ww[:, None]).float())
-        else:
-            inv = torch.empty_like(order)
-            inv[order] = torch.arange(order.numel(), device=x.device)
-            r = (ys[inv] if variant == "index" else ys.index_select(0, inv)).view(N, k, H)
-            out = (r * w.to(r.dtype).unsqueeze(-1)).sum(1)
+        out = D.combine(ys, pos, w)
         out.backward(torch.ones_like(out))
 
     parts = {"router": router, "cast": cast, "dispatch": dispatch, "experts": experts, "combine": combine}

@@ -8,6 +8,9 @@ import torch
 from reinforge.algo.advantages import grpo_advantages
 from reinforge.algo.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss
 from reinforge.algo.passk import pass_at_k
+from reinforge.utils.triton import triton_available
+
+needs_cuda = pytest.mark.skipif(not triton_available("cuda"), reason="the fused log-prob kernels run on CUDA")
 
 
 def test_grpo_advantages_std_normalised():
@@ -221,15 +224,26 @@ def test_seq_mean_token_sum_norm():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("chunk", [1, 5, 4096])
-def test_chunked_token_log_probs_match_log_softmax(dtype, chunk):
-    """Values and gradients (log-prob and entropy terms) equal autograd through the fp32 expression."""
+@pytest.mark.parametrize(
+    "chunk, device, vocab",
+    [
+        (1, "cpu", 67),
+        (5, "cpu", 67),
+        (4096, "cpu", 67),
+        # CUDA: the fused Triton kernels (algo/fused_logprobs.py), within one block and over 3 blocks of 4096
+        pytest.param(5, "cuda", 67, marks=needs_cuda),
+        pytest.param(5, "cuda", 3 * 4096 + 17, marks=needs_cuda),
+    ],
+)
+def test_token_log_probs_match_log_softmax(dtype, chunk, device, vocab):
+    """Values and gradients (log-prob and entropy terms) equal autograd through the fp32 expression,
+    for the chunked PyTorch path (CPU) and the fused kernels (CUDA)."""
     from reinforge.algo.logprobs import token_log_probs
 
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(23, 67, generator=g) * 4).to(dtype).requires_grad_()
-    t = torch.randint(0, 67, (23,), generator=g)
-    w_lp, w_ent = torch.randn(23, generator=g), torch.randn(23, generator=g)
+    x = (torch.randn(23, vocab, generator=g) * 4).to(dtype).to(device).requires_grad_()
+    t = torch.randint(0, vocab, (23,), generator=g).to(device)
+    w_lp, w_ent = torch.randn(23, generator=g).to(device), torch.randn(23, generator=g).to(device)
     lp, ent = token_log_probs(x, t, 0.8, chunk=chunk, with_entropy=True)
     ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
     ours = x.grad.clone()

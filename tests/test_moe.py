@@ -11,6 +11,7 @@ import torch
 from reinforge.models.loading import build_model, save_hf_folder
 from reinforge.models.moe import Routing, SparseMoeBlock, hub_named_tensors, stack_expert_weights
 from reinforge.models.transformer import CausalLM, Variant
+from reinforge.utils.triton import triton_available
 from tests.conftest import make_tiny_model
 
 CONFIGS = {
@@ -85,6 +86,37 @@ def test_logits_match_transformers_fp32(moe_path):
     ours.set_variant(Variant.for_inference())
     with torch.no_grad():
         assert (ours(ids) - got).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not triton_available("cuda"), reason="the permutation kernels run on CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k, hidden", [(2, 32), (6, 1100)])  # k not a power of two; several 1024-wide blocks
+def test_permutation_kernels_match_pytorch_indexing(monkeypatch, dtype, k, hidden):
+    """models/moe_dispatch.py: the dispatch and combine kernels give the PyTorch indexing's outputs
+    and gradients (in x and in the gate weights), with an empty batch too."""
+    from reinforge.models import moe_dispatch as D
+
+    torch.manual_seed(0)
+    N, E = 37, 8
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(N)]).cuda()
+    order = torch.argsort(ids.reshape(-1), stable=True)
+    A = torch.randn(hidden, hidden, device="cuda").to(dtype) / hidden**0.5
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(D, "_fused", lambda t, fused=fused: fused)
+        torch.manual_seed(1)
+        x = torch.randn(N, hidden, device="cuda").to(dtype).requires_grad_()
+        w = torch.rand(N, k, device="cuda").requires_grad_()
+        xs, pos = D.dispatch(x, order, k)
+        y = D.combine(torch.tanh(xs @ A), pos, w)
+        (y.float() * torch.linspace(-1, 1, hidden, device="cuda")).sum().backward()
+        results.append((y.detach().float(), x.grad.float(), w.grad))
+        empty_x = torch.randn(0, hidden, device="cuda", dtype=dtype)
+        xs0, pos0 = D.dispatch(empty_x, order[:0], k)
+        assert xs0.shape == (0, hidden) and D.combine(xs0, pos0, w[:0]).shape == (0, hidden)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, b in zip(*results):
+        assert (a - b).abs().max() <= tol * b.abs().max()
 
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch._grouped_mm is missing")

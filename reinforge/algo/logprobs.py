@@ -5,11 +5,17 @@ keeps a 9.7 GB fp32 copy for the backward pass and allocates two more on the way
 pass keeps only the logits (in their own dtype) and one log-sum-exp per token, and the backward pass
 recomputes the softmax chunk by chunk. Values equal ``log_softmax(logits.float() / T)`` gathered at
 the targets (up to fp32 rounding), gradients equal autograd's through that expression.
+
+On CUDA with Triton, :func:`token_log_probs` runs the same math as two fused kernels instead
+(:mod:`reinforge.algo.fused_logprobs`: one read of the logits forward, one read and one write
+backward; no fp32 chunk at all).
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..utils.triton import triton_available
 
 
 def _chunk_stats(
@@ -65,17 +71,25 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
 
 
 def token_log_probs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk: int = 2048, with_entropy: bool = False
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 2048,
+    with_entropy: bool = False,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``targets`` under ``softmax(logits / temperature)`` and, optionally, the entropy
-    of that distribution, computed ``chunk`` tokens at a time.
+    of that distribution: by the fused Triton kernels (CUDA, ``fused``), else ``chunk`` tokens at a
+    time in PyTorch.
 
     Args:
         logits: [N, V], any float dtype (bf16 logits stay bf16 in memory; math is fp32).
         targets: [N] int64 token ids.
         temperature: the sampling temperature (> 0).
-        chunk: tokens per chunk (peak extra memory ~ 3 x chunk x V x 4 bytes).
+        chunk: tokens per chunk of the PyTorch path (peak extra memory ~ 3 x chunk x V x 4 bytes);
+            the fused kernels need none.
         with_entropy: also return the entropy [N] (differentiable).
+        fused: use the kernels where they run (the trainer passes ``model.fused_kernels``).
     Returns:
         (log-probs [N] fp32, entropy [N] fp32 or ``None``). Differentiable in ``logits``.
     Raises:
@@ -83,5 +97,10 @@ def token_log_probs(
     """
     if chunk < 1 or temperature <= 0:
         raise ValueError(f"chunk must be >= 1 and temperature > 0, got {chunk}, {temperature}")
+    if fused and logits.is_cuda and triton_available("cuda"):
+        from .fused_logprobs import fused_token_log_probs
+
+        lp, ent = fused_token_log_probs(logits, targets, temperature, with_entropy)
+        return lp, (ent if with_entropy else None)
     lp, ent = _ChunkedTokenLogProbs.apply(logits, targets, float(temperature), int(chunk), bool(with_entropy))
     return lp, (ent if with_entropy else None)

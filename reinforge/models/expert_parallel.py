@@ -40,6 +40,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from .moe_dispatch import combine, dispatch
+
 __all__ = ["all_to_all", "expert_parallel_experts", "local_experts"]
 
 
@@ -127,7 +129,7 @@ def expert_parallel_experts(
         )
     scale = 1.0 / ep
     gate_up, down = _ScaleGrad.apply(gate_up, scale).to(dtype), _ScaleGrad.apply(down, scale).to(dtype)
-    N, k = ids.shape
+    k = ids.shape[1]
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # (token, slot) pairs by expert: one run per destination rank
     counts = torch.bincount(flat, minlength=E)  # [E] pairs per global expert
@@ -136,7 +138,8 @@ def expert_parallel_experts(
     send = counts.view(ep, n_local).sum(1).tolist()
     recv_grid = recv_counts.view(ep, n_local)
     recv = recv_grid.sum(1).tolist()
-    xs = all_to_all(x.to(dtype)[order // k], send, recv, group)  # [M, H], by source rank then local expert
+    xs, pos = dispatch(x.to(dtype), order, k)
+    xs = all_to_all(xs, send, recv, group)  # [M, H], by source rank then local expert
     local_ids = torch.repeat_interleave(torch.arange(n_local, device=x.device).repeat(ep), recv_counts)
     by_expert = torch.argsort(local_ids, stable=True)
     ends = torch.cumsum(recv_grid.sum(0), 0)
@@ -144,7 +147,4 @@ def expert_parallel_experts(
     ys = torch.empty_like(ys_sorted)
     ys = ys.index_copy(0, by_expert, ys_sorted)  # back to the received order
     back = all_to_all(ys, recv, send, group)  # [N*k, H] in `order`
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    out = back[inverse].view(N, k, back.shape[-1])
-    return (out * weights.to(out.dtype).unsqueeze(-1)).sum(1)
+    return combine(back, pos, weights)

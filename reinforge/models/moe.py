@@ -38,7 +38,8 @@ device: no ``bincount``, whose output size needs a host read on CUDA), and each 
 one ``torch._grouped_mm`` over the groups where it runs (:func:`grouped_mm_supported`; CUDA bf16
 on Hopper and later, CPU and fp32 in torch >= 2.13 only when asked for), else a loop over the
 experts (CPU, fp32). The grouped path reads nothing back to the host, so the engine can capture
-it in a CUDA graph. The k outputs of a token are put back in order and summed with their weights.
+it in a CUDA graph. The k outputs of a token are put back in order and summed with their weights
+(the permutation both ways: :mod:`.moe_dispatch`, one Triton kernel each on CUDA).
 With expert parallelism (``train.expert_model_parallel_size``) each rank holds ``E / ep`` experts
 and the pairs travel to them and back by all-to-all (:mod:`.expert_parallel`).
 
@@ -71,6 +72,7 @@ from torch import nn
 
 from . import fused
 from .expert_parallel import expert_parallel_experts
+from .moe_dispatch import combine, dispatch
 
 __all__ = ["Routing", "SparseMoeBlock", "Experts", "grouped_mm_supported", "stack_expert_weights", "hub_named_tensors"]
 
@@ -287,7 +289,7 @@ class SparseMoeBlock(nn.Module):
         """sum_j weights[:, j] * expert_{ids[:, j]}(x): x [N, H], ids [N, k] int64, weights [N, k]
         -> [N, H]. With :attr:`ep_group` set the experts live on the ranks of that group
         (:func:`~reinforge.models.expert_parallel.expert_parallel_experts`)."""
-        N, k = ids.shape
+        k = ids.shape[1]
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         if self.ep_group is not None:
             return self.experts(
@@ -299,11 +301,8 @@ class SparseMoeBlock(nn.Module):
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
         ends = torch.searchsorted(flat[order], torch.arange(gate_up.shape[0], device=x.device), right=True)
-        ys = self._compute(x.to(dtype)[order // k], gate_up, down, ends)  # [N*k, H]
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        ys = ys[inverse].view(N, k, ys.shape[-1])  # back to (token, slot) order
-        return (ys * weights.to(ys.dtype).unsqueeze(-1)).sum(1)
+        xs, pos = dispatch(x.to(dtype), order, k)  # [N*k, H] in expert order
+        return combine(self._compute(xs, gate_up, down, ends), pos, weights)
 
     def _compute(self, xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """The experts on rows grouped by expert: xs [M, H] (expert e's rows ``[ends[e-1], ends[e])``),

@@ -133,11 +133,12 @@ class Actor(ModelTrainer):
 
     def _head(self, with_entropy: bool = False) -> Head:
         """The log-prob head: log pi(token) [n] at the rollout temperature and, ``with_entropy``, the
-        entropy [n] (:func:`~reinforge.algo.logprobs.token_log_probs`, in chunks over the vocabulary)."""
+        entropy [n] (:func:`~reinforge.algo.logprobs.token_log_probs`: fused kernels, or chunks of tokens)."""
         temperature, chunk = self.cfg.rollout.rollout_temperature, self.settings.log_prob_chunk_size
+        fused = self.settings.fused_kernels
 
         def head(logits: torch.Tensor, targets: torch.Tensor):
-            return token_log_probs(logits, targets, temperature, chunk, with_entropy=with_entropy)
+            return token_log_probs(logits, targets, temperature, chunk, with_entropy=with_entropy, fused=fused)
 
         return head
 

@@ -172,7 +172,11 @@ class OfflineTrainer(ModelTrainer):
     # ------------------------------------------------------------------ forward passes
     def _head(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
         """log pi(token) [n] of the response tokens (temperature 1)."""
-        return (token_log_probs(logits, targets, 1.0, self.settings.log_prob_chunk_size)[0],)
+        return (
+            token_log_probs(logits, targets, 1.0, self.settings.log_prob_chunk_size, fused=self.settings.fused_kernels)[
+                0
+            ],
+        )
 
     @torch.no_grad()
     def sequence_stats(
