@@ -58,6 +58,16 @@ def test_training_peak_matches_the_recorded_micro_batch_peaks(recompute, tokens,
     assert sum(parts.values()) / M.GIB == pytest.approx(measured, rel=0.02)
 
 
+def test_training_peak_with_the_fused_log_probs_matches_the_recorded_one():
+    """docs/benchmarks.md (2026-11-28, H200): the same micro-batch at 8k, every layer recomputed, with the
+    fused log-prob kernels: 18.6 GiB (no fp32 log-softmax chunks)."""
+    w = M.Workload(M.Arch.from_config(QWEN15), H100, 0, 8192, 1, 1, 8192, 28, colocated=False, fused_logprobs=True)
+    parts = M.train_breakdown(w).parts
+    parts.pop("AdamW")
+    assert parts["log-softmax chunks"] == 0
+    assert sum(parts.values()) / M.GIB == pytest.approx(18.6, rel=0.04)
+
+
 def test_log_prob_pass_matches_the_recorded_peak():
     """docs/benchmarks.md: 16,384 tokens, chunk 2048, 14.00 GiB with 5.88 GiB of weights before the pass."""
     w = M.Workload(M.Arch.from_config(QWEN15), H100, 0, 16384, 1, 1, 16384, 28, colocated=False)

@@ -100,6 +100,7 @@ def expert_parallel_experts(
     weights: torch.Tensor,
     dtype: torch.dtype,
     compute: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    fused: bool = False,
 ) -> torch.Tensor:
     """``sum_j weights[:, j] * expert_{ids[:, j]}(x)`` with the experts split over ``group``
     (see the module docstring).
@@ -112,6 +113,7 @@ def expert_parallel_experts(
         weights: [N, k] gate weights; dtype: the compute dtype of the experts.
         compute: ``(rows [M, H] sorted by local expert, gate_up [El, 2I, H], down [El, H, I],
             ends [El] int64 cumulative row counts) -> [M, H]``, the block's local expert product.
+        fused: the token permutation's Triton kernels (:mod:`.moe_dispatch`) where they run.
     Returns:
         [N, H] in ``dtype``.
     Raises:
@@ -138,7 +140,7 @@ def expert_parallel_experts(
     send = counts.view(ep, n_local).sum(1).tolist()
     recv_grid = recv_counts.view(ep, n_local)
     recv = recv_grid.sum(1).tolist()
-    xs, pos = dispatch(x.to(dtype), order, k)
+    xs, pos = dispatch(x.to(dtype), order, k, fused)
     xs = all_to_all(xs, send, recv, group)  # [M, H], by source rank then local expert
     local_ids = torch.repeat_interleave(torch.arange(n_local, device=x.device).repeat(ep), recv_counts)
     by_expert = torch.argsort(local_ids, stable=True)
@@ -147,4 +149,4 @@ def expert_parallel_experts(
     ys = torch.empty_like(ys_sorted)
     ys = ys.index_copy(0, by_expert, ys_sorted)  # back to the received order
     back = all_to_all(ys, recv, send, group)  # [N*k, H] in `order`
-    return combine(back, pos, weights)
+    return combine(back, pos, weights, fused)

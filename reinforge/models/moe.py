@@ -203,7 +203,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
         self.shared_expert = shared_expert
         self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False) if shared_expert is not None else None
-        self.fused = False  # SiLU-and-multiply as one Triton kernel (CausalLM.set_variant)
+        self.fused = False  # SiLU-and-multiply and the token permutation as Triton kernels (CausalLM.set_variant)
         # expert parallelism: the group whose ranks hold the experts (train/mesh.py sets it), None: all here
         self.ep_group: Any = None
 
@@ -294,15 +294,15 @@ class SparseMoeBlock(nn.Module):
         if self.ep_group is not None:
             return self.experts(
                 lambda gate_up, down: expert_parallel_experts(
-                    self.ep_group, gate_up, down, x, ids, weights, dtype, self._compute
+                    self.ep_group, gate_up, down, x, ids, weights, dtype, self._compute, self.fused
                 )
             )
         gate_up, down = self.experts.gate_up_proj.to(dtype), self.experts.down_proj.to(dtype)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
         ends = torch.searchsorted(flat[order], torch.arange(gate_up.shape[0], device=x.device), right=True)
-        xs, pos = dispatch(x.to(dtype), order, k)  # [N*k, H] in expert order
-        return combine(self._compute(xs, gate_up, down, ends), pos, weights)
+        xs, pos = dispatch(x.to(dtype), order, k, self.fused)  # [N*k, H] in expert order
+        return combine(self._compute(xs, gate_up, down, ends), pos, weights, self.fused)
 
     def _compute(self, xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """The experts on rows grouped by expert: xs [M, H] (expert e's rows ``[ends[e-1], ends[e])``),

@@ -134,27 +134,30 @@ class _Combine(torch.autograd.Function):
 
 
 def _fused(t: torch.Tensor) -> bool:
+    """Whether the kernels run for tensor ``t`` (CUDA with Triton)."""
     return t.is_cuda and triton_available("cuda")
 
 
-def dispatch(x: torch.Tensor, order: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def dispatch(x: torch.Tensor, order: torch.Tensor, k: int, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens' rows in expert order: x [N, H], order [N k] int64 (the stable sort of the
     flattened [N, k] expert ids) -> (xs [N k, H] in x's dtype with ``xs[i] = x[order[i] // k]``,
-    pos [N, k] int64, the row of each (token, slot) pair in xs). Differentiable in x."""
+    pos [N, k] int64, the row of each (token, slot) pair in xs). Differentiable in x. ``fused``:
+    the kernel where it runs (the block's ``model.fused_kernels``)."""
     pos = torch.empty_like(order)
     pos[order] = torch.arange(order.numel(), device=order.device)
     pos = pos.view(-1, k)
-    if _fused(x):
+    if fused and _fused(x):
         return _Dispatch.apply(x.contiguous(), pos), pos
     return x[order // k], pos
 
 
-def combine(ys: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def combine(ys: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, fused: bool = True) -> torch.Tensor:
     """Each token's k expert outputs weighted and summed: ys [N k, H] (rows in expert order, as
     :func:`dispatch` laid them out), pos [N, k] from :func:`dispatch`, weights [N, k] (any float
-    dtype) -> [N, H] in ys's dtype. Differentiable in ys and weights. The fused kernel multiplies
-    and sums in fp32 and rounds once; the PyTorch path multiplies in ys's dtype."""
-    if _fused(ys):
+    dtype) -> [N, H] in ys's dtype. Differentiable in ys and weights. The fused kernel (``fused``,
+    where it runs) multiplies and sums in fp32 and rounds once; the PyTorch path multiplies in
+    ys's dtype."""
+    if fused and _fused(ys):
         return _Combine.apply(ys.contiguous(), pos, weights.contiguous())
     N, k = pos.shape
     out = ys[pos.reshape(-1)].view(N, k, ys.shape[-1])
