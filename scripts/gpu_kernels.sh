@@ -4,8 +4,9 @@
 # (bench/logprobs.py); the MoE block alone with the PyTorch and the fused token permutation (bench/moe_block.py);
 # the training micro-batch of the dense 1.5B and 8B shapes and the MoE 2.6B shape (bench/liger_train.py:
 # `fused` = every kernel, `fused+torch_paths` = the log-probs and the MoE permutation in PyTorch, as before).
-# Carry `.device` (whl/ with liger-kernel, cache/ with SmolLM2's tokenizer). PARTS selects (default
-# "tests logprobs block dense moe"). Logs under $OUT; the tables are printed at the end.
+# PARTS=grpo: the MoE GRPO step end to end with and without model.fused_kernels; PARTS=planner: the planner's
+# 8k two-step run. Carry `.device` (whl/ with liger-kernel, cache/ with SmolLM2's tokenizer). PARTS selects
+# (default "tests logprobs block dense moe"). Logs under $OUT; the tables are printed at the end.
 set -uo pipefail
 export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 parts=${PARTS:-tests logprobs block dense moe}
@@ -34,4 +35,14 @@ if [[ $parts == *moe* ]]; then
   python bench/liger_train.py --arch $moe --tokens 16384 --steps 4 --profile \
       --variants fused fused+torch_paths fused+no_checkpointing > "$OUT/train_moe.log" 2>&1
 fi
-for f in "$OUT"/*.log; do echo "== $f"; grep "^|\|^qwen\|^log-probs\|Error\|error\|passed\|failed" "$f" | head -14; done
+if [[ $parts == *grpo* ]]; then  # end to end: the MoE GRPO step of issue 25, every kernel against model.fused_kernels=false
+  for fk in true false; do
+    python bench/grpo_long.py --arch $moe --lengths 2048 --seqs 128 --kv-fraction 0.25 --set model.fused_kernels=$fk \
+        --tokenizer .device/cache/models/smollm2-135m-instruct 2>&1 | grep -v -e Warning -e "Writing model" \
+        | tail -5 > "$OUT/grpo_moe_fused_$fk.log"
+  done
+fi
+if [[ $parts == *planner* ]]; then  # the planner's 8k run (two steps, auto keys) with the fused kernels
+  OUT=$OUT LENGTH=8192 SETTINGS=auto ROLLOUTS=2 bash scripts/gpu_planner.sh > "$OUT/planner_8k.log" 2>&1
+fi
+for f in "$OUT"/*.log; do echo "== $f"; grep "^|\|^qwen\|^log-probs\|^GPU\|Error\|error\|passed\|failed" "$f" | head -14; done
