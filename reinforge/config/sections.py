@@ -59,10 +59,10 @@ class ModelConfig(Section):
     )
     fused_kernels: bool = opt(
         True,
-        "fused Triton kernels for RMSNorm, RoPE and SiLU-and-multiply, forward and "
-        "backward, in the trained models (fewer kernel launches): Liger-Kernel's "
-        "(`pip install liger-kernel`; without it a warning and eager PyTorch); GPU only, off "
-        "with `torch_compile`; `false`: eager PyTorch",
+        "fused Triton kernels, forward and backward, in the trained models: RMSNorm, RoPE and "
+        "SiLU-and-multiply from Liger-Kernel (`pip install liger-kernel`; without it a warning "
+        "and eager PyTorch), the token log-probs and the MoE token permutation (reinforge's); "
+        "GPU only, off with `torch_compile`; `false`: eager PyTorch",
     )
     train_dtype: Literal["auto", "fp32", "bf16"] = opt(
         "auto", "`auto`: bf16 autocast with fp32 master weights on GPU, fp32 on CPU; `fp32`; `bf16`"
