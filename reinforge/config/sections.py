@@ -333,7 +333,8 @@ class TrainConfig(Section):
     log_prob_chunk_size: int = opt(
         2048,
         "response tokens per chunk of the log-prob / entropy computation over "
-        "the vocabulary (bounds its fp32 memory: ~3 x chunk x vocab x 4 bytes)",
+        "the vocabulary in PyTorch (bounds its fp32 memory: ~3 x chunk x vocab x 4 bytes); "
+        "unused where the fused log-prob kernels run (`model.fused_kernels` on a GPU)",
         ge=1,
     )
     lr: float = opt(1e-6, "peak learning rate (AdamW)", gt=0)

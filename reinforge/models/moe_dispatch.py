@@ -13,8 +13,10 @@ its k rows (``dispatch``'s backward is ``combine`` with unit weights; ``combine`
 ``w[n, j] g[n]`` to row ``pos[n, j]`` and reduces ``g[n] . ys[pos[n, j]]`` for the weights'
 gradient), all math in fp32. PyTorch's advanced indexing does the same in several passes, and its
 backward (``index_put_`` with accumulation) sorts the indices: measured on an H200 for the 2.6B
-MoE shape at 16k tokens, the dispatch and combine took 2.9 ms of a 6.8 ms block forward + backward
-(docs/benchmarks.md, "MoE block"). Elsewhere (CPU, or without Triton) the PyTorch indexing runs.
+MoE shape at 16k tokens, the dispatch and combine took 2.9 ms of a 6.8 ms block forward + backward,
+and the block takes 5.0 ms with these kernels (docs/benchmarks.md, "Training kernels";
+``bench/moe_block.py``). The engine's MoE layers run them too (forward only, inside its CUDA
+graphs). Elsewhere (CPU, or without Triton) the PyTorch indexing runs.
 The permutation layout is Megatron-LM's and torchtitan's token dispatcher's (sort by expert, then
 un-permute and weight).
 """
