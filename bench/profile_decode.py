@@ -37,11 +37,14 @@ for arch in sys.argv[1].split(","):
     for _ in range(12):  # to ~96 + 96 context
         eng.step()
     torch.cuda.synchronize()
-    running = eng.scheduler.occupied()
+    sched = eng.scheduler
+    running = sched.occupied()
     B = _bucket(max(running) + 1, eng.num_slots)
+    # the key range the engine's step would use for 8 more tokens (engine.py's decode loop)
+    Lk = eng.runner.Decode.key_range(max(sched.len_bound[s] for s in running) + 8, sched.layout)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(8):
-            eng.runner.decode(B, 0, False)
+            eng.runner.decode(B, Lk, False)
         torch.cuda.synchronize()
     print(arch, "B", B)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=70))
