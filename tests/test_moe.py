@@ -88,6 +88,16 @@ def test_logits_match_transformers_fp32(moe_path):
         assert (ours(ids) - got).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("experts", [8, 256, 300, 40000])  # uint8, uint8, int16, int64 sort keys
+def test_sort_by_expert_is_the_stable_argsort(experts):
+    from reinforge.models.moe_dispatch import sort_by_expert
+
+    flat = torch.randint(0, experts, (4099,), generator=torch.Generator().manual_seed(experts))
+    assert torch.equal(sort_by_expert(flat, experts), torch.argsort(flat, stable=True))
+    if torch.cuda.is_available():
+        assert torch.equal(sort_by_expert(flat.cuda(), experts).cpu(), torch.argsort(flat, stable=True))
+
+
 @pytest.mark.skipif(not triton_available("cuda"), reason="the permutation kernels run on CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k, hidden", [(2, 32), (6, 1100)])  # k not a power of two; several 1024-wide blocks

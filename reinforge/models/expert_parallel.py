@@ -40,7 +40,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from .moe_dispatch import combine, dispatch
+from .moe_dispatch import combine, dispatch, sort_by_expert
 
 __all__ = ["all_to_all", "expert_parallel_experts", "local_experts"]
 
@@ -133,7 +133,7 @@ def expert_parallel_experts(
     gate_up, down = _ScaleGrad.apply(gate_up, scale).to(dtype), _ScaleGrad.apply(down, scale).to(dtype)
     k = ids.shape[1]
     flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # (token, slot) pairs by expert: one run per destination rank
+    order = sort_by_expert(flat, E)  # (token, slot) pairs by expert: one run per destination rank
     counts = torch.bincount(flat, minlength=E)  # [E] pairs per global expert
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts, group=group)  # [ep * El]: from rank s to local expert e

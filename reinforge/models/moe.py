@@ -72,7 +72,7 @@ from torch import nn
 
 from . import fused
 from .expert_parallel import expert_parallel_experts
-from .moe_dispatch import combine, dispatch
+from .moe_dispatch import combine, dispatch, sort_by_expert
 
 __all__ = ["Routing", "SparseMoeBlock", "Experts", "grouped_mm_supported", "stack_expert_weights", "hub_named_tensors"]
 
@@ -299,7 +299,7 @@ class SparseMoeBlock(nn.Module):
             )
         gate_up, down = self.experts.gate_up_proj.to(dtype), self.experts.down_proj.to(dtype)
         flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
+        order = sort_by_expert(flat, gate_up.shape[0])  # (token, slot) pairs grouped by expert
         ends = torch.searchsorted(flat[order], torch.arange(gate_up.shape[0], device=x.device), right=True)
         xs, pos = dispatch(x.to(dtype), order, k, self.fused)  # [N*k, H] in expert order
         return combine(self._compute(xs, gate_up, down, ends), pos, weights, self.fused)
