@@ -26,7 +26,8 @@ At commit ed393e6 (before the project dropped its own backward kernels for Liger
 also measured those kernels ("ours"): docs/benchmarks.md has that table.
 
 Prints tokens/s, the share of the bf16 peak (model FLOPs: 6 x parameters x tokens plus causal
-attention, over 989 TFLOP/s dense on an H100 SXM; recomputation under checkpointing not counted),
+attention, over the GPU's dense bf16 peak from ``reinforge/plan/hardware.py``: 989 TFLOP/s on an H100 SXM or
+H200; recomputation under checkpointing not counted),
 and the peak memory of the step (parameters and gradients included).
 
     PYTHONPATH=. python bench/liger_train.py [--arch qwen2.5-1.5b] [--tokens 8192 16384] [--row-len 1024]
@@ -49,9 +50,9 @@ from archs import active_params, hf_config  # noqa: E402
 from reinforge.algo.logprobs import token_log_probs  # noqa: E402
 from reinforge.models import moe_dispatch  # noqa: E402
 from reinforge.models import transformer as T  # noqa: E402
+from reinforge.plan.hardware import detect  # noqa: E402
 
 VARIANTS = ("eager", "fused", "fused+liger_loss", "fused+no_checkpointing", "fused+compile", "fused+torch_paths")
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 EPS = 0.2
 FUSED_DISPATCH = moe_dispatch._fused
 
@@ -177,7 +178,8 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda")
     name = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_BF16.items() if k in name), float("nan"))
+    known = detect(device)
+    peak = known.bf16_flops if known is not None and known.bf16_flops else float("nan")  # (the planner's table)
     import liger_kernel
 
     print(

@@ -7,7 +7,7 @@ and no entropy).
 bf16 logits [N, V] (default V = 151,936, Qwen's vocabulary) and random targets; the loss is
 ``sum(lp * g)`` for a random g, so the backward pass is the one a policy-gradient loss drives.
 The limit beside each row: the bytes the fused kernels must move (the logits read twice and the
-gradient written once, in bf16) at the GPU's memory bandwidth (4.8 TB/s H200, 3.35 TB/s H100).
+gradient written once, in bf16) at the GPU's memory bandwidth (``reinforge/plan/hardware.py``'s table).
 
     PYTHONPATH=. python bench/logprobs.py [--tokens 8192 16384] [--vocab 151936] [--entropy]
 """
@@ -20,8 +20,7 @@ import statistics
 import torch
 
 from reinforge.algo.logprobs import token_log_probs
-
-BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}
+from reinforge.plan.hardware import detect
 
 
 def run(variant: str, x: torch.Tensor, targets: torch.Tensor, g: torch.Tensor, entropy: bool) -> None:
@@ -47,7 +46,8 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name()
-    bw = next((v for k, v in BANDWIDTH.items() if k in name), float("nan"))
+    gpu = detect(dev)
+    bw = gpu.bandwidth if gpu is not None and gpu.bandwidth else float("nan")  # (the planner's GPU table)
     print(f"log-probs forward + backward, bf16 logits, V={args.vocab}, entropy={args.entropy}, {name}")
     print("| tokens | variant | ms | vs chunked | limit ms (3 passes at bandwidth) | % of limit | max abs lp diff |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")

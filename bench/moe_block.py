@@ -13,7 +13,7 @@ its parts, each timed alone with CUDA events:
 * ``combine``   the un-permute and the weighted sum of each token's k outputs.
 
 The limit beside each row: the grouped matmuls' FLOPs (forward 2 x 3 x k x H x I per token,
-backward twice that) at the bf16 dense peak (989 TFLOP/s on an H100 / H200 SXM).
+backward twice that) at the GPU's dense bf16 peak (``reinforge/plan/hardware.py``'s table).
 
 Variants of the dispatch and combine (``reinforge.models.moe_dispatch``; the rest is the block's own code):
 
@@ -37,9 +37,9 @@ from archs import hf_config  # noqa: E402
 
 from reinforge.models import moe_dispatch as D  # noqa: E402
 from reinforge.models.moe import SparseMoeBlock  # noqa: E402
+from reinforge.plan.hardware import detect  # noqa: E402
 from reinforge.utils.triton import triton_available  # noqa: E402
 
-PEAK_BF16 = 989e12
 VARIANTS = ("torch", "fused")
 
 
@@ -81,7 +81,9 @@ def main() -> None:
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.02)
-    block.fused = triton_available("cuda")  # SiLU-and-multiply: Liger's kernel, as the trainer runs it
+    block.fused = triton_available("cuda")  # SiLU-mul and the permutation as kernels, as the trainer runs them
+    known = detect(dev)
+    peak = known.bf16_flops if known is not None and known.bf16_flops else float("nan")  # (the planner's table)
     print(
         f"{args.arch} MoE block: H={H}, E={E}, k={k}, I={I}, {torch.cuda.get_device_name()}, torch {torch.__version__}"
     )
@@ -92,7 +94,7 @@ def main() -> None:
     for N in args.tokens:
         x = torch.randn(1, N, H, device=dev, requires_grad=True)
         gy = torch.randn(1, N, H, device=dev, dtype=torch.bfloat16)
-        limit = 3 * (2 * 3 * k * H * I) * N / PEAK_BF16 * 1e3
+        limit = 3 * (2 * 3 * k * H * I) * N / peak * 1e3
         for v in args.variants:
             use(v)
 

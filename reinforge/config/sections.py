@@ -82,6 +82,12 @@ class ModelConfig(Section):
         "names of the Linear modules that get adapters (PEFT's target_modules)",
     )
 
+    @property
+    def trains_fused_kernels(self) -> bool:
+        """The trainer runs the fused kernels (``fused_kernels``, unless ``torch_compile`` compiles the
+        layers instead)."""
+        return self.fused_kernels and not self.torch_compile
+
 
 @dataclass
 class DataConfig(Section):

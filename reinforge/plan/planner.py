@@ -155,7 +155,7 @@ def workload(
         lora=m.lora_rank > 0,
         train_bf16=m.train_dtype != "fp32",
         eager_norms=not (m.torch_compile or (m.fused_kernels and liger_available())),
-        fused_logprobs=m.fused_kernels and not m.torch_compile,  # as TrainSettings; Triton ships with CUDA torch
+        fused_logprobs=m.trains_fused_kernels,  # (on a GPU: Triton ships with CUDA builds of torch)
         optimizer_offload=t.optimizer_offload,
         fsdp_offload=t.fsdp_cpu_offload,
         logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference),  # as the loop runs them

@@ -103,7 +103,7 @@ class TrainSettings:
             fsdp_cpu_offload=t.fsdp_cpu_offload,
             optimizer_offload=t.optimizer_offload,
             packing=t.packing,
-            fused_kernels=m.fused_kernels and not m.torch_compile,
+            fused_kernels=m.trains_fused_kernels,
             gradient_checkpointing=m.gradient_checkpointing,
             recompute_num_layers=m.recompute_num_layers,
         )
