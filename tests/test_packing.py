@@ -3,9 +3,10 @@ same log-probs, losses and updates (fp32); their micro-batch plans respect the t
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from reinforge.config import load_config
-from reinforge.models.packing import PackedAttention
+from reinforge.models.packing import PackedAttention, shared_prompt_keys
 from reinforge.records import Sample
 from reinforge.train.actor import Actor, TrainData
 from reinforge.train.batching import build, plan_rows, row_length
@@ -117,12 +118,13 @@ def test_engine_and_every_layout_agree_in_fp32(tiny_model_path):
 def test_varlen_attention_matches_padded_in_bf16(tiny_model_path):
     data = group_data(prompts=4, group=6)
     ref = make_actor(tiny_model_path, "none", DEVICE, **{"model.train_dtype": "bf16"})
-    packed = make_actor(tiny_model_path, "sequences", DEVICE, **{"model.train_dtype": "bf16"})
-    mb, _ = packed.rank_micro_batches(data.samples, list(range(len(data.samples))))
-    assert PackedAttention(mb[0].doc_ids.to(DEVICE)).use_varlen
     a = torch.cat(ref.compute_log_probs(data.samples))
-    b = torch.cat(packed.compute_log_probs(data.samples))
-    assert (a - b).abs().mean() < 2e-2 and (a - b).abs().max() < 0.25
+    for layout in ("sequences", "shared_prompt"):
+        packed = make_actor(tiny_model_path, layout, DEVICE, **{"model.train_dtype": "bf16"})
+        mb, _ = packed.rank_micro_batches(data.samples, list(range(len(data.samples))))
+        assert mb[0].to(DEVICE).attention().use_varlen
+        b = torch.cat(packed.compute_log_probs(data.samples))
+        assert (a - b).abs().mean() < 2e-2 and (a - b).abs().max() < 0.25, layout
 
 
 def test_plan_rows_budget_and_cover():
@@ -172,6 +174,80 @@ def test_attention_mask_and_cu_seqlens():
     assert ctx.mask[0, 3].tolist() == [False, False, True, True, False, False]
     shared = PackedAttention(torch.tensor([[0, 0, 1, 2]]), torch.tensor([[True, True, False, False]]))
     assert shared.mask[0, 3].tolist() == [True, True, False, True]
+
+
+def shared_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two shared-prompt rows of width 9: prompt 3 + responses of 2 and 3 + padding; prompt 2 +
+    responses of 1, 2 and 3 + padding."""
+    doc = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1], [0, 0, 1, 2, 2, 3, 3, 3, -1]])
+    return doc, doc == 0
+
+
+def test_shared_prompt_keys_lay_out_the_prompt_before_each_response():
+    doc, shared = shared_rows()
+    cu, _ = PackedAttention(doc).cu_seqlens()
+    assert cu.tolist() == [0, 3, 5, 8, 9, 11, 12, 14, 17, 18]
+    index, cu_k, longest = shared_prompt_keys(doc, shared, cu)
+    runs = [index[a:b].tolist() for a, b in zip(cu_k[:-1], cu_k[1:])]
+    assert runs == [
+        [0, 1, 2],
+        [0, 1, 2, 3, 4],
+        [0, 1, 2, 5, 6, 7],
+        [8],  # row 0: prompt, responses after it, padding
+        [9, 10],
+        [9, 10, 11],
+        [9, 10, 12, 13],
+        [9, 10, 14, 15, 16],
+        [17],
+    ]
+    assert longest == 6 and cu_k.dtype == torch.int32
+    # shared positions that are not a prefix of their row: no layout (the caller masks)
+    assert shared_prompt_keys(doc, torch.roll(shared, 1, dims=1), cu) is None
+
+
+def test_shared_prompt_keys_give_the_masked_attention():
+    """Attention over each query run and its gathered keys, causal aligned to the bottom right
+    (flash attention's rule for more keys than queries), equals the [T, T] mask at every
+    non-padding position (the GPU test below runs the kernel itself)."""
+    doc, shared = shared_rows()
+    B, T, H, D = 2, doc.shape[1], 2, 8
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, D, generator=g) for _ in range(3))
+    ref = PackedAttention(doc, shared).attend(0, q, k, v).reshape(B * T, H, D)
+    cu, _ = PackedAttention(doc).cu_seqlens()
+    index, cu_k, _ = shared_prompt_keys(doc, shared, cu)
+    qf, kf, vf = q.reshape(B * T, H, D), k.reshape(B * T, H, D)[index], v.reshape(B * T, H, D)[index]
+    for s in range(len(cu) - 1):
+        a, b, c, e = cu[s], cu[s + 1], cu_k[s], cu_k[s + 1]
+        Lq, Lk = int(b - a), int(e - c)
+        allowed = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + (Lk - Lq)
+        o = F.scaled_dot_product_attention(
+            qf[a:b].transpose(0, 1), kf[c:e].transpose(0, 1), vf[c:e].transpose(0, 1), attn_mask=allowed
+        ).transpose(0, 1)
+        if doc.flatten()[a] >= 0:
+            assert torch.allclose(o, ref[a:b], atol=1e-5), s
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="varlen flash attention runs on CUDA in bf16")
+def test_shared_prompt_varlen_kernel_matches_the_mask():
+    """The varlen kernel over gathered prompt keys (forward and gradients) against the masked path."""
+    doc, shared = (x.to(DEVICE) for x in shared_rows())
+    B, T, H, KVH, D = 2, doc.shape[1], 4, 2, 64
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    inputs = [torch.randn(B, T, h, D, generator=g, device=DEVICE, dtype=torch.bfloat16) for h in (H, KVH, KVH)]
+    outs, grads = [], []
+    for varlen in (True, False):
+        x = [t.clone().requires_grad_() for t in inputs]
+        ctx = PackedAttention(doc, shared, varlen=varlen)
+        assert ctx.use_varlen == varlen
+        o = ctx.attend(0, *x)
+        keep = (doc >= 0)[..., None, None]
+        (o.float() * keep).square().sum().backward()
+        outs.append(o * keep)
+        grads.append([t.grad for t in x])
+    assert (outs[0] - outs[1]).abs().max() < 2e-2
+    for a, b in zip(grads[0], grads[1]):
+        assert (a - b).abs().max() < 5e-2
 
 
 def test_hugging_face_model_refuses_packing(tmp_path, tiny_model_path):

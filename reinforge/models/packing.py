@@ -10,10 +10,14 @@ With ``shared`` positions (a prompt), a row ``[prompt | response_a | response_b 
 the prompt once for all responses: each response attends to the prompt and to itself, and its
 positions continue from the prompt's (shared-prompt layout of RL groups and preference pairs).
 
-Kernels: on CUDA in bf16 / fp16, rows without a shared prompt run flash attention over
-variable-length sequences (``torch.nn.attention.varlen.varlen_attn``: no [T, T] mask, cost
-sum(L_i^2) rather than T^2); everything else runs ``scaled_dot_product_attention`` with a boolean
-[B, 1, T, T] mask.
+Kernels: on CUDA in bf16 / fp16, flash attention over variable-length sequences
+(``torch.nn.attention.varlen.varlen_attn``): no [T, T] mask, and the cost is that of the pairs that
+attend rather than T^2. Each run of equal ``doc_ids`` is one query sequence. In a shared-prompt row a
+response's keys are the prompt's followed by its own (gathered: :func:`shared_prompt_keys`), and the
+causal mask of flash attention is aligned to the bottom right when there are more keys than queries,
+so the response's i-th query sees the whole prompt and its own first i + 1 positions. Everything else
+(CPU, fp32, shared positions that are not a prefix of their row) runs ``scaled_dot_product_attention``
+with a boolean [B, 1, T, T] mask.
 """
 
 from __future__ import annotations
@@ -23,6 +27,42 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+
+
+def shared_prompt_keys(
+    doc_ids: torch.Tensor, shared: torch.Tensor, cu_q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """The key positions of each query sequence of a shared-prompt layout, for ``varlen_attn``.
+
+    Args:
+        doc_ids: [B, T] int64, the sequence of each position (padding -1).
+        shared: [B, T] bool, the shared prompt of each row: a prefix of the row (possibly empty).
+        cu_q: [S + 1] int32, the starts of the query sequences (runs of equal ``doc_ids`` within a
+            row) over the flattened [B * T] positions (:meth:`PackedAttention.cu_seqlens`).
+    Returns:
+        ``(index [M] int64, cu_k [S + 1] int32, longest)``: sequence s's keys are the flattened
+        positions ``index[cu_k[s]:cu_k[s + 1]]``: its row's prompt then itself for a response (a
+        non-prompt, non-padding run), itself alone otherwise; ``longest`` is the most keys of one
+        sequence. None when ``shared`` is not a prefix of every row (the caller masks instead).
+    """
+    B, T = doc_ids.shape
+    P = shared.sum(1)  # [B] prompt length of each row
+    starts = cu_q[:-1].long()
+    lengths = cu_q[1:].long() - starts
+    row = starts // T
+    response = ~shared.flatten()[starts] & (doc_ids.flatten()[starts] >= 0)
+    prefix = torch.where(response, P[row], 0)
+    klen = prefix + lengths
+    cu_k = F.pad(klen.cumsum(0), (1, 0))
+    is_prefix = (shared == (torch.arange(T, device=shared.device) < P[:, None])).all()
+    M, longest, ok = torch.stack([cu_k[-1], klen.max(), is_prefix.long()]).tolist()
+    if not ok:
+        return None
+    seq = torch.repeat_interleave(torch.arange(len(klen), device=klen.device), klen, output_size=M)
+    off = torch.arange(M, device=klen.device) - cu_k[:-1][seq]
+    pre = prefix[seq]
+    index = torch.where(off < pre, row[seq] * T + off, starts[seq] + off - pre)
+    return index, cu_k.to(torch.int32), longest
 
 
 @functools.cache
@@ -45,14 +85,18 @@ class PackedAttention:
         doc_ids: [B, T] int64, the sequence index of every position (equal ids attend to each
             other; sequences are contiguous).
         shared: [B, T] bool, positions every later position of the row attends to (a shared prompt).
-        varlen: allow the varlen flash kernel (CUDA, bf16 / fp16, no ``shared``).
+        varlen: allow the varlen flash kernel (CUDA, bf16 / fp16).
     """
 
     def __init__(self, doc_ids: torch.Tensor, shared: torch.Tensor | None = None, varlen: bool = True):
         self.doc_ids, self.shared = doc_ids, shared
-        self.use_varlen = varlen and shared is None and doc_ids.is_cuda and _varlen() is not None
+        self.use_varlen = varlen and doc_ids.is_cuda and _varlen() is not None
         self._mask: torch.Tensor | None = None
         self._cu: tuple[torch.Tensor, int] | None = None
+        self._keys: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        if self.use_varlen and shared is not None:  # shared positions that are not a prefix: masked
+            self._keys = shared_prompt_keys(doc_ids, shared, self.cu_seqlens()[0])
+            self.use_varlen = self._keys is not None
 
     @property
     def mask(self) -> torch.Tensor:
@@ -90,17 +134,12 @@ class PackedAttention:
             if gqa and not has_gqa:
                 k, v = (x.repeat_interleave(H // x.shape[2], dim=2) for x in (k, v))
             extra = {"enable_gqa": True} if gqa and has_gqa else {}
-            o = varlen_attn(
-                q.reshape(B * T, H, D),
-                k.reshape(B * T, -1, D),
-                v.reshape(B * T, -1, D),
-                cu,
-                cu,
-                longest,
-                longest,
-                **causal,
-                **extra,
-            )
+            k, v = k.reshape(B * T, -1, D), v.reshape(B * T, -1, D)
+            cu_k, longest_k = cu, longest
+            if self._keys is not None:  # a response's keys: its row's prompt, then itself
+                index, cu_k, longest_k = self._keys
+                k, v = k[index], v[index]
+            o = varlen_attn(q.reshape(B * T, H, D), k, v, cu, cu_k, longest, longest_k, **causal, **extra)
             return o.view(B, T, H, D)
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=self.mask[:, None], enable_gqa=gqa
