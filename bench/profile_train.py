@@ -4,7 +4,8 @@
 time of each phase of the step (micro-batch building, forward, log-probs, backward, optimizer) and
 the profiler's tables by GPU and by CPU time.
 
-    PYTHONPATH=. python bench/profile_train.py [--packing shared_prompt] [--compile] [--overrides k=v ...]
+    PYTHONPATH=. python bench/profile_train.py [--packing shared_prompt] [--prompt-len 100] [--compile]
+        [--overrides k=v ...]
 """
 
 import argparse
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="untimed warm-up steps before the timed ones")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--prompts", type=int, default=32, help="prompts of 8 samples each")
+    ap.add_argument("--prompt-len", type=int, default=100, help="prompt tokens (shared by the 8 samples of a prompt)")
     ap.add_argument("--overrides", nargs="*", default=[], help="extra config overrides key=value")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -93,9 +95,8 @@ def main() -> None:
             "model.torch_compile": str(args.compile).lower(),
         }
         over.update(kv.split("=", 1) for kv in args.overrides)
-        args.prompt_len = 100
         w = lr.worker(folder, dev, args, **over)
-        data = grouped_rollout(args.prompts, 8, 100, 256, 49152)
+        data = grouped_rollout(args.prompts, 8, args.prompt_len, 256, 49152)
         times = []
         for i in range(args.steps + 3):
             lr.sync(dev)
