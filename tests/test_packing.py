@@ -245,9 +245,13 @@ def test_shared_prompt_varlen_kernel_matches_the_mask():
         (o.float() * keep).square().sum().backward()
         outs.append(o * keep)
         grads.append([t.grad for t in x])
-    assert (outs[0] - outs[1]).abs().max() < 2e-2
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:  # bf16 rounding: about 4e-3 of the norm
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    assert rel(outs[0], outs[1]) < 1e-2
     for a, b in zip(grads[0], grads[1]):
-        assert (a - b).abs().max() < 5e-2
+        assert rel(a, b) < 1e-2
 
 
 def test_hugging_face_model_refuses_packing(tmp_path, tiny_model_path):
