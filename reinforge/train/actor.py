@@ -6,6 +6,7 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -19,6 +20,7 @@ from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_
 from ..models.moe import Routing
 from ..records import Sample
 from ..utils import faults, seeds, trace
+from ..utils.ragged import flat_tensor
 from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
@@ -236,7 +238,11 @@ class Actor(ModelTrainer):
         owned = None if owner is None else [i for i, r in enumerate(owner) if r == p.dp_rank]
         per_token: dict[str, list[torch.Tensor]] = {
             "advantages": data.advantages,
-            "rollout_log_probs": [torch.as_tensor(s.rollout_log_probs, dtype=torch.float32) for s in samples],
+            "rollout_log_probs": list(
+                flat_tensor([s.rollout_log_probs for s in samples], np.float32).split(
+                    [len(s.rollout_log_probs) for s in samples]
+                )
+            ),
         }
         steps = cfg.train.num_steps_per_rollout
         if data.old_log_probs is not None:

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from ..models.packing import PackedAttention
+from ..utils.ragged import flat_tensor
 
 LAYOUTS = ("none", "sequences", "shared_prompt")
 
@@ -222,8 +224,11 @@ def build(
     seqs = [i for row in rows for i in row]
     packed = shared_prompt or any(len(row) > 1 for row in rows)
     row_ids, row_pos, row_doc, row_shared = [], [], [], []
-    lrows: list[int] = []
-    lcols: list[int] = []
+    # per sample: its row, and the input column predicting its response token j: base + j, except that
+    # the first is predicted from ``first`` (a shared prompt's last position)
+    sample_row: list[int] = []
+    base: list[int] = []
+    first: list[int] = []
     for r, row in enumerate(rows):
         ids: list[int] = []
         pos: list[int] = []
@@ -240,52 +245,51 @@ def build(
             R, start = response_lengths[i], len(ids)
             if shared_prompt:
                 piece = tokens[i][P:]
-                predict = ([P - 1] + list(range(start, start + R - 1)))[:R]
+                base.append(start - 1)
+                first.append(P - 1)
                 pos += range(P, P + R)
             else:
                 piece = tokens[i]
-                predict = list(range(start + len(piece) - R - 1, start + len(piece) - 1))
+                base.append(start + len(piece) - R - 1)
+                first.append(base[-1])
                 pos += range(len(piece))
             ids += piece
             doc += [k + 1] * len(piece)
-            lrows += [r] * R
-            lcols += predict
+            sample_row.append(r)
         row_ids.append(ids)
         row_pos.append(pos)
         row_doc.append(doc)
         row_shared.append(P if shared_prompt else 0)
+    # one host tensor per field, written through the mask of the cells it fills (row-major, as the lists
+    # run; reinforge/utils/ragged.py)
     R, T = len(rows), max(len(ids) for ids in row_ids)
+    filled = torch.arange(T) < torch.tensor([len(ids) for ids in row_ids])[:, None]  # [R, T]
     input_ids = torch.full((R, T), pad_id, dtype=torch.long)
-    attn = torch.zeros(R, T, dtype=torch.long)
+    input_ids[filled] = flat_tensor(row_ids)
     position_ids = torch.zeros(R, T, dtype=torch.long)
+    position_ids[filled] = flat_tensor(row_pos)
     doc_ids = torch.full((R, T), -1, dtype=torch.long)
-    shared = torch.zeros(R, T, dtype=torch.bool)
-    for r, ids in enumerate(row_ids):
-        n = len(ids)
-        input_ids[r, :n] = torch.as_tensor(ids, dtype=torch.long)
-        attn[r, :n] = 1
-        position_ids[r, :n] = torch.as_tensor(row_pos[r], dtype=torch.long)
-        doc_ids[r, :n] = torch.as_tensor(row_doc[r], dtype=torch.long)
-        shared[r, : row_shared[r]] = True
+    doc_ids[filled] = flat_tensor(row_doc)
+    shared = torch.arange(T) < torch.tensor(row_shared)[:, None]
     S, L = len(seqs), max([response_lengths[i] for i in seqs] + [1])
-    resp = torch.zeros(S, L, dtype=torch.bool)
+    n = torch.tensor([response_lengths[i] for i in seqs], dtype=torch.long)
+    resp = torch.arange(L) < n[:, None]  # [S, L]
     lmask = torch.zeros(S, L, dtype=torch.float32)
+    lmask[resp] = flat_tensor([loss_masks[i] for i in seqs], np.float32)
     targets = torch.zeros(S, L, dtype=torch.long)
+    targets[resp] = flat_tensor([tokens[i][len(tokens[i]) - response_lengths[i] :] for i in seqs])
     grids = {k: torch.zeros(S, L, dtype=torch.float32) for k in (per_token or {})}
-    for s, i in enumerate(seqs):
-        n = response_lengths[i]
-        if n == 0:
-            continue
-        resp[s, :n] = True
-        lmask[s, :n] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
-        targets[s, :n] = torch.as_tensor(tokens[i][len(tokens[i]) - n :], dtype=torch.long)
-        for k, values in (per_token or {}).items():
-            grids[k][s, :n] = values[i]
+    for k, values in (per_token or {}).items():
+        grids[k][resp] = torch.cat([values[i].reshape(-1) for i in seqs]).float()
+    offsets = torch.cumsum(n, 0) - n  # each sample's first position on the flattened grid
+    lrows = torch.repeat_interleave(torch.tensor(sample_row), n)
+    lcols = torch.repeat_interleave(torch.tensor(base) - offsets, n) + torch.arange(int(n.sum()))
+    lcols[offsets[n > 0]] = torch.tensor(first)[n > 0]
     return MicroBatch(
         input_ids,
-        attn,
-        torch.tensor(lrows, dtype=torch.long),
-        torch.tensor(lcols, dtype=torch.long),
+        filled.long(),
+        lrows,
+        lcols,
         resp,
         lmask,
         targets,

@@ -16,6 +16,7 @@ from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs, BatchSum, place_t
 from ..algo.losses import kl_penalty
 from ..config import AlgoConfig
 from ..records import Sample, Status
+from ..utils.ragged import right_padded, unpad_rows
 
 
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
@@ -66,14 +67,6 @@ def apply_overlong_filter(a: AlgoConfig, samples: list[Sample]) -> int:
             s.loss_mask = [0] * s.response_length
             n += 1
     return n
-
-
-def _grid(vectors: list[torch.Tensor]) -> torch.Tensor:
-    """Per-sample vectors -> right-padded [N, Rmax] float32 grid (0 on padding)."""
-    grid = torch.zeros(len(vectors), max((len(v) for v in vectors), default=1) or 1)
-    for i, v in enumerate(vectors):
-        grid[i, : len(v)] = torch.as_tensor(v, dtype=torch.float32)
-    return grid
 
 
 @dataclass
@@ -132,13 +125,13 @@ def compute_advantages(
     if a.use_kl_in_reward:
         if old_log_probs is None or ref_log_probs is None:
             raise ValueError("algo.use_kl_in_reward needs the policy's and the reference's log-probs")
-        token_kl = _grid([a.kl_coef * kl_penalty(o, r, "k1") for o, r in zip(old_log_probs, ref_log_probs)])
+        token_kl = right_padded([a.kl_coef * kl_penalty(o, r, "k1") for o, r in zip(old_log_probs, ref_log_probs)])
     inputs = AdvantageInputs(
         rewards=rewards,
-        mask=_grid([torch.ones(n) for n in lengths]),
-        loss_mask=_grid([torch.tensor(s.loss_mask, dtype=torch.float32) for s in flat]),
+        mask=(torch.arange(max(max(lengths, default=0), 1)) < torch.tensor(lengths)[:, None]).float(),
+        loss_mask=right_padded([s.loss_mask for s in flat]),
         token_kl=token_kl,
-        values=_grid(values) if values is not None else None,
+        values=right_padded(values) if values is not None else None,
         batch_sum=batch_sum,
     )
     if turn_discount is not None:
@@ -151,10 +144,9 @@ def compute_advantages(
         inputs.loss_mask = inputs.loss_mask * valid.flatten()[:, None].to(inputs.loss_mask.dtype)
     adv, returns = ADV_ESTIMATORS.get(a.advantage_estimator)(inputs, a)
 
-    def rows(grid: torch.Tensor) -> list[torch.Tensor]:
-        return [grid[i, :n].clone() for i, n in enumerate(lengths)]
-
-    return Advantages(rows(adv), rows(returns) if returns is not None else None, all_rewards)
+    return Advantages(
+        unpad_rows(adv, lengths), unpad_rows(returns, lengths) if returns is not None else None, all_rewards
+    )
 
 
 TURN_REWARDS = "turn_rewards"

@@ -1,0 +1,34 @@
+"""reinforge/utils/ragged.py: ragged per-sample data to dense tensors and back, against the per-sample
+loops they replace."""
+
+import numpy as np
+import pytest
+import torch
+
+from reinforge.utils.ragged import flat_tensor, right_padded, unpad_rows
+
+
+def test_flat_tensor_concatenates_in_order():
+    assert flat_tensor([[1, 2], [], [3]]).tolist() == [1, 2, 3]
+    assert flat_tensor([[1, 2], [], [3]]).dtype == torch.long
+    x = flat_tensor([[0.5, -1.25], [3.0]], np.float32)
+    assert x.dtype == torch.float32 and x.tolist() == [0.5, -1.25, 3.0]
+    assert flat_tensor([]).shape == (0,)
+
+
+def test_right_padded_and_unpad_rows_match_the_loops():
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 0, 5, 1]
+    vectors = [torch.randn(n, generator=g) for n in lengths]
+    grid = right_padded(vectors)
+    ref = torch.zeros(4, 5)
+    for i, v in enumerate(vectors):
+        ref[i, : len(v)] = v
+    assert torch.equal(grid, ref)
+    assert torch.equal(right_padded([v.tolist() for v in vectors]), ref)  # lists of numbers
+    assert torch.equal(right_padded([vectors[0], vectors[2].tolist()]), ref[[0, 2]])  # mixed
+    rows = unpad_rows(grid, lengths)
+    assert [r.shape[0] for r in rows] == lengths and all(torch.equal(r, v) for r, v in zip(rows, vectors))
+    assert right_padded([[], []]).shape == (2, 1) and right_padded([]).shape == (0, 1)
+    with pytest.raises(ValueError, match="1-D"):
+        right_padded([torch.zeros(2, 2)])
