@@ -138,6 +138,7 @@ class PackedAttention:
             cu_k, longest_k = cu, longest
             if self._keys is not None:  # a response's keys: its row's prompt, then itself
                 index, cu_k, longest_k = self._keys
+                # (index_select, whose backward adds atomically, is slower: bench/shared_prompt_attention.py)
                 k, v = k[index], v[index]
             o = varlen_attn(q.reshape(B * T, H, D), k, v, cu, cu_k, longest, longest_k, **causal, **extra)
             return o.view(B, T, H, D)
