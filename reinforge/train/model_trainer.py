@@ -371,9 +371,14 @@ class ModelTrainer:
 
     @staticmethod
     def split_rows(mb: MicroBatch, grid: torch.Tensor, out: list[Any]) -> None:
-        """Per-sample response vectors (fp32, CPU) from a grid, into ``out[sample index]``."""
-        for s, i in enumerate(mb.indices):
-            out[i] = grid[s][mb.response_mask[s]].detach().float().cpu()
+        """Per-sample response vectors (fp32, CPU) from a grid, into ``out[sample index]``: one copy to the
+        host for the micro-batch (a copy per sample waited for the device each time)."""
+        if not mb.indices:
+            return
+        mask = mb.response_mask[: len(mb.indices)]
+        values = grid[: len(mb.indices)][mask].detach().float().cpu().split(mask.sum(1).tolist())
+        for i, v in zip(mb.indices, values):
+            out[i] = v
 
     def save(self, directory: str, optimizer: bool = True, weights_in: str | None = None) -> dict[str, Any]:
         """The model's trainable weights into ``directory`` and, with ``optimizer``, the AdamW state

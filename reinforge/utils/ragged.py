@@ -2,7 +2,8 @@
 
 A GRPO step handles hundreds of samples; building a tensor per sample and field costs ~35 us each on
 the host, which added up to ~30 ms per micro-batch build and to the host overhead of a small step on a
-GPU (docs/benchmarks.md, "Host work of a small GRPO step"). These helpers make one tensor per field.
+GPU (docs/benchmarks.md, "Host work of the step", bench/host_work.py). These helpers make one tensor
+per field.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def right_padded(vectors: Sequence[torch.Tensor | Sequence[float]], dtype: torch
         values = torch.cat([v.to(dtype) for v in vectors])
     else:  # lists of numbers (tensors among them as lists)
         values = flat_tensor([v.tolist() if isinstance(v, torch.Tensor) else v for v in vectors], np.float64).to(dtype)
-    grid[torch.arange(grid.shape[1]) < lengths[:, None]] = values
+    grid[torch.arange(grid.shape[1]) < lengths[:, None]] = values.to(grid.device)
     return grid
 
 
