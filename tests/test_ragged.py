@@ -1,11 +1,13 @@
 """reinforge/utils/ragged.py: ragged per-sample data to dense tensors and back, against the per-sample
 loops they replace."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
 
-from reinforge.utils.ragged import flat_tensor, right_padded, unpad_rows
+from reinforge.utils.ragged import flat_tensor, right_padded, split_owned, unpad_rows
 
 
 def test_flat_tensor_concatenates_in_order():
@@ -32,3 +34,11 @@ def test_right_padded_and_unpad_rows_match_the_loops():
     assert right_padded([[], []]).shape == (2, 1) and right_padded([]).shape == (0, 1)
     with pytest.raises(ValueError, match="1-D"):
         right_padded([torch.zeros(2, 2)])
+
+
+def test_split_owned_pieces_pickle_alone():
+    flat = torch.arange(10_000.0)
+    pieces = split_owned(flat, [3, 9_997])
+    assert pieces[0].tolist() == [0.0, 1.0, 2.0]
+    # a view would pickle with the whole 40 kB storage (rows moved to another rank, to a Ray actor)
+    assert len(pickle.dumps(pieces[0])) < 2_000 < len(pickle.dumps(flat[:3]))

@@ -20,7 +20,7 @@ from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_
 from ..models.moe import Routing
 from ..records import Sample
 from ..utils import faults, seeds, trace
-from ..utils.ragged import flat_tensor
+from ..utils.ragged import flat_tensor, split_owned
 from .batching import MicroBatch
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
 from .parallel import ParallelContext, full_tensor
@@ -238,10 +238,9 @@ class Actor(ModelTrainer):
         owned = None if owner is None else [i for i, r in enumerate(owner) if r == p.dp_rank]
         per_token: dict[str, list[torch.Tensor]] = {
             "advantages": data.advantages,
-            "rollout_log_probs": list(
-                flat_tensor([s.rollout_log_probs for s in samples], np.float32).split(
-                    [len(s.rollout_log_probs) for s in samples]
-                )
+            "rollout_log_probs": split_owned(
+                flat_tensor([s.rollout_log_probs for s in samples], np.float32),
+                [len(s.rollout_log_probs) for s in samples],
             ),
         }
         steps = cfg.train.num_steps_per_rollout

@@ -18,6 +18,7 @@ from ..models.lora import has_lora, hold_frozen_weights
 from ..models.transformer import CausalLM, Variant
 from ..records import Sample
 from ..utils import faults
+from ..utils.ragged import split_owned
 from ..utils.triton import liger_available
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
 from .context_parallel import SequenceShard
@@ -376,7 +377,7 @@ class ModelTrainer:
         if not mb.indices:
             return
         mask = mb.response_mask[: len(mb.indices)]
-        values = grid[: len(mb.indices)][mask].detach().float().cpu().split(mask.sum(1).tolist())
+        values = split_owned(grid[: len(mb.indices)][mask].detach().float().cpu(), mask.sum(1).tolist())
         for i, v in zip(mb.indices, values):
             out[i] = v
 

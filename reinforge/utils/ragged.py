@@ -45,7 +45,12 @@ def right_padded(vectors: Sequence[torch.Tensor | Sequence[float]], dtype: torch
 
 
 def unpad_rows(grid: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
-    """The first ``lengths[i]`` values of each row of ``grid`` [N, L], as N contiguous tensors (one
-    copy of the valid cells, then views)."""
+    """The first ``lengths[i]`` values of each row of ``grid`` [N, L], as N tensors (:func:`split_owned`)."""
     mask = torch.arange(grid.shape[1], device=grid.device) < torch.tensor(lengths, device=grid.device)[:, None]
-    return list(grid[mask].split(list(lengths)))
+    return split_owned(grid[mask], lengths)
+
+
+def split_owned(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
+    """``flat`` [sum(lengths), ...] cut into ``len(lengths)`` tensors, each with its own storage: a view
+    pickles (to another rank, to a Ray actor) with the whole storage it views."""
+    return [v.clone() for v in flat.split(list(lengths))]
