@@ -273,10 +273,14 @@ import subprocess
 me = os.getpid()
 child = subprocess.Popen([sys.executable, "-c", '''
 import os, signal, sys, time
+def put(path, text):  # whole or not at all: the test polls for the file and reads it at once
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
 def stop(s, f):
-    open(sys.argv[1], "w").write("SIGTERM"); sys.exit(143)
+    put(sys.argv[1], "SIGTERM"); sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
-open(sys.argv[1] + ".ready", "w").write(str(os.getpid()))
+put(sys.argv[1] + ".ready", str(os.getpid()))
 time.sleep(60)
 ''', sys.argv[1]], preexec_fn=lambda: _child_setup(me))
 time.sleep(60)
