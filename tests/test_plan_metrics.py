@@ -181,3 +181,43 @@ def test_run_logs_plan_metrics_prints_and_traces_the_bottleneck(tmp_path, tiny_m
     assert len(plans) == 2 and plans[0]["args"]["training_measured_s"] == pytest.approx(rows[0]["time/train"], abs=1e-5)
     end = [e for e in events if e.get("ph") == "i" and e["name"] == "plan_bottleneck"]
     assert len(end) == 1 and end[0]["args"]["message"] in printed and end[0]["args"]["phase"] in printed
+
+
+def _disaggregated(tmp_path, staleness: int) -> PlanReport:
+    cfg_extra = (
+        "cluster.mode=ray",
+        "cluster.colocate=false",
+        "cluster.actor_num_gpus_per_node=1",
+        "cluster.rollout_num_gpus=1",
+        f"rollout.max_staleness={staleness}",
+        "cluster.offload_rollout=false",  # (grpo16k's, for one GPU)
+    )
+    return _report(tmp_path, *cfg_extra)
+
+
+def test_separate_gpus_name_the_overlap_and_the_longer_side(tmp_path):
+    """Run 1a of docs/multi_gpu.md (2026-11-28): generation 30 s, training 15 s per rollout."""
+    gen = samples([8000] * 64)
+    metrics = {"time/generate": 30.0, "time/logprob": 0.0, "time/train": 15.0, "time/sync": 0.1}
+    sync = _disaggregated(tmp_path, 0)
+    assert not sync.plan.workload.colocated
+    for _ in range(3):
+        sync.rollout(dict(metrics), [gen], gen)
+    assert sync.balance_line() == (
+        "plan: generation (30.00 s per rollout) and the trainer (15.00 s) take turns on separate GPUs: "
+        "rollout.max_staleness=1 overlaps them (a step of the longer instead of the sum: up to 1.50x)"
+    )
+    assert sync.finish().endswith(sync.balance_line())
+    # asynchronous: the producer's generation seconds, the longer side named with its GPUs' key
+    lag = _disaggregated(tmp_path, 2)
+    for _ in range(3):
+        lag.rollout({**metrics, "time/generate": 2.0, "async/producer_generate_s": 30.0}, [gen], gen)
+    assert lag.balance_line() == (
+        "plan: asynchronous on separate GPUs, a step is at least its longer side: generation (30.00 s per "
+        "rollout) is 2.0x the trainer (15.00 s); more GPUs for it (cluster.rollout_num_gpus) would shorten the step"
+    )
+    even = _disaggregated(tmp_path, 2)
+    for _ in range(3):
+        even.rollout({**metrics, "async/producer_generate_s": 16.0}, [gen], gen)
+    assert even.balance_line() is None  # within BALANCE
+    assert _report(tmp_path).balance_line() is None  # colocated: nothing to balance

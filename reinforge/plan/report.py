@@ -56,6 +56,7 @@ PHASES = ("generation", "logprob", "training", "sync")
 WORDS = {"generation": "generation", "logprob": "log-probs", "training": "training", "sync": "weight sync"}
 LIMITS = {"generation": "of the bandwidth limit", "logprob": "MFU", "training": "MFU", "sync": "of the bandwidth limit"}
 TAIL_WORTH = 0.25  # a long tail at least this share of the decode steps: over-sampling is suggested
+BALANCE = 1.25  # asynchronous on separate GPUs, one side this many times the other: it is named
 ROOM = 1.5  # a micro-batch that could grow by this factor: a larger one is suggested
 
 
@@ -330,11 +331,49 @@ class PlanReport:
             f"{',' if tip.startswith('the long tail') else ':'} {tip}"
         )
 
+    def balance_line(self) -> str | None:
+        """Engines and trainers on separate GPUs (Ray, not colocated): how generation and the trainer's
+        work (log-probs + training) share the step, from the measured seconds per rollout. Synchronous:
+        the step is their sum, ``rollout.max_staleness`` >= 1 makes it about their max; asynchronous:
+        the step is at least the longer side, so the GPUs of that side are the lever (run 1a of
+        docs/multi_gpu.md: 30 s against 15 s, 1.38x where 1.52x bounds it). None when colocated,
+        before any rollout, or when asynchronous and within :data:`BALANCE`."""
+        w, c = self.plan.workload, self.counted
+        if w is None or w.colocated or c.rollouts == 0:
+            return None
+        n = c.rollouts
+        g = c.phases["generation"].measured / n
+        t = (c.phases["logprob"].measured + c.phases["training"].measured) / n
+        if min(g, t) <= 0:
+            return None
+        if self.plan.cfg.rollout.max_staleness == 0:
+            return (
+                f"plan: generation ({g:.2f} s per rollout) and the trainer ({t:.2f} s) take turns on separate GPUs: "
+                f"rollout.max_staleness=1 overlaps them (a step of the longer instead of the sum: up to "
+                f"{(g + t) / max(g, t):.2f}x)"
+            )
+        if max(g, t) < BALANCE * min(g, t):
+            return None
+        side, other, key = (
+            ("generation", "the trainer", "cluster.rollout_num_gpus")
+            if g > t
+            else ("the trainer", "generation", "cluster.actor_num_gpus_per_node")
+        )
+        return (
+            f"plan: asynchronous on separate GPUs, a step is at least its longer side: {side} "
+            f"({max(g, t):.2f} s per rollout) is {max(g, t) / min(g, t):.1f}x {other} ({min(g, t):.2f} s); "
+            f"more GPUs for it ({key}) would shorten the step"
+        )
+
     def finish(self) -> str | None:
-        """The end line, logged and written into the trace (``plan_bottleneck``); None before any rollout."""
+        """The end line and the balance line (:meth:`balance_line`), logged and written into the trace
+        (``plan_bottleneck``); None before any rollout."""
         line = self.end_line()
         if line is None:
             return None
+        balance = self.balance_line()
+        if balance is not None:
+            line = f"{line}\n{balance}"
         log.info("%s", line)
         args: dict[str, Any] = {"message": line}
         found = self.bottleneck() if self.reason is None else None
