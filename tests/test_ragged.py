@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from reinforge.utils.ragged import flat_tensor, right_padded, split_owned, unpad_rows
+from reinforge.utils.ragged import flat_tensor, prefix_mask, right_padded, split_owned, unpad_rows
 
 
 def test_flat_tensor_concatenates_in_order():
@@ -32,6 +32,8 @@ def test_right_padded_and_unpad_rows_match_the_loops():
     rows = unpad_rows(grid, lengths)
     assert [r.shape[0] for r in rows] == lengths and all(torch.equal(r, v) for r, v in zip(rows, vectors))
     assert right_padded([[], []]).shape == (2, 1) and right_padded([]).shape == (0, 1)
+    assert prefix_mask([2, 0, 1]).tolist() == [[True, True], [False, False], [True, False]]
+    assert prefix_mask([1], width=3).tolist() == [[True, False, False]] and prefix_mask([0, 0]).shape == (2, 1)
     with pytest.raises(ValueError, match="1-D"):
         right_padded([torch.zeros(2, 2)])
 

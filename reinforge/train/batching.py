@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..models.packing import PackedAttention
-from ..utils.ragged import flat_tensor
+from ..utils.ragged import flat_tensor, prefix_mask
 
 LAYOUTS = ("none", "sequences", "shared_prompt")
 
@@ -263,17 +263,17 @@ def build(
     # one host tensor per field, written through the mask of the cells it fills (row-major, as the lists
     # run; reinforge/utils/ragged.py)
     R, T = len(rows), max(len(ids) for ids in row_ids)
-    filled = torch.arange(T) < torch.tensor([len(ids) for ids in row_ids])[:, None]  # [R, T]
+    filled = prefix_mask([len(ids) for ids in row_ids], T)  # [R, T]
     input_ids = torch.full((R, T), pad_id, dtype=torch.long)
     input_ids[filled] = flat_tensor(row_ids)
     position_ids = torch.zeros(R, T, dtype=torch.long)
     position_ids[filled] = flat_tensor(row_pos)
     doc_ids = torch.full((R, T), -1, dtype=torch.long)
     doc_ids[filled] = flat_tensor(row_doc)
-    shared = torch.arange(T) < torch.tensor(row_shared)[:, None]
+    shared = prefix_mask(row_shared, T)
     S, L = len(seqs), max([response_lengths[i] for i in seqs] + [1])
-    n = torch.tensor([response_lengths[i] for i in seqs], dtype=torch.long)
-    resp = torch.arange(L) < n[:, None]  # [S, L]
+    resp = prefix_mask([response_lengths[i] for i in seqs], L)  # [S, L]
+    n = resp.sum(1)
     lmask = torch.zeros(S, L, dtype=torch.float32)
     lmask[resp] = flat_tensor([loss_masks[i] for i in seqs], np.float32)
     targets = torch.zeros(S, L, dtype=torch.long)

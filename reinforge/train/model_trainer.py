@@ -376,8 +376,8 @@ class ModelTrainer:
         host for the micro-batch (a copy per sample waited for the device each time)."""
         if not mb.indices:
             return
-        mask = mb.response_mask[: len(mb.indices)]
-        values = split_owned(grid[: len(mb.indices)][mask].detach().float().cpu(), mask.sum(1).tolist())
+        mask = mb.response_mask  # (a dummy micro-batch has a row and no indices: returned above)
+        values = split_owned(grid[mask].detach().float().cpu(), mask.sum(1).tolist())
         for i, v in zip(mb.indices, values):
             out[i] = v
 

@@ -172,11 +172,9 @@ class OfflineTrainer(ModelTrainer):
     # ------------------------------------------------------------------ forward passes
     def _head(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor]:
         """log pi(token) [n] of the response tokens (temperature 1)."""
-        return (
-            token_log_probs(logits, targets, 1.0, self.settings.log_prob_chunk_size, fused=self.settings.fused_kernels)[
-                0
-            ],
-        )
+        s = self.settings
+        lp, _ = token_log_probs(logits, targets, 1.0, s.log_prob_chunk_size, fused=s.fused_kernels)
+        return (lp,)
 
     @torch.no_grad()
     def sequence_stats(

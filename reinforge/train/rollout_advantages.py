@@ -16,7 +16,7 @@ from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs, BatchSum, place_t
 from ..algo.losses import kl_penalty
 from ..config import AlgoConfig
 from ..records import Sample, Status
-from ..utils.ragged import right_padded, unpad_rows
+from ..utils.ragged import prefix_mask, right_padded, unpad_rows
 
 
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
@@ -128,7 +128,7 @@ def compute_advantages(
         token_kl = right_padded([a.kl_coef * kl_penalty(o, r, "k1") for o, r in zip(old_log_probs, ref_log_probs)])
     inputs = AdvantageInputs(
         rewards=rewards,
-        mask=(torch.arange(max(max(lengths, default=0), 1)) < torch.tensor(lengths)[:, None]).float(),
+        mask=prefix_mask(lengths).float(),
         loss_mask=right_padded([s.loss_mask for s in flat]),
         token_kl=token_kl,
         values=right_padded(values) if values is not None else None,

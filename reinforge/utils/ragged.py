@@ -23,6 +23,17 @@ def flat_tensor(lists: Sequence[Sequence[int] | Sequence[float]], dtype: type = 
     return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=n))
 
 
+def prefix_mask(
+    lengths: Sequence[int], width: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """[N, width] bool, True at column j < ``lengths[i]`` of row i: the cells a right-padded grid of
+    these lengths fills. ``width`` defaults to the longest length, at least 1 (the width of every
+    grid built here)."""
+    if width is None:
+        width = max(max(lengths, default=0), 1)
+    return torch.arange(width, device=device) < torch.tensor(list(lengths), dtype=torch.long, device=device)[:, None]
+
+
 def right_padded(vectors: Sequence[torch.Tensor | Sequence[float]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Per-sample vectors (tensors or lists of numbers) -> a right-padded [N, max length] grid of
     ``dtype``, 0 on padding; [N, 1] when every vector is empty.
@@ -30,9 +41,9 @@ def right_padded(vectors: Sequence[torch.Tensor | Sequence[float]], dtype: torch
     Raises:
         ValueError: a tensor with more than one dimension.
     """
-    lengths = torch.tensor([len(v) for v in vectors], dtype=torch.long)
-    grid = torch.zeros(len(vectors), max(int(lengths.max()) if len(vectors) else 0, 1), dtype=dtype)
-    if not vectors or int(lengths.sum()) == 0:
+    mask = prefix_mask([len(v) for v in vectors])
+    grid = torch.zeros(mask.shape, dtype=dtype)
+    if not bool(mask.any()):
         return grid
     if any(isinstance(v, torch.Tensor) and v.dim() > 1 for v in vectors):
         raise ValueError("right_padded takes 1-D vectors")
@@ -40,14 +51,13 @@ def right_padded(vectors: Sequence[torch.Tensor | Sequence[float]], dtype: torch
         values = torch.cat([v.to(dtype) for v in vectors])
     else:  # lists of numbers (tensors among them as lists)
         values = flat_tensor([v.tolist() if isinstance(v, torch.Tensor) else v for v in vectors], np.float64).to(dtype)
-    grid[torch.arange(grid.shape[1]) < lengths[:, None]] = values.to(grid.device)
+    grid[mask] = values.to(grid.device)
     return grid
 
 
 def unpad_rows(grid: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
     """The first ``lengths[i]`` values of each row of ``grid`` [N, L], as N tensors (:func:`split_owned`)."""
-    mask = torch.arange(grid.shape[1], device=grid.device) < torch.tensor(lengths, device=grid.device)[:, None]
-    return split_owned(grid[mask], lengths)
+    return split_owned(grid[prefix_mask(lengths, grid.shape[1], grid.device)], lengths)
 
 
 def split_owned(flat: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
