@@ -101,3 +101,26 @@ def test_dataset_iteration_resumes_exactly(tokenizer):
     assert [p.index for p in b.next_batch(6)] == rest
     with pytest.raises(ValueError, match="same data settings"):
         PromptDataset(recs[:5], tokenizer, seed=1).load_state_dict(state)
+
+
+def test_decode_responses_matches_decode_one_by_one(tokenizer):
+    """The batched Rust decode gives tokenizer.decode's text, special tokens skipped, also when the
+    tokenizer asks for space clean-up (transformers skips it for BPE); other tokenizers decode one by one."""
+    from reinforge.rollout.generate import decode_responses
+
+    special = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = [tokenizer("Hello , world ! It 's 42 .")["input_ids"] + [special], [], [special, 100, 2000, 30000]]
+    want = [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+    assert decode_responses(tokenizer, ids) == want and "<|im_end|>" not in want[0]
+    before = tokenizer.clean_up_tokenization_spaces
+    try:
+        tokenizer.clean_up_tokenization_spaces = True
+        assert decode_responses(tokenizer, ids) == [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+    finally:
+        tokenizer.clean_up_tokenization_spaces = before
+
+    class Slow:
+        def decode(self, ids, skip_special_tokens):
+            return ",".join(map(str, ids))
+
+    assert decode_responses(Slow(), [[1, 2], []]) == ["1,2", ""]

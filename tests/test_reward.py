@@ -169,3 +169,44 @@ def test_score_inside_event_loop_points_to_ascore():
         return s.reward
 
     assert asyncio.run(inner()) == 1.0
+
+
+def test_daemon_workers_reuse_threads_and_step_around_a_stuck_call():
+    """Sequential calls share one thread; a call that never returns holds only its own worker."""
+    import threading
+
+    from reinforge.reward.threads import DaemonWorkers
+
+    w = DaemonWorkers()
+    names = []
+    for _ in range(5):
+        w.submit(lambda: names.append(threading.get_ident())).finished.wait(5)
+    assert w.threads == 1 and len(set(names)) == 1
+    release = threading.Event()
+    stuck = w.submit(lambda: release.wait(10))
+    quick = w.submit(lambda: None)
+    assert quick.finished.wait(5) and not stuck.finished.is_set() and w.threads == 2
+    assert w.submit(lambda: 1 / 0).finished.wait(5)  # an exception neither kills the worker nor leaks
+    assert w.submit(lambda: None).finished.wait(5) and w.threads == 2
+    release.set()
+    assert stuck.finished.wait(5)
+
+
+def test_thread_rewards_reuse_workers_and_count_abandoned_calls(monkeypatch):
+    """Built-in rewards (threads): many samples on few threads; a timed-out call is counted while it
+    runs and no longer once it has returned."""
+    import threading
+
+    mgr = RewardManager(RewardConfig(type="exact_match", concurrency=4))
+    samples = [sample("<answer>x</answer>", "x") for _ in range(64)]
+    assert mgr.score(samples)["reward/errors"] == 0 and all(s.reward == 1.0 for s in samples)
+    assert mgr._workers.threads <= 4
+    release = threading.Event()
+    monkeypatch.setattr(mgr, "function_for", lambda s: lambda s: release.wait(10) and 1.0)
+    mgr.cfg.timeout = 0.2
+    counts = mgr.score([sample("x", "x")])
+    assert counts["reward/timeouts"] == 1 and counts["reward/abandoned_threads"] == 1
+    release.set()
+    time.sleep(0.2)
+    monkeypatch.undo()
+    assert mgr.score([sample("x", "x")])["reward/abandoned_threads"] == 0

@@ -73,6 +73,10 @@ TARGET_PROGRAMS_PER_SM = 4  # programs the split aims for, per SM (several per S
 MIN_KEYS_PER_SPLIT = 256  # a split covers at least this many cached keys (a multiple of block_n)
 MAX_SPLITS = 64
 BLOCK_N_128_MAX_SPLITS = 8  # bf16: 128 keys per iteration up to this many splits (64+ sequences), else 64
+# Heads of 64 (SmolLM2, Llama-3.2-1B) in one pass over a bf16 cache: 64 keys per iteration on 2 warps
+# (H200, 256 sequences x 128-384 keys, 9 / 3 heads: 7.7 / 13.4 / 23.2 us per call against 9.1 / 18.1 /
+# 28.0 with 128 keys on 4 warps; bench/decode_attention.py, docs/benchmarks.md)
+SMALL_HEAD_DIM = 64
 RESCALE_LOG2 = 8.0  # the decode kernel's lazy rescaling threshold (log2 units: p <= 256 between rescales)
 
 
@@ -265,7 +269,7 @@ def paged_decode_attention_triton(
     block_n: int | None = None,
     num_splits: int | None = None,
     max_len: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
@@ -294,16 +298,17 @@ def paged_decode_attention_triton(
             new token (>= 1).
         write_block, write_offset: [B] int64 where the new token's key/value go (a sink block for
             idle rows).
-        block_n: cached keys per loop iteration (may span several blocks); None: 128 over an 8-bit
-            cache (each iteration's fixed work then covers as many bytes) or with at most
-            ``BLOCK_N_128_MAX_SPLITS`` splits (many programs already: longer iterations read more per
-            program), else 64 (H100 sweeps in docs/benchmarks.md).
+        block_n: cached keys per loop iteration (may span several blocks); None: 64 for heads of at most
+            ``SMALL_HEAD_DIM`` over a bf16 / fp16 cache in one split; else 128 over an 8-bit cache (each
+            iteration's fixed work then covers as many bytes) or with at most ``BLOCK_N_128_MAX_SPLITS``
+            splits (many programs already: longer iterations read more per program), else 64 (H100 and
+            H200 sweeps in docs/benchmarks.md).
         num_splits: programs per (sequence, KV head); None: :func:`decode_splits` from ``B``,
             ``KVH``, ``max_len`` and the device's SM count.
         max_len: host bound on ``lens`` used to choose the splits (it affects speed only, not the
             result); None: the table's capacity, ``max_blocks * BS`` (the engine's
             ``max_model_len``), fixed for a captured graph.
-        num_warps: Triton warps per program.
+        num_warps: Triton warps per program; None: 2 in the small-head case of ``block_n``, else 4.
         num_stages: Triton software-pipelining stages of the key loop (loads issued that many
             iterations ahead).
 
@@ -323,7 +328,9 @@ def paged_decode_attention_triton(
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     G = H // KVH
     fp8 = k_cache.dtype in FP8_DTYPES
-    block_n = block_n or (128 if fp8 or num_splits <= BLOCK_N_128_MAX_SPLITS else 64)
+    small = D <= SMALL_HEAD_DIM and not fp8 and num_splits == 1
+    block_n = block_n or (64 if small else 128 if fp8 or num_splits <= BLOCK_N_128_MAX_SPLITS else 64)
+    num_warps = num_warps or (2 if small else 4)
     out = torch.empty_like(q)
     if num_splits == 1:
         pm = pl = pacc = out  # unused

@@ -21,6 +21,7 @@ from ..records import Sample, Status
 from ..utils.imports import load_function
 from .functions import exact_match_reward, math_reward, reasoning_gym_reward
 from .judge import JudgeFailure
+from .threads import DaemonWorkers, Job
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,10 @@ class RewardManager:
     process or runs past ``reward.timeout`` seconds gives reward 0 and is counted
     (``reward/errors``, ``reward/timeouts``); the first failure of each kind is logged in one line
     naming the function, the sample and the exception. At most ``reward.concurrency`` calls run at
-    once. In threads (built-in rewards, ``reward.isolation: thread``) each plain call runs in a
-    thread of its own: a call that times out stops counting against the concurrency (its thread is
-    left to finish, counted in ``reward/abandoned_threads``); ``async`` functions run on a separate
+    once. In threads (built-in rewards, ``reward.isolation: thread``) each plain call runs on a
+    daemon worker thread that no other call shares while it runs (:class:`~.threads.DaemonWorkers`):
+    a call that times out stops counting against the concurrency (its thread is left to finish,
+    counted in ``reward/abandoned_threads``); ``async`` functions run on a separate
     event loop (:class:`_AsyncRunner`), so one that blocks still times out. When every sample of
     ``ALL_FAILED_LIMIT`` consecutive :meth:`score` calls (one per rollout) failed,
     :class:`RewardFunctionFailing` stops the run; :meth:`check_run` raises it at the end of a
@@ -176,7 +178,8 @@ class RewardManager:
                 engine = build_engine_judge(cfg, run)
             self.judge = judge_from_config(cfg, engine)
         self._logged: set[str] = set()
-        self._abandoned: list[threading.Thread] = []
+        self._workers = DaemonWorkers()
+        self._abandoned: list[Job] = []  # calls that timed out, still running on their workers
         self._runner: _AsyncRunner | None = None
         self._all_failed_streak = 0
         self.num_scored = 0  # samples scored by this manager, and how many of them failed
@@ -309,7 +312,7 @@ class RewardManager:
                     first.append(self._fail(sample, "error", f"{type(e).__name__}: {e}", fn))
 
         await asyncio.gather(*(one(s) for s in samples))
-        self._abandoned = [t for t in self._abandoned if t.is_alive()]
+        self._abandoned = [j for j in self._abandoned if not j.finished.is_set()]
         out = self._finish(len(samples), counts, first)
         out["reward/abandoned_threads"] = float(len(self._abandoned))
         return out
@@ -376,8 +379,8 @@ class RewardManager:
         sample.metadata["infra_failure"] = sample.reward_info.get("reward_failure", "judge failed")
 
     async def _call_in_thread(self, fn: Callable[..., Any], sample: Sample) -> Any:
-        """``fn(sample)`` in a new daemon thread, awaited for at most ``reward.timeout`` s (a judge:
-        every try of its request, :meth:`JudgeReward.budget`)."""
+        """``fn(sample)`` on a daemon worker thread (:class:`~.threads.DaemonWorkers`), awaited for at most
+        ``reward.timeout`` s (a judge: every try of its request, :meth:`JudgeReward.budget`)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         name = self._name(fn)
@@ -386,25 +389,28 @@ class RewardManager:
             if not fut.done():
                 fut.set_result(value) if ok else fut.set_exception(value)
 
+        outcome: list[tuple[bool, Any]] = []
+
         def target() -> None:
             _IN_REWARD.set(name)
             try:
-                ok, value = True, fn(sample)
+                outcome.append((True, fn(sample)))
             except Exception as e:  # noqa: BLE001 - handed to the awaiting task
-                ok, value = False, e
+                outcome.append((False, e))
             except BaseException as e:  # sys.exit, KeyboardInterrupt raised inside the function
-                ok, value = False, RewardExit(f"reward function {name} raised {type(e).__name__}({e})")
+                outcome.append((False, RewardExit(f"reward function {name} raised {type(e).__name__}({e})")))
+
+        def report() -> None:  # after the worker is free again
             try:
-                loop.call_soon_threadsafe(settle, ok, value)
+                loop.call_soon_threadsafe(settle, *outcome[0])
             except RuntimeError:  # the scoring loop is gone (the call had timed out)
                 pass
 
-        t = threading.Thread(target=target, name="reward", daemon=True)
-        t.start()
+        job = self._workers.submit(target, report)
         try:
             return await asyncio.wait_for(fut, self.judge.budget() if fn is self.judge else self.cfg.timeout)
         except TimeoutError:
-            self._abandoned.append(t)
+            self._abandoned.append(job)
             raise
 
     async def _call_async(self, fn: Callable[..., Any], sample: Sample) -> Any:

@@ -157,20 +157,44 @@ def generate_groups(
         return generate_with(ctx, ctx.custom_generate, prompts, n, params, start_index)
     requests = [GenerateRequest(p.prompt_ids, params, n=n) for p in prompts]
     results = ctx.engine.generate(requests)
+    texts = iter(decode_responses(ctx.tokenizer, [r.token_ids for res in results for r in res]))
     return [
-        [sample_from_result(ctx, p, r, start_index + gi * n + j, gi) for j, r in enumerate(res)]
+        [sample_from_result(ctx, p, r, start_index + gi * n + j, gi, next(texts)) for j, r in enumerate(res)]
         for gi, (p, res) in enumerate(zip(prompts, results))
     ]
 
 
-def sample_from_result(ctx: RolloutContext, prompt: Prompt, r: GenerateResult, index: int, group_index: int) -> Sample:
+def decode_responses(tokenizer: Any, token_ids: list[list[int]]) -> list[str]:
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` of each list, in one call of the Rust
+    tokenizer's ``decode_batch`` (parallel, and without transformers' per-token Python checks:
+    256 responses of 256 tokens: 20.6 -> 8.2 ms on two CPU cores) where that gives the same text: a
+    fast tokenizer that does not clean up spaces after decoding; one ``decode`` each otherwise."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not _cleans_up_spaces(tokenizer, backend):
+        return backend.decode_batch(token_ids, skip_special_tokens=True)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
+
+
+def _cleans_up_spaces(tokenizer: Any, backend: Any) -> bool:
+    """Whether ``tokenizer.decode`` edits the backend's text (``clean_up_tokenization_spaces``; transformers
+    5 skips that for BPE models unless the flag below forces it, and says so in a warning)."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return False
+    force = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+    return not (type(backend.model).__name__ == "BPE" and hasattr(tokenizer, force) and not getattr(tokenizer, force))
+
+
+def sample_from_result(
+    ctx: RolloutContext, prompt: Prompt, r: GenerateResult, index: int, group_index: int, response: str | None = None
+) -> Sample:
     """The (unscored) sample of one engine result: prompt + response tokens, one log-prob, loss-mask
-    entry and (when they differ) policy version per response token, status from the finish reason."""
+    entry and (when they differ) policy version per response token, status from the finish reason.
+    ``response``: the decoded response text, when the caller decoded it already (:func:`decode_responses`)."""
     return Sample(
         prompt=prompt.prompt,
         tokens=prompt.prompt_ids + r.token_ids,
         response_length=len(r.token_ids),
-        response=ctx.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+        response=ctx.tokenizer.decode(r.token_ids, skip_special_tokens=True) if response is None else response,
         label=prompt.label,
         metadata=dict(prompt.metadata),
         index=index,
