@@ -207,13 +207,15 @@ def main() -> None:
                 print(f"reinforge {packing} {max_tokens}: out of memory ({e})", flush=True)
                 torch.cuda.empty_cache()
                 continue
-            gen = statistics.median(m.get("time/generate", float("nan")) for m in metrics[2:] or metrics)
-            train = statistics.median(m.get("time/train", float("nan")) for m in metrics[2:] or metrics)
+            gen, train, reward = (
+                statistics.median(m.get(f"time/{k}", float("nan")) for m in metrics[2:] or metrics)
+                for k in ("generate", "train", "reward")
+            )
             name = (
                 f"reinforge ({packing}, {max_tokens}{', compiled' if args.torch_compile else ''}"
                 f"{', eager kernels' if fused == 'false' else ''})"
             )
-            rows.append((name, times, gen, train))
+            rows.append((name, times, gen, train, reward))
             peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
             print(rows[-1], f"peak GiB {peak:.1f}", flush=True)
             if torch.cuda.is_available():
@@ -234,6 +236,7 @@ def main() -> None:
                     time_trl(run, model, d / f"trl-{micro}"),
                     float("nan"),
                     float("nan"),
+                    float("nan"),
                 )
             )
             print(rows[-1], flush=True)
@@ -244,13 +247,14 @@ def main() -> None:
         f"\nGRPO step: {args.task}, {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens, "
         f"{model.name}, {device}"
     )
-    print(f"| {'trainer':40s} | median s/step (steps 3+) | generate s | train s | all steps |")
-    print(f"| {'-' * 40} | {'-' * 24}: | {'-' * 10}: | {'-' * 7}: | --- |")
-    for name, times, gen, train in rows:
+    print(f"| {'trainer':40s} | median s/step (steps 3+) | generate s | reward s | train s | all steps |")
+    print(f"| {'-' * 40} | {'-' * 24}: | {'-' * 10}: | {'-' * 8}: | {'-' * 7}: | --- |")
+    for name, times, gen, train, reward in rows:
         med = statistics.median(times[2:] or times)
-        print(f"| {name:40s} | {med:24.3f} | {gen:10.2f} | {train:7.2f} | {' '.join(f'{t:.2f}' for t in times)} |")
-    trl = [(n, statistics.median(t[2:] or t)) for n, t, _, _ in rows if n.startswith("TRL")]
-    for name, times, _, _ in rows:
+        steps = " ".join(f"{t:.2f}" for t in times)
+        print(f"| {name:40s} | {med:24.3f} | {gen:10.2f} | {reward:8.3f} | {train:7.2f} | {steps} |")
+    trl = [(n, statistics.median(t[2:] or t)) for n, t, *_ in rows if n.startswith("TRL")]
+    for name, times, *_ in rows:
         for trl_name, trl_s in [] if name.startswith("TRL") else trl:
             print(f"speed-up of {name} over {trl_name}: {trl_s / statistics.median(times[2:] or times):.2f}x")
 

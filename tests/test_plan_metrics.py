@@ -221,3 +221,27 @@ def test_separate_gpus_name_the_overlap_and_the_longer_side(tmp_path):
         even.rollout({**metrics, "async/producer_generate_s": 16.0}, [gen], gen)
     assert even.balance_line() is None  # within BALANCE
     assert _report(tmp_path).balance_line() is None  # colocated: nothing to balance
+
+
+def test_engine_slots_are_counted_against_each_engines_share(tmp_path):
+    """Run 2 of docs/multi_gpu.md (4 H200s, 2026-11-28): 128 sequences over 4 colocated engines of 32
+    slots each all decode at once; the end line said "only 32 of 128 sequences decode at once"."""
+    ray4 = (
+        "cluster.mode=ray",
+        "cluster.actor_num_gpus_per_node=4",
+        "cluster.rollout_num_gpus=4",
+        "cluster.colocate=true",
+        "cluster.offload_rollout=false",
+    )
+    gen = samples([12000] * 128)
+    for slots, expected in (
+        (32, "engine.kv_cache_dtype=fp8 halves the KV cache each decode step reads"),
+        (16, "only 16 of the 32 sequences of each of 4 engines decode at once: raise engine.max_num_seqs"),
+    ):
+        report = _report(tmp_path, *ray4, f"engine.max_num_seqs={slots}", "engine.kv_cache_dtype=auto")
+        _feed(report, gen, {"generation": 0.3, "training": 0.9, "sync": 0.9})
+        assert report.bottleneck()[0] == "generation"
+        assert expected in report.end_line()
+    one = _report(tmp_path, "engine.max_num_seqs=64", "engine.kv_cache_dtype=auto")  # one engine: the whole rollout
+    _feed(one, gen, {"generation": 0.3, "training": 0.9, "sync": 0.9})
+    assert "only 64 of 128 sequences decode at once" in one.end_line()

@@ -212,10 +212,13 @@ def suggest(phase: str, fraction: float, w: M.Workload, cfg: Config, tail: float
                     f"{r.rollout_batch_size})"
                 )
             return head + f"raise rollout.over_sampling_batch_size (now {r.over_sampling_batch_size})"
-        slots = M.engine_slots(w)
-        if slots < w.num_seqs:
+        engines = _engines(cfg)
+        share = math.ceil(w.num_seqs / engines)  # each engine decodes its share of the rollout
+        slots = M.engine_slots(M.with_(w, num_seqs=share))
+        if slots < share:
+            whose = f"the {share} sequences of each of {engines} engines" if engines > 1 else f"{share} sequences"
             return (
-                f"only {slots} of {w.num_seqs} sequences decode at once: raise engine.max_num_seqs or "
+                f"only {slots} of {whose} decode at once: raise engine.max_num_seqs or "
                 f"engine.kv_cache_memory_fraction"
                 + (" or set engine.kv_cache_dtype=fp8" if w.kv_elem_bytes > 1 else "")
             )
