@@ -211,6 +211,8 @@ class Workload:
         prompt_len, response_len: the longest prompt and ``rollout.rollout_max_response_len``.
         num_seqs: sequences per rollout (``rollout_batch_size x n_samples_per_prompt``).
         slots: the engine's ``max_num_seqs`` (capped at ``num_seqs``).
+        engines: rollout engines sharing the rollout (Ray: ``rollout_num_gpus / rollout_num_gpus_per_engine``);
+            each decodes its share (:func:`per_engine`).
         kv_elem_bytes, engine_elem_bytes: KV cache and engine weight dtype bytes.
         kv_fraction: ``engine.kv_cache_memory_fraction``; ``num_kv_blocks``: its cap (0: none).
         micro_tokens: ``train.max_tokens_per_gpu``; ``recompute``: layers recomputed (0 .. layers).
@@ -264,6 +266,7 @@ class Workload:
     logprob_passes: int = 0
     steps_per_rollout: int = 1
     prefill_tokens: int = 16384
+    engines: int = 1
 
     @property
     def seq_len(self) -> int:
@@ -579,10 +582,20 @@ def sync_seconds(w: Workload, efficiency: float = SYNC_EFFICIENCY) -> float | No
     return 4 * p / BROADCAST_BYTES_PER_S
 
 
+def per_engine(w: Workload, lengths: list[int] | None = None) -> tuple[Workload, list[int] | None]:
+    """One engine's share of the rollout: ``w`` with its number of sequences, and every ``engines``-th of
+    ``lengths`` (in order; the engines take turns). ``(w, lengths)`` itself with one engine."""
+    if w.engines <= 1:
+        return w, lengths
+    n = len(lengths) if lengths else w.num_seqs
+    return with_(w, num_seqs=max(1, math.ceil(n / w.engines))), (lengths[:: w.engines] if lengths else None)
+
+
 def times(w: Workload, lengths: list[int] | None = None) -> dict[str, float | None]:
-    """Predicted seconds of each phase of one rollout step (None: the GPU's speed is unknown)."""
+    """Predicted seconds of each phase of one rollout step (None: the GPU's speed is unknown); the
+    engines generate in parallel, each its share (:func:`per_engine`)."""
     return {
-        "generation": generation_seconds(w, lengths),
+        "generation": generation_seconds(*per_engine(w, lengths)),
         "log-probs": logprob_seconds(w, lengths),
         "training": train_seconds(w, lengths),
         "weight sync": sync_seconds(w),

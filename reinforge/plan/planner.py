@@ -152,6 +152,7 @@ def workload(
         dp=dp,
         tp=tp,
         cp=cp,
+        engines=max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine) if ray and not offline else 1,
         lora=m.lora_rank > 0,
         train_bf16=m.train_dtype != "fp32",
         eager_norms=not (m.torch_compile or (m.fused_kernels and liger_available())),
@@ -179,16 +180,18 @@ def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[di
     limit = w.usable * AUTO_HEADROOM
     if "engine.max_num_seqs" in keys:
         footprint = a.kv_bytes_per_token(w.kv_elem_bytes) * (w.prompt_len + 0.75 * w.response_len)
-        pool = M.kv_pool(M.with_(w, slots=w.num_seqs))
+        share = M.per_engine(w)[0].num_seqs  # the sequences one engine gets
+        pool = M.kv_pool(M.with_(w, slots=share))
         held = int(pool // max(footprint, 1))
-        n = max(min(w.num_seqs, held), min(cfg.rollout.n_samples_per_prompt, w.num_seqs))
+        n = max(min(share, held), min(cfg.rollout.n_samples_per_prompt, share))
         changes["engine.max_num_seqs"] = n
+        whose = f"the {share} sequences of each of {w.engines} engines" if w.engines > 1 else f"the {share} sequences"
         out.append(
             Choice(
                 "engine.max_num_seqs",
                 n,
-                f"{'all ' if n == w.num_seqs else ''}{n} of the {w.num_seqs} "
-                f"sequences at once: the KV cache ({pool / M.GIB:.1f} GiB, engine.kv_cache_memory_fraction="
+                f"{'all ' if n == share else ''}{n} of {whose} "
+                f"at once: the KV cache ({pool / M.GIB:.1f} GiB, engine.kv_cache_memory_fraction="
                 f"{w.kv_fraction:g}) holds {held} at prompt + 3/4 of the response",
             )
         )

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -125,11 +124,6 @@ def tail_share(
     return read(half) / read(0)
 
 
-def _engines(cfg: Config) -> int:
-    c = cfg.cluster
-    return max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine) if c.mode == "ray" else 1
-
-
 def log_prob_passes(cfg: Config) -> int:
     """Forward passes before training as the loop runs them: old log-probs, reference, values."""
     return int(cfg.needs_old_log_probs) + int(cfg.algo.needs_reference) + int(cfg.algo.needs_critic)
@@ -140,11 +134,9 @@ def predict(
 ) -> tuple[dict[str, float | None], dict[str, float | None], float]:
     """(predicted seconds, seconds at the hardware limit, tail share) of each phase at the rollout's
     actual token counts (module doc)."""
-    engines = _engines(cfg)
     lengths = [s.response_length for s in generated]
     prompt = round(sum(s.prompt_length for s in generated) / max(len(generated), 1))
-    gw = M.with_(w, prompt_len=prompt, num_seqs=max(1, math.ceil(len(lengths) / engines)))
-    per_engine = lengths[::engines] if engines > 1 else lengths  # one engine's share, in order
+    gw, per_engine = M.per_engine(M.with_(w, prompt_len=prompt, num_seqs=max(1, len(lengths))), lengths)
     gen = M.generation_seconds(gw, per_engine)
     gen_limit = M.generation_seconds(gw, per_engine, efficiency=1.0, mfu=1.0, host_step_s=0.0)
     seqs = [len(s.tokens) for s in trained]
@@ -212,11 +204,10 @@ def suggest(phase: str, fraction: float, w: M.Workload, cfg: Config, tail: float
                     f"{r.rollout_batch_size})"
                 )
             return head + f"raise rollout.over_sampling_batch_size (now {r.over_sampling_batch_size})"
-        engines = _engines(cfg)
-        share = math.ceil(w.num_seqs / engines)  # each engine decodes its share of the rollout
+        share = M.per_engine(w)[0].num_seqs  # each engine decodes its share of the rollout
         slots = M.engine_slots(M.with_(w, num_seqs=share))
         if slots < share:
-            whose = f"the {share} sequences of each of {engines} engines" if engines > 1 else f"{share} sequences"
+            whose = f"the {share} sequences of each of {w.engines} engines" if w.engines > 1 else f"{share} sequences"
             return (
                 f"only {slots} of {whose} decode at once: raise engine.max_num_seqs or "
                 f"engine.kv_cache_memory_fraction"
