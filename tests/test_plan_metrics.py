@@ -247,7 +247,7 @@ def test_engine_slots_are_counted_against_each_engines_share(tmp_path):
         assert expected in report.end_line()
     one = _report(tmp_path, "engine.max_num_seqs=64", "engine.kv_cache_dtype=auto")  # one engine: the whole rollout
     _feed(one, gen, {"generation": 0.3, "training": 0.9, "sync": 0.9})
-    assert "only 64 of 128 sequences decode at once" in one.end_line()
+    assert "only 64 of the 128 sequences decode at once" in one.end_line()
     auto = _report(tmp_path, *ray4, "engine.max_num_seqs=auto").plan  # the choice counts one engine's share
     choice = next(c for c in auto.choices if c.key == "engine.max_num_seqs")
     assert choice.value == 32 and "all 32 of the 32 sequences of each of 4 engines" in choice.reason

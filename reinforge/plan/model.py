@@ -478,6 +478,12 @@ def per_engine(w: Workload, lengths: list[int] | None = None) -> tuple[Workload,
     return with_(w, num_seqs=max(1, math.ceil(n / w.engines))), (lengths[:: w.engines] if lengths else None)
 
 
+def share_text(w: Workload) -> str:
+    """The sequences one engine decodes, in words: "the 32 sequences of each of 4 engines", "the 128 sequences"."""
+    n = per_engine(w)[0].num_seqs
+    return f"the {n} sequences of each of {w.engines} engines" if w.engines > 1 else f"the {n} sequences"
+
+
 def times(w: Workload, lengths: list[int] | None = None) -> dict[str, float | None]:
     """Predicted seconds of each phase of one rollout step (None: the GPU's speed is unknown); the
     engines generate in parallel, each its share (:func:`per_engine`)."""

@@ -185,12 +185,11 @@ def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[di
         held = int(pool // max(footprint, 1))
         n = max(min(share, held), min(cfg.rollout.n_samples_per_prompt, share))
         changes["engine.max_num_seqs"] = n
-        whose = f"the {share} sequences of each of {w.engines} engines" if w.engines > 1 else f"the {share} sequences"
         out.append(
             Choice(
                 "engine.max_num_seqs",
                 n,
-                f"{'all ' if n == share else ''}{n} of {whose} "
+                f"{'all ' if n == share else ''}{n} of {M.share_text(w)} "
                 f"at once: the KV cache ({pool / M.GIB:.1f} GiB, engine.kv_cache_memory_fraction="
                 f"{w.kv_fraction:g}) holds {held} at prompt + 3/4 of the response",
             )

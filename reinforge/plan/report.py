@@ -204,12 +204,11 @@ def suggest(phase: str, fraction: float, w: M.Workload, cfg: Config, tail: float
                     f"{r.rollout_batch_size})"
                 )
             return head + f"raise rollout.over_sampling_batch_size (now {r.over_sampling_batch_size})"
-        share = M.per_engine(w)[0].num_seqs  # each engine decodes its share of the rollout
-        slots = M.engine_slots(M.with_(w, num_seqs=share))
-        if slots < share:
-            whose = f"the {share} sequences of each of {w.engines} engines" if w.engines > 1 else f"{share} sequences"
+        share = M.per_engine(w)[0]  # each engine decodes its share of the rollout
+        slots = M.engine_slots(share)
+        if slots < share.num_seqs:
             return (
-                f"only {slots} of {whose} decode at once: raise engine.max_num_seqs or "
+                f"only {slots} of {M.share_text(w)} decode at once: raise engine.max_num_seqs or "
                 f"engine.kv_cache_memory_fraction"
                 + (" or set engine.kv_cache_dtype=fp8" if w.kv_elem_bytes > 1 else "")
             )
