@@ -177,7 +177,7 @@ def test_daemon_workers_reuse_threads_and_step_around_a_stuck_call():
 
     from reinforge.reward.threads import DaemonWorkers
 
-    w = DaemonWorkers()
+    w = DaemonWorkers(name="reward-close-test")  # (its own name: other tests' managers leave idle workers)
     names = []
     for _ in range(5):
         w.submit(lambda: names.append(threading.get_ident())).finished.wait(5)
@@ -190,6 +190,14 @@ def test_daemon_workers_reuse_threads_and_step_around_a_stuck_call():
     assert w.submit(lambda: None).finished.wait(5) and w.threads == 2
     release.set()
     assert stuck.finished.wait(5)
+    time.sleep(0.1)  # (the stuck worker counts itself idle after its job)
+    alive = [t for t in threading.enumerate() if t.name == "reward-close-test"]
+    assert len(alive) == 2
+    w.close()
+    for t in alive:
+        t.join(5)
+    assert not any(t.is_alive() for t in alive)  # idle workers end on close
+    assert w.submit(lambda: None).finished.wait(5) and w.threads == 3  # and new ones start after it
 
 
 def test_thread_rewards_reuse_workers_and_count_abandoned_calls(monkeypatch):

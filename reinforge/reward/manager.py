@@ -473,6 +473,7 @@ class RewardManager:
         return line
 
     def close(self) -> None:
+        self._workers.close()
         if self.pool is not None:
             self.pool.close()
         if self.judge is not None:

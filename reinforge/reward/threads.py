@@ -36,7 +36,7 @@ class DaemonWorkers:
 
     def __init__(self, name: str = "reward"):
         self.name = name
-        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()  # None: an idle worker ends
         self._lock = threading.Lock()
         self._idle = 0  # workers waiting in get() that no submitted job has claimed yet
         self.threads = 0
@@ -54,9 +54,19 @@ class DaemonWorkers:
             threading.Thread(target=self._work, name=self.name, daemon=True).start()
         return job
 
+    def close(self) -> None:
+        """End the idle workers (a busy one stays until its job returns, then idles); a later
+        :meth:`submit` starts new ones."""
+        with self._lock:
+            n, self._idle = self._idle, 0
+        for _ in range(n):
+            self._jobs.put(None)
+
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job.fn()
             except BaseException:  # noqa: BLE001, S110 - the job reports its own errors
