@@ -80,6 +80,11 @@ FORWARD_MFU = 0.35  # log-prob pass
 TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
 BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)
 SYNC_EFFICIENCY = 0.5  # share of HBM bandwidth the on-device fp32 -> bf16 weight copy reaches (assumed)
+# Ray colocated weight sync (each rank all-gathers its FSDP shards and hands the engine CUDA IPC handles, bucket by
+# bucket): a fixed cost and fp32 bytes per second, fit (2026-11-28) to the two such runs of docs/benchmarks.md:
+# 135M parameters on 2 GPUs 0.159 s, a 7.6B Qwen2.5-7B shape on 4 H200s 0.686 s (the on-device copy alone: 0.02 s).
+RAY_SYNC_S = 0.15
+RAY_IPC_BYTES_PER_S = 56e9
 HOST_LINK_BYTES_PER_S = 25e9  # host <-> GPU copies of offloaded state (PCIe Gen5 x16 at ~40% of its 64 GB/s; assumed)
 HOST_ADAMW_BYTES_PER_S = 10e9  # a CPU AdamW step (FSDP2's CPU offload) streams 32 B / parameter (assumed)
 OFFLOAD_COPY_BYTES = 10  # per parameter of a layer in flight under FSDP2 CPU offload: fp32 in, bf16 cast, fp32 grad
@@ -98,6 +103,7 @@ class Workload:
         prompt_len, response_len: the longest prompt and ``rollout.rollout_max_response_len``.
         num_seqs: sequences per rollout (``rollout_batch_size x n_samples_per_prompt``).
         slots: the engine's ``max_num_seqs`` (capped at ``num_seqs``).
+        ray: the trainers and engines are Ray actors (``cluster.mode=ray``).
         engines: rollout engines sharing the rollout (Ray: ``rollout_num_gpus / rollout_num_gpus_per_engine``);
             each decodes its share (:func:`per_engine`).
         kv_elem_bytes, engine_elem_bytes: KV cache and engine weight dtype bytes.
@@ -153,6 +159,7 @@ class Workload:
     logprob_passes: int = 0
     steps_per_rollout: int = 1
     prefill_tokens: int = 16384
+    ray: bool = False
     engines: int = 1
 
     @property
@@ -458,15 +465,18 @@ def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None
     return compute
 
 
-def sync_seconds(w: Workload, efficiency: float = SYNC_EFFICIENCY) -> float | None:
-    """Weight sync: fp32 read + bf16 write on the device (colocated) at ``efficiency`` of the
-    bandwidth, or fp32 over the network."""
+def sync_seconds(w: Workload, bound: bool = False) -> float | None:
+    """Weight sync. Colocated: fp32 read + bf16 write on the device at :data:`SYNC_EFFICIENCY` of the
+    bandwidth (``bound``: all of it, the hardware limit), and in Ray mode the ranks' hand-off besides
+    (:data:`RAY_SYNC_S` + the fp32 bytes at :data:`RAY_IPC_BYTES_PER_S`; not in the bound).
+    Disaggregated: fp32 over the network (``bound``: None)."""
     if not w.gpu.knows_speed:
         return None
     p = w.arch.num_params
-    if w.colocated:
-        return 6 * p / (w.gpu.bandwidth * efficiency)
-    return 4 * p / BROADCAST_BYTES_PER_S
+    if not w.colocated:
+        return None if bound else 4 * p / BROADCAST_BYTES_PER_S
+    copy = 6 * p / (w.gpu.bandwidth * (1.0 if bound else SYNC_EFFICIENCY))
+    return copy + (RAY_SYNC_S + 4 * p / RAY_IPC_BYTES_PER_S if w.ray and not bound else 0.0)
 
 
 def per_engine(w: Workload, lengths: list[int] | None = None) -> tuple[Workload, list[int] | None]:

@@ -152,6 +152,7 @@ def workload(
         dp=dp,
         tp=tp,
         cp=cp,
+        ray=ray,
         engines=max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine) if ray and not offline else 1,
         lora=m.lora_rank > 0,
         train_bf16=m.train_dtype != "fp32",

@@ -153,7 +153,7 @@ def predict(
         "generation": gen_limit,
         "logprob": tw.logprob_passes * f / peak if peak else None,
         "training": 3 * f * (2 if w.critic else 1) / peak if peak else None,  # model FLOPs: MFU
-        "sync": M.sync_seconds(w, efficiency=1.0) if w.colocated else None,
+        "sync": M.sync_seconds(w, bound=True),
     }
     slots, kv = M.engine_slots(gw, per_engine), w.arch.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
     return predicted, limit, tail_share(per_engine, slots, M.decode_weight_bytes(gw, slots), kv, prompt)
