@@ -550,29 +550,10 @@ def test_ray_colocated_weight_sync_matches_the_two_runs_it_was_fit_to():
     """Ray colocated: all-gather + CUDA IPC hand-off per rank (docs/benchmarks.md, 2026-11-28): 135M on 2 GPUs
     0.159 s, Qwen2.5-7B's shape on 4 H200s 0.686 s; local colocated stays the on-device copy, and the bound
     (the limit the report measures against) leaves the hand-off out."""
-    smol = M.Arch.from_config(
-        dict(
-            QWEN15,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            vocab_size=49152,
-            tie_word_embeddings=True,
-        )
-    )
+    shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    smol = M.Arch.from_config(dict(QWEN15, **dict(zip(shape, (576, 1536, 30, 9, 3))), vocab_size=49152))
     qwen7 = M.Arch.from_config(
-        dict(
-            QWEN15,
-            hidden_size=3584,
-            intermediate_size=18944,
-            num_hidden_layers=28,
-            num_attention_heads=28,
-            num_key_value_heads=4,
-            vocab_size=152064,
-            tie_word_embeddings=False,
-        )
+        dict(QWEN15, **dict(zip(shape, (3584, 18944, 28, 28, 4))), vocab_size=152064, tie_word_embeddings=False)
     )
     h200 = GPUS["h200"]
     for arch, dp, measured in ((smol, 2, 0.159), (qwen7, 4, 0.686)):
