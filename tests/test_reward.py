@@ -1,6 +1,7 @@
 """Answer extraction, built-in rewards and the reward manager's failure handling."""
 
 import asyncio
+import os
 import sys
 import textwrap
 import time
@@ -198,6 +199,11 @@ def test_daemon_workers_reuse_threads_and_step_around_a_stuck_call():
         t.join(5)
     assert not any(t.is_alive() for t in alive)  # idle workers end on close
     assert w.submit(lambda: None).finished.wait(5) and w.threads == 3  # and new ones start after it
+    time.sleep(0.1)
+    pid = os.fork()  # a forked child (its parent's idle worker is not there) starts a worker of its own
+    if pid == 0:
+        os._exit(0 if w.submit(lambda: None).finished.wait(5) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
 
 
 def test_thread_rewards_reuse_workers_and_count_abandoned_calls(monkeypatch):

@@ -11,6 +11,7 @@ sample on an H200 machine: ``bench/grpo_step_profile.py``).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -36,12 +37,18 @@ class DaemonWorkers:
 
     def __init__(self, name: str = "reward"):
         self.name = name
+        self.threads = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()  # a forked child has none of the parent's threads: it starts its own
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()  # None: an idle worker ends
         self._lock = threading.Lock()
         self._idle = 0  # workers waiting in get() that no submitted job has claimed yet
-        self.threads = 0
 
     def submit(self, fn: Callable[[], None], then: Callable[[], None] | None = None) -> Job:
+        if os.getpid() != self._pid:
+            self._reset()
         job = Job(fn, then)
         with self._lock:
             start = self._idle == 0
