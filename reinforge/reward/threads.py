@@ -33,7 +33,8 @@ class DaemonWorkers:
     ``submit(fn, then)`` returns the :class:`Job` at once. The worker runs ``fn()``, counts itself
     idle, then runs ``then()`` (so a caller woken by ``then`` finds the worker free for its next job).
     Exceptions escaping either are swallowed so that the worker survives: report them from inside.
-    Thread-safe. ``threads`` counts the workers started so far (idle, busy or stuck)."""
+    Thread-safe; after a fork the child starts workers of its own. ``threads`` counts the workers started
+    so far (idle, busy or stuck)."""
 
     def __init__(self, name: str = "reward"):
         self.name = name
