@@ -156,11 +156,18 @@ def generate_groups(
     if ctx.custom_generate is not None:
         return generate_with(ctx, ctx.custom_generate, prompts, n, params, start_index)
     requests = [GenerateRequest(p.prompt_ids, params, n=n) for p in prompts]
-    results = ctx.engine.generate(requests)
-    texts = iter(decode_responses(ctx.tokenizer, [r.token_ids for res in results for r in res]))
+    return samples_from_results(ctx, list(zip(prompts, ctx.engine.generate(requests))), n, start_index)
+
+
+def samples_from_results(
+    ctx: RolloutContext, groups: list[tuple[Prompt, list[GenerateResult]]], n: int, start_index: int = 0
+) -> list[list[Sample]]:
+    """The (unscored) samples of the engine's results, a group per prompt: sample ``j`` of group ``gi``
+    gets index ``start_index + gi * n + j``; every response decoded in one call (:func:`decode_responses`)."""
+    texts = iter(decode_responses(ctx.tokenizer, [r.token_ids for _, res in groups for r in res]))
     return [
-        [sample_from_result(ctx, p, r, start_index + gi * n + j, gi, next(texts)) for j, r in enumerate(res)]
-        for gi, (p, res) in enumerate(zip(prompts, results))
+        [sample_from_result(p, r, start_index + gi * n + j, gi, next(texts)) for j, r in enumerate(res)]
+        for gi, (p, res) in enumerate(groups)
     ]
 
 
@@ -184,17 +191,15 @@ def _cleans_up_spaces(tokenizer: Any, backend: Any) -> bool:
     return not (type(backend.model).__name__ == "BPE" and hasattr(tokenizer, force) and not getattr(tokenizer, force))
 
 
-def sample_from_result(
-    ctx: RolloutContext, prompt: Prompt, r: GenerateResult, index: int, group_index: int, response: str | None = None
-) -> Sample:
+def sample_from_result(prompt: Prompt, r: GenerateResult, index: int, group_index: int, response: str) -> Sample:
     """The (unscored) sample of one engine result: prompt + response tokens, one log-prob, loss-mask
-    entry and (when they differ) policy version per response token, status from the finish reason.
-    ``response``: the decoded response text, when the caller decoded it already (:func:`decode_responses`)."""
+    entry and (when they differ) policy version per response token, status from the finish reason;
+    ``response`` is the response's decoded text."""
     return Sample(
         prompt=prompt.prompt,
         tokens=prompt.prompt_ids + r.token_ids,
         response_length=len(r.token_ids),
-        response=ctx.tokenizer.decode(r.token_ids, skip_special_tokens=True) if response is None else response,
+        response=response,
         label=prompt.label,
         metadata=dict(prompt.metadata),
         index=index,

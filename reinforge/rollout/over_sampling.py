@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..data import Prompt
 from ..records import FinishReason, GenerateRequest, Sample
 from .async_rollout import PartialSample
-from .generate import RolloutContext, decode_responses, sample_from_result
+from .generate import RolloutContext, samples_from_results
 
 COUNTS = (
     "rollout/over_sampled_prompts",
@@ -139,11 +139,7 @@ class OverSampledRollout:
         trained = done[: self.batch_size]
         chosen = {id(g) for g in trained}
         self._hand_on([g for g in groups if id(g) not in chosen], len(groups))
-        n, texts = self.n, iter(decode_responses(ctx.tokenizer, [p.result.token_ids for g in trained for p in g.parts]))
-        return [
-            [sample_from_result(ctx, g.prompt, p.result, gi * n + j, gi, next(texts)) for j, p in enumerate(g.parts)]
-            for gi, g in enumerate(trained)
-        ]
+        return samples_from_results(ctx, [(g.prompt, [p.result for p in g.parts]) for g in trained], self.n)
 
     def _new_group(self, prompt: Prompt, params: Any) -> _Group:
         request = GenerateRequest(list(prompt.prompt_ids), params, n=self.n)
