@@ -2,8 +2,8 @@
 
 Prints, for ``--steps`` rollout steps (the first two are warm-up): the median of every ``time/*`` phase
 metric; then one more step under ``cProfile`` (host functions by own time and by cumulative time);
-then one more under ``torch.profiler`` (GPU kernel time per phase of the step, which shows how long the
-GPU idles while the host works).
+then one more under ``torch.profiler``: the kernels by GPU time, then how long the GPU idled in each phase
+of the step and its longest gaps, with the host's work during them (:mod:`gpu_gaps`).
 
 ``--model`` is a model name or folder; ``random:ARCH`` writes random weights of a bench/archs.py
 architecture with SmolLM2's tokenizer (``--tokenizer``), which needs no model download (random
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import statistics
 import sys
@@ -29,7 +30,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_gaps  # noqa: E402
 from grpo_vs_trl import reinforge_overrides  # noqa: E402
+
+# the loop's trace spans reported by the GPU-idle table (reinforge/loop.py, rollout/source.py, train/)
+PHASES = ["generate", "reward", "score", "advantages", "train", "forward", "backward", "optimizer_step", "weight_sync"]
 
 
 def _model(spec: str, tokenizer: Path | None, folder: Path) -> Path:
@@ -114,6 +119,11 @@ def main() -> None:
             print(f"\n== GPU: kernel time {busy:.3f} s of a {wall:.3f} s step (profiled; the profiler slows the host)")
             print({k: round(v, 4) for k, v in m.items() if k.startswith("time/")})
             print(ka.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60))
+            path = Path(d) / "trace.json"
+            tp.export_chrome_trace(str(path))
+            events = json.loads(path.read_text())["traceEvents"]
+            print("\n== where the GPU idles (bench/gpu_gaps.py; the step's phases)")
+            print(gpu_gaps.report(gpu_gaps.analyse(events, PHASES, gaps=args.rows)))
         loop.close()
 
 

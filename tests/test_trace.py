@@ -338,3 +338,42 @@ def test_async_run_shows_the_producer_beside_training_and_off_writes_nothing(tmp
         )
     )
     assert (off / "metrics.jsonl").exists() and not (off / "trace.json").exists()
+
+
+def test_spans_are_profiler_ranges_and_gpu_gaps_reads_them(tmp_path):
+    """Under a torch profiler a span is a record_function range; bench/gpu_gaps.py finds it in the
+    exported trace and measures the GPU's idle time and gaps inside it (a synthetic kernel track here:
+    the CPU trace has no kernels)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_gaps
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with trace.span("generate", "rollout"):
+            torch.ones(64).sum()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    (note,) = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == "generate"]
+    assert note["dur"] > 0
+    assert any(e.get("cat") == "cpu_op" and note["ts"] <= e["ts"] < note["ts"] + note["dur"] for e in events)
+    with trace.span("generate"):  # no profiler: no range opened
+        pass
+
+    # a phase of 1000 us with kernels over [100, 300) and [250, 400), [900, 950): busy 350, gap 500 at 400
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "generate", "ts": 1000, "dur": 1000, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1450, "dur": 100, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "ts": 1460, "dur": 20, "pid": 1, "tid": 1},  # nested
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 1100, "dur": 200, "pid": 0, "tid": 7},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 1250, "dur": 150, "pid": 0, "tid": 7},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "c", "ts": 1900, "dur": 50, "pid": 0, "tid": 8},
+    ]
+    r = gpu_gaps.analyse(ev, ["generate"], gaps=5)
+    assert r["phases"] == [("generate", 1000, 350)]
+    assert r["gaps"] == [(400, 500, "generate", [("aten::mm", 100)])]
+    assert r["host_ops"] == {"generate": [("aten::mm", 100, 1)]}
+    assert "| generate | 1.0 | 0.3 | 0.7 | 35% |" in gpu_gaps.report(r)

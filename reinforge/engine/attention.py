@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..models.transformer import sdpa
 from .kv_cache import cache_read, cache_write, to_cache
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 
@@ -86,11 +87,7 @@ class PrefillContext:
             k = torch.cat([cache_read(kc, self.prefix, k.dtype).view(P, self.start, KVH, D), k], dim=1)
             v = torch.cat([cache_read(vc, self.prefix, v.dtype).view(P, self.start, KVH, D), v], dim=1)
             mask = self.mask
-        kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [P, KVH, keys, D]
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=kt.shape[1] != q.shape[2]
-        )
-        return o.transpose(1, 2)
+        return sdpa(q, k, v, mask)
 
 
 class _Decode:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from ..utils.triton import triton_available
@@ -44,6 +45,7 @@ __all__ = [
     "STATIC_ROPE_TYPES",
     "rope_parameters",
     "rope_tables",
+    "sdpa",
     "RMSNorm",
     "apply_rope",
     "Attention",
@@ -163,6 +165,25 @@ def apply_rope_qk(q, k, cos, sin):
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
+# SDPA's backends on a GPU: every one but cuDNN's, which builds an execution plan at each new shape
+# (~45 ms of host time on an H200, torch 2.11: bench/prefill_sdpa.py) while the GPU idles, and the engine's
+# prompt batches and `packing: none` micro-batches take a new width at almost every rollout
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [B, T, H, D] over k, v [B, S, KVH, D] (H a multiple of KVH: grouped-query),
+    causal when ``mask`` is None, else under ``mask`` ([T, S] or broadcastable to [B, H, T, S]; True:
+    attend). Returns [B, T, H, D] in q's dtype. ``F.scaled_dot_product_attention`` without its cuDNN
+    backend on a GPU (:data:`SDPA_BACKENDS`)."""
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2])
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
@@ -250,13 +271,7 @@ class Attention(nn.Module):
     def _attention(self, q, k, v, ctx: AttentionContext | None):
         """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]: causal, or ``ctx``'s."""
         if ctx is None:
-            return F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                is_causal=True,
-                enable_gqa=q.shape[2] != k.shape[2],
-            ).transpose(1, 2)
+            return sdpa(q, k, v)
         return ctx.attend(self.layer, q, k, v)
 
 

@@ -167,9 +167,11 @@ def forward_backward(
     with torch.set_grad_enabled(backward and torch.is_grad_enabled()):
         for i, mb in enumerate(trace.spans_over("micro_batch", mbs, "train")):
             trainer._current_mb = mb
-            loss, stats = loss_fn(i, mb, forward(trainer, model, mb, head, routing(mb) if routing else None))
+            with trace.span("forward", "train"):
+                loss, stats = loss_fn(i, mb, forward(trainer, model, mb, head, routing(mb) if routing else None))
             if backward:
-                (loss * trainer.loss_scale).backward()
+                with trace.span("backward", "train"):
+                    (loss * trainer.loss_scale).backward()
             add(loss, stats)
     return to_floats(sums)
 

@@ -6,6 +6,8 @@ Every phase of the loop runs inside a :func:`span`: it measures the phase's wall
 thread that ran it. The loop's thread, the asynchronous rollout producer and the trainer each get
 a track, so rollouts generated during training show as overlapping spans. With no trace open a
 span costs two clock reads; nothing is allocated beyond the span itself and nothing is written.
+While a ``torch.profiler`` runs, a span is also a ``record_function`` range of its trace, so the
+profiler's timeline shows the loop's phases above the kernels (``bench/gpu_gaps.py`` reads them).
 
 File format (the Trace Event Format of Chrome's trace viewer, which ui.perfetto.dev and
 chrome://tracing read): the JSON object format, ``{"displayTimeUnit": "ms", "otherData": {...},
@@ -39,6 +41,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -326,20 +329,29 @@ class Span:
         args: shown with the event in the viewer; may be added to inside the block.
     """
 
-    __slots__ = ("name", "cat", "args", "seconds", "_start")
+    __slots__ = ("name", "cat", "args", "seconds", "_start", "_profiled")
 
     def __init__(self, name: str, cat: str, args: dict[str, Any]):
         self.name, self.cat, self.args = name, cat, args
         self.seconds = 0.0
         self._start = 0
+        self._profiled: Any = None
 
     def __enter__(self) -> Span:
+        torch = sys.modules.get("torch")  # (not imported for it: a run without torch has no torch profiler)
+        if torch is not None and torch.autograd.profiler._is_profiler_enabled:
+            # a torch.profiler is running: the phase is a record_function range of its trace too
+            self._profiled = torch.profiler.record_function(self.name)
+            self._profiled.__enter__()
         self._start = time.perf_counter_ns()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         end = time.perf_counter_ns()
         self.seconds = (end - self._start) / 1e9
+        if self._profiled is not None:
+            self._profiled.__exit__(exc_type, exc, tb)
+            self._profiled = None
         writer = _writer
         if writer is not None:
             if exc_type is not None:
