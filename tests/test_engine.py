@@ -293,6 +293,8 @@ def test_cuda_paged_engine_log_probs_match_trainer_fp32(tiny_model_path, tok, mo
             model, EngineConfig(max_num_seqs=12, sync_interval=3, num_kv_blocks=blocks), max_model_len=96
         )
         assert eng.runner.Decode.__name__ == "KernelDecode" and eng.scheduler.layout.block_size == 16
+        # RoPE runs inside the attention kernel (no in-place RoPE kernel in the decode step)
+        assert all(layer.self_attn.rotates_in_place for layer in model.model.layers)
         diffs = []
         sp = SamplingParams(max_new_tokens=60, temperature=0.7, ignore_eos=True)
         for p, group in zip(ps, eng.generate([GenerateRequest(p, sp, n=2) for p in ps])):

@@ -155,6 +155,42 @@ def test_split_kernel_equals_gathered_attention(dtype, tol, num_splits, monkeypa
         _check(kernel_case(H, KVH, D, BS, dtype, KERNEL_DEVICE, lens=LENS, block_n=16, num_splits=num_splits), tol)
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kernel_applies_rope_to_the_query_and_the_new_key(dtype, tol, num_splits, monkeypatch):
+    """With the RoPE tables the kernel rotates q and the new key at each sequence's position
+    (``lens - 1``) itself: the same output, and the same rotated key in the cache, as rotating them
+    first (``apply_rope``, the model's eager RoPE) and calling it without tables."""
+    from reinforge.models.transformer import apply_rope, rope_tables
+
+    monkeypatch.setattr(pa, "MIN_KEYS_PER_SPLIT", 16)
+    H, KVH, D, BS = 6, 2, 32, 16
+    q, k, v, table, lens, _ = _paged_case(
+        B=len(LENS), H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=KERNEL_DEVICE, lens=LENS
+    )
+    cfg = type("Cfg", (), {"rope_theta": 10000.0, "rope_parameters": None, "rope_scaling": None})()
+    cos, sin = (t.to(KERNEL_DEVICE) for t in rope_tables(cfg, D, 256))
+    g = torch.Generator().manual_seed(3)
+    kn = torch.randn(len(LENS), KVH, D, generator=g).to(device=KERNEL_DEVICE, dtype=dtype)
+    vn = torch.randn(len(LENS), KVH, D, generator=g).to(device=KERNEL_DEVICE, dtype=dtype)
+    pos = lens - 1
+    w_blk, w_off = table.long().gather(1, (pos // BS)[:, None])[:, 0], pos % BS
+    c, s = cos[pos][:, None].to(dtype), sin[pos][:, None].to(dtype)  # [B, 1, D]: the model's rounding
+    rot = apply_rope(torch.cat([q, kn], 1)[:, None], c, s)[:, 0]
+    kw = dict(block_n=16, num_splits=num_splits)
+    k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+    ref = paged_decode_attention_triton(
+        rot[:, :H].contiguous(), rot[:, H:].contiguous(), vn, k1, v1, table, lens, w_blk, w_off, **kw
+    )
+    out = paged_decode_attention_triton(q, kn, vn, k2, v2, table, lens, w_blk, w_off, cos=cos, sin=sin, **kw)
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(k2.float(), k1.float(), atol=tol, rtol=tol)
+    assert torch.equal(v2, v1)
+    with pytest.raises(ValueError, match="RoPE tables"):
+        paged_decode_attention_triton(q, kn, vn, k2, v2, table, lens, w_blk, w_off, cos=cos[:, :16], sin=sin[:, :16])
+
+
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 needs_fp8 = pytest.mark.skipif(
     KERNEL_DEVICE != "cuda" or torch.cuda.get_device_capability() < (8, 9),

@@ -167,9 +167,16 @@ class KernelDecode(_Decode):
 
     def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
         self.lens = torch.where(active, pos + 1, 1)
+        # the kernel rotates q and the new key itself where every layer would run the in-place RoPE
+        # kernel (one launch fewer per layer); the model's Attention asks ``applies_rope``
+        model = self.r.model
+        attns = [getattr(layer, "self_attn", None) for layer in model.model.layers]
+        self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns)
+        self.rope = (model.rope_cos, model.rope_sin) if self.applies_rope else (None, None)
 
     def attend(self, layer, q, k, v):
         r = self.r
+        cos, sin = self.rope
         return paged_decode_attention_triton(
             q[:, 0],
             k[:, 0],
@@ -181,6 +188,8 @@ class KernelDecode(_Decode):
             self.w_blk,
             self.w_off,
             max_len=self.Lk,
+            cos=cos,
+            sin=sin,
         )[:, None]
 
 

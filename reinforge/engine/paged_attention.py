@@ -131,6 +131,8 @@ if triton is not None:
         PM,
         PL,
         PACC,
+        COS,
+        SIN,
         scale,
         s_qb,
         s_qh,
@@ -144,6 +146,7 @@ if triton is not None:
         s_tb,
         s_ob,
         s_oh,
+        s_cos,
         H: tl.constexpr,
         G: tl.constexpr,
         G_PAD: tl.constexpr,
@@ -156,6 +159,7 @@ if triton is not None:
         KV_FP8: tl.constexpr,
         FP8_MAX: tl.constexpr,
         RESCALE: tl.constexpr,
+        ROPE: tl.constexpr,
     ):
         # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
@@ -177,6 +181,18 @@ if triton is not None:
         # registers by split 0 (no race: no program reads position n_cached from memory)
         kn = tl.load(KN + b * s_nb + h * s_nh + d)
         vn = tl.load(VN + b * s_vb + h * s_vh + d)
+        q = tl.load(Q + b * s_qb + (h * G + g)[:, None] * s_qh + d[None, :], mask=head_ok, other=0.0)
+        if ROPE:  # rotate q and the new key at position n_cached: x * cos + rotate_half(x) * sin (fused.rope_'s
+            # arithmetic: the tables rounded to q's dtype, products in fp32, the result rounded back)
+            half = D // 2
+            dp = (d + half) % D  # each dimension's partner in the other half
+            c = tl.load(COS + n_cached * s_cos + d).to(Q.dtype.element_ty).to(tl.float32)
+            sn = tl.load(SIN + n_cached * s_cos + d).to(Q.dtype.element_ty).to(tl.float32)
+            sn = tl.where(d < half, -sn, sn)
+            k2 = tl.load(KN + b * s_nb + h * s_nh + dp).to(tl.float32)
+            kn = (kn.to(tl.float32) * c + k2 * sn).to(KN.dtype.element_ty)
+            q2 = tl.load(Q + b * s_qb + (h * G + g)[:, None] * s_qh + dp[None, :], mask=head_ok, other=0.0)
+            q = (q.to(tl.float32) * c[None, :] + q2.to(tl.float32) * sn[None, :]).to(Q.dtype.element_ty)
         if KV_FP8:  # an 8-bit cache: saturate and round, and attend to the rounded token like later steps
             kn = tl.minimum(tl.maximum(kn.to(tl.float32), -FP8_MAX), FP8_MAX).to(K.dtype.element_ty)
             vn = tl.minimum(tl.maximum(vn.to(tl.float32), -FP8_MAX), FP8_MAX).to(V.dtype.element_ty)
@@ -184,7 +200,6 @@ if triton is not None:
             w = tl.load(WBLK + b).to(tl.int64) * s_kb + h * s_kh + tl.load(WOFF + b).to(tl.int64) * s_kt
             tl.store(K + w + d, kn)
             tl.store(V + w + d, vn)
-        q = tl.load(Q + b * s_qb + (h * G + g)[:, None] * s_qh + d[None, :], mask=head_ok, other=0.0)
         if KV_FP8 and not IEEE:
             # fp8 -> fp16 is one conversion instruction per pair (fp8 -> bf16 is several), so the
             # products run in fp16 (10 mantissa bits; bf16 queries beyond its range are clamped)
@@ -271,6 +286,8 @@ def paged_decode_attention_triton(
     max_len: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 3,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
     stores the new token's key and value in the cache, exactly once (one kernel instead of two
@@ -311,12 +328,17 @@ def paged_decode_attention_triton(
         num_warps: Triton warps per program; None: 2 in the small-head case of ``block_n``, else 4.
         num_stages: Triton software-pipelining stages of the key loop (loads issued that many
             iterations ahead).
+        cos, sin: RoPE tables [positions, D] fp32, contiguous in D (``CausalLM.rope_cos`` / ``rope_sin``):
+            given, ``q`` and ``k_new`` arrive unrotated and the kernel rotates them at position
+            ``lens[b] - 1`` (``x * cos + rotate_half(x) * sin``, Su et al. 2021, with
+            :func:`reinforge.models.fused.rope_`'s rounding: the engine's decode step then needs no
+            RoPE kernel); the rotated key is what the cache stores. None: both already rotated.
 
     Returns:
         [B, H, D] in ``q``'s dtype. fp32 inputs use IEEE fp32 dot products (no TF32).
 
     Raises:
-        ValueError: ``num_splits`` < 1, or ``H`` not a multiple of ``KVH``.
+        ValueError: ``num_splits`` < 1, ``H`` not a multiple of ``KVH``, or RoPE tables not ``D`` wide.
     """
     B, H, D = q.shape
     _, KVH, BS, _ = k_cache.shape
@@ -326,6 +348,9 @@ def paged_decode_attention_triton(
         num_splits = decode_splits(B, KVH, max_len if max_len is not None else table.shape[1] * BS, _num_sms(q.device))
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
+    rope = cos is not None
+    if rope and not (cos.shape[-1] == sin.shape[-1] == D and cos.stride(-1) == sin.stride(-1) == 1):
+        raise ValueError(f"paged_decode_attention_triton: RoPE tables {tuple(cos.shape)} must be [positions, {D}]")
     G = H // KVH
     fp8 = k_cache.dtype in FP8_DTYPES
     small = D <= SMALL_HEAD_DIM and not fp8 and num_splits == 1
@@ -352,6 +377,8 @@ def paged_decode_attention_triton(
         pm,
         pl,
         pacc,
+        cos if rope else q,
+        sin if rope else q,
         D**-0.5,
         q.stride(0),
         q.stride(1),
@@ -365,6 +392,7 @@ def paged_decode_attention_triton(
         table.stride(0),
         out.stride(0),
         out.stride(1),
+        cos.stride(0) if rope else 0,
         H=H,
         G=G,
         G_PAD=max(16, triton.next_power_of_2(G)),
@@ -377,6 +405,7 @@ def paged_decode_attention_triton(
         KV_FP8=fp8,
         FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0,
         RESCALE=RESCALE_LOG2,
+        ROPE=rope,
         num_warps=num_warps,
         num_stages=num_stages,
     )

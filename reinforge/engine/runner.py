@@ -33,13 +33,13 @@ from .attention import PrefillContext, decode_context
 from .kv_cache import KVLayout, cache_copy
 from .kv_cache import kv_cache_dtype as resolve_kv_dtype
 from .sampling import sample_tokens, sample_tokens_fused
+from .slot_state import LENGTH, STOP, advance_slots, advance_slots_fused
 
 if TYPE_CHECKING:
     from .scheduler import Pending
 
 log = logging.getLogger(__name__)
 
-STOP, LENGTH = 1, 2  # finish codes on the device (0: not finished)
 MAX_STOP_IDS = 8
 
 
@@ -164,6 +164,8 @@ class ModelRunner:
         self.stop_ids = torch.full((S, MAX_STOP_IDS), -1, dtype=torch.long, **z)
         self.out_tokens = torch.zeros(S, L, dtype=torch.long, **z)
         self.out_logprobs = torch.zeros(S, L, dtype=torch.float32, **z)
+        names = ("done", "gen_lens", "seq_lens", "last_token", "max_new", "stop_ids", "finish_code")
+        self.slot_state = {n: getattr(self, n) for n in (*names, "out_tokens", "out_logprobs")}
         if self.record_routes:
             self.out_routes = torch.zeros(S, L, len(a.moe_layers), a.num_experts_per_tok, dtype=self.route_dtype, **z)
             log.info(
@@ -383,20 +385,11 @@ class ModelRunner:
                 self.top_p[:B] if filters else None,
                 self.generator,
             )
-        rows = self.arange[:B]
-        g = self.gen_lens[:B]
-        w = g.clamp(max=self.max_model_len - 1)
-        self.out_tokens[rows, w] = torch.where(active, tok, self.out_tokens[rows, w])
-        self.out_logprobs[rows, w] = torch.where(active, lp, self.out_logprobs[rows, w])
-        if routing is not None:  # the experts at this step's input token (they predicted tok)
-            prev = self.out_routes[rows, w]
-            self.out_routes[rows, w] = torch.where(active[:, None, None], self._routes(routing), prev)
-        new_g = g + active
-        is_stop = active & (tok[:, None] == self.stop_ids[:B]).any(-1)
-        hit_len = active & ~is_stop & ((new_g >= self.max_new[:B]) | (pos + 1 >= self.max_model_len))
-        code = torch.where(is_stop, STOP, torch.where(hit_len, LENGTH, 0)).to(torch.int8)
-        self.finish_code[:B] = torch.where(is_stop | hit_len, code, self.finish_code[:B])
-        self.done[:B] |= is_stop | hit_len
-        self.gen_lens[:B] = new_g
-        self.seq_lens[:B] = pos + active
-        self.last_token[:B] = torch.where(active, tok, self.last_token[:B])
+        if self.kernels and routing is None:  # one kernel instead of ~30 (slot_state.py)
+            advance_slots_fused(tok, lp, self.slot_state, self.max_model_len)
+            return
+        routes = self._routes(routing) if routing is not None else None
+        active, w = advance_slots(tok, lp, self.slot_state, self.max_model_len)
+        if routes is not None:  # the experts at this step's input token (they predicted tok)
+            rows = self.arange[:B]
+            self.out_routes[rows, w] = torch.where(active[:, None, None], routes, self.out_routes[rows, w])

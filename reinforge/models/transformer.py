@@ -56,7 +56,9 @@ __all__ = [
 
 
 class AttentionContext(Protocol):
-    """What an engine passes as ``ctx`` to run attention against its KV cache."""
+    """What an engine passes as ``ctx`` to run attention against its KV cache. A context whose
+    ``applies_rope`` attribute is true rotates q and k in ``attend`` itself: layers that would run
+    RoPE in place (:attr:`Attention.rotates_in_place`) then pass them unrotated."""
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, T, H, D]; k, v: [B, T, KVH, D] (RoPE applied). Returns [B, T, H, D]."""
@@ -229,8 +231,18 @@ class Attention(nn.Module):
             row += n
         self.qkv = (w, b)
 
+    @property
+    def rotates_in_place(self) -> bool:
+        """Whether RoPE runs as the in-place kernel on the fused q/k/v output (fused projection and
+        kernels, whole heads rotated, no per-head norms). An engine's attention context that rotates
+        q and the new key inside its own kernel (``applies_rope``) needs this of every layer."""
+        return self.qkv is not None and self.rope_qk is fused.rope_qk and self.q_norm is None
+
     def forward(self, x, cos, sin, ctx: AttentionContext | None):
-        q, k, v = self._fused_qkv(x, cos, sin) if self.qkv is not None else self._separate_qkv(x, cos, sin)
+        if self.qkv is not None:
+            q, k, v = self._fused_qkv(x, cos, sin, getattr(ctx, "applies_rope", False))
+        else:
+            q, k, v = self._separate_qkv(x, cos, sin)
         return self._attend(q, k, v, ctx)
 
     def _separate_qkv(self, x, cos, sin):
@@ -247,14 +259,16 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return *self.rope_qk(q, k, cos, sin), v
 
-    def _fused_qkv(self, x, cos, sin):
+    def _fused_qkv(self, x, cos, sin, rotated_by_attention: bool = False):
         """One matmul for q/k/v (inference). With the fused kernels and no per-head norms, RoPE runs
-        in place on the q and k heads of its output (one kernel)."""
+        in place on the q and k heads of its output (one kernel), or not at all when the attention
+        context rotates them itself (``rotated_by_attention``, asked only where :attr:`rotates_in_place`)."""
         B, T, _ = x.shape
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, *self.qkv).view(B, T, H + 2 * KVH, D)
         if self.rope_qk is fused.rope_qk and self.q_norm is None:
-            fused.rope_(qkv, cos, sin, H + KVH)
+            if not rotated_by_attention:
+                fused.rope_(qkv, cos, sin, H + KVH)
             return qkv.split([H, KVH, KVH], dim=2)
         return self._norm_and_rope(*qkv.split([H, KVH, KVH], dim=2), cos, sin)
 
