@@ -239,6 +239,9 @@ def test_grpo_runs_with_routing_replay(tmp_path, moe_path):
                 "eval.eval_before_train": "false",
                 "train.num_rollout": 1,
                 "train.num_steps_per_rollout": 2,
+                # fp32 on both sides on a GPU too (bf16 would differ by ~0.02 from rounding alone)
+                "model.train_dtype": "fp32",
+                "engine.dtype": "fp32",
             },
         ),
     )
