@@ -224,3 +224,35 @@ def test_thread_rewards_reuse_workers_and_count_abandoned_calls(monkeypatch):
     time.sleep(0.2)
     monkeypatch.undo()
     assert mgr.score([sample("x", "x")])["reward/abandoned_threads"] == 0
+
+
+def test_built_in_rewards_run_in_sequence_around_a_stuck_call(monkeypatch):
+    """Built-in rewards are scored one after another on one worker (one thread handoff for the batch):
+    a call that runs past reward.timeout counts as a timeout, the samples after it are scored on another
+    worker, and a function that calls sys.exit counts as an error of its sample."""
+    import sys
+    import threading
+
+    mgr = RewardManager(RewardConfig(type="exact_match", timeout=0.3))
+    release = threading.Event()
+
+    def fn(s):
+        if s.response == "stuck":
+            release.wait(10)
+        if s.response == "exit":
+            sys.exit(3)
+        return 1.0 if s.response == s.label else 0.0
+
+    monkeypatch.setattr(mgr, "function_for", lambda s: fn)
+    samples = [sample(r, "a") for r in ("a", "b", "stuck", "a", "exit", "a")]
+    t = time.time()
+    counts = mgr.score(samples)
+    assert time.time() - t < 3
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    assert counts == {"reward/errors": 1.0, "reward/timeouts": 1.0, "reward/abandoned_threads": 1.0}
+    assert "reward.timeout" in samples[2].reward_info["reward_failure"]
+    assert "RewardExit" in samples[4].reward_info["reward_failure"]
+    assert mgr._workers.threads == 2  # the stuck call's worker, and the one that went on
+    release.set()
+    time.sleep(0.2)
+    assert mgr.score([sample("a", "a")])["reward/abandoned_threads"] == 0.0

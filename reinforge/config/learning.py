@@ -50,7 +50,12 @@ class RewardConfig(Section):
     timeout: float = opt(
         10.0, "seconds per sample (`judge`: per request); a timeout scores 0 and is counted in `reward/timeouts`", gt=0
     )
-    concurrency: int = opt(16, "reward calls in flight (with `isolation: process`, worker processes at most)", ge=1)
+    concurrency: int = opt(
+        16,
+        "reward calls in flight of a custom function or a judge (with `isolation: process`, worker processes at "
+        "most); the built-in rewards run one after another (local Python: threads would take turns on the GIL)",
+        ge=1,
+    )
     isolation: Literal["process", "thread"] = opt(
         "process",
         "where a `custom` function runs. `process`: worker processes (started when needed, kept between "

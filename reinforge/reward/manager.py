@@ -21,7 +21,7 @@ from ..records import Sample, Status
 from ..utils.imports import load_function
 from .functions import exact_match_reward, math_reward, reasoning_gym_reward
 from .judge import JudgeFailure
-from .threads import DaemonWorkers, Job
+from .threads import DaemonWorkers, InSequence, Job
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,48 @@ class RewardManager:
             inside = False
         if inside:
             raise RuntimeError("RewardManager.score() called inside an event loop: await ascore() instead")
+        if self.custom is None and self.judge is None:
+            return self._score_in_sequence(samples)
         return asyncio.run(self.ascore(samples))  # outside the except block: a failure has no chained context
+
+    def _score_in_sequence(self, samples: list[Sample]) -> dict[str, float]:
+        """The built-in rewards (reasoning-gym, math, exact match: local Python, which threads would only
+        run by turns on the GIL) one after another on one worker thread (:class:`~.threads.InSequence`):
+        one handoff instead of an asyncio task and a thread handoff per sample (256 reasoning-gym samples:
+        15 -> 1.5 ms on two cores). A call that runs past ``reward.timeout`` counts as a timeout and is left
+        to its worker (``reward/abandoned_threads`` while it runs); the samples after it go on on another."""
+        fns = [self.function_for(s) for s in samples]
+        counts = {"errors": 0, "timeouts": 0}
+        first: list[str] = []
+
+        def wrap(fn: Callable[..., Any], e: BaseException) -> Exception:
+            return RewardExit(f"reward function {self._name(fn)} raised {type(e).__name__}({e})")
+
+        start = 0
+        while start < len(samples):
+            run = InSequence(
+                self._workers, samples[start:], fns[start:], wrap, before=lambda fn: _IN_REWARD.set(self._name(fn))
+            )
+            stuck = run.wait(self.cfg.timeout)
+            for sample, fn, (ok, value) in zip(samples[start:], fns[start:], run.outcomes):
+                try:
+                    if not ok:
+                        raise value
+                    self._apply(sample, value)
+                except Exception as e:  # a reward bug must not kill a training run
+                    counts["errors"] += 1
+                    first.append(self._fail(sample, "error", f"{type(e).__name__}: {e}", fn))
+            if stuck is None:
+                break
+            i = start + stuck
+            counts["timeouts"] += 1
+            first.append(self._fail(samples[i], "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s", fns[i]))
+            self._abandoned.append(run.job)
+            start = i + 1
+        self._abandoned = [j for j in self._abandoned if not j.finished.is_set()]
+        out = self._finish(len(samples), counts, first)
+        out["reward/abandoned_threads"] = float(len(self._abandoned))
+        return out
 
     def _score_in_processes(self, samples: list[Sample]) -> dict[str, float]:
         counts = {"errors": 0, "timeouts": 0}

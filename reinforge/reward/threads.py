@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 
@@ -88,3 +89,62 @@ class DaemonWorkers:
                     job.then()
                 except BaseException:  # noqa: BLE001, S110
                     pass
+
+
+class InSequence:
+    """Calls ``fns[i](items[i])`` one after another on one worker of ``workers``: one thread handoff for
+    the whole list instead of one per call, for functions that would only take turns on the GIL. The
+    caller's :meth:`wait` watches each call's clock and abandons the run at the first call that takes
+    longer than ``timeout`` seconds (its worker finishes that call and stops; the result is dropped).
+
+    ``outcomes`` holds ``(True, value)`` or ``(False, exception)`` of every call that finished before
+    :meth:`wait` returned, in order; a ``BaseException`` (``sys.exit`` in the function) is handed back as
+    ``wrap(fn, e)``. ``job`` is the worker's :class:`Job` (the caller counts it while an abandoned call runs).
+    ``before(fn)`` runs on the worker before each call (it sets the worker's context)."""
+
+    def __init__(
+        self,
+        workers: DaemonWorkers,
+        items: list,
+        fns: list[Callable],
+        wrap: Callable[[Callable, BaseException], Exception],
+        before: Callable[[Callable], None] | None = None,
+    ):
+        self.items, self.fns, self.wrap, self.before = items, fns, wrap, before
+        self.outcomes: list[tuple[bool, object]] = []
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._stop = False
+        self.job = workers.submit(self._run)
+
+    def _run(self) -> None:
+        for item, fn in zip(self.items, self.fns):
+            with self._lock:
+                if self._stop:
+                    return
+                self._started = time.monotonic()
+            if self.before is not None:
+                self.before(fn)
+            try:
+                out: tuple[bool, object] = (True, fn(item))
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                out = (False, e)
+            except BaseException as e:  # sys.exit, KeyboardInterrupt raised inside the function
+                out = (False, self.wrap(fn, e))
+            with self._lock:
+                if self._stop:  # abandoned meanwhile: the caller has counted this call as timed out
+                    return
+                self.outcomes.append(out)
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait for the run; None when every call finished, else the index of the call that ran past
+        ``timeout`` (the run is abandoned there: the calls after it are left to the caller)."""
+        while True:
+            with self._lock:
+                i, deadline = len(self.outcomes), self._started + timeout
+            if self.job.finished.wait(max(0.0, deadline - time.monotonic())):
+                return None
+            with self._lock:
+                if len(self.outcomes) == i and self._started + timeout <= time.monotonic():
+                    self._stop = True
+                    return i
