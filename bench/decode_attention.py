@@ -39,7 +39,8 @@ import traceback
 import torch
 
 from reinforge.engine.kv_cache import to_cache
-from reinforge.engine.paged_attention import _num_sms, decode_splits, gather_blocks, paged_decode_attention_triton
+from reinforge.engine.paged_attention import decode_splits, gather_blocks, paged_decode_attention_triton
+from reinforge.utils.triton import num_sms
 
 
 def cdiv(a: int, b: int) -> int:
@@ -262,13 +263,13 @@ def main() -> None:
     print(
         f"device: {torch.cuda.get_device_name(dev) if not cpu else 'cpu (Triton interpreter)'}, torch "
         f"{torch.__version__}, H={args.heads} KVH={args.kv_heads} D={args.head_dim} {dtype}, "
-        f"block {args.block_size}, SMs {_num_sms(dev)}"
+        f"block {args.block_size}, SMs {num_sms(dev)}"
     )
     rows = []
     for B in seqs:
         for L in contexts:
             c = Case(B, L, args.heads, args.kv_heads, args.head_dim, args.block_size, dtype, dev)
-            auto = decode_splits(B, args.kv_heads, c.mb * args.block_size, _num_sms(dev))
+            auto = decode_splits(B, args.kv_heads, c.mb * args.block_size, num_sms(dev))
             ref = c.ours(1)()  # also writes the new token's K/V: every kernel below sees the same cache
             kernels = [("ours", 1, c.ours(1)), ("ours auto", auto, c.ours(None))]
             kernels += [("ours", s, c.ours(s)) for s in sweep if s not in (1, auto)]

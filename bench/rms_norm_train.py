@@ -1,10 +1,11 @@
-"""RMSNorm forward + backward in training: Liger-Kernel's ``LigerRMSNormFunction`` (what the trainer
-uses with ``model.fused_kernels``), PyTorch's ``F.rms_norm`` and the eager Llama formula, at a
-trainer's shapes (tokens of a micro-batch x hidden). Inputs bf16 (a matmul's output), the weight
-fp32 (the trainer's master copy under autocast) except in the ``bf16 weight`` rows. Each row: the
-median of ``--reps`` CUDA-graph-free timings of forward + backward, the bytes the pass must move
-(x, dy read twice and dx written in bf16) at ``--peak-tbs``, and the largest difference of dx and
-dweight from an fp32 reference (relative to the reference's largest value).
+"""RMSNorm forward + backward in training: reinforge's ``fused.rms_norm`` (what the trainer uses with
+``model.fused_kernels``), Liger-Kernel's ``LigerRMSNormFunction`` (what it used before), PyTorch's
+``F.rms_norm`` and the eager Llama formula, at a trainer's shapes (tokens of a micro-batch x hidden).
+Inputs bf16 (a matmul's output), the weight fp32 (the trainer's master copy under autocast) except in
+the ``bf16 weight`` rows. Each row: the median of ``--reps`` CUDA-graph-free timings of forward +
+backward, the bytes the pass must move (x, dy read twice and dx written in bf16) at ``--peak-tbs``,
+and the largest difference of dx and dweight from an fp32 reference (relative to the reference's
+largest value).
 
     python bench/rms_norm_train.py                      # on a GPU
     python bench/rms_norm_train.py --device cpu --shapes 64x32 --reps 2    # a smoke run (no Liger rows)
@@ -29,6 +30,12 @@ def liger(x, w, eps):
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
     return LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
+
+
+def reinforge_fused(x, w, eps):
+    from reinforge.models import fused
+
+    return fused.rms_norm(x, w, eps)
 
 
 def torch_fused(x, w, eps):
@@ -69,7 +76,7 @@ def main() -> None:
     fns = [("eager (Llama casting)", eager, False), ("torch F.rms_norm", torch_fused, False)]
     fns += [("torch F.rms_norm, autocast", torch_autocast, False), ("torch F.rms_norm, bf16 weight", torch_fused, True)]
     if dev.type == "cuda":
-        fns.insert(1, ("Liger LigerRMSNormFunction", liger, False))
+        fns[1:1] = [("reinforge fused.rms_norm", reinforge_fused, False), ("Liger LigerRMSNormFunction", liger, False)]
     print(f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, torch {torch.__version__}")
     print("| tokens x hidden | kernel | fwd+bwd ms | share of the bandwidth limit | dx err | dw err |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")

@@ -18,11 +18,9 @@ Cache layout per layer: ``[blocks, kv_heads, block_size, head_dim]``; a sequence
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ..utils.triton import tl, triton
+from ..utils.triton import num_sms, tl, triton
 from .kv_cache import FP8_DTYPES, cache_read
 
 
@@ -78,14 +76,6 @@ BLOCK_N_128_MAX_SPLITS = 8  # bf16: 128 keys per iteration up to this many split
 # 28.0 with 128 keys on 4 warps; bench/decode_attention.py, docs/benchmarks.md)
 SMALL_HEAD_DIM = 64
 RESCALE_LOG2 = 8.0  # the decode kernel's lazy rescaling threshold (log2 units: p <= 256 between rescales)
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 132 (an H100) elsewhere (the Triton interpreter)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
 
 
 def decode_splits(
@@ -345,7 +335,7 @@ def paged_decode_attention_triton(
     if H % KVH:
         raise ValueError(f"paged_decode_attention_triton: {H} query heads are not a multiple of {KVH} KV heads")
     if num_splits is None:
-        num_splits = decode_splits(B, KVH, max_len if max_len is not None else table.shape[1] * BS, _num_sms(q.device))
+        num_splits = decode_splits(B, KVH, max_len if max_len is not None else table.shape[1] * BS, num_sms(q.device))
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention_triton: num_splits={num_splits} must be >= 1")
     rope = cos is not None

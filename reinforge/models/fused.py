@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from ..utils.triton import tl, triton
+from ..utils.triton import num_sms, tl, triton
 
 if triton is not None:
 
@@ -53,6 +53,30 @@ if triton is not None:
         y = (x * r).to(RES.dtype.element_ty).to(tl.float32)  # eager: x.to(dtype) before the weight
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(Y + row * N + cols, (w * y).to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _rms_norm_bwd_kernel(
+        DY, X, W, RSTD, DX, DW, M, N, BLOCK: tl.constexpr, ROWS: tl.constexpr, PROGRAMS: tl.constexpr
+    ):
+        # program p: row blocks p, p + PROGRAMS, ... of ROWS rows each; its part of dW (fp32) to DW[p]
+        p = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        ok = cols < N
+        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK], tl.float32)
+        for start in range(p * ROWS, M, PROGRAMS * ROWS):
+            rows = start + tl.arange(0, ROWS)
+            live = rows < M
+            at = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            mask = live[:, None] & ok[None, :]
+            dy = tl.load(DY + at, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + at, mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(RSTD + rows, mask=live, other=0.0)[:, None]
+            m = dy * w[None, :]
+            dx = r * m - r * (r * r / N) * tl.sum(m * x, 1)[:, None] * x
+            tl.store(DX + at, dx.to(DX.dtype.element_ty), mask=mask)
+            dw += tl.sum(dy * (x * r).to(X.dtype.element_ty).to(tl.float32), 0)  # the forward's rounding
+        tl.store(DW + p.to(tl.int64) * N + cols, dw, mask=ok)
 
     @triton.jit
     def _rope_kernel(X, COS, SIN, Y, s_xt, s_xh, s_ct, HALF: tl.constexpr):
@@ -128,13 +152,51 @@ def _rms_norm_fwd(
     return y
 
 
+_RMS_BWD_ROWS = 4  # rows per iteration of a backward program (a [4, BLOCK] tile: 4096 values at hidden 576-1024)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """:func:`rms_norm` with gradients: the forward kernel (keeping each row's 1 / rms), and a backward
+    kernel over tiles of rows with a few programs per SM, each summing its rows' part of dW in fp32.
+    The arithmetic of Liger-Kernel's ``LigerRMSNormFunction`` in its ``llama`` casting mode, whose
+    backward runs one program per SM over whole rows one at a time (65,536 x 576: 8% of the bandwidth
+    limit on an H200; ``bench/rms_norm_train.py``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        N = x.shape[-1]
+        x2 = x.reshape(-1, N).contiguous()
+        M = x2.shape[0]
+        y = torch.empty_like(x2)
+        rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+        _rms_norm_kernel[(M,)](
+            x2, x2, weight, y, rstd, N, eps, BLOCK=triton.next_power_of_2(N), STORE_RSTD=True, ADD_RESIDUAL=False
+        )
+        ctx.save_for_backward(x2, weight, rstd)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x2, weight, rstd = ctx.saved_tensors
+        M, N = x2.shape
+        dy2 = dy.reshape(M, N).contiguous()
+        dx = torch.empty_like(x2)
+        programs = max(1, min(triton.cdiv(M, _RMS_BWD_ROWS), 4 * num_sms(x2.device)))
+        dw = torch.empty(programs, N, dtype=torch.float32, device=x2.device)
+        _rms_norm_bwd_kernel[(programs,)](
+            dy2, x2, weight, rstd, dx, dw, M, N, BLOCK=triton.next_power_of_2(N), ROWS=_RMS_BWD_ROWS, PROGRAMS=programs
+        )
+        return dx.view(dy.shape), dw.sum(0).to(weight.dtype), None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` over the last dim (Zhang & Sennrich
     2019, computed in fp32 as Llama does) in one kernel; differentiable in ``x`` and ``weight``.
 
-    Without gradients: reinforge's kernel (the engine captures it in CUDA graphs). With gradients:
-    Liger-Kernel's ``LigerRMSNormFunction`` (casting mode ``llama``: the same arithmetic), whose
-    output has ``x``'s dtype whatever ``dtype`` says (under autocast the next matmul casts it).
+    Without gradients: one kernel (the engine captures it in CUDA graphs). With gradients:
+    :class:`_RMSNormFunction` (Liger-Kernel's arithmetic in its ``llama`` casting mode, with a faster
+    backward kernel), whose output has ``x``'s dtype whatever ``dtype`` says (under autocast the next
+    matmul casts it).
 
     Args:
         x: [..., N] on CUDA; weight: [N].
@@ -144,12 +206,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
 
     Returns:
         [..., N].
-
-    Raises:
-        ImportError: gradients are needed and Liger-Kernel is not installed.
     """
     if _needs_grad(x, weight):
-        return _liger().LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
+        return _RMSNormFunction.apply(x, weight, eps)
     dtype = dtype or torch.result_type(weight, x)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)

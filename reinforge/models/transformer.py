@@ -470,8 +470,11 @@ class CausalLM(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         x = self.model.embed_tokens(input_ids)
-        cos = self.rope_cos[position_ids].to(x.dtype)
-        sin = self.rope_sin[position_ids].to(x.dtype)
+        if getattr(ctx, "applies_rope", False):  # every layer's RoPE runs inside the context's attention
+            cos = sin = None
+        else:
+            cos = self.rope_cos[position_ids].to(x.dtype)
+            sin = self.rope_sin[position_ids].to(x.dtype)
         if self.variant.fused_residual:
             residual = None
             for layer in self.model.layers:

@@ -21,6 +21,15 @@ def triton_available(device_type: str) -> bool:
 
 
 @functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 132 (an H100's) elsewhere (the Triton interpreter),
+    for the grid sizes of kernels that aim at a few programs per SM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+@functools.cache
 def liger_available() -> bool:
     """Whether Liger-Kernel (the trainer's fused kernels with backward passes) can be imported."""
     try:

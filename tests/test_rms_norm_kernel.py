@@ -1,0 +1,38 @@
+"""The trainer's RMSNorm with gradients (reinforge/models/fused.py: _RMSNormFunction) against the eager
+model code, forward and both gradients. Runs on CUDA, or on a CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``, fp32); otherwise it skips."""
+
+import pytest
+import torch
+
+from reinforge.models import fused
+from reinforge.models.transformer import RMSNorm
+
+from .test_paged_attention import KERNEL_DEVICE, needs_kernel
+
+DTYPES = [(torch.float32, 1e-5)] + ([(torch.bfloat16, 2e-2)] if KERNEL_DEVICE == "cuda" else [])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_rms_norm_function_matches_eager_forward_and_gradients(dtype, tol, monkeypatch):
+    monkeypatch.setattr(fused, "num_sms", lambda device: 3)  # few programs: each walks several row tiles
+    for rows, hidden in [(1, 64), (7, 576), (231, 576), (50, 96)]:  # tiles of 4 rows, partly filled
+        g = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE, dtype)
+        w = torch.randn(hidden, generator=g).to(KERNEL_DEVICE)
+        dy = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE, dtype)
+        eager = RMSNorm(hidden, 1e-6).to(KERNEL_DEVICE)
+        outs = []
+        for fn in (
+            lambda x, w: torch.func.functional_call(eager, {"weight": w}, (x,)),
+            lambda x, w: fused.rms_norm(x, w, 1e-6),
+        ):
+            xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            y = fn(xi, wi)
+            (y.float() * dy.float()).sum().backward()
+            outs.append((y, xi.grad, wi.grad))
+        for ref, got in zip(*outs):
+            assert got.dtype == ref.dtype and got.shape == ref.shape
+            ref, got = ref.float(), got.float()
+            torch.testing.assert_close(got, ref, atol=tol * ref.abs().max().item(), rtol=tol)
