@@ -17,7 +17,7 @@ DTYPES = [(torch.float32, 1e-5)] + ([(torch.bfloat16, 2e-2)] if KERNEL_DEVICE ==
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_rms_norm_function_matches_eager_forward_and_gradients(dtype, tol, monkeypatch):
     monkeypatch.setattr(fused, "num_sms", lambda device: 3)  # few programs: each walks several row tiles
-    for rows, hidden in [(1, 64), (7, 576), (231, 576), (50, 96)]:  # tiles of 4 rows, partly filled
+    for rows, hidden in [(1, 64), (7, 576), (231, 576), (50, 96), (9, 2048)]:  # tiles of 4 rows, partly filled
         g = torch.Generator().manual_seed(rows)
         x = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE, dtype)
         w = torch.randn(hidden, generator=g).to(KERNEL_DEVICE)
@@ -32,7 +32,32 @@ def test_rms_norm_function_matches_eager_forward_and_gradients(dtype, tol, monke
             y = fn(xi, wi)
             (y.float() * dy.float()).sum().backward()
             outs.append((y, xi.grad, wi.grad))
+        assert outs[1][0].dtype == dtype  # x's dtype, as Liger's (eager promotes to the fp32 weight's)
         for ref, got in zip(*outs):
-            assert got.dtype == ref.dtype and got.shape == ref.shape
+            assert got.shape == ref.shape
             ref, got = ref.float(), got.float()
             torch.testing.assert_close(got, ref, atol=tol * ref.abs().max().item(), rtol=tol)
+
+
+def test_wider_norms_train_with_liger(monkeypatch):
+    """Above RMS_BWD_MAX_HIDDEN the trainer's norm is Liger's (faster there); up to it, ours."""
+    calls = []
+
+    class Liger:
+        class LigerRMSNormFunction:
+            @staticmethod
+            def apply(*args):
+                calls.append("liger")
+                return args[0]
+
+    class Ours:
+        @staticmethod
+        def apply(*args):
+            calls.append("ours")
+            return args[0]
+
+    monkeypatch.setattr(fused, "_liger", lambda: Liger)
+    monkeypatch.setattr(fused, "_RMSNormFunction", Ours)
+    for n in (fused.RMS_BWD_MAX_HIDDEN, fused.RMS_BWD_MAX_HIDDEN + 1):
+        fused.rms_norm(torch.ones(2, n, requires_grad=True), torch.ones(n), 1e-6)
+    assert calls == ["ours", "liger"]

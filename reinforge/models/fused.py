@@ -15,7 +15,9 @@ Two sources, one function per operation:
   (``liger-kernel`` on PyPI, used by verl, TRL and OpenRLHF). Measured on an H100 against the
   backward kernels this module had (docs/benchmarks.md, "Liger-Kernel against our training
   kernels"), Liger's were within 4-7% on a 1.5B model's micro-batch, so the project uses them and
-  keeps no copy of its own.
+  keeps no copy of its own, except the RMSNorm of hidden sizes up to ``RMS_BWD_MAX_HIDDEN``
+  (:class:`_RMSNormFunction`): Liger's backward walks whole rows with one program per SM, 8-10% of the
+  bandwidth limit at SmolLM2's 576, where ours over tiles of rows is 1.8-2.9x faster.
 
 Precision: every kernel computes in fp32 and rounds once on store, where eager PyTorch under bf16
 rounds after each bf16 op; bf16 results differ from the eager path in the last bits, fp32 results
@@ -152,7 +154,11 @@ def _rms_norm_fwd(
     return y
 
 
-_RMS_BWD_ROWS = 4  # rows per iteration of a backward program (a [4, BLOCK] tile: 4096 values at hidden 576-1024)
+_RMS_BWD_ROWS = 4  # rows per iteration of a backward program: a [4, BLOCK] tile
+# widest hidden size trained with _RMSNormFunction; wider ones run Liger's (H200, fwd + bwd, 65,536 x 576:
+# 0.46 against 0.82 ms; 16,384 x 1,536: 0.26 against 0.77; 16,384 x 4,096: 2.16 against 0.65, where a
+# [4, 4096] tile spills registers; bench/rms_norm_train.py, docs/benchmarks.md)
+RMS_BWD_MAX_HIDDEN = 2048
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -194,9 +200,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     2019, computed in fp32 as Llama does) in one kernel; differentiable in ``x`` and ``weight``.
 
     Without gradients: one kernel (the engine captures it in CUDA graphs). With gradients:
-    :class:`_RMSNormFunction` (Liger-Kernel's arithmetic in its ``llama`` casting mode, with a faster
-    backward kernel), whose output has ``x``'s dtype whatever ``dtype`` says (under autocast the next
-    matmul casts it).
+    :class:`_RMSNormFunction` up to ``RMS_BWD_MAX_HIDDEN`` (Liger-Kernel's arithmetic in its ``llama``
+    casting mode, with a faster backward kernel at these widths), Liger's ``LigerRMSNormFunction``
+    above; either output has ``x``'s dtype whatever ``dtype`` says (under autocast the next matmul
+    casts it).
 
     Args:
         x: [..., N] on CUDA; weight: [N].
@@ -206,9 +213,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
 
     Returns:
         [..., N].
+
+    Raises:
+        ImportError: gradients are needed for N > ``RMS_BWD_MAX_HIDDEN`` and Liger-Kernel is not installed.
     """
     if _needs_grad(x, weight):
-        return _RMSNormFunction.apply(x, weight, eps)
+        if x.shape[-1] <= RMS_BWD_MAX_HIDDEN:
+            return _RMSNormFunction.apply(x, weight, eps)
+        return _liger().LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
     dtype = dtype or torch.result_type(weight, x)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)
