@@ -60,7 +60,8 @@ if triton is not None:
     def _rms_norm_bwd_kernel(
         DY, X, W, RSTD, DX, DW, M, N, BLOCK: tl.constexpr, ROWS: tl.constexpr, PROGRAMS: tl.constexpr
     ):
-        # program p: row blocks p, p + PROGRAMS, ... of ROWS rows each; its part of dW (fp32) to DW[p]
+        # program p: row blocks p, p + PROGRAMS, ... of ROWS rows each (none past M: a zero part); its part of
+        # dW (fp32) to DW[p]. PROGRAMS is fixed per device, so no micro-batch size compiles the kernel again.
         p = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         ok = cols < N
@@ -187,7 +188,7 @@ class _RMSNormFunction(torch.autograd.Function):
         M, N = x2.shape
         dy2 = dy.reshape(M, N).contiguous()
         dx = torch.empty_like(x2)
-        programs = max(1, min(triton.cdiv(M, _RMS_BWD_ROWS), 4 * num_sms(x2.device)))
+        programs = 4 * num_sms(x2.device)
         dw = torch.empty(programs, N, dtype=torch.float32, device=x2.device)
         _rms_norm_bwd_kernel[(programs,)](
             dy2, x2, weight, rstd, dx, dw, M, N, BLOCK=triton.next_power_of_2(N), ROWS=_RMS_BWD_ROWS, PROGRAMS=programs
