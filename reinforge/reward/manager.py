@@ -32,6 +32,11 @@ class RewardExit(Exception):
     """A reward function tried to end the process (``os._exit``, ``sys.exit``); it is counted as
     a reward error of that sample instead."""
 
+    @classmethod
+    def raised(cls, name: str, e: BaseException) -> RewardExit:
+        """The error of reward function ``name`` raising ``e`` (a ``BaseException``: ``sys.exit``...)."""
+        return cls(f"reward function {name} raised {type(e).__name__}({e})")
+
 
 class RewardFunctionFailing(RuntimeError):
     """The reward function failed on every sample of ``RewardManager.ALL_FAILED_LIMIT``
@@ -135,11 +140,12 @@ class RewardManager:
     A function that raises, returns something that is not a finite number, tries to end the
     process or runs past ``reward.timeout`` seconds gives reward 0 and is counted
     (``reward/errors``, ``reward/timeouts``); the first failure of each kind is logged in one line
-    naming the function, the sample and the exception. At most ``reward.concurrency`` calls run at
-    once. In threads (built-in rewards, ``reward.isolation: thread``) each plain call runs on a
-    daemon worker thread that no other call shares while it runs (:class:`~.threads.DaemonWorkers`):
-    a call that times out stops counting against the concurrency (its thread is left to finish,
-    counted in ``reward/abandoned_threads``); ``async`` functions run on a separate
+    naming the function, the sample and the exception. The built-in rewards run one after another on
+    one daemon worker thread (:meth:`_score_in_sequence`; in :meth:`ascore`, as below). Otherwise at
+    most ``reward.concurrency`` calls run at once. In threads (``reward.isolation: thread``) each
+    plain call runs on a daemon worker thread that no other call shares while it runs
+    (:class:`~.threads.DaemonWorkers`). A call that times out stops counting against the concurrency:
+    its thread is left to finish, counted in ``reward/abandoned_threads``. ``async`` functions run on a separate
     event loop (:class:`_AsyncRunner`), so one that blocks still times out. When every sample of
     ``ALL_FAILED_LIMIT`` consecutive :meth:`score` calls (one per rollout) failed,
     :class:`RewardFunctionFailing` stops the run; :meth:`check_run` raises it at the end of a
@@ -253,7 +259,7 @@ class RewardManager:
         first: list[str] = []
 
         def wrap(fn: Callable[..., Any], e: BaseException) -> Exception:
-            return RewardExit(f"reward function {self._name(fn)} raised {type(e).__name__}({e})")
+            return RewardExit.raised(self._name(fn), e)
 
         start = 0
         while start < len(samples):
@@ -276,10 +282,7 @@ class RewardManager:
             first.append(self._fail(samples[i], "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s", fns[i]))
             self._abandoned.append(run.job)
             start = i + 1
-        self._abandoned = [j for j in self._abandoned if not j.finished.is_set()]
-        out = self._finish(len(samples), counts, first)
-        out["reward/abandoned_threads"] = float(len(self._abandoned))
-        return out
+        return self._finish_in_threads(len(samples), counts, first)
 
     def _score_in_processes(self, samples: list[Sample]) -> dict[str, float]:
         counts = {"errors": 0, "timeouts": 0}
@@ -353,8 +356,12 @@ class RewardManager:
                     first.append(self._fail(sample, "error", f"{type(e).__name__}: {e}", fn))
 
         await asyncio.gather(*(one(s) for s in samples))
+        return self._finish_in_threads(len(samples), counts, first)
+
+    def _finish_in_threads(self, n: int, counts: dict[str, int], first: list[str]) -> dict[str, float]:
+        """:meth:`_finish`, and ``reward/abandoned_threads``: the timed-out calls still running."""
         self._abandoned = [j for j in self._abandoned if not j.finished.is_set()]
-        out = self._finish(len(samples), counts, first)
+        out = self._finish(n, counts, first)
         out["reward/abandoned_threads"] = float(len(self._abandoned))
         return out
 
@@ -439,7 +446,7 @@ class RewardManager:
             except Exception as e:  # noqa: BLE001 - handed to the awaiting task
                 outcome.append((False, e))
             except BaseException as e:  # sys.exit, KeyboardInterrupt raised inside the function
-                outcome.append((False, RewardExit(f"reward function {name} raised {type(e).__name__}({e})")))
+                outcome.append((False, RewardExit.raised(name, e)))
 
         def report() -> None:  # after the worker is free again
             try:
@@ -468,7 +475,7 @@ class RewardManager:
             except Exception:
                 raise
             except BaseException as e:  # sys.exit inside the coroutine
-                raise RewardExit(f"reward function {name} raised {type(e).__name__}({e})") from None
+                raise RewardExit.raised(name, e) from None
 
         cf = asyncio.run_coroutine_threadsafe(call(), runner.loop)
         try:
