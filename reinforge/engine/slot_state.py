@@ -38,11 +38,9 @@ def advance_slots(
     B = tok.shape[0]
     done, g, pos = state["done"][:B], state["gen_lens"][:B], state["seq_lens"][:B]
     active = ~done
-    rows = torch.arange(B, device=tok.device)
     w = g.clamp(max=max_model_len - 1)
-    out_t, out_lp = state["out_tokens"], state["out_logprobs"]
-    out_t[rows, w] = torch.where(active, tok, out_t[rows, w])
-    out_lp[rows, w] = torch.where(active, lp, out_lp[rows, w])
+    for out, new in ((state["out_tokens"][:B], tok), (state["out_logprobs"][:B], lp)):  # column w of each row
+        out.scatter_(1, w[:, None], torch.where(active, new, out.gather(1, w[:, None])[:, 0])[:, None])
     new_g = g + active
     is_stop = active & (tok[:, None] == state["stop_ids"][:B]).any(-1)
     hit_len = active & ~is_stop & ((new_g >= state["max_new"][:B]) | (pos + 1 >= max_model_len))
