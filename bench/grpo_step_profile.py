@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_gaps  # noqa: E402
-from grpo_vs_trl import reinforge_overrides  # noqa: E402
+from grpo_vs_trl import add_work_args, reinforge_overrides  # noqa: E402
 
 # the loop's trace spans reported by the GPU-idle table (reinforge/loop.py, rollout/source.py, train/)
 PHASES = ["generate", "reward", "score", "advantages", "train", "forward", "backward", "optimizer_step", "weight_sync"]
@@ -57,14 +57,8 @@ def _sync() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    add_work_args(ap, steps=5)
     ap.add_argument("--tokenizer", type=Path)
-    ap.add_argument("--task", default="gsm_symbolic")
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--num-data", type=int, default=2000)
     ap.add_argument("--packing", default="sequences")
     ap.add_argument("--max-tokens-per-gpu", type=int, default=65536)
     ap.add_argument("--rows", type=int, default=25, help="rows of each profile table")

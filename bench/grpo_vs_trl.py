@@ -156,15 +156,20 @@ def time_trl(args, model: Path, out: Path) -> list[float]:
     return times
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_work_args(ap: argparse.ArgumentParser, steps: int) -> None:
+    """The work's options, which :func:`reinforge_overrides` reads (``bench/grpo_step_profile.py`` too)."""
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--task", default="gsm_symbolic")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--num-data", type=int, default=2000)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_work_args(ap, steps=6)
     ap.add_argument(
         "--trl-micro-batch",
         type=int,
