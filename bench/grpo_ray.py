@@ -106,15 +106,22 @@ def main(argv: list[str] | None = None) -> dict:
         help="where the random model is written once and reused (default: --output-dir)",
     )
     ap.add_argument("--timeout", type=float, default=3000, help="seconds before the run is stopped")
+    ap.add_argument(
+        "--random-init",
+        action="store_true",
+        help="no weights on disk: every trainer rank draws them (model.random_init, one seed) and the first "
+        "weight sync gives them to the engines (a 15B model's 30 GB take minutes to write)",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value overrides for the run")
     args = ap.parse_intermixed_args(argv)  # key=value overrides may come between the options
     if args.trainers % args.nodes:
         raise SystemExit(f"--trainers {args.trainers} is not a multiple of --nodes {args.nodes}")
     args.output_dir.mkdir(parents=True, exist_ok=True)
     tag = f"{args.arch}{'-tiny' if args.tiny else ''}"
-    model, prompts = (args.model_dir or args.output_dir) / f"model-{tag}", args.output_dir / "prompts.jsonl"
+    folder = f"model-{tag}{'-config' if args.random_init else ''}"
+    model, prompts = (args.model_dir or args.output_dir) / folder, args.output_dir / "prompts.jsonl"
     if not (model / "config.json").exists():
-        build_model(model, args.arch, args.tokenizer, max(32768, args.length + 1024), args.tiny)
+        build_model(model, args.arch, args.tokenizer, max(32768, args.length + 1024), args.tiny, not args.random_init)
     if not prompts.exists():
         write_prompts(prompts, 4096)
     out = args.output_dir / args.name
@@ -141,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"cluster.actor_num_nodes={args.nodes}",
         f"cluster.actor_num_gpus_per_node={args.trainers // args.nodes}",
         f"cluster.rollout_num_gpus={args.engines}",
+        *(["model.random_init=true"] if args.random_init else []),
         *args.overrides,
     ]
     cmd = [sys.executable, "-m", "reinforge", "train", *overrides]

@@ -14,11 +14,13 @@ need_gpus "$G"; need_ray
 EP=${EP:-$(( G / 2 ))}
 ARCH=${ARCH:-$([[ $G -ge 8 ]] && echo qwen3-moe-30b-a3b || echo qwen3-moe-15b-a1.8b)}
 COMMON="--colocate --trainers $G --engines $G --length ${LENGTH:-4096} --seqs $(( 32 * G ))"
-EXTRA=(--steps "${STEPS:-2}" --model-dir "$PWD/out/models" cluster.offload_engine_weights=true)
+# --random-init: the ranks draw the weights (one seed) and the first weight sync hands them to the engines;
+# writing the 30-60 GB checkpoint would take minutes of a 10-minute call
+EXTRA=(--steps "${STEPS:-2}" --random-init --model-dir "$PWD/out/models" cluster.offload_engine_weights=true)
 if [[ $DRY == 1 ]]; then
   G=2 EP=2 COMMON="--colocate --trainers 2 --engines 2 --length 16 --seqs 4 --n 2"
   ARCH=qwen3-moe-30b-a3b
-  EXTRA=(--steps 2 --tiny --model-dir "$OUT/models" train.device=cpu cluster.num_cpus_per_worker=0.5)
+  EXTRA=(--steps 2 --tiny --random-init --model-dir "$OUT/models" train.device=cpu cluster.num_cpus_per_worker=0.5)
   ROWS=${ROWS:-fsdp ep-rr}
 fi
 declare -A KEYS=(
