@@ -39,6 +39,34 @@ def test_rms_norm_function_matches_eager_forward_and_gradients(dtype, tol, monke
             torch.testing.assert_close(got, ref, atol=tol * ref.abs().max().item(), rtol=tol)
 
 
+@needs_kernel
+def test_rms_norm_function_stores_the_autocast_dtype(monkeypatch):
+    """The trainer passes the autocast dtype: an fp32 residual stream's norm comes out in bf16 with the
+    values autocast would give the next matmul (the fp32 output, rounded once), and the gradients of the
+    fp32 path through that cast."""
+    monkeypatch.setattr(fused, "num_sms", lambda device: 3)
+    for rows, hidden in [(7, 576), (231, 576), (9, 2048)]:
+        g = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE)
+        w = torch.randn(hidden, generator=g).to(KERNEL_DEVICE)
+        dy = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE, torch.bfloat16)
+        outs = []
+        for fn in (
+            lambda x, w: fused.rms_norm(x, w, 1e-6).to(torch.bfloat16),  # fp32 out, cast (the path before)
+            lambda x, w: fused.rms_norm(x, w, 1e-6, torch.bfloat16),
+        ):
+            xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            y = fn(xi, wi)
+            (y.float() * dy.float()).sum().backward()
+            outs.append((y, xi.grad, wi.grad))
+        assert outs[1][0].dtype == torch.bfloat16 and outs[1][1].dtype == torch.float32
+        # exact on a GPU (both round to nearest even); Triton's interpreter truncates a plain bf16 cast
+        ulp = 0 if KERNEL_DEVICE == "cuda" else 2**-7
+        torch.testing.assert_close(outs[1][0], outs[0][0], atol=0, rtol=ulp)
+        for ref, got in zip(outs[0][1:], outs[1][1:]):
+            torch.testing.assert_close(got, ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
+
+
 def test_wider_norms_train_with_liger(monkeypatch):
     """Above RMS_BWD_MAX_HIDDEN the trainer's norm is Liger's (faster there); up to it, ours."""
     calls = []

@@ -167,14 +167,15 @@ class _RMSNormFunction(torch.autograd.Function):
     kernel over tiles of rows with a few programs per SM, each summing its rows' part of dW in fp32.
     The arithmetic of Liger-Kernel's ``LigerRMSNormFunction`` in its ``llama`` casting mode, whose
     backward runs one program per SM over whole rows one at a time (65,536 x 576: 8% of the bandwidth
-    limit on an H200; ``bench/rms_norm_train.py``)."""
+    limit on an H200; ``bench/rms_norm_train.py``). The output is stored in ``dtype`` (the gradient
+    arrives in it); dX has x's dtype, dW the weight's."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
         N = x.shape[-1]
         x2 = x.reshape(-1, N).contiguous()
         M = x2.shape[0]
-        y = torch.empty_like(x2)
+        y = torch.empty((M, N), dtype=dtype, device=x.device)
         rstd = torch.empty(M, dtype=torch.float32, device=x.device)
         _rms_norm_kernel[(M,)](
             x2, x2, weight, y, rstd, N, eps, BLOCK=triton.next_power_of_2(N), STORE_RSTD=True, ADD_RESIDUAL=False
@@ -193,7 +194,7 @@ class _RMSNormFunction(torch.autograd.Function):
         _rms_norm_bwd_kernel[(programs,)](
             dy2, x2, weight, rstd, dx, dw, M, N, BLOCK=triton.next_power_of_2(N), ROWS=_RMS_BWD_ROWS, PROGRAMS=programs
         )
-        return dx.view(dy.shape), dw.sum(0).to(weight.dtype), None
+        return dx.view(dy.shape), dw.sum(0).to(weight.dtype), None, None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -203,14 +204,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     Without gradients: one kernel (the engine captures it in CUDA graphs). With gradients:
     :class:`_RMSNormFunction` up to ``RMS_BWD_MAX_HIDDEN`` (Liger-Kernel's arithmetic in its ``llama``
     casting mode, with a faster backward kernel at these widths), Liger's ``LigerRMSNormFunction``
-    above; either output has ``x``'s dtype whatever ``dtype`` says (under autocast the next matmul
-    casts it).
+    above, then one cast to ``dtype``.
+
+    Under autocast the trainer passes the autocast dtype, so the norm's output is rounded once, as
+    the next matmul would round it: the values are those of an fp32 output that autocast casts, but
+    the q, k and v (or gate and up) projections share one bf16 tensor instead of each casting the fp32
+    one, and backward has no casts of their gradients (measured: ``docs/benchmarks.md``, "the trainer's
+    casts"). Their gradients are then summed in ``dtype``, as in Megatron's bf16 layers.
 
     Args:
         x: [..., N] on CUDA; weight: [N].
         eps: added to the mean square.
-        dtype: the output dtype without gradients (default: the promoted dtype of ``weight`` and ``x``,
-            as eager PyTorch; the trainer passes the autocast dtype, which the next matmul would cast to).
+        dtype: the output dtype (default: without gradients the promoted dtype of ``weight`` and ``x``,
+            as eager PyTorch; with gradients ``x``'s dtype, as Liger's ``llama`` mode).
 
     Returns:
         [..., N].
@@ -220,8 +226,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     """
     if _needs_grad(x, weight):
         if x.shape[-1] <= RMS_BWD_MAX_HIDDEN:
-            return _RMSNormFunction.apply(x, weight, eps)
-        return _liger().LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
+            return _RMSNormFunction.apply(x, weight, eps, dtype or x.dtype)
+        y = _liger().LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
+        return y if dtype is None else y.to(dtype)
     dtype = dtype or torch.result_type(weight, x)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)
@@ -339,11 +346,22 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
     """``silu(g) * u`` where ``gu`` [..., 2I] holds ``[g | u]`` along its last dim (a fused gate/up
-    projection's output), in one kernel without splitting it. Inference only.
+    projection's output), in one kernel without splitting it. With gradients: Liger-Kernel's
+    ``LigerFusedGateUpSiLUMulFunction`` (its arithmetic is that of ``LigerSiLUMulFunction``, which
+    :func:`silu_mul` uses), or with a Liger-Kernel that lacks it the two halves through :func:`silu_mul`.
 
     Returns:
         [..., I] in ``gu``'s dtype.
+
+    Raises:
+        ImportError: gradients are needed and Liger-Kernel is not installed.
     """
+    if _needs_grad(gu):
+        packed = getattr(_liger(), "LigerFusedGateUpSiLUMulFunction", None)
+        if packed is None:
+            g, u = gu.chunk(2, dim=-1)
+            return silu_mul(g, u)
+        return packed.apply(gu.contiguous(), False)  # False: its gradient in a new tensor, not in gu
     gu = gu.contiguous()
     g, u = gu.chunk(2, dim=-1)  # views: the kernel reads both halves of each row in place
     return _silu_mul(g, u, row_stride=gu.shape[-1])

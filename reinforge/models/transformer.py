@@ -241,6 +241,8 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, ctx: AttentionContext | None):
         if self.qkv is not None:
             q, k, v = self._fused_qkv(x, cos, sin, getattr(ctx, "applies_rope", False))
+        elif self.rope_qk is fused.rope_qk and plain_linears(self.q_proj, self.k_proj, self.v_proj):
+            q, k, v = self._concatenated_qkv(x, cos, sin)
         else:
             q, k, v = self._separate_qkv(x, cos, sin)
         return self._attend(q, k, v, ctx)
@@ -252,6 +254,21 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, -1, D)
         k = self.k_proj(x).view(B, T, -1, D)
         v = self.v_proj(x).view(B, T, -1, D)
+        return self._norm_and_rope(q, k, v, cos, sin)
+
+    def _concatenated_qkv(self, x, cos, sin):
+        """The trainer with the fused kernels: the three weights side by side (a copy of a few MB each
+        forward; under autocast one cast, not three), one matmul. Backward is one matmul for x's
+        gradient where three would be summed."""
+        B, T, _ = x.shape
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        w = torch.cat([p.weight for p in projs])
+        b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        q, k, v = (
+            F.linear(x, w, b)
+            .view(B, T, -1, self.head_dim)
+            .split([p.weight.shape[0] // self.head_dim for p in projs], dim=2)
+        )
         return self._norm_and_rope(q, k, v, cos, sin)
 
     def _norm_and_rope(self, q, k, v, cos, sin):
@@ -317,10 +334,23 @@ class MLP(nn.Module):
         if self.gate_up is not None:  # inference: one matmul, SiLU-and-multiply on the packed output
             gu = F.linear(x, self.gate_up)
             h = fused.silu_mul_packed(gu) if self.fused else _silu_mul_packed(gu)
+        elif self.fused and plain_linears(self.gate_proj, self.up_proj):
+            # the trainer: the two weights side by side (a copy of a few MB; under autocast one cast, not two),
+            # one matmul, SiLU-and-multiply on the packed output; backward is one matmul for x's gradient
+            # where two would be summed
+            gu = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight]))
+            h = fused.silu_mul_packed(gu)
         else:
             g, u = self.gate_proj(x), self.up_proj(x)
             h = fused.silu_mul(g, u) if self.fused else F.silu(g) * u
         return self.down_proj(h)
+
+
+def plain_linears(*layers: nn.Module) -> bool:
+    """Whether ``layers`` are ``nn.Linear`` layers of plain (not DTensor) weights: layers whose weights
+    may be concatenated for one matmul (not under tensor parallelism, whose sharded weights would be
+    gathered, nor LoRA's wrapped layers). FSDP2 hands a layer its gathered weights as plain parameters."""
+    return all(type(m) is nn.Linear and type(m.weight) in (nn.Parameter, torch.Tensor) for m in layers)
 
 
 def _silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
