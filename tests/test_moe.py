@@ -358,6 +358,8 @@ def test_grpo_runs_on_a_tiny_moe_model_with_the_aux_loss(tmp_path, qwen3_moe_pat
             out,
             **{
                 "train.moe_aux_loss_coeff": 0.01,
+                "model.train_dtype": "fp32",  # (both sides in fp32 on a GPU too: the log-prob bound below)
+                "engine.dtype": "fp32",
                 "reward.type": "custom",
                 "reward.function_path": "tests.reward_fns:even_first_token",
                 "data.n_eval_prompts": 0,

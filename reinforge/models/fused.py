@@ -361,7 +361,8 @@ def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
         if packed is None:
             g, u = gu.chunk(2, dim=-1)
             return silu_mul(g, u)
-        return packed.apply(gu.contiguous(), False)  # False: its gradient in a new tensor, not in gu
+        rows = gu.reshape(-1, gu.shape[-1]).contiguous()  # (its backward returns the gradient as [rows, 2I])
+        return packed.apply(rows, False).view(*gu.shape[:-1], gu.shape[-1] // 2)  # False: the gradient not in gu
     gu = gu.contiguous()
     g, u = gu.chunk(2, dim=-1)  # views: the kernel reads both halves of each row in place
     return _silu_mul(g, u, row_stride=gu.shape[-1])

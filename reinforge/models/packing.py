@@ -131,8 +131,9 @@ class PackedAttention:
             varlen_attn, causal, has_gqa = _varlen()
             B, T, H, D = q.shape
             cu, longest = self.cu_seqlens()
-            if gqa and not has_gqa:
-                k, v = (x.repeat_interleave(H // x.shape[2], dim=2) for x in (k, v))
+            # grouped-query attention without repeating k and v: the flash kernel takes fewer key/value heads
+            # (torch 2.11's varlen_attn has no enable_gqa flag and passes them through: the same output and
+            # gradients as repeated heads, checked on an H200; later versions ask for the flag)
             extra = {"enable_gqa": True} if gqa and has_gqa else {}
             k, v = k.reshape(B * T, -1, D), v.reshape(B * T, -1, D)
             cu_k, longest_k = cu, longest
