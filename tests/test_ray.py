@@ -296,3 +296,29 @@ def test_engine_failure_names_engine_node_and_gpu(ray_cluster):
         match="rollout engine 0 on node 10.0.0.7 \\(GPU 3\\) failed: RuntimeError: CUDA error: out of memory",
     ):
         pool.generate([GenerateRequest([1, 2], SamplingParams(max_new_tokens=2))])
+
+
+def test_colocated_ranks_release_their_cached_memory_before_the_engines_wake(monkeypatch):
+    """Colocated, each engine is another process on its rank's GPU: the ranks hand their cached blocks back
+    to the driver after training, before the engines wake up and allocate their KV caches."""
+    from types import SimpleNamespace
+
+    from reinforge.cluster import ray_cluster
+
+    calls = []
+
+    class Remote:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args):
+            calls.append((self.name, args))
+            return None
+
+    cl = ray_cluster.RayCluster.__new__(ray_cluster.RayCluster)
+    cl.cfg = SimpleNamespace(cluster=SimpleNamespace(colocate=True))
+    cl.workers = [SimpleNamespace(call=Remote("rank")) for _ in range(2)]
+    cl.engine = SimpleNamespace(wake_up=lambda: calls.append(("wake_up", ())))
+    monkeypatch.setattr(ray_cluster, "get_all", lambda refs: list(refs))
+    cl.after_train()
+    assert calls == [("rank", ("release_cached_memory",))] * 2 + [("wake_up", ())]

@@ -115,6 +115,7 @@ class TrainerActor(TracedActor):
                 master_port=port,
                 pad_id=pad_id,
             )
+            self.worker.release_cached_memory()  # the full model built before sharding: not the engine's to use
         self.weight_group = None
         return self.worker.describe()
 
@@ -520,7 +521,8 @@ class RayCluster:
             self.engine.sleep()
 
     def after_train(self) -> None:
-        if self.cfg.cluster.colocate:
+        if self.cfg.cluster.colocate:  # the ranks' cached blocks back to the driver, for the engines' KV caches
+            self._on_every_rank("release_cached_memory")
             self.engine.wake_up()
 
     def sync_weights(self, version: int) -> dict[str, float]:
