@@ -562,3 +562,33 @@ def test_ray_colocated_weight_sync_matches_the_two_runs_it_was_fit_to():
         assert M.sync_seconds(w, bound=True) == pytest.approx(6 * arch.num_params / h200.bandwidth)
         assert M.sync_seconds(M.with_(w, ray=False)) < 0.05  # one process: the copy on the device
         assert M.sync_seconds(M.with_(w, colocated=False), bound=True) is None
+
+
+def test_a_sharded_trainer_whose_whole_model_build_does_not_fit_is_refused(tmp_path, monkeypatch):
+    """Each trainer rank builds the whole model before FSDP shards it (run 3 on 4 H200s, 2026-11-28: 60 GB of a
+    15B MoE in fp32 on every GPU at start). A 30B-A3B shape on 8 ranks: 122 GB in fp32 fits an H200, not an
+    H100, where LoRA's bf16 frozen base (61 GB) would fit; the plan shows the phase."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    from archs import ARCHS
+
+    path = folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
+    ray8 = [
+        f"model.path={path}",
+        "model.gradient_checkpointing=true",
+        "cluster.mode=ray",
+        "cluster.actor_num_gpus_per_node=8",
+        "cluster.rollout_num_gpus=8",
+        "rollout.rollout_max_response_len=2048",
+        "train.max_tokens_per_gpu=4096",
+    ]
+
+    def plan(gpu, *extra):
+        return resolve_config(load_config(None, [*ray8, *extra]), path, gpu=GPUS[gpu], prompt_len=64)[1]
+
+    h100 = plan("h100")
+    (msg,) = training_problems(h100, 64)
+    assert msg.startswith("each of the 8 trainer ranks builds the whole model (113.")
+    assert "with LoRA (model.lora_rank > 0) the frozen base is built in bf16 (56." in msg
+    assert "setup" in format_plan(h100) and "whole model before sharding" in format_plan(h100)
+    assert not any("builds the whole model" in p for p in training_problems(plan("h200"), 64))
+    assert not any("builds the whole model" in p for p in training_problems(plan("h100", "model.lora_rank=16"), 64))

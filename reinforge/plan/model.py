@@ -323,9 +323,21 @@ def generation_breakdown(w: Workload) -> Breakdown:
     return Breakdown("generation", parts)
 
 
+def setup_breakdown(w: Workload) -> Breakdown | None:
+    """A sharded trainer's start: each rank builds the whole model on its GPU before FSDP (and tensor /
+    expert parallelism) shard it (``train/actor.py``: ``build_model``, then ``ModelTrainer``'s
+    parallelize), in fp32, or with LoRA under bf16 autocast its frozen matmul weights in bf16. The
+    engines start after the trainers. None on one rank, where the whole model is what trains."""
+    if w.shards == 1:
+        return None
+    p = w.arch.num_params
+    return Breakdown("setup", {"whole model before sharding": 2 * p if w.lora and w.train_bf16 else 4 * p})
+
+
 def memory_plan(w: Workload) -> list[Breakdown]:
-    """Every phase's peak (generation, log-probs when run, training)."""
-    out = [generation_breakdown(w)]
+    """Every phase's peak (the sharded trainer's start, generation, log-probs when run, training)."""
+    setup = setup_breakdown(w)
+    out = ([setup] if setup is not None else []) + [generation_breakdown(w)]
     if w.logprob_passes:
         out.append(logprob_breakdown(w))
     out.append(train_breakdown(w))

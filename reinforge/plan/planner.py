@@ -325,13 +325,27 @@ def _gib(b: float) -> str:
 
 def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
     """The training step's peak against the GPU's usable memory, in words naming the keys and the
-    values that fit (``prompt_len``: the longest prompt for the one-sequence minimum)."""
+    values that fit (``prompt_len``: the longest prompt for the one-sequence minimum); first, for a
+    sharded trainer, the whole model each rank builds before sharding (:func:`~.model.setup_breakdown`)."""
     w = plan.workload
     cfg = plan.cfg
     if w is None or cfg.train.num_rollout == 0 or w.micro_tokens <= 0:
         return []
     if prompt_len is not None:
         w = M.with_(w, prompt_len=prompt_len)
+    setup = M.setup_breakdown(w)
+    if setup is not None and setup.total > w.usable:
+        lora = M.with_(w, lora=True, train_bf16=True)
+        fix = (
+            f"with LoRA (model.lora_rank > 0) the frozen base is built in bf16 ({_gib(M.setup_breakdown(lora).total)})"
+            if not w.lora and M.setup_breakdown(lora).total <= w.usable
+            else "no setting makes it fit"
+        )
+        return [
+            f"each of the {w.shards} trainer ranks builds the whole model ({_gib(setup.total)}) on its GPU before "
+            f"FSDP shards it, but {w.gpu.name} leaves ~{_gib(w.usable)} to allocate: {fix}; use GPUs with more "
+            f"memory (loading each rank's shard alone is not implemented yet)"
+        ]
     peak = M.train_breakdown(w)
     if peak.total <= w.usable:
         return []
