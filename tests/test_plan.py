@@ -478,14 +478,19 @@ def test_the_benchmarks_fit_their_gpu_as_planned(tmp_path, monkeypatch, arch, le
     assert all(b.total <= plan.workload.usable for b in plan.memory())
 
 
+def a3b_folder(tmp_path, monkeypatch) -> Path:
+    """A config-only folder of the Qwen3-30B-A3B shape (bench/archs.py)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    from archs import ARCHS
+
+    return folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
+
+
 def a3b_lora_plan(tmp_path, monkeypatch):
     """plan(*overrides): the planner on one H200 for scripts/gpu_30b_a3b.sh's workload (a Qwen3-30B-A3B
     shape, LoRA r=16 on attention, 64 sequences of 4k, 8,192 tokens per micro-batch, every layer
     recomputed, the KV cache freed while training)."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
-    from archs import ARCHS
-
-    path = folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
+    path = a3b_folder(tmp_path, monkeypatch)
     base = [
         f"model.path={path}",
         "model.gradient_checkpointing=true",
@@ -568,10 +573,7 @@ def test_a_sharded_trainer_whose_whole_model_build_does_not_fit_is_refused(tmp_p
     """Each trainer rank builds the whole model before FSDP shards it (run 3 on 4 H200s, 2026-11-28: 60 GB of a
     15B MoE in fp32 on every GPU at start). A 30B-A3B shape on 8 ranks: 122 GB in fp32 fits an H200, not an
     H100, where LoRA's bf16 frozen base (61 GB) would fit; the plan shows the phase."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
-    from archs import ARCHS
-
-    path = folder(tmp_path, {**ARCHS["qwen3-moe-30b-a3b"], "architectures": ["Qwen3MoeForCausalLM"]})
+    path = a3b_folder(tmp_path, monkeypatch)
     ray8 = [
         f"model.path={path}",
         "model.gradient_checkpointing=true",
