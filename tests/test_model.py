@@ -89,7 +89,7 @@ def test_concatenated_projections_compute_the_separate_ones(model_type):
     x = torch.randn(2, 5, 64)
     cos = sin = torch.ones(2, 5, 16)  # (RoPE is the same function on both paths)
     outs = []
-    for path in (attn._separate_qkv, attn._concatenated_qkv):
+    for path in (attn._separate_qkv, attn._fused_qkv):  # (no fused matrix: the weights concatenated)
         model.zero_grad()
         xi = x.clone().requires_grad_(True)
         q, k, v = path(xi, cos, sin)

@@ -239,10 +239,10 @@ class Attention(nn.Module):
         return self.qkv is not None and self.rope_qk is fused.rope_qk and self.q_norm is None
 
     def forward(self, x, cos, sin, ctx: AttentionContext | None):
-        if self.qkv is not None:
+        if self.qkv is not None or (
+            self.rope_qk is fused.rope_qk and plain_linears(self.q_proj, self.k_proj, self.v_proj)
+        ):
             q, k, v = self._fused_qkv(x, cos, sin, getattr(ctx, "applies_rope", False))
-        elif self.rope_qk is fused.rope_qk and plain_linears(self.q_proj, self.k_proj, self.v_proj):
-            q, k, v = self._concatenated_qkv(x, cos, sin)
         else:
             q, k, v = self._separate_qkv(x, cos, sin)
         return self._attend(q, k, v, ctx)
@@ -256,38 +256,32 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, D)
         return self._norm_and_rope(q, k, v, cos, sin)
 
-    def _concatenated_qkv(self, x, cos, sin):
-        """The trainer with the fused kernels: the three weights side by side (a copy of a few MB each
-        forward; under autocast one cast, not three), one matmul. Backward is one matmul for x's
-        gradient where three would be summed."""
-        B, T, _ = x.shape
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        w = torch.cat([p.weight for p in projs])
-        b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
-        q, k, v = (
-            F.linear(x, w, b)
-            .view(B, T, -1, self.head_dim)
-            .split([p.weight.shape[0] // self.head_dim for p in projs], dim=2)
-        )
-        return self._norm_and_rope(q, k, v, cos, sin)
-
     def _norm_and_rope(self, q, k, v, cos, sin):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return *self.rope_qk(q, k, cos, sin), v
 
     def _fused_qkv(self, x, cos, sin, rotated_by_attention: bool = False):
-        """One matmul for q/k/v (inference). With the fused kernels and no per-head norms, RoPE runs
-        in place on the q and k heads of its output (one kernel), or not at all when the attention
-        context rotates them itself (``rotated_by_attention``, asked only where :attr:`rotates_in_place`)."""
+        """One matmul for q/k/v over the fused matrix (inference, :meth:`fuse_projection`), or in the
+        trainer with the fused kernels over the three weights concatenated at each forward (a copy of a
+        few MB; under autocast one cast, not three; backward is one matmul for x's gradient where three
+        would be summed). Inference with the fused kernels and no per-head norms runs RoPE in place on
+        the q and k heads of the output (one kernel), or not at all when the attention context rotates
+        them itself (``rotated_by_attention``, asked only where :attr:`rotates_in_place`)."""
         B, T, _ = x.shape
-        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, *self.qkv).view(B, T, H + 2 * KVH, D)
-        if self.rope_qk is fused.rope_qk and self.q_norm is None:
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        if self.qkv is not None:
+            w, b = self.qkv
+        else:
+            w = torch.cat([p.weight for p in projs])
+            b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+        qkv = F.linear(x, w, b).view(B, T, -1, self.head_dim)
+        heads = [p.weight.shape[0] // self.head_dim for p in projs]  # local ones under tensor parallelism
+        if self.rotates_in_place:
             if not rotated_by_attention:
-                fused.rope_(qkv, cos, sin, H + KVH)
-            return qkv.split([H, KVH, KVH], dim=2)
-        return self._norm_and_rope(*qkv.split([H, KVH, KVH], dim=2), cos, sin)
+                fused.rope_(qkv, cos, sin, heads[0] + heads[1])
+            return qkv.split(heads, dim=2)
+        return self._norm_and_rope(*qkv.split(heads, dim=2), cos, sin)
 
     def _attend(self, q, k, v, ctx: AttentionContext | None):
         B, T = q.shape[:2]
@@ -331,15 +325,13 @@ class MLP(nn.Module):
         self.gate_up = w
 
     def forward(self, x):
-        if self.gate_up is not None:  # inference: one matmul, SiLU-and-multiply on the packed output
-            gu = F.linear(x, self.gate_up)
+        if self.gate_up is not None or (self.fused and plain_linears(self.gate_proj, self.up_proj)):
+            # one matmul, SiLU-and-multiply on the packed output: over the fused matrix (inference), or in
+            # the trainer over the two weights side by side (a copy of a few MB; under autocast one cast, not
+            # two; backward is one matmul for x's gradient where two would be summed)
+            w = self.gate_up if self.gate_up is not None else torch.cat([self.gate_proj.weight, self.up_proj.weight])
+            gu = F.linear(x, w)
             h = fused.silu_mul_packed(gu) if self.fused else _silu_mul_packed(gu)
-        elif self.fused and plain_linears(self.gate_proj, self.up_proj):
-            # the trainer: the two weights side by side (a copy of a few MB; under autocast one cast, not two),
-            # one matmul, SiLU-and-multiply on the packed output; backward is one matmul for x's gradient
-            # where two would be summed
-            gu = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight]))
-            h = fused.silu_mul_packed(gu)
         else:
             g, u = self.gate_proj(x), self.up_proj(x)
             h = fused.silu_mul(g, u) if self.fused else F.silu(g) * u
