@@ -135,9 +135,15 @@ def _liger():
 
 # ---------------------------------------------------------------------------------------- RMSNorm
 def _rms_norm_fwd(
-    x2: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype, residual: torch.Tensor | None = None
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    dtype: torch.dtype,
+    residual: torch.Tensor | None = None,
+    rstd: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The norm of the rows of ``x2`` [M, N], or with ``residual`` of ``residual += x2`` (in place)."""
+    """The norm of the rows of ``x2`` [M, N], or with ``residual`` of ``residual += x2`` (in place); with
+    ``rstd`` ([M] fp32) each row's 1 / rms is stored there (for the backward)."""
     M, N = x2.shape
     y = torch.empty((M, N), dtype=dtype, device=x2.device)
     _rms_norm_kernel[(M,)](
@@ -145,11 +151,11 @@ def _rms_norm_fwd(
         x2 if residual is None else residual,
         weight,
         y,
-        y,
+        y if rstd is None else rstd,
         N,
         eps,
         BLOCK=triton.next_power_of_2(N),
-        STORE_RSTD=False,
+        STORE_RSTD=rstd is not None,
         ADD_RESIDUAL=residual is not None,
     )
     return y
@@ -172,14 +178,9 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
-        N = x.shape[-1]
-        x2 = x.reshape(-1, N).contiguous()
-        M = x2.shape[0]
-        y = torch.empty((M, N), dtype=dtype, device=x.device)
-        rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-        _rms_norm_kernel[(M,)](
-            x2, x2, weight, y, rstd, N, eps, BLOCK=triton.next_power_of_2(N), STORE_RSTD=True, ADD_RESIDUAL=False
-        )
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+        y = _rms_norm_fwd(x2, weight, eps, dtype, rstd=rstd)
         ctx.save_for_backward(x2, weight, rstd)
         return y.view(x.shape)
 

@@ -252,7 +252,7 @@ class RewardManager:
         """The built-in rewards (reasoning-gym, math, exact match: local Python, which threads would only
         run by turns on the GIL) one after another on one worker thread (:class:`~.threads.InSequence`):
         one handoff instead of an asyncio task and a thread handoff per sample (256 reasoning-gym samples:
-        15 -> 1.5 ms on two cores). A call that runs past ``reward.timeout`` counts as a timeout and is left
+        15 -> 1.2 ms on two cores). A call that runs past ``reward.timeout`` counts as a timeout and is left
         to its worker (``reward/abandoned_threads`` while it runs); the samples after it go on on another."""
         fns = [self.function_for(s) for s in samples]
         counts = {"errors": 0, "timeouts": 0}
