@@ -24,24 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import async_vs_sync  # noqa: E402
-from archs import hf_config, tiny_overrides, write_random_model  # noqa: E402
-from grpo_long import write_prompts  # noqa: E402
+from archs import tiny_overrides  # noqa: E402
+from grpo_long import write_model, write_prompts  # noqa: E402
 
 
 def build_model(folder: Path, arch: str, tokenizer: Path, max_positions: int, tiny: bool, weights: bool = True) -> None:
-    """A random ``arch`` model (``tiny``: shrunk for CPU) with SmolLM2's vocabulary and tokenizer files.
-    ``weights`` False: config.json only (the run sets ``model.random_init``; nothing to write or read)."""
-    import shutil
-
-    shape = dict(vocab_size=49152, max_position_embeddings=max_positions, tie_word_embeddings=True)
-    shape.update(tiny_overrides(arch) if tiny else {})
-    if weights:
-        write_random_model(arch, folder, **shape)
-    else:
-        hf_config(arch, **shape).save_pretrained(folder)
-    for f in tokenizer.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
-            shutil.copy(f, folder / f.name)
+    """A random ``arch`` model (``tiny``: shrunk for CPU) with SmolLM2's vocabulary and tokenizer files
+    (:func:`grpo_long.write_model`; ``weights`` False: config.json only, the run sets ``model.random_init``)."""
+    write_model(folder, tokenizer, max_positions, arch, weights=weights, **(tiny_overrides(arch) if tiny else {}))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

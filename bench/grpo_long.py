@@ -40,15 +40,22 @@ def random_reward(sample) -> float:
 
 
 def write_model(
-    folder: Path, tokenizer: Path, max_positions: int, arch: str, own_vocab: bool = False, weights: bool = True
+    folder: Path,
+    tokenizer: Path,
+    max_positions: int,
+    arch: str,
+    own_vocab: bool = False,
+    weights: bool = True,
+    **overrides,
 ) -> None:
     """A random model of ``arch`` with SmolLM2's tokenizer: its 49,152-entry vocabulary and tied
     embeddings, or (``own_vocab``) the architecture's own (ids the tokenizer lacks decode to nothing).
     ``weights`` False: config.json only (the run sets ``model.random_init``: a 30B model's 61 GB would not
-    fit the device's disk)."""
+    fit the device's disk). ``overrides``: more config values (e.g. archs.tiny_overrides)."""
     from archs import hf_config, write_random_model
 
     shape = {} if own_vocab else {"vocab_size": 49152, "tie_word_embeddings": True}
+    shape.update(overrides)
     if weights:
         write_random_model(arch, folder, max_position_embeddings=max_positions, **shape)
     else:
