@@ -269,14 +269,14 @@ class Attention(nn.Module):
         the q and k heads of the output (one kernel), or not at all when the attention context rotates
         them itself (``rotated_by_attention``, asked only where :attr:`rotates_in_place`)."""
         B, T, _ = x.shape
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        if self.qkv is not None:
-            w, b = self.qkv
+        if self.qkv is not None:  # (fp8 rollout weights replace the projections' own weights)
+            (w, b), heads = self.qkv, [self.num_heads, self.num_kv_heads, self.num_kv_heads]
         else:
+            projs = (self.q_proj, self.k_proj, self.v_proj)
             w = torch.cat([p.weight for p in projs])
             b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
+            heads = [p.weight.shape[0] // self.head_dim for p in projs]
         qkv = F.linear(x, w, b).view(B, T, -1, self.head_dim)
-        heads = [p.weight.shape[0] // self.head_dim for p in projs]  # local ones under tensor parallelism
         if self.rotates_in_place:
             if not rotated_by_attention:
                 fused.rope_(qkv, cos, sin, heads[0] + heads[1])
@@ -342,7 +342,8 @@ def plain_linears(*layers: nn.Module) -> bool:
     """Whether ``layers`` are ``nn.Linear`` layers of plain (not DTensor) weights: layers whose weights
     may be concatenated for one matmul (not under tensor parallelism, whose sharded weights would be
     gathered, nor LoRA's wrapped layers). FSDP2 hands a layer its gathered weights as plain parameters."""
-    return all(type(m) is nn.Linear and type(m.weight) in (nn.Parameter, torch.Tensor) for m in layers)
+    plain = (nn.Parameter, torch.Tensor)  # (fp8 rollout weights delete a layer's own weight: not plain)
+    return all(type(m) is nn.Linear and type(getattr(m, "weight", None)) in plain for m in layers)
 
 
 def _silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
