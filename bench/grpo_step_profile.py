@@ -3,7 +3,8 @@
 Prints, for ``--steps`` rollout steps (the first two are warm-up): the median of every ``time/*`` phase
 metric; then one more step under ``cProfile`` (host functions by own time and by cumulative time);
 then one more under ``torch.profiler``: the kernels by GPU time, then how long the GPU idled in each phase
-of the step and its longest gaps, with the host's work during them (:mod:`gpu_gaps`).
+of the step and its longest gaps, with the host's work during them (:mod:`gpu_gaps`); then (CUDA) one more
+under ``torch.cuda.set_sync_debug_mode("warn")``: where the host waited for the GPU, by source line.
 
 ``--model`` is a model name or folder; ``random:ARCH`` writes random weights of a bench/archs.py
 architecture with SmolLM2's tokenizer (``--tokenizer``), which needs no model download (random
@@ -17,6 +18,7 @@ weights rarely emit EOS, so every response runs to ``--max-new-tokens``).
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import json
@@ -25,6 +27,8 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -53,6 +57,32 @@ def _model(spec: str, tokenizer: Path | None, folder: Path) -> Path:
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def sync_sites(run, rows: int) -> str:
+    """Run ``run()`` with PyTorch's CUDA sync debug mode and tabulate where the host waited for the GPU:
+    each synchronizing call counted by the innermost reinforge source line that made it (with its caller)."""
+    sites: collections.Counter[str] = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/reinforge/" in f.filename]
+        where = " <- ".join(f"{f.filename.split('/reinforge/')[-1]}:{f.lineno}" for f in frames[-1:-3:-1])
+        sites[where or f"{filename}:{lineno}"] += 1
+
+    saved = warnings.showwarning
+    warnings.showwarning = record
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = saved
+    lines = ["| syncs | where (innermost reinforge line <- its caller) |", "| ---: | --- |"]
+    lines += [f"| {n} | {w} |" for w, n in sites.most_common(rows)]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -118,6 +148,8 @@ def main() -> None:
             events = json.loads(path.read_text())["traceEvents"]
             print("\n== where the GPU idles (bench/gpu_gaps.py; the step's phases)")
             print(gpu_gaps.report(gpu_gaps.analyse(events, PHASES, gaps=args.rows)))
+            print("\n== where the host waits for the GPU in one step (torch.cuda.set_sync_debug_mode)")
+            print(sync_sites(lambda: (loop.rollout_step(step + 2), _sync()), args.rows))
         loop.close()
 
 
