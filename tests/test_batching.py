@@ -61,3 +61,20 @@ def test_lr_schedule():
     assert lr_multiplier(75, 0, 100, "linear", 0.0) == pytest.approx(0.25)
     with pytest.raises(ValueError):
         lr_multiplier(1, 0, 10, "step", 0.0)
+
+
+def test_to_computes_response_positions_and_cu_seqlens_on_the_host():
+    """The trainer never reads the GPU back inside a micro-batch: ``to`` gives it the response positions
+    (instead of a boolean mask index) and the packed rows' cu_seqlens (with the longest as a host int)."""
+    tokens = [[1, 2, 3, 4, 5], [7, 8, 9], [6, 6]]
+    mb = build(tokens, [2, 1, 1], [[1, 0], [1], [1]], [[0, 1], [2]], pad_id=0)
+    assert mb.packed and mb.response_index is None and mb.cu_seqlens is None
+    assert mb.to(torch.device("cpu")) is mb  # already there: the same object, now with both
+    assert mb.response_index.tolist() == torch.nonzero(mb.response_mask.flatten()).flatten().tolist()
+    assert mb.targets.reshape(-1)[mb.response_positions()].tolist() == mb.targets[mb.response_mask].tolist()
+    cu, longest = mb.cu_seqlens
+    assert cu.tolist() == [0, 5, 8, 10, 16] and longest == 6  # rows of 8: [seq 0 | seq 1], [seq 2 | padding]
+    assert mb.attention().cu_seqlens() is mb.cu_seqlens
+    moved = mb.to(torch.device("meta"))  # every tensor copied, the host int kept
+    assert moved.cu_seqlens[0].device.type == "meta" and moved.cu_seqlens[1] == 6
+    assert moved.response_index.device.type == "meta" and moved.response_index.shape == mb.response_index.shape

@@ -239,10 +239,11 @@ class ModelRunner:
         return torch.stack([routing.experts[i] for i in self.model.args.moe_layers], 1).to(self.route_dtype)
 
     def release(self, slots: list[int]) -> None:
-        """The slots' rows become idle (done, every block the sink)."""
+        """The slots' rows become idle (done, every block the sink). (``index_fill_`` takes the value as a
+        kernel argument; ``t[idx] = True`` copies it from pageable host memory, which waits for the GPU.)"""
         idx = self.h2d(slots)
-        self.done[idx] = True
-        self.block_table[idx] = self.layout.sink_block
+        self.done.index_fill_(0, idx, True)
+        self.block_table.index_fill_(0, idx, self.layout.sink_block)
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -336,7 +337,7 @@ class ModelRunner:
         self.out_logprobs[slot_t, 0] = lp
         if routes is not None:
             self.out_routes[slot_t, 0] = routes.repeat_interleave(reps, dim=0, output_size=len(slots))
-        self.gen_lens[slot_t] = 1
+        self.gen_lens.index_fill_(0, slot_t, 1)  # (no host scalar copy: see release)
         self.last_token[slot_t] = tok
         is_stop = (tok[:, None] == self.stop_ids[slot_t]).any(-1)
         hit_len = self.max_new[slot_t] <= 1

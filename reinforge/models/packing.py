@@ -77,6 +77,17 @@ def _varlen():
     return varlen_attn, causal, "enable_gqa" in params
 
 
+def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cumulative sequence starts [N + 1] int32 over the flattened rows of ``doc_ids`` [B, T] (a row's
+    first position and every change of id start a sequence), and the longest sequence's length (a host
+    int: on a GPU tensor this reads back)."""
+    change = torch.ones_like(doc_ids, dtype=torch.bool)
+    change[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    starts = torch.nonzero(change.flatten()).flatten()
+    cu = torch.cat([starts, starts.new_tensor([doc_ids.numel()])]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
 class PackedAttention:
     """An attention context (``CausalLM.forward(..., ctx=...)``): causal attention restricted to
     each position's own sequence (and the shared prompt).
@@ -86,13 +97,21 @@ class PackedAttention:
             other; sequences are contiguous).
         shared: [B, T] bool, positions every later position of the row attends to (a shared prompt).
         varlen: allow the varlen flash kernel (CUDA, bf16 / fp16).
+        cu: :func:`cu_seqlens` of ``doc_ids`` when the caller has it (computed on the host before the
+            micro-batch moved: on the device it reads back, a wait for the GPU at every forward).
     """
 
-    def __init__(self, doc_ids: torch.Tensor, shared: torch.Tensor | None = None, varlen: bool = True):
+    def __init__(
+        self,
+        doc_ids: torch.Tensor,
+        shared: torch.Tensor | None = None,
+        varlen: bool = True,
+        cu: tuple[torch.Tensor, int] | None = None,
+    ):
         self.doc_ids, self.shared = doc_ids, shared
         self.use_varlen = varlen and doc_ids.is_cuda and _varlen() is not None
         self._mask: torch.Tensor | None = None
-        self._cu: tuple[torch.Tensor, int] | None = None
+        self._cu = cu
         self._keys: tuple[torch.Tensor, torch.Tensor, int] | None = None
         if self.use_varlen and shared is not None:  # shared positions that are not a prefix: masked
             self._keys = shared_prompt_keys(doc_ids, shared, self.cu_seqlens()[0])
@@ -112,14 +131,9 @@ class PackedAttention:
         return self._mask
 
     def cu_seqlens(self) -> tuple[torch.Tensor, int]:
-        """Cumulative sequence starts [N + 1] int32 over the flattened rows, and the longest sequence."""
+        """:func:`cu_seqlens` of the rows (given, or computed once)."""
         if self._cu is None:
-            d = self.doc_ids
-            change = torch.ones_like(d, dtype=torch.bool)  # a row's first position starts a sequence
-            change[:, 1:] = d[:, 1:] != d[:, :-1]
-            starts = torch.nonzero(change.flatten()).flatten()
-            cu = torch.cat([starts, starts.new_tensor([d.numel()])]).to(torch.int32)
-            self._cu = (cu, int((cu[1:] - cu[:-1]).max()))
+            self._cu = cu_seqlens(self.doc_ids)
         return self._cu
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

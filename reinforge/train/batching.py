@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from ..models.packing import PackedAttention
+from ..models.packing import PackedAttention, cu_seqlens
 from ..utils.ragged import flat_tensor, prefix_mask
 
 LAYOUTS = ("none", "sequences", "shared_prompt")
@@ -54,6 +54,14 @@ class MicroBatch:
         doc_ids: [R, T] int64 when a row holds several sequences: equal ids attend to each other
             (causally); padding is -1. None for one sequence per row.
         shared: [R, T] bool, the shared prompt that every later position of its row attends to.
+        response_index: [N] int64, the flat positions of ``response_mask``'s True entries (row-major), or
+            None: computed by :meth:`to` on the host (:meth:`response_positions`).
+        cu_seqlens: :func:`~reinforge.models.packing.cu_seqlens` of ``doc_ids`` (packed rows), or None:
+            likewise computed by :meth:`to` on the host.
+
+    The last two exist so that the trainer never reads the GPU back inside a micro-batch: a boolean
+    mask index or the varlen kernel's longest sequence, taken on the device, waits for all queued work
+    (the host could not queue the next micro-batch's forward while the GPU runs this one's backward).
     """
 
     input_ids: torch.Tensor
@@ -68,6 +76,8 @@ class MicroBatch:
     position_ids: torch.Tensor | None = None
     doc_ids: torch.Tensor | None = None
     shared: torch.Tensor | None = None
+    response_index: torch.Tensor | None = None
+    cu_seqlens: tuple[torch.Tensor, int] | None = None
 
     @property
     def packed(self) -> bool:
@@ -77,17 +87,30 @@ class MicroBatch:
     def attention(self) -> PackedAttention | None:
         """The attention context of the rows (``CausalLM.forward(..., ctx=...)``): None for one
         sequence per row (plain causal attention)."""
-        return PackedAttention(self.doc_ids, self.shared) if self.packed else None
+        return PackedAttention(self.doc_ids, self.shared, cu=self.cu_seqlens) if self.packed else None
+
+    def response_positions(self) -> torch.Tensor:
+        """[N] int64: the flat positions of the response tokens in the [S, L] grid (row-major), so that
+        ``grid.view(-1)[positions]`` are the N response values (no boolean mask: no read-back)."""
+        if self.response_index is None:
+            self.response_index = torch.nonzero(self.response_mask.reshape(-1)).flatten()
+        return self.response_index
 
     def to(self, device: torch.device) -> MicroBatch:
-        """A copy on ``device``: one host-to-device copy per dtype (a copy from pageable memory
-        waits for the device, so a dozen tensors each copied alone cost a dozen waits)."""
+        """A copy on ``device``: one host-to-device copy per dtype, from pinned memory without waiting
+        for the device (a copy from pageable memory waits for all queued GPU work). The response
+        positions and the packed rows' ``cu_seqlens`` are computed here first, on the host."""
+        self.response_positions()
+        if self.packed and self.cu_seqlens is None and self.doc_ids.device.type == "cpu":
+            self.cu_seqlens = cu_seqlens(self.doc_ids)
         named = [
             (f.name, None, getattr(self, f.name))
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         ]
         named += [("fields", k, t) for k, t in self.fields.items()]
+        if self.cu_seqlens is not None:
+            named.append(("cu_seqlens", None, self.cu_seqlens[0]))
         if all(t.device == torch.device(device) for _, _, t in named):
             return self  # already there (the CPU trainer): nothing to copy
         by_dtype: dict[torch.dtype, list[tuple[str, str | None, torch.Tensor]]] = {}
@@ -95,8 +118,10 @@ class MicroBatch:
             by_dtype.setdefault(item[2].dtype, []).append(item)
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["fields"] = {}
+        pin = torch.device(device).type == "cuda"
         for items in by_dtype.values():
-            flat = torch.cat([t.reshape(-1) for _, _, t in items]).to(device)
+            flat = torch.cat([t.reshape(-1) for _, _, t in items])
+            flat = flat.pin_memory().to(device, non_blocking=True) if pin and flat.is_cpu else flat.to(device)
             for (name, key, t), part in zip(items, flat.split([t.numel() for _, _, t in items])):
                 moved = part.view(t.shape)
                 if key is None:
@@ -104,6 +129,8 @@ class MicroBatch:
                 else:
                     out["fields"][key] = moved
         out["fields"] = {k: out["fields"][k] for k in self.fields}  # (the original key order)
+        if self.cu_seqlens is not None:
+            out["cu_seqlens"] = (out["cu_seqlens"], self.cu_seqlens[1])
         return MicroBatch(**out)
 
 

@@ -342,7 +342,7 @@ class ModelTrainer:
     def to_grid(mb: MicroBatch, values: torch.Tensor) -> torch.Tensor:
         """Values at the N response tokens (row-major order) -> the [S, L] response grid (0 elsewhere)."""
         grid = torch.zeros(mb.response_mask.shape, dtype=values.dtype, device=values.device)
-        grid[mb.response_mask] = values
+        grid.view(-1)[mb.response_positions()] = values
         return grid
 
     @property

@@ -109,7 +109,7 @@ def response_outputs(model: nn.Module, mb: MicroBatch, inp: ModelInput, routing:
 
 def _apply_head(mb: MicroBatch, inp: ModelInput, head: Head, outputs: torch.Tensor) -> Values:
     """``head`` on this rank's response tokens, gathered over the context-parallel group."""
-    targets = mb.targets[mb.response_mask]
+    targets = mb.targets.reshape(-1)[mb.response_positions()]
     if inp.shard is None:
         return head(outputs, targets)
     values = head(outputs, targets[inp.shard.own])
