@@ -243,6 +243,15 @@ def test_training_time_within_20_percent_of_the_recorded_step():
     assert M.train_seconds(w, [14173] * 128) == pytest.approx(57.3, rel=0.2)
 
 
+def test_training_time_with_eager_and_with_liger_kernels_within_20_percent():
+    """One H100 workload at 2k trained with eager norms (Liger not installed: 8.9 s) and with Liger's kernels
+    (5.2 s; docs/results/planner/h100_2k_two_steps*.txt): the eager element-wise term tells them apart."""
+    w = M.Workload(M.Arch.from_config(M139), H100, 40, 2048, 128, 128, 16384, 0)
+    eager = M.with_(w, eager_norms=True)
+    assert M.train_seconds(eager, [2027] * 128) == pytest.approx(8.9, rel=0.2)
+    assert M.train_seconds(w, [1991] * 128) == pytest.approx(5.2, rel=0.2)
+
+
 # ------------------------------------------------------------------------------ auto keys
 
 AUTO = [

@@ -93,6 +93,12 @@ OFFLOAD_COPY_BYTES = 10  # per parameter of a layer in flight under FSDP2 CPU of
 # their one-step training peaks were 12-13 GiB above this model without the term at 14-18k tokens of 22-28 kept
 # layers, and a second step at 2k (AdamW resident) ran out of memory; 8 keeps the configurations known to run.
 EAGER_NORM_BYTES = 8
+# ... and their time: the eager element-wise kernels of a layer (norms, RoPE, SiLU-and-multiply in fp32, forward and
+# backward), bytes per token and hidden element moved at the HBM bandwidth. Fit (2026-11-29): one H100 workload at 2k
+# trained in 8.9 s eager and 5.2 s with Liger (docs/results/planner/h100_2k_two_steps*.txt); half that difference as
+# the term puts every recorded eager run (H100 and H200, 2k-16k) at 0.90-1.19x its prediction, from 1.07-1.55x
+# without it (docs/benchmarks.md, "Eager training's time in the plan").
+EAGER_TRAIN_BYTES = 545
 
 
 @dataclass
@@ -435,10 +441,14 @@ def forward_flops(w: Workload, lengths: list[int] | None = None) -> float:
     return 2 * a.flop_params * sum(seqs) + 2 * a.num_layers * a.q_dim * sum(s * s for s in seqs)
 
 
+def rollout_tokens(w: Workload, lengths: list[int] | None = None) -> int:
+    """Prompt and response tokens of the rollout (responses of ``lengths``, else all at the longest)."""
+    return sum(w.prompt_len + n for n in lengths) if lengths else w.seq_len * w.num_seqs
+
+
 def micro_batches(w: Workload, lengths: list[int] | None = None) -> int:
     """Micro-batches of ``micro_tokens`` one pass over the rollout takes, per trainer rank."""
-    seqs = [w.prompt_len + n for n in lengths] if lengths else [w.seq_len] * w.num_seqs
-    return max(1, math.ceil(sum(seqs) / (w.micro_tokens * w.dp)))
+    return max(1, math.ceil(rollout_tokens(w, lengths) / (w.micro_tokens * w.dp)))
 
 
 def host_copy_seconds(w: Workload, passes: float, lengths: list[int] | None = None) -> float:
@@ -457,8 +467,9 @@ def logprob_seconds(w: Workload, lengths: list[int] | None = None) -> float | No
 
 
 def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
-    """Forward + backward (3 x forward) + the recomputed layers' forward, at :data:`TRAIN_MFU`;
-    ``optimizer_offload`` adds the moments' copies (16 B / parameter a step over
+    """Forward + backward (3 x forward) + the recomputed layers' forward, at :data:`TRAIN_MFU`; with
+    ``eager_norms`` (no Liger kernels, no compile) plus :data:`EAGER_TRAIN_BYTES` per token, hidden element and
+    layer (recomputed layers' forward a third again) at the HBM bandwidth; ``optimizer_offload`` adds the moments' copies (16 B / parameter a step over
     :data:`HOST_LINK_BYTES_PER_S`), ``fsdp_offload`` is no faster than its weight copies (3 x 4 B /
     parameter a micro-batch) and adds the CPU step (:data:`HOST_ADAMW_BYTES_PER_S`)."""
     if not w.gpu.knows_speed:
@@ -468,6 +479,11 @@ def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None
     if w.critic:
         flops *= 2
     compute = flops / (w.gpu.bf16_flops * TRAIN_MFU * w.shards)
+    if w.eager_norms:
+        a = w.arch
+        passes = (1 + w.recompute / a.num_layers / 3) * (2 if w.critic else 1)
+        per_token = EAGER_TRAIN_BYTES * a.hidden * a.num_layers * passes
+        compute += rollout_tokens(w, lengths) * per_token / (w.gpu.bandwidth * w.shards)
     trained = 0 if w.lora else w.arch.num_params / w.shards
     if w.optimizer_offload:  # the moments in and out at every step, overlapped with nothing else
         compute += w.steps_per_rollout * 16 * trained / HOST_LINK_BYTES_PER_S
