@@ -468,10 +468,11 @@ def logprob_seconds(w: Workload, lengths: list[int] | None = None) -> float | No
 
 def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:
     """Forward + backward (3 x forward) + the recomputed layers' forward, at :data:`TRAIN_MFU`; with
-    ``eager_norms`` (no Liger kernels, no compile) plus :data:`EAGER_TRAIN_BYTES` per token, hidden element and
-    layer (recomputed layers' forward a third again) at the HBM bandwidth; ``optimizer_offload`` adds the moments' copies (16 B / parameter a step over
-    :data:`HOST_LINK_BYTES_PER_S`), ``fsdp_offload`` is no faster than its weight copies (3 x 4 B /
-    parameter a micro-batch) and adds the CPU step (:data:`HOST_ADAMW_BYTES_PER_S`)."""
+    ``eager_norms`` (no Liger kernels, no compile) plus :data:`EAGER_TRAIN_BYTES` per token, hidden element
+    and layer (recomputed layers' forward a third again) at the HBM bandwidth; ``optimizer_offload`` adds
+    the moments' copies (16 B / parameter a step over :data:`HOST_LINK_BYTES_PER_S`), ``fsdp_offload`` is no
+    faster than its weight copies (3 x 4 B / parameter a micro-batch) and adds the CPU step
+    (:data:`HOST_ADAMW_BYTES_PER_S`)."""
     if not w.gpu.knows_speed:
         return None
     f = forward_flops(w, lengths)
