@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..models.shape import ModelShape, model_shape
+from ..models.shape import ModelShape, ShapeUnknown, model_shape
 from ..utils.machine import machine_resources
 
 if TYPE_CHECKING:
@@ -181,11 +181,16 @@ def check_placement(
     need_mem = None
     if model_folder is not None and "memory" in resources and c.memory_check != "off":
         length = max_model_len or cfg.rollout.rollout_max_response_len
-        est = estimate_memory(cfg, model_shape(model_folder), length, n["trainers"])
+        try:
+            shape = model_shape(model_folder)
+        except ShapeUnknown as e:  # a family with its own size keys: the run is not refused on a guess
+            log.warning("memory estimate unavailable, not checked: %s", e)
+            shape = None
+        est = estimate_memory(cfg, shape, length, n["trainers"]) if shape is not None else None
         # every engine is a process of its own in Ray mode; in local mode it shares the trainer's
         shared = PROCESS_OVERHEAD if c.mode == "local" else 0
-        need_mem = n["trainers"] * est.trainer + n["engines"] * est.engine - shared
-        if need_mem > resources["memory"]:
+        need_mem = n["trainers"] * est.trainer + n["engines"] * est.engine - shared if est is not None else None
+        if est is not None and need_mem is not None and need_mem > resources["memory"]:
             # one local process is not refused on an estimate (the default path is unchanged): a warning
             found = warnings if c.mode == "local" or c.memory_check == "warn" else problems
             found.append(

@@ -16,6 +16,22 @@ if TYPE_CHECKING:
     from .families.base import ConfigShape
 
 
+class ShapeUnknown(ValueError):
+    """A ``config.json`` without a key the size estimates read (a family reinforge does not know, with
+    its own names for the sizes): the estimate is unavailable. Up-front checks skip the estimate and
+    say so in one line; they never stop on it."""
+
+
+def require(cfg: dict, read, where: str = "config.json"):
+    """``read(cfg)``, a :class:`ShapeUnknown` naming the missing key instead of a bare ``KeyError``."""
+    try:
+        return read(cfg)
+    except KeyError as e:
+        raise ShapeUnknown(
+            f"{where} (model_type {cfg.get('model_type')!r}) has no {e.args[0]!r}, which the size estimate reads"
+        ) from None
+
+
 @dataclass
 class ModelShape:
     """What the estimate needs from a Hugging Face folder."""
@@ -34,12 +50,14 @@ def model_shape(folder: Path) -> ModelShape:
 
     Raises:
         FileNotFoundError: no config.json in ``folder``.
+        ShapeUnknown: config.json lacks a size key (named in the message).
     """
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
-    shape = config_shape(cfg)
-    hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
+    where = str(folder / "config.json")
+    shape = require(cfg, config_shape, where)
+    hidden, vocab = require(cfg, lambda c: (int(c["hidden_size"]), int(c["vocab_size"])), where)
     params = 0
     for f in folder.glob("*.safetensors"):
         with f.open("rb") as fh:

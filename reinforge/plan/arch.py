@@ -33,8 +33,17 @@ class Arch:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> Arch:
-        """From a ``config.json`` dict (``text_config`` of a multimodal one)."""
-        cfg = cfg.get("text_config", cfg)
+        """From a ``config.json`` dict (``text_config`` of a multimodal one).
+
+        Raises:
+            ShapeUnknown: a size key is missing (named in the message; a family with its own names).
+        """
+        from ..models.shape import require
+
+        return require(cfg.get("text_config", cfg), cls._from_config)
+
+    @classmethod
+    def _from_config(cls, cfg: dict[str, Any]) -> Arch:
         h, heads, layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         step = int(cfg.get("decoder_sparse_step") or 1)
@@ -52,7 +61,10 @@ class Arch:
             qkv_bias=cfg.get("model_type") in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias")),
             experts=experts,
             experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-            moe_intermediate=int(cfg.get("moe_intermediate_size") or 0),
+            # an expert's width; families without the key (gpt_oss, mixtral) size experts by intermediate_size
+            moe_intermediate=int(
+                cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0) or 0
+            ),
             shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0),
             moe_layers=moe,
         )

@@ -286,21 +286,32 @@ def resolve_config(
     Returns:
         (the config with every ``auto`` key replaced, the :class:`Plan`).
     """
+    from ..models.shape import ShapeUnknown
     from ..utils.device import resolve_device
 
     if gpu == "detect":
         gpu = detect(resolve_device(cfg.train.device)) if cfg.train.device != "cpu" else None
-    arch, native = read_arch(Path(model_folder))
+    try:
+        arch, native = read_arch(Path(model_folder))
+        unknown = None
+    except ShapeUnknown as e:  # a family with its own size keys: plan nothing, say so, never stop here
+        unknown = str(e)
     prompt = prompt_len or cfg.data.rollout_max_prompt_len
     keys = auto_keys(cfg)
-    if gpu is None:
+    if gpu is None or unknown is not None:
         changes = {k: DEFAULTS[k] for k in keys}
+        why = "no GPU to plan for" if gpu is None else "the model's size is unknown"
         plan = Plan(
             _set(cfg, changes),
+            gpu,
             None,
-            None,
-            [Choice(k, v, "no GPU to plan for: today's default") for k, v in changes.items()],
-            ["no GPU: memory and time are not planned (the CPU checks of reinforge/preflight.py apply)"],
+            [Choice(k, v, f"{why}: today's default") for k, v in changes.items()],
+            [
+                "no GPU: memory and time are not planned (the CPU checks of reinforge/preflight.py apply); "
+                "`reinforge plan --gpu h100` (or h200, a100, l40s, 4090) plans for a GPU from this machine"
+                if gpu is None
+                else f"memory and time are not planned: {unknown}"
+            ],
         )
     else:
         w = workload(cfg, arch, gpu, prompt, native, offline)
@@ -403,8 +414,8 @@ def out_of_memory(cfg: Config, phase: str, tokens: int, rows: int, error: BaseEx
 def format_plan(plan: Plan, lengths: list[int] | None = None) -> str:
     """The plan as a short table: phase, peak memory, predicted time; then each ``auto`` choice."""
     lines = []
-    if plan.gpu is not None:
-        w = plan.workload
+    w = plan.workload
+    if plan.gpu is not None and w is not None:
         lines.append(
             f"{plan.gpu.name} ({_gib(plan.gpu.memory)}, {plan.gpu.source}); {w.num_seqs} sequences of "
             f"<= {w.seq_len} tokens, micro-batch {w.micro_tokens} tokens, {w.recompute} of "

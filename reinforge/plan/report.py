@@ -175,8 +175,10 @@ def measured(metrics: dict[str, float]) -> dict[str, float]:
 
 def no_limit_reason(plan: Plan) -> str | None:
     """Why no phase gets a predicted time or a limit (None: they do)."""
-    if plan.gpu is None or plan.workload is None:
+    if plan.gpu is None:
         return "no GPU (a CPU run): the planner predicts no time and knows no hardware limit"
+    if plan.workload is None:
+        return "the model's size is unknown to the planner (its config.json's keys): no time is predicted"
     if not plan.gpu.knows_speed:
         return (
             f"{plan.gpu.name} is not in the planner's table (reinforge/plan/hardware.py): its bandwidth and "

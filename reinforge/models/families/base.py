@@ -145,7 +145,9 @@ def generic_config_shape(
     experts = next((int(cfg[k]) for k in experts_keys if cfg.get(k)), 0)
     if experts:
         shared = int(cfg.get("shared_expert_intermediate_size") or 0) if shared_width is None else shared_width
-        width = experts * int(cfg["moe_intermediate_size"]) + shared
+        # an expert's width: ``moe_intermediate_size``, else (gpt_oss, mixtral) ``intermediate_size``
+        expert = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 4 * hidden
+        width = experts * int(expert) + shared
     else:
         width = int(cfg.get("intermediate_size", 4 * hidden))
     return ConfigShape(
