@@ -5,6 +5,7 @@ out-of-memory message, `reinforge plan` and bench/plan_vs_measured.py on a CPU."
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -603,3 +604,66 @@ def test_a_sharded_trainer_whose_whole_model_build_does_not_fit_is_refused(tmp_p
     assert "setup" in format_plan(h100) and "whole model before sharding" in format_plan(h100)
     assert not any("builds the whole model" in p for p in training_problems(plan("h200"), 64))
     assert not any("builds the whole model" in p for p in training_problems(plan("h100", "model.lora_rank=16"), 64))
+
+
+# ------------------------------------------------------------------------------ issue 57 item 10
+
+
+def qwen3_8b_folder(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    from archs import ARCHS
+
+    return folder(tmp_path, {**ARCHS["qwen3-8b"], "architectures": ["Qwen3ForCausalLM"]})
+
+
+def test_an_8b_refusal_names_the_levers_that_fit_and_only_those(tmp_path, monkeypatch):
+    """Issue 57 item 10: an 8B model's full-parameter step does not fit one H100 at any micro-batch; the
+    refusal names the levers that fit (each re-planned: FSDP CPU offload, LoRA), not those that cannot
+    help (shorter responses, the KV fraction, the optimizer offload alone), and each named one fits."""
+    path = qwen3_8b_folder(tmp_path, monkeypatch)
+    base = [f"model.path={path}", "model.gradient_checkpointing=true"]
+    (msg,) = problems(load_config(None, base), path)
+    assert "train.fsdp_cpu_offload=true" in msg and "model.lora_rank=16" in msg
+    for useless in ("rollout_max_response_len", "kv_cache_memory_fraction", "optimizer_offload=true"):
+        assert useless not in msg
+    for lever in ("train.fsdp_cpu_offload=true", "model.lora_rank=16"):
+        words = msg.split(lever)[1].split(", or ")[0]  # "(why) with model.recompute_num_layers=K" or "(why)"
+        extra = re.findall(r"(model\.recompute_num_layers=\d+|train\.max_tokens_per_gpu)(?:<=(\d+))?", words)
+        overrides = [f"{k}={v}" if v else k for k, v in extra]
+        assert problems(load_config(None, [*base, lever, *overrides]), path) == []
+        assert problems(load_config(None, base + overrides), path)  # the lever, not the recomputation, makes it fit
+    # a 4090 (24 GB): nothing the planner checks fits, and it says what it checked instead of guessing
+    _, plan = resolve_config(load_config(None, base), path, gpu=GPUS["4090"], prompt_len=30)
+    (small,) = training_problems(plan, 30)
+    assert "nor with any lever the planner checks" in small and "kv_cache_memory_fraction" not in small
+
+
+def test_a_shorter_response_is_named_with_the_length_that_fits(tmp_path):
+    path = folder(tmp_path, M139)
+    cfg = grpo16k(path, "rollout.rollout_max_response_len=131072", "train.max_tokens_per_gpu=131102")
+    (msg,) = problems(cfg, path)
+    words = msg.split("set rollout.rollout_max_response_len=")[1].split(", or ")[0]
+    n = int(words.split(" ")[0])
+    assert 16384 < n < 131072
+    overrides = re.findall(r"[a-z_]+\.[a-z_]+=\d+", words)  # the micro-batch and the recomputation with it
+    assert problems(grpo16k(path, f"rollout.rollout_max_response_len={n}", *overrides), path) == []
+
+
+def test_auto_choices_are_judged_at_the_resolved_micro_batch_and_the_kv_cache_named(tmp_path, monkeypatch, capsys):
+    from reinforge.cli import main
+
+    every = AUTO
+    path = folder(tmp_path / "m139", M139)
+    _, plan = resolve_config(load_config(None, [f"model.path={path}", *every]), path, gpu=H100, prompt_len=30)
+    why = {c.key: (c.value, c.reason) for c in plan.choices}
+    tokens = plan.cfg.train.max_tokens_per_gpu
+    assert tokens > 8192 and f"{tokens} tokens" in why["model.recompute_num_layers"][1]
+    big = qwen3_8b_folder(tmp_path / "q8", monkeypatch)
+    _, plan = resolve_config(load_config(None, [f"model.path={big}", *every]), big, gpu=H100, prompt_len=30)
+    value, reason = {c.key: (c.value, c.reason) for c in plan.choices}["cluster.offload_rollout"]
+    assert "no training memory to gain" not in reason and "GiB KV cache the training step holds" in reason
+    assert main(["plan", "--gpu", "h100", f"model.path={big}"]) == 1
+    out = capsys.readouterr().out
+    assert "bottleneck: time: training" in out and "memory: training peaks at" in out
+    assert main(["plan", f"model.path={big}"]) == 0  # no GPU here: the --gpu flag is named
+    assert "reinforge plan --gpu h100" in capsys.readouterr().out

@@ -11,12 +11,16 @@ Keys that accept ``auto`` (:data:`AUTO_KEYS`), resolved in this order:
 1. ``engine.max_num_seqs``: the sequences the run holds at once (rollout or evaluation), capped at
    what the KV cache (``engine.kv_cache_memory_fraction`` of the free memory) holds at a footprint
    of prompt + 3/4 of the response each, never below ``rollout.n_samples_per_prompt``;
-2. ``cluster.offload_rollout``: true when it lets the trainer keep more layers or larger micro-batches
-   (local mode, synchronous), else false;
+2. ``cluster.offload_rollout``: true when it changes 3's choice for the better (fewer recomputed layers,
+   a larger micro-batch, a step that fits only with it; local mode, synchronous), else false, the reason
+   naming the KV cache the training step then holds;
 3. ``model.recompute_num_layers`` and ``train.max_tokens_per_gpu``: the micro-batch is at least one
    whole sequence and at least 8192 tokens (today's default) when that fits, the fewest recomputed
    layers with which it fits; ``max_tokens_per_gpu`` alone: the largest micro-batch that fits, at most
-   :data:`MAX_AUTO_TOKENS` (or one sequence when longer).
+   :data:`MAX_AUTO_TOKENS` (or one sequence when longer). The recomputation's reason names the resolved
+   micro-batch.
+
+A refusal names the levers with which the step fits, each re-planned (:mod:`.levers`).
 
 Without a GPU the planner cannot size anything: ``auto`` becomes today's default (:data:`DEFAULTS`)
 and the plan says so.
@@ -174,6 +178,88 @@ def _round_up(n: int) -> int:
     return -(-n // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
 
 
+@dataclass(order=True)
+class MicroFit:
+    """What the ``auto`` recomputation and micro-batch come to on a workload, ordered by how good it is:
+    the step fits, fewer layers recomputed, more tokens."""
+
+    fits: bool
+    fewer_recomputed: int
+    tokens: int
+
+    @property
+    def recompute(self) -> int:
+        return -self.fewer_recomputed
+
+    def words(self, without: MicroFit, layers: int) -> str:
+        """What this fit gains over ``without``, in words."""
+        if not without.fits:
+            return "the step fits only with it"
+        if self.recompute < without.recompute:
+            return f"{self.recompute} of {layers} layers recomputed instead of {without.recompute}"
+        return f"a micro-batch of {self.tokens} tokens instead of {without.tokens}"
+
+
+def _micro_batch(
+    cfg: Config, w: M.Workload, native: bool, rec_auto: bool, tok_auto: bool, limit: float, offline: bool
+) -> tuple[tuple[dict[str, Any], list[Choice]], MicroFit]:
+    """The ``auto`` recomputed layers and micro-batch on ``w`` (module doc, 3): (their changes and
+    choices, how good the result is). The recomputation's reason is judged at the resolved micro-batch."""
+    changes: dict[str, Any] = {}
+    out: list[Choice] = []
+    L = w.arch.num_layers
+    one_seq = _round_up(w.seq_len)
+    floor = max(one_seq, MIN_AUTO_TOKENS)
+    target: int | None = w.micro_tokens if not tok_auto else floor
+    k = w.recompute
+    if rec_auto:
+        found = M.min_recompute_that_fits(w, target, limit) if target is not None else None
+        if found is None and tok_auto:  # not even with every layer: the largest micro-batch that fits then
+            found, target = L, None
+        k = L if found is None else found
+        all_or_none = not native and 0 < k < L
+        if all_or_none:
+            k = L
+        changes["model.recompute_num_layers"] = k if native else None
+        changes["model.gradient_checkpointing"] = k > 0 or (native and cfg.model.gradient_checkpointing)
+        w = M.with_(w, recompute=k)
+    n = w.micro_tokens
+    if tok_auto:
+        fit = M.max_tokens_that_fit(w, limit=limit)
+        cap = max(MAX_AUTO_TOKENS, one_seq)
+        n = min(fit, cap)
+        if n < one_seq:
+            n = one_seq
+            why = f"one whole sequence ({w.seq_len} tokens) is the least a micro-batch holds; only {fit} fit"
+            why += " (refused below)"
+        else:
+            why = (
+                f"the largest micro-batch that fits ({fit} tokens)"
+                if n == fit
+                else f"{cap} tokens (the cap; {fit} would fit)"
+            )
+            n = _round_down(n)
+        if offline:
+            why += "; offline.max_length is not read here: one example must fit"
+        changes["train.max_tokens_per_gpu"] = n
+        out.append(Choice("train.max_tokens_per_gpu", n, why))
+    if rec_auto:
+        if not M.fits(w, n, k, limit) and target is not None:
+            why = f"even every layer recomputed leaves no room for {n} tokens (refused below)"
+        elif all_or_none:
+            why = "this model's code recomputes all layers or none: all"
+        elif target is None:
+            why = "every layer: the micro-batch is what memory limits"
+        elif k == 0:
+            why = f"no recomputation needed: the micro-batch ({n} tokens) fits without it"
+        elif tok_auto:
+            why = f"the fewest of {L} layers with which {floor} tokens fit (the least `auto` keeps); with them {n} do"
+        else:
+            why = f"the fewest of {L} layers with which {n} tokens fit"
+        out.insert(0, Choice("model.recompute_num_layers", k if native else ("all" if k else "none"), why))
+    return (changes, out), MicroFit(M.fits(w, n, k, limit), -k, n)
+
+
 def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dict[str, Any], list[Choice]]:
     """The values of the ``auto`` keys of ``cfg`` on workload ``w`` (module doc)."""
     keys, changes, out = auto_keys(cfg), {}, []
@@ -196,72 +282,33 @@ def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[di
             )
         )
         w = M.with_(w, slots=n)
-    one_seq = _round_up(w.seq_len)
-    floor = max(one_seq, MIN_AUTO_TOKENS)
     rec_auto, tok_auto = "model.recompute_num_layers" in keys, "train.max_tokens_per_gpu" in keys
     if "cluster.offload_rollout" in keys:
         can = w.colocated and cfg.cluster.mode == "local" and cfg.rollout.max_staleness == 0
         on = M.with_(w, offload_rollout=True)
-        k0 = L if rec_auto else None
-        gain = can and M.max_tokens_that_fit(on, k0, limit=limit) > M.max_tokens_that_fit(w, k0, limit=limit)
-        changes["cluster.offload_rollout"] = bool(gain)
         kv = M.kv_pool(w, after_training=False) / M.GIB
-        out.append(
-            Choice(
-                "cluster.offload_rollout",
-                bool(gain),
-                f"frees the {kv:.1f} GiB KV cache while training: more room for activations"
-                if gain
-                else "no training memory to gain"
-                if can
-                else "needs cluster.mode=local, rollout.max_staleness=0",
+        off_fit, on_fit = (_micro_batch(cfg, v, native, rec_auto, tok_auto, limit, offline)[1] for v in (w, on))
+        gain = can and on_fit.fits and on_fit > off_fit  # the KV cache comes back smaller, beside AdamW: not free
+        changes["cluster.offload_rollout"] = gain
+        if not can:
+            why = "needs cluster.mode=local, rollout.max_staleness=0"
+        elif not on_fit.fits:
+            why = (
+                f"would free the {kv:.1f} GiB KV cache the training step holds, but the step does not fit either "
+                f"way (refused below)"
             )
-        )
+        elif gain:
+            why = f"frees the {kv:.1f} GiB KV cache while training: {on_fit.words(off_fit, L)}"
+        else:
+            why = (
+                f"not needed: the {kv:.1f} GiB KV cache stays while training and the micro-batch is the same "
+                f"without it ({off_fit.tokens} tokens, {off_fit.recompute} of {L} layers recomputed)"
+            )
+        out.append(Choice("cluster.offload_rollout", gain, why))
         w = on if gain else w
-    if rec_auto:
-        target = w.micro_tokens if not tok_auto else floor
-        k = M.min_recompute_that_fits(w, target, limit)
-        if k is None and tok_auto:  # not even with every layer: the largest micro-batch that fits then
-            k, target = L, None
-        if k is None:
-            k = L
-            why = f"even every layer recomputed leaves no room for {target} tokens (refused below)"
-        elif not native and 0 < k < L:
-            k, why = L, "this model's code recomputes all layers or none: all"
-        else:
-            why = (
-                f"no recomputation needed for {target} tokens"
-                if k == 0
-                else f"the fewest of {L} layers with which {target} tokens fit"
-                if target
-                else "every layer: the micro-batch is what memory limits"
-            )
-        changes["model.recompute_num_layers"] = k if native else None
-        changes["model.gradient_checkpointing"] = k > 0 or (native and cfg.model.gradient_checkpointing)
-        out.append(Choice("model.recompute_num_layers", k if native else ("all" if k else "none"), why))
-        w = M.with_(w, recompute=k)
-    if tok_auto:
-        fit = M.max_tokens_that_fit(w, limit=limit)
-        cap = max(MAX_AUTO_TOKENS, one_seq)
-        n = min(fit, cap)
-        if n < one_seq:
-            n, why = (
-                one_seq,
-                (
-                    f"one whole sequence ({w.seq_len} tokens) is the least a micro-batch holds; only "
-                    f"{fit} fit (refused below)"
-                ),
-            )
-        else:
-            why = (
-                f"the largest micro-batch that fits ({fit} tokens)"
-                if n == fit
-                else f"{cap} tokens (the cap; {fit} would fit)"
-            )
-        if offline:
-            why += "; offline.max_length is not read here: one example must fit"
-        changes["train.max_tokens_per_gpu"] = _round_down(n) if n >= one_seq else n
-        out.append(Choice("train.max_tokens_per_gpu", changes["train.max_tokens_per_gpu"], why))
+    micro, _ = _micro_batch(cfg, w, native, rec_auto, tok_auto, limit, offline)
+    changes.update(micro[0])
+    out += micro[1]
     return changes, out
 
 
@@ -378,17 +425,26 @@ def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
             f"set model.recompute_num_layers={k}"
             + ("" if cfg.model.gradient_checkpointing else " with model.gradient_checkpointing=true")
         )
-    if w.colocated and not w.offload_rollout and cfg.cluster.mode == "local" and cfg.rollout.max_staleness == 0:
-        off = M.with_(w, offload_rollout=True)
-        if M.train_breakdown(off).total <= w.usable:
-            fixes.append("set cluster.offload_rollout=true (the KV cache is freed while training)")
+    from .levers import training_levers
+
+    only = ("cluster.offload_rollout",) if fixes else None  # the micro-batch or recomputation fits: short
+    found = training_levers(dataclasses.replace(plan, workload=w), only)
+    levers = [f"set {x}" if not x.startswith("a GPU") else f"use {x}" for x in found]
     if not fixes:
         fixes.append(
-            f"one sequence of {one} tokens does not fit even with every layer recomputed: lower "
-            f"rollout.rollout_max_response_len, engine.kv_cache_memory_fraction, set "
-            f"train.context_parallel_size > 1 over several GPUs, or use a GPU with more memory"
+            f"one sequence of {one} tokens does not fit even with every layer recomputed"
+            + (
+                f"; it fits with {levers[0].removeprefix('set ').removeprefix('use ')}"
+                if len(levers) == 1
+                else "; each of these fits"
+                if levers
+                else "; nor with any lever the planner checks (cluster.offload_rollout, train.optimizer_offload, "
+                "train.fsdp_cpu_offload, model.lora_rank, a shorter rollout.rollout_max_response_len, "
+                "train.context_parallel_size=2, alone or in pairs, or a larger GPU of its table)"
+            )
         )
-    return [f"{head}: {', or '.join(fixes)} (`reinforge plan` shows every phase)"]
+        fixes, levers = [fixes[0] + (": " + ", or ".join(levers) if len(levers) > 1 else "")], []
+    return [f"{head}: {', or '.join(fixes + levers)} (`reinforge plan` shows every phase)"]
 
 
 def out_of_memory(cfg: Config, phase: str, tokens: int, rows: int, error: BaseException) -> TrainingOutOfMemory:
@@ -408,6 +464,25 @@ def out_of_memory(cfg: Config, phase: str, tokens: int, rows: int, error: BaseEx
         f"model.recompute_num_layers (or auto), cluster.offload_rollout=true, or lower "
         f"engine.kv_cache_memory_fraction; `reinforge plan -c CONFIG` shows what fits. No checkpoint was written "
         f"at this point (the newest one is kept). ({first})"
+    )
+
+
+def bottleneck_line(memory: list[M.Breakdown], times: dict[str, float | None]) -> str:
+    """``bottleneck: time: <phase> <s> of the <total> s step (<share>); memory: <phase> peaks at <GiB>, most
+    of it <part> (<GiB>, <share>)``: the phase that takes the most predicted time, the phase with the
+    highest peak and that peak's largest term."""
+    known = {p: s for p, s in times.items() if s is not None}
+    total = sum(known.values())
+    if known and total > 0:
+        slow = max(known, key=lambda p: known[p])
+        time = f"time: {slow} {known[slow]:.1f} s of the {total:.1f} s step ({known[slow] / total:.0%})"
+    else:
+        time = "time: not predicted on this GPU"
+    peak = max(memory, key=lambda b: b.total)
+    part, size = max(peak.parts.items(), key=lambda kv: kv[1])
+    return (
+        f"bottleneck: {time}; memory: {peak.phase} peaks at {_gib(peak.total)}, most of it {part} "
+        f"({_gib(size)}, {size / peak.total:.0%})"
     )
 
 
@@ -434,6 +509,7 @@ def format_plan(plan: Plan, lengths: list[int] | None = None) -> str:
         for phase in ("weight sync",):
             s = times.get(phase)
             lines.append(f"{phase:<12} {'':>12} {f'{s:.3f} s' if s is not None else 'n/a':>10}")
+        lines.append(bottleneck_line(plan.memory(), times))
     for c in plan.choices:
         lines.append(f"auto {c.key}={c.value}: {c.reason}")
     lines += [f"note: {n}" for n in plan.notes]
