@@ -87,22 +87,20 @@ def _shorter_response(w: M.Workload) -> M.Workload | None:
     return M.with_(w, response_len=room, micro_tokens=min(w.micro_tokens, w.prompt_len + room))
 
 
-def training_levers(plan: Plan, only: tuple[str, ...] | None = None) -> list[str]:
+def training_levers(
+    plan: Plan, replan: Callable[[dict[str, Any]], M.Workload], only: tuple[str, ...] | None = None
+) -> list[str]:
     """The levers with which ``plan``'s refused training step fits (module doc), in words naming each
     key and value and how it fits (:func:`how_it_fits`); last, the smallest GPU of the planner's table
     with more memory on which it fits as configured. Empty when none does. ``only``: just these config
     keys of :data:`CONFIG_LEVERS` (the refusal's short form, when the micro-batch or recomputation
-    already fits)."""
+    already fits). ``replan(changes)``: the workload of ``plan``'s config with ``changes`` (``{key: value}``)."""
     from .hardware import GPUS
-    from .planner import _set, workload
 
     w, cfg = plan.workload, plan.cfg
     if w is None:
         return []
     ckpt = cfg.model.gradient_checkpointing
-
-    def replan(changes: dict[str, Any]) -> M.Workload:
-        return workload(_set(cfg, changes), w.arch, w.gpu, w.prompt_len)
 
     def named(v: M.Workload | None, words: str) -> str | None:
         how = how_it_fits(v, ckpt) if v is not None else None

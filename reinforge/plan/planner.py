@@ -428,7 +428,11 @@ def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
     from .levers import training_levers
 
     only = ("cluster.offload_rollout",) if fixes else None  # the micro-batch or recomputation fits: short
-    found = training_levers(dataclasses.replace(plan, workload=w), only)
+    found = training_levers(
+        dataclasses.replace(plan, workload=w),
+        lambda changes: workload(_set(cfg, changes), w.arch, w.gpu, w.prompt_len),
+        only,
+    )
     levers = [f"set {x}" if not x.startswith("a GPU") else f"use {x}" for x in found]
     if not fixes:
         fixes.append(
