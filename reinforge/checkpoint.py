@@ -332,7 +332,7 @@ def verify_manifest(directory: Path, deep: bool = True, required: tuple[str, ...
     return None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | Path, flag: str = "run.load") -> Path:
     """A checkpoint directory from ``run.load``: the checkpoint itself, a ``checkpoints``
     directory (its ``latest``) or a run directory (its ``checkpoints/latest``).
 
@@ -349,7 +349,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             if (ckpt / "state.json").is_file():
                 return ckpt
     raise FileNotFoundError(
-        f"run.load={str(path)!r}: no checkpoint there (expected state.json, or a 'latest' file naming one)"
+        f"{flag}={str(path)!r}: no checkpoint there (expected state.json, or a 'latest' file naming one)"
     )
 
 
@@ -474,6 +474,7 @@ def load_candidates(
     prefix: str = "rollout",
     warn: Callable[[str], None] | None = None,
     model_path: str | Path | None = None,
+    flag: str = "run.load",
 ) -> list[Path]:
     """Checkpoints to try for ``run.load=path``, in order. A run directory or a ``checkpoints``
     directory gives its intact checkpoints newest first (damaged ones skipped with a warning
@@ -483,6 +484,7 @@ def load_candidates(
     Args:
         model_path: the run's ``model.path`` folder; when given, the checkpoint's model must
             have its shape (:func:`check_model_shape`).
+        flag: the key or flag the errors name (``--checkpoint`` for ``reinforge convert``).
     Raises:
         FileNotFoundError: nothing resumable at ``path``.
         CheckpointError: the checkpoint named is damaged, every checkpoint of the run directory
@@ -491,11 +493,11 @@ def load_candidates(
     p = Path(path)
     roots = [r for r in (p, p / "checkpoints") if list_checkpoints(r, prefix)]
     if (p / "state.json").is_file() or not roots:
-        one = resolve_checkpoint(p)
+        one = resolve_checkpoint(p, flag)
         problem = checkpoint_problem(one)
         if problem is not None:
             raise CheckpointError(
-                f"run.load={str(path)!r}: checkpoint {one} is damaged ({problem}); load an older "
+                f"{flag}={str(path)!r}: checkpoint {one} is damaged ({problem}); load an older "
                 f"checkpoint of its run, or its run directory to fall back automatically"
             )
         found = [one]
@@ -510,7 +512,7 @@ def load_candidates(
         found = find_resumable(root, prefix, warn=warn)
         if not found:
             raise CheckpointError(
-                f"run.load={str(path)!r}: every checkpoint in {root} is damaged (see the warnings "
+                f"{flag}={str(path)!r}: every checkpoint in {root} is damaged (see the warnings "
                 f"above); nothing to resume from"
             )
     if model_path is not None:
@@ -541,7 +543,7 @@ def newest_intact(path: str | Path, warn: Callable[[str], None] | None = None) -
     """
     p = Path(path)
     prefix = "step" if any(list_checkpoints(r, "step") for r in (p, p / "checkpoints")) else "rollout"
-    return load_candidates(p, prefix, warn=warn)[0]
+    return load_candidates(p, prefix, warn=warn, flag="--checkpoint")[0]
 
 
 # config.json keys that fix the shapes of a checkpoint's tensors.

@@ -352,16 +352,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(--num-prompts of them, --seed; no config or model)",
     )
     md.add_argument("--config", "-c", help="YAML config (model, data, rollout sampling, reward)")
-    md.add_argument("--out", required=True, help="output .jsonl")
-    md.add_argument("--num-prompts", type=int, default=1000)
-    md.add_argument("--pairs-per-prompt", type=int, default=1)
+    md.add_argument("--out", required=True, help="output .jsonl (swe: output folder)")
+    md.add_argument(
+        "--num-prompts", type=int, default=1000, help="prompts of data.prompt_data to use (default: %(default)s)"
+    )
+    md.add_argument(
+        "--pairs-per-prompt",
+        type=int,
+        default=1,
+        help="pairs: preference pairs written per prompt at most (default: %(default)s)",
+    )
     md.add_argument("--seed", type=int, default=0, help="swe: the generator's seed")
     md.add_argument(
         "--answer-format",
         default="<answer>{answer}</answer>",
         help="sft: how the reference answer is written ({answer} is replaced)",
     )
-    md.add_argument("overrides", nargs="*")
+    md.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.n_samples_per_prompt=8")
     md.set_defaults(func=_make_data)
 
     e = sub.add_parser("eval", help="evaluate a model on held-out prompts", epilog=epilog, formatter_class=fmt)
@@ -373,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--config", "-c", help="YAML config (eval settings, task kwargs)")
     e.add_argument("--output-dir", help="where to write eval results (default run.output_dir)")
-    e.add_argument("overrides", nargs="*")
+    e.add_argument(
+        "overrides", nargs="*", help="key=value overrides, e.g. eval.n_samples_per_eval_prompt=8 data.n_eval_prompts=50"
+    )
     e.set_defaults(func=_eval)
 
     g = sub.add_parser("generate", help="sample completions for one prompt")
@@ -394,17 +403,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.set_defaults(func=_generate)
 
-    m = sub.add_parser("models", help="list or pull known models")
-    m.add_argument("action", choices=["list", "pull"])
-    m.add_argument("name", nargs="?")
-    m.add_argument("--force", action="store_true")
+    m = sub.add_parser(
+        "models", help="list the known models or pull one into the cache (model.path then takes its name)"
+    )
+    m.add_argument(
+        "action", choices=["list", "pull"], help="list: each known model and whether it is pulled; pull: fetch one"
+    )
+    m.add_argument("name", nargs="?", help="pull: the model's name, as `reinforge models list` prints it")
+    m.add_argument("--force", action="store_true", help="pull: fetch and convert again even when already pulled")
     m.set_defaults(func=_models)
 
-    c = sub.add_parser("convert", help="export a checkpoint as a Hugging Face folder")
-    c.add_argument("--checkpoint", required=True, help="checkpoint dir, checkpoints/ dir or run dir")
-    c.add_argument("--out", required=True)
-    c.add_argument("--dtype", default="bfloat16")
-    c.add_argument("--force", action="store_true")
+    c = sub.add_parser(
+        "convert",
+        help="export a checkpoint as a Hugging Face folder (bf16 by default; --dtype float32 keeps the weights)",
+        description="Export a checkpoint's model as a Hugging Face folder that transformers and vLLM load. The "
+        "weights are written in bfloat16 by default: half the size, but rounded from the fp32 weights the run "
+        "trained and evaluated, so the exported model can score differently from the run's own evaluation "
+        "table; --dtype float32 keeps them as trained.",
+    )
+    c.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint dir, checkpoints/ dir or run dir (a run dir: its newest intact checkpoint)",
+    )
+    c.add_argument(
+        "--out", required=True, help="the Hugging Face folder to write (config.json, safetensors, tokenizer)"
+    )
+    c.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "bf16", "float32", "fp32", "float16", "fp16"],
+        help="weight dtype of the export (default: %(default)s, half the size; float32 keeps the trained "
+        "weights exactly, as the run evaluated them)",
+    )
+    c.add_argument("--force", action="store_true", help="replace --out when it exists and is not empty")
     c.add_argument("--adapter-out", help="also write the LoRA adapter (a PEFT folder) of a LoRA run here")
     c.set_defaults(func=_convert)
 
@@ -440,6 +472,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _option_hint(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> str:
+    """``"; did you mean --load?"`` for each mistyped option of ``extra`` close to one of the command's
+    options (``difflib``), or ``""``."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = sub.choices.get(getattr(args, "command", None) or "", parser)
+    options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for x in extra:
+        if x.startswith("--"):
+            close = difflib.get_close_matches(x.split("=")[0], options, n=2, cutoff=0.6)
+            if close:
+                hints.append(f"{x.split('=')[0]}: did you mean {' or '.join(close)}?")
+    return "; " + "; ".join(hints) if hints else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     from .utils.logging import setup_logging
 
@@ -449,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = list(args.overrides) + extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{_option_hint(parser, args, extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     from .reward.manager import RewardFunctionFailing
     from .supervisor import DISK_FULL, record_failure

@@ -39,12 +39,11 @@ from typing import Any
 
 import torch
 
-from ..utils.registry import Registry
+from .estimators import ADV_ESTIMATORS as ADV_ESTIMATORS  # the registry, read by the config without torch
 from .masking import masked_select
 
 Estimator = Callable[["AdvantageInputs", Any], "tuple[torch.Tensor, torch.Tensor | None]"]
 BatchSum = Callable[[torch.Tensor], torch.Tensor]
-ADV_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", "algo.advantage_estimator")
 
 
 @dataclass
@@ -376,27 +375,24 @@ def gae_advantages(
 
 
 # ---------------------------------------------------------------------------- registered estimators
+# (registered by name in .estimators, which the config reads without importing torch)
 
 
-@ADV_ESTIMATORS.register("grpo", group_based=True, reads=("grpo_std_normalization",))
 def grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """GRPO (:func:`grpo_advantages`), optionally without the std (``algo.grpo_std_normalization``)."""
     return inputs.broadcast(grpo_advantages(inputs.outcome(), algo.grpo_std_normalization, valid=inputs.valid)), None
 
 
-@ADV_ESTIMATORS.register("dr_grpo", group_based=True)
 def dr_grpo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """Dr. GRPO: the group-mean baseline without std normalisation (Liu et al. 2025)."""
     return inputs.broadcast(grpo_advantages(inputs.outcome(), std_normalization=False, valid=inputs.valid)), None
 
 
-@ADV_ESTIMATORS.register("rloo", group_based=True)
 def rloo_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """RLOO (:func:`rloo_advantages`)."""
     return inputs.broadcast(rloo_advantages(inputs.outcome(), inputs.valid)), None
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus", reads=("gamma",), token_level=True)
 def reinforce_plus_plus_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """REINFORCE++: discounted token returns (:func:`reinforce_plus_plus_returns`) whitened over
     the batch's loss tokens (Hu 2025)."""
@@ -429,7 +425,6 @@ def reinforce_plus_plus_baseline_advantages(outcome: torch.Tensor, valid: torch.
     return torch.where(k >= 2, group_centered(outcome, valid), alone)
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, None]:
     """REINFORCE++-baseline (:func:`reinforce_plus_plus_baseline_advantages`) on every response
     token, whitened over the batch's loss tokens, as verl's ``reinforce_plus_plus_baseline``.
@@ -438,7 +433,6 @@ def reinforce_plus_plus_baseline_estimator(inputs: AdvantageInputs, algo: Any) -
     return masked_whiten(per_sample, inputs.mask * inputs.loss_mask, batch_sum=inputs.batch_sum), None
 
 
-@ADV_ESTIMATORS.register("gae", needs_critic=True, reads=("gamma", "lambd"), token_level=True)
 def gae_estimator(inputs: AdvantageInputs, algo: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's GAE (:func:`gae_advantages`) over the policy's tokens (tool outputs skipped),
     advantages whitened over the batch's loss tokens.

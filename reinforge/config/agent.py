@@ -11,6 +11,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..utils.registry import did_you_mean
 from .fields import ConfigError, opt, registered
 from .sections import Section, _check_function_path
 
@@ -126,7 +127,8 @@ class AgentConfig(Section):
                 _check_function_path(f"agent.tools[{i}]", spec)
             elif spec not in TOOLS():
                 raise ConfigError(
-                    f"agent.tools[{i}]: unknown tool {spec!r}; registered: {', '.join(TOOLS())} "
+                    f"agent.tools[{i}]: unknown tool {spec!r}{did_you_mean(spec, list(TOOLS()))}; registered: "
+                    f"{', '.join(TOOLS())} "
                     f"(or write 'package.module:function')"
                 )
         if self.turn_reward == "sum" and self.turn_discount != 1.0:
@@ -148,6 +150,7 @@ class AgentConfig(Section):
             _check_function_path("agent.environment", self.environment)
         elif self.environment not in ENVIRONMENTS():
             raise ConfigError(
-                f"agent.environment: unknown environment {self.environment!r}; registered: "
+                f"agent.environment: unknown environment {self.environment!r}"
+                f"{did_you_mean(self.environment, list(ENVIRONMENTS()))}; registered: "
                 f"{', '.join(ENVIRONMENTS())} (or write 'package.module:Class')"
             )

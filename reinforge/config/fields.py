@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import field
 from typing import Any
 
+from ..utils.registry import did_you_mean
+
 
 class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key and the fix."""
@@ -73,10 +75,10 @@ def check_fields(section_name: str, obj: Any) -> None:
             continue
         key = f"{section_name}.{f.name}"
         choices = meta.get("choices")
-        if choices is not None:
+        if choices is not None and value != f.default:  # a default is registered: its registry (torch) not imported
             names = list(choices())
             if value not in names:
-                raise ConfigError(f"{key}: {value!r} is not one of {names}")
+                raise ConfigError(f"{key}: {value!r} is not one of {names}{did_you_mean(str(value), names)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if not math.isfinite(value):

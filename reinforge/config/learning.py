@@ -13,7 +13,7 @@ from typing import Literal
 from .fields import ConfigError, opt, registered
 from .sections import Section, _check_function_path
 
-ESTIMATORS = registered("reinforge.algo.advantages:ADV_ESTIMATORS")
+ESTIMATORS = registered("reinforge.algo.estimators:ADV_ESTIMATORS")
 POLICY_LOSSES = registered("reinforge.algo.losses:POLICY_LOSSES")
 KL_ESTIMATORS = registered("reinforge.algo.losses:KL_ESTIMATORS")
 LOSS_AGG_MODES = registered("reinforge.algo.losses:LOSS_AGG_MODES")
@@ -219,7 +219,7 @@ class AlgoConfig(Section):
     @property
     def needs_critic(self) -> bool:
         """Whether the advantage estimator uses a value model (the one place this is decided)."""
-        from ..algo.advantages import ADV_ESTIMATORS
+        from ..algo.estimators import ADV_ESTIMATORS
 
         return bool(ADV_ESTIMATORS.info(self.advantage_estimator).get("needs_critic"))
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..tools import ToolCall, ToolResult, ToolSet
-from ..utils.registry import Registry
+from ..utils.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
@@ -142,7 +142,7 @@ def load_environment(spec: str) -> type[Environment]:
         cls = ENVIRONMENTS.get(spec)
     else:
         raise ValueError(
-            f"agent.environment: unknown environment {spec!r}; registered: "
+            f"agent.environment: unknown environment {spec!r}{did_you_mean(spec, ENVIRONMENTS.names())}; registered: "
             f"{', '.join(ENVIRONMENTS.names())} (or give a 'module:Class' path)"
         )
     if not (isinstance(cls, type) and issubclass(cls, Environment)):

@@ -130,8 +130,16 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
     parts = [f"resume: reinforge {command} {cfg} {opt('load', run_dir)} {more_key}=<more>"]
     if policy:
         parts.append(f"evaluate: reinforge eval {cfg} {opt('model', checkpoint / 'model')}")
-    parts.append(f"export: reinforge convert {opt('checkpoint', run_dir)} {opt('out', run_dir / 'hf')}")
+    parts.append(
+        f"export: reinforge convert {opt('checkpoint', run_dir)} {opt('out', run_dir / 'hf')} --dtype=bfloat16"
+    )
     return "next: " + "  |  ".join(parts)
+
+
+EXPORT_NOTE = (
+    "export: --dtype=bfloat16 (the default) halves the folder but rounds the trained fp32 weights to bf16, so "
+    "the exported model's evaluation can differ from the run's table; --dtype=float32 keeps them as trained"
+)
 
 
 def print_run_summary(
@@ -147,7 +155,8 @@ def print_run_summary(
     policy: bool = True,
 ) -> None:
     """Write ``eval_table.txt`` and ``curves.png`` into ``run_dir`` and print the table, the PNG's
-    path and :func:`next_steps`. A failure to plot is logged, never raised (the run is done)."""
+    path, :func:`next_steps` and (a checkpoint written) :data:`EXPORT_NOTE`.
+    A failure to plot is logged, never raised (the run is done)."""
     lines = []
     if evals:
         table = format_table(evals)
@@ -161,4 +170,6 @@ def print_run_summary(
     if png is not None:
         lines.append(f"\ncurves: {png}")
     lines.append(next_steps(run_dir, command, checkpoint, more_key, policy))
+    if checkpoint is not None:
+        lines.append(EXPORT_NOTE)
     print("\n".join(lines), flush=True)

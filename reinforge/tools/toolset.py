@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..utils.imports import load_function
-from ..utils.registry import Registry
+from ..utils.registry import Registry, did_you_mean
 from .schema import ToolArgumentError, check_arguments, function_schema
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ def load_tools(names: list[str], agent: AgentConfig | None = None) -> list[Tool]
         else:
             if spec not in TOOLS:
                 raise ValueError(
-                    f"{key}: unknown tool {spec!r}; registered: {', '.join(TOOLS.names())} (or give a "
+                    f"{key}: unknown tool {spec!r}{did_you_mean(spec, TOOLS.names())}; registered: "
+                    f"{', '.join(TOOLS.names())} (or give a "
                     f"'module:function' path)"
                 )
             entry = TOOLS.entry(spec)

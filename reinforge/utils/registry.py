@@ -8,12 +8,20 @@ registered ones (verl's ``register_adv_est`` / ``_ROLLOUT_REGISTRY`` pattern).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
+
+
+def did_you_mean(name: str, options: Iterator[str] | list[str]) -> str:
+    """``" (did you mean 'x'?)"``: the closest of ``options`` to a mistyped ``name`` (``difflib``, at
+    most two), or ``""`` when none is close."""
+    close = difflib.get_close_matches(name, list(options), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 @dataclass
@@ -70,7 +78,8 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             raise KeyError(
-                f"{self.config_key}: unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
+                f"{self.config_key}: unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; registered: "
+                f"{', '.join(self.names())}"
             ) from None
 
     def get(self, name: str) -> T:
