@@ -302,7 +302,7 @@ class RLLoop:
         with trace.span("eval", "eval", label=label) as s:
             with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
                 self._seed_engine(seeds.EVAL_OFFSET + step)
-                metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
+                metrics, samples = evaluate(self.ctx, self.eval_data.prompts, label)
         metrics["time/eval"] = s.seconds
         write_eval(self.out, label, metrics, samples)
         logger.log(step, metrics)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -114,6 +114,8 @@ class EmbeddedEngine:
         self._overlap = self.runner.on_cuda and self.config.overlap_schedule
         self._request_ids = itertools.count()
         self._interrupted = False
+        # called after each step of generate() with the completions finished so far (evaluation's progress bar)
+        self.on_step: Callable[[int], None] | None = None
         self._offloaded_from: torch.device | None = None
         self.discard_weights = discard_weights and self.fp8 is None  # (fp8 layers: moved to host instead)
         self._freed: list | None = None  # the weights' storages a discarding sleep freed
@@ -141,13 +143,16 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ public API
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
         """Results in request order. After :meth:`interrupt` it returns at the next step boundary:
-        unfinished samples end with ``FinishReason.ABORT`` and keep the tokens generated so far."""
+        unfinished samples end with ``FinishReason.ABORT`` and keep the tokens generated so far.
+        :attr:`on_step`, when set, gets the number of completions finished after each step."""
         groups = [self.add_request(r) for r in requests]
         while self.has_unfinished():
             if self._interrupted:
                 self.abort(*(g.request.request_id for g in groups))
                 break
             self.step()
+            if self.on_step is not None:
+                self.on_step(sum(r is not None for g in groups for r in g.results))
         return [g.results for g in groups]  # type: ignore[misc]
 
     def interrupt(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,8 @@ from ..data import Prompt
 from ..records import Sample, Status
 from ..reward.manager import reward_info_metrics
 from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
+
+log = logging.getLogger(__name__)
 
 
 def threshold_metric_names(reward_type: str) -> tuple[str, str]:
@@ -30,8 +34,56 @@ def eval_plot_keys(reward_type: str) -> tuple[str, str]:
     return greedy, f"{at}1"
 
 
-def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, float], list[Sample]]:
-    """Evaluate the engine's current policy on ``prompts``.
+class EvalProgress:
+    """An evaluation's console output: a start line (``evaluating N prompts (label): 1 greedy + n sampled
+    completions each, M in all``), a progress bar with ETA over the completions (``run.progress``; tqdm,
+    as the training loop's bar) fed after each engine step where the engine reports its steps (the
+    embedded engine's :attr:`~reinforge.engine.engine.EmbeddedEngine.on_step`), else after each pass,
+    and an end line with the seconds taken. The engine's hook is removed on exit."""
+
+    def __init__(self, ctx: Any, num_prompts: int, n: int, label: str):
+        # per-step progress from the engine's one batch; a custom generate function calls it many times
+        self.engine = getattr(ctx, "engine", None) if getattr(ctx, "custom_generate", None) is None else None
+        self.total, self.base, self.label = num_prompts * (1 + n), 0, label
+        self.bar: Any = None
+        log.info(
+            "evaluating %d prompts%s: 1 greedy + %d sampled completion(s) each, %d in all",
+            num_prompts,
+            f" ({label})" if label else "",
+            n,
+            self.total,
+        )
+        if getattr(getattr(ctx.config, "run", None), "progress", False) and self.total:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, desc="eval", unit="completion", dynamic_ncols=True, leave=False)
+
+    def __enter__(self) -> EvalProgress:
+        self.start = time.perf_counter()
+        if self.engine is not None and hasattr(self.engine, "on_step"):
+            self.engine.on_step = self._step
+        return self
+
+    def _step(self, finished: int) -> None:  # completions of the pass in flight finished so far
+        if self.bar is not None:
+            self.bar.update(self.base + finished - self.bar.n)
+
+    def done(self, finished: int) -> None:
+        """``finished`` completions of the whole evaluation are done (a pass ended)."""
+        self.base = finished
+        self._step(0)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.engine is not None and hasattr(self.engine, "on_step"):
+            self.engine.on_step = None
+        if self.bar is not None:
+            self.bar.close()
+        log.info("evaluated %d completions in %.1f s", self.total, time.perf_counter() - self.start)
+
+
+def evaluate(ctx: RolloutContext, prompts: list[Prompt], label: str = "") -> tuple[dict[str, float], list[Sample]]:
+    """Evaluate the engine's current policy on ``prompts`` (``label``: the evaluation's name in the
+    start line that :class:`EvalProgress` prints, with a progress bar, while it runs).
 
     One greedy completion per prompt gives ``eval/greedy_accuracy`` (share with reward >=
     ``reward.correct_threshold``); ``eval.n_samples_per_eval_prompt`` sampled completions
@@ -47,11 +99,14 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt]) -> tuple[dict[str, floa
     cfg = ctx.config
     greedy_key, at = threshold_metric_names(cfg.reward.type)
     n = cfg.eval.n_samples_per_eval_prompt
-    greedy = generate_groups(ctx, prompts, 1, ctx.sampling_params(evaluation=True, greedy=True))
-    sampled = generate_groups(ctx, prompts, n, ctx.sampling_params(evaluation=True)) if n > 0 else []
-    flat = [s for g in greedy + sampled for s in g]
-    unscored = [s for s in flat if s.reward is None]  # an environment's episodes come with their reward
-    counts = ctx.reward.score(unscored) if unscored else {}
+    with EvalProgress(ctx, len(prompts), n, label) as progress:
+        greedy = generate_groups(ctx, prompts, 1, ctx.sampling_params(evaluation=True, greedy=True))
+        progress.done(len(prompts))
+        sampled = generate_groups(ctx, prompts, n, ctx.sampling_params(evaluation=True)) if n > 0 else []
+        progress.done(len(prompts) * (1 + n))
+        flat = [s for g in greedy + sampled for s in g]
+        unscored = [s for s in flat if s.reward is None]  # an environment's episodes come with their reward
+        counts = ctx.reward.score(unscored) if unscored else {}
     thr = cfg.reward.correct_threshold
 
     def correct(s: Sample) -> bool:
