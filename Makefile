@@ -46,10 +46,13 @@ demo: setup-demo
 	$(BIN)/reinforge train --config examples/demo_cpu.yaml run.overwrite=true
 
 # the tool-use pipeline on CPU (docs/agents.md#the-tool-use-pipeline): base -> SFT on program-written traces ->
-# GRPO with the python tool (bubblewrap sandbox: `make setup` installs it), held-out accuracy and well-formed calls
+# GRPO with the python tool (bubblewrap sandbox: `make setup` installs it), held-out accuracy and well-formed calls.
+# Each step prints its start, its log (runs/demo_agent/<step>.log) and progress; checkpoints keep the weights only
+# (run.save_optimizer=none, one per run: about 1.1 GB in runs/demo_agent/)
 demo-agent: setup
 	$(BIN)/python bench/agent_pipeline.py --out runs/demo_agent --sft-examples 32 --rollouts 2 --eval-prompts 32 \
-	    --rl rollout.rollout_batch_size=4 rollout.n_samples_per_prompt=4 -- offline.global_batch_size=8
+	    --rl rollout.rollout_batch_size=4 rollout.n_samples_per_prompt=4 -- offline.global_batch_size=8 \
+	    run.save_optimizer=none run.keep_last_n_checkpoints=1
 
 # two workers (pytest-xdist): the suite takes half the time on a 2-core machine; tests/conftest.py
 # gives each worker one torch thread. (Tests that start Ray are slower when the two workers run two Ray

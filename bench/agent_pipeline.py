@@ -9,7 +9,8 @@
 
 Prints one table: held-out greedy accuracy, the share of responses with a well-formed tool call,
 and the share that end with an answer, for the base model, after SFT and after RL, with each
-step's wall time. Overrides after ``--`` go to every step (e.g. ``engine.max_num_seqs=32``);
+step's wall time. Each step prints its start, its log's path (``<out>/<step>.log``), a progress line
+(the log's last line) every 20 s and its end. Overrides after ``--`` go to every step (e.g. ``engine.max_num_seqs=32``);
 ``--rl`` overrides go to the RL step only.
 
     python bench/agent_pipeline.py --out runs/agent_pipeline --sft-examples 2000 --rollouts 40 --eval-prompts 256
@@ -34,14 +35,45 @@ COLUMNS = [
 ]
 
 
-def run(cmd: list[str], log: Path) -> float:
-    """Run a CLI step, its output to ``log``; returns its wall seconds. Raises on failure."""
+STEPS = 4
+REPORT_EVERY_S = 20.0  # a progress line at most this often while a step runs
+
+
+def last_line(log: Path) -> str:
+    """The last non-empty line of ``log`` (a progress bar's ``\\r`` updates count as lines)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [x.strip() for x in tail.replace("\r", "\n").splitlines() if x.strip()]
+    return lines[-1][:160] if lines else ""
+
+
+def run(name: str, index: int, cmd: list[str], log: Path, every: float = REPORT_EVERY_S) -> float:
+    """Run a CLI step, its output to ``log``; print its start, its log's path, a progress line (seconds so
+    far and the log's last line, when it changed) at most every ``every`` seconds, and its end. Returns
+    its wall seconds; exits naming the log on failure."""
     t = time.perf_counter()
+    print(f"[{index}/{STEPS}] {name}: started (log: {log})", flush=True)
     with log.open("w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode:
-        sys.exit(f"{' '.join(cmd[:4])} ... failed (exit {r.returncode}): see {log}")
-    return time.perf_counter() - t
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        shown = ""
+        while True:
+            try:
+                code = proc.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                line = last_line(log)
+                if line and line != shown:
+                    print(f"[{index}/{STEPS}] {name}: {time.perf_counter() - t:.0f} s: {line}", flush=True)
+                    shown = line
+    if code:
+        sys.exit(f"{' '.join(cmd[:4])} ... failed (exit {code}): see {log}")
+    seconds = time.perf_counter() - t
+    print(f"[{index}/{STEPS}] {name}: done in {seconds:.0f} s", flush=True)
+    return seconds
 
 
 def eval_rows(path: Path) -> list[dict]:
@@ -63,10 +95,16 @@ def main() -> None:
     common = list(args.overrides)
     evals = [f"data.n_eval_prompts={args.eval_prompts}", "eval.n_samples_per_eval_prompt=0", "eval.pass_k=[]"]
     seconds = {}
+    print(f"the tool-use pipeline in {STEPS} steps; each step's output goes to its log in {out}/", flush=True)
     seconds["base eval"] = run(
-        [*cli, "eval", "-c", RL_CONFIG, "--output-dir", str(out / "base"), *evals, *common], out / "base.log"
+        "base model eval",
+        1,
+        [*cli, "eval", "-c", RL_CONFIG, "--output-dir", str(out / "base"), *evals, *common],
+        out / "base.log",
     )
     seconds["make-data"] = run(
+        "make-data tool-sft",
+        2,
         [
             *cli,
             "make-data",
@@ -82,6 +120,8 @@ def main() -> None:
         out / "make_data.log",
     )
     seconds["SFT"] = run(
+        "SFT (reinforge offline)",
+        3,
         [
             *cli,
             "offline",
@@ -97,6 +137,8 @@ def main() -> None:
     )
     sft_model = out / "sft" / "checkpoints" / (out / "sft" / "checkpoints" / "latest").read_text().strip() / "model"
     seconds["RL (with its two evals)"] = run(
+        "RL (reinforge train, with its two evals)",
+        4,
         [
             *cli,
             "train",

@@ -458,7 +458,7 @@ class RLLoop:
                 self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
                 if cfg.run.save_final:
                     self.save(cfg.train.num_rollout - 1)
-            plan_line = self.plan_report.finish()  # the phase furthest from its limit, into the trace too
+            plan_line = self.plan_report.finish(log_line=False)  # the phase furthest from its limit (printed below)
         finally:
             self.source.close()
             trace.stop_trace()

@@ -360,16 +360,18 @@ class PlanReport:
             f"more GPUs for it ({key}) would shorten the step"
         )
 
-    def finish(self) -> str | None:
-        """The end line and the balance line (:meth:`balance_line`), logged and written into the trace
-        (``plan_bottleneck``); None before any rollout."""
+    def finish(self, log_line: bool = True) -> str | None:
+        """The end line and the balance line (:meth:`balance_line`), written into the trace
+        (``plan_bottleneck``) and, with ``log_line``, logged (the training loop prints it instead, once,
+        above the run's summary); None before any rollout."""
         line = self.end_line()
         if line is None:
             return None
         balance = self.balance_line()
         if balance is not None:
             line = f"{line}\n{balance}"
-        log.info("%s", line)
+        if log_line:
+            log.info("%s", line)
         args: dict[str, Any] = {"message": line}
         found = self.bottleneck() if self.reason is None else None
         if found is not None:
