@@ -60,7 +60,7 @@ def test_did_you_mean_for_options_and_registered_names(capsys):
 
 def test_reinforge_config_imports_no_torch():
     """`reinforge config` (and the config of every RL example but those naming a non-default loss) reads
-    no torch: the advantage estimators' names live in reinforge/algo/estimators.py, defaults skip
+    no torch: the advantage estimators' names live in reinforge/algo/registries.py, defaults skip
     their registry."""
     code = (
         "import sys\n"

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .estimators import ADV_ESTIMATORS as ADV_ESTIMATORS  # the registry, read by the config without torch
 from .masking import masked_select
+from .registries import ADV_ESTIMATORS as ADV_ESTIMATORS  # the registry, read by the config without torch
 
 Estimator = Callable[["AdvantageInputs", Any], "tuple[torch.Tensor, torch.Tensor | None]"]
 BatchSum = Callable[[torch.Tensor], torch.Tensor]

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
-from ..utils.registry import Registry
 from .masking import masked_select
+from .registries import KL_ESTIMATORS as KL_ESTIMATORS  # names in .registries (read by the config, no torch)
+from .registries import LOSS_AGG_MODES as LOSS_AGG_MODES
+from .registries import POLICY_LOSSES as POLICY_LOSSES
 
 PolicyLoss = Callable[..., "tuple[torch.Tensor, torch.Tensor, torch.Tensor]"]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "algo.policy_loss")
-KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator", "algo.kl_loss_type")
-LOSS_AGG_MODES: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation", "algo.loss_agg_mode")
 
 LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to [-20, 20] before ``exp`` (as verl's policy losses): exp(20) ~ 4.9e8
@@ -220,15 +219,22 @@ def clipped_value_loss(
     return 0.5 * torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-KL_ESTIMATORS.register("k1", lambda log_ratio: log_ratio)
-KL_ESTIMATORS.register("k2", lambda log_ratio: 0.5 * log_ratio.square())
-KL_ESTIMATORS.register("k3", lambda log_ratio: torch.exp(-log_ratio) - 1.0 + log_ratio)
-KL_ESTIMATORS.register(
-    "low_var_kl",
-    lambda log_ratio: (torch.exp(-log_ratio.clamp(-20.0, 20.0)) - 1.0 + log_ratio.clamp(-20.0, 20.0)).clamp(
-        -10.0, 10.0
-    ),
-)
+# the KL estimators of KL_ESTIMATORS (registered by name in .registries), of log_ratio = log pi - log pi_ref
+def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio
+
+
+def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_ratio.square()
+
+
+def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-log_ratio) - 1.0 + log_ratio
+
+
+def kl_low_var(log_ratio: torch.Tensor) -> torch.Tensor:
+    x = log_ratio.clamp(-20.0, 20.0)
+    return (torch.exp(-x) - 1.0 + x).clamp(-10.0, 10.0)
 
 
 def kl_penalty(
@@ -326,22 +332,26 @@ def aggregate(
 
 # Each sequence mode maps (token sums [B], token counts [B], norm_length) to per-sequence values [B],
 # averaged over sequences by aggregate(); token_mean is handled there directly (one global denominator).
-LOSS_AGG_MODES.register("token_mean", lambda seq_sum, counts, norm_length: seq_sum)
-LOSS_AGG_MODES.register("seq_mean_token_sum", lambda seq_sum, counts, norm_length: seq_sum)
-LOSS_AGG_MODES.register("seq_mean_token_mean", lambda seq_sum, counts, norm_length: seq_sum / counts.clamp(min=1.0))
+# (registered by name in .registries: token_mean and seq_mean_token_sum -> agg_token_sum, seq_mean_token_mean ->
+# agg_token_mean, seq_mean_token_sum_norm -> agg_token_sum_norm)
+def agg_token_sum(seq_sum: torch.Tensor, counts: torch.Tensor, norm_length: float | None) -> torch.Tensor:
+    return seq_sum
 
 
-@LOSS_AGG_MODES.register("seq_mean_token_sum_norm")
-def _seq_sum_norm(seq_sum: torch.Tensor, counts: torch.Tensor, norm_length: float | None) -> torch.Tensor:
+def agg_token_mean(seq_sum: torch.Tensor, counts: torch.Tensor, norm_length: float | None) -> torch.Tensor:
+    return seq_sum / counts.clamp(min=1.0)
+
+
+def agg_token_sum_norm(seq_sum: torch.Tensor, counts: torch.Tensor, norm_length: float | None) -> torch.Tensor:
     if not norm_length:
         raise ValueError("seq_mean_token_sum_norm needs norm_length (the max response length)")
     return seq_sum / norm_length
 
 
 # ---------------------------------------------------------------------------- registered policy losses
+# (registered by name in .registries)
 
 
-@POLICY_LOSSES.register("ppo")
 def ppo_policy_loss(
     log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -349,7 +359,6 @@ def ppo_policy_loss(
     return ppo_clip_loss(log_probs, old_log_probs, advantages, algo.eps_clip, algo.eps_clip_high, algo.eps_clip_c)
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(
     log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, algo: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

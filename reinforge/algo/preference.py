@@ -25,10 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..utils.registry import Registry
 from .masking import masked_select
-
-OFFLINE_METHODS: Registry[Callable[..., Any]] = Registry("offline method", "offline.method")
+from .registries import OFFLINE_METHODS as OFFLINE_METHODS  # names in .registries (read by the config, no torch)
 
 
 @dataclass
@@ -303,41 +301,11 @@ def kto_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, floa
     }
 
 
-OFFLINE_METHODS.register("sft", sft_objective, data="messages", model="policy")
-OFFLINE_METHODS.register("rm", reward_model_objective, data="pairs", model="reward")
-OFFLINE_METHODS.register(
-    "dpo",
-    pairwise_objective(lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing)),
-    data="pairs",
-    model="policy",
-    reference=True,
+# the objectives of OFFLINE_METHODS (registered by name, with their properties, in .registries)
+dpo_objective = pairwise_objective(lambda lp, o: dpo_loss(lp, o.beta, o.label_smoothing))
+ipo_objective = pairwise_objective(lambda lp, o: ipo_loss(lp, o.beta))
+cpo_objective = pairwise_objective(
+    lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing), nll_weight=lambda o: o.cpo_alpha
 )
-OFFLINE_METHODS.register(
-    "ipo",
-    pairwise_objective(lambda lp, o: ipo_loss(lp, o.beta)),
-    data="pairs",
-    model="policy",
-    reference=True,
-    length_normalized=True,
-)
-OFFLINE_METHODS.register(
-    "cpo",
-    pairwise_objective(lambda lp, o: cpo_loss(lp, o.beta, o.label_smoothing), nll_weight=lambda o: o.cpo_alpha),
-    data="pairs",
-    model="policy",
-)
-OFFLINE_METHODS.register(
-    "simpo",
-    pairwise_objective(lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma, o.label_smoothing)),
-    data="pairs",
-    model="policy",
-    length_normalized=True,
-)
-OFFLINE_METHODS.register(
-    "orpo",
-    pairwise_objective(lambda lp, o: orpo_loss(lp, o.beta), nll_weight=lambda o: 1.0),
-    data="pairs",
-    model="policy",
-    length_normalized=True,
-)
-OFFLINE_METHODS.register("kto", kto_objective, data="unpaired", model="policy", reference=True)
+simpo_objective = pairwise_objective(lambda lp, o: simpo_loss(lp, o.beta, o.simpo_gamma, o.label_smoothing))
+orpo_objective = pairwise_objective(lambda lp, o: orpo_loss(lp, o.beta), nll_weight=lambda o: 1.0)

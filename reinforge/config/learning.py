@@ -13,11 +13,11 @@ from typing import Literal
 from .fields import ConfigError, opt, registered
 from .sections import Section, _check_function_path
 
-ESTIMATORS = registered("reinforge.algo.estimators:ADV_ESTIMATORS")
-POLICY_LOSSES = registered("reinforge.algo.losses:POLICY_LOSSES")
-KL_ESTIMATORS = registered("reinforge.algo.losses:KL_ESTIMATORS")
-LOSS_AGG_MODES = registered("reinforge.algo.losses:LOSS_AGG_MODES")
-OFFLINE_METHODS = registered("reinforge.algo.preference:OFFLINE_METHODS")
+ESTIMATORS = registered("reinforge.algo.registries:ADV_ESTIMATORS")
+POLICY_LOSSES = registered("reinforge.algo.registries:POLICY_LOSSES")
+KL_ESTIMATORS = registered("reinforge.algo.registries:KL_ESTIMATORS")
+LOSS_AGG_MODES = registered("reinforge.algo.registries:LOSS_AGG_MODES")
+OFFLINE_METHODS = registered("reinforge.algo.registries:OFFLINE_METHODS")
 
 
 @dataclass
@@ -219,7 +219,7 @@ class AlgoConfig(Section):
     @property
     def needs_critic(self) -> bool:
         """Whether the advantage estimator uses a value model (the one place this is decided)."""
-        from ..algo.estimators import ADV_ESTIMATORS
+        from ..algo.registries import ADV_ESTIMATORS
 
         return bool(ADV_ESTIMATORS.info(self.advantage_estimator).get("needs_critic"))
 

@@ -280,7 +280,7 @@ def unused_keys(cfg: Config) -> dict[tuple[str, str], str]:
     ``critic.*`` without a critic, and ``algo`` keys that only other advantage estimators read
     (each estimator's registration lists the keys it reads). :func:`dump_config` leaves them out
     so a written config loads again."""
-    from ..algo.estimators import ADV_ESTIMATORS
+    from ..algo.registries import ADV_ESTIMATORS
 
     est = cfg.algo.advantage_estimator
     out: dict[tuple[str, str], str] = {}

@@ -160,7 +160,7 @@ class Config:
                 f"agent.max_turn_tokens={g.max_turn_tokens} exceeds rollout.rollout_max_response_len="
                 f"{r.rollout_max_response_len}, the budget of the whole response"
             )
-        from ..algo.estimators import ADV_ESTIMATORS
+        from ..algo.registries import ADV_ESTIMATORS
 
         if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:
             raise ConfigError(

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..records import RolloutEngine
 from ..utils.registry import Registry
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where an engine is built, not where the config checks engine.backend
+    import torch
+
     from ..config import Config, EngineConfig
 
 BACKENDS: Registry[Callable[[EngineSpec], RolloutEngine]] = Registry("rollout backend", "engine.backend")
@@ -84,6 +84,8 @@ class EngineSpec:
 
 def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``engine.dtype``: ``auto`` is bf16 on CUDA and fp32 elsewhere."""
+    import torch
+
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return torch.bfloat16 if dtype == "bf16" else torch.float32
