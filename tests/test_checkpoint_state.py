@@ -184,7 +184,7 @@ def test_convert_of_a_damaged_newest_checkpoint_falls_back_or_is_refused_in_word
     (out / "checkpoints" / "rollout_000000" / "rng.pt").write_bytes(b"x")
     assert main(["convert", "--checkpoint", str(out), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
-    assert "reinforge convert: error: run.load=" in err and "every checkpoint in" in err and "Traceback" not in err
+    assert "reinforge convert: error: --checkpoint=" in err and "every checkpoint in" in err and "Traceback" not in err
 
 
 # ----------------------------------------------------------------------------- disk full
