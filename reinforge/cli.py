@@ -305,6 +305,23 @@ def config_help() -> str:
     return "\n".join(lines)
 
 
+def _option_hint(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> str:
+    """``"; did you mean --load?"`` for each mistyped option of ``extra`` close to one of the command's
+    options (``difflib``), or ``""``."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = sub.choices.get(getattr(args, "command", None) or "", parser)
+    options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for x in extra:
+        if x.startswith("--"):
+            close = difflib.get_close_matches(x.split("=")[0], options, n=2, cutoff=0.6)
+            if close:
+                hints.append(f"{x.split('=')[0]}: did you mean {' or '.join(close)}?")
+    return "; " + "; ".join(hints) if hints else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     epilog = config_help()
     fmt = argparse.RawDescriptionHelpFormatter
@@ -470,23 +487,6 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
     cf.set_defaults(func=_config)
     return p
-
-
-def _option_hint(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> str:
-    """``"; did you mean --load?"`` for each mistyped option of ``extra`` close to one of the command's
-    options (``difflib``), or ``""``."""
-    import difflib
-
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    command = sub.choices.get(getattr(args, "command", None) or "", parser)
-    options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
-    hints = []
-    for x in extra:
-        if x.startswith("--"):
-            close = difflib.get_close_matches(x.split("=")[0], options, n=2, cutoff=0.6)
-            if close:
-                hints.append(f"{x.split('=')[0]}: did you mean {' or '.join(close)}?")
-    return "; " + "; ".join(hints) if hints else ""
 
 
 def main(argv: list[str] | None = None) -> int:
