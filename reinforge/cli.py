@@ -305,23 +305,6 @@ def config_help() -> str:
     return "\n".join(lines)
 
 
-def _option_hint(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> str:
-    """``"; did you mean --load?"`` for each mistyped option of ``extra`` close to one of the command's
-    options (``difflib``), or ``""``."""
-    import difflib
-
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    command = sub.choices.get(getattr(args, "command", None) or "", parser)
-    options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
-    hints = []
-    for x in extra:
-        if x.startswith("--"):
-            close = difflib.get_close_matches(x.split("=")[0], options, n=2, cutoff=0.6)
-            if close:
-                hints.append(f"{x.split('=')[0]}: did you mean {' or '.join(close)}?")
-    return "; " + "; ".join(hints) if hints else ""
-
-
 def build_parser() -> argparse.ArgumentParser:
     epilog = config_help()
     fmt = argparse.RawDescriptionHelpFormatter
@@ -498,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = list(args.overrides) + extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{_option_hint(parser, args, extra)}")
+        from .cli_hints import option_hint
+
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{option_hint(parser, args, extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     from .reward.manager import RewardFunctionFailing
     from .supervisor import DISK_FULL, record_failure
