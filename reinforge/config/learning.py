@@ -189,7 +189,14 @@ class AlgoConfig(Section):
         "`[tis_clip_low, tis_clip]`, 0 outside) or `reject` (drop the tokens outside, no weight: verl's `rollout_rs`)",
     )
     tis_clip: float = opt(2.0, "upper cap of the importance weight", ge=1)
-    tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` and `reject` modes", ge=0, lt=1)
+    tis_clip_low: float = opt(
+        0.0,
+        "lower bound of the weight in `mask` and `reject` modes; the bounds are on `w = pi_train / pi_rollout`: "
+        "verl's `low_high` thresholds bound `pi_rollout / pi_train`, so verl's `[L, H]` is `[1/H, 1/L]` here (the "
+        "same numbers keep the same tokens only when `tis_clip_low = 1 / tis_clip`)",
+        ge=0,
+        lt=1,
+    )
     use_rollout_routing_replay: bool = opt(
         False,
         "mixture-of-experts models: the engine records each generated token's experts and the trainer's "
@@ -199,8 +206,9 @@ class AlgoConfig(Section):
     use_decoupled_loss: bool | None = opt(
         None,
         "decoupled PPO objective (AReaL, Fu et al. 2025): clip against the trainer's proximal log-probs and "
-        "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); "
-        "`null`: on when `rollout.max_staleness` > 0",
+        "weight by `pi_prox / pi_behav` with the engine's log-probs, uncapped unless `use_tis` sets its mode's factor "
+        "(AReaL's current code applies no such weight unless its `rejection_sampling` is set: "
+        "[algorithms.md](algorithms.md#decoupled-ppo)); `null`: on when `rollout.max_staleness` > 0",
     )
     dynamic_sampling: bool = opt(
         False, "DAPO dynamic sampling: drop groups with equal rewards, sample more prompts until the batch is full"
