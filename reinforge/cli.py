@@ -305,6 +305,26 @@ def config_help() -> str:
     return "\n".join(lines)
 
 
+def _check_model(args) -> int:
+    import tempfile
+
+    from .models.check import check_model, failed, format_table, write_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.path
+        if args.random_tiny:
+            path = write_tiny_model(args.path, args.out or tmp, seed=args.seed)
+            print(f"tiny random model of {args.path}: {path}")
+        elif not Path(path, "config.json").exists():
+            raise FileNotFoundError(f"check-model: {path} has no config.json (a Hugging Face folder is needed)")
+        rows = check_model(path, tokens=args.tokens, seed=args.seed, speed=not args.no_speed)
+    print(format_table(rows))
+    bad = failed(rows)
+    if bad:
+        print(f"check-model: {len(bad)} check(s) failed: {', '.join(r.name for r in bad)}")
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     epilog = config_help()
     fmt = argparse.RawDescriptionHelpFormatter
@@ -425,6 +445,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_tokens_per_gpu=auto")
     pl.set_defaults(func=_plan)
+
+    ck = sub.add_parser(
+        "check-model",
+        help="compare a model family against transformers: logits, engine log-probs, greedy tokens, weight sync, "
+        "export, LoRA targets, speed (docs/design.md#adding-a-model-family)",
+    )
+    ck.add_argument(
+        "path", help="a Hugging Face folder (config.json + safetensors), or a config.json with --random-tiny"
+    )
+    ck.add_argument(
+        "--random-tiny",
+        action="store_true",
+        help="check a tiny random model of PATH's config (2-4 layers of width 64) instead of PATH's weights",
+    )
+    ck.add_argument("--out", help="with --random-tiny: keep the tiny model in this folder (default: a temporary one)")
+    ck.add_argument("--tokens", type=int, default=64, help="greedy tokens compared (default 64)")
+    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--no-speed", action="store_true", help="skip the forward+backward speed row")
+    ck.set_defaults(func=_check_model)
 
     cf = sub.add_parser(
         "config",
