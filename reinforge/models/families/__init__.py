@@ -42,6 +42,14 @@ FAMILIES.register(
     "glm4_moe", "reinforge.models.families.glm4_moe:FAMILY", moe=True, title="GLM-4.5 / GLM-4.5-Air / GLM-4.6 (MoE)"
 )
 
+FAMILIES.register(
+    "qwen3_next",
+    "reinforge.models.families.qwen3_next:FAMILY",
+    moe=True,
+    hybrid=True,
+    title="Qwen3-Next (hybrid Gated DeltaNet / gated attention, MoE)",
+)
+
 
 def model_type_of(config: Any) -> str | None:
     """``model_type`` of a ``config.json`` dict or a ``transformers`` config (a multimodal

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..args import ModelArgs, check_top_k
 from ..moe import SparseMoeBlock, hub_named_tensors, stack_expert_weights
-from ..transformer import MLP, Attention
+from ..transformer import MLP, Attention, RMSNorm
 
 # the tensor-parallel styles a plan may name (torch.distributed.tensor.parallel's classes)
 TP_STYLES = ("colwise", "rowwise")
@@ -82,8 +82,17 @@ class Family:
 
     # ------------------------------------------------------------------ modules
     def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
-        """Decoder layer ``layer``'s attention (parameters under ``self_attn.``)."""
+        """Decoder layer ``layer``'s token mixer (parameters under :meth:`mixer_name`): attention by default."""
         return Attention(args, layer)
+
+    def mixer_name(self, layer: int, cfg: Any) -> str:
+        """The attribute (and parameter-name part) of layer ``layer``'s token mixer: ``self_attn``, or a
+        hybrid family's name for its other kind (Qwen3-Next's ``linear_attn``)."""
+        return "self_attn"
+
+    def norm(self, dim: int, eps: float) -> RMSNorm:
+        """The decoder's RMSNorms (each layer's two and the final one): Llama's ``weight * x_norm``."""
+        return RMSNorm(dim, eps)
 
     def dense_mlp(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
         """A dense layer's MLP (parameters under ``mlp.``): SwiGLU of ``intermediate_size``."""
