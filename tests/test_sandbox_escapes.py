@@ -186,3 +186,199 @@ asyncio.run(sb.run_python({rewrite_pid_1(token)!r}, sb.SandboxLimits(timeout=60)
         trainer.kill()
         for pid in host_processes_with(token):
             os.kill(pid, 9)
+
+
+# ------------------------------------------------------------------ E2: socket families without a namespace
+@needs_bwrap
+def test_socket_families_the_network_namespace_does_not_isolate_are_refused():
+    """E2: ``socket(AF_VSOCK)`` worked inside: the sandbox bound and listened on a vsock port the
+    host then could not bind (one port space with the host), and a connect to CID 1 went out; the
+    network namespace does not cover vsock. Now the seccomp filter answers ``EAFNOSUPPORT`` for every
+    family but AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK: through ``socket``, ``socketpair`` and a raw
+    system call whose family has high bits set (the kernel reads an ``int``). AF_PACKET (which needs
+    a capability the program lacks: EPERM before) is refused the same way. The families Python uses
+    still work (loopback inside the namespace, Unix socket pairs for multiprocessing)."""
+    code = """
+import ctypes, json, socket
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def make(name, family, kind=1, pair=False, high=0):
+    ctypes.set_errno(0)
+    if pair:
+        fds = (ctypes.c_int * 2)()
+        rc = libc.syscall(53, ctypes.c_long(family | high), kind, 0, fds)  # socketpair
+    else:
+        rc = libc.syscall(41, ctypes.c_long(family | high), kind, 0)  # socket
+    out[name] = "ok" if rc >= 0 else ctypes.get_errno()
+make("vsock", 40)
+make("vsock_dgram", 40, 2)
+make("vsock_pair", 40, pair=True)
+make("vsock_high_bits", 40, high=1 << 32)
+make("packet", 17, 3)
+make("alg", 38, 5)
+make("bluetooth", 31, 5)
+make("unix", 1)
+make("inet", 2)
+make("inet6", 10)
+make("netlink", 16, 3)
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    out["socket_module"] = "ok"
+except OSError as e:
+    out["socket_module"] = e.errno
+a, b = socket.socketpair()
+a.sendall(b"x")
+out["socketpair"] = b.recv(1).decode()
+print(json.dumps(out))
+"""
+    if platform.machine() != "x86_64":
+        pytest.skip("the raw system call numbers are x86_64's")
+    res = report(run(code))
+    refused = {"vsock", "vsock_dgram", "vsock_pair", "vsock_high_bits", "packet", "alg", "bluetooth", "socket_module"}
+    assert {k: res[k] for k in refused} == dict.fromkeys(refused, errno.EAFNOSUPPORT), res
+    assert {k: res[k] for k in ("unix", "inet", "inet6", "netlink")} == dict.fromkeys(
+        ("unix", "inet", "inet6", "netlink"), "ok"
+    ), res
+    assert res["socketpair"] == "x", res
+
+
+# ------------------------------------------------------------------ E3: open files and the per-process class
+OPEN_FILES = """
+import json, os, resource, subprocess, sys
+fds = []
+try:
+    while len(fds) < 100000:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as e:
+    err = e.errno
+n = len(fds)
+for fd in fds:
+    os.close(fd)
+child = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[1])"],
+                       capture_output=True, text=True, close_fds=True)
+print(json.dumps({"opened": n, "errno": err, "child": int(child.stdout or -1),
+                  "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+                  "msgqueue": resource.getrlimit(resource.RLIMIT_MSGQUEUE),
+                  "sigpending": resource.getrlimit(resource.RLIMIT_SIGPENDING)}))
+"""
+
+
+@needs_bwrap
+def test_open_files_are_bounded_per_process():
+    """E3: RLIMIT_NOFILE was the trainer's (20000 here) and never lowered: one sandbox held 160,044
+    open files (half the host's file table) for 46 MiB of its cgroup. Now each process of the sandbox
+    may hold ``max_open_files`` (``agent.python_max_open_files``, default 1024), its children too, and
+    the other per-uid counters of that class are bounded per process (message-queue bytes, queued
+    signals). Opening /dev/null in a loop stops at the limit with EMFILE."""
+    res = report(run(OPEN_FILES))
+    assert res["errno"] == errno.EMFILE and res["opened"] < 1024 and res["nofile"] == [1024, 1024], res
+    assert res["nofile"] == [sb.DEFAULT_MAX_OPEN_FILES] * 2 and res["child"] == sb.DEFAULT_MAX_OPEN_FILES, res
+    assert res["errno"] == errno.EMFILE and res["opened"] < sb.DEFAULT_MAX_OPEN_FILES, res
+    assert res["msgqueue"] == [sb.MSGQUEUE_BYTES] * 2 and res["sigpending"] == [sb.SIGPENDING] * 2, res
+    small = report(run(OPEN_FILES, max_open_files=64))
+    assert small["nofile"] == [64, 64] and small["errno"] == errno.EMFILE and small["opened"] < 64, small
+
+
+@needs_bwrap
+def test_the_python_tool_takes_its_open_files_from_the_config():
+    """``agent.python_max_open_files`` reaches the sandbox through the ``python`` tool."""
+    from reinforge.config import AgentConfig
+    from reinforge.tools.builtin import make_python
+
+    tool = make_python(AgentConfig(python_max_open_files=100))
+    out = asyncio.run(tool("import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"))
+    assert out == "(100, 100)", out
+
+
+# ------------------------------------------------------------------ E5: per-uid kernel quotas
+HOG_INOTIFY = """
+import ctypes, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while n < 100000 and libc.inotify_init() >= 0:
+    n += 1
+print(n, ctypes.get_errno(), flush=True)
+subprocess.run([sys.executable, "-c", "import time; time.sleep(30)", "%s" + "%s"])
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox of a trainer that is not root runs as the trainer's uid")
+def test_one_sandbox_cannot_take_another_sandboxes_per_uid_quota():
+    """E5: every sandbox ran as host uid 990000, so one could take all the inotify instances of that
+    uid (``fs.inotify.max_user_instances``, counted per host uid across user namespaces) and the
+    next sandboxes could not make one (the same for the key quota of their session keyrings and the
+    message-queue bytes). Now each sandbox running at once has a host uid of its own (a lease on
+    ``agent.python_sandbox_uid + slot``): while one sandbox holds every instance its uid may have,
+    another still makes one, and the two run as different host uids."""
+    token = uuid.uuid4().hex
+
+    async def both():
+        hog = asyncio.ensure_future(run_python(HOG_INOTIFY % (token[:16], token[16:]), SandboxLimits(timeout=30)))
+        try:
+            for _ in range(300):
+                await asyncio.sleep(0.05)
+                if pids := host_processes_with(token):
+                    break
+            else:
+                raise AssertionError(f"the hog did not start: {await hog}")
+            hog_uid = Path(f"/proc/{pids[0]}/status").read_text().split("Uid:")[1].split()[0]
+            probe = (
+                "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                "print(libc.inotify_init(), ctypes.get_errno())"
+            )
+            other = await run_python(probe, SandboxLimits(timeout=8))
+            return other, int(hog_uid)
+        finally:
+            hog.cancel()
+            try:
+                await hog
+            except asyncio.CancelledError:
+                pass
+
+    other, hog_uid = asyncio.run(both())
+    fd, err = (int(x) for x in other.stdout.split())
+    assert fd >= 0, f"the second sandbox could not make an inotify instance (errno {err})"
+    assert sb.DEFAULT_SANDBOX_UID <= hog_uid < sb.DEFAULT_SANDBOX_UID + sb.DEFAULT_SANDBOX_UIDS
+    assert gone(token, 2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uid leases are taken by a root trainer")
+def test_uid_leases_are_exclusive_and_given_back(caplog):
+    """Each lease is a uid no other running sandbox holds (any trainer of the machine: an ``flock``
+    on a file per uid); with every uid of the range held, the sandbox shares the first one, with a
+    warning naming the keys; closing the descriptor gives the uid back."""
+    from reinforge.tools.isolation import lease_uid
+
+    base = 4_100_000_000 + os.getpid() % 1000 * 10  # a range of this test's own
+    held = [lease_uid(base, 3) for _ in range(3)]
+    try:
+        assert sorted(u for u, _ in held) == [base, base + 1, base + 2] and all(fd is not None for _, fd in held)
+        assert lease_uid(base, 3) == (base, None)
+        assert "agent.python_sandbox_uids" in caplog.text or caplog.text == ""  # warned once per process
+        os.close(held[1][1])
+        again = lease_uid(base, 3)
+        assert again[0] == held[1][0] and again[1] is not None
+        held[1] = again
+    finally:
+        for _, fd in held:
+            if fd is not None:
+                os.close(fd)
+    assert lease_uid(base, 1) == (base, None)  # one uid for all: no lease
+
+
+def test_bwrap_is_found_on_path_or_named_explicitly(monkeypatch, tmp_path):
+    """Issue 57: removing bwrap from PATH did not disable the sandbox (a fixed /usr/bin/bwrap was
+    used). Now PATH decides, and ``$REINFORGE_BWRAP`` names another executable explicitly."""
+    from reinforge.tools.isolation import BWRAP_ENV
+
+    monkeypatch.delenv(BWRAP_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert bwrap_path() is None
+    fake = tmp_path / "my-bwrap"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv(BWRAP_ENV, str(fake))
+    assert bwrap_path() == str(fake)
+    monkeypatch.setenv(BWRAP_ENV, str(tmp_path / "missing"))
+    assert bwrap_path() is None
