@@ -200,7 +200,10 @@ if libc.syscall(spec["keyctl"], 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, an
 call(libc.prctl(1, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 if os.getppid() != spec["parent"]:
     fail("checking the parent", "it has exited")
-os.execv(spec["command"][0], spec["command"])
+try:
+    os.execv(spec["command"][0], spec["command"])
+except OSError as e:
+    fail("starting " + spec["command"][0], e)
 """
 
 
