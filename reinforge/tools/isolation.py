@@ -28,11 +28,18 @@ input of the model's) does, in this order:
    server, kills it) and checks that the parent is still there; then ``exec``\\ s ``bwrap``.
 
 ``bwrap`` then unshares every namespace (user, mount, pid, network, IPC, UTS, cgroup), forbids
-nested user namespaces, keeps its own reaper as pid 1 (``--die-with-parent``: when the trainer or
-``bwrap`` dies, pid 1 dies and the kernel kills every process of the pid namespace; the program
-cannot clear pid 1's parent-death signal), installs the seccomp filter (:data:`DENIED_SYSCALLS`
-fail with ``EPERM``; other architectures' system calls kill the process), and starts the program
-as uid 65534 inside with no capabilities.
+nested user namespaces, installs the seccomp filter (:data:`DENIED_SYSCALLS` fail with ``EPERM``,
+sockets of a family not in :data:`SOCKET_FAMILIES` with ``EAFNOSUPPORT``; other architectures'
+system calls kill the process), and starts the interpreter as uid 65534 inside with no
+capabilities, as **pid 1** (``--as-pid-1``: no reaper of bubblewrap's, whose memory the program
+could write, issue 51 E1) with ``--die-with-parent`` (when ``bwrap`` dies, so does pid 1, and the
+kernel kills every process of the pid namespace). The interpreter's prelude (``sandbox._PRELUDE``)
+makes pid 1 non-dumpable (no ``/proc/1/mem``, ``ptrace`` or ``pidfd_getfd`` for the program), forks
+the program as its child and reaps until it exits. At the time limit the host kills pid 1 from
+outside (its host pid from bwrap's status: :func:`.sandbox_io.kill_init`).
+
+When the trainer is root, each sandbox running at once drops to a host uid of its own
+(:func:`lease_uid`), so per-uid kernel quotas are not shared between sandboxes.
 
 Files: an empty root, read-only; ``/usr`` and the loader's files; the interpreter's prefixes
 read-only; ``/proc`` of the new pid namespace with ``/proc/cmdline`` empty; ``/dev`` read-only with

@@ -6,15 +6,19 @@ root anywhere (the trainer, if root, drops to the unprivileged ``agent.python_sa
 before ``bwrap`` makes the user namespace); every namespace is new; a seccomp filter denies the
 kernel keyrings, ptrace, bpf, perf, io_uring, mounts and namespaces; the program sees the system
 folders and the interpreter read-only, an empty ``/proc/cmdline``, and its own scratch ``tmpfs``;
-it dies with ``bwrap``, and ``bwrap`` dies with the trainer (or with the trainer's launch server,
-:mod:`.launch_server`, which starts each run's launcher without a new interpreter, and dies with
-the trainer).
+pid 1 of the sandbox is an init of ours out of the program's reach (non-dumpable), which the host
+kills from outside at the time limit; it dies with ``bwrap``, and ``bwrap`` dies with the trainer
+(or with the trainer's launch server, :mod:`.launch_server`, which starts each run's launcher
+without a new interpreter, and dies with the trainer). Sockets of families the network namespace
+does not isolate (``AF_VSOCK``...) are refused.
 
 Limits of one run (:class:`SandboxLimits`): of the whole group (a cgroup, :mod:`.cgroup`):
 memory ``memory_mb + disk_mb`` (tmpfs pages are charged to it), ``max_processes``, one CPU; per
 process: ``RLIMIT_AS`` = ``memory_mb`` (a large allocation raises ``MemoryError``),
 ``RLIMIT_FSIZE``, ``RLIMIT_CPU``, ``RLIMIT_NPROC`` (held per sandbox: it counts in the sandbox's
-own user namespace, also where no cgroup can be made), no core dumps; all files together at most
+own user namespace, also where no cgroup can be made), ``RLIMIT_NOFILE`` = ``max_open_files``,
+``RLIMIT_MSGQUEUE`` and ``RLIMIT_SIGPENDING`` (:data:`MSGQUEUE_BYTES`, :data:`SIGPENDING`), no core
+dumps; per uid (a root trainer): a host uid of its own per sandbox running at once; all files together at most
 ``disk_mb`` (the tmpfs sizes); the wall-clock ``timeout`` kills the sandbox. How many sandboxes run
 at once is bounded by :class:`SandboxSlots` (``agent.max_concurrent_sandboxes``).
 
