@@ -344,18 +344,20 @@ def test_one_sandbox_cannot_take_another_sandboxes_per_uid_quota():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="uid leases are taken by a root trainer")
-def test_uid_leases_are_exclusive_and_given_back(caplog):
+def test_uid_leases_are_exclusive_and_given_back(caplog, monkeypatch):
     """Each lease is a uid no other running sandbox holds (any trainer of the machine: an ``flock``
     on a file per uid); with every uid of the range held, the sandbox shares the first one, with a
     warning naming the keys; closing the descriptor gives the uid back."""
+    from reinforge.tools import isolation
     from reinforge.tools.isolation import lease_uid
 
+    monkeypatch.setattr(isolation, "_warned_uids", [])
     base = 4_100_000_000 + os.getpid() % 1000 * 10  # a range of this test's own
     held = [lease_uid(base, 3) for _ in range(3)]
     try:
         assert sorted(u for u, _ in held) == [base, base + 1, base + 2] and all(fd is not None for _, fd in held)
         assert lease_uid(base, 3) == (base, None)
-        assert "agent.python_sandbox_uids" in caplog.text or caplog.text == ""  # warned once per process
+        assert "all 3 of" in caplog.text and "agent.python_sandbox_uids" in caplog.text, caplog.text
         os.close(held[1][1])
         again = lease_uid(base, 3)
         assert again[0] == held[1][0] and again[1] is not None
@@ -382,3 +384,25 @@ def test_bwrap_is_found_on_path_or_named_explicitly(monkeypatch, tmp_path):
     assert bwrap_path() == str(fake)
     monkeypatch.setenv(BWRAP_ENV, str(tmp_path / "missing"))
     assert bwrap_path() is None
+
+
+def test_the_host_kills_pid_1_only_while_it_is_bwraps_child():
+    """At the time limit the host SIGKILLs the sandbox's pid 1 itself (its host pid from bwrap's status
+    descriptor), not only bwrap: through a pidfd, and only while the pid is still bwrap's child (a pid
+    reused by another process is never hit). Here a stand-in bwrap with a sleeping child."""
+    from reinforge.tools.sandbox_io import kill_init
+
+    stand_in = "import subprocess; p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True); print(p.wait())"
+    parent = subprocess.Popen([sys.executable, "-c", stand_in], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert kill_init(child, os.getpid()) is None  # not this process's child: left alone
+        assert Path(f"/proc/{child}/status").read_text().split("State:")[1].split()[0] in ("S", "R")
+        fd = kill_init(child, parent.pid)
+        assert fd is not None
+        os.close(fd)
+        assert parent.stdout.readline().strip() == "-9"  # the stand-in saw its child killed by SIGKILL
+        assert kill_init(child, parent.pid) is None  # gone
+    finally:
+        parent.kill()
+        parent.wait()

@@ -232,8 +232,9 @@ def bwrap_path() -> str | None:
 
 
 def host_uid(sandbox_uid: int) -> int | None:
-    """The host uid the sandbox runs as: ``sandbox_uid`` when the trainer is root (it drops to it),
-    else None (the trainer's own, unprivileged, uid)."""
+    """The host uid the sandbox runs as: ``sandbox_uid`` when the trainer is root (it drops to it;
+    the first of the range :func:`lease_uid` leases each run's own uid from), else None (the
+    trainer's own, unprivileged, uid)."""
     return sandbox_uid if os.geteuid() == 0 else None
 
 
