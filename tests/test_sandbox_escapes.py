@@ -198,22 +198,25 @@ def test_socket_families_the_network_namespace_does_not_isolate_are_refused():
     system call whose family has high bits set (the kernel reads an ``int``). AF_PACKET (which needs
     a capability the program lacks: EPERM before) is refused the same way. The families Python uses
     still work (loopback inside the namespace, Unix socket pairs for multiprocessing)."""
-    code = """
+    import pyseccomp
+
+    nr = {n: int(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, n)) for n in ("socket", "socketpair")}
+    code = f"""
 import ctypes, json, socket
 libc = ctypes.CDLL(None, use_errno=True)
-out = {}
+out = {{}}
 def make(name, family, kind=1, pair=False, high=0):
     ctypes.set_errno(0)
     if pair:
         fds = (ctypes.c_int * 2)()
-        rc = libc.syscall(53, ctypes.c_long(family | high), kind, 0, fds)  # socketpair
+        rc = libc.syscall({nr["socketpair"]}, ctypes.c_long(family | high), kind, 0, fds)
     else:
-        rc = libc.syscall(41, ctypes.c_long(family | high), kind, 0)  # socket
+        rc = libc.syscall({nr["socket"]}, ctypes.c_long(family | high), kind, 0)
     out[name] = "ok" if rc >= 0 else ctypes.get_errno()
 make("vsock", 40)
 make("vsock_dgram", 40, 2)
 make("vsock_pair", 40, pair=True)
-make("vsock_high_bits", 40, high=1 << 32)
+make("vsock_high_bits", 40, high=1 << 32 if ctypes.sizeof(ctypes.c_long) == 8 else 0)
 make("packet", 17, 3)
 make("alg", 38, 5)
 make("bluetooth", 31, 5)
@@ -231,8 +234,6 @@ a.sendall(b"x")
 out["socketpair"] = b.recv(1).decode()
 print(json.dumps(out))
 """
-    if platform.machine() != "x86_64":
-        pytest.skip("the raw system call numbers are x86_64's")
     res = report(run(code))
     refused = {"vsock", "vsock_dgram", "vsock_pair", "vsock_high_bits", "packet", "alg", "bluetooth", "socket_module"}
     assert {k: res[k] for k in refused} == dict.fromkeys(refused, errno.EAFNOSUPPORT), res
@@ -406,3 +407,14 @@ def test_the_host_kills_pid_1_only_while_it_is_bwraps_child():
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_uid_range_past_the_last_uid_is_refused():
+    """``agent.python_sandbox_uid + agent.python_sandbox_uids`` must stay below 2**32 - 1 (the kernel's
+    invalid uid); the message names both keys."""
+    from reinforge.config import load_config
+    from reinforge.config.fields import ConfigError
+
+    with pytest.raises(ConfigError, match="agent.python_sandbox_uid=4294967000 \\+ agent.python_sandbox_uids=1024"):
+        load_config(None, ["agent.python_sandbox_uid=4294967000"])
+    assert load_config(None, ["agent.python_sandbox_uid=4294967000", "agent.python_sandbox_uids=100"])
