@@ -562,19 +562,20 @@ async def run_python(
             proc._transport.close()
         if cgroup is not None and not cgroup.remove():
             log.warning("python tool: cgroup %s could not be removed", cgroup.dirs)
-        if init is not None:  # the uid is given back once its namespace is empty
-            try:
-                await asyncio.shield(wait_exited(init, 2.0))
-            finally:
-                os.close(init)
-        if lease is not None:
-            os.close(lease)
         for fd in fds.values():
             os.close(fd)
         if host_scratch is not None:
             shutil.rmtree(host_scratch, ignore_errors=True)
         for d in copies:
             shutil.rmtree(d, ignore_errors=True)
+        try:
+            if init is not None:  # the uid is given back once its namespace is empty
+                await wait_exited(init, 2.0)
+        finally:
+            if init is not None:
+                os.close(init)
+            if lease is not None:
+                os.close(lease)
 
 
 _overlays: dict[int, bool] = {}  # sandbox uid -> whether a layered bind can be an overlay mount here
