@@ -25,6 +25,8 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   (weights, gradients, AdamW, a micro-batch's activations and logits, the engine beside it) against
   the GPU's memory, naming the ``train.max_tokens_per_gpu`` and ``model.recompute_num_layers`` that fit
   (:func:`reinforge.plan.training_problems`);
+* **the python tool's sandbox** (``python`` in ``agent.tools`` or the ``swe`` environment): a trial
+  sandbox runs (:func:`sandbox_problems`);
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape
   ``[layers, blocks + 1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU,
   its slots (``engine.max_num_seqs`` capped at the sequences the run holds at once,
@@ -426,6 +428,25 @@ def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int
     return out + Layout(1, cp, tp, ep, pp, vpp, sp).config_problems(model_config)
 
 
+def sandbox_problems(cfg: Config) -> list[str]:
+    """The python tool's sandbox, when the run gives the model code to run (``python`` in
+    ``agent.tools``, or ``agent.environment: swe``) in a sandbox (``agent.python_sandbox: bwrap``):
+    a trial sandbox must run here (:func:`reinforge.tools.sandbox.check_sandbox`: bubblewrap on
+    ``PATH`` or ``$REINFORGE_BWRAP``, libseccomp, user namespaces), checked once per process; else
+    one problem in one line saying what is wrong and what to do (issue 57: found at start, not as a
+    traceback at the first rollout)."""
+    a = cfg.agent
+    if a.python_sandbox == "none" or not ("python" in a.tools or a.environment == "swe"):
+        return []
+    from .tools.sandbox import SandboxUnavailable, check_sandbox
+
+    try:
+        check_sandbox(a.python_sandbox, a.python_sandbox_uid)
+    except SandboxUnavailable as e:
+        return [str(e)]
+    return []
+
+
 def _raise(problems: list[str]) -> None:
     if problems:
         parts = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p};" for i, p in enumerate(problems, 1))
@@ -502,6 +523,7 @@ def check_rl(
         "rollout.rollout_max_response_len",
     )
     problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # reward.judge_model_path
+    problems += sandbox_problems(cfg)  # the python tool's sandbox, before any model is built
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
         problems += training_problems(plan, n.prompt)
     _raise(problems)

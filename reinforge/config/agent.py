@@ -97,6 +97,17 @@ class AgentConfig(Section):
         ge=1,
         lt=2**32 - 1,
     )
+    python_sandbox_uids: int = opt(
+        1024,
+        "`python` tool, trainer run as root: sandboxes running at once each take a host uid (and gid) of "
+        "their own among `python_sandbox_uid` .. `python_sandbox_uid` + this - 1, so that per-uid kernel "
+        "quotas (inotify instances, keys, message queues, processes) are not shared; one uid for all: 1 "
+        "([agents.md](agents.md#threat-model))",
+        ge=1,
+    )
+    python_max_open_files: int = opt(
+        1024, "`python` tool: descriptors each process of the sandbox may hold open at once (`RLIMIT_NOFILE`)", ge=16
+    )
     turn_reward: Literal["sum", "discounted"] = opt(
         "sum",
         "how an environment's per-turn rewards reach the advantage estimator: `sum` (added into the "
@@ -136,6 +147,11 @@ class AgentConfig(Section):
             )
         if not self.tool_role.strip():
             raise ConfigError("agent.tool_role must be `auto` or a role name")
+        if self.python_sandbox_uid + self.python_sandbox_uids > 2**32 - 1:
+            raise ConfigError(
+                f"agent.python_sandbox_uid={self.python_sandbox_uid} + agent.python_sandbox_uids="
+                f"{self.python_sandbox_uids} passes the last uid (2**32 - 2): lower either"
+            )
         if self.mcp_servers:
             mcp = importlib.import_module("reinforge.tools.mcp")  # by name: config sits below tools
 

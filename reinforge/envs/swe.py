@@ -292,7 +292,11 @@ class SweEnv(Environment):
         assert self.ws is not None
         a = self.ctx.agent
         limits = SandboxLimits(
-            timeout=self.test_timeout, memory_mb=a.python_memory_mb, sandbox_uid=a.python_sandbox_uid
+            timeout=self.test_timeout,
+            memory_mb=a.python_memory_mb,
+            max_open_files=a.python_max_open_files,
+            sandbox_uid=a.python_sandbox_uid,
+            sandbox_uids=a.python_sandbox_uids,
         )
         if (a.python_sandbox, limits.sandbox_uid) not in _checked:  # the first time: a trial sandbox
             await asyncio.to_thread(check_sandbox, a.python_sandbox, limits.sandbox_uid)
