@@ -338,11 +338,15 @@ class AsyncRollouts(_Generator):
             except ValueError as e:
                 log.warning("the checkpoint's buffered rollouts cannot be read (%s): they are generated again", e)
         for rec, want in zip(records, buffered):
-            problem = self._unusable(rec) if rec["rollout_id"] == want["rollout_id"] else "ids differ from state.json"
+            value, seconds = async_state.rollout_from_record(rec)
+            problem = (
+                self._unusable(value[0], want["rollout_id"])
+                if rec["rollout_id"] == want["rollout_id"]
+                else f"{async_state.ROLLOUTS_FILE} holds rollout {rec['rollout_id']} in its place"
+            )
             if problem:
                 log.warning("rollout %d kept by the checkpoint is generated again: %s", want["rollout_id"], problem)
                 break
-            value, seconds = async_state.rollout_from_record(rec)
             self._resumed[rec["rollout_id"]] = (value, seconds, rec["data_before"])
         if len(self._resumed) < len(buffered):  # rewind to the first one generated again
             state = buffered[len(self._resumed)]["data_before"]
@@ -350,17 +354,17 @@ class AsyncRollouts(_Generator):
         if self._resumed:
             log.info("rollouts %s were generated before the checkpoint: trained as they are", sorted(self._resumed))
 
-    def _unusable(self, rec: dict) -> str | None:
-        """Why a kept rollout cannot be trained by this run (None: it can)."""
+    def _unusable(self, groups: list[list[Sample]], rollout_id: int) -> str | None:
+        """Why the kept rollout ``rollout_id`` (its groups to train on) cannot be trained by this run
+        (None: it can). It is trained with policy version ``rollout_id``, as every rollout."""
         r = self.cfg.rollout
-        (groups, _, _), _ = async_state.rollout_from_record(rec)
         if any(len(g) != r.n_samples_per_prompt for g in groups):
             return f"its groups do not have rollout.n_samples_per_prompt={r.n_samples_per_prompt} samples"
         if len(groups) > r.rollout_batch_size or (
             not self.cfg.algo.dynamic_sampling and len(groups) != r.rollout_batch_size
         ):
             return f"it has {len(groups)} groups, not rollout.rollout_batch_size={r.rollout_batch_size}"
-        if not within_bound([s for g in groups for s in g], rec["rollout_id"], r.max_staleness):
+        if not within_bound([s for g in groups for s in g], rollout_id, r.max_staleness):
             return f"it has tokens older than rollout.max_staleness={r.max_staleness} allows"
         return None
 
