@@ -193,7 +193,7 @@ def test_a_resume_trains_the_kept_rollouts_and_rewinds_to_those_it_cannot(tmp_pa
 
 # ---------------------------------------------------------------------------- a killed run, resumed
 
-ROLLOUTS = 6
+ROLLOUTS = 5
 PROMPTS = 2 * ROLLOUTS  # rollout_batch_size=2 (tiny_overrides): one epoch, each prompt once
 
 

@@ -300,7 +300,10 @@ class AsyncRollouts(_Generator):
         if directory is None:
             return producer.snapshot_before(rollout_id + 1, self.data.state_dict)
         records = []
-        for j, value, seconds in producer.finished_after(rollout_id):
+        t = time.perf_counter()
+        finished = producer.finished_after(rollout_id)
+        waited = time.perf_counter() - t
+        for j, value, seconds in finished:
             rec = async_state.rollout_record(j, value, seconds, producer.snapshot_before(j, self.data.state_dict))
             if rec is None:
                 log.warning(
@@ -313,6 +316,12 @@ class AsyncRollouts(_Generator):
         state = producer.snapshot_before(rollout_id + 1 + len(records), self.data.state_dict)
         if records:
             async_state.save_rollouts(directory, records)
+            log.info(
+                "checkpoint after rollout %d: keeps rollouts %s, generated ahead (%.1f s waited for one in flight)",
+                rollout_id,
+                [r["rollout_id"] for r in records],
+                waited,
+            )
             state = {
                 **state,
                 "buffered_rollouts": [
