@@ -214,7 +214,17 @@ def dumped(out: Path) -> dict[int, list[dict]]:
     }
 
 
-GENERATED = ("tokens", "rollout_log_probs", "weight_version", "weight_versions", "reward", "status", "loss_mask")
+GENERATED = (
+    "tokens",
+    "response",
+    "response_length",
+    "rollout_log_probs",
+    "weight_version",
+    "weight_versions",
+    "reward",
+    "status",
+    "loss_mask",
+)
 
 
 def test_sigkill_with_agent_episodes_in_flight_resumes_every_prompt_once(tmp_path, tiny_model_path):
@@ -267,7 +277,8 @@ def test_sigkill_with_agent_episodes_in_flight_resumes_every_prompt_once(tmp_pat
         assert [s["metadata"]["id"] for s in samples] == [2 * j] * 4 + [2 * j + 1] * 4, j
     # the kept rollouts are trained as they were generated before the kill, bit for bit
     for j, rec in kept.items():
-        want = [{k: d[k] for k in GENERATED} for g in rec["generated"] for d in g]
+        (_, generated, _), _ = async_state.rollout_from_record(rec)
+        want = [{k: getattr(s, k) for k in GENERATED} | {"status": s.status.value} for g in generated for s in g]
         assert [{k: s[k] for k in GENERATED} for s in trained[j]] == want, j
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert [int(m["rollout_id"]) for m in rows] == list(range(ROLLOUTS))
