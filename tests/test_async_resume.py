@@ -67,8 +67,11 @@ def test_a_resumed_producer_hands_out_the_kept_rollouts_without_producing_them()
 
     kept = {3: ("kept 3", 1.5, {"n": 3}), 4: ("kept 4", 2.0, {"n": 4})}
     producer = AsyncRolloutProducer(produce, gate, 3, 7, 1, snapshot=lambda: {"n": 5}, produced=kept).start()
-    gate.run_update(lambda: None, 5)
     try:
+        # a checkpoint before any of them is taken keeps them again, with the positions they came with
+        assert [(j, v) for j, v, _ in producer.finished_after(2)] == [(3, "kept 3"), (4, "kept 4")]
+        assert producer.snapshot_before(4, lambda: None) == {"n": 4}
+        gate.run_update(lambda: None, 5)
         assert [producer.take(j).value for j in range(3, 7)] == ["kept 3", "kept 4", "new 5", "new 6"]
         assert produced == [5, 6]
     finally:
@@ -162,6 +165,8 @@ def test_a_resume_trains_the_kept_rollouts_and_rewinds_to_those_it_cannot(tmp_pa
     src = _source()
     src.load_data_state(state, tmp_path)
     assert sorted(src._resumed) == [3, 4] and src.data.state["offset"] == 5
+    # a run that ends before training them (train.num_rollout lowered) saves the position before them
+    assert src.data_state(2, tmp_path) == {"epoch": 0, "offset": 3, "size": 100}
     src.start(3, 10)
     try:
         got = src.take(3)  # handed out as kept, not generated (the rollout function is None)
