@@ -247,12 +247,13 @@ def test_sigkill_with_agent_episodes_in_flight_resumes_every_prompt_once(tmp_pat
             "train.num_rollout": ROLLOUTS,
             "rollout.max_staleness": 1,
             "rollout.partial_rollout": "true",
-            "rollout.rollout_max_response_len": 16,
-            # multi-turn episodes with a stateful environment (reset / step)
+            # multi-turn episodes with a stateful environment (reset / step): turns of 4 tokens, each
+            # observation about 10
+            "rollout.rollout_max_response_len": 32,
             "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
             "agent.environment": "tests.agent_envs:Countdown",
             "agent.max_turns": 3,
-            "agent.max_turn_tokens": 6,
+            "agent.max_turn_tokens": 4,
             "run.save_interval": 1,
             "run.dump_rollouts": "true",
             "run.tensorboard": "false",
@@ -288,3 +289,4 @@ def test_sigkill_with_agent_episodes_in_flight_resumes_every_prompt_once(tmp_pat
     rows = [m for m in read_metrics(out) if "train/loss" in m]
     assert [int(m["rollout_id"]) for m in rows] == list(range(ROLLOUTS))
     assert [m["weight_version"] for m in rows] == [float(j + 1) for j in range(ROLLOUTS)]
+    assert all(m["agent/turns"] > 1 for m in rows)  # multi-turn episodes
