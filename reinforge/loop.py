@@ -167,7 +167,7 @@ class RLLoop:
             else SyncRollouts(cfg, self.rollout_fn, self.ctx, self.train_data, self.reward)
         )
         if resume is not None:
-            self.source.load_data_state(self._resume_data)
+            self.source.load_data_state(self._resume_data, resume)
         dump_config(cfg, self.out / "config.yaml")
 
     def _max_model_len(self) -> int:
@@ -270,17 +270,23 @@ class RLLoop:
         state = {
             "rollout_id": rollout_id,
             "weight_version": self.weight_version,
-            "data": self.source.data_state(rollout_id),  # asynchronous: the rollouts in flight are redone
+            "data": None,  # filled by write() below
             "config": self.cfg.to_dict(),
             "history": self.history,
             "evals": self.evals,
             "data_digest": self.data_digest,
         }
         keep = self.cfg.run.save_optimizer
+
+        def write(d: Path) -> None:
+            self.cluster.save(d, optimizer=keep != "none")
+            # after the trainers' files (asynchronous: the rollouts in flight finish meanwhile and are kept in d)
+            state["data"] = self.source.data_state(rollout_id, d)
+
         path = ckpt.save_checkpoint(
             self.out / "checkpoints",
             rollout_id,
-            lambda d: self.cluster.save(d, optimizer=keep != "none"),
+            write,
             state,
             keep_last=self.cfg.run.keep_last_n_checkpoints,
             drop_older_optimizer=keep == "newest",
