@@ -50,6 +50,21 @@ FAMILIES.register(
     title="Qwen3-Next (hybrid Gated DeltaNet / gated attention, MoE)",
 )
 
+FAMILIES.register(
+    "qwen3_5_text",
+    "reinforge.models.families.qwen3_next:QWEN3_5_TEXT",
+    moe=False,
+    hybrid=True,
+    title="Qwen3.5 (dense language model)",
+)
+FAMILIES.register(
+    "qwen3_5_moe_text",
+    "reinforge.models.families.qwen3_next:QWEN3_5_MOE_TEXT",
+    moe=True,
+    hybrid=True,
+    title="Qwen3.5-MoE (language model)",
+)
+
 
 def model_type_of(config: Any) -> str | None:
     """``model_type`` of a ``config.json`` dict or a ``transformers`` config (a multimodal

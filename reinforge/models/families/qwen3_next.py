@@ -109,3 +109,21 @@ class Qwen3Next(Family):
 
 
 FAMILY = Qwen3Next()
+
+
+class Qwen3_5Text(Qwen3Next):
+    """Qwen3.5's language model (``qwen3_5_text``; ``qwen3_5_moe_text`` with experts): Qwen3-Next's layers with
+    the linear attention's projections separate (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``,
+    ``in_proj_a``). Its multimodal RoPE reduces to plain partial RoPE for text (every position id the same
+    on the three axes). Formulas: ``transformers/models/qwen3_5/modeling_qwen3_5.py``."""
+
+    model_type = "qwen3_5_text"
+    layout = "separate"
+
+
+class Qwen3_5MoeText(Qwen3_5Text):
+    model_type = "qwen3_5_moe_text"
+
+
+QWEN3_5_TEXT = Qwen3_5Text()
+QWEN3_5_MOE_TEXT = Qwen3_5MoeText()
