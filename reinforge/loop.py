@@ -111,7 +111,11 @@ class RLLoop:
         if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
-        tools = prompt_tools(cfg, self.tokenizer)
+        tools = prompt_tools(cfg, self.tokenizer)  # MCP servers: started once, listed, stopped (docs/agents.md)
+        if cfg.reward.type == "judge":  # the judge endpoint answers, before the policy is built
+            from .reward.judge import check_endpoint
+
+            check_endpoint(cfg.reward)
         self.train_data, self.eval_data = load_datasets(  # (a custom rollout may score samples itself)
             cfg.data,
             self.tokenizer,

@@ -541,7 +541,7 @@ class RewardManager:
         line = f"reward function {self._name(fn)} failed on {describe_sample(sample)}: {message}"
         if kind not in self._logged:
             self._logged.add(kind)
-            what = "left out of training, not scored 0" if left_out else "scored 0"
+            what = "left out of training: the judge's failure, not the model's score" if left_out else "scored 0"
             log.warning("%s (%s; further %s failures are only counted in reward/%s)", line, what, kind, _metric(kind))
         return line
 
