@@ -177,3 +177,33 @@ def test_evaluation_reports_accuracy_over_scored_samples_and_the_failed_count(to
     assert all("the simulator went away" in w["infra_failure"] for w in failed)
     table = format_table([("policy", metrics)])
     assert "failed_samples" in table.splitlines()[0] and "3.000" in table.splitlines()[2]
+
+
+# ---------------------------------------------------------------------- NaN and infinite labels
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_nan_or_infinite_label_is_refused_naming_the_file_and_line(tmp_path, value):
+    from reinforge.data.files import DataError
+    from reinforge.data.sources import load_prompt_file
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "1 + 1?", "label": 2}\n{"prompt": "0 / 0?", "label": ' + value + "}\n")
+    with pytest.raises(DataError, match=r"prompts.jsonl:2: 'label' \(data.label_key\) is -?(nan|inf)\b.*score 0"):
+        load_prompt_file(path)
+    assert len(load_prompt_file(path, label_key=None)) == 2  # no reference answers read: nothing to refuse
+
+
+@pytest.mark.parametrize("reward_type", ["exact_match", "math"])
+def test_a_nan_label_is_a_counted_reward_error_not_a_silent_zero(reward_type):
+    from reinforge.config import RewardConfig
+    from reinforge.reward.manager import RewardManager
+
+    samples = [
+        Sample("0 / 0?", [1, 2, 3], 2, response="nan", label=float("nan"), index=0),
+        Sample("1 / 0?", [1, 2, 3], 2, response="inf", label=float("inf"), index=1),
+        Sample("1 + 1?", [1, 2, 3], 2, response="2", label=2, index=2),
+    ]
+    counts = RewardManager(RewardConfig(type=reward_type, timeout=120)).score(samples)  # math: a slow first import
+    assert counts["reward/errors"] == 2 and samples[2].reward == 1.0
+    assert "label (data.label_key) is nan" in samples[0].reward_info["reward_failure"]
