@@ -223,35 +223,32 @@ def test_a_judge_that_refuses_the_model_name_is_a_usage_error():
         j.close()
 
 
-def test_a_judge_that_is_down_stops_the_run_before_the_policy_is_built(tmp_path, tiny_model_path, monkeypatch):
-    """Before: the run built the model and generated a rollout, then every sample's judge failed."""
+def test_a_judge_that_is_down_stops_the_run_before_the_policy_is_built(tmp_path, tiny_model_path, monkeypatch, capsys):
+    """Before: the run built the model and generated a rollout, then every sample's judge failed.
+    Now: ``reinforge train`` says so in one line and exits 1 before anything is built."""
     import reinforge.loop
-    from reinforge.config import load_config
-    from reinforge.reward.judge import JudgeUnreachable
-    from reinforge.rollout.infra_guard import InfraFailing
+    from reinforge import cli
     from tests.test_integration import tiny_overrides
 
     def built(*a, **k):
         raise AssertionError("the policy was built before the judge was checked")
 
     monkeypatch.setattr(reinforge.loop, "build_cluster", built)
-    cfg = load_config(
-        None,
-        tiny_overrides(
-            tiny_model_path,
-            tmp_path / "run",
-            **{
-                "reward.type": "judge",
-                "reward.judge_url": "http://127.0.0.1:9/v1",
-                "reward.judge_model": "judge-m",
-                "reward.timeout": 0.5,
-                "reward.judge_retries": 0,
-            },
-        ),
+    overrides = tiny_overrides(
+        tiny_model_path,
+        tmp_path / "run",
+        **{
+            "reward.type": "judge",
+            "reward.judge_url": "http://127.0.0.1:9/v1",
+            "reward.judge_model": "judge-m",
+            "reward.timeout": 0.5,
+            "reward.judge_retries": 0,
+        },
     )
-    with pytest.raises(JudgeUnreachable, match=r"reward.judge_url=http://127.0.0.1:9/v1 .*does not answer") as e:
-        reinforge.loop.RLLoop(cfg)
-    assert isinstance(e.value, InfraFailing)  # reinforge train: one line, exit status 1
+    assert cli.main(["train", *overrides]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reinforge train: error: reward.judge_url=http://127.0.0.1:9/v1")
+    assert "the judge does not answer (1 try of reward.timeout=0.5 s; last: ConnectionError" in err[0]
 
 
 def test_a_judge_timeout_is_a_judge_error_left_out_not_a_scored_zero(caplog):

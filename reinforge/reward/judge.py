@@ -363,6 +363,7 @@ def check_endpoint(cfg: Any) -> float:
         log.info("reward: the judge answers at %s (%.2f s)", where, seconds)
         return seconds
     raise JudgeUnreachable(
-        f"{where}: the judge does not answer ({tries} tries of reward.timeout={cfg.timeout:g} s; last: {last}). "
+        f"{where}: the judge does not answer ({tries} {'try' if tries == 1 else 'tries'} of reward.timeout="
+        f"{cfg.timeout:g} s; last: {last}). "
         f"Start the judge server (e.g. `vllm serve <model>`) or fix reward.judge_url; nothing was built yet"
     )
