@@ -207,3 +207,36 @@ def test_a_nan_label_is_a_counted_reward_error_not_a_silent_zero(reward_type):
     counts = RewardManager(RewardConfig(type=reward_type, timeout=120)).score(samples)  # math: a slow first import
     assert counts["reward/errors"] == 2 and samples[2].reward == 1.0
     assert "label (data.label_key) is nan" in samples[0].reward_info["reward_failure"]
+
+
+def test_evaluation_with_a_judge_that_fails_on_half_reports_the_scored_half(tok):
+    """The issue's case: the judge scores 2 of 4 greedy answers correct and fails on the other 2.
+    Before: greedy_accuracy 0.500; now 1.000 over the 2 scored, 2 failed."""
+    from reinforge.eval.evaluate import evaluate
+    from reinforge.reward.manager import RewardManager
+    from reinforge.rollout.generate import RolloutContext
+    from tests.test_agent import IM_END
+    from tests.test_judge import Judge
+
+    judge = Judge(reply=lambda p: "I cannot tell." if "broken" in p else "Correct.\n10")
+    try:
+        cfg = load_config(
+            None,
+            [
+                "reward.type=judge",
+                f"reward.judge_url={judge.url}",
+                "reward.judge_model=m",
+                "eval.n_samples_per_eval_prompt=0",
+                "eval.pass_k=[1]",
+                "rollout.rollout_max_response_len=8",
+            ],
+        )
+        engine = ScriptedEngine(tok, lambda prompt, turn: "4")
+        ctx = RolloutContext(cfg, engine, tok, RewardManager(cfg.reward), [IM_END])
+        prompts = [make_prompt(ctx, q) for q in ("2 + 2?", "1 + 3?", "broken 1?", "broken 2?")]
+        metrics, samples = evaluate(ctx, prompts)
+    finally:
+        judge.close()
+    assert metrics["eval/greedy_accuracy"] == 1.0 and metrics["eval/greedy_failed"] == 2
+    assert metrics["eval/failed_samples"] == 2 and metrics["eval/reward_errors"] == 2
+    assert sorted(s.metadata.get("infra_failure_kind", "-") for s in samples) == ["-", "-", "judge", "judge"]
