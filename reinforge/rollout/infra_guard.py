@@ -71,8 +71,8 @@ class InfraGuard:
 
     def __init__(self) -> None:
         self.kinds: Counter[str] = Counter()  # failed samples per kind over the run (rollouts)
-        self.num_samples = 0  # samples of the run's rollouts, and of its evaluations
-        self.num_eval_samples = 0
+        self.num_samples = 0  # samples of the run's rollouts
+        self.num_eval_samples = 0  # samples of the run's evaluations
         self.eval_kinds: Counter[str] = Counter()  # failed samples per kind over the run's evaluations
         self._streak = 0
         self._first: dict[str, str] = {}  # kind -> the first failure's account
@@ -94,9 +94,9 @@ class InfraGuard:
                 reason = " ".join(str(s.metadata.get(REASON_KEY, "no reason given")).split())[:500]
                 self._first[kind] = f"sample {s.index}: {reason}"
                 log.warning(
-                    "infrastructure failure (%s) in %s, sample %d: %s. The sample is left out of training "
-                    "and of the reward means, not scored 0; further %s failures are counted "
-                    "(rollout/infra_failed/%s)",
+                    "infrastructure failure (%s) in %s, sample %d: %s. The sample is left out of training, "
+                    "the reward means and the accuracies, not scored 0; further %s failures are counted "
+                    "(rollout/infra_failed/%s, eval/failed_samples)",
                     kind,
                     where,
                     s.index,
