@@ -187,6 +187,7 @@ def _eval(args: argparse.Namespace) -> None:
         print(format_table([(model_label(loop.base_path), metrics)]))
         print(f"\ncompletions: {loop.out / 'eval' / 'eval.jsonl'}")
         loop.reward.check_run()  # every reward failed: the table's zeros measure the reward, not the model
+        loop.infra.check_run()  # every sample failed by infrastructure: nothing was measured
     finally:
         loop.close()
 
@@ -491,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     from .reward.manager import RewardFunctionFailing
+    from .rollout.infra_guard import InfraFailing
     from .supervisor import DISK_FULL, record_failure
     from .utils.fs import DirectoryLocked, DiskFullError
 
@@ -503,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
         return 2
-    except RewardFunctionFailing as e:  # one line: the function, a sample, the exception (no traceback)
+    except (RewardFunctionFailing, InfraFailing) as e:  # one line: the function, a sample, the exception (no traceback)
         if args.verbose:
             raise
         print(f"reinforge {args.command}: error: {e}", file=sys.stderr)

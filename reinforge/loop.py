@@ -34,6 +34,7 @@ from .reward import RewardManager
 from .reward.manager import reward_info_metrics
 from .rollout.agent import prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
+from .rollout.infra_guard import InfraGuard
 from .rollout.source import AsyncRollouts, Rollout, RolloutSource, SyncRollouts
 from .train.rollout_advantages import apply_overlong_filter
 from .train.rollout_share import RolloutBatch
@@ -52,20 +53,24 @@ def seed_everything(seed: int) -> None:
 
 def rollout_metrics(cfg: Config, groups: list[list[Sample]]) -> dict[str, float]:
     """Reward and length statistics of the groups trained on (the advantages' come from the trainer
-    ranks, ``Cluster.score``)."""
+    ranks, ``Cluster.score``), over the scored samples: a failed one (infrastructure: status
+    ``failed``) is counted in ``rollout/infra_failed_samples``, never averaged in with its placeholder
+    reward. When every sample failed, the reward statistics are NaN (nothing was scored) and the
+    lengths are those of every sample."""
     every = [s for g in groups for s in g]
-    flat = [s for s in every if s.status != Status.FAILED] or every  # failed episodes: counted, not averaged
+    flat = [s for s in every if s.status != Status.FAILED]
+    nan = float("nan")
     rewards = torch.tensor([s.reward for s in flat], dtype=torch.float32)
-    lens = torch.tensor([s.response_length for s in flat], dtype=torch.float32)
+    lens = torch.tensor([s.response_length for s in flat or every], dtype=torch.float32)
     same = [len({s.reward for s in g if s.status != Status.FAILED}) <= 1 for g in groups]
     return {
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0,
-        "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()),
+        "rollout/reward_mean": float(rewards.mean()) if flat else nan,
+        "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0 if flat else nan,
+        "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()) if flat else nan,
         "rollout/zero_std_groups": sum(same) / len(groups),
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
-        "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in flat) / len(flat),
+        "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in flat) / len(flat) if flat else nan,
         "rollout/num_samples": float(len(flat)),
         "rollout/infra_failed_samples": float(len(every) - len(flat)),
     }
@@ -106,7 +111,11 @@ class RLLoop:
         if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
-        tools = prompt_tools(cfg, self.tokenizer)
+        tools = prompt_tools(cfg, self.tokenizer)  # MCP servers: started once, listed, stopped (docs/agents.md)
+        if cfg.reward.type == "judge":  # the judge endpoint answers, before the policy is built
+            from .reward.judge import check_endpoint
+
+            check_endpoint(cfg.reward)
         self.train_data, self.eval_data = load_datasets(  # (a custom rollout may score samples itself)
             cfg.data,
             self.tokenizer,
@@ -150,6 +159,7 @@ class RLLoop:
             else default_rollout
         )
         self.history: list[dict[str, float]] = []
+        self.infra = InfraGuard()  # infrastructure failures: counted, warned, and a run of nothing else stopped
         self.evals: list[tuple[str, dict[str, float]]] = []
         if resume is not None:
             self._restore(resume)
@@ -310,6 +320,7 @@ class RLLoop:
                 self._seed_engine(seeds.EVAL_OFFSET + step)
                 metrics, samples = evaluate(self.ctx, self.eval_data.prompts)
         metrics["time/eval"] = s.seconds
+        self.infra.observe_eval(label, samples)  # a warning per kind; reinforge eval: all failed -> exit 1
         write_eval(self.out, label, metrics, samples)
         logger.log(step, metrics)
         self.evals.append((label, metrics))
@@ -333,6 +344,7 @@ class RLLoop:
         From the trainer ranks only metrics come back to this process."""
         cl = self.cluster
         rollout = self.source.take(rollout_id)
+        infra = self.infra.observe(rollout_id, [s for g in rollout.generated for s in g])  # all failed: stop
         flat = [s for g in rollout.groups for s in g]
         filtered = apply_overlong_filter(self.cfg.algo, flat)
         with trace.span("offload", "train", to="host") as sleeping:  # the engine's cache (and weights) freed
@@ -352,7 +364,7 @@ class RLLoop:
         timings["time/train"] = training.seconds - timings.get("time/train_critic", 0.0)
         timings["time/sync"] = sync.pop("time/sync")
         timings["time/offload"] = sleeping.seconds + waking.seconds
-        metrics = {**scored, **trained, **sync, "rollout/overlong_filtered": float(filtered)}
+        metrics = {**scored, **trained, **sync, **infra, "rollout/overlong_filtered": float(filtered)}
         return self._step_metrics(rollout, flat, metrics, timings), rollout.generated
 
     def _step_metrics(
@@ -363,8 +375,10 @@ class RLLoop:
         generated = [s for g in rollout.generated for s in g]
         out = rollout_metrics(self.cfg, rollout.groups)
         out.update(metrics)
-        rewards = [s.reward for s in generated if s.status != Status.FAILED] or [0.0]
-        out["rollout/generated_reward_mean"] = float(torch.tensor(rewards, dtype=torch.float32).mean())
+        rewards = [s.reward for s in generated if s.status != Status.FAILED]
+        out["rollout/generated_reward_mean"] = (
+            float(torch.tensor(rewards, dtype=torch.float32).mean()) if rewards else float("nan")
+        )
         out.update({k: v for k, v in rollout.metrics.items() if k not in timings})
         out.update(rollout_stats(generated))
         out.update(reward_info_metrics(generated))  # a custom reward's extra numbers
@@ -459,6 +473,7 @@ class RLLoop:
             if bar is not None:
                 bar.close()
             self.reward.check_run()  # every reward failed: exit non-zero however short the run
+            self.infra.check_run()  # every sample failed by infrastructure: the same
             self.source.close()
             if self.start_rollout < cfg.train.num_rollout:
                 self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)

@@ -51,7 +51,8 @@ class AgentConfig(Section):
         [],
         "MCP servers (stdio) whose tools the model may call beside `tools`: a list of `{name, command, args, env, "
         "cwd, tools, prefix, startup_timeout, max_restarts}` ([agents.md](agents.md#mcp-tools)); your own trusted "
-        "processes, not sandboxed",
+        "processes, not sandboxed. A server that stops, hangs or is down during a call fails the sample "
+        "(infrastructure: left out of the statistics, never scored 0)",
     )
     tool_call_format: str = opt(
         "hermes",
@@ -62,7 +63,12 @@ class AgentConfig(Section):
     max_turn_tokens: int | None = opt(
         None, "new tokens per model turn at most (`null`: what is left of the response budget)", ge=1
     )
-    tool_timeout: float = opt(10.0, "seconds per tool call (the `python` tool's process is killed after this)", gt=0)
+    tool_timeout: float = opt(
+        10.0,
+        "seconds per tool call (the `python` tool's process is killed after this); an MCP call past it is the "
+        "model's `timeout` while its server answers a ping within it, else `mcp_server` (infrastructure)",
+        gt=0,
+    )
     tool_output_max_tokens: int = opt(256, "a tool output longer than this many tokens is cut", ge=1)
     tool_role: str = opt(
         "auto",

@@ -48,7 +48,10 @@ class RewardConfig(Section):
         "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`"
     )
     timeout: float = opt(
-        10.0, "seconds per sample (`judge`: per request); a timeout scores 0 and is counted in `reward/timeouts`", gt=0
+        10.0,
+        "seconds per sample (`judge`: per request); a timeout scores 0 and is counted in `reward/timeouts`; a "
+        "judge's timeout is a judge error instead: counted in `reward/judge_errors`, the sample left out, not scored 0",
+        gt=0,
     )
     concurrency: int = opt(
         16,

@@ -11,12 +11,14 @@ Token in, token out: the sample's tokens are the prompt, then exactly the ids th
 then the ids the chat template puts between that turn and the next (observation messages, turn
 markers, the next generation prompt; :mod:`reinforge.rollout.chat_turns`), and so on; nothing is
 ever re-tokenised. ``loss_mask`` is 1 on sampled ids and 0 on the others, whose
-``rollout_log_probs`` are 0.0. Tool failures of any kind become error messages for the model and
-are counted (:mod:`reinforge.tools.toolset`); they never end the rollout. An environment that
-fails (raises, hangs past ``agent.env_timeout``, answers malformed) or a sandbox that cannot start
-ends the episode as an infrastructure failure: the sample's status is ``failed``, its
-``metadata["infra_failure"]`` says why, and the trainer leaves it out of its group's statistics
-and of the loss (never a reward of 0 for the model).
+``rollout_log_probs`` are 0.0. The model's tool failures (bad arguments, a tool's error, a
+timeout) become error messages for the model and are counted (:mod:`reinforge.tools.toolset`); they
+never end the rollout. An environment that fails (raises, hangs past ``agent.env_timeout``, answers
+malformed), a sandbox that cannot start or an MCP server that stops, hangs or is down (tool error
+kinds ``sandbox``, ``mcp_server``) ends the episode as an infrastructure failure: the sample's status
+is ``failed``, its ``metadata["infra_failure"]`` says why (``metadata["infra_failure_kind"]``:
+``environment``, ``sandbox``, ``mcp_server``; counted by :mod:`reinforge.rollout.infra_guard`), and
+the trainer leaves it out of its group's statistics and of the loss (never a reward of 0 for the model).
 
 Rewards: the sum of the environment's per-turn rewards and its final ``reward()`` when any is a
 number (``sample.reward``); otherwise the configured reward scores the sample. Each model turn's
@@ -59,12 +61,14 @@ from ..data.dataset import render_prompt
 from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load_environment
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
-from ..tools.toolset import SANDBOX_FAILURE
+from ..tools.toolset import MCP_SERVER, SANDBOX_FAILURE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .episode_trace import EpisodeTrace, span
 from .generate import STATS_KEY, TOTALS_KEY, VALUES_KEY, RolloutContext
+from .infra_guard import KIND_KEY
 
 CACHE_KEY = __name__
+INFRA_ERRORS = (SANDBOX_FAILURE, MCP_SERVER)  # tool error kinds that fail the episode (infrastructure)
 TRUNCATION_NOTE = "\n... [output truncated]"
 
 
@@ -200,6 +204,7 @@ class Agent:
         except (EnvironmentFailure, SandboxInfraError) as e:
             status = Status.FAILED
             sample.metadata["infra_failure"] = str(e)[:2000]
+            sample.metadata[KIND_KEY] = getattr(e, "kind", "environment")  # counted by kind (infra_guard)
             ep.count("agent/infra_failures")
             prompt_len = len(ep.tokens) - len(ep.mask)
         finally:
@@ -329,8 +334,8 @@ class Agent:
 
     def _count(self, ep: Episode, step: Step) -> None:
         for r in step.tool_results:
-            if r.error == SANDBOX_FAILURE:  # the sandbox, not the model: the episode is not scored
-                raise SandboxInfraError(r.output)
+            if r.error in INFRA_ERRORS:  # the sandbox or MCP server, not the model: the episode is not scored
+                raise SandboxInfraError(r.output, r.error)
             ep.count("agent/tool_calls")
             ep.count("agent/tool_time", r.seconds)
             if r.error:
@@ -434,4 +439,9 @@ class Agent:
 
 
 class SandboxInfraError(RuntimeError):
-    """A tool call's sandbox failed to start: the episode ends as an infrastructure failure."""
+    """A tool call's sandbox failed to start, or its MCP server stopped, hung or is down (``kind``:
+    the tool error kind, ``sandbox`` or ``mcp_server``): the episode ends as an infrastructure failure."""
+
+    def __init__(self, message: str, kind: str = SANDBOX_FAILURE):
+        super().__init__(message)
+        self.kind = kind
