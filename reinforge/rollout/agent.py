@@ -420,13 +420,16 @@ class Agent:
         return [{k: v for k, v in m.items() if k != "_tools"} for m in out]
 
     def _clip(self, output: str) -> str:
-        """An observation without special-token strings (it cannot end a turn) and cut to
+        """An observation without special-token strings (removed until none is left, so nested ones
+        such as ``<|im_<|im_end|>end|>`` go too; and :meth:`TurnRenderer.append_ids` tokenises it
+        as plain text anyway: it cannot end a turn) and cut to
         ``agent.tool_output_max_tokens`` tokens (a huge one is cut in characters first, so that it is
         never tokenised whole)."""
         limit = self.cfg.tool_output_max_tokens
         output = output[: limit * 32]
-        for t in self._specials:
-            output = output.replace(t, "")
+        while any(t in output for t in self._specials):  # to a fixed point: <|im_<|im_end|>end|> is gone too
+            for t in self._specials:
+                output = output.replace(t, "")
         ids = self.tokenizer(output, add_special_tokens=False)["input_ids"]
         if len(ids) <= limit:
             return output
