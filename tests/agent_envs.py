@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 
 from reinforge.envs import Environment, Step, Turn
@@ -56,3 +58,25 @@ class SlowAsync(Environment):
     async def step(self, turn):
         await asyncio.sleep(5)
         return Step(done=True)
+
+
+class Exits(Environment):
+    """A plain step() that does what the prompt (the question) says: ``exit`` (``os._exit(7)``),
+    ``sys_exit`` (``sys.exit(3)``) or ``hang`` (300 s)."""
+
+    def step(self, turn):
+        how = self.row["prompt"]
+        if how == "exit":
+            os._exit(7)
+        if how == "sys_exit":
+            sys.exit(3)
+        time.sleep(300)
+
+
+class ExitsAsync(Environment):
+    """An async step(): ``os._exit(5)``, or ``sys.exit(4)`` when the prompt says ``sys_exit``."""
+
+    async def step(self, turn):
+        if self.row["prompt"] == "sys_exit":
+            sys.exit(4)
+        os._exit(5)

@@ -46,11 +46,9 @@ number a tool printed is never taken for the model's answer.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import inspect
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +59,7 @@ from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Sta
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
 from ..tools.toolset import SANDBOX_FAILURE
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
+from .env_threads import EnvironmentExit, EnvThreads, exit_guard, install_exit_guard
 from .episode_trace import EpisodeTrace, span
 from .generate import STATS_KEY, TOTALS_KEY, VALUES_KEY, RolloutContext
 
@@ -164,7 +163,8 @@ class Agent:
         role = self.cfg.tool_role
         self.tool_role = ("tool" if template_has_tool_role(tokenizer) else "user") if role == "auto" else role
         self._specials = [t for t in tokenizer.all_special_tokens if t]
-        self._pool = ThreadPoolExecutor(max_workers=self.cfg.tool_concurrency, thread_name_prefix="env")
+        self._threads = EnvThreads(self.cfg.tool_concurrency)
+        install_exit_guard()
         self._prompt_tools: PromptTools | None = None
 
     async def run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
@@ -342,26 +342,31 @@ class Agent:
 
     async def _env_call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` of the environment, within ``agent.env_timeout``: awaited when it is
-        async, in a worker thread otherwise.
+        async, in a daemon thread of its own otherwise (:mod:`.env_threads`: a hung call costs only
+        its episode, and is never waited for at exit). ``os._exit`` and ``sys.exit`` called by the
+        environment's code here end its episode, not the trainer.
 
         Raises:
-            EnvironmentFailure: it raised or timed out (the message names the method).
+            EnvironmentFailure: it raised, exited or timed out (the message names the method).
         """
         name = getattr(fn, "__qualname__", repr(fn))
         try:
-            if inspect.iscoroutinefunction(fn):
-                return await asyncio.wait_for(fn(*args), self.cfg.env_timeout)
-            loop, context = asyncio.get_running_loop(), contextvars.copy_context()  # the episode's (sandbox runs)
-            out = await asyncio.wait_for(
-                loop.run_in_executor(self._pool, context.run, lambda: fn(*args)), self.cfg.env_timeout
-            )
-            return await asyncio.wait_for(out, self.cfg.env_timeout) if inspect.isawaitable(out) else out
+            with exit_guard(name):
+                if inspect.iscoroutinefunction(fn):
+                    return await asyncio.wait_for(_no_exit(fn(*args), name), self.cfg.env_timeout)
+                out = await self._threads.call(fn, args, self.cfg.env_timeout)
+                if inspect.isawaitable(out):
+                    return await asyncio.wait_for(_no_exit(out, name), self.cfg.env_timeout)
+                return out
         except TimeoutError:
             raise EnvironmentFailure(
                 f"{name} did not return within agent.env_timeout={self.cfg.env_timeout:g} s"
             ) from None
         except (EnvironmentFailure, SandboxInfraError):
             raise
+        except (EnvironmentExit, SystemExit) as e:
+            how = e.how if isinstance(e, EnvironmentExit) else "sys.exit"
+            raise EnvironmentFailure(f"{name} called {how}({e.code}): it ends its episode, not the trainer") from None
         except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
             raise EnvironmentFailure(f"{name} raised {type(e).__name__}: {str(e)[:500]}") from e
 
@@ -394,7 +399,6 @@ class Agent:
 
     def close(self) -> None:
         self.tools.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _parse(self, text: str) -> ParsedMessage:
         """The calls of one turn; a format that raises (a plug-in's bug, input it did not expect)
@@ -434,6 +438,15 @@ class Agent:
         if len(ids) <= limit:
             return output
         return self.tokenizer.decode(ids[:limit]) + TRUNCATION_NOTE
+
+
+async def _no_exit(awaitable: Any, name: str) -> Any:
+    """``await awaitable``, with a ``SystemExit`` it raises turned into :class:`EnvironmentExit`
+    (asyncio re-raises a task's ``SystemExit`` out of the event loop, ending the rollout)."""
+    try:
+        return await awaitable
+    except SystemExit as e:
+        raise EnvironmentExit(name, e.code, "sys.exit") from None
 
 
 class SandboxInfraError(RuntimeError):
