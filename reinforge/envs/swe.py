@@ -96,6 +96,28 @@ def run_tests() -> str:
 
 SCHEMAS = {f.__name__: function_schema(f) for f in (list_files, read_file, replace_in_file, write_file, run_tests)}
 
+# The test run's main.py after the runner: it deletes itself before any repository code runs (the
+# code under test cannot read the nonce from it) and writes the report with an os.write taken
+# before that code is imported (patching print, sys.stdout or os.write cannot rewrite it).
+PROGRAM = """
+import os, sys
+_write = os.write
+try:
+    os.remove(os.path.abspath(sys.argv[0]))
+except OSError:
+    pass
+sys.dont_write_bytecode = True
+_root = os.path.abspath({repo!r}) + os.sep
+sys.path.insert(0, _root)
+_p, _f, _lines = run_tests({tests!r}, _root)
+try:
+    sys.stdout.flush()
+except BaseException:
+    pass
+_report = _lines[:{lines}] + ["%d passed, %d failed" % (_p, _f), "{nonce} %d %d" % (_p, _f)]
+_write(1, ("\\n" + "\\n".join(_report) + "\\n").encode())
+"""
+
 _slots: dict[int, Any] = {}  # SandboxSlots per limit, shared by the episodes of a process
 _checked: set[tuple[str, int]] = set()  # (isolation, uid) that check_sandbox passed
 
@@ -303,12 +325,7 @@ class SweEnv(Environment):
             bound = a.max_concurrent_sandboxes or default_max_sandboxes(limits)
             slots = _slots.setdefault(bound, SandboxSlots(bound))
         nonce = secrets.token_hex(8)
-        program = (
-            RUNNER + f"\nimport os, sys\nsys.dont_write_bytecode = True\n_root = os.path.abspath({REPO!r}) + os.sep\n"
-            f"sys.path.insert(0, _root)\n_p, _f, _lines = run_tests({self.tests!r}, _root)\n"
-            f"print('\\n'.join(_lines[:{MAX_REPORT_LINES}]))\nprint('%d passed, %d failed' % (_p, _f))\n"
-            f"print({nonce!r}, _p, _f)\nsys.stdout.flush()\n"
-        )
+        program = RUNNER + PROGRAM.format(repo=REPO, tests=self.tests, lines=MAX_REPORT_LINES, nonce=nonce)
         async with slots:
             r = await run_python(program, limits, a.python_sandbox, checked=True, binds={REPO: self.ws.layers})
         self.counts["test_runs"] += 1

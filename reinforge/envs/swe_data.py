@@ -38,7 +38,7 @@ from typing import Any
 from .swe_templates import THEMES, Template
 
 RUNNER = r'''
-import importlib, traceback
+import importlib, sys, traceback
 
 
 def _where(e, root):
@@ -51,12 +51,28 @@ def _where(e, root):
     return text
 
 
+def _load(name, root):
+    """The test module ``name``: with a ``root``, compiled from its own file there (root +
+    name.replace(".", "/") + ".py"), never from a package, a bytecode cache or another file that
+    an import by name would find first; without, imported by name (the generator's own code)."""
+    if not root:
+        return importlib.import_module(name)
+    path = root + name.replace(".", "/") + ".py"
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec")
+    mod = type(sys)(name)
+    mod.__file__, mod.__package__ = path, name.rpartition(".")[0]
+    sys.modules[name] = mod
+    exec(code, mod.__dict__)
+    return mod
+
+
 def run_tests(modules, root=""):
     """Run every test_* function of each test module; (passed, failed, report lines)."""
     passed, failed, lines = 0, 0, []
     for name in modules:
         try:
-            mod = importlib.import_module(name)
+            mod = _load(name, root)
         except BaseException as e:
             failed += 1
             lines.append("ERROR %s.py: %s" % (name, _where(e, root)))
