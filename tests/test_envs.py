@@ -3,6 +3,7 @@ initial messages and per-turn rewards, environment failures as infrastructure fa
 sample dropped from its group's statistics, never scored 0), and the advantage math of that."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -47,6 +48,28 @@ def test_environment_names_and_paths():
 
     with pytest.raises(ConfigError, match="agent.environment"):
         load_config(None, ["agent.environment=nope"])
+
+
+def test_an_environment_switches_the_agent_loop_on(tmp_path):
+    """Issue 57 item 7: agent.environment (or agent.tools) without
+    rollout.custom_generate_function_path selects the agent loop instead of being ignored (or
+    refused); the docs' environment YAML (docs/agents.md) loads as written and selects it."""
+    import re
+
+    loop = "reinforge.rollout.agent:generate"
+    assert load_config(None, []).rollout.custom_generate_function_path is None  # no agent: single-turn
+    for overrides in (["agent.environment=swe"], ["agent.tools=[calculator]"]):
+        assert load_config(None, overrides).rollout.custom_generate_function_path == loop, overrides
+    own = ["agent.environment=swe", "rollout.custom_generate_function_path=tests.agent_tools:fixed_generate"]
+    assert load_config(None, own).rollout.custom_generate_function_path == "tests.agent_tools:fixed_generate"
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "agents.md")
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", open(docs).read(), re.S) if "environment:" in b]
+    assert blocks
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"env{i}.yaml"
+        path.write_text(block.replace("my_module:MyEnv", "tests.agent_envs:Countdown"))
+        cfg = load_config(str(path), [])
+        assert cfg.rollout.custom_generate_function_path == loop and cfg.agent.environment != "tools", block
 
 
 @pytest.mark.parametrize(
