@@ -15,6 +15,8 @@ class Countdown(Environment):
     minus one back and reward 0.25; a turn that says "stop" ends the episode with reward 1 when the
     number has reached the label. Initial messages come from reset() (the data prompt is replaced)."""
 
+    max_prompt_tokens = 1024  # reset()'s prompt, with the test tools' description (about 560 tokens)
+
     def __init__(self, row, ctx):
         super().__init__(row, ctx)
         self.n = int(ctx.kwargs.get("start", 3))
@@ -80,3 +82,22 @@ class ExitsAsync(Environment):
         if self.row["prompt"] == "sys_exit":
             sys.exit(4)
         os._exit(5)
+
+
+class LongReset(Environment):
+    """reset() gives a user message of ``ctx.kwargs["words"]`` words when the data's prompt (the
+    question) is ``long``, else of one word; one turn, reward 1."""
+
+    def __init__(self, row, ctx):
+        super().__init__(row, ctx)
+        self.words = int(ctx.kwargs.get("words", 1)) if "long" in str(row["prompt"]) else 1
+
+    async def reset(self):
+        return [{"role": "user", "content": " ".join(["word"] * self.words)}]
+
+    async def step(self, turn):
+        return Step(done=True, reward=1.0)
+
+
+class DeclaredReset(LongReset):
+    max_prompt_tokens = 300

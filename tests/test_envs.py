@@ -72,6 +72,48 @@ def test_an_environment_switches_the_agent_loop_on(tmp_path):
         assert cfg.rollout.custom_generate_function_path == loop and cfg.agent.environment != "tools", block
 
 
+def test_a_reset_prompt_longer_than_the_engine_holds_fails_only_its_episode(tok):
+    """Issue 57 item 5: a reset() prompt longer than data.rollout_max_prompt_len (what the engine
+    is sized for) fails that episode, naming the key to raise; the others run."""
+    engine = ScriptedEngine(tok, lambda p, t: "done")
+    ctx = agent_ctx(
+        tok,
+        engine,
+        "agent.environment=tests.agent_envs:LongReset",
+        "agent.environment_kwargs={words: 200}",
+        "data.rollout_max_prompt_len=700",  # the tools' description is about 550 tokens
+    )
+    short, long = run_agent(ctx, "short", "long")
+    assert short.status == Status.COMPLETED and short.reward == 1.0, short.metadata.get("infra_failure")
+    assert long.status == Status.FAILED and long.response_length == 0, long.metadata
+    assert "raise data.rollout_max_prompt_len" in long.metadata["infra_failure"]
+    assert long.metadata["rollout_stats"]["agent/overlong_prompts"] == 1.0
+    assert all(len(c[0]) <= 700 for c in engine.calls)  # the long prompt never reached the engine
+
+
+def test_the_engine_is_sized_for_environment_prompts():
+    """Issue 57 item 5: the engine's max_model_len makes room for reset() prompts up to
+    data.rollout_max_prompt_len (or the environment's declared max_prompt_tokens), not only for the
+    data's prompts (which an environment's reset() may replace by longer ones)."""
+    from types import SimpleNamespace
+
+    from reinforge.loop import RLLoop
+
+    def engine_len(*overrides):
+        cfg = load_config(None, ["rollout.rollout_max_response_len=7", *overrides])
+        fake = SimpleNamespace(cfg=cfg, train_data=SimpleNamespace(max_prompt_tokens=67), eval_data=None)
+        return RLLoop._max_model_len(fake)
+
+    assert engine_len() == 74  # single-turn: the data's prompts
+    assert engine_len("agent.environment=tools", "agent.tools=[calculator]") == 74  # no reset() of its own
+    assert engine_len("agent.environment=tests.agent_envs:LongReset", "data.rollout_max_prompt_len=87") == 94
+    assert engine_len("agent.environment=tests.agent_envs:DeclaredReset") == 307
+    from reinforge.rollout.agent import env_prompt_bound
+
+    cfg = load_config(None, ["agent.environment=tests.agent_envs:DeclaredReset"])
+    assert env_prompt_bound(cfg) == (300, "tests.agent_envs.DeclaredReset.max_prompt_tokens")
+
+
 @pytest.mark.parametrize(
     "how, message",
     [

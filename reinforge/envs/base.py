@@ -94,6 +94,12 @@ class Environment:
     the others; the constructor receives the data ``row`` (``prompt``, ``label``, ``metadata``)
     and the :class:`EnvContext`."""
 
+    max_prompt_tokens: int | None = None
+    """The longest prompt :meth:`reset` gives, in tokens (its messages after the chat template and
+    the tool schemas), when it gives one; None: ``data.rollout_max_prompt_len``. The engine is
+    sized for prompts of this length; an episode whose prompt is longer fails (infrastructure, the
+    message names the key to raise), the run goes on."""
+
     def __init__(self, row: dict[str, Any], ctx: EnvContext):
         self.row = row
         self.ctx = ctx

@@ -111,6 +111,25 @@ def prompt_tools(cfg: Config, tokenizer: Any) -> PromptTools:
     return PromptTools(system_text=get_format(a.tool_call_format).describe_tools(schemas))
 
 
+def env_prompt_bound(cfg: Config) -> tuple[int, str] | None:
+    """The longest prompt an environment's ``reset()`` may give, in tokens, and the key that sets
+    it, when the agent loop plays an environment that overrides ``reset`` (its
+    ``max_prompt_tokens``, else ``data.rollout_max_prompt_len``); None otherwise (the prompts
+    are the data's). The engine's ``max_model_len`` makes room for it (``RLLoop``).
+
+    Raises:
+        ValueError: an unknown ``agent.environment``.
+    """
+    if cfg.rollout.custom_generate_function_path != "reinforge.rollout.agent:generate":
+        return None
+    cls = load_environment(cfg.agent.environment)
+    if cls.reset is Environment.reset:
+        return None
+    if cls.max_prompt_tokens is not None:
+        return cls.max_prompt_tokens, f"{cls.__module__}.{cls.__qualname__}.max_prompt_tokens"
+    return cfg.data.rollout_max_prompt_len, "data.rollout_max_prompt_len"
+
+
 @dataclass
 class Episode:
     """What one sample's episode accumulates: tokens after the prompt with their mask, log-probs
@@ -164,6 +183,7 @@ class Agent:
         self.tool_role = ("tool" if template_has_tool_role(tokenizer) else "user") if role == "auto" else role
         self._specials = [t for t in tokenizer.all_special_tokens if t]
         self._threads = EnvThreads(self.cfg.tool_concurrency)
+        self._prompt_bound = env_prompt_bound(cfg)
         install_exit_guard()
         self._prompt_tools: PromptTools | None = None
 
@@ -190,6 +210,7 @@ class Agent:
                 first = await self._env_call(env.reset)
                 if first is not None:
                     ep.tokens = self._render_prompt(ctx, self._checked_messages(first, "reset"))
+                    self._check_prompt_length(len(ep.tokens), ep)
             prompt_len = len(ep.tokens)
             status, version = await self._play(ctx, env, ep, params, tr)
             with span(tr, "env.reward"):
@@ -369,6 +390,20 @@ class Agent:
             raise EnvironmentFailure(f"{name} called {how}({e.code}): it ends its episode, not the trainer") from None
         except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
             raise EnvironmentFailure(f"{name} raised {type(e).__name__}: {str(e)[:500]}") from e
+
+    def _check_prompt_length(self, n: int, ep: Episode) -> None:
+        """Refuse a ``reset()`` prompt longer than the engine is sized for (:func:`env_prompt_bound`).
+
+        Raises:
+            EnvironmentFailure: the prompt is longer (counted in ``agent/overlong_prompts``).
+        """
+        bound = self._prompt_bound
+        if bound is not None and n > bound[0]:
+            ep.count("agent/overlong_prompts")
+            raise EnvironmentFailure(
+                f"reset() gave a prompt of {n} tokens, longer than the {bound[0]} the engine is sized for: "
+                f"raise {bound[1]} (to {n} or more)"
+            )
 
     @staticmethod
     def _checked_messages(messages: Any, where: str) -> list[dict[str, Any]]:
