@@ -13,10 +13,11 @@ markers, the next generation prompt; :mod:`reinforge.rollout.chat_turns`), and s
 ever re-tokenised. ``loss_mask`` is 1 on sampled ids and 0 on the others, whose
 ``rollout_log_probs`` are 0.0. Tool failures of any kind become error messages for the model and
 are counted (:mod:`reinforge.tools.toolset`); they never end the rollout. An environment that
-fails (raises, hangs past ``agent.env_timeout``, answers malformed) or a sandbox that cannot start
-ends the episode as an infrastructure failure: the sample's status is ``failed``, its
-``metadata["infra_failure"]`` says why, and the trainer leaves it out of its group's statistics
-and of the loss (never a reward of 0 for the model).
+fails (raises, hangs past ``agent.env_timeout``, answers malformed, calls ``os._exit`` or
+``sys.exit``, gives a ``reset()`` prompt longer than the engine is sized for:
+:func:`env_prompt_bound`) or a sandbox that cannot start ends the episode as an infrastructure
+failure: the sample's status is ``failed``, its ``metadata["infra_failure"]`` says why, and the
+trainer leaves it out of its group's statistics and of the loss (never a reward of 0 for the model).
 
 Rewards: the sum of the environment's per-turn rewards and its final ``reward()`` when any is a
 number (``sample.reward``); otherwise the configured reward scores the sample. Each model turn's
@@ -32,8 +33,9 @@ Per-sample numbers go to ``sample.metadata["rollout_stats"]`` (averaged into the
 metrics): ``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors`` (and
 ``agent/tool_errors/<kind>``), ``agent/tool_time`` (seconds), ``agent/tool_tokens`` (masked
 response tokens), ``agent/final_answer`` (1 when the last turn made no call),
-``agent/infra_failures``, ``agent/well_formed_call`` (1 when the sample called a tool and every
-call of it parsed), and the environment's ``env/<key>`` numbers. The sandboxes an episode ran
+``agent/infra_failures``, ``agent/overlong_prompts`` (a ``reset()`` prompt too long),
+``agent/well_formed_call`` (1 when the sample called a tool and every call of it parsed), and the
+environment's ``env/<key>`` numbers. The sandboxes an episode ran
 (the ``python`` tool's, an environment's; :mod:`reinforge.tools.sandbox_metrics`) give the fleet
 metrics: ``sandbox/runs`` and ``sandbox/failures`` (summed over the rollout, ``rollout_totals``),
 ``sandbox/start_ms_p50`` and ``_p99`` (over every run of the rollout, ``rollout_values``). The calls are listed in
