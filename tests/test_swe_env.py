@@ -218,17 +218,36 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("attack", ["shadowing_package", "nonce_from_main_py", "patched_print"])
+ALWAYS_EQUAL = """class _Equal:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __hash__(self):
+        return 0
+
+
+def __getattr__(name):
+    return lambda *args, **kwargs: _Equal()
+"""
+
+
+@pytest.mark.parametrize("attack", ["shadowing_package", "nonce_from_main_py", "patched_print", "always_equal"])
 def test_only_the_read_only_tests_score(tok, rows, attack):  # noqa: F811
     """Issue 51 E4: a package test_<mod>/ with passing tests does not shadow the read-only test
     module; code under test can neither read the runner's nonce from main.py nor rewrite its
-    closing line by patching print / os.write: the buggy repository still scores 0."""
+    closing line by patching print / os.write, nor return objects equal to anything: none of it
+    scores."""
     row = rows[3]
     spec = row["metadata"]["swe"]
     n, test, module = spec["n_tests"], spec["tests"][0], spec["bug"]["path"]
     if attack == "shadowing_package":
         passing = "".join(f"def test_{i}():\n    pass\n\n" for i in range(n))
         edit = _call("write_file", path=f"{test}/__init__.py", content=passing)
+    elif attack == "always_equal":  # every function returns an object whose == says True
+        edit = _call("write_file", path=module, content=ALWAYS_EQUAL)
     else:  # the module under test, imported by the tests, tries to forge the result
         code = (FORGE_PRINT if attack == "patched_print" else FORGE_MAIN).replace("N", str(n))
         original = row["metadata"]["swe"]["files"][module]
