@@ -22,8 +22,11 @@ row's ``files`` are written and every edit goes; a row may give a base, files, o
 Tools of ``agent.tools`` are offered too. A turn without a call ends the episode; so does
 ``agent.max_turns``. The reward (:meth:`reward`) is 1.0 when every test of the row passes in a
 final run on the workspace as the episode left it (the last ``run_tests`` when nothing was edited
-since), else 0.0. A sandbox that cannot start, in a tool call or in the final run, is an
-infrastructure failure: the sample is failed and left out of its group, never scored 0.
+since), else 0.0. The tests that run are exactly the row's read-only test files (compiled from
+their own paths: a package or a bytecode cache the model writes cannot shadow them), and in a
+generated repository (no base) their asserts compare plain values (:data:`PROGRAM`). A sandbox
+that cannot start, in a tool call or in the final run, is an infrastructure failure: the sample is
+failed and left out of its group, never scored 0.
 
 ``agent.environment_kwargs``: ``workspace_dir``, ``base_cache`` (default
 ``<reinforge cache>/swe-bases``), ``max_file_bytes`` (65536), ``max_files`` (32: files of the

@@ -381,7 +381,7 @@ class Agent:
                 if inspect.isawaitable(out):
                     return await asyncio.wait_for(_no_exit(out, name), self.cfg.env_timeout)
                 return out
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError from 3.11 on; a class of its own in 3.10
             raise EnvironmentFailure(
                 f"{name} did not return within agent.env_timeout={self.cfg.env_timeout:g} s"
             ) from None
