@@ -32,7 +32,7 @@ from .records import ReplicatedEngine, Sample, Status
 from .recover import Preempted, RecoverTimer, all_damaged, changed_settings, check_compatible, recover_candidates
 from .reward import RewardManager
 from .reward.manager import reward_info_metrics
-from .rollout.agent import prompt_tools
+from .rollout.agent import env_prompt_bound, prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
 from .rollout.infra_guard import InfraGuard
 from .rollout.source import AsyncRollouts, Rollout, RolloutSource, SyncRollouts
@@ -181,10 +181,14 @@ class RLLoop:
         dump_config(cfg, self.out / "config.yaml")
 
     def _max_model_len(self) -> int:
-        """Longest prompt of the datasets plus the longest response of training or evaluation."""
+        """Longest prompt of the datasets (or of an environment's ``reset()``) plus the longest
+        response of training or evaluation."""
         max_prompt = self.train_data.max_prompt_tokens
         if self.eval_data is not None:
             max_prompt = max(max_prompt, self.eval_data.max_prompt_tokens)
+        env_bound = env_prompt_bound(self.cfg)  # an environment's reset() may give prompts of its own
+        if env_bound is not None:
+            max_prompt = max(max_prompt, env_bound[0])
         return max_prompt + max(self.cfg.rollout.rollout_max_response_len, self.cfg.eval.eval_max_response_len or 0)
 
     # ------------------------------------------------------------------ state

@@ -24,7 +24,9 @@ class AgentConfig(Section):
     """Multi-turn rollouts with tools, read by `rollout.custom_generate_function_path:
     reinforge.rollout.agent:generate` (see [agents.md](agents.md)). A sample's whole response (every
     turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
-    (`eval.eval_max_response_len` in evaluation)."""
+    (`eval.eval_max_response_len` in evaluation). Setting `agent.environment` (other than `tools`),
+    `agent.tools` or `agent.mcp_servers` switches the agent loop on when no custom generate or
+    rollout function is set."""
 
     name = "agent"
     environment: str = opt(
@@ -83,7 +85,12 @@ class AgentConfig(Section):
     stop_after_tool_call: bool = opt(
         True, "end a turn where a call closes (`</tool_call>`), so the model does not write the tool's answer itself"
     )
-    tool_concurrency: int = opt(8, "threads running plain-function tools", ge=1)
+    tool_concurrency: int = opt(
+        8,
+        "threads running plain-function tools; also the plain environment methods running at once "
+        "(each in a thread of its own; one abandoned at `agent.env_timeout` frees its place)",
+        ge=1,
+    )
     python_memory_mb: int = opt(
         1024,
         "`python` tool: address-space limit of each of its processes (MiB); with its "
