@@ -109,7 +109,7 @@ def dense_args(
         model_type=cfg.model_type,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
+        intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),  # (0: every layer sparse, Qwen3.5-MoE)
         num_layers=cfg.num_hidden_layers,
         num_heads=cfg.num_attention_heads,
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,

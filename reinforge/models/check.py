@@ -198,11 +198,17 @@ def _transformers_config(cfg: dict) -> Any:
     return AutoConfig.for_model(model_type, **kwargs)
 
 
+# projections that set a linear-attention layer's decay: drawn small, so that the decays stay in the range of
+# trained models (with N(0, 0.2) a token's decay factor reaches exp(-60), and fp32 itself, transformers' code
+# included, then differs from float64 by 1e-3 in the logits)
+SMALL_INIT = ("in_proj_a.weight", "in_proj_ba.weight")
+
+
 def _spread_weights(model: nn.Module, generator: torch.Generator) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+                p.copy_(torch.randn(p.shape, generator=generator) * (0.02 if name.endswith(SMALL_INIT) else 0.2))
             elif name.endswith("bias"):
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
 
@@ -365,11 +371,19 @@ def _reference(path: Path) -> nn.Module | None:
 
 
 def _logits_rows(native: nn.Module, reference: nn.Module, vocab: int, seed: int) -> list[Row]:
+    """The logits row. Where native and transformers differ by more than :data:`BOUND` in fp32, both are
+    also compared with transformers in float64: a native model at least as close to float64 as
+    transformers' own fp32 passes (the fp32 reference's rounding, e.g. the gated delta rule's chunked
+    decays, is then the difference), and the first layer whose output differs is named."""
+    import copy
+
     ids = torch.randint(10, max(11, min(vocab, 40000)), (2, 13), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         ours_layers = _layer_outputs(native.model.layers, lambda: native(ids))
         ref_layers = _layer_outputs(_decoder_layers(reference), lambda: reference(input_ids=ids, use_cache=False))
-        diff = (native(ids) - reference(input_ids=ids, use_cache=False).logits).abs().max().item()
+        ours = native(ids)
+        ref = reference(input_ids=ids, use_cache=False).logits
+    diff = (ours - ref).abs().max().item()
     first = next(
         (
             i
@@ -379,7 +393,23 @@ def _logits_rows(native: nn.Module, reference: nn.Module, vocab: int, seed: int)
         None,
     )
     where = "no layer differs" if first is None else f"first differing layer: {first}"
-    return [Row("logits (fp32)", f"max |diff| vs transformers {diff:.2e}; {where}", diff < BOUND)]
+    if diff < BOUND:
+        return [Row("logits (fp32)", f"max |diff| vs transformers {diff:.2e}; {where}", True)]
+    exact = copy.deepcopy(reference).double()
+    if hasattr(exact, "set_experts_implementation"):  # (grouped matmuls take no float64)
+        try:
+            exact.set_experts_implementation("eager")
+        except ValueError:
+            pass
+    with torch.no_grad():
+        ref64 = exact(input_ids=ids, use_cache=False).logits
+    ours64, theirs64 = (ours.double() - ref64).abs().max().item(), (ref.double() - ref64).abs().max().item()
+    ok = ours64 <= max(BOUND, theirs64)
+    value = (
+        f"max |diff| vs transformers {diff:.2e}; vs transformers in float64: native {ours64:.2e}, "
+        f"transformers fp32 {theirs64:.2e}" + ("" if ok else f"; {where}")
+    )
+    return [Row("logits (fp32)", value, ok)]
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

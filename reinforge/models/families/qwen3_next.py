@@ -122,7 +122,13 @@ class Qwen3_5Text(Qwen3Next):
 
 
 class Qwen3_5MoeText(Qwen3_5Text):
+    """Qwen3.5-MoE's language model: every layer sparse; its router always renormalises the top-k
+    probabilities (no ``norm_topk_prob`` key)."""
+
     model_type = "qwen3_5_moe_text"
+
+    def model_args(self, cfg: Any) -> ModelArgs:
+        return super().model_args(cfg).with_(norm_topk_prob=True)
 
 
 QWEN3_5_TEXT = Qwen3_5Text()
