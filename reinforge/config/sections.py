@@ -584,6 +584,19 @@ class RunConfig(Section):
         "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor",
         ge=0,
     )
+    stall_timeout_s: float | None = opt(
+        1800.0,
+        "the stall doctor: when nothing progresses for this many seconds (no token, phase, reward, environment "
+        "step, sandbox or collective finishes), say in one line what is stuck, write every thread's stack to "
+        "`stall/stacks-*.txt` and end the run as `stall_action` says ([reliability.md](reliability.md#stalls)); "
+        "`null`: off",
+        gt=0,
+    )
+    stall_action: Literal["fail", "restart"] = opt(
+        "fail",
+        "after a stall: `fail` (exit status 124, the supervisor does not relaunch) or `restart` (exit status 75: "
+        "`--max-restarts` relaunches from the newest checkpoint)",
+    )
 
 
 def _check_function_path(key: str, path: str | None) -> None:

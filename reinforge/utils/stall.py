@@ -1,0 +1,572 @@
+"""The stall doctor (``run.stall_timeout_s``, ``run.stall_action``): when a run makes no progress for
+the timeout, say in one line what is stuck, write the stacks of every thread of every process of the
+run to a file, then end the run (``fail``) or exit for the supervisor to relaunch it (``restart``).
+
+Components report what they are doing into a registry that costs a clock read and a dict write:
+
+* :func:`busy` (a context manager) around a call that may hang: ``with busy("sandbox", "sandbox 17
+  (pid 4242)"): ...``; :meth:`Activity.beat` inside it records progress;
+* :class:`Heartbeat` for a component that is busy now and then (the engine: sequences in flight,
+  the time of the last decoded token);
+* :func:`enter_phase` / :func:`exit_phase` (called by :class:`~reinforge.utils.trace.Span`): the
+  phases open on each thread, so the loop's phase (``rollout_step > rollout > generate``) is known
+  without further hooks; every phase that ends counts as progress.
+
+Kinds of activity, most specific first (:data:`KINDS`): ``collective`` (a trainer rank inside a
+process-group call), ``sandbox`` (a program running), ``env`` (an environment's reset / step /
+reward), ``reward`` (a reward function running in a worker), ``engine`` (sequences in flight).
+
+:class:`Doctor` runs in the driver: a daemon thread that checks every ``timeout / 4`` seconds
+(at most 10) whether anything progressed. Other processes of the run (trainer ranks, reward
+workers) call :func:`join`: a ``faulthandler`` dump of all their threads on :data:`SIGNAL` into
+``<run_dir>/stall/dump-<pid>.txt``, and, for the trainer ranks, a thread publishing their
+registry to ``<run_dir>/stall/proc-<pid>.json`` every ``timeout / 4`` seconds. They find the run's
+directory in the environment (:data:`DIR_ENV`, set by :meth:`Doctor.start` before any of them starts).
+On a stall the doctor picks the most specific, oldest activity of all processes (:func:`diagnose`),
+signals every joined process on this host, and gathers the dumps (its own included) into
+``<run_dir>/stall/stacks-<UTC time>.txt``.
+
+Exit statuses: :data:`STALLED` (124, as GNU ``timeout``; the supervisor does not relaunch it) for
+``fail``, :data:`STALLED_RESTART` (75, sysexits' ``EX_TEMPFAIL``; relaunched by ``--max-restarts``)
+for ``restart``. No checkpoint is written at the stall: the state in the middle of a stuck rollout
+is not consistent; a relaunch resumes from the newest checkpoint (``run.recover_interval_s``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import faulthandler
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+KINDS = ("collective", "sandbox", "env", "reward", "engine")
+"""Activity kinds, most specific first: a stall names the first kind that is busy."""
+
+SIGNAL = signal.SIGUSR2
+"""Makes a joined process dump the stacks of all its threads (``faulthandler``)."""
+
+DIR_ENV = "REINFORGE_STALL_DIR"  # where joined processes write (set by Doctor.start, inherited)
+TIMEOUT_ENV = "REINFORGE_STALL_TIMEOUT"  # the timeout, to pace the publishing
+STALLED = 124  # run.stall_action=fail: the exit status (GNU timeout's); the supervisor does not relaunch it
+STALLED_RESTART = 75  # run.stall_action=restart: the exit status (EX_TEMPFAIL); the supervisor relaunches it
+ACTIONS = ("fail", "restart")
+
+SUBJECT: contextvars.ContextVar[str | None] = contextvars.ContextVar("stall_subject", default=None)
+"""What the current task works for (``"sample 4"``): added to the activities it opens."""
+
+_last_progress = time.monotonic()
+_open: dict[int, Activity] = {}
+_phases: dict[int, list[tuple[str, float]]] = {}  # thread ident -> its open phases, outermost first
+_joined: dict[str, Any] = {}  # this process's join(): role, rank, the dump file
+
+
+def progress() -> None:
+    """Something moved on (a phase ended, a token was decoded, a call returned)."""
+    global _last_progress
+    _last_progress = time.monotonic()
+
+
+def last_progress() -> float:
+    """``time.monotonic()`` of the last progress in this process."""
+    return _last_progress
+
+
+class Activity:
+    """One thing a component is doing, registered while it lasts (:func:`busy`).
+
+    Attributes:
+        kind: one of :data:`KINDS` (or another word: reported only when nothing more specific is busy).
+        what: says which one, e.g. ``"reward worker 2 (pid 4242) inside my_mod:fn"``.
+        since: ``time.monotonic()`` when it began; ``last``: of its last :meth:`beat`.
+        fields: numbers the diagnosis reads (the engine's ``sequences``; a collective's ``rank``).
+    """
+
+    __slots__ = ("kind", "what", "since", "last", "fields")
+
+    def __init__(self, kind: str, what: str, fields: dict[str, Any]):
+        self.kind, self.what, self.fields = kind, what, fields
+        self.since = self.last = time.monotonic()
+        _open[id(self)] = self
+        progress()
+
+    def beat(self, **fields: Any) -> None:
+        """It progressed (and its ``fields`` changed)."""
+        if fields:
+            self.fields.update(fields)
+        self.last = time.monotonic()
+        progress()
+
+    def close(self) -> None:
+        """It ended (whatever the outcome); closing twice is harmless."""
+        if _open.pop(id(self), None) is not None:
+            progress()
+
+    def __enter__(self) -> Activity:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "age_s": now - self.since,
+            "idle_s": now - self.last,
+            "fields": dict(self.fields),
+        }
+
+
+def busy(kind: str, what: str, **fields: Any) -> Activity:
+    """Register that ``what`` (of ``kind``) begins now; use as ``with busy(...):`` (or call
+    :meth:`Activity.close`). The task's :data:`SUBJECT` (``"sample 4"``) is added to ``what``."""
+    subject = SUBJECT.get()
+    return Activity(kind, f"{what} of {subject}" if subject else what, fields)
+
+
+class Heartbeat:
+    """A component that is busy now and then, e.g. the engine: :meth:`busy` while it has work (the
+    first call opens an :class:`Activity`), :meth:`beat` when it produced something, :meth:`idle`
+    when it has nothing left."""
+
+    __slots__ = ("kind", "what", "activity")
+
+    def __init__(self, kind: str, what: str):
+        self.kind, self.what = kind, what
+        self.activity: Activity | None = None
+
+    def busy(self, **fields: Any) -> None:
+        if self.activity is None:
+            self.activity = Activity(self.kind, self.what, fields)
+        else:
+            self.activity.fields.update(fields)
+
+    def beat(self) -> None:
+        if self.activity is not None:
+            self.activity.beat()
+
+    def idle(self) -> None:
+        if self.activity is not None:
+            self.activity.close()
+            self.activity = None
+
+
+def enter_phase(name: str) -> tuple[str, float]:
+    """Phase ``name`` began on this thread (``trace.Span``); returns the token for :func:`exit_phase`."""
+    entry = (name, time.monotonic())
+    ident = threading.get_ident()
+    stack = _phases.get(ident)
+    if stack is None:
+        stack = _phases[ident] = []
+    stack.append(entry)
+    return entry
+
+
+def exit_phase(entry: tuple[str, float]) -> None:
+    """The phase of ``entry`` ended: progress."""
+    stack = _phases.get(threading.get_ident())
+    if stack:
+        if stack[-1] is entry:
+            stack.pop()
+        elif entry in stack:  # (a generator's span closed out of order)
+            stack.remove(entry)
+    progress()
+
+
+def snapshot(role: str = "driver", rank: int | None = None) -> dict[str, Any]:
+    """This process's registry as plain data (what :func:`join` publishes and :func:`diagnose` reads):
+    ``idle_s`` since its last progress, its open activities and each live thread's open phases."""
+    now = time.monotonic()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    phases = []
+    for ident, stack in list(_phases.items()):
+        entries = list(stack)
+        if entries and ident in names:
+            phases.append({"thread": names[ident], "phases": [n for n, _ in entries], "age_s": now - entries[-1][1]})
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "role": role,
+        "rank": rank,
+        "written": time.time(),
+        "idle_s": now - _last_progress,
+        "activities": [a.describe(now) for a in list(_open.values())],
+        "phases": phases,
+    }
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(ranks))
+
+
+def _phase_text(report: dict[str, Any]) -> str:
+    """The deepest chain of open phases of one process ('' when none)."""
+    best = max(report.get("phases", []), key=lambda p: (len(p["phases"]), p["age_s"]), default=None)
+    return " > ".join(best["phases"]) if best else ""
+
+
+def _collective_line(acts: list[tuple[dict[str, Any], dict[str, Any]]], reports: list[dict[str, Any]]) -> str:
+    """'ranks 0, 2 wait in all_reduce (ParallelContext.max_int) for 600 s; rank 1 is in no collective
+    (in train_actor > forward)'."""
+    by_op: dict[str, list[tuple[int, float]]] = {}
+    world = 0
+    for _, a in acts:
+        f = a["fields"]
+        by_op.setdefault(a["what"], []).append((int(f.get("rank", -1)), a["age_s"]))
+        world = max(world, int(f.get("world_size", 0)))
+    parts = [
+        f"{_ranks([r for r, _ in waiting])} wait{'s' if len(waiting) == 1 else ''} in {op} for "
+        f"{_seconds(max(age for _, age in waiting))}"
+        for op, waiting in sorted(by_op.items(), key=lambda kv: -max(age for _, age in kv[1]))
+    ]
+    inside = {r for waiting in by_op.values() for r, _ in waiting}
+    missing = [r for r in range(world) if r not in inside]
+    if missing:
+        where = {rep.get("rank"): _phase_text(rep) for rep in reports if rep.get("rank") is not None}
+        said = [f" (in {where[r]})" if where.get(r) else "" for r in missing]
+        parts.append(
+            "; ".join(
+                f"{_ranks([r])} is in no collective{s}" for r, s in zip(missing, said)
+            )  # the ones the others wait for
+        )
+    return "; ".join(parts)
+
+
+def diagnose(reports: list[dict[str, Any]]) -> str:
+    """One line naming what is stuck, from the :func:`snapshot` of every process (the driver's first).
+
+    The most specific kind busy wins (:data:`KINDS`), and of it the oldest activity; trainer ranks
+    in collectives are reported together, with the ranks that are in none. Without any activity:
+    the deepest chain of open phases (the loop's phase)."""
+    acts = [(r, a) for r in reports for a in r.get("activities", [])]
+    order = {k: i for i, k in enumerate(KINDS)}
+    acts.sort(key=lambda ra: (order.get(ra[1]["kind"], len(KINDS)), -ra[1]["age_s"]))
+    where = _phase_text(reports[0]) if reports else ""
+    context = f" (loop phase: {where})" if where else ""
+    if not acts:
+        for rep in reports:
+            text = _phase_text(rep)
+            if text:
+                who = "loop" if rep is reports[0] else rep.get("role", "process")
+                return f"{who}: in {text} for {_seconds(max(p['age_s'] for p in rep['phases']))}, nothing reported busy"
+        return "no component reported what it is doing (see the stacks)"
+    top_kind = acts[0][1]["kind"]
+    same = [ra for ra in acts if ra[1]["kind"] == top_kind]
+    rep, a = same[0]
+    if top_kind == "collective":
+        return _collective_line(same, reports) + context
+    more = f" (and {len(same) - 1} more {top_kind} activit{'y' if len(same) == 2 else 'ies'})" if len(same) > 1 else ""
+    if top_kind == "engine":
+        f = a["fields"]
+        who = "engine" if rep is reports[0] else f"engine ({rep.get('role')})"
+        return (
+            f"{who}: {f.get('sequences', '?')} sequences in flight ({f.get('running', '?')} running, "
+            f"{f.get('waiting', '?')} waiting), no token for {_seconds(a['idle_s'])}{more}{context}"
+        )
+    verb = {"sandbox": "running for", "env": "running for", "reward": "for"}.get(top_kind, "for")
+    return f"{a['what']} {verb} {_seconds(a['age_s'])}{more}{context}"
+
+
+# ----------------------------------------------------------------------------- other processes
+
+
+def _stall_dir() -> Path | None:
+    value = os.environ.get(DIR_ENV)
+    return Path(value) if value else None
+
+
+def _publish_interval() -> float:
+    try:
+        timeout = float(os.environ.get(TIMEOUT_ENV, "1800"))
+    except ValueError:
+        timeout = 1800.0
+    return min(10.0, max(0.1, timeout / 4))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def join(role: str, rank: int | None = None, publish: bool = True) -> bool:
+    """Make this process part of the run's stall reports (a trainer rank, a reward worker): its
+    threads' stacks are dumped into ``<run_dir>/stall/dump-<pid>.txt`` on :data:`SIGNAL`, and with
+    ``publish`` its registry goes to ``proc-<pid>.json`` every ``timeout / 4`` s (a daemon thread).
+    A no-op (False) when no doctor runs (:data:`DIR_ENV` unset) or it joined already."""
+    d = _stall_dir()
+    if d is None or _joined:
+        return False
+    d.mkdir(parents=True, exist_ok=True)
+    pid = os.getpid()
+    dump = open(d / f"dump-{pid}.txt", "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    faulthandler.register(SIGNAL, file=dump, all_threads=True, chain=False)
+    _joined.update(role=role, rank=rank, dump=dump)
+    path = d / f"proc-{pid}.json"
+    _write_json(path, snapshot(role, rank))
+    if publish:
+        interval = _publish_interval()
+
+        def loop() -> None:
+            while True:
+                time.sleep(interval)
+                try:
+                    _write_json(path, snapshot(role, rank))
+                except OSError:
+                    return  # the run directory is gone
+
+        threading.Thread(target=loop, name="stall-publish", daemon=True).start()
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_reports(d: Path, skip_pid: int) -> list[dict[str, Any]]:
+    """The published reports of the live joined processes of this host (``idle_s`` and the ages
+    brought up to now)."""
+    out, host, now = [], socket.gethostname(), time.time()
+    for p in sorted(d.glob("proc-*.json")):
+        try:
+            rep = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if rep.get("pid") == skip_pid or (rep.get("host") == host and not _alive(int(rep["pid"]))):
+            continue
+        late = max(0.0, now - float(rep.get("written", now)))
+        rep["idle_s"] = float(rep.get("idle_s", 0.0)) + late
+        for a in rep.get("activities", []):
+            a["age_s"] += late
+            a["idle_s"] += late
+        for ph in rep.get("phases", []):
+            ph["age_s"] += late
+        out.append(rep)
+    return out
+
+
+# ----------------------------------------------------------------------------- the doctor
+
+
+class StallError(RuntimeError):
+    """No progress for ``run.stall_timeout_s``: the message says what is stuck (the supervisor
+    records it in ``restarts.jsonl``)."""
+
+
+@dataclass
+class Stall:
+    """What the doctor found: the one ``line``, the ``stacks`` file, the seconds without progress."""
+
+    line: str
+    stacks: Path
+    idle_s: float
+
+
+class Doctor:
+    """The watchdog thread of the driver (module docstring).
+
+    Args:
+        run_dir: the run directory; the doctor writes under ``run_dir/stall``.
+        timeout_s: seconds without progress that make a stall (``run.stall_timeout_s``).
+        action: ``fail`` or ``restart`` (``run.stall_action``): what :meth:`end_run` does.
+        on_stall: called with the :class:`Stall` instead of :meth:`end_run` (tests; the doctor
+            stops after calling it).
+
+    Raises:
+        ValueError: ``timeout_s`` not positive, or an unknown ``action`` (naming the key).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        timeout_s: float,
+        action: str = "fail",
+        on_stall: Callable[[Stall], None] | None = None,
+    ):
+        if not timeout_s > 0:
+            raise ValueError(f"run.stall_timeout_s={timeout_s!r} must be > 0 seconds (null turns the doctor off)")
+        if action not in ACTIONS:
+            raise ValueError(f"run.stall_action={action!r} must be one of {', '.join(ACTIONS)}")
+        self.dir = Path(run_dir) / "stall"
+        self.timeout_s, self.action = float(timeout_s), action
+        self.on_stall = on_stall or self.end_run
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._env: dict[str, str | None] = {}
+        self._started = 0.0
+
+    def prepare(self) -> Doctor:
+        """Set the environment joined processes read (call it before they start) and clear the
+        files of an earlier attempt. :meth:`start` calls it when it was not called."""
+        if self._env:
+            return self
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for p in [*self.dir.glob("proc-*.json"), *self.dir.glob("dump-*.txt")]:
+            p.unlink(missing_ok=True)  # an earlier attempt's (its processes are gone: the run dir is locked)
+        for key, value in ((DIR_ENV, str(self.dir)), (TIMEOUT_ENV, str(self.timeout_s))):
+            self._env[key] = os.environ.get(key)
+            os.environ[key] = value
+        return self
+
+    def start(self) -> Doctor:
+        """Start watching (:meth:`prepare` first if it was not called); progress counts from now."""
+        self.prepare()
+        if self._thread is not None:
+            return self
+        progress()
+        self._started = time.monotonic()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="stall-doctor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (the run ended or is being shut down) and restore the environment."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        for key, value in self._env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._env = {}
+
+    def __enter__(self) -> Doctor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _watch(self) -> None:
+        poll = min(10.0, self.timeout_s / 4)
+        while not self._stop.wait(poll):
+            found = self.check()
+            if found is not None:
+                self._stop.set()
+                self.on_stall(found)
+                return
+
+    def check(self) -> Stall | None:
+        """A :class:`Stall` when no process of the run progressed for the timeout (stacks written),
+        else None."""
+        mine = snapshot("driver")
+        mine["idle_s"] = min(mine["idle_s"], time.monotonic() - self._started)
+        others = read_reports(self.dir, os.getpid())
+        idle = min([mine["idle_s"], *(r["idle_s"] for r in others)])
+        if idle < self.timeout_s:
+            return None
+        line = diagnose([mine, *others])
+        return Stall(line, self.write_stacks([r["pid"] for r in others]), idle)
+
+    def write_stacks(self, pids: list[int], wait_s: float = 3.0) -> Path:
+        """Signal the joined processes ``pids`` (and any other joined process of this host), wait
+        up to ``wait_s`` for their dumps, and write them after this process's own into one file."""
+        host = socket.gethostname()
+        joined = {}
+        for p in self.dir.glob("proc-*.json"):
+            try:
+                rep = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if rep.get("host") == host and rep.get("pid") != os.getpid() and _alive(int(rep["pid"])):
+                joined[int(rep["pid"])] = rep.get("role", "process")
+        for pid in set(pids) - set(joined):
+            joined[pid] = "process"
+        sizes = {}
+        for pid in joined:
+            f = self.dir / f"dump-{pid}.txt"
+            sizes[pid] = f.stat().st_size if f.exists() else 0
+            try:
+                os.kill(pid, SIGNAL)
+            except OSError:
+                pass
+        out = self.dir / f"stacks-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}.txt"
+        with out.open("w") as f:
+            f.write(f"==== pid {os.getpid()} (driver) ====\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            deadline = time.monotonic() + wait_s
+            pending = dict(joined)
+            seen = dict(sizes)
+            while pending and time.monotonic() < deadline:
+                time.sleep(0.1)
+                for pid in list(pending):
+                    raw = self.dir / f"dump-{pid}.txt"
+                    size = raw.stat().st_size if raw.exists() else 0
+                    if size > sizes[pid] and size == seen[pid]:
+                        pending.pop(pid)  # its dump stopped growing
+                    seen[pid] = size
+            texts: dict[int, str] = {}
+            for pid in joined:
+                raw = self.dir / f"dump-{pid}.txt"
+                if raw.exists() and raw.stat().st_size > sizes[pid]:
+                    with raw.open("rb") as r:
+                        r.seek(sizes[pid])
+                        texts[pid] = r.read().decode(errors="replace")
+            for pid, role in joined.items():
+                f.write(f"\n==== pid {pid} ({role}) ====\n")
+                f.write(texts.get(pid) or f"(no dump within {wait_s:g} s: the process may be stuck in the kernel)\n")
+        return out
+
+    def end_run(self, stall: Stall) -> None:
+        """Say what is stuck (one line, logged and on stderr), record it for the supervisor, stop the
+        joined processes of this host, and exit this process at once: :data:`STALLED` for ``fail``,
+        :data:`STALLED_RESTART` for ``restart`` (the stuck threads cannot be joined)."""
+        from ..supervisor import record_failure
+
+        code = STALLED if self.action == "fail" else STALLED_RESTART
+        then = (
+            "run.stall_action=fail: stopping (exit status 124, not relaunched)"
+            if self.action == "fail"
+            else "run.stall_action=restart: exiting with status 75 to be relaunched from the newest checkpoint "
+            "(by the supervisor: --max-restarts)"
+        )
+        message = (
+            f"stalled: {stall.line}; no progress for {_seconds(stall.idle_s)} "
+            f"(run.stall_timeout_s={self.timeout_s:g}); stacks of every thread in {stall.stacks}; {then}"
+        )
+        log.error("%s", message)
+        print(f"reinforge: {message}", file=sys.stderr, flush=True)
+        record_failure(StallError(message))
+        for p in self.dir.glob("proc-*.json"):  # trainer ranks and workers: nothing of the run keeps running
+            try:
+                rep = json.loads(p.read_text())
+                if rep.get("host") == socket.gethostname() and rep.get("pid") != os.getpid():
+                    os.kill(int(rep["pid"]), signal.SIGKILL)
+            except (OSError, ValueError, KeyError):
+                pass
+        logging.shutdown()
+        os._exit(code)
+
+
+def doctor_for(run: Any, run_dir: str | Path) -> Doctor | None:
+    """The doctor of a run from its ``run`` config section (``stall_timeout_s``, ``stall_action``),
+    already prepared (:meth:`Doctor.prepare`: call it before any other process of the run starts); None
+    when ``stall_timeout_s`` is null (off)."""
+    if run.stall_timeout_s is None:
+        return None
+    return Doctor(run_dir, run.stall_timeout_s, run.stall_action).prepare()

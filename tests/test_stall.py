@@ -1,0 +1,123 @@
+"""The stall doctor (reinforge/utils/stall.py): a hang of each kind is named in one line and the
+stacks file holds the hung frame."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reinforge.utils import stall, trace
+
+
+class Found:
+    """A Doctor's on_stall for tests: keeps the Stall and wakes the test."""
+
+    def __init__(self) -> None:
+        self.stall: stall.Stall | None = None
+        self.event = threading.Event()
+
+    def __call__(self, s: stall.Stall) -> None:
+        self.stall = s
+        self.event.set()
+
+    def wait(self, timeout: float = 20.0) -> stall.Stall:
+        assert self.event.wait(timeout), "the doctor did not report a stall"
+        assert self.stall is not None
+        return self.stall
+
+
+def doctor(tmp_path: Path, timeout_s: float = 1.0) -> tuple[stall.Doctor, Found]:
+    found = Found()
+    return stall.Doctor(tmp_path, timeout_s, on_stall=found), found
+
+
+def test_bad_settings_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"run.stall_timeout_s=-1 must be > 0"):
+        stall.Doctor(tmp_path, -1)
+    with pytest.raises(ValueError, match=r"run.stall_action='kill' must be one of fail, restart"):
+        stall.Doctor(tmp_path, 5, "kill")
+
+
+def test_config_refuses_a_negative_timeout():
+    from reinforge.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"run.stall_timeout_s must be > 0"):
+        load_config(None, ["run.stall_timeout_s=-5"])
+    with pytest.raises(ConfigError, match=r"run.stall_action"):
+        load_config(None, ["run.stall_action=kill"])
+    assert load_config(None, []).run.stall_timeout_s == 1800.0  # on by default
+    assert load_config(None, ["run.stall_timeout_s=null"]).run.stall_timeout_s is None
+
+
+def test_progress_keeps_the_doctor_quiet(tmp_path):
+    d, found = doctor(tmp_path, 0.6)
+    with d:
+        for _ in range(12):  # 1.8 s of phases that end: no stall
+            with trace.span("tick"):
+                time.sleep(0.15)
+    assert found.stall is None
+
+
+def test_a_hung_phase_names_the_loop_phase(tmp_path):
+    d, found = doctor(tmp_path, 0.5)
+    release = threading.Event()
+    with d, trace.span("rollout_step"), trace.span("generate"):
+        s = found.wait()
+        release.set()
+    assert s.line.startswith("loop: in rollout_step > generate for ")
+    assert "test_a_hung_phase_names_the_loop_phase" in s.stacks.read_text()
+
+
+def test_the_most_specific_oldest_activity_is_named():
+    now_reports = [
+        {
+            "role": "driver",
+            "activities": [
+                {"kind": "engine", "what": "engine", "age_s": 50, "idle_s": 40, "fields": {"sequences": 8}},
+                {"kind": "env", "what": "MyEnv.step of sample 3", "age_s": 20, "idle_s": 20, "fields": {}},
+                {"kind": "env", "what": "MyEnv.step of sample 4", "age_s": 30, "idle_s": 30, "fields": {}},
+            ],
+            "phases": [{"thread": "MainThread", "phases": ["rollout_step", "rollout"], "age_s": 50}],
+        }
+    ]
+    line = stall.diagnose(now_reports)
+    assert line == (
+        "MyEnv.step of sample 4 running for 30 s (and 1 more env activity) (loop phase: rollout_step > rollout)"
+    )
+
+
+def test_a_hung_engine_is_named(tmp_path, tiny_model_path):
+    import torch
+
+    from reinforge.config import EngineConfig
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
+    from reinforge.records import GenerateRequest, SamplingParams
+
+    eng = EmbeddedEngine(build_model(tiny_model_path, torch.float32), EngineConfig(max_num_seqs=4), max_model_len=64)
+    release = threading.Event()
+    decode = eng.runner.decode
+    calls = [0]
+
+    def hung_decode(*args):
+        calls[0] += 1
+        if calls[0] > 2:  # two tokens, then the device hangs
+            release.wait(30)
+        return decode(*args)
+
+    eng.runner.decode = hung_decode
+    d, found = doctor(tmp_path, 1.0)
+    params = SamplingParams(max_new_tokens=20, temperature=1.0)
+    with d:
+        requests = [GenerateRequest([1, 2, 3 + i], params, n=2) for i in range(3)]
+        t = threading.Thread(target=eng.generate, args=(requests,))
+        t.start()
+        s = found.wait()
+        release.set()
+        t.join()
+    assert s.line.startswith("engine: 6 sequences in flight (4 running, 2 waiting), no token for "), s.line
+    assert "in hung_decode" in s.stacks.read_text()
+    assert not eng.has_unfinished() and eng._heartbeat.activity is None  # idle again: nothing reported
