@@ -121,3 +121,48 @@ def test_a_hung_engine_is_named(tmp_path, tiny_model_path):
     assert s.line.startswith("engine: 6 sequences in flight (4 running, 2 waiting), no token for "), s.line
     assert "in hung_decode" in s.stacks.read_text()
     assert not eng.has_unfinished() and eng._heartbeat.activity is None  # idle again: nothing reported
+
+
+def _hung_collective_rank(rank: int, world: int, port: int, ready) -> None:
+    import torch
+
+    from reinforge.train.parallel import ParallelContext
+
+    pc = ParallelContext.init(rank, world, "127.0.0.1", port, torch.device("cpu"), timeout_s=120)
+    ready.put(rank)
+    if rank == 0:
+        pc.max_int(1)  # rank 1 never comes
+    else:
+        with trace.span("train_actor"):
+            rank_stuck_elsewhere()
+
+
+def rank_stuck_elsewhere() -> None:
+    time.sleep(120)
+
+
+def test_a_hung_collective_on_two_gloo_ranks(tmp_path):
+    import multiprocessing as mp
+
+    from reinforge.utils.net import free_port
+
+    d, found = doctor(tmp_path, 1.5)
+    d.prepare()  # the ranks find the run's stall directory in the environment
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_hung_collective_rank, args=(r, 2, port, ready)) for r in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        assert sorted(ready.get(timeout=120) for _ in procs) == [0, 1]
+        with d:
+            s = found.wait(30)
+    finally:
+        for p in procs:
+            p.kill()
+    assert s.line.startswith("rank 0 waits in all_reduce (max_int) for "), s.line
+    assert s.line.endswith("; rank 1 is in no collective (in train_actor)"), s.line
+    stacks = s.stacks.read_text()
+    assert "(rank 0) ====" in stacks and "(rank 1) ====" in stacks
+    assert "in max_int" in stacks and "in rank_stuck_elsewhere" in stacks
