@@ -3,6 +3,9 @@ stacks file holds the hung frame."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -166,3 +169,63 @@ def test_a_hung_collective_on_two_gloo_ranks(tmp_path):
     stacks = s.stacks.read_text()
     assert "(rank 0) ====" in stacks and "(rank 1) ====" in stacks
     assert "in max_int" in stacks and "in rank_stuck_elsewhere" in stacks
+
+
+def reward_stuck(sample) -> float:
+    """A reward function that hangs (loaded into a reward worker through its module:function)."""
+    time.sleep(120)
+    return 1.0
+
+
+def test_a_hung_reward_worker_is_named(tmp_path):
+    from reinforge.records import Sample
+    from reinforge.reward.workers import RewardProcessPool
+
+    d, found = doctor(tmp_path, 1.5)
+    d.prepare()  # the worker finds the stall directory in the environment
+    pool = RewardProcessPool("tests.test_stall:reward_stuck", size=1, timeout=120)
+    pool.start()
+    sample = Sample(prompt="p", tokens=[1, 2, 3], response_length=1, label="4", index=0)
+    run = threading.Thread(target=pool.run, args=([sample],), daemon=True)
+    with d:
+        run.start()
+        s = found.wait(30)
+    pool.workers[0].proc.kill()  # the call ends as "ended its worker process"
+    run.join(30)
+    pool.close()
+    m = re.fullmatch(r"reward worker \d+ \(pid (\d+)\) inside tests.test_stall:reward_stuck for [\d.]+ s", s.line)
+    assert m, s.line
+    stacks = s.stacks.read_text()
+    assert f"pid {m[1]} (reward worker) ====" in stacks and "in reward_stuck" in stacks
+
+
+def wait_for(kind: str, timeout: float = 60.0) -> None:
+    """Until an activity of ``kind`` is open in this process (its start may be slow on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while not any(a.kind == kind for a in list(stall._open.values())):
+        assert time.monotonic() < deadline, f"no {kind} activity after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_a_hung_sandbox_is_named(tmp_path):
+    import asyncio
+
+    from reinforge.tools.sandbox import SandboxLimits, run_python
+
+    async def episode() -> None:
+        stall.SUBJECT.set("sample 4")
+        await run_python("import time\ntime.sleep(60)\n", SandboxLimits(timeout=60), isolation="none", launcher="exec")
+
+    d, found = doctor(tmp_path, 1.0)
+    runner = threading.Thread(target=asyncio.run, args=(episode(),), daemon=True)
+    runner.start()
+    wait_for("sandbox")
+    with d:
+        s = found.wait()
+    assert re.fullmatch(r"sandbox \d+ \(pid \d+\) of sample 4 running for [\d.]+ s", s.line), s.line
+    assert (
+        "in run_until_complete" in s.stacks.read_text()
+    )  # the event loop's thread (the program itself is sandboxed: not dumped)
+    os.kill(int(s.line.split("(pid ")[1].split(")")[0]), signal.SIGKILL)
+    runner.join(30)
+    assert not [a for a in stall._open.values() if a.kind == "sandbox"]

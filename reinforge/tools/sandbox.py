@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -39,6 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..utils import stall
 from . import launch_server
 from .cgroup import Cgroup, create_cgroup
 from .isolation import (
@@ -66,6 +68,7 @@ LAUNCHERS = ("server", "exec")
 OPT_OUT = "agent.python_sandbox=none"
 DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
 NETWORK_DENIED = "network access is disabled in this sandbox"
+_numbers = itertools.count()  # sandbox runs of this process, numbered as started (the stall doctor's line)
 
 __all__ = [
     "ISOLATIONS",
@@ -446,12 +449,13 @@ async def run_python(
             )
         )
         timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), lim.timeout)
-        except TimeoutError:
-            timed_out = True
-            _kill(proc, cgroup)
-            await proc.wait()
+        with stall.busy("sandbox", f"sandbox {next(_numbers)} (pid {proc.pid})"):  # the stall doctor's view
+            try:
+                await asyncio.wait_for(proc.wait(), lim.timeout)
+            except TimeoutError:
+                timed_out = True
+                _kill(proc, cgroup)
+                await proc.wait()
         if cgroup is not None:
             cgroup.kill()  # what the program left (the pid namespace is gone already under bwrap)
         try:  # a process left behind (only without bwrap) may hold the pipes open: do not wait for it
