@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from reinforge.envs import Environment, Step, Turn
 from reinforge.utils import stall, trace
 
 
@@ -229,3 +230,39 @@ def test_a_hung_sandbox_is_named(tmp_path):
     os.kill(int(s.line.split("(pid ")[1].split(")")[0]), signal.SIGKILL)
     runner.join(30)
     assert not [a for a in stall._open.values() if a.kind == "sandbox"]
+
+
+STUCK = threading.Event()  # set: Stuck's step returns
+
+
+class Stuck(Environment):
+    """A one-turn environment whose (synchronous) step hangs until STUCK is set."""
+
+    def step(self, turn: Turn) -> Step:
+        STUCK.wait(60)
+        return Step(done=True, reward=1.0)
+
+
+def test_a_hung_environment_step_is_named(tmp_path, smollm2_path):
+    from reinforge.models.loading import load_tokenizer
+    from tests.test_agent import ScriptedEngine, agent_ctx, run_agent
+
+    tok = load_tokenizer(smollm2_path)
+    ctx = agent_ctx(
+        tok,
+        ScriptedEngine(tok, lambda p, t: "hello"),
+        "agent.environment=tests.test_stall:Stuck",
+        "agent.env_timeout=60",
+    )
+    STUCK.clear()
+    d, found = doctor(tmp_path, 1.0)
+    runner = threading.Thread(target=run_agent, args=(ctx, "a"), daemon=True)
+    runner.start()
+    wait_for("env")
+    with d:
+        s = found.wait()
+    STUCK.set()
+    runner.join(30)
+    assert re.fullmatch(r"environment call Stuck.step of sample 0 running for [\d.]+ s", s.line), s.line
+    assert 'test_stall.py", line' in s.stacks.read_text() and "in step" in s.stacks.read_text()
+    assert not [a for a in stall._open.values() if a.kind == "env"]

@@ -60,6 +60,7 @@ from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
 from ..tools.toolset import SANDBOX_FAILURE
+from ..utils import stall
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .episode_trace import EpisodeTrace, span
 from .generate import STATS_KEY, TOTALS_KEY, VALUES_KEY, RolloutContext
@@ -179,6 +180,7 @@ class Agent:
         return sample
 
     async def _run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
+        stall.SUBJECT.set(f"sample {sample.index}")  # named in the stall doctor's line (this episode's task)
         row = {"prompt": sample.prompt, "label": sample.label, "metadata": sample.metadata}
         ep = Episode(tokens=list(sample.tokens))
         status, version = Status.COMPLETED, sample.weight_version
@@ -348,6 +350,7 @@ class Agent:
             EnvironmentFailure: it raised or timed out (the message names the method).
         """
         name = getattr(fn, "__qualname__", repr(fn))
+        busy = stall.busy("env", name)  # the stall doctor's view: which environment call runs since when
         try:
             if inspect.iscoroutinefunction(fn):
                 return await asyncio.wait_for(fn(*args), self.cfg.env_timeout)
@@ -364,6 +367,8 @@ class Agent:
             raise
         except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
             raise EnvironmentFailure(f"{name} raised {type(e).__name__}: {str(e)[:500]}") from e
+        finally:
+            busy.close()
 
     @staticmethod
     def _checked_messages(messages: Any, where: str) -> list[dict[str, Any]]:

@@ -279,8 +279,9 @@ def diagnose(reports: list[dict[str, Any]]) -> str:
             f"{who}: {f.get('sequences', '?')} sequences in flight ({f.get('running', '?')} running, "
             f"{f.get('waiting', '?')} waiting), no token for {_seconds(a['idle_s'])}{more}{context}"
         )
-    verb = {"sandbox": "running for", "env": "running for", "reward": "for"}.get(top_kind, "for")
-    return f"{a['what']} {verb} {_seconds(a['age_s'])}{more}{context}"
+    prefix = {"env": "environment call ", "sandbox": "", "reward": ""}.get(top_kind, f"{top_kind}: ")
+    verb = "running for" if top_kind in ("env", "sandbox") else "for"
+    return f"{prefix}{a['what']} {verb} {_seconds(a['age_s'])}{more}{context}"
 
 
 # ----------------------------------------------------------------------------- other processes
