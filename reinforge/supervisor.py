@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
 DISK_FULL = 74  # `reinforge` exits 74 (sysexits' EX_IOERR) when the disk is full: relaunching would fail again
+STALLED = 124  # `reinforge` exits 124 after a stall with run.stall_action=fail (restart: 75, relaunched)
 PARENT_ENV = "REINFORGE_SUPERVISOR_PID"  # set in the child: the supervisor's pid, for watch_parent
 FAILURE_ENV = "REINFORGE_FAILURE_FILE"  # set in the child: where record_failure writes the error that ended it
 
@@ -190,6 +191,9 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
                     "with the same command",
                     DISK_FULL,
                 )
+                return status
+            if code == STALLED:
+                log.error("training stalled (run.stall_action=fail, exit status %d): not relaunching", STALLED)
                 return status
             if error is not None and error == last_error:
                 log.error(

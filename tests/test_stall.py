@@ -266,3 +266,26 @@ def test_a_hung_environment_step_is_named(tmp_path, smollm2_path):
     assert re.fullmatch(r"environment call Stuck.step of sample 0 running for [\d.]+ s", s.line), s.line
     assert 'test_stall.py", line' in s.stacks.read_text() and "in step" in s.stacks.read_text()
     assert not [a for a in stall._open.values() if a.kind == "env"]
+
+
+def test_a_hung_engine_ends_reinforge_train_with_the_line_and_the_stacks(tmp_path, tiny_model_path):
+    from reinforge import supervisor
+    from tests.test_faults import cli_train, overrides
+
+    out = tmp_path / "run"
+    args = overrides(tiny_model_path, out, **{"run.stall_timeout_s": 4, "train.num_rollout": 2})
+    proc = cli_train(tmp_path, args, fault="engine_step:1:hang")
+    text, _ = proc.communicate(timeout=300)
+    assert proc.returncode == stall.STALLED == supervisor.STALLED, text
+    line = [x for x in text.splitlines() if x.startswith("reinforge: stalled: ")]
+    assert len(line) == 1, text
+    assert re.match(
+        r"reinforge: stalled: engine: 8 sequences in flight \(8 running, 0 waiting\), no token for [\d.]+ s "
+        r"\(loop phase: rollout_step > rollout > generate\); no progress for [\d.]+ s \(run.stall_timeout_s=4\); "
+        r"stacks of every thread in .*/stall/stacks-[\d-]+\.txt; run.stall_action=fail: stopping",
+        line[0],
+    ), line[0]
+    stacks = Path(line[0].split("stacks of every thread in ")[1].split(";")[0])
+    assert stacks.parent == out / "stall"
+    text = stacks.read_text()
+    assert "(driver) ====" in text and 'engine.py", line' in text and "in hit" in text, text  # the hung frame

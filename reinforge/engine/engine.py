@@ -39,7 +39,7 @@ from ..config.sections import EngineConfig
 from ..models.loading import copy_weights_, free_weight_storage, restore_weight_storage
 from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult
-from ..utils import stall, trace
+from ..utils import faults, stall, trace
 from .attention import bucket
 from .fp8 import quantize_model
 from .kv_cache import plan_kv_layout
@@ -248,14 +248,15 @@ class EmbeddedEngine:
         if changed:
             self.runner.set_table_rows(changed, sched.table_rows(changed))
         if running:
+            faults.hit("engine_step")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
             layout = sched.layout
             B = bucket(max(running) + 1, layout.num_slots)
             Lk = self.runner.Decode.key_range(max(sched.len_bound[s] for s in running) + steps, layout)
             filters = any(sched.filters[s] for s in running)
             for _ in range(steps):
                 self.runner.decode(B, Lk, filters)
+                self._heartbeat.beat()
             sched.advance(running, steps)
-            self._heartbeat.beat()
         owned = sched.occupied()
         previous, self._pending = self._pending, self._snapshot(owned) if owned else None
         if previous is not None:
