@@ -289,3 +289,38 @@ def test_a_hung_engine_ends_reinforge_train_with_the_line_and_the_stacks(tmp_pat
     assert stacks.parent == out / "stall"
     text = stacks.read_text()
     assert "(driver) ====" in text and 'engine.py", line' in text and "in hit" in text, text  # the hung frame
+
+
+HUNG_RUN = """
+import sys, time
+from pathlib import Path
+from reinforge.utils import stall, trace
+run_dir, action = Path(sys.argv[1]), sys.argv[2]
+marker = run_dir / "attempted"
+if marker.exists():
+    sys.exit(0)  # the relaunch finds nothing stuck
+marker.parent.mkdir(parents=True, exist_ok=True)
+marker.write_text("")
+stall.Doctor(run_dir, 0.5, action).start()
+with trace.span("rollout_step"), trace.span("reward"):
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("action, attempts, status", [("fail", 1, 124), ("restart", 2, 0)])
+def test_the_supervisor_relaunches_a_stall_only_with_restart(tmp_path, action, attempts, status):
+    import json
+    import sys
+
+    from reinforge import supervisor
+
+    cmd = [sys.executable, "-c", HUNG_RUN, str(tmp_path), action]
+    assert supervisor.supervise([], tmp_path, max_restarts=2, command=cmd) == status
+    rows = [json.loads(x) for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
+    assert len(rows) == attempts
+    assert rows[0]["exit_code"] == (124 if action == "fail" else 75)
+    assert (
+        rows[0]["error"].startswith("StallError: stalled: loop: in rollout_step > reward for ")
+        and f"run.stall_action={action}" in rows[0]["error"]
+    ), rows[0]
+    assert len(list((tmp_path / "stall").glob("stacks-*.txt"))) == 1
