@@ -89,7 +89,8 @@ def test_the_most_specific_oldest_activity_is_named():
     ]
     line = stall.diagnose(now_reports)
     assert line == (
-        "MyEnv.step of sample 4 running for 30 s (and 1 more env activity) (loop phase: rollout_step > rollout)"
+        "environment call MyEnv.step of sample 4 running for 30 s (and 1 more env activity) "
+        "(loop phase: rollout_step > rollout)"
     )
 
 

@@ -481,26 +481,30 @@ class Doctor:
         if idle < self.timeout_s:
             return None
         line = diagnose([mine, *others])
-        return Stall(line, self.write_stacks([r["pid"] for r in others]), idle)
+        return Stall(line, self.write_stacks(), idle)
 
-    def write_stacks(self, pids: list[int], wait_s: float = 3.0) -> Path:
-        """Signal the joined processes ``pids`` (and any other joined process of this host), wait
-        up to ``wait_s`` for their dumps, and write them after this process's own into one file."""
-        host = socket.gethostname()
-        joined = {}
+    def joined_here(self) -> dict[int, str]:
+        """``{pid: role}`` of the live joined processes of this host (not this one)."""
+        host, out = socket.gethostname(), {}
         for p in self.dir.glob("proc-*.json"):
             try:
                 rep = json.loads(p.read_text())
-            except (OSError, ValueError):
+                pid = int(rep["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if rep.get("host") == host and rep.get("pid") != os.getpid() and _alive(int(rep["pid"])):
-                joined[int(rep["pid"])] = rep.get("role", "process")
-        for pid in set(pids) - set(joined):
-            joined[pid] = "process"
+            if rep.get("host") == host and pid != os.getpid() and _alive(pid):
+                out[pid] = str(rep.get("role", "process"))
+        return out
+
+    def write_stacks(self, wait_s: float = 3.0) -> Path:
+        """Signal the joined processes of this host, wait up to ``wait_s`` for their dumps, and write
+        them after this process's own into ``stall/stacks-<UTC time>-<pid>.txt``; returns its path.
+        (Processes of other hosts dump nothing here: their stacks are not in the file.)"""
+        joined = self.joined_here()
         sizes = {}
         for pid in joined:
-            f = self.dir / f"dump-{pid}.txt"
-            sizes[pid] = f.stat().st_size if f.exists() else 0
+            raw = self.dir / f"dump-{pid}.txt"
+            sizes[pid] = raw.stat().st_size if raw.exists() else 0
             try:
                 os.kill(pid, SIGNAL)
             except OSError:
@@ -510,6 +514,7 @@ class Doctor:
             f.write(f"==== pid {os.getpid()} (driver) ====\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
+            f.flush()
             deadline = time.monotonic() + wait_s
             pending = dict(joined)
             seen = dict(sizes)
@@ -553,12 +558,10 @@ class Doctor:
         log.error("%s", message)
         print(f"reinforge: {message}", file=sys.stderr, flush=True)
         record_failure(StallError(message))
-        for p in self.dir.glob("proc-*.json"):  # trainer ranks and workers: nothing of the run keeps running
+        for pid in self.joined_here():  # trainer ranks and workers: nothing of the run keeps running
             try:
-                rep = json.loads(p.read_text())
-                if rep.get("host") == socket.gethostname() and rep.get("pid") != os.getpid():
-                    os.kill(int(rep["pid"]), signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
                 pass
         logging.shutdown()
         os._exit(code)
