@@ -586,10 +586,10 @@ class RunConfig(Section):
     )
     stall_timeout_s: float | None = opt(
         1800.0,
-        "the stall doctor: when nothing progresses for this many seconds (no token, phase, reward, environment "
-        "step, sandbox or collective finishes), say in one line what is stuck, write every thread's stack to "
-        "`stall/stacks-*.txt` and end the run as `stall_action` says ([reliability.md](reliability.md#stalls)); "
-        "`null`: off",
+        "the stall doctor: after this many seconds without progress (no token, phase, reward, environment step, "
+        "sandbox or collective finishing), say in one line what is stuck, write every thread's stack to "
+        "`stall/stacks-*.txt` and end the run as `stall_action` says "
+        "([reliability.md](reliability.md#stalls)); `null`: off",
         gt=0,
     )
     stall_action: Literal["fail", "restart"] = opt(
