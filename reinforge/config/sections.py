@@ -586,16 +586,11 @@ class RunConfig(Section):
     )
     stall_timeout_s: float | None = opt(
         1800.0,
-        "the stall doctor: after this many seconds without progress (no token, phase, reward, environment step, "
-        "sandbox or collective finishing), say in one line what is stuck, write every thread's stack to "
-        "`stall/stacks-*.txt` and end the run as `stall_action` says "
-        "([reliability.md](reliability.md#stalls)); `null`: off",
+        "seconds without progress before the stall doctor acts ([reliability.md](reliability.md#stalls)); `null`: off",
         gt=0,
     )
     stall_action: Literal["fail", "restart"] = opt(
-        "fail",
-        "after a stall: `fail` (exit status 124, the supervisor does not relaunch) or `restart` (exit status 75: "
-        "`--max-restarts` relaunches from the newest checkpoint)",
+        "fail", "after a stall: `fail` (exit status 124, not relaunched) or `restart` (75: `--max-restarts` relaunches)"
     )
 
 
