@@ -325,3 +325,23 @@ def test_the_supervisor_relaunches_a_stall_only_with_restart(tmp_path, action, a
         and f"run.stall_action={action}" in rows[0]["error"]
     ), rows[0]
     assert len(list((tmp_path / "stall").glob("stacks-*.txt"))) == 1
+
+
+def test_a_process_that_took_a_joined_process_pid_is_never_signalled(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        d = stall.Doctor(tmp_path, 5).prepare()
+        report = {**stall.snapshot("rank 1", 1), "pid": other.pid, "started": "1"}  # an ended rank's pid, reused
+        (d.dir / f"proc-{other.pid}.json").write_text(json.dumps(report))
+        assert d.joined_here() == {}
+        d.write_stacks(wait_s=0.2)
+        assert stall.read_reports(d.dir, os.getpid()) == [] and not list(d.dir.glob("proc-*.json"))
+        assert other.poll() is None  # not signalled (SIGUSR2 would have ended it)
+        d.stop()
+    finally:
+        other.kill()
+        other.wait()

@@ -34,6 +34,7 @@ is not consistent; a relaunch resumes from the newest checkpoint (``run.recover_
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import faulthandler
 import json
@@ -319,8 +320,9 @@ def join(role: str, rank: int | None = None, publish: bool = True) -> bool:
     dump = open(d / f"dump-{pid}.txt", "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
     faulthandler.register(SIGNAL, file=dump, all_threads=True, chain=False)
     _joined.update(role=role, rank=rank, dump=dump)
-    path = d / f"proc-{pid}.json"
-    _write_json(path, snapshot(role, rank))
+    path, started = d / f"proc-{pid}.json", _start_time(pid)
+    _write_json(path, {**snapshot(role, rank), "started": started})
+    atexit.register(path.unlink, missing_ok=True)
     if publish:
         interval = _publish_interval()
 
@@ -328,7 +330,7 @@ def join(role: str, rank: int | None = None, publish: bool = True) -> bool:
             while True:
                 time.sleep(interval)
                 try:
-                    _write_json(path, snapshot(role, rank))
+                    _write_json(path, {**snapshot(role, rank), "started": started})
                 except OSError:
                     return  # the run directory is gone
 
@@ -336,26 +338,51 @@ def join(role: str, rank: int | None = None, publish: bool = True) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
+def child_env() -> dict[str, str]:
+    """The environment a process must be started with to :func:`join` the run (empty when no
+    doctor is prepared): for processes that do not inherit this one's, e.g. the actors of a Ray
+    cluster started before the run (``runtime_env={"env_vars": child_env()}``)."""
+    return {k: os.environ[k] for k in (DIR_ENV, TIMEOUT_ENV) if k in os.environ}
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (``/proc/<pid>/stat`` field 22), None where there is
+    no ``/proc`` or no such process: with the pid it names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(report: dict[str, Any]) -> bool:
+    """Whether the process of a published ``report`` (of this host) still runs (not another process
+    that got its pid)."""
+    pid = int(report["pid"])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    started = report.get("started")
+    return started is None or _start_time(pid) in (None, started)
 
 
 def read_reports(d: Path, skip_pid: int) -> list[dict[str, Any]]:
-    """The published reports of the live joined processes of this host (``idle_s`` and the ages
-    brought up to now)."""
+    """The published reports of the joined processes but ``skip_pid``, ``idle_s`` and the ages
+    brought up to now; the files of this host's processes that ended are removed (a later process
+    with the same pid is never signalled: the report holds the process's start time)."""
     out, host, now = [], socket.gethostname(), time.time()
     for p in sorted(d.glob("proc-*.json")):
         try:
             rep = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-        if rep.get("pid") == skip_pid or (rep.get("host") == host and not _alive(int(rep["pid"]))):
+        if rep.get("host") == host and not _alive(rep):
+            p.unlink(missing_ok=True)  # it ended: its pid may be another process's soon
+            continue
+        if rep.get("pid") == skip_pid:
             continue
         late = max(0.0, now - float(rep.get("written", now)))
         rep["idle_s"] = float(rep.get("idle_s", 0.0)) + late
@@ -492,7 +519,7 @@ class Doctor:
                 pid = int(rep["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if rep.get("host") == host and pid != os.getpid() and _alive(pid):
+            if rep.get("host") == host and pid != os.getpid() and _alive(rep):
                 out[pid] = str(rep.get("role", "process"))
         return out
 
