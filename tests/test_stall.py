@@ -345,3 +345,33 @@ def test_a_process_that_took_a_joined_process_pid_is_never_signalled(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_hung_sglang_server_is_named(tmp_path):
+    from reinforge.records import GenerateRequest, SamplingParams
+    from reinforge.rollout.sglang_engine import SGLangEngine, SGLangServer
+    from tests.test_sglang import FakeSGLang
+
+    release = threading.Event()
+
+    class Hung(FakeSGLang):
+        def handle(self, path, body):
+            if path == "/generate" and body["input_ids"][-1] == 99:
+                release.wait(60)  # this request is never answered in time
+            return super().handle(path, body)
+
+    server = Hung()
+    engine = SGLangEngine([SGLangServer(server.url)], seed=0)
+    params = SamplingParams(max_new_tokens=4)
+    requests = [GenerateRequest([1, 10], params, n=1), GenerateRequest([1, 99], params, n=2)]
+    d, found = doctor(tmp_path, 1.0)
+    runner = threading.Thread(target=engine.generate, args=(requests,), daemon=True)
+    runner.start()
+    wait_for("engine")
+    with d:
+        s = found.wait()
+    release.set()
+    runner.join(30)
+    engine.shutdown()
+    server.close()
+    assert re.fullmatch(r"engine \(sglang\): 2 sequences in flight, no answer for [\d.]+ s", s.line), s.line

@@ -275,10 +275,11 @@ def diagnose(reports: list[dict[str, Any]]) -> str:
     more = f" (and {len(same) - 1} more {top_kind} activit{'y' if len(same) == 2 else 'ies'})" if len(same) > 1 else ""
     if top_kind == "engine":
         f = a["fields"]
-        who = "engine" if rep is reports[0] else f"engine ({rep.get('role')})"
+        who = a["what"] if rep is reports[0] else f"{a['what']} ({rep.get('role')})"
+        split = f" ({f['running']} running, {f['waiting']} waiting)" if "running" in f else ""
         return (
-            f"{who}: {f.get('sequences', '?')} sequences in flight ({f.get('running', '?')} running, "
-            f"{f.get('waiting', '?')} waiting), no token for {_seconds(a['idle_s'])}{more}{context}"
+            f"{who}: {f.get('sequences', '?')} sequences in flight{split}, no {f.get('unit', 'token')} for "
+            f"{_seconds(a['idle_s'])}{more}{context}"
         )
     prefix = {"env": "environment call ", "sandbox": "", "reward": ""}.get(top_kind, f"{top_kind}: ")
     verb = "running for" if top_kind in ("env", "sandbox") else "for"
