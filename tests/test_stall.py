@@ -375,3 +375,37 @@ def test_a_hung_sglang_server_is_named(tmp_path):
     engine.shutdown()
     server.close()
     assert re.fullmatch(r"engine \(sglang\): 2 sequences in flight, no answer for [\d.]+ s", s.line), s.line
+
+
+BUSY_RANK = """
+import time
+from reinforge.utils import stall, trace
+stall.join("rank 1", rank=1)
+while True:
+    with trace.span("micro_batch"):
+        time.sleep(0.05)
+"""
+
+
+def test_progress_of_another_process_counts(tmp_path):
+    """The driver waits (a Ray call) while a rank works: no stall until that rank stops."""
+    import subprocess
+    import sys
+
+    d, found = doctor(tmp_path, 1.0)
+    d.prepare()
+    rank = subprocess.Popen([sys.executable, "-c", BUSY_RANK])
+    try:
+        deadline = time.monotonic() + 60
+        while not list(d.dir.glob("proc-*.json")):
+            assert time.monotonic() < deadline and rank.poll() is None
+            time.sleep(0.05)
+        with d, trace.span("train"):
+            time.sleep(2.5)
+            assert found.stall is None  # the rank's phases kept ending
+            rank.kill()
+            s = found.wait()
+    finally:
+        rank.kill()
+        rank.wait()
+    assert s.line.startswith("loop: in train for "), s.line
