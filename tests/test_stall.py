@@ -409,3 +409,22 @@ def test_progress_of_another_process_counts(tmp_path):
         rank.kill()
         rank.wait()
     assert s.line.startswith("loop: in train for "), s.line
+
+
+def test_ranks_waiting_in_a_collective_and_the_rank_they_wait_for():
+    def rank(r: int, acts: list, phases: list) -> dict:
+        return {"role": f"rank {r}", "rank": r, "activities": acts, "phases": phases}
+
+    def waits(r: int, age: float) -> dict:
+        fields = {"rank": r, "world_size": 4}
+        return {"kind": "collective", "what": "all_reduce (floats)", "age_s": age, "idle_s": age, "fields": fields}
+
+    reports = [
+        {"role": "driver", "activities": [], "phases": [{"thread": "MainThread", "phases": ["train"], "age_s": 700}]},
+        *(rank(r, [waits(r, 600 + r)], []) for r in range(3)),
+        rank(3, [], [{"thread": "MainThread", "phases": ["train_actor", "micro_batch", "forward"], "age_s": 650}]),
+    ]
+    assert stall.diagnose(reports) == (
+        "ranks 0, 1, 2 wait in all_reduce (floats) for 602 s; rank 3 is in no collective "
+        "(in train_actor > micro_batch > forward) (loop phase: train)"
+    )
