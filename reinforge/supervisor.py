@@ -6,7 +6,8 @@ SIGKILL), a crashed trainer rank or engine that ended the run, any non-zero exit
 usage error. Each relaunch resumes from the newest complete checkpoint of the same
 ``run.output_dir``, so at most the rollouts since that checkpoint are redone. Every exit is
 recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran, the
-error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), and a
+error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), a stall with
+``run.stall_action=fail`` (:data:`STALLED`; ``restart`` exits 75 and is relaunched), and a
 failure whose error (type and first line of the message, which the child writes through
 :func:`record_failure`) repeats that of the attempt before: the same cause twice will not go away
 by relaunching (a reward module's syntax error, every reward failing). Deaths by a signal carry no
