@@ -278,10 +278,10 @@ def test_a_hung_engine_ends_reinforge_train_with_the_line_and_the_stacks(tmp_pat
     proc = cli_train(tmp_path, args, fault="engine_step:1:hang")
     text, _ = proc.communicate(timeout=300)
     assert proc.returncode == stall.STALLED == supervisor.STALLED, text
-    line = [x for x in text.splitlines() if x.startswith("reinforge: stalled: ")]
+    line = [x.split(" reinforge.utils.stall: ")[1] for x in text.splitlines() if " stalled: " in x]
     assert len(line) == 1, text
     assert re.match(
-        r"reinforge: stalled: engine: 8 sequences in flight \(8 running, 0 waiting\), no token for [\d.]+ s "
+        r"stalled: engine: 8 sequences in flight \(8 running, 0 waiting\), no token for [\d.]+ s "
         r"\(loop phase: rollout_step > rollout > generate\); no progress for [\d.]+ s \(run.stall_timeout_s=4\); "
         r"stacks of every thread in .*/stall/stacks-[\d-]+\.txt; run.stall_action=fail: stopping",
         line[0],

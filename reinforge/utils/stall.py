@@ -43,7 +43,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -491,7 +490,7 @@ class Doctor:
         return out
 
     def end_run(self, stall: Stall) -> None:
-        """Say what is stuck (one line, logged and on stderr), record it for the supervisor, stop the
+        """Say what is stuck (one line, logged at ERROR), record it for the supervisor, stop the
         joined processes of this host, and exit this process at once: :data:`STALLED` for ``fail``,
         :data:`STALLED_RESTART` for ``restart`` (the stuck threads cannot be joined)."""
         from ..supervisor import record_failure
@@ -507,8 +506,7 @@ class Doctor:
             f"stalled: {stall.line}; no progress for {seconds(stall.idle_s)} "
             f"(run.stall_timeout_s={self.timeout_s:g}); stacks of every thread in {stall.stacks}; {then}"
         )
-        log.error("%s", message)
-        print(f"reinforge: {message}", file=sys.stderr, flush=True)
+        log.error("%s", message)  # (on stderr: the CLI's log, or logging's last resort handler)
         record_failure(StallError(message))
         for pid in self.joined_here():  # trainer ranks and workers: nothing of the run keeps running
             try:
