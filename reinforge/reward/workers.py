@@ -85,7 +85,7 @@ class _Worker:
         if self.activity is not None:
             self.activity.close()
         what = f"reward worker {self.number} (pid {self.proc.pid}) inside {self.function_path}"
-        self.activity = stall.busy("reward", what) if self.tasks and self.state == "busy" else None
+        self.activity = stall.Activity("reward", what, {}) if self.tasks and self.state == "busy" else None
 
     def call(self, batch: list[tuple[int, Any]], timeout: float) -> None:
         """Send ``[(index, sample), ...]``: the worker scores them in order, answering each."""
