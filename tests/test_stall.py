@@ -63,6 +63,7 @@ def test_progress_keeps_the_doctor_quiet(tmp_path):
             with trace.span("tick"):
                 time.sleep(0.15)
     assert found.stall is None
+    assert not (tmp_path / "stall").exists()  # a run without a stall leaves no files
 
 
 def test_a_hung_phase_names_the_loop_phase(tmp_path):

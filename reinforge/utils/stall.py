@@ -368,6 +368,7 @@ class Doctor:
         self._thread: threading.Thread | None = None
         self._env: dict[str, str | None] = {}
         self._started = 0.0
+        self.stalled: Stall | None = None  # what the doctor found (then it stopped watching)
 
     def prepare(self) -> Doctor:
         """Set the environment joined processes read (call it before they start) and clear the
@@ -406,6 +407,12 @@ class Doctor:
             else:
                 os.environ[key] = value
         self._env = {}
+        if self.stalled is None and self.dir.is_dir():  # nothing to look at: leave no files behind
+            for p in [*self.dir.glob("proc-*.json"), *self.dir.glob("dump-*.txt")]:
+                if p.suffix == ".json" or p.stat().st_size == 0:
+                    p.unlink(missing_ok=True)
+            if not any(self.dir.iterdir()):
+                self.dir.rmdir()
 
     def __enter__(self) -> Doctor:
         return self.start()
@@ -419,6 +426,7 @@ class Doctor:
             found = self.check()
             if found is not None:
                 self._stop.set()
+                self.stalled = found
                 self.on_stall(found)
                 return
 
