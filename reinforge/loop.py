@@ -38,7 +38,7 @@ from .rollout.infra_guard import InfraGuard
 from .rollout.source import AsyncRollouts, Rollout, RolloutSource, SyncRollouts
 from .train.rollout_advantages import apply_overlong_filter
 from .train.rollout_share import RolloutBatch
-from .utils import seeds, trace
+from .utils import seeds, stall, trace
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -127,6 +127,7 @@ class RLLoop:
         self.weight_version = 0
         self.data_digest = prompts_digest(self.train_data.prompts)
         self.timer = RecoverTimer(cfg.run.recover_interval_s if cfg.run.recover == "auto" else None)
+        self.doctor = stall.doctor_for(cfg.run, self.out)  # before any process starts: they join its reports
         candidates = (
             ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path) if cfg.run.load else []
         )  # a run directory: its newest intact checkpoint first
@@ -411,6 +412,8 @@ class RLLoop:
         result = RunResult(self.out, self.start_rollout - 1)
         timer = self.timer  # SIGTERM / SIGINT: a checkpoint at the end of the rollout in flight, then stop
         timer.install()
+        if self.doctor is not None:
+            self.doctor.start()  # no progress for run.stall_timeout_s: one line, every stack, exit
         if cfg.run.trace:
             trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
@@ -485,6 +488,8 @@ class RLLoop:
                     self.save(cfg.train.num_rollout - 1)
             plan_line = self.plan_report.finish()  # the phase furthest from its limit, into the trace too
         finally:
+            if self.doctor is not None:
+                self.doctor.stop()
             self.source.close()
             trace.stop_trace()
             timer.uninstall()
@@ -516,6 +521,8 @@ class RLLoop:
                     f.write(json.dumps(s.to_dict(), default=str) + "\n")
 
     def close(self) -> None:
+        if self.doctor is not None:
+            self.doctor.stop()
         self.source.shutdown()
         self.ctx.close()
         self.reward.close()

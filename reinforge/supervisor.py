@@ -6,7 +6,8 @@ SIGKILL), a crashed trainer rank or engine that ended the run, any non-zero exit
 usage error. Each relaunch resumes from the newest complete checkpoint of the same
 ``run.output_dir``, so at most the rollouts since that checkpoint are redone. Every exit is
 recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran, the
-error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), and a
+error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), a stall with
+``run.stall_action=fail`` (:data:`STALLED`; ``restart`` exits 75 and is relaunched), and a
 failure whose error (type and first line of the message, which the child writes through
 :func:`record_failure`) repeats that of the attempt before: the same cause twice will not go away
 by relaunching (a reward module's syntax error, every reward failing). Deaths by a signal carry no
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
 DISK_FULL = 74  # `reinforge` exits 74 (sysexits' EX_IOERR) when the disk is full: relaunching would fail again
+STALLED = 124  # `reinforge` exits 124 after a stall with run.stall_action=fail (restart: 75, relaunched)
 PARENT_ENV = "REINFORGE_SUPERVISOR_PID"  # set in the child: the supervisor's pid, for watch_parent
 FAILURE_ENV = "REINFORGE_FAILURE_FILE"  # set in the child: where record_failure writes the error that ended it
 
@@ -190,6 +192,9 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
                     "with the same command",
                     DISK_FULL,
                 )
+                return status
+            if code == STALLED:
+                log.error("training stalled (run.stall_action=fail, exit status %d): not relaunching", STALLED)
                 return status
             if error is not None and error == last_error:
                 log.error(

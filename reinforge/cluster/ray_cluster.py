@@ -34,7 +34,7 @@ import torch
 
 from ..config import Config
 from ..records import GenerateRequest, GenerateResult
-from ..utils import faults, seeds, trace
+from ..utils import faults, seeds, stall, trace
 from ..utils.net import free_port
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
@@ -104,6 +104,7 @@ class TrainerActor(TracedActor):
     ) -> dict[str, Any]:
         from ..train.worker import TrainWorker
 
+        stall.join(f"rank {rank}", rank=rank)  # its stacks and progress in the stall doctor's report
         with trace.span("setup", "train", rank=rank):
             self.worker = TrainWorker(
                 cfg,
@@ -182,6 +183,7 @@ class EngineActor(TracedActor):
         from ..utils.device import resolve_device
 
         self.index = index
+        stall.join(f"engine actor {index}")  # its stacks and progress in the stall doctor's report
         self.device = resolve_device(cfg.train.device)
         with trace.span("setup", "engine", index=index):
             self.engine = build_engine(
@@ -411,6 +413,8 @@ class RayCluster:
         share = 0.5 if (gpu and c.colocate) else float(gpu)
 
         def on(bundle: int, num_gpus: float, cls, **options: Any):
+            if stall.child_env():  # the actors join the stall doctor's reports (run.stall_timeout_s)
+                options["runtime_env"] = {"env_vars": stall.child_env()}
             return ray.remote(cls).options(
                 num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1),
                 num_gpus=num_gpus,

@@ -584,6 +584,14 @@ class RunConfig(Section):
         "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor",
         ge=0,
     )
+    stall_timeout_s: float | None = opt(
+        1800.0,
+        "seconds without progress before the stall doctor acts ([reliability.md](reliability.md#stalls)); `null`: off",
+        gt=0,
+    )
+    stall_action: Literal["fail", "restart"] = opt(
+        "fail", "after a stall: `fail` (exit status 124, not relaunched) or `restart` (75: `--max-restarts` relaunches)"
+    )
 
 
 def _check_function_path(key: str, path: str | None) -> None:

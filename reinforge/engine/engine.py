@@ -39,7 +39,7 @@ from ..config.sections import EngineConfig
 from ..models.loading import copy_weights_, free_weight_storage, restore_weight_storage
 from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult
-from ..utils import trace
+from ..utils import faults, stall, trace
 from .attention import bucket
 from .fp8 import quantize_model
 from .kv_cache import plan_kv_layout
@@ -120,6 +120,7 @@ class EmbeddedEngine:
         self._to_refill: set[str] = set()  # parameters no weight sync has written since
         self.scheduler: Scheduler | None = None
         self._pending: Snapshot | None = None  # read-back of the last decode steps, not processed yet
+        self._heartbeat = stall.Heartbeat("engine", "engine")  # sequences in flight, the last token's time
         self._allocate()
 
     def _allocate(self) -> None:
@@ -219,6 +220,8 @@ class EmbeddedEngine:
             slots = sched.request_slots(ids)
             if slots:
                 self._process(self._snapshot(slots), abort=True)
+        if not sched.has_unfinished():
+            self._heartbeat.idle()
 
     def has_unfinished(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_unfinished()
@@ -240,15 +243,19 @@ class EmbeddedEngine:
             self._drain()
             running = [s for s in running if sched.owner[s] is not None]
         running, changed = sched.grow(running, steps, self._preempt)
+        waiting = sum(len(p.samples) for p in sched.waiting)
+        self._heartbeat.busy(sequences=len(running) + waiting, running=len(running), waiting=waiting)
         if changed:
             self.runner.set_table_rows(changed, sched.table_rows(changed))
         if running:
+            faults.hit("engine_step")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
             layout = sched.layout
             B = bucket(max(running) + 1, layout.num_slots)
             Lk = self.runner.Decode.key_range(max(sched.len_bound[s] for s in running) + steps, layout)
             filters = any(sched.filters[s] for s in running)
             for _ in range(steps):
                 self.runner.decode(B, Lk, filters)
+                self._heartbeat.beat()
             sched.advance(running, steps)
         owned = sched.occupied()
         previous, self._pending = self._pending, self._snapshot(owned) if owned else None
@@ -257,6 +264,8 @@ class EmbeddedEngine:
         if self._pending is not None and not (running and self._overlap):
             snap, self._pending = self._pending, None
             self._process(snap)
+        if not sched.has_unfinished():
+            self._heartbeat.idle()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy new weights (Hugging Face names) into the engine's model in place; with

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 import os
 import signal
@@ -31,7 +32,10 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..utils import stall
+
 START_TIMEOUT_S = 300.0  # importing the user's module (it may import a large library)
+_numbers = itertools.count()  # reward workers of this process, numbered as started (the stall doctor's line)
 
 
 @dataclasses.dataclass
@@ -74,12 +78,21 @@ class _Worker:
         self.tasks: collections.deque[int] = collections.deque()  # sent, not answered yet: tasks[0] is running
         self.deadline = time.monotonic() + START_TIMEOUT_S
         self.out.send({"function_path": function_path, "sys_path": list(sys.path), "cwd": os.getcwd()})
+        self.number, self.function_path, self.activity = next(_numbers), function_path, None
+
+    def report(self) -> None:
+        """Tell the stall doctor which call runs since when (none: idle)."""
+        if self.activity is not None:
+            self.activity.close()
+        what = f"reward worker {self.number} (pid {self.proc.pid}) inside {self.function_path}"
+        self.activity = stall.Activity("reward", what, {}) if self.tasks and self.state == "busy" else None
 
     def call(self, batch: list[tuple[int, Any]], timeout: float) -> None:
         """Send ``[(index, sample), ...]``: the worker scores them in order, answering each."""
         self.out.send(("call", batch))
         self.state, self.deadline = "busy", time.monotonic() + timeout
         self.tasks.extend(i for i, _ in batch)
+        self.report()
 
     def kill(self) -> int | None:
         if self.proc.poll() is None:
@@ -88,6 +101,7 @@ class _Worker:
         for c in (self.out, self.inp):
             c.close()
         self.state = "dead"
+        self.report()
         return code
 
 
@@ -246,6 +260,7 @@ class RewardProcessPool:
             w.deadline = time.monotonic() + self.timeout  # the next sample of its batch starts now
             if not w.tasks:
                 w.state = "ready"
+            w.report()  # the next sample of its batch, or idle
 
     def close(self) -> None:
         """Stop every worker."""
@@ -286,6 +301,7 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     import inspect
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stall.join("reward worker", publish=False)  # its stacks in the stall doctor's report
     parent = os.getppid()
     _die_with_parent()
     inp, out = Connection(read_fd, writable=False), Connection(write_fd, readable=False)

@@ -63,6 +63,7 @@ from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
 from ..tools.toolset import MCP_SERVER, SANDBOX_FAILURE
+from ..utils import stall
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .env_threads import EnvironmentExit, EnvThreads, exit_guard, install_exit_guard
 from .episode_trace import EpisodeTrace, span
@@ -206,6 +207,7 @@ class Agent:
         return sample
 
     async def _run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
+        stall.SUBJECT.set(f"sample {sample.index}")  # named in the stall doctor's line (this episode's task)
         row = {"prompt": sample.prompt, "label": sample.label, "metadata": sample.metadata}
         ep = Episode(tokens=list(sample.tokens))
         status, version = Status.COMPLETED, sample.weight_version
@@ -379,6 +381,7 @@ class Agent:
             EnvironmentFailure: it raised, exited or timed out (the message names the method).
         """
         name = getattr(fn, "__qualname__", repr(fn))
+        busy = stall.busy("env", name)  # the stall doctor's view: which environment call runs since when
         try:
             with exit_guard(name):
                 if inspect.iscoroutinefunction(fn):
@@ -398,6 +401,8 @@ class Agent:
             raise EnvironmentFailure(f"{name} called {how}({e.code}): it ends its episode, not the trainer") from None
         except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
             raise EnvironmentFailure(f"{name} raised {type(e).__name__}: {str(e)[:500]}") from e
+        finally:
+            busy.close()
 
     def _check_prompt_length(self, n: int, ep: Episode) -> None:
         """Refuse a ``reset()`` prompt longer than the engine is sized for (:func:`env_prompt_bound`).

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -43,6 +44,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ..utils import stall
 from . import launch_server
 from .cgroup import Cgroup, create_cgroup
 from .isolation import (
@@ -86,6 +88,7 @@ DEFAULT_MAX_OPEN_FILES = 1024  # = agent.python_max_open_files' default
 NETWORK_DENIED = "network access is disabled in this sandbox"
 MSGQUEUE_BYTES = 131072  # RLIMIT_MSGQUEUE of each process: POSIX message queues (one queue of the default size fits)
 SIGPENDING = 1024  # RLIMIT_SIGPENDING of each process: signals queued to its uid
+_numbers = itertools.count()  # sandbox runs of this process, numbered as started (the stall doctor's line)
 
 __all__ = [
     "ISOLATIONS",
@@ -521,12 +524,13 @@ async def run_python(
             )
         )
         timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), lim.timeout)
-        except TimeoutError:
-            timed_out = True
-            init = _kill(proc, cgroup, status)
-            await proc.wait()
+        with stall.busy("sandbox", f"sandbox {next(_numbers)} (pid {proc.pid})"):  # the stall doctor's view
+            try:
+                await asyncio.wait_for(proc.wait(), lim.timeout)
+            except TimeoutError:
+                timed_out = True
+                init = _kill(proc, cgroup, status)
+                await proc.wait()
         if cgroup is not None:
             cgroup.kill()  # what the program left (the pid namespace is gone already under bwrap)
         try:  # a process left behind (only without bwrap) may hold the pipes open: do not wait for it

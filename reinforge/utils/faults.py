@@ -6,7 +6,9 @@ The environment variable ``REINFORGE_FAULT`` arms points, comma-separated, each
 
 * ``kill`` (default): the process sends itself SIGKILL (no cleanup, no ``finally``: a crash);
 * ``raise``: :class:`InjectedFault` is raised;
-* ``nan``: :func:`hit` returns True and the caller poisons its value (e.g. the loss).
+* ``nan``: :func:`hit` returns True and the caller poisons its value (e.g. the loss);
+* ``hang``: the thread sleeps forever (a hung kernel, a lost peer: what the stall doctor,
+  ``run.stall_timeout_s``, is for).
 
 With ``REINFORGE_FAULT_STATE=<dir>`` each armed fault fires once across processes (a marker
 file records that it fired), so a restarted run does not crash again at the same point.
@@ -14,7 +16,8 @@ file records that it fired), so a restarted run does not crash again at the same
 Points (grep ``faults.hit(``): ``ckpt_write`` (a checkpoint's files are half written),
 ``optimizer_step`` (inside ``ModelTrainer.optimizer_step``, before the update), ``nan_loss``
 (the policy loss of one step), ``weight_sync`` (between weight buckets), ``rollout`` (after
-generation, before reward), ``engine_generate`` (inside a Ray engine actor's ``generate``).
+generation, before reward), ``engine_generate`` (inside a Ray engine actor's ``generate``),
+``engine_step`` (the embedded engine's ``step``, before its decode steps).
 
 Without ``REINFORGE_FAULT`` every :func:`hit` is a dictionary lookup returning False.
 """
@@ -24,12 +27,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 ENV = "REINFORGE_FAULT"
 STATE_ENV = "REINFORGE_FAULT_STATE"
-POINTS = ("ckpt_write", "optimizer_step", "nan_loss", "weight_sync", "rollout", "engine_generate")
-ACTIONS = ("kill", "raise", "nan")
+POINTS = ("ckpt_write", "optimizer_step", "nan_loss", "weight_sync", "rollout", "engine_generate", "engine_step")
+ACTIONS = ("kill", "raise", "nan", "hang")
 
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
@@ -91,6 +95,8 @@ def hit(point: str) -> bool:
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "raise":
         raise InjectedFault(f"injected fault at {point} (hit {armed[0]})")
+    while action == "hang":
+        time.sleep(3600)
     return True
 
 
