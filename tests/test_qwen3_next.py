@@ -152,3 +152,53 @@ def test_grpo_trains_the_hybrid_natively(tmp_path, hybrid_path, caplog):
     assert "not implemented natively" not in caplog.text
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["train/logprob_abs_diff"] < 1e-4  # packed trainer == engine, linear layers included
+
+
+def qwen3_5_folder(tmp_path, model_type: str):
+    """A tiny random ``model_type`` folder (Qwen3.5's language model, or its multimodal checkpoint)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type).to_dict()
+    (cfg.get("text_config") or cfg)["vocab_size"] = 1000
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return write_tiny_model(tmp_path / "config.json", tmp_path / "tiny", layers=4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_moe_text", "qwen3_5"])
+def test_qwen3_5_passes_every_check(tmp_path, model_type):
+    """Qwen3.5's separate linear-attention projections and always-renormalised router; a multimodal
+    checkpoint (vision tower + text_config) trains and samples as its language model."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        pytest.skip(f"the installed transformers has no {model_type} to compare with")
+    rows = check_model(qwen3_5_folder(tmp_path, model_type), tokens=8, speed=False)
+    assert not failed(rows), format_table(rows)
+    assert model_type in rows[0].value
+
+
+def test_a_multimodal_export_keeps_the_vision_tower(tmp_path):
+    from safetensors import safe_open
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from reinforge.models.loading import build_model, save_hf_folder
+
+    if "qwen3_5" not in CONFIG_MAPPING_NAMES:
+        pytest.skip("the installed transformers has no qwen3_5 to write a checkpoint with")
+    src = qwen3_5_folder(tmp_path, "qwen3_5")
+    model = build_model(src, torch.float32)
+    assert not any("visual" in n for n, _ in model.named_parameters())  # only the language model trains
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.add_(1.0)
+    out = save_hf_folder(model, tmp_path / "export", src)
+
+    def tensors(folder):
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    before, after = tensors(src), tensors(out)
+    assert set(before) == set(after)
+    vision = [k for k in before if k.startswith("model.visual.")]
+    assert vision and all(torch.equal(before[k], after[k]) for k in vision)
+    name = "model.language_model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(after[name], before[name] + 1.0)

@@ -99,8 +99,24 @@ def tiny_config(cfg: dict, layers: int = 4) -> dict:
     Returns:
         a new dict (``cfg`` is not changed).
     """
-    if isinstance(cfg.get("text_config"), dict):
-        return {**cfg, "text_config": tiny_config(cfg["text_config"], layers)}
+    if isinstance(
+        cfg.get("text_config"), dict
+    ):  # a multimodal checkpoint: its language model, a one-block vision tower
+        text = tiny_config(cfg["text_config"], layers)
+        out = {**cfg, "text_config": text}
+        if isinstance(cfg.get("vision_config"), dict):
+            small = {
+                "depth": 1,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_heads": 2,
+                "num_position_embeddings": 64,
+            }
+            vision = {**cfg["vision_config"], **{k: v for k, v in small.items() if k in cfg["vision_config"]}}
+            if "out_hidden_size" in vision:
+                vision["out_hidden_size"] = text.get("hidden_size", 64)
+            out["vision_config"] = vision
+        return out
     out = dict(cfg)
     old_layers = int(cfg.get("num_hidden_layers", layers))
     n = min(old_layers, max(layers, int(cfg.get("full_attention_interval") or 0)))
@@ -159,10 +175,8 @@ def write_tiny_model(source: str | os.PathLike, out: str | os.PathLike, seed: in
     generator = torch.Generator().manual_seed(seed)
     hf_cfg = _transformers_config(cfg)
     if hf_cfg is not None:
-        from transformers import AutoModelForCausalLM
-
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
+        model = _auto_class(cfg).from_config(hf_cfg, dtype=torch.float32)
         _spread_weights(model, generator)
         model.save_pretrained(out)
         return out
@@ -184,6 +198,15 @@ def write_tiny_model(source: str | os.PathLike, out: str | os.PathLike, seed: in
     _spread_weights(native, generator)
     save_hf_folder(native, out, out)
     return out
+
+
+def _auto_class(cfg: dict) -> Any:
+    """transformers' auto class for a config: image-text-to-text for a multimodal one (a vision tower
+    beside ``text_config``: the checkpoint keeps its layout), else causal LM."""
+    import transformers
+
+    multimodal = isinstance(cfg.get("vision_config"), dict) and isinstance(cfg.get("text_config"), dict)
+    return transformers.AutoModelForImageTextToText if multimodal else transformers.AutoModelForCausalLM
 
 
 def _transformers_config(cfg: dict) -> Any:
@@ -319,7 +342,8 @@ def check_model(
     missing = ""
     if is_native_type(model_type):
         try:
-            family_of(hf_cfg).model_args(hf_cfg)
+            family = family_of(hf_cfg)
+            family.model_args(family.text_config(hf_cfg))
             native = build_model(path, torch.float32).eval()
             rows.append(Row("family", f"{model_type}: {FAMILIES.info(model_type).get('title', '')}", True))
         except NotImplementedError as e:
@@ -363,9 +387,8 @@ def check_model(
 def _reference(path: Path) -> nn.Module | None:
     """transformers' model of ``path`` in fp32, eval mode (None where it cannot be loaded)."""
     try:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        cfg = json.loads((path / "config.json").read_text())
+        return _auto_class(cfg).from_pretrained(str(path), dtype=torch.float32).eval()
     except (ValueError, KeyError, OSError, ImportError):
         return None
 

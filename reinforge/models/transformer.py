@@ -431,6 +431,7 @@ class CausalLM(nn.Module):
     def __init__(self, hf_config: Any, max_positions: int | None = None):
         super().__init__()
         self.family = family_of(hf_config)  # raises NotImplementedError for an unregistered model_type
+        hf_config = self.family.text_config(hf_config)  # (a multimodal checkpoint's language model)
         self.args = self.family.model_args(hf_config)
         self.config = hf_config
         self.model = Decoder(self.args, self.family, hf_config)

@@ -65,6 +65,21 @@ FAMILIES.register(
     title="Qwen3.5-MoE (language model)",
 )
 
+FAMILIES.register(
+    "qwen3_5",
+    "reinforge.models.families.qwen3_next:QWEN3_5",
+    moe=False,
+    hybrid=True,
+    title="Qwen3.5 (multimodal checkpoint, its language model)",
+)
+FAMILIES.register(
+    "qwen3_5_moe",
+    "reinforge.models.families.qwen3_next:QWEN3_5_MOE",
+    moe=True,
+    hybrid=True,
+    title="Qwen3.5-MoE (multimodal checkpoint, its language model)",
+)
+
 
 def model_type_of(config: Any) -> str | None:
     """``model_type`` of a ``config.json`` dict or a ``transformers`` config (a multimodal

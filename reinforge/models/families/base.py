@@ -132,14 +132,21 @@ class Family:
         else:
             p.normal_(0.0, std, generator=generator)
 
+    def text_config(self, cfg: Any) -> Any:
+        """The language model's config within ``cfg`` (a multimodal family's ``text_config``; default ``cfg``)."""
+        return cfg
+
     def from_hub(self, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
         """A checkpoint's tensors (Hugging Face names) -> this model's state dict: the hub's
         per-expert tensors stacked (:func:`~reinforge.models.moe.stack_expert_weights`)."""
         return stack_expert_weights(state, where)
 
-    def to_hub(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def to_hub(
+        self, named: Iterable[tuple[str, torch.Tensor]], source: str | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """This model's (name, tensor) pairs -> the hub's: stacked experts split per expert
-        (:func:`~reinforge.models.moe.hub_named_tensors`), other names unchanged."""
+        (:func:`~reinforge.models.moe.hub_named_tensors`), other names unchanged. ``source``: the folder the
+        model came from (a multimodal family copies the tensors it does not train from there)."""
         return hub_named_tensors(named)
 
 

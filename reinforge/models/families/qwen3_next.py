@@ -133,3 +133,82 @@ class Qwen3_5MoeText(Qwen3_5Text):
 
 QWEN3_5_TEXT = Qwen3_5Text()
 QWEN3_5_MOE_TEXT = Qwen3_5MoeText()
+
+
+LANGUAGE_MODEL = "model.language_model."
+
+
+class Qwen3_5(Family):
+    """A Qwen3.5 multimodal checkpoint (``qwen3_5``, ``qwen3_5_moe``: a vision tower and ``text_config``) loaded
+    for text RL: its language model is trained as :class:`Qwen3_5Text` (everything delegated to ``text``),
+    read from ``model.language_model.*`` and ``lm_head.weight``; the other tensors (``model.visual.*``, a
+    ``mtp.*`` head) are neither trained nor sent to engines, and a Hugging Face export copies them unchanged
+    from the folder the model came from (:meth:`to_hub` with ``source``), so the export is the whole
+    multimodal checkpoint again."""
+
+    def __init__(self, model_type: str, text: Family):
+        self.model_type, self.text = model_type, text
+        self.tp_partial_grads, self.fp32_params = text.tp_partial_grads, text.fp32_params
+
+    def text_config(self, cfg: Any) -> Any:
+        text = cfg.get("text_config") if isinstance(cfg, dict) else getattr(cfg, "text_config", None)
+        if text is None:
+            raise ValueError(f"config.json: a {self.model_type} checkpoint needs text_config (its language model)")
+        return text
+
+    def model_args(self, cfg: Any) -> ModelArgs:
+        return self.text.model_args(cfg)
+
+    def mixer_name(self, layer: int, cfg: Any) -> str:
+        return self.text.mixer_name(layer, cfg)
+
+    def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        return self.text.attention(args, layer, cfg)
+
+    def dense_mlp(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        return self.text.dense_mlp(args, layer, cfg)
+
+    def sparse_mlp(self, args: ModelArgs, layer: int, cfg: Any):
+        return self.text.sparse_mlp(args, layer, cfg)
+
+    def norm(self, dim: int, eps: float) -> RMSNorm:
+        return self.text.norm(dim, eps)
+
+    def tp_plan(self, sparse: bool) -> dict[str, str]:
+        return self.text.tp_plan(sparse)
+
+    def init_weight(self, name: str, p: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+        self.text.init_weight(name, p, std, generator)
+
+    def config_shape(self, cfg: dict):
+        return self.text.config_shape(cfg.get("text_config", cfg))
+
+    def from_hub(self, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+        text = {("model." + k[len(LANGUAGE_MODEL) :]): v for k, v in state.items() if k.startswith(LANGUAGE_MODEL)}
+        if "lm_head.weight" in state:
+            text["lm_head.weight"] = state["lm_head.weight"]
+        return self.text.from_hub(text, where)
+
+    def to_hub(self, named, source: str | None = None):
+        for name, t in self.text.to_hub(named):
+            yield (LANGUAGE_MODEL + name[len("model.") :] if name.startswith("model.") else name), t
+        if source is not None:
+            yield from untrained_tensors(source)
+
+
+def untrained_tensors(folder: str):
+    """(name, tensor) of a multimodal checkpoint's tensors outside its language model (vision tower, MTP head),
+    read from ``folder``'s safetensors files."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                if not key.startswith(LANGUAGE_MODEL) and key != "lm_head.weight":
+                    yield key, f.get_tensor(key)
+
+
+QWEN3_5 = Qwen3_5("qwen3_5", QWEN3_5_TEXT)
+QWEN3_5_MOE = Qwen3_5("qwen3_5_moe", QWEN3_5_MOE_TEXT)
