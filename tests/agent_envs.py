@@ -34,6 +34,12 @@ class Countdown(Environment):
         return 0.5  # a final reward, added to the turns'
 
 
+class ShortCountdown(Countdown):
+    """Countdown without tools: its reset() prompt is short (a model of 1024 positions holds it)."""
+
+    max_prompt_tokens = 128
+
+
 class Broken(Environment):
     """Fails in the way ``ctx.kwargs["how"]`` names, on the first step of samples whose index is in
     ``ctx.kwargs["which"]`` (all when absent); otherwise a plain one-turn episode with reward 1."""

@@ -251,7 +251,7 @@ def test_sigkill_with_agent_episodes_in_flight_resumes_every_prompt_once(tmp_pat
             # observation about 10
             "rollout.rollout_max_response_len": 32,
             "rollout.custom_generate_function_path": "reinforge.rollout.agent:generate",
-            "agent.environment": "tests.agent_envs:Countdown",
+            "agent.environment": "tests.agent_envs:ShortCountdown",
             "agent.max_turns": 3,
             "agent.max_turn_tokens": 4,
             "run.save_interval": 1,
