@@ -1,0 +1,132 @@
+"""Faults from outside (issue 57, item 16): a crash after a rollback, errors raised at run time,
+the "directory in use" message under a supervisor, a checkpoint folder that turns read-only, a
+read-only output directory, an absent device, a reward function that leaks memory, the lines of a
+stale ``checkpoints/latest`` and of a Ctrl-C during start-up. Each test runs without a model (or
+on fakes of the loop), in a few seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge import checkpoint as ckpt
+from reinforge.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_write(tmp: Path) -> None:
+    """The trainers' part of a checkpoint, in miniature (the files resume checks)."""
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64}))
+    (tmp / "model" / "model.safetensors").write_bytes(os.urandom(256))
+    (tmp / "dcp" / "actor").mkdir(parents=True)
+    (tmp / "dcp" / "actor" / ".metadata").write_bytes(b"meta")
+    torch.save({"actor": {"skipped_steps": 0}}, tmp / "trainer_state.pt")
+
+
+def save(root: Path, i: int) -> Path:
+    state = {"rollout_id": i, "weight_version": i + 1, "data": {"epoch": 0, "offset": 2 * i, "size": 8}, "config": {}}
+    return ckpt.save_checkpoint(root, i, fake_write, state)
+
+
+# ----------------------------------------------------------------------------- run-time errors are not usage errors
+
+
+class FakeLoop:
+    """Stands for RLLoop in `reinforge train`: ``fail_init`` / ``fail_train`` raise at start-up / at run time."""
+
+    fail_init: BaseException | None = None
+    fail_train: BaseException | None = None
+    closed = False
+
+    def __init__(self, cfg):
+        if FakeLoop.fail_init is not None:
+            raise FakeLoop.fail_init
+
+    def train(self):
+        if FakeLoop.fail_train is not None:
+            raise FakeLoop.fail_train
+
+    def close(self):
+        FakeLoop.closed = True
+
+
+@pytest.fixture
+def fake_train(monkeypatch, tmp_path):
+    from reinforge import cli
+
+    monkeypatch.setattr("reinforge.loop.RLLoop", FakeLoop)
+    monkeypatch.setattr(cli, "_preflight_rl", lambda cfg: None)
+    failure = tmp_path / "failure.txt"
+    monkeypatch.setenv("REINFORGE_FAILURE_FILE", str(failure))
+    FakeLoop.fail_init = FakeLoop.fail_train = None
+    FakeLoop.closed = False
+    return ["train", f"run.output_dir={tmp_path / 'run'}"], failure
+
+
+def test_an_error_raised_at_run_time_keeps_its_traceback(fake_train, capsys):
+    """Before: a KeyError of a custom generate function printed `reinforge train: error: missing_key`,
+    exit 2, and the supervisor did not relaunch. Now it propagates (traceback, exit 1) and is recorded."""
+    from reinforge.cli import main
+
+    args, failure = fake_train
+    for error in (KeyError("missing_key"), ValueError("bad value"), FileNotFoundError("gone.txt")):
+        FakeLoop.fail_train = error
+        with pytest.raises(type(error)):
+            main(args)
+        assert FakeLoop.closed
+        assert failure.read_text().startswith(type(error).__name__)
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_the_same_error_at_start_up_is_a_usage_error(fake_train, capsys):
+    from reinforge.cli import main
+
+    args, failure = fake_train
+    FakeLoop.fail_init = FileNotFoundError("data.prompt_data='x.jsonl': no such file")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == "reinforge train: error: data.prompt_data='x.jsonl': no such file\n"
+    assert failure.read_text().startswith("UsageError: data.prompt_data")
+    FakeLoop.fail_init = KeyError("missing_key")
+    assert main(args) == 2 and capsys.readouterr().err == "reinforge train: error: missing_key\n"
+
+
+def test_startup_turns_plain_errors_into_usage_errors():
+    from reinforge.startup import StartupInterrupted, UsageError, startup
+
+    with pytest.raises(UsageError, match="^no such file$") as e:
+        with startup():
+            raise FileNotFoundError("no such file")
+    assert isinstance(e.value, ConfigError) and isinstance(e.value.__cause__, FileNotFoundError)
+    with pytest.raises(ConfigError) as c:
+        with startup():
+            raise ConfigError("as it is")
+    assert type(c.value) is ConfigError
+    with pytest.raises(RuntimeError):  # not an input problem: unchanged
+        with startup():
+            raise RuntimeError("x")
+    with pytest.raises(StartupInterrupted):
+        with startup():
+            raise KeyboardInterrupt()
+
+
+def test_ctrl_c_during_start_up_says_so(fake_train, capsys):
+    """Before: `reinforge train: interrupted (); no checkpoint was written at this point`."""
+    from reinforge.cli import main
+
+    args, _ = fake_train
+    FakeLoop.fail_init = KeyboardInterrupt()
+    assert main(args) == 130
+    assert capsys.readouterr().err == (
+        "reinforge train: interrupted (Ctrl-C) during start-up, before the run began: nothing was trained\n"
+    )
+    FakeLoop.fail_init, FakeLoop.fail_train = None, KeyboardInterrupt()  # a second Ctrl-C during the run
+    assert main(args) == 130
+    assert "interrupted (Ctrl-C); no checkpoint was written at this point" in capsys.readouterr().err
