@@ -30,6 +30,12 @@ damaged, and :func:`check_model_shape` refuses a checkpoint of a differently sha
 save, :func:`prune_checkpoints` keeps the new checkpoint and the newest intact older ones
 (``run.keep_last_n_checkpoints``) and can drop the optimizer state of the older ones
 (``run.save_optimizer: newest``).
+
+Loading an older checkpoint of the run itself is a rollback: :func:`retire_newer` makes it
+``latest`` and moves the checkpoints after it into ``checkpoints/abandoned/``, so a crash and
+``run.recover=auto`` continue the line the user chose, not the one rolled away from. The move is
+recorded first in ``checkpoints/retiring.json`` and completed by :func:`finish_retiring` (which
+every resume calls) if a crash interrupts it.
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import pickle
 import random
 import shutil
+import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +63,8 @@ from .utils.fs import DiskFullError, atomic_directory, atomic_write_text, held_b
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
+ABANDONED = "abandoned"  # checkpoints/abandoned/<time>-after-<name>/: the line a rollback left
+RETIRING = "retiring.json"  # a rollback's moves, written before them (finish_retiring completes them)
 MANIFEST = "manifest.json"
 OPTIM_SUFFIX = "_optim"  # dcp/actor_optim: the optimizer state of dcp/actor
 
@@ -442,6 +452,58 @@ def list_checkpoints(root: Path, prefix: str = "rollout") -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(prefix) + 1 :]), reverse=True)
 
 
+def _index(p: Path, prefix: str) -> int:
+    return int(p.name[len(prefix) + 1 :])
+
+
+def retire_newer(root: Path, kept: Path, prefix: str = "rollout") -> list[Path]:
+    """Make checkpoint ``kept`` (a checkpoint of ``root``) the newest of ``root``: ``latest`` names
+    it and every checkpoint of ``prefix`` with a higher index (intact or not) is moved into
+    ``root/abandoned/<UTC time>-after-<kept name>/`` (kept, not deleted: the user may want them
+    back). The plan is written to ``root/retiring.json`` before anything moves, so an interruption
+    is completed by the next :func:`finish_retiring`; nothing else changes.
+
+    Returns:
+        the checkpoints' new paths (empty: none was newer).
+    """
+    root, kept = Path(root), Path(kept)
+    newer = [p for p in list_checkpoints(root, prefix) if _index(p, prefix) > _index(kept, prefix)]
+    if not newer:
+        if (root / LATEST).is_file() and (root / LATEST).read_text().strip() != kept.name:
+            atomic_write_text(root / LATEST, kept.name + "\n")
+        return []
+    into = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-after-{kept.name}"
+    plan = {"kept": kept.name, "into": into, "checkpoints": [p.name for p in newer]}
+    atomic_write_text(root / RETIRING, json.dumps(plan, indent=1))
+    return finish_retiring(root)
+
+
+def finish_retiring(root: Path) -> list[Path]:
+    """Complete the rollback recorded in ``root/retiring.json`` (:func:`retire_newer`): point
+    ``latest`` at the kept checkpoint, move the listed checkpoints still in ``root`` into
+    ``root/abandoned/<into>/``, delete the record. Returns the checkpoints' new paths (empty:
+    nothing was pending)."""
+    root = Path(root)
+    try:
+        plan = json.loads((root / RETIRING).read_text())
+    except FileNotFoundError:
+        return []
+    except ValueError:  # cut short while written: atomic_write_text makes this unlikely; nothing moved yet
+        (root / RETIRING).unlink(missing_ok=True)
+        return []
+    atomic_write_text(root / LATEST, plan["kept"] + "\n")
+    into = root / ABANDONED / plan["into"]
+    into.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for name in plan["checkpoints"]:
+        if (root / name).is_dir():
+            os.replace(root / name, into / name)
+        if (into / name).is_dir():
+            moved.append(into / name)
+    (root / RETIRING).unlink()
+    return moved
+
+
 def remove_partial_saves(root: Path) -> list[str]:
     """Delete the hidden temporary folders interrupted saves left in ``root`` (``.rollout_*``,
     ``.old-*``); returns their names."""
@@ -502,6 +564,7 @@ def load_candidates(
     else:
         root = roots[0]
         if not held_by_another(root.parent if root.name == "checkpoints" else root):  # never a live run's save
+            finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
             gone = remove_partial_saves(root)
             if gone:
                 (warn or log.warning)(

@@ -12,6 +12,7 @@ from pathlib import Path
 from .config import SECTIONS, ConfigError, load_config
 from .run_dir import check_output_dir
 from .startup import StartupInterrupted, startup
+from .supervisor import PARENT_ENV
 from .utils.logging import check_wandb
 
 log = logging.getLogger("reinforge")
@@ -37,6 +38,10 @@ def _train(args: argparse.Namespace) -> int:
         check_output_dir(cfg.run)
         check_wandb(cfg.run)
         _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
+        if not os.environ.get(PARENT_ENV):  # once per command: a supervised relaunch resumes the line chosen here
+            from .recover import follow_load
+
+            follow_load(cfg.run)
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
@@ -127,6 +132,9 @@ def _offline(args: argparse.Namespace) -> None:
         check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
         if main_rank:
             check_wandb(cfg.run)
+            from .recover import follow_load
+
+            follow_load(cfg.run, "step")
     from .offline_loop import OfflineLoop
     from .utils.fs import lock_directory
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +129,85 @@ def test_ctrl_c_during_start_up_says_so(fake_train, capsys):
     FakeLoop.fail_init, FakeLoop.fail_train = None, KeyboardInterrupt()  # a second Ctrl-C during the run
     assert main(args) == 130
     assert "interrupted (Ctrl-C); no checkpoint was written at this point" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- a crash after a rollback
+
+
+def run_config(out: Path, *overrides: str):
+    from reinforge.config import load_config
+
+    return load_config(None, [f"run.output_dir={out}", *overrides]).run
+
+
+def test_a_rollback_makes_recovery_follow_the_chosen_line(tmp_path, caplog):
+    """Before: after `--load checkpoints/rollout_000001` in the same run directory, a crash and
+    run.recover=auto resumed rollout_000003 of the abandoned line."""
+    from reinforge.recover import follow_load, recover_candidates
+
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    for i in range(4):
+        save(root, i)
+    with caplog.at_level("WARNING"):
+        moved = follow_load(run_config(out, f"run.load={root / 'rollout_000001'}"))
+    assert [p.name for p in moved] == ["rollout_000003", "rollout_000002"]
+    assert all(p.parent.parent == root / "abandoned" and p.parent.name.endswith("-after-rollout_000001") for p in moved)
+    assert all(ckpt.checkpoint_problem(p) is None for p in moved)  # kept intact, not deleted
+    assert "rolling back to rollout_000001; its 2 newer checkpoint(s) (rollout_000003, rollout_000002)" in caplog.text
+    assert (root / "latest").read_text().strip() == "rollout_000001"
+    assert [p.name for p in recover_candidates(out)] == ["rollout_000001", "rollout_000000"]  # the crash's resume
+    assert ckpt.load_candidates(out)[0].name == "rollout_000001"  # --load RUN_DIR too
+    assert follow_load(run_config(out, f"run.load={out}")) == []  # the newest already: nothing to move
+
+
+def test_an_interrupted_rollback_is_completed_before_a_resume(tmp_path):
+    from reinforge.recover import recover_candidates
+
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    for i in range(3):
+        save(root, i)
+    plan = {
+        "kept": "rollout_000000",
+        "into": "t-after-rollout_000000",
+        "checkpoints": ["rollout_000002", "rollout_000001"],
+    }
+    (root / ckpt.RETIRING).write_text(json.dumps(plan))
+    (root / ckpt.ABANDONED / plan["into"]).mkdir(parents=True)
+    os.replace(root / "rollout_000002", root / ckpt.ABANDONED / plan["into"] / "rollout_000002")  # crash after one move
+    assert [p.name for p in recover_candidates(out)] == ["rollout_000000"]
+    assert not (root / ckpt.RETIRING).exists()
+    assert sorted(p.name for p in (root / ckpt.ABANDONED / plan["into"]).iterdir()) == [
+        "rollout_000001",
+        "rollout_000002",
+    ]
+
+
+def test_max_restarts_with_load_honours_a_rollback_and_says_when_load_is_not_used(tmp_path, monkeypatch, caplog):
+    """Before: `--max-restarts 2 --load <older checkpoint>` resumed the newest checkpoint silently."""
+    from reinforge import cli, supervisor
+
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    for i in range(3):
+        save(root, i)
+    seen = []
+    monkeypatch.setattr(supervisor, "supervise", lambda args, *a, **k: seen.append(recover_newest(out)) or 0)
+    monkeypatch.delenv(supervisor.PARENT_ENV, raising=False)
+    base = ["train", f"run.output_dir={out}", "--max-restarts=2"]
+    assert cli.main([*base, f"--load={root / 'rollout_000000'}"]) == 0
+    assert seen == ["rollout_000000"]  # every attempt resumes the loaded checkpoint's line
+    other = tmp_path / "other" / "checkpoints"
+    save(other, 5)
+    save(root, 1)
+    with caplog.at_level("WARNING"):
+        assert cli.main([*base, f"--load={other / 'rollout_000005'}"]) == 0
+    assert f"run.load={other / 'rollout_000005'} is not used: {root} already holds checkpoints" in caplog.text
+    assert seen[-1] == "rollout_000001"
+
+
+def recover_newest(out: Path) -> str:
+    from reinforge.recover import recover_candidates
+
+    return recover_candidates(out)[0].name
