@@ -38,11 +38,13 @@ import threading
 import time
 from pathlib import Path
 
+from .utils.fs import SUPERVISOR_PID_ENV
+
 log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
 DISK_FULL = 74  # `reinforge` exits 74 (sysexits' EX_IOERR) when the disk is full: relaunching would fail again
-PARENT_ENV = "REINFORGE_SUPERVISOR_PID"  # set in the child: the supervisor's pid, for watch_parent
+PARENT_ENV = SUPERVISOR_PID_ENV  # set in the child: the supervisor's pid, for watch_parent and the lock's message
 FAILURE_ENV = "REINFORGE_FAILURE_FILE"  # set in the child: where record_failure writes the error that ended it
 
 

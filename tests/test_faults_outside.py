@@ -211,3 +211,25 @@ def recover_newest(out: Path) -> str:
     from reinforge.recover import recover_candidates
 
     return recover_candidates(out)[0].name
+
+
+# ----------------------------------------------------------------------------- the directory in use
+
+
+def test_directory_in_use_names_the_supervisor_to_stop(tmp_path, monkeypatch):
+    """Before: `kill -TERM <pid>` of the trainer, which the supervisor then relaunched."""
+    from reinforge.utils.fs import DirectoryLocked, lock_directory
+
+    monkeypatch.setenv("REINFORGE_SUPERVISOR_PID", "4242")  # as in a supervised trainer
+    with lock_directory(tmp_path):
+        monkeypatch.delenv("REINFORGE_SUPERVISOR_PID")
+        with pytest.raises(DirectoryLocked) as e:
+            with lock_directory(tmp_path):
+                pass
+    msg = str(e.value)
+    assert f"(pid {os.getpid()}, supervisor pid 4242: " in msg
+    assert "stop its supervisor with kill -TERM 4242 (the trainer, pid" in msg
+    with lock_directory(tmp_path):  # unsupervised: the trainer's own pid
+        with pytest.raises(DirectoryLocked, match=f"stop it with kill -TERM {os.getpid()} \\(it writes a recover"):
+            with lock_directory(tmp_path):
+                pass

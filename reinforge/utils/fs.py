@@ -97,6 +97,28 @@ LOCK_FILE = ".reinforge.lock"
 
 
 _HELD: set[Path] = set()  # directories whose lock this process holds
+SUPERVISOR_PID_ENV = "REINFORGE_SUPERVISOR_PID"  # reinforge.supervisor.PARENT_ENV: set in a supervised trainer
+
+
+def locked_message(directory: Path, what: str, holder: str) -> str:
+    """The refusal of a second process in a locked directory. ``holder`` is the lock file's line
+    (``pid 12, supervisor pid 11: <command>``): a supervised trainer is stopped through its
+    supervisor (``kill -TERM`` of the trainer alone would be relaunched by the supervisor)."""
+    import re
+
+    m = re.match(r"pid (\d+)(?:, supervisor pid (\d+))?", holder)
+    if m and m.group(2):
+        stop = (
+            f"stop its supervisor with kill -TERM {m.group(2)} (the trainer, pid {m.group(1)}, then writes a "
+            f"recover checkpoint and the supervisor does not relaunch it; a kill of the trainer alone would be "
+            f"relaunched)"
+        )
+    else:
+        stop = f"stop it with kill -TERM {m.group(1) if m else '<pid>'} (it writes a recover checkpoint)"
+    return (
+        f"{what}={directory} is in use by another reinforge process ({holder}): wait for it to finish or {stop}, "
+        f"or choose another {what}"
+    )
 
 
 def held_by_another(directory: Path) -> bool:
@@ -148,14 +170,13 @@ def lock_directory(directory: Path, what: str = "run.output_dir", create: bool =
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            raise DirectoryLocked(
-                f"{what}={directory} is in use by another reinforge process ({holder}): wait for it to finish or "
-                f"stop it (kill -TERM <pid> writes a recover checkpoint), or choose another {what}"
-            ) from None
+            raise DirectoryLocked(locked_message(directory, what, holder)) from None
         os.ftruncate(fd, 0)
         import sys
 
-        os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
+        supervisor = os.environ.get(SUPERVISOR_PID_ENV, "")
+        by = f", supervisor pid {supervisor}" if supervisor.isdigit() else ""
+        os.pwrite(fd, f"pid {os.getpid()}{by}: {' '.join(sys.argv)}\n".encode(), 0)
         _HELD.add(directory.resolve())
         try:
             yield path
