@@ -58,7 +58,15 @@ import numpy as np
 import torch
 
 from .utils import faults
-from .utils.fs import DiskFullError, atomic_directory, atomic_write_text, held_by_another, is_disk_full
+from .utils.fs import (
+    DiskFullError,
+    NotWritableError,
+    atomic_directory,
+    atomic_write_text,
+    held_by_another,
+    is_disk_full,
+    not_writable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +137,37 @@ def save_checkpoint(
         the checkpoint directory.
     Raises:
         DiskFullError: the filesystem filled during the save (nothing already written changed).
+        NotWritableError: ``root`` is not writable (read-only filesystem, permissions); the message
+            names it and the newest intact checkpoint, without the random name of the temporary folder.
     """
     root = Path(root)
     final = root / checkpoint_name(index, prefix)
+    try:
+        _save(root, final, write, state, prefix)
+    except (DiskFullError, NotWritableError):
+        raise
+    except Exception as e:
+        cause = not_writable(e, root)
+        if cause is None:
+            raise
+        raise NotWritableError(cause.errno, _not_writable_message(root, final.name, prefix, cause)) from e
+    prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
+    return final
+
+
+def _not_writable_message(root: Path, name: str, prefix: str, cause: OSError) -> str:
+    previous = next((p for p in list_checkpoints(root, prefix) if p.name != name), None)
+    kept = f"the newest checkpoint is {previous}" if previous else "no earlier checkpoint exists in this run"
+    return (
+        f"checkpoint {name} could not be written: its folder {root} is not writable "
+        f"({cause.strerror or errno.errorcode.get(cause.errno or 0, cause)}); nothing already written changed and "
+        f"{kept}. Make {root} writable (remount it read-write, fix its permissions) or move run.output_dir, then "
+        f"resume with run.recover=auto or --load"
+    )
+
+
+def _save(root: Path, final: Path, write: Callable[[Path], None], state: dict[str, Any], prefix: str) -> None:
+    """:func:`save_checkpoint` without the pruning and the unwritable-folder message."""
     try:
         with atomic_directory(final) as tmp:
             try:
@@ -154,8 +190,6 @@ def save_checkpoint(
             f"not be updated (run.recover=auto and --load of the run directory still "
             f"find it); free space before the next save",
         ) from e
-    prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
-    return final
 
 
 def prune_checkpoints(

@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     from .reward.manager import RewardFunctionFailing
     from .supervisor import DISK_FULL, record_failure
-    from .utils.fs import DirectoryLocked, DiskFullError
+    from .utils.fs import DirectoryLocked, DiskFullError, NotWritableError
 
     phased = args.func in (_train, _offline, _eval)  # these mark their start-up themselves; others are all start-up
     try:
@@ -515,6 +515,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
         return DISK_FULL
+    except NotWritableError as e:  # a checkpoint folder turned read-only: one line naming it; relaunched once
+        record_failure(e)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # a Ctrl-C outside a rollout boundary (or a second one)
         print(interrupted_line(args.command, e), file=sys.stderr)
         return 130

@@ -8,7 +8,8 @@ usage error. Each relaunch resumes from the newest complete checkpoint of the sa
 recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran, the
 error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), and a
 failure whose error (type and first line of the message, which the child writes through
-:func:`record_failure`) repeats that of the attempt before: the same cause twice will not go away
+:func:`record_failure`; compared without temporary names' random parts, pids and addresses,
+:func:`normalise_error`) repeats that of the attempt before: the same cause twice will not go away
 by relaunching (a reward module's syntax error, every reward failing). Deaths by a signal carry no
 message and are relaunched up to the limit.
 
@@ -30,6 +31,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +61,29 @@ def record_failure(e: BaseException) -> None:
         Path(path).write_text(f"{type(e).__name__}: {text[0] if text else ''}"[:2000])
     except OSError:
         pass  # (a full disk): the exit status still tells
+
+
+# What differs between two attempts that failed for one cause: the random part of temporary names
+# (tempfile's 8 characters after `tmp` or after the prefix's `.`: `.rollout_000001.1r9nj8bd`), pids,
+# memory addresses.
+_RANDOM_PARTS = (
+    (re.compile(r"(?<=tmp)[a-z0-9_]{8}\b|(?<=\.)[a-z0-9_]{8}(?=[/'\"\s:),]|$)"), "*"),
+    (re.compile(r"\bpid \d+"), "pid N"),
+    (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "0x*"),
+)
+
+
+def normalise_error(error: str | None) -> str | None:
+    """``error`` (``Type: first line``, from :func:`record_failure`) without what differs between
+    attempts that failed for one cause: temporary folders' random names, pids, addresses. The
+    supervisor compares attempts by this (before, a checkpoint folder that had turned read-only
+    named another temporary folder at each attempt, and the run was relaunched until no restarts
+    were left)."""
+    if error is None:
+        return None
+    for pattern, replacement in _RANDOM_PARTS:
+        error = pattern.sub(replacement, error)
+    return error
 
 
 _PR_SET_PDEATHSIG = 1
@@ -193,7 +218,7 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
                     DISK_FULL,
                 )
                 return status
-            if error is not None and error == last_error:
+            if error is not None and normalise_error(error) == normalise_error(last_error):
                 log.error(
                     "training failed twice with the same error (%s): not relaunching, a restart would fail again", error
                 )

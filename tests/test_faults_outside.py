@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,60 @@ def test_directory_in_use_names_the_supervisor_to_stop(tmp_path, monkeypatch):
         with pytest.raises(DirectoryLocked, match=f"stop it with kill -TERM {os.getpid()} \\(it writes a recover"):
             with lock_directory(tmp_path):
                 pass
+
+
+# ----------------------------------------------------------------------------- a checkpoint folder turns read-only
+
+
+def test_a_read_only_checkpoint_folder_is_named_in_one_line(tmp_path):
+    """Before: a raw traceback naming `.rollout_000001.<random>/...`."""
+    import errno
+
+    from reinforge.utils.fs import NotWritableError
+
+    root = tmp_path / "run" / "checkpoints"
+    save(root, 0)
+
+    def read_only(tmp: Path) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp / "model" / "model.safetensors"))
+
+    state = {"rollout_id": 1, "weight_version": 2, "data": {}, "config": {}}
+    with pytest.raises(NotWritableError) as e:
+        ckpt.save_checkpoint(root, 1, read_only, state)
+    msg = e.value.strerror
+    assert msg.startswith(f"checkpoint rollout_000001 could not be written: its folder {root} is not writable")
+    assert "(Read-only file system)" in msg and f"the newest checkpoint is {root / 'rollout_000000'}" in msg
+    assert ".rollout_000001." not in msg and e.value.errno == errno.EROFS
+    assert [p.name for p in ckpt.list_checkpoints(root)] == ["rollout_000000"]  # nothing else changed
+    with pytest.raises(RuntimeError, match="a bug"):  # a writable folder: the error as it is
+        ckpt.save_checkpoint(root, 1, lambda t: (_ for _ in ()).throw(RuntimeError("a bug")), state)
+
+
+def test_errors_compared_without_random_temporary_names():
+    from reinforge.supervisor import normalise_error
+
+    a = "OSError: [Errno 30] Read-only file system: '/r/checkpoints/.rollout_000001.1r9nj8bd/model/model.safetensors'"
+    b = "OSError: [Errno 30] Read-only file system: '/r/checkpoints/.rollout_000001.x_7qa02k/model/model.safetensors'"
+    assert a != b and normalise_error(a) == normalise_error(b)
+    assert normalise_error("RuntimeError: in /tmp/tmpab12cd34/x (pid 123)") == "RuntimeError: in /tmp/tmp*/x (pid N)"
+    assert normalise_error("ValueError: rollout_000001 bad") != normalise_error("ValueError: rollout_000002 bad")
+
+
+CHILD = """
+import os, sys, tempfile
+from pathlib import Path
+n = len(list(Path(sys.argv[1]).glob("attempt*")))
+Path(sys.argv[1], f"attempt{n}").touch()
+tmp = tempfile.mkdtemp(prefix=".rollout_000001.", dir=sys.argv[1])
+Path(os.environ["REINFORGE_FAILURE_FILE"]).write_text(f"OSError: [Errno 30] Read-only file system: '{tmp}/rng.pt'")
+sys.exit(1)
+"""
+
+
+def test_the_supervisor_stops_when_only_a_temporary_name_differs(tmp_path):
+    """Before: rollout 1 was trained 3 times (each attempt's error named another temporary folder)."""
+    from reinforge.supervisor import supervise
+
+    status = supervise([], tmp_path, max_restarts=5, command=[sys.executable, "-c", CHILD, str(tmp_path)])
+    rows = [json.loads(x) for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
+    assert status == 1 and len(rows) == 2 and rows[0]["error"] != rows[1]["error"]

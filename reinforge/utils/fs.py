@@ -93,6 +93,42 @@ class DiskFullError(OSError):
     (``reinforge.checkpoint.DiskFullError`` is this class)."""
 
 
+class NotWritableError(OSError):
+    """A checkpoint could not be written because its folder is not writable (read-only filesystem,
+    permissions: ``errno.EROFS`` / ``EACCES`` / ``EPERM``); the message names the folder, what was
+    not written and what is intact."""
+
+
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def not_writable(e: BaseException, where: Path) -> OSError | None:
+    """The ``OSError`` (EROFS, EACCES or EPERM) that made a write under ``where`` fail: ``e`` or an
+    exception it was raised from whose file is under ``where``, or, for a writer that reports no
+    errno or file (torch's ``RuntimeError`` "cannot be opened"), the error of creating a file in
+    ``where`` now. None: the folder is writable."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    root = Path(where).resolve()
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in _NOT_WRITABLE and x.filename is not None:
+            name = Path(os.fsdecode(x.filename)).resolve()
+            if name == root or root in name.parents:
+                return x
+        x = x.__cause__ or x.__context__
+    folder = Path(where)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe.")
+    except OSError as probe_error:
+        return probe_error if probe_error.errno in _NOT_WRITABLE else None
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 LOCK_FILE = ".reinforge.lock"
 
 
