@@ -35,6 +35,11 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   the free memory (``torch.cuda.mem_get_info``; the engine then takes as many slots as that share
   holds). The Ray placements' memory is estimated by :mod:`reinforge.cluster.resources`.
 
+* **device and output directory**: ``train.device`` must name a device this machine has (``tpu``,
+  ``cuda`` without a visible GPU, ``cuda:7`` on a one-GPU machine are refused, naming the devices
+  there) (:func:`device_problems`); ``run.output_dir`` (or the folder it would be created in) must
+  be writable (a read-only filesystem, permissions) (:func:`output_dir_problems`).
+
 Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one
 token: only what fails for every prompt is refused, in a second. The exact check runs once the
 datasets are loaded, from :func:`reinforge.cluster.resources.check_placement`, before the trainer
@@ -426,6 +431,61 @@ def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int
     return out + Layout(1, cp, tp, ep, pp, vpp, sp).config_problems(model_config)
 
 
+def _visible_devices() -> str:
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"cpu and {n} CUDA GPU(s) (cuda:0..cuda:{n - 1})" if n else "cpu only (no CUDA GPU is visible)"
+
+
+def device_problems(name: str, key: str = "train.device") -> list[str]:
+    """``train.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``...) against the devices this
+    machine has: a type torch does not know, a CUDA device without a visible GPU, an index past the
+    GPUs. Empty when the device exists."""
+    if name == "auto":
+        return []
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        return [
+            f"{key}={name!r} is not a device type torch knows; use auto, cpu, cuda or cuda:N (this machine: "
+            f"{_visible_devices()})"
+        ]
+    if dev.type == "cpu":
+        return []
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if dev.index is None and n == 0 or dev.index is not None and dev.index >= n:
+            return [f"{key}={name!r}: this machine has {_visible_devices()}; use {key}=auto or cpu, or a cuda:N it has"]
+        return []
+    if dev.type == "mps" and torch.backends.mps.is_available():
+        return []
+    module = getattr(torch, dev.type, None)  # xpu, ... expose is_available()
+    if module is not None and callable(getattr(module, "is_available", None)) and module.is_available():
+        return []
+    return [
+        f"{key}={name!r}: no {dev.type} device is available here (this machine: {_visible_devices()}); use "
+        f"{key}=auto or cpu"
+    ]
+
+
+def output_dir_problems(output_dir: str | Path, key: str = "run.output_dir") -> list[str]:
+    """``run.output_dir`` must be writable: the folder itself, or the nearest existing folder it
+    would be created in (a file is created and deleted there). Empty when it is."""
+    from .utils.fs import write_probe
+
+    folder = Path(output_dir).expanduser()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return [f"{key}={output_dir}: {folder} is a file, not a folder; choose another {key}"]
+    error = write_probe(folder)
+    if error is None:
+        return []
+    return [
+        f"{key}={output_dir} is not writable ({error.strerror or error}: {folder}); the run could write no checkpoint "
+        f"or metrics there: choose a writable {key}, or remount / fix the permissions of {folder}"
+    ]
+
+
 def _raise(problems: list[str]) -> None:
     if problems:
         parts = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p};" for i, p in enumerate(problems, 1))
@@ -482,6 +542,7 @@ def check_rl(
     from .plan.planner import resolve_config, training_problems
     from .utils.device import resolve_device
 
+    _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))
     model_config = read_model_config(model_folder)
     device = device or resolve_device(cfg.train.device)
     cfg, plan = resolve_config(
@@ -537,7 +598,9 @@ def check_generate(
             f"by at least {1 - room} tokens, or use a model with a longer context window"
         )
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
-    device = device or resolve_device(cfg.train.device)
+    if device is None:
+        problems += device_problems(cfg.train.device)
+    device = device or (resolve_device(cfg.train.device) if not problems else torch.device("cpu"))
     if not problems and cfg.engine.backend == "embedded" and is_native_config(model_config):
         plan = kv_cache_plan(cfg, Path(model_folder), total, device, max_seqs=n)  # the engine is built for --n
         if n > plan.slots:

@@ -291,3 +291,62 @@ def test_the_supervisor_stops_when_only_a_temporary_name_differs(tmp_path):
     status = supervise([], tmp_path, max_restarts=5, command=[sys.executable, "-c", CHILD, str(tmp_path)])
     rows = [json.loads(x) for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
     assert status == 1 and len(rows) == 2 and rows[0]["error"] != rows[1]["error"]
+
+
+# ----------------------------------------------------------------------------- start-up: device, output directory
+
+
+def test_a_device_this_machine_lacks_is_refused_in_words(monkeypatch):
+    """Before: `train.device=tpu`, `cuda` or `cuda:7` on a CPU machine ended in a raw traceback (exit 1)."""
+    from reinforge.preflight import device_problems
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert device_problems("auto") == device_problems("cpu") == []
+    assert device_problems("tpu") == [
+        "train.device='tpu' is not a device type torch knows; use auto, cpu, cuda or cuda:N (this machine: cpu only "
+        "(no CUDA GPU is visible))"
+    ]
+    for name in ("cuda", "cuda:7"):
+        assert device_problems(name)[0].startswith(f"train.device='{name}': this machine has cpu only")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_problems("cuda") == device_problems("cuda:1") == []
+    assert "2 CUDA GPU(s) (cuda:0..cuda:1)" in device_problems("cuda:7")[0]
+
+
+def test_cli_refuses_an_absent_device_before_building_anything(tmp_path, monkeypatch, capsys):
+    from reinforge import cli
+
+    monkeypatch.setattr("reinforge.loop.RLLoop", lambda cfg: pytest.fail("got to the loop"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("tpu", "cuda:7"):
+        assert cli.main(["train", f"run.output_dir={tmp_path / 'run'}", f"train.device={device}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"reinforge train: error: this run cannot start: train.device='{device}'")
+        assert err.count("\n") == 1
+
+
+@pytest.mark.skipif(not __import__("shutil").which("bwrap"), reason="needs bubblewrap for a read-only mount")
+def test_a_read_only_output_directory_is_refused_at_start(tmp_path):
+    """Before: a raw `OSError: [Errno 30] Read-only file system` traceback after 42 s."""
+    import subprocess
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    code = (
+        "from reinforge.preflight import output_dir_problems as p; import sys; "
+        f"print(p({str(ro / 'run')!r})[0]); print(len(p({str(tmp_path / 'rw')!r})))"
+    )
+    bwrap = ["bwrap", "--bind", "/", "/", "--ro-bind", str(ro), str(ro), "--dev", "/dev", "--proc", "/proc"]
+    out = subprocess.run(
+        [*bwrap, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, out.stderr[-2000:]
+    assert lines[0].startswith(f"run.output_dir={ro / 'run'} is not writable (Read-only file system: {ro})")
+    assert lines[1] == "0"

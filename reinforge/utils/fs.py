@@ -120,10 +120,16 @@ def not_writable(e: BaseException, where: Path) -> OSError | None:
     folder = Path(where)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
+    return write_probe(folder)
+
+
+def write_probe(folder: Path) -> OSError | None:
+    """Create and delete a hidden file in ``folder``: the ``OSError`` when that is refused for want
+    of write access (EROFS, EACCES, EPERM), else None."""
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe.")
-    except OSError as probe_error:
-        return probe_error if probe_error.errno in _NOT_WRITABLE else None
+    except OSError as e:
+        return e if e.errno in _NOT_WRITABLE else None
     os.close(fd)
     os.unlink(probe)
     return None
