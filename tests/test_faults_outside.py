@@ -350,3 +350,29 @@ def test_a_read_only_output_directory_is_refused_at_start(tmp_path):
     assert out.returncode == 0 and len(lines) == 2, out.stderr[-2000:]
     assert lines[0].startswith(f"run.output_dir={ro / 'run'} is not writable (Read-only file system: {ro})")
     assert lines[1] == "0"
+
+
+# ----------------------------------------------------------------------------- a reward function that leaks memory
+
+
+def test_a_leaking_reward_worker_is_replaced_past_the_memory_limit(caplog):
+    """Before: a worker grew without limit, with no warning. `tests.reward_fns:leaks` keeps 40 MiB per call."""
+    from reinforge.config import RewardConfig
+    from reinforge.records import Sample
+    from reinforge.reward import RewardManager
+
+    cfg = RewardConfig(type="custom", function_path="tests.reward_fns:leaks", worker_max_memory_mb=100)
+    m = RewardManager(cfg)
+    try:
+        s = Sample(prompt="p", tokens=[1, 2], response_length=1, response="x", label="1")
+        with caplog.at_level("WARNING"):
+            held = []
+            for _ in range(4):
+                m.score([s])
+                held.append(s.reward)
+        assert held == [1.0, 2.0, 3.0, 1.0]  # the fourth call ran in a new worker
+        assert m.pool.recycled == 1
+        assert "past reward.worker_max_memory_mb=100: replaced by a new worker (1 so far)" in caplog.text
+    finally:
+        m.close()
+    assert RewardConfig().worker_max_memory_mb == 4096  # the default bounds a leak; 0 turns it off
