@@ -398,11 +398,34 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run directory, or ``None`` when it has none."""
+    """The newest complete checkpoint of a run directory (the one ``checkpoints/latest`` names; where
+    that one is gone, the newest one listed), or ``None`` when it has none (:func:`no_checkpoint_reason`
+    says why)."""
     try:
         return resolve_checkpoint(run_dir)
     except FileNotFoundError:
-        return None
+        pass
+    p = Path(run_dir)
+    for root in (p, p / "checkpoints"):
+        for prefix in ("rollout", "step"):
+            found = [c for c in list_checkpoints(root, prefix) if (c / "state.json").is_file()]
+            if found:
+                return found[0]
+    return None
+
+
+def no_checkpoint_reason(run_dir: str | Path) -> str:
+    """Why :func:`latest_checkpoint` found no checkpoint in ``run_dir``, in words, for the run's last line."""
+    root = Path(run_dir) / "checkpoints"
+    latest = root / LATEST
+    if latest.is_file():
+        return (
+            f"no checkpoint to resume or export: {latest} names {latest.read_text().strip()}, which does not exist "
+            f"(deleted or moved), and {root} holds no other"
+        )
+    if root.is_dir():
+        return f"no checkpoint to resume or export: {root} holds none (deleted or moved?)"
+    return "no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume or export"
 
 
 def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:

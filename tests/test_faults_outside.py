@@ -376,3 +376,26 @@ def test_a_leaking_reward_worker_is_replaced_past_the_memory_limit(caplog):
     finally:
         m.close()
     assert RewardConfig().worker_max_memory_mb == 4096  # the default bounds a leak; 0 turns it off
+
+
+# ----------------------------------------------------------------------------- the last line
+
+
+def test_a_stale_latest_is_not_reported_as_no_checkpoint_written(tmp_path):
+    """Before: `checkpoints/latest` naming a missing checkpoint made the summary say "no checkpoint was
+    written (run.save_final=false ...)"."""
+    from reinforge.eval.summary import next_steps
+
+    root = tmp_path / "checkpoints"
+    save(root, 0)
+    c = save(root, 1)
+    __import__("shutil").rmtree(c)  # latest names rollout_000001, which is gone
+    assert ckpt.latest_checkpoint(tmp_path) == root / "rollout_000000"  # the newest one there is
+    __import__("shutil").rmtree(root / "rollout_000000")
+    assert ckpt.latest_checkpoint(tmp_path) is None
+    line = next_steps(tmp_path, "train", None, "train.num_rollout")
+    assert line == (
+        f"no checkpoint to resume or export: {root / 'latest'} names rollout_000001, which does not exist (deleted "
+        f"or moved), and {root} holds no other"
+    )
+    assert "save_final" in next_steps(tmp_path / "fresh", "train", None, "train.num_rollout")

@@ -121,7 +121,9 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
     """
     q = shlex.quote
     if checkpoint is None:
-        return "no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume or export"
+        from ..checkpoint import no_checkpoint_reason
+
+        return no_checkpoint_reason(run_dir)
 
     def opt(name: str, path: Path) -> str:  # --name=value: a path starting with "-" is not taken for an option
         return q(f"--{name}={path}")
