@@ -38,7 +38,7 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
 * **device and output directory**: ``train.device`` must name a device this machine has (``tpu``,
   ``cuda`` without a visible GPU, ``cuda:7`` on a one-GPU machine are refused, naming the devices
   there) (:func:`device_problems`); ``run.output_dir`` (or the folder it would be created in) must
-  be writable (a read-only filesystem, permissions) (:func:`output_dir_problems`).
+  be writable (a read-only filesystem, permissions) (:func:`reinforge.run_dir.output_dir_problems`).
 
 Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one
 token: only what fails for every prompt is refused, in a second. The exact check runs once the
@@ -467,25 +467,6 @@ def device_problems(name: str, key: str = "train.device") -> list[str]:
     ]
 
 
-def output_dir_problems(output_dir: str | Path, key: str = "run.output_dir") -> list[str]:
-    """``run.output_dir`` must be writable: the folder itself, or the nearest existing folder it
-    would be created in (a file is created and deleted there). Empty when it is."""
-    from .utils.fs import write_probe
-
-    folder = Path(output_dir).expanduser()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return [f"{key}={output_dir}: {folder} is a file, not a folder; choose another {key}"]
-    error = write_probe(folder)
-    if error is None:
-        return []
-    return [
-        f"{key}={output_dir} is not writable ({error.strerror or error}: {folder}); the run could write no checkpoint "
-        f"or metrics there: choose a writable {key}, or remount / fix the permissions of {folder}"
-    ]
-
-
 def _raise(problems: list[str]) -> None:
     if problems:
         parts = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p};" for i, p in enumerate(problems, 1))
@@ -540,6 +521,7 @@ def check_rl(
         FileNotFoundError: ``model_folder`` has no config.json.
     """
     from .plan.planner import resolve_config, training_problems
+    from .run_dir import output_dir_problems
     from .utils.device import resolve_device
 
     _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))

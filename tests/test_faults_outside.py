@@ -335,7 +335,7 @@ def test_a_read_only_output_directory_is_refused_at_start(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     code = (
-        "from reinforge.preflight import output_dir_problems as p; import sys; "
+        "from reinforge.run_dir import output_dir_problems as p; "
         f"print(p({str(ro / 'run')!r})[0]); print(len(p({str(tmp_path / 'rw')!r})))"
     )
     bwrap = ["bwrap", "--bind", "/", "/", "--ro-bind", str(ro), str(ro), "--dev", "/dev", "--proc", "/proc"]
