@@ -144,9 +144,9 @@ def save_checkpoint(
     final = root / checkpoint_name(index, prefix)
     try:
         _save(root, final, write, state, prefix)
-    except (DiskFullError, NotWritableError):
+    except (DiskFullError, NotWritableError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as e:
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
         cause = not_writable(e, root)
         if cause is None:
             raise
