@@ -31,11 +31,7 @@ save, :func:`prune_checkpoints` keeps the new checkpoint and the newest intact o
 (``run.keep_last_n_checkpoints``) and can drop the optimizer state of the older ones
 (``run.save_optimizer: newest``).
 
-Loading an older checkpoint of the run itself is a rollback: :func:`retire_newer` makes it
-``latest`` and moves the checkpoints after it into ``checkpoints/abandoned/``, so a crash and
-``run.recover=auto`` continue the line the user chose, not the one rolled away from. The move is
-recorded first in ``checkpoints/retiring.json`` and completed by :func:`finish_retiring` (which
-every resume calls) if a crash interrupts it.
+Loading an older checkpoint of the run itself is a rollback (:mod:`reinforge.rollback`).
 """
 
 from __future__ import annotations
@@ -43,11 +39,9 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import pickle
 import random
 import shutil
-import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint_faults import disk_full_message, not_writable_error
 from .utils import faults
 from .utils.fs import (
     DiskFullError,
@@ -65,14 +60,11 @@ from .utils.fs import (
     atomic_write_text,
     held_by_another,
     is_disk_full,
-    not_writable,
 )
 
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
-ABANDONED = "abandoned"  # checkpoints/abandoned/<time>-after-<name>/: the line a rollback left
-RETIRING = "retiring.json"  # a rollback's moves, written before them (finish_retiring completes them)
 MANIFEST = "manifest.json"
 OPTIM_SUFFIX = "_optim"  # dcp/actor_optim: the optimizer state of dcp/actor
 
@@ -137,8 +129,7 @@ def save_checkpoint(
         the checkpoint directory.
     Raises:
         DiskFullError: the filesystem filled during the save (nothing already written changed).
-        NotWritableError: ``root`` is not writable (read-only filesystem, permissions); the message
-            names it and the newest intact checkpoint, without the random name of the temporary folder.
+        NotWritableError: ``root`` is not writable (read-only filesystem, permissions), in words.
     """
     root = Path(root)
     final = root / checkpoint_name(index, prefix)
@@ -147,23 +138,18 @@ def save_checkpoint(
     except (DiskFullError, NotWritableError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # DCP's CheckpointException is a BaseException
-        cause = not_writable(e, root)
-        if cause is None:
+        error = not_writable_error(e, root, final.name, _newest_other(root, final.name, prefix, intact=False))
+        if error is None:
             raise
-        raise NotWritableError(cause.errno, _not_writable_message(root, final.name, prefix, cause)) from e
+        raise error from e
     prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
     return final
 
 
-def _not_writable_message(root: Path, name: str, prefix: str, cause: OSError) -> str:
-    previous = next((p for p in list_checkpoints(root, prefix) if p.name != name), None)
-    kept = f"the newest checkpoint is {previous}" if previous else "no earlier checkpoint exists in this run"
-    return (
-        f"checkpoint {name} could not be written: its folder {root} is not writable "
-        f"({cause.strerror or errno.errorcode.get(cause.errno or 0, cause)}); nothing already written changed and "
-        f"{kept}. Make {root} writable (remount it read-write, fix its permissions) or move run.output_dir, then "
-        f"resume with run.recover=auto or --load"
-    )
+def _newest_other(root: Path, name: str, prefix: str, intact: bool) -> Path | None:
+    """The newest checkpoint of ``root`` other than ``name`` (``intact``: files and sizes checked), or None."""
+    others = (p for p in list_checkpoints(root, prefix) if p.name != name)
+    return next((p for p in others if not intact or checkpoint_problem(p, deep=False) is None), None)
 
 
 def _save(root: Path, final: Path, write: Callable[[Path], None], state: dict[str, Any], prefix: str) -> None:
@@ -178,7 +164,8 @@ def _save(root: Path, final: Path, write: Callable[[Path], None], state: dict[st
                 write_manifest(tmp)
             except BaseException as e:  # measure the free space before the partial folder is deleted
                 if is_disk_full(e, tmp):
-                    raise DiskFullError(errno.ENOSPC, _disk_full_message(root, final.name, prefix, tmp)) from e
+                    previous = _newest_other(root, final.name, prefix, intact=True)
+                    raise DiskFullError(errno.ENOSPC, disk_full_message(root, final.name, previous, tmp)) from e
                 raise
         atomic_write_text(root / LATEST, final.name + "\n")
     except OSError as e:
@@ -284,24 +271,6 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def _disk_full_message(root: Path, name: str, prefix: str, where: Path) -> str:
-    previous = next(
-        (p for p in list_checkpoints(root, prefix) if p.name != name and checkpoint_problem(p, deep=False) is None),
-        None,
-    )
-    try:
-        free = f"{shutil.disk_usage(where).free / 2**20:.1f} MiB free"
-    except OSError:
-        free = "free space unknown"
-    kept = f"the newest intact checkpoint is {previous}" if previous else "no earlier checkpoint exists in this run"
-    return (
-        f"disk full ({free} on the filesystem of {root}): checkpoint {name} was not written (its partial "
-        f"files were removed; nothing already written was changed); {kept}. Free space or move "
-        f"run.output_dir to a larger disk (run.keep_last_n_checkpoints limits how many are kept), then resume "
-        f"with run.recover=auto or --load"
-    )
-
-
 # --------------------------------------------------------------------------- manifest (integrity)
 
 
@@ -398,34 +367,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run directory (the one ``checkpoints/latest`` names; where
-    that one is gone, the newest one listed), or ``None`` when it has none (:func:`no_checkpoint_reason`
-    says why)."""
+    """The newest complete checkpoint of a run directory, or ``None`` when it has none."""
     try:
         return resolve_checkpoint(run_dir)
     except FileNotFoundError:
-        pass
-    p = Path(run_dir)
-    for root in (p, p / "checkpoints"):
-        for prefix in ("rollout", "step"):
-            found = [c for c in list_checkpoints(root, prefix) if (c / "state.json").is_file()]
-            if found:
-                return found[0]
-    return None
-
-
-def no_checkpoint_reason(run_dir: str | Path) -> str:
-    """Why :func:`latest_checkpoint` found no checkpoint in ``run_dir``, in words, for the run's last line."""
-    root = Path(run_dir) / "checkpoints"
-    latest = root / LATEST
-    if latest.is_file():
-        return (
-            f"no checkpoint to resume or export: {latest} names {latest.read_text().strip()}, which does not exist "
-            f"(deleted or moved), and {root} holds no other"
-        )
-    if root.is_dir():
-        return f"no checkpoint to resume or export: {root} holds none (deleted or moved?)"
-    return "no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume or export"
+        return None
 
 
 def load_checkpoint_state(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -509,58 +455,6 @@ def list_checkpoints(root: Path, prefix: str = "rollout") -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(prefix) + 1 :]), reverse=True)
 
 
-def _index(p: Path, prefix: str) -> int:
-    return int(p.name[len(prefix) + 1 :])
-
-
-def retire_newer(root: Path, kept: Path, prefix: str = "rollout") -> list[Path]:
-    """Make checkpoint ``kept`` (a checkpoint of ``root``) the newest of ``root``: ``latest`` names
-    it and every checkpoint of ``prefix`` with a higher index (intact or not) is moved into
-    ``root/abandoned/<UTC time>-after-<kept name>/`` (kept, not deleted: the user may want them
-    back). The plan is written to ``root/retiring.json`` before anything moves, so an interruption
-    is completed by the next :func:`finish_retiring`; nothing else changes.
-
-    Returns:
-        the checkpoints' new paths (empty: none was newer).
-    """
-    root, kept = Path(root), Path(kept)
-    newer = [p for p in list_checkpoints(root, prefix) if _index(p, prefix) > _index(kept, prefix)]
-    if not newer:
-        if (root / LATEST).is_file() and (root / LATEST).read_text().strip() != kept.name:
-            atomic_write_text(root / LATEST, kept.name + "\n")
-        return []
-    into = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-after-{kept.name}"
-    plan = {"kept": kept.name, "into": into, "checkpoints": [p.name for p in newer]}
-    atomic_write_text(root / RETIRING, json.dumps(plan, indent=1))
-    return finish_retiring(root)
-
-
-def finish_retiring(root: Path) -> list[Path]:
-    """Complete the rollback recorded in ``root/retiring.json`` (:func:`retire_newer`): point
-    ``latest`` at the kept checkpoint, move the listed checkpoints still in ``root`` into
-    ``root/abandoned/<into>/``, delete the record. Returns the checkpoints' new paths (empty:
-    nothing was pending)."""
-    root = Path(root)
-    try:
-        plan = json.loads((root / RETIRING).read_text())
-    except FileNotFoundError:
-        return []
-    except ValueError:  # cut short while written: atomic_write_text makes this unlikely; nothing moved yet
-        (root / RETIRING).unlink(missing_ok=True)
-        return []
-    atomic_write_text(root / LATEST, plan["kept"] + "\n")
-    into = root / ABANDONED / plan["into"]
-    into.mkdir(parents=True, exist_ok=True)
-    moved = []
-    for name in plan["checkpoints"]:
-        if (root / name).is_dir():
-            os.replace(root / name, into / name)
-        if (into / name).is_dir():
-            moved.append(into / name)
-    (root / RETIRING).unlink()
-    return moved
-
-
 def remove_partial_saves(root: Path) -> list[str]:
     """Delete the hidden temporary folders interrupted saves left in ``root`` (``.rollout_*``,
     ``.old-*``); returns their names."""
@@ -621,6 +515,8 @@ def load_candidates(
     else:
         root = roots[0]
         if not held_by_another(root.parent if root.name == "checkpoints" else root):  # never a live run's save
+            from .rollback import finish_retiring
+
             finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
             gone = remove_partial_saves(root)
             if gone:

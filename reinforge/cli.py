@@ -39,7 +39,7 @@ def _train(args: argparse.Namespace) -> int:
         check_wandb(cfg.run)
         _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
         if not os.environ.get(PARENT_ENV):  # once per command: a supervised relaunch resumes the line chosen here
-            from .recover import follow_load
+            from .rollback import follow_load
 
             follow_load(cfg.run)
     if cfg.run.max_restarts > 0:
@@ -132,7 +132,7 @@ def _offline(args: argparse.Namespace) -> None:
         check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
         if main_rank:
             check_wandb(cfg.run)
-            from .recover import follow_load
+            from .rollback import follow_load
 
             follow_load(cfg.run, "step")
     from .offline_loop import OfflineLoop

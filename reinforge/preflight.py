@@ -37,8 +37,8 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
 
 * **device and output directory**: ``train.device`` must name a device this machine has (``tpu``,
   ``cuda`` without a visible GPU, ``cuda:7`` on a one-GPU machine are refused, naming the devices
-  there) (:func:`device_problems`); ``run.output_dir`` (or the folder it would be created in) must
-  be writable (a read-only filesystem, permissions) (:func:`reinforge.run_dir.output_dir_problems`).
+  there: :func:`reinforge.utils.device.device_problems`); ``run.output_dir`` (or the folder it
+  would be created in) must be writable (:func:`reinforge.run_dir.output_dir_problems`).
 
 Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one
 token: only what fails for every prompt is refused, in a second. The exact check runs once the
@@ -431,42 +431,6 @@ def parallel_problems(cfg: Config, model_config: dict[str, Any], world_size: int
     return out + Layout(1, cp, tp, ep, pp, vpp, sp).config_problems(model_config)
 
 
-def _visible_devices() -> str:
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return f"cpu and {n} CUDA GPU(s) (cuda:0..cuda:{n - 1})" if n else "cpu only (no CUDA GPU is visible)"
-
-
-def device_problems(name: str, key: str = "train.device") -> list[str]:
-    """``train.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``...) against the devices this
-    machine has: a type torch does not know, a CUDA device without a visible GPU, an index past the
-    GPUs. Empty when the device exists."""
-    if name == "auto":
-        return []
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError, ValueError):
-        return [
-            f"{key}={name!r} is not a device type torch knows; use auto, cpu, cuda or cuda:N (this machine: "
-            f"{_visible_devices()})"
-        ]
-    if dev.type == "cpu":
-        return []
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if dev.index is None and n == 0 or dev.index is not None and dev.index >= n:
-            return [f"{key}={name!r}: this machine has {_visible_devices()}; use {key}=auto or cpu, or a cuda:N it has"]
-        return []
-    if dev.type == "mps" and torch.backends.mps.is_available():
-        return []
-    module = getattr(torch, dev.type, None)  # xpu, ... expose is_available()
-    if module is not None and callable(getattr(module, "is_available", None)) and module.is_available():
-        return []
-    return [
-        f"{key}={name!r}: no {dev.type} device is available here (this machine: {_visible_devices()}); use "
-        f"{key}=auto or cpu"
-    ]
-
-
 def _raise(problems: list[str]) -> None:
     if problems:
         parts = problems[0] if len(problems) == 1 else " ".join(f"({i}) {p};" for i, p in enumerate(problems, 1))
@@ -522,7 +486,7 @@ def check_rl(
     """
     from .plan.planner import resolve_config, training_problems
     from .run_dir import output_dir_problems
-    from .utils.device import resolve_device
+    from .utils.device import device_problems, resolve_device
 
     _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))
     model_config = read_model_config(model_folder)
@@ -565,7 +529,7 @@ def check_generate(
     Raises:
         PreflightError: naming the flags and keys to change.
     """
-    from .utils.device import resolve_device
+    from .utils.device import device_problems, resolve_device
 
     model_config = read_model_config(model_folder)
     window, problems, total = context_window(model_config), [], prompt_tokens + max_new_tokens

@@ -6,11 +6,6 @@ its config allows it, and when the running loop writes recover checkpoints.
   checkpoint whose shards fail to load falls back to the previous one too); hidden folders of
   saves interrupted by a crash are deleted. When every checkpoint is damaged it refuses in words:
   starting over would overwrite the run's history (metrics rows, checkpoints).
-* :func:`follow_load` runs once per ``reinforge train`` / ``offline`` command, before anything is
-  built: ``run.load`` of one of the run's own checkpoints is a rollback (the newer checkpoints are
-  moved into ``checkpoints/abandoned/``, :func:`~reinforge.checkpoint.retire_newer`, so a crash,
-  ``run.recover=auto`` and every ``--max-restarts`` relaunch continue from it); ``run.load`` of
-  another run's checkpoint while this run has its own is not used by ``recover: auto``, and it says so.
 * :func:`check_compatible` refuses a resume whose batch size, group size, optimizer steps per
   rollout or trainer world size changed, saying which key and what to do.
 * :class:`RecoverTimer` decides at the end of each rollout whether to write a recover
@@ -29,13 +24,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import checkpoint as ckpt
 from .config import Config, ConfigError
-
-if TYPE_CHECKING:
-    from .config import RunConfig
+from .rollback import finish_retiring
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +109,7 @@ def recover_candidates(output_dir: Path) -> list[Path]:
             the run's metrics and its checkpoints would be deleted by newer ones).
     """
     root = Path(output_dir) / "checkpoints"
-    ckpt.finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
+    finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
     gone = ckpt.remove_partial_saves(root)
     if gone:
         log.warning("removed %d interrupted checkpoint save(s) in %s: %s", len(gone), root, ", ".join(gone))
@@ -124,68 +117,6 @@ def recover_candidates(output_dir: Path) -> list[Path]:
     if not found and ckpt.list_checkpoints(root):
         raise all_damaged(root)
     return found
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    path, folder = path.expanduser().resolve(), folder.expanduser().resolve()
-    return path == folder or folder in path.parents
-
-
-def follow_load(run: RunConfig, prefix: str = "rollout") -> list[Path]:
-    """Make the run continue from ``run.load`` where it names a checkpoint of ``run.output_dir``
-    (the checkpoint, its ``checkpoints`` folder or the run directory: its newest intact one): every
-    newer checkpoint of the run is moved into ``checkpoints/abandoned/<time>-after-<name>/`` and
-    ``checkpoints/latest`` names the loaded one (:func:`~reinforge.checkpoint.retire_newer`), with a
-    warning naming them. Without this, a crash after the rollback resumed the newest checkpoint of
-    the line the user had rolled away from (``run.recover=auto``, ``--max-restarts``, ``--load RUN_DIR``).
-
-    ``run.load`` outside ``run.output_dir`` while the run has checkpoints of its own, with
-    ``run.recover=auto`` (or ``--max-restarts``): those are resumed, as a restarted run must; a
-    warning says that ``run.load`` is not used and how to start from it instead.
-
-    Call it once per command, before the run is built (not in a supervised relaunch: the
-    relaunch resumes the line chosen here).
-
-    Returns:
-        the abandoned checkpoints' new paths.
-    Raises:
-        FileNotFoundError: nothing resumable at ``run.load``.
-        CheckpointError: the checkpoint named is damaged, or every one of the run directory is.
-    """
-    if not run.load:
-        return []
-    out = Path(run.output_dir)
-    root = out / "checkpoints"
-    if not ckpt.list_checkpoints(root, prefix):
-        return []
-    if not _inside(Path(run.load), out):
-        if run.recover == "auto" or run.max_restarts > 0:
-            log.warning(
-                "run.load=%s is not used: %s already holds checkpoints of this run, which run.recover=auto "
-                "(and --max-restarts) resumes (run.load is only the starting point of a run that has none). To "
-                "start from run.load instead, choose a new run.output_dir; to roll this run back, load one of "
-                "its own checkpoints",
-                run.load,
-                root,
-            )
-        return []
-    chosen = ckpt.load_candidates(run.load, prefix, warn=log.warning)[0]
-    if chosen.parent.resolve() != root.resolve():
-        return []
-    moved = ckpt.retire_newer(root, chosen, prefix)
-    if moved:
-        log.warning(
-            "run.load=%s: rolling back to %s; its %d newer checkpoint(s) (%s) were moved to %s, so a crash, "
-            "run.recover=auto and --max-restarts continue from %s, not from the line rolled away from (delete "
-            "that folder once you do not need them)",
-            run.load,
-            chosen.name,
-            len(moved),
-            ", ".join(p.name for p in moved),
-            moved[0].parent,
-            chosen.name,
-        )
-    return moved
 
 
 def all_damaged(root: Path, why: str = "see the warnings above") -> ckpt.CheckpointError:

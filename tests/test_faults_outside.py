@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from reinforge import checkpoint as ckpt
+from reinforge import rollback
 from reinforge.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +145,8 @@ def run_config(out: Path, *overrides: str):
 def test_a_rollback_makes_recovery_follow_the_chosen_line(tmp_path, caplog):
     """Before: after `--load checkpoints/rollout_000001` in the same run directory, a crash and
     run.recover=auto resumed rollout_000003 of the abandoned line."""
-    from reinforge.recover import follow_load, recover_candidates
+    from reinforge.recover import recover_candidates
+    from reinforge.rollback import follow_load
 
     out = tmp_path / "run"
     root = out / "checkpoints"
@@ -174,12 +176,14 @@ def test_an_interrupted_rollback_is_completed_before_a_resume(tmp_path):
         "into": "t-after-rollout_000000",
         "checkpoints": ["rollout_000002", "rollout_000001"],
     }
-    (root / ckpt.RETIRING).write_text(json.dumps(plan))
-    (root / ckpt.ABANDONED / plan["into"]).mkdir(parents=True)
-    os.replace(root / "rollout_000002", root / ckpt.ABANDONED / plan["into"] / "rollout_000002")  # crash after one move
+    (root / rollback.RETIRING).write_text(json.dumps(plan))
+    (root / rollback.ABANDONED / plan["into"]).mkdir(parents=True)
+    os.replace(
+        root / "rollout_000002", root / rollback.ABANDONED / plan["into"] / "rollout_000002"
+    )  # crash after one move
     assert [p.name for p in recover_candidates(out)] == ["rollout_000000"]
-    assert not (root / ckpt.RETIRING).exists()
-    assert sorted(p.name for p in (root / ckpt.ABANDONED / plan["into"]).iterdir()) == [
+    assert not (root / rollback.RETIRING).exists()
+    assert sorted(p.name for p in (root / rollback.ABANDONED / plan["into"]).iterdir()) == [
         "rollout_000001",
         "rollout_000002",
     ]
@@ -298,7 +302,7 @@ def test_the_supervisor_stops_when_only_a_temporary_name_differs(tmp_path):
 
 def test_a_device_this_machine_lacks_is_refused_in_words(monkeypatch):
     """Before: `train.device=tpu`, `cuda` or `cuda:7` on a CPU machine ended in a raw traceback (exit 1)."""
-    from reinforge.preflight import device_problems
+    from reinforge.utils.device import device_problems
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
@@ -390,9 +394,10 @@ def test_a_stale_latest_is_not_reported_as_no_checkpoint_written(tmp_path):
     save(root, 0)
     c = save(root, 1)
     __import__("shutil").rmtree(c)  # latest names rollout_000001, which is gone
-    assert ckpt.latest_checkpoint(tmp_path) == root / "rollout_000000"  # the newest one there is
-    __import__("shutil").rmtree(root / "rollout_000000")
     assert ckpt.latest_checkpoint(tmp_path) is None
+    line = next_steps(tmp_path, "train", None, "train.num_rollout")
+    assert f"--model={root / 'rollout_000000' / 'model'}" in line  # the newest one there is
+    __import__("shutil").rmtree(root / "rollout_000000")
     line = next_steps(tmp_path, "train", None, "train.num_rollout")
     assert line == (
         f"no checkpoint to resume or export: {root / 'latest'} names rollout_000001, which does not exist (deleted "
