@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from .checkpoint_faults import disk_full_message, not_writable_error
+from .checkpoint_line import LATEST, finish_retiring
 from .utils import faults
 from .utils.fs import (
     DiskFullError,
@@ -64,7 +65,6 @@ from .utils.fs import (
 
 log = logging.getLogger(__name__)
 
-LATEST = "latest"
 MANIFEST = "manifest.json"
 OPTIM_SUFFIX = "_optim"  # dcp/actor_optim: the optimizer state of dcp/actor
 
@@ -515,8 +515,6 @@ def load_candidates(
     else:
         root = roots[0]
         if not held_by_another(root.parent if root.name == "checkpoints" else root):  # never a live run's save
-            from .rollback import finish_retiring
-
             finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
             gone = remove_partial_saves(root)
             if gone:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import checkpoint as ckpt
+from .checkpoint_line import finish_retiring
 from .config import Config, ConfigError
-from .rollback import finish_retiring
 
 log = logging.getLogger(__name__)
 

@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import checkpoint as ckpt
+from .checkpoint_line import ABANDONED, RETIRING, finish_retiring
 from .utils.fs import atomic_write_text
+
+__all__ = ["ABANDONED", "RETIRING", "finish_retiring", "follow_load", "retire_newer"]
 
 if TYPE_CHECKING:
     from .config import RunConfig
 
 log = logging.getLogger(__name__)
-
-ABANDONED = "abandoned"  # checkpoints/abandoned/<time>-after-<name>/: the line a rollback left
-RETIRING = "retiring.json"  # a rollback's moves, written before them (finish_retiring completes them)
 
 
 def _index(p: Path, prefix: str) -> int:
@@ -54,32 +53,6 @@ def retire_newer(root: Path, kept: Path, prefix: str = "rollout") -> list[Path]:
     plan = {"kept": kept.name, "into": into, "checkpoints": [p.name for p in newer]}
     atomic_write_text(root / RETIRING, json.dumps(plan, indent=1))
     return finish_retiring(root)
-
-
-def finish_retiring(root: Path) -> list[Path]:
-    """Complete the rollback recorded in ``root/retiring.json`` (:func:`retire_newer`): point
-    ``latest`` at the kept checkpoint, move the listed checkpoints still in ``root`` into
-    ``root/abandoned/<into>/``, delete the record. Returns the checkpoints' new paths (empty:
-    nothing was pending)."""
-    root = Path(root)
-    try:
-        plan = json.loads((root / RETIRING).read_text())
-    except FileNotFoundError:
-        return []
-    except ValueError:  # cut short while written: atomic_write_text makes this unlikely; nothing moved yet
-        (root / RETIRING).unlink(missing_ok=True)
-        return []
-    atomic_write_text(root / ckpt.LATEST, plan["kept"] + "\n")
-    into = root / ABANDONED / plan["into"]
-    into.mkdir(parents=True, exist_ok=True)
-    moved = []
-    for name in plan["checkpoints"]:
-        if (root / name).is_dir():
-            os.replace(root / name, into / name)
-        if (into / name).is_dir():
-            moved.append(into / name)
-    (root / RETIRING).unlink()
-    return moved
 
 
 def _inside(path: Path, folder: Path) -> bool:
