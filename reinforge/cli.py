@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -10,11 +11,15 @@ from pathlib import Path
 
 from .config import SECTIONS, ConfigError, load_config
 from .run_dir import check_output_dir
+from .startup import StartupInterrupted, startup
+from .supervisor import PARENT_ENV
 from .utils.logging import check_wandb
 
 log = logging.getLogger("reinforge")
 
-USAGE_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
+# Usage errors: exit status 2, one line, no relaunch. A ValueError / KeyError / FileNotFoundError becomes
+# one (UsageError, a ConfigError) only when raised before the run starts (reinforge/startup.py).
+USAGE_ERRORS = (ConfigError,)
 
 
 def train_config(args: argparse.Namespace):
@@ -28,10 +33,15 @@ def train_config(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg, overrides = train_config(args)
-    check_output_dir(cfg.run)
-    check_wandb(cfg.run)
-    _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
+    with startup():
+        cfg, overrides = train_config(args)
+        check_output_dir(cfg.run)
+        check_wandb(cfg.run)
+        _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
+        if not os.environ.get(PARENT_ENV):  # once per command: a supervised relaunch resumes the line chosen here
+            from .rollback import follow_load
+
+            follow_load(cfg.run)
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
@@ -40,14 +50,20 @@ def _train(args: argparse.Namespace) -> int:
             Path(cfg.run.output_dir),
             cfg.run.max_restarts,
         )
-    _preflight_rl(cfg)
-    from .loop import run_training
+    with startup():
+        _preflight_rl(cfg)
+    from .loop import RLLoop
     from .supervisor import watch_parent
     from .utils.fs import lock_directory
 
     watch_parent()  # supervised: stop (after a recover checkpoint) if the supervisor dies
     with lock_directory(Path(cfg.run.output_dir)):
-        run_training(cfg)
+        with startup():  # datasets, model, engine, the checkpoint to resume: a bad input is a usage error
+            loop = RLLoop(cfg)
+        try:  # the run: an error is a fault or a bug (traceback, relaunched by the supervisor)
+            loop.train()
+        finally:
+            loop.close()
     return 0
 
 
@@ -110,18 +126,25 @@ def offline_config(args: argparse.Namespace):
 
 
 def _offline(args: argparse.Namespace) -> None:
-    cfg = _resolved(offline_config(args), offline=True)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
-    check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
-    if main_rank:
-        check_wandb(cfg.run)
-    import contextlib
+    with startup():
+        cfg = _resolved(offline_config(args), offline=True)
+        check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
+        if main_rank:
+            check_wandb(cfg.run)
+            from .rollback import follow_load
 
-    from .offline_loop import run_offline
+            follow_load(cfg.run, "step")
+    from .offline_loop import OfflineLoop
     from .utils.fs import lock_directory
 
     with lock_directory(Path(cfg.run.output_dir)) if main_rank else contextlib.nullcontext():
-        run_offline(cfg)
+        with startup():
+            loop = OfflineLoop(cfg)
+        try:
+            loop.train()
+        finally:
+            loop.close()
 
 
 def _make_data(args: argparse.Namespace) -> None:
@@ -167,17 +190,19 @@ def eval_config(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> None:
-    cfg = eval_config(args)
-    _check_user_functions(cfg)
-    _preflight_rl(cfg)
+    with startup():
+        cfg = eval_config(args)
+        _check_user_functions(cfg)
+        _preflight_rl(cfg)
     from .eval.evaluate import format_table, model_label
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
 
-    loop = RLLoop(cfg)
+    with startup():
+        loop = RLLoop(cfg)
     try:
         if loop.eval_data is None:
-            raise ValueError(
+            raise ConfigError(
                 "no evaluation prompts: pass --data (reasoning_gym:<task>, or a .jsonl / .json / "
                 ".parquet file or saved `datasets` folder of prompts), or data.n_eval_prompts > 0"
             )
@@ -480,6 +505,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def interrupted_line(command: str, e: KeyboardInterrupt) -> str:
+    """The line ``reinforge`` ends with on a Ctrl-C that is not handled at a rollout boundary:
+    during start-up (:class:`~reinforge.startup.StartupInterrupted`: nothing was trained or written
+    yet), during a command without a run, or a second Ctrl-C during a run."""
+    if isinstance(e, StartupInterrupted):
+        return f"reinforge {command}: interrupted (Ctrl-C) during start-up, before the run began: nothing was trained"
+    if command not in ("train", "offline", "eval"):
+        return f"reinforge {command}: interrupted (Ctrl-C)"
+    return (
+        f"reinforge {command}: interrupted ({str(e) or 'Ctrl-C'}); no checkpoint was written at this point (the "
+        f"newest one is kept)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from .utils.logging import setup_logging
 
@@ -494,16 +533,17 @@ def main(argv: list[str] | None = None) -> int:
     from .reward.manager import RewardFunctionFailing
     from .rollout.infra_guard import InfraFailing
     from .supervisor import DISK_FULL, record_failure
-    from .utils.fs import DirectoryLocked, DiskFullError
+    from .utils.fs import DirectoryLocked, DiskFullError, NotWritableError
 
+    phased = args.func in (_train, _offline, _eval)  # these mark their start-up themselves; others are all start-up
     try:
-        code = args.func(args)
-    except (*USAGE_ERRORS, FileExistsError, DirectoryLocked) as e:
+        with contextlib.nullcontext() if phased else startup(interrupt=False):
+            code = args.func(args)
+    except (*USAGE_ERRORS, DirectoryLocked) as e:
         record_failure(e)
         if args.verbose:
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
+        print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
         return 2
     except (RewardFunctionFailing, InfraFailing) as e:  # one line: the function, a sample, the exception (no traceback)
         if args.verbose:
@@ -516,12 +556,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
         return DISK_FULL
+    except NotWritableError as e:  # a checkpoint folder turned read-only: one line naming it; relaunched once
+        record_failure(e)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # a Ctrl-C outside a rollout boundary (or a second one)
-        print(
-            f"reinforge {args.command}: interrupted ({e or 'Ctrl-C'}); no checkpoint was written at this "
-            f"point (the newest one is kept)",
-            file=sys.stderr,
-        )
+        print(interrupted_line(args.command, e), file=sys.stderr)
         return 130
     except Exception as e:
         record_failure(e)

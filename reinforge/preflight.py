@@ -37,6 +37,11 @@ the allocator's raw error, a first rollout that never ends), refuses now in word
   the free memory (``torch.cuda.mem_get_info``; the engine then takes as many slots as that share
   holds). The Ray placements' memory is estimated by :mod:`reinforge.cluster.resources`.
 
+* **device and output directory**: ``train.device`` must name a device this machine has (``tpu``,
+  ``cuda`` without a visible GPU, ``cuda:7`` on a one-GPU machine are refused, naming the devices
+  there: :func:`reinforge.utils.device.device_problems`); ``run.output_dir`` (or the folder it
+  would be created in) must be writable (:func:`reinforge.run_dir.output_dir_problems`).
+
 Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one
 token: only what fails for every prompt is refused, in a second. The exact check runs once the
 datasets are loaded, from :func:`reinforge.cluster.resources.check_placement`, before the trainer
@@ -501,8 +506,10 @@ def check_rl(
         FileNotFoundError: ``model_folder`` has no config.json.
     """
     from .plan.planner import resolve_config, training_problems
-    from .utils.device import resolve_device
+    from .run_dir import output_dir_problems
+    from .utils.device import device_problems, resolve_device
 
+    _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))
     model_config = read_model_config(model_folder)
     device = device or resolve_device(cfg.train.device)
     cfg, plan = resolve_config(
@@ -544,7 +551,7 @@ def check_generate(
     Raises:
         PreflightError: naming the flags and keys to change.
     """
-    from .utils.device import resolve_device
+    from .utils.device import device_problems, resolve_device
 
     model_config = read_model_config(model_folder)
     window, problems, total = context_window(model_config), [], prompt_tokens + max_new_tokens
@@ -559,7 +566,9 @@ def check_generate(
             f"by at least {1 - room} tokens, or use a model with a longer context window"
         )
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
-    device = device or resolve_device(cfg.train.device)
+    if device is None:
+        problems += device_problems(cfg.train.device)
+    device = device or (resolve_device(cfg.train.device) if not problems else torch.device("cpu"))
     if not problems and cfg.engine.backend == "embedded" and is_native_config(model_config):
         plan = kv_cache_plan(cfg, Path(model_folder), total, device, max_seqs=n)  # the engine is built for --n
         if n > plan.slots:

@@ -142,7 +142,7 @@ def test_too_long_configuration_refused_at_start_with_the_message(smollm2_path, 
     def not_reached(*a, **k):
         raise AssertionError("training started")
 
-    monkeypatch.setattr("reinforge.loop.run_training", not_reached)
+    monkeypatch.setattr("reinforge.loop.RLLoop", not_reached)
     code = cli.main(
         [
             "train",

@@ -118,6 +118,13 @@ class RewardConfig(Section):
     )
     judge_retries: int = opt(2, "`type: judge`: retries of a failed request (error, timeout, HTTP 429 / 5xx)", ge=0)
     judge_cache_size: int = opt(4096, "`type: judge`: scores kept in memory (same question/response/label)", ge=0)
+    worker_max_memory_mb: int = opt(
+        4096,
+        "`isolation: process`: a reward worker whose resident memory (RSS) is past this many MiB once its calls are "
+        "answered is replaced by a new one, with a warning (a function that keeps memory between calls would grow "
+        "its worker without end); 0: no limit",
+        ge=0,
+    )
 
     def check(self) -> None:
         if self.type == "model" and not self.model_path:

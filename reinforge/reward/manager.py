@@ -170,7 +170,9 @@ class RewardManager:
         if cfg.function_path and cfg.isolation == "process":
             from .workers import RewardProcessPool
 
-            self.pool = RewardProcessPool(cfg.function_path, cfg.concurrency, cfg.timeout)
+            self.pool = RewardProcessPool(
+                cfg.function_path, cfg.concurrency, cfg.timeout, max_memory_mb=cfg.worker_max_memory_mb
+            )
             self.pool.start()  # import errors now, in words, before the first rollout
         elif cfg.function_path:
             self.custom = load_function(cfg.function_path, "reward.function_path")
