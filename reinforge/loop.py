@@ -40,6 +40,7 @@ from .train.rollout_share import RolloutBatch
 from .utils import seeds, trace
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
+from .weights.probe import SyncProbe
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,8 @@ class RLLoop:
         self.engine = self.cluster.engine
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
+        self.probe = SyncProbe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
+        self.probe(self.weight_version)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
@@ -294,7 +297,11 @@ class RLLoop:
         which lets the generation in flight finish or interrupts it, ``rollout.partial_rollout``)."""
         self.weight_version += 1
         version = self.weight_version
-        return self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
+        out = self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
+        if self.probe.due(version):
+            with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
+                out.update(self.probe(version))
+        return out
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:

@@ -1,0 +1,131 @@
+"""The log-prob probe: after a weight sync, a fixed prompt through engine and trainer.
+
+Checksums (:mod:`.verify`) prove the engine holds the bytes the trainer sent; the probe proves the
+bytes are the model the trainer trains: the engine samples :data:`PROBE_TOKENS` tokens after a fixed
+prompt (at the rollout temperature, no top-k / top-p, ignoring EOS) with their log-probs, the trainer
+scores the same tokens, and the largest per-token absolute difference is ``sync/probe_logprob_diff``.
+It catches what checksums cannot: weights the trainer never meant to send (LoRA adapters not
+merged), a layout the engine reads differently (a fused or repacked matrix, fp8 scales), an engine
+that does not expose checksums (SGLang), stale rollouts after sleep. Cost: one request of
+:data:`PROBE_TOKENS` tokens and one trainer forward of ~40 tokens.
+
+The tolerance depends on the lowest precision in play (:func:`probe_tolerance`): an fp32 engine and
+trainer agree to ~1e-5 per token, a bf16 engine to a mean of ~0.035 (docs/engines.md), fp8 weights to
+~0.11 (max ~1); a weight sync that did not happen moves a trained model's log-probs by more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..records import GenerateRequest, Sample, SamplingParams
+from .verify import WeightSyncMismatch
+
+PROBE_TEXT = "Weight sync probe. Count from one to ten, then name three primary colours:"
+PROBE_TOKENS = 16
+TOLERANCE = {"fp32": 1e-3, "fp16": 0.5, "bf16": 1.0, "fp8": 2.0}
+
+
+def probe_tolerance(cfg: Any, engine_dtype: torch.dtype, train_bf16: bool) -> float:
+    """``cluster.weight_sync_probe_tolerance``, or (null) :data:`TOLERANCE` of the lowest precision
+    among the engine's dtype, the trainer's autocast (``train_bf16``), fp8 engine weights
+    (``engine.quantization``) and an fp8 KV cache (``engine.kv_cache_dtype``)."""
+    if cfg.cluster.weight_sync_probe_tolerance is not None:
+        return float(cfg.cluster.weight_sync_probe_tolerance)
+    kinds = {"fp32"}
+    if engine_dtype == torch.bfloat16 or train_bf16:
+        kinds.add("bf16")
+    if engine_dtype == torch.float16:
+        kinds.add("fp16")
+    if cfg.engine.quantization or "fp8" in str(cfg.engine.kv_cache_dtype):
+        kinds.add("fp8")
+    return max(TOLERANCE[k] for k in kinds)
+
+
+def probe_logprob_diff(
+    engine: Any, log_probs: Callable[[list[Sample]], list[torch.Tensor]], prompt_ids: list[int], temperature: float
+) -> float:
+    """The largest |engine - trainer| log-prob over the probe's sampled tokens.
+
+    Args:
+        engine: a ``RolloutEngine`` (any backend: only ``generate`` is used).
+        log_probs: the trainer's log-probs of each sample's response tokens at the rollout
+            temperature (``Cluster.probe_log_probs``).
+        prompt_ids: the fixed prompt's token ids.
+        temperature: the rollout temperature (both sides score that distribution).
+    """
+    params = SamplingParams(max_new_tokens=PROBE_TOKENS, temperature=temperature, ignore_eos=True)
+    result = engine.generate([GenerateRequest(list(prompt_ids), params)])[0][0]
+    n = len(result.token_ids)
+    if n == 0:
+        return 0.0
+    sample = Sample(prompt="", tokens=list(prompt_ids) + list(result.token_ids), response_length=n, loss_mask=[1] * n)
+    trainer = log_probs([sample])[0].detach().float().cpu()
+    return float((torch.tensor(result.log_probs, dtype=torch.float32) - trainer).abs().max())
+
+
+def check_probe(diff: float, tolerance: float, version: int, transport: str) -> None:
+    """Raises:
+    WeightSyncMismatch: ``diff`` above ``tolerance`` (one line: the numbers, what it means, the keys)."""
+    if not diff <= tolerance:  # (NaN fails too)
+        raise WeightSyncMismatch(
+            f"weight sync ({transport}) of version {version}: the engine's log-probs of the probe prompt differ "
+            f"from the trainer's by {diff:.3g} > {tolerance:.3g}: the engine does not compute with the trained "
+            f"model (a sync that did not land, LoRA not merged, a layout read differently); "
+            f"cluster.weight_sync_probe_tolerance sets the bound, cluster.weight_sync_probe_interval=0 turns "
+            f"the probe off"
+        )
+
+
+class SyncProbe:
+    """The probe on its schedule (``cluster.weight_sync_probe_interval``) for the RL loop.
+
+    Args:
+        cfg: the run's config.
+        tokenizer: encodes :data:`PROBE_TEXT` once.
+        cluster: the ``Cluster`` (its ``engine``, ``probe_log_probs``, ``weight_transport`` and
+            ``diagnose_weights``, which names the first tensor that differs when the probe fails).
+    """
+
+    def __init__(self, cfg: Any, tokenizer: Any, cluster: Any):
+        from ..rollout.backends import engine_dtype
+        from ..train.model_trainer import autocast_dtype
+        from ..utils.device import resolve_device
+
+        device = resolve_device(cfg.train.device)
+        self.cfg, self.cluster = cfg, cluster
+        self.interval = cfg.cluster.weight_sync_probe_interval
+        self.prompt_ids = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+        bf16 = autocast_dtype(cfg.model.train_dtype, device) == torch.bfloat16
+        self.tolerance = probe_tolerance(cfg, engine_dtype(cfg.engine.dtype, device), bf16)
+
+    def due(self, version: int) -> bool:
+        return self.interval > 0 and version % self.interval == 0
+
+    def __call__(self, version: int) -> dict[str, float]:
+        """Probe after the sync of ``version`` when due: ``{"sync/probe_logprob_diff": d}`` (else {}).
+
+        Raises:
+            WeightSyncMismatch: the difference exceeds the tolerance (one line; the first tensor the
+                engine holds differently from the trainer named where one does).
+        """
+        if not self.due(version):
+            return {}
+        from ..utils import trace
+
+        with trace.span("probe", "sync", version=version):
+            diff = probe_logprob_diff(
+                self.cluster.engine, self.cluster.probe_log_probs, self.prompt_ids, self.cfg.rollout.rollout_temperature
+            )
+        transport = getattr(self.cluster, "weight_transport", "weight sync")
+        try:
+            check_probe(diff, self.tolerance, version, transport)
+        except WeightSyncMismatch as e:
+            where = self.cluster.diagnose_weights() if hasattr(self.cluster, "diagnose_weights") else None
+            if where:
+                raise WeightSyncMismatch(f"{e}; {where}") from None
+            raise
+        return {"sync/probe_logprob_diff": diff}

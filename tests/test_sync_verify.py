@@ -1,0 +1,131 @@
+"""Weight sync that proves itself (issue 51): checksums on both sides of every sync, the log-prob
+probe, and the faults they catch (a damaged bucket, a dropped LoRA merge), each named in one line."""
+
+import pytest
+import torch
+
+from reinforge.config import load_config
+from reinforge.loop import RLLoop
+from reinforge.utils import faults
+from reinforge.weights.verify import CHUNK, PRIME, SentSums, WeightSyncMismatch, checksum, checksums, compare
+from tests.test_integration import read_metrics, tiny_overrides
+
+
+def reference_checksum(t: torch.Tensor) -> int:
+    """The definition, in Python integers: sum of int32 words * (i mod PRIME + 1), mod 2^64 signed."""
+    words = t.contiguous().view(-1).view(torch.uint8).view(torch.int32).tolist()
+    total = sum(w * (i % PRIME + 1) for i, w in enumerate(words)) % (1 << 64)
+    return total - (1 << 64) if total >= 1 << 63 else total
+
+
+def test_checksum_is_the_exact_position_weighted_word_sum():
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(300, 7, generator=g) * 1e30  # large words: the products overflow int32
+    assert checksums([t]) == [reference_checksum(t)]
+    # bit-exact, not close: the smallest change of one element (its last mantissa bit) shows
+    bumped = t.clone()
+    bumped.view(-1).view(torch.int32)[123] += 1
+    assert checksum(bumped) != checksum(t)
+    # order-sensitive: two elements swapped, and a transposed layout of the same values
+    swapped = t.clone().view(-1)
+    swapped[[5, 900]] = swapped[[900, 5]]
+    assert checksum(swapped) != checksum(t)
+    assert checksum(t.t().contiguous()) != checksum(t)
+    # the cast both sides do: fp32 master weights checksummed as the engine's bf16
+    assert checksum(t, torch.bfloat16) == checksum(t.to(torch.bfloat16))
+    # a bf16 tensor of odd length (16-bit words) and a tensor longer than one chunk
+    odd = torch.randn(5, generator=g).to(torch.bfloat16)
+    assert checksum(odd) != checksum(-odd)
+    big = torch.randn(CHUNK + 1000, generator=g)
+    tail = big.clone()
+    tail[-1] = -tail[-1]
+    assert checksum(big) != checksum(tail)
+    assert int(checksum(big)) == int(checksum(big[:CHUNK])) + int(checksum_offset(big[CHUNK:], CHUNK))
+
+
+def checksum_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
+    words = t.contiguous().view(-1).view(torch.int32).to(torch.int64)
+    return (words * ((torch.arange(words.numel()) + offset) % PRIME + 1)).sum()
+
+
+def test_compare_names_bucket_parameter_and_transport_in_one_line():
+    a, b = torch.ones(3), torch.zeros(2)
+    sent = SentSums(torch.float32)
+    sent.add([("x.weight", a)])
+    sent.add([("y.weight", b), ("z.weight", a)])
+    good = dict(zip(["x.weight", "y.weight", "z.weight"], checksums([a, b, a])))
+    assert compare(sent, good, "CUDA IPC") == []
+    assert compare(sent, {**good, "z.weight": None}, "CUDA IPC") == ["z.weight"]  # the engine cannot check it
+    with pytest.raises(WeightSyncMismatch) as e:
+        compare(sent, {**good, "z.weight": good["z.weight"] + 1}, "NCCL broadcast", "engine 1")
+    msg = str(e.value)
+    assert "\n" not in msg and "bucket 1 parameter z.weight" in msg and "NCCL broadcast" in msg and "engine 1" in msg
+    with pytest.raises(WeightSyncMismatch, match="bucket 0 parameter x.weight was sent but the engine reports no"):
+        compare(sent, {k: v for k, v in good.items() if k != "x.weight"}, "disk")
+
+
+def test_corrupt_bucket_fault_stops_the_run_naming_the_tensor(tmp_path, tiny_model_path, monkeypatch):
+    monkeypatch.setenv("REINFORGE_FAULT", "corrupt_bucket:2")
+    faults.reset()
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path, tmp_path / "run", **{"cluster.weight_sync_bucket_mb": 1, "engine.dtype": "fp32"}
+        ),
+    )
+    with pytest.raises(WeightSyncMismatch) as e:
+        # the sync at start-up: the second bucket (the layers after the embedding) damaged after the trainer's checksum
+        RLLoop(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "weight sync (in-process tensor) mismatch" in msg and "bucket 1 parameter model." in msg, msg
+    faults.reset()
+
+
+def test_sync_metrics_and_probe_on_a_healthy_run(tmp_path, tiny_model_path):
+    out = tmp_path / "run"
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            out,
+            **{
+                "engine.dtype": "fp32",
+                "cluster.weight_sync_probe_interval": 1,
+                "train.num_rollout": 1,
+                "data.n_eval_prompts": 0,
+                "run.save_final": "false",
+            },
+        ),
+    )
+    loop = RLLoop(cfg)
+    loop.train()
+    row = next(r for r in read_metrics(out) if "time/sync" in r)
+    assert row["sync/verified"] == 1.0
+    assert 0 <= row["sync/verify_seconds"] < row["time/sync"]
+    assert 0 <= row["sync/probe_logprob_diff"] < 1e-3  # fp32 engine and trainer: the same model
+
+
+def test_drop_lora_merge_is_caught_by_the_probe_naming_the_tensor(tmp_path, tiny_model_path, monkeypatch):
+    from tests.test_lora import LORA
+
+    # merged_named_weights passes: 1 the sync at start-up, 2 the sync after the first step (dropped)
+    monkeypatch.setenv("REINFORGE_FAULT", "drop_lora_merge:2")
+    faults.reset()
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            tiny_model_path,
+            tmp_path / "run",
+            **LORA,
+            **{"cluster.weight_sync_probe_interval": 1, "train.num_rollout": 1, "run.save_final": "false"},
+        ),
+    )
+    loop = RLLoop(cfg)
+    with pytest.raises(WeightSyncMismatch) as e:
+        loop.rollout_step(0)
+    msg = str(e.value)
+    assert "\n" not in msg and "probe prompt differ" in msg and "in-process tensor" in msg, msg
+    assert "parameter model.layers.0.self_attn.q_proj.weight" in msg, msg  # the first adapted weight, named
+    loop.close()
+    faults.reset()
