@@ -77,6 +77,8 @@ def test_ray_grpo_two_rollouts(tmp_path, tiny_model_path, ray_cluster, colocate)
     assert len(train) == 2 and all(r["time/sync"] > 0 for r in train)
     # the engine generated with the trainers' weights: fp32 log-probs agree
     assert all(r["train/logprob_abs_diff"] < 1e-4 for r in train)
+    # every sync verified by checksums on both sides (colocated on CPU: by value; else a gloo broadcast)
+    assert all(r["sync/verified"] == 1.0 and r["sync/verify_seconds"] >= 0 for r in train)
     assert [r["weight_version"] for r in train] == [1.0, 2.0]
     ckpt = out / "checkpoints" / "rollout_000001"
     assert (ckpt / "dcp" / "actor" / "hf_weights.json").exists() and (ckpt / "model" / "config.json").exists()

@@ -129,3 +129,90 @@ def test_drop_lora_merge_is_caught_by_the_probe_naming_the_tensor(tmp_path, tiny
     assert "parameter model.layers.0.self_attn.q_proj.weight" in msg, msg  # the first adapted weight, named
     loop.close()
     faults.reset()
+
+
+def test_vllm_side_checksums_in_the_worker_with_a_stand_in_llm():
+    """VLLMEngine's path without vLLM installed: collective_rpc reaches the worker extension, which
+    checksums what arrives before vLLM's reload (the real engine: tests/test_vllm.py)."""
+    from reinforge.rollout.vllm_engine import ReinforgeWorkerExtension, VLLMEngine
+
+    class Worker(ReinforgeWorkerExtension):
+        def __init__(self, damage: bool):
+            self.damage, self.loaded = damage, {}
+
+        def reload_weights(self, weights_iterator, is_checkpoint_format):
+            self.loaded.update({n: t.clone() for n, t in weights_iterator})
+
+        def reinforge_reload(self, named, dtype=None):
+            return super().reinforge_reload(corrupt(named) if self.damage else named, dtype)
+
+    class LLM:  # two TP workers, in process
+        def __init__(self, damage_second: bool):
+            self.workers = [Worker(False), Worker(damage_second)]
+
+        def collective_rpc(self, method, args=()):
+            return [getattr(w, method)(*args) for w in self.workers]
+
+        def reset_prefix_cache(self):
+            pass
+
+    from reinforge.weights.verify import corrupt
+
+    named = [("model.embed_tokens.weight", torch.randn(8, 4)), ("model.norm.weight", torch.randn(4))]
+    for damage in (False, True):
+        engine = VLLMEngine.__new__(VLLMEngine)
+        engine.tied, engine.in_process, engine.weight_version = True, True, 0
+        engine.weight_dtype, engine._arrived, engine._converted = torch.bfloat16, {}, set()
+        engine.llm = LLM(damage)
+        sent = SentSums(engine.weight_dtype)
+        engine.update_weights(sent.stream([named]), version=1)
+        if not damage:
+            assert compare(sent, engine.weight_checksums(sent.names), "vLLM collective_rpc") == []
+            assert "lm_head.weight" in engine.llm.workers[0].loaded  # the tied head, sent under its name
+        else:
+            with pytest.raises(WeightSyncMismatch, match="parameter lm_head.weight arrived with different bytes"):
+                engine.weight_checksums(["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"])
+
+
+def test_broadcast_transport_is_verified_and_a_damaged_bucket_named(tiny_model_path, monkeypatch):
+    """The disaggregated transport (flat fp32 buckets over a gloo group, as NCCL on GPUs) into a bf16
+    embedded engine: checksums agree through flatten -> broadcast -> cast; a damaged bucket is named."""
+    import queue
+    import threading
+
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
+    from reinforge.utils.net import free_port
+    from reinforge.weights.broadcast import receive_flat, send_flat
+    from reinforge.weights.buckets import bucket_by_bytes
+    from reinforge.weights.groups import weight_sync_group
+
+    trainer = build_model(tiny_model_path, torch.float32)
+    engine = EmbeddedEngine(build_model(tiny_model_path, torch.bfloat16, random_init=True), max_model_len=64)
+    named = [(n, p.detach()) for n, p in trainer.named_parameters()]
+    port = free_port("127.0.0.1")
+
+    def receiver(metas: queue.Queue) -> None:
+        group = weight_sync_group("127.0.0.1", port, 1, 2, "gloo")
+        while (meta := metas.get()) is not None:
+            engine.update_weights(receive_flat(group, meta, torch.device("cpu")), version=1)
+
+    for fault in ("", "corrupt_bucket:2"):
+        monkeypatch.setenv("REINFORGE_FAULT", fault)
+        faults.reset()
+        metas: queue.Queue = queue.Queue()
+        thread = threading.Thread(target=receiver, args=(metas,))
+        thread.start()
+        group = weight_sync_group("127.0.0.1", port, 0, 2, "gloo")
+        sent = SentSums(engine.weight_dtype)
+        for bucket in bucket_by_bytes(named, 1 << 20):
+            send_flat(group, sent.add(bucket), metas.put)
+        metas.put(None)
+        thread.join()
+        if not fault:
+            assert len(sent.buckets) > 1 and compare(sent, engine.weight_checksums(sent.names), "gloo broadcast") == []
+        else:
+            with pytest.raises(WeightSyncMismatch, match=r"weight sync \(gloo broadcast\) mismatch .* bucket 1 "):
+                compare(sent, engine.weight_checksums(sent.names), "gloo broadcast")
+        port = free_port("127.0.0.1")
+    faults.reset()

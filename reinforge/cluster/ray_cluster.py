@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import Config
-from ..records import GenerateRequest, GenerateResult
+from ..records import GenerateRequest, GenerateResult, Sample
 from ..utils import faults, seeds, trace
 from ..utils.net import free_port
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
 from ..weights.tensor import by_value, with_fault_point
+from ..weights.verify import SentSums, WeightSyncMismatch, checkable, compare, not_verified
 from .base import ClusterSpec
 from .ray_trace import ActorTraces, TracedActor
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
@@ -126,21 +127,52 @@ class TrainerActor(TracedActor):
     def init_weight_group(self, addr: str, port: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, 0, size, backend_for(self.worker.device))
 
-    def sync_colocated(self, engine: Any, version: int, bucket_bytes: int) -> None:
+    def sync_colocated(
+        self, engine: Any, version: int, bucket_bytes: int, dtype: torch.dtype | None = None
+    ) -> dict[str, float]:
         """Gather the full weights (all ranks must run this) and hand them to the engine on this
-        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU."""
+        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU. With ``dtype``
+        (the engine's weight dtype; ``cluster.verify_weight_sync``) each bucket is checksummed
+        before it goes out and compared with the engine's checksums afterwards; returns the
+        ``sync/*`` metrics (:func:`reinforge.weights.tensor.sync_in_process`).
+
+        Raises:
+            WeightSyncMismatch: the engine holds other bytes than were sent.
+        """
         import ray
 
+        sent = SentSums(dtype) if dtype is not None and engine is not None else None
+        transport = "CUDA IPC"
         with trace.span("sync_colocated", "sync", version=version):
             for bucket in trace.spans_over(
                 "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
             ):
                 if engine is None:
                     continue
+                if sent is not None:
+                    bucket = sent.add(bucket)
                 if bucket[0][1].is_cuda:
                     ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
                 else:
+                    transport = "by value (Ray object store)"
                     ray.get(engine.update_weights.remote(by_value(bucket), version))
+        return self._verify(sent, [engine] if engine is not None else [], transport, version)
+
+    def _verify(self, sent: SentSums | None, engines: list[Any], transport: str, version: int) -> dict[str, float]:
+        """Compare ``sent`` with each engine's checksums (one call per engine after the last bucket)."""
+        import ray
+
+        if sent is None:
+            return {}
+        with trace.span("verify", "sync", version=version, engines=len(engines)) as v:
+            landed = ray.get([e.weight_checksums.remote(sent.names) for e in engines])
+            for e, sums in zip(engines, landed):
+                try:
+                    compare(sent, sums, transport)
+                except WeightSyncMismatch as err:  # (named by its index: one more call, on failure only)
+                    index = ray.get(e.engine_index.remote())
+                    raise WeightSyncMismatch(str(err).replace("the engine", f"engine {index}", 1)) from None
+        return {"sync/verified": 1.0, "sync/verify_seconds": sent.seconds + v.seconds}
 
     def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
@@ -152,16 +184,21 @@ class TrainerActor(TracedActor):
                 if engine is not None:
                     ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
 
-    def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
+    def sync_broadcast(
+        self, engines: list[Any] | None, version: int, bucket_bytes: int, dtype: torch.dtype | None = None
+    ) -> dict[str, float]:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
-        (:mod:`reinforge.weights.broadcast`)."""
+        (:mod:`reinforge.weights.broadcast`). With ``dtype``, verified as in :meth:`sync_colocated`."""
         import ray
 
+        sent = SentSums(dtype) if dtype is not None and engines else None
         with trace.span("sync_broadcast", "sync", version=version):
             for bucket in trace.spans_over(
                 "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
             ):
                 if engines:
+                    if sent is not None:
+                        bucket = sent.add(bucket)
                     ray.get(
                         send_flat(
                             self.weight_group,
@@ -169,6 +206,8 @@ class TrainerActor(TracedActor):
                             lambda meta: [e.receive_bucket.remote(meta, version) for e in engines],
                         )
                     )
+        transport = "NCCL broadcast" if backend_for(self.worker.device) == "nccl" else "gloo broadcast"
+        return self._verify(sent, engines or [], transport, version)
 
 
 class EngineActor(TracedActor):
@@ -202,6 +241,18 @@ class EngineActor(TracedActor):
     def update_weights_ipc(self, handles: ipc.Handles, version: int) -> None:
         with trace.span("update_weights", "sync", version=version, ipc=True):
             self.engine.update_weights(ipc.from_handles(handles), version)
+
+    def engine_index(self) -> int:
+        return self.index
+
+    def weight_dtype(self) -> torch.dtype | None:
+        """The dtype the engine holds its weights in, or None where it reports no checksums."""
+        return self.engine.weight_dtype if checkable(self.engine) else None
+
+    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
+        """The engine's checksums of what it loaded (:mod:`reinforge.weights.verify`)."""
+        with trace.span("weight_checksums", "sync", tensors=len(names)):
+            return self.engine.weight_checksums(names)
 
     def init_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, rank, size, backend_for(self.device))
@@ -527,24 +578,60 @@ class RayCluster:
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
-        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers)."""
+        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers). With
+        ``cluster.verify_weight_sync`` every engine's checksums are compared with the senders'
+        (``sync/verified``, ``sync/verify_seconds``; :mod:`reinforge.weights.verify`)."""
+        dtype = self._engine_weight_dtype()
         with trace.span("update_weights", "sync", version=version) as s:
             bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
             handles = self.engine.handles
             if self.cfg.cluster.colocate:
                 targets = handles + [None] * (len(self.workers) - len(handles))
-                get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+                results = get_all(
+                    [w.sync_colocated.remote(e, version, bucket, dtype) for w, e in zip(self.workers, targets)]
+                )
             else:
-                get_all(
+                results = get_all(
                     [
-                        w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
+                        w.sync_broadcast.remote(handles if i == 0 else None, version, bucket, dtype)
                         for i, w in enumerate(self.workers)
                     ]
                 )
             self.engine.weight_version = version
         if self.traces is not None:  # the actors' events of this step, into the driver's trace
             self.traces.collect()
-        return {"time/sync": s.seconds}
+        metrics: dict[str, float] = {"time/sync": s.seconds}
+        if self.cfg.cluster.verify_weight_sync:
+            seconds = [r["sync/verify_seconds"] for r in results if r]
+            metrics["sync/verified"] = 1.0 if seconds else 0.0
+            if seconds:
+                metrics["sync/verify_seconds"] = max(seconds)
+            else:
+                metrics.update(not_verified(self.engine))
+        return metrics
+
+    def _engine_weight_dtype(self) -> torch.dtype | None:
+        """The engines' weight dtype (asked once; again after a replacement), None when verification
+        is off or the engines report no checksums."""
+        import ray
+
+        if not self.cfg.cluster.verify_weight_sync:
+            return None
+        if getattr(self, "_weight_dtype_of", None) != self.engine.handles:
+            self._weight_dtype = ray.get(self.engine.handles[0].weight_dtype.remote())
+            self._weight_dtype_of = list(self.engine.handles)
+        return self._weight_dtype
+
+    @property
+    def weight_transport(self) -> str:
+        if self.cfg.cluster.colocate:
+            return "CUDA IPC" if self.use_gpu else "by value (Ray object store)"
+        return "NCCL broadcast" if self.use_gpu else "gloo broadcast"
+
+    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """The policy's log-probs of the samples' response tokens (every rank runs the forward;
+        rank 0's result): the sync probe (:mod:`reinforge.weights.probe`)."""
+        return self._on_every_rank("compute_log_probs", samples)
 
     def save(self, directory: Path, optimizer: bool = True) -> None:
         self._on_every_rank("save", str(directory), optimizer)
