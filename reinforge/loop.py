@@ -21,6 +21,7 @@ import torch
 from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
 from .cluster.resources import check_placement, machine_resources
+from .cluster.sync_probe import build_probe
 from .config import Config, ConfigError, dump_config
 from .data import load_datasets
 from .eval.evaluate import eval_plot_keys, evaluate, write_eval
@@ -40,7 +41,6 @@ from .train.rollout_share import RolloutBatch
 from .utils import seeds, trace
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
-from .weights.probe import SyncProbe
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class RLLoop:
         self.engine = self.cluster.engine
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
-        self.probe = SyncProbe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
+        self.probe = build_probe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
         self.probe(self.weight_version)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)

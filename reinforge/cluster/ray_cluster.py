@@ -40,9 +40,10 @@ from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
 from ..weights.tensor import by_value, with_fault_point
-from ..weights.verify import SentSums, WeightSyncMismatch, checkable, compare, not_verified
+from ..weights.verify import SentSums, checkable
 from .base import ClusterSpec
 from .ray_trace import ActorTraces, TracedActor
+from .ray_verify import EngineDtype, sync_metrics, transport_name, verify_on_engines
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 if TYPE_CHECKING:
@@ -127,18 +128,10 @@ class TrainerActor(TracedActor):
     def init_weight_group(self, addr: str, port: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, 0, size, backend_for(self.worker.device))
 
-    def sync_colocated(
-        self, engine: Any, version: int, bucket_bytes: int, dtype: torch.dtype | None = None
-    ) -> dict[str, float]:
+    def sync_colocated(self, engine: Any, version: int, bucket_bytes: int, dtype: Any = None) -> dict[str, float]:
         """Gather the full weights (all ranks must run this) and hand them to the engine on this
-        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU. With ``dtype``
-        (the engine's weight dtype; ``cluster.verify_weight_sync``) each bucket is checksummed
-        before it goes out and compared with the engine's checksums afterwards; returns the
-        ``sync/*`` metrics (:func:`reinforge.weights.tensor.sync_in_process`).
-
-        Raises:
-            WeightSyncMismatch: the engine holds other bytes than were sent.
-        """
+        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU. With ``dtype`` (the
+        engine's weight dtype) verified: :func:`~reinforge.cluster.ray_verify.verify_on_engines`."""
         import ray
 
         sent = SentSums(dtype) if dtype is not None and engine is not None else None
@@ -149,30 +142,13 @@ class TrainerActor(TracedActor):
             ):
                 if engine is None:
                     continue
-                if sent is not None:
-                    bucket = sent.add(bucket)
+                bucket = sent.add(bucket) if sent is not None else bucket
                 if bucket[0][1].is_cuda:
                     ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
                 else:
                     transport = "by value (Ray object store)"
                     ray.get(engine.update_weights.remote(by_value(bucket), version))
-        return self._verify(sent, [engine] if engine is not None else [], transport, version)
-
-    def _verify(self, sent: SentSums | None, engines: list[Any], transport: str, version: int) -> dict[str, float]:
-        """Compare ``sent`` with each engine's checksums (one call per engine after the last bucket)."""
-        import ray
-
-        if sent is None:
-            return {}
-        with trace.span("verify", "sync", version=version, engines=len(engines)) as v:
-            landed = ray.get([e.weight_checksums.remote(sent.names) for e in engines])
-            for e, sums in zip(engines, landed):
-                try:
-                    compare(sent, sums, transport)
-                except WeightSyncMismatch as err:  # (named by its index: one more call, on failure only)
-                    index = ray.get(e.engine_index.remote())
-                    raise WeightSyncMismatch(str(err).replace("the engine", f"engine {index}", 1)) from None
-        return {"sync/verified": 1.0, "sync/verify_seconds": sent.seconds + v.seconds}
+        return verify_on_engines(sent, [engine] if engine is not None else [], transport, version)
 
     def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
@@ -184,9 +160,7 @@ class TrainerActor(TracedActor):
                 if engine is not None:
                     ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
 
-    def sync_broadcast(
-        self, engines: list[Any] | None, version: int, bucket_bytes: int, dtype: torch.dtype | None = None
-    ) -> dict[str, float]:
+    def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int, dtype: Any = None) -> dict:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
         (:mod:`reinforge.weights.broadcast`). With ``dtype``, verified as in :meth:`sync_colocated`."""
         import ray
@@ -197,8 +171,7 @@ class TrainerActor(TracedActor):
                 "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
             ):
                 if engines:
-                    if sent is not None:
-                        bucket = sent.add(bucket)
+                    bucket = sent.add(bucket) if sent is not None else bucket
                     ray.get(
                         send_flat(
                             self.weight_group,
@@ -207,7 +180,7 @@ class TrainerActor(TracedActor):
                         )
                     )
         transport = "NCCL broadcast" if backend_for(self.worker.device) == "nccl" else "gloo broadcast"
-        return self._verify(sent, engines or [], transport, version)
+        return verify_on_engines(sent, engines or [], transport, version)
 
 
 class EngineActor(TracedActor):
@@ -245,12 +218,10 @@ class EngineActor(TracedActor):
     def engine_index(self) -> int:
         return self.index
 
-    def weight_dtype(self) -> torch.dtype | None:
-        """The dtype the engine holds its weights in, or None where it reports no checksums."""
+    def weight_dtype(self) -> torch.dtype | None:  # (None: the engine reports no checksums)
         return self.engine.weight_dtype if checkable(self.engine) else None
 
-    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
-        """The engine's checksums of what it loaded (:mod:`reinforge.weights.verify`)."""
+    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:  # (reinforge.weights.verify)
         with trace.span("weight_checksums", "sync", tensors=len(names)):
             return self.engine.weight_checksums(names)
 
@@ -471,6 +442,7 @@ class RayCluster:
 
         self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
         self.traces = ActorTraces() if cfg.run.trace else None
+        self.engine_dtype = EngineDtype()  # the engines' weight dtype, for verified syncs
         if self.traces is not None:
             for i, w in enumerate(self.workers):
                 self.traces.add(f"trainer {i}", w, f"trainer rank {i}", "train", 1 + i)
@@ -578,59 +550,28 @@ class RayCluster:
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
-        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers). With
-        ``cluster.verify_weight_sync`` every engine's checksums are compared with the senders'
-        (``sync/verified``, ``sync/verify_seconds``; :mod:`reinforge.weights.verify`)."""
-        dtype = self._engine_weight_dtype()
+        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers). Verified with
+        ``cluster.verify_weight_sync`` (:mod:`.ray_verify`: ``sync/verified``, ``sync/verify_seconds``)."""
+        dtype = self.engine_dtype.get(self.engine.handles) if self.cfg.cluster.verify_weight_sync else None
         with trace.span("update_weights", "sync", version=version) as s:
-            bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
-            handles = self.engine.handles
+            bucket, handles = self.cfg.cluster.weight_sync_bucket_mb << 20, self.engine.handles
             if self.cfg.cluster.colocate:
                 targets = handles + [None] * (len(self.workers) - len(handles))
-                results = get_all(
-                    [w.sync_colocated.remote(e, version, bucket, dtype) for w, e in zip(self.workers, targets)]
-                )
+                calls = [w.sync_colocated.remote(e, version, bucket, dtype) for w, e in zip(self.workers, targets)]
             else:
-                results = get_all(
-                    [
-                        w.sync_broadcast.remote(handles if i == 0 else None, version, bucket, dtype)
-                        for i, w in enumerate(self.workers)
-                    ]
-                )
+                sends = [handles] + [None] * (len(self.workers) - 1)  # rank 0 broadcasts
+                calls = [w.sync_broadcast.remote(e, version, bucket, dtype) for w, e in zip(self.workers, sends)]
+            results = get_all(calls)
             self.engine.weight_version = version
         if self.traces is not None:  # the actors' events of this step, into the driver's trace
             self.traces.collect()
-        metrics: dict[str, float] = {"time/sync": s.seconds}
-        if self.cfg.cluster.verify_weight_sync:
-            seconds = [r["sync/verify_seconds"] for r in results if r]
-            metrics["sync/verified"] = 1.0 if seconds else 0.0
-            if seconds:
-                metrics["sync/verify_seconds"] = max(seconds)
-            else:
-                metrics.update(not_verified(self.engine))
-        return metrics
-
-    def _engine_weight_dtype(self) -> torch.dtype | None:
-        """The engines' weight dtype (asked once; again after a replacement), None when verification
-        is off or the engines report no checksums."""
-        import ray
-
-        if not self.cfg.cluster.verify_weight_sync:
-            return None
-        if getattr(self, "_weight_dtype_of", None) != self.engine.handles:
-            self._weight_dtype = ray.get(self.engine.handles[0].weight_dtype.remote())
-            self._weight_dtype_of = list(self.engine.handles)
-        return self._weight_dtype
+        return {"time/sync": s.seconds, **sync_metrics(self.cfg.cluster.verify_weight_sync, results, self.engine)}
 
     @property
     def weight_transport(self) -> str:
-        if self.cfg.cluster.colocate:
-            return "CUDA IPC" if self.use_gpu else "by value (Ray object store)"
-        return "NCCL broadcast" if self.use_gpu else "gloo broadcast"
+        return transport_name(self.cfg.cluster.colocate, self.use_gpu)
 
-    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """The policy's log-probs of the samples' response tokens (every rank runs the forward;
-        rank 0's result): the sync probe (:mod:`reinforge.weights.probe`)."""
+    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:  # (the sync probe; every rank runs it)
         return self._on_every_rank("compute_log_probs", samples)
 
     def save(self, directory: Path, optimizer: bool = True) -> None:

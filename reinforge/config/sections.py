@@ -495,26 +495,11 @@ class ClusterConfig(Section):
         "this many times per run; 0: the run fails",
         ge=0,
     )
-    verify_weight_sync: bool = opt(
-        True,
-        "after every weight sync compare per-tensor checksums computed by the trainer before sending and by "
-        "the engine where the weights landed; a difference stops the run naming the bucket, parameter and "
-        "transport ([reliability.md](reliability.md#weight-sync-verification)); metrics `sync/verified`, "
-        "`sync/verify_seconds`",
-    )
+    verify_weight_sync: bool = opt(True, "compare trainer and engine checksums of every synced tensor (reliability.md)")
     weight_sync_probe_interval: int = opt(
-        10,
-        "every this many weight syncs (the first at start-up included) a fixed prompt's tokens go through engine "
-        "and trainer; the largest per-token log-prob difference is `sync/probe_logprob_diff` and stops the run "
-        "above `weight_sync_probe_tolerance`; 0: never",
-        ge=0,
+        10, "weight syncs between log-prob probes, the first included (0: none)", ge=0
     )
-    weight_sync_probe_tolerance: float | None = opt(
-        None,
-        "largest allowed `sync/probe_logprob_diff`; `null`: by the lowest precision in play (engine and trainer "
-        "dtype, fp8 weights or KV cache): fp32 1e-3, fp16 0.5, bf16 1.0, fp8 2.0",
-        gt=0,
-    )
+    weight_sync_probe_tolerance: float | None = opt(None, "max `sync/probe_logprob_diff`; null: by dtype", gt=0)
 
     @property
     def num_trainers(self) -> int:

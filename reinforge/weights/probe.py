@@ -29,18 +29,18 @@ PROBE_TOKENS = 16
 TOLERANCE = {"fp32": 1e-3, "fp16": 0.5, "bf16": 1.0, "fp8": 2.0}
 
 
-def probe_tolerance(cfg: Any, engine_dtype: torch.dtype, train_bf16: bool) -> float:
-    """``cluster.weight_sync_probe_tolerance``, or (null) :data:`TOLERANCE` of the lowest precision
-    among the engine's dtype, the trainer's autocast (``train_bf16``), fp8 engine weights
-    (``engine.quantization``) and an fp8 KV cache (``engine.kv_cache_dtype``)."""
-    if cfg.cluster.weight_sync_probe_tolerance is not None:
-        return float(cfg.cluster.weight_sync_probe_tolerance)
+def probe_tolerance(override: float | None, engine_dtype: torch.dtype, train_bf16: bool, fp8: bool) -> float:
+    """``override`` (``cluster.weight_sync_probe_tolerance``), or (None) :data:`TOLERANCE` of the lowest
+    precision among the engine's dtype, the trainer's bf16 autocast (``train_bf16``) and fp8 engine
+    weights or KV cache (``fp8``)."""
+    if override is not None:
+        return float(override)
     kinds = {"fp32"}
     if engine_dtype == torch.bfloat16 or train_bf16:
         kinds.add("bf16")
     if engine_dtype == torch.float16:
         kinds.add("fp16")
-    if cfg.engine.quantization or "fp8" in str(cfg.engine.kv_cache_dtype):
+    if fp8:
         kinds.add("fp8")
     return max(TOLERANCE[k] for k in kinds)
 
@@ -88,19 +88,14 @@ class SyncProbe:
         tokenizer: encodes :data:`PROBE_TEXT` once.
         cluster: the ``Cluster`` (its ``engine``, ``probe_log_probs``, ``weight_transport`` and
             ``diagnose_weights``, which names the first tensor that differs when the probe fails).
+        tolerance: the largest allowed difference (:func:`probe_tolerance`; built by
+            :func:`reinforge.cluster.sync_probe.build_probe`).
     """
 
-    def __init__(self, cfg: Any, tokenizer: Any, cluster: Any):
-        from ..rollout.backends import engine_dtype
-        from ..train.model_trainer import autocast_dtype
-        from ..utils.device import resolve_device
-
-        device = resolve_device(cfg.train.device)
-        self.cfg, self.cluster = cfg, cluster
+    def __init__(self, cfg: Any, tokenizer: Any, cluster: Any, tolerance: float):
+        self.cfg, self.cluster, self.tolerance = cfg, cluster, tolerance
         self.interval = cfg.cluster.weight_sync_probe_interval
         self.prompt_ids = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
-        bf16 = autocast_dtype(cfg.model.train_dtype, device) == torch.bfloat16
-        self.tolerance = probe_tolerance(cfg, engine_dtype(cfg.engine.dtype, device), bf16)
 
     def due(self, version: int) -> bool:
         return self.interval > 0 and version % self.interval == 0
