@@ -216,3 +216,45 @@ def test_broadcast_transport_is_verified_and_a_damaged_bucket_named(tiny_model_p
                 compare(sent, engine.weight_checksums(sent.names), "gloo broadcast")
         port = free_port("127.0.0.1")
     faults.reset()
+
+
+def test_a_sync_that_silently_did_not_happen_is_caught(tiny_model_path, caplog):
+    """The engine's update_weights returns without loading (a stale engine, TRL #5312): the
+    checksums of what it holds differ from what was sent; verification off, or an engine without
+    checksums, reports sync/verified accordingly."""
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
+    from reinforge.weights.tensor import sync_in_process
+
+    trainer = build_model(tiny_model_path, torch.float32)
+    engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32, random_init=True), max_model_len=64)
+    named = lambda: ((n, p.detach()) for n, p in trainer.named_parameters())  # noqa: E731
+    out = sync_in_process(named(), engine, 1)
+    assert out["sync/verified"] == 1.0 and 0 <= out["sync/verify_seconds"] <= out["time/sync"]
+    engine.update_weights = lambda tensors, version: list(tensors)  # consumed, never loaded
+    for p in engine.model.parameters():
+        p.data.add_(1.0)
+    with pytest.raises(WeightSyncMismatch, match="bucket 0 parameter model.embed_tokens.weight holds other bytes"):
+        sync_in_process(named(), engine, 2)
+    assert set(sync_in_process(named(), engine, 3, verify=False)) == {"time/sync"}  # off: not checked
+
+    class Plain:  # an engine that reports no checksums (SGLang's case)
+        def update_weights(self, tensors, version):
+            list(tensors)
+
+    with caplog.at_level("WARNING"):
+        assert sync_in_process(named(), Plain(), 1)["sync/verified"] == 0.0
+    assert "Plain cannot report checksums" in caplog.text
+
+
+def test_probe_tolerance_follows_the_lowest_precision():
+    from reinforge.weights.probe import check_probe, probe_tolerance
+
+    assert probe_tolerance(None, torch.float32, False, False) == 1e-3
+    assert probe_tolerance(None, torch.float32, True, False) == 1.0  # bf16 autocast in the trainer
+    assert probe_tolerance(None, torch.bfloat16, False, True) == 2.0  # fp8 weights or KV cache
+    assert probe_tolerance(0.25, torch.bfloat16, False, True) == 0.25
+    check_probe(0.5, 1.0, 3, "CUDA IPC")
+    for bad in (1.5, float("nan")):
+        with pytest.raises(WeightSyncMismatch, match=r"weight sync \(CUDA IPC\) of version 3: .* differ"):
+            check_probe(bad, 1.0, 3, "CUDA IPC")
