@@ -258,3 +258,27 @@ def test_probe_tolerance_follows_the_lowest_precision():
     for bad in (1.5, float("nan")):
         with pytest.raises(WeightSyncMismatch, match=r"weight sync \(CUDA IPC\) of version 3: .* differ"):
             check_probe(bad, 1.0, 3, "CUDA IPC")
+
+
+def test_fp8_engine_checks_quantized_layers_before_quantization(tiny_model_path, monkeypatch):
+    """engine.quantization=fp8: the quantized layers' tensors are checksummed as they arrive (cast to the
+    engine's dtype, before quantization), the others where they landed; a damaged one is named."""
+    from reinforge.config.sections import EngineConfig
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
+    from reinforge.weights.tensor import sync_in_process
+
+    trainer = build_model(tiny_model_path, torch.float32)
+    cfg = EngineConfig(max_num_seqs=8, quantization="fp8")
+    engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32, random_init=True), cfg, max_model_len=48)
+    down = "model.layers.1.mlp.down_proj.weight"  # a quantized layer's weight (no parameter in the engine)
+    assert down not in dict(engine.model.named_parameters())
+    named = [(n, p.detach()) for n, p in trainer.named_parameters() if n != down] + [
+        (down, trainer.get_parameter(down))
+    ]
+    assert sync_in_process(named, engine, 1, bucket_bytes=1 << 16)["sync/verified"] == 1.0
+    monkeypatch.setenv("REINFORGE_FAULT", "corrupt_bucket:1")
+    faults.reset()
+    with pytest.raises(WeightSyncMismatch, match=f"bucket 0 parameter {down} holds other bytes"):
+        sync_in_process(named, engine, 2, bucket_bytes=64 << 20)  # one bucket: its last tensor damaged
+    faults.reset()
