@@ -143,7 +143,6 @@ class RLLoop:
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
         self.probe = build_probe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
-        self.probe(self.weight_version)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
@@ -397,6 +396,7 @@ class RLLoop:
         if cfg.run.trace:
             trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
+            self.probe(self.weight_version, start=True)  # the weights at start-up (or resume), proven once
             if self.start_rollout == 0:
                 logger.log(
                     0,

@@ -197,7 +197,7 @@ class VLLMEngine:
         self.weight_version = version
 
     def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
-        """Checksums of the named weights as they arrived in vLLM's workers since the last call (in
+        """Checksums of the named weights as they last arrived in vLLM's workers (in
         :attr:`weight_dtype`, before vLLM's weight processing, :meth:`ReinforgeWorkerExtension.reinforge_reload`);
         None for a mixture-of-experts tensor sent in the hub's per-expert layout (not the name sent).
 
@@ -218,7 +218,6 @@ class VLLMEngine:
                         f"in vLLM's workers (checksum per TP rank: {by_rank})"
                     )
                 out[name] = next(iter(by_rank.values()))
-        self._arrived.clear()
         return out
 
     def reseed(self, seed: int) -> None:

@@ -16,6 +16,7 @@ trainer agree to ~1e-5 per token, a bf16 engine to a mean of ~0.035 (docs/engine
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 from ..records import GenerateRequest, Sample, SamplingParams
 from .verify import WeightSyncMismatch
 
+log = logging.getLogger(__name__)
 PROBE_TEXT = "Weight sync probe. Count from one to ten, then name three primary colours:"
 PROBE_TOKENS = 16
 TOLERANCE = {"fp32": 1e-3, "fp16": 0.5, "bf16": 1.0, "fp8": 2.0}
@@ -100,14 +102,15 @@ class SyncProbe:
     def due(self, version: int) -> bool:
         return self.interval > 0 and version % self.interval == 0
 
-    def __call__(self, version: int) -> dict[str, float]:
-        """Probe after the sync of ``version`` when due: ``{"sync/probe_logprob_diff": d}`` (else {}).
+    def __call__(self, version: int, start: bool = False) -> dict[str, float]:
+        """Probe after the sync of ``version`` when due (``start``: the sync at start-up, always unless
+        the interval is 0): ``{"sync/probe_logprob_diff": d}`` (else {}).
 
         Raises:
             WeightSyncMismatch: the difference exceeds the tolerance (one line; the first tensor the
                 engine holds differently from the trainer named where one does).
         """
-        if not self.due(version):
+        if not (self.due(version) or (start and self.interval > 0)):
             return {}
         from ..utils import trace
 
@@ -123,4 +126,10 @@ class SyncProbe:
             if where:
                 raise WeightSyncMismatch(f"{e}; {where}") from None
             raise
+        log.info(
+            "weight sync probe (version %d): max |engine - trainer| log-prob %.3g (tolerance %.3g)",
+            version,
+            diff,
+            self.tolerance,
+        )
         return {"sync/probe_logprob_diff": diff}

@@ -63,25 +63,19 @@ def first_difference(named: Iterable[tuple[str, torch.Tensor]], engine: Any, buc
     """After a failed probe: checksum the policy's current tensors ``named`` (nothing is sent) and
     compare with what ``engine`` holds; the first difference as one phrase naming the bucket and
     parameter, or None (no checksums from this engine, or all equal)."""
-    from .verify import SentSums, WeightSyncMismatch, checkable, compare
+    from .verify import SentSums, WeightSyncMismatch, checkable, checksums, compare
 
     if not checkable(engine):
         return None
     sums = SentSums(engine.weight_dtype)
     for bucket in bucket_by_bytes(named, bucket_bytes):
-        sums.buckets.append(list(zip([n for n, _ in bucket], sums_of(bucket, sums.dtype))))
+        sums.buckets.append(list(zip([n for n, _ in bucket], checksums((t for _, t in bucket), sums.dtype))))
     try:
         compare(sums, engine.weight_checksums(sums.names), "recomputed")
     except WeightSyncMismatch as e:
         detail = str(e).split(": ", 1)[1].split(" (checksum")[0]
         return f"the trainer's weights recomputed now differ from what the engine holds: {detail}"
     return None
-
-
-def sums_of(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> list[int]:
-    from .verify import checksums
-
-    return checksums((t for _, t in bucket), dtype)
 
 
 def with_fault_point(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:

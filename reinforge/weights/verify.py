@@ -192,12 +192,14 @@ def not_verified(engine: Any) -> dict[str, float]:
 
 class ArrivalSums:
     """The engine's side for weights it transforms on arrival (fp8 quantization, repacking): each
-    tensor's checksum in the engine's ``dtype`` as it passes into the loader, read back once in
-    :meth:`result`."""
+    tensor's checksum in the engine's ``dtype`` as it passes into the loader; :meth:`result` reads
+    them back once and keeps the latest per name (a name a sync skipped keeps its old checksum,
+    which then differs from the new one sent)."""
 
     def __init__(self, dtype: torch.dtype | None):
         self.dtype = dtype
         self._pending: dict[str, torch.Tensor] = {}
+        self._done: dict[str, int] = {}
 
     def watch(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, t in named:
@@ -206,6 +208,8 @@ class ArrivalSums:
 
     def result(self) -> dict[str, int]:
         names = list(self._pending)
-        sums = [self._pending[n].cpu() for n in names]
+        if names:
+            values = torch.stack([self._pending[n].cpu() for n in names]).tolist()
+            self._done.update(zip(names, (int(v) for v in values)))
         self._pending.clear()
-        return dict(zip(names, (int(v) for v in torch.stack(sums).tolist()))) if sums else {}
+        return dict(self._done)
