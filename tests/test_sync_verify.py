@@ -8,7 +8,7 @@ from reinforge.config import load_config
 from reinforge.loop import RLLoop
 from reinforge.utils import faults
 from reinforge.weights.verify import CHUNK, PRIME, SentSums, WeightSyncMismatch, checksum, checksums, compare
-from tests.test_integration import read_metrics, tiny_overrides
+from tests.test_integration import tiny_overrides
 
 
 def reference_checksum(t: torch.Tensor) -> int:
@@ -83,27 +83,23 @@ def test_corrupt_bucket_fault_stops_the_run_naming_the_tensor(tmp_path, tiny_mod
 
 
 def test_sync_metrics_and_probe_on_a_healthy_run(tmp_path, tiny_model_path):
-    out = tmp_path / "run"
     cfg = load_config(
         None,
         tiny_overrides(
             tiny_model_path,
-            out,
-            **{
-                "engine.dtype": "fp32",
-                "cluster.weight_sync_probe_interval": 1,
-                "train.num_rollout": 1,
-                "data.n_eval_prompts": 0,
-                "run.save_final": "false",
-            },
+            tmp_path / "run",
+            **{"engine.dtype": "fp32", "cluster.weight_sync_probe_interval": 2, "data.n_eval_prompts": 0},
         ),
     )
     loop = RLLoop(cfg)
-    loop.train()
-    row = next(r for r in read_metrics(out) if "time/sync" in r)
-    assert row["sync/verified"] == 1.0
-    assert 0 <= row["sync/verify_seconds"] < row["time/sync"]
-    assert 0 <= row["sync/probe_logprob_diff"] < 1e-3  # fp32 engine and trainer: the same model
+    start = loop.probe(0, start=True)["sync/probe_logprob_diff"]  # what train() does first
+    assert 0 <= start < 1e-3  # fp32 engine and trainer: the same model
+    metrics, _ = loop.rollout_step(0)  # version 1: verified, not probed (every 2 syncs)
+    assert metrics["sync/verified"] == 1.0 and "sync/probe_logprob_diff" not in metrics
+    assert 0 <= metrics["sync/verify_seconds"] < metrics["time/sync"]
+    assert loop.probe.due(2) and not loop.probe.due(3)
+    assert 0 <= loop.probe(2)["sync/probe_logprob_diff"] < 1e-3  # after the trained step's sync
+    loop.close()
 
 
 def test_drop_lora_merge_is_caught_by_the_probe_naming_the_tensor(tmp_path, tiny_model_path, monkeypatch):
