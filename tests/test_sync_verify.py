@@ -278,3 +278,11 @@ def test_fp8_engine_checks_quantized_layers_before_quantization(tiny_model_path,
     with pytest.raises(WeightSyncMismatch, match=f"bucket 0 parameter {down} holds other bytes"):
         sync_in_process(named, engine, 2, bucket_bytes=64 << 20)  # one bucket: its last tensor damaged
     faults.reset()
+
+
+def test_the_two_faults_default_to_corrupting():
+    assert faults.parse("corrupt_bucket:2, drop_lora_merge:1") == {
+        "corrupt_bucket": (2, "corrupt"),
+        "drop_lora_merge": (1, "corrupt"),
+    }
+    assert faults.parse("weight_sync:1") == {"weight_sync": (1, "kill")}  # the others as before
