@@ -454,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     from .reward.manager import RewardFunctionFailing
     from .supervisor import DISK_FULL, record_failure
     from .utils.fs import DirectoryLocked, DiskFullError
+    from .weights.verify import WeightSyncMismatch
 
     try:
         code = args.func(args)
@@ -465,6 +466,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except RewardFunctionFailing as e:  # one line: the function, a sample, the exception (no traceback)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except WeightSyncMismatch as e:  # one line: bucket, parameter, transport (docs/reliability.md)
+        record_failure(e)
         if args.verbose:
             raise
         print(f"reinforge {args.command}: error: {e}", file=sys.stderr)

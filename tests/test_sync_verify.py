@@ -64,21 +64,20 @@ def test_compare_names_bucket_parameter_and_transport_in_one_line():
         compare(sent, {k: v for k, v in good.items() if k != "x.weight"}, "disk")
 
 
-def test_corrupt_bucket_fault_stops_the_run_naming_the_tensor(tmp_path, tiny_model_path, monkeypatch):
+def test_corrupt_bucket_fault_stops_the_run_naming_the_tensor(tmp_path, tiny_model_path, monkeypatch, capsys):
+    from reinforge.cli import main
+
     monkeypatch.setenv("REINFORGE_FAULT", "corrupt_bucket:2")
     faults.reset()
-    cfg = load_config(
-        None,
-        tiny_overrides(
-            tiny_model_path, tmp_path / "run", **{"cluster.weight_sync_bucket_mb": 1, "engine.dtype": "fp32"}
-        ),
+    overrides = tiny_overrides(
+        tiny_model_path, tmp_path / "run", **{"cluster.weight_sync_bucket_mb": 1, "engine.dtype": "fp32"}
     )
-    with pytest.raises(WeightSyncMismatch) as e:
-        # the sync at start-up: the second bucket (the layers after the embedding) damaged after the trainer's checksum
-        RLLoop(cfg)
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert "weight sync (in-process tensor) mismatch" in msg and "bucket 1 parameter model." in msg, msg
+    # the sync at start-up: the second bucket (the layers after the embedding) damaged after the trainer's checksum
+    assert main(["train", *overrides]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err  # one line, no traceback
+    assert err[0].startswith("reinforge train: error: weight sync (in-process tensor) mismatch in the engine: ")
+    assert "bucket 1 parameter model.norm.weight holds other bytes" in err[0], err  # the bucket's last tensor
     faults.reset()
 
 
@@ -286,3 +285,27 @@ def test_the_two_faults_default_to_corrupting():
         "drop_lora_merge": (1, "corrupt"),
     }
     assert faults.parse("weight_sync:1") == {"weight_sync": (1, "kill")}  # the others as before
+
+
+def test_ray_actor_mismatch_reaches_the_driver_as_one_line():
+    """Ray wraps an actor's exception (RayTaskError, its message the actor's traceback); the driver
+    raises the WeightSyncMismatch itself, one line."""
+    from reinforge.cluster.ray_verify import transport_name, unwrap_mismatch
+
+    class RayTaskError(Exception):  # what ray.get raises: the actor's exception as `cause`
+        def __init__(self, cause):
+            super().__init__("ray::TrainerActor.sync_broadcast()\\nTraceback (most recent call last): ...")
+            self.cause = cause
+
+    line = "weight sync (gloo broadcast) mismatch in engine 1: bucket 3 parameter x holds other bytes"
+
+    def failing(refs):
+        raise RayTaskError(WeightSyncMismatch(line))
+
+    with pytest.raises(WeightSyncMismatch) as e:
+        unwrap_mismatch(failing, [])
+    assert str(e.value) == line
+    with pytest.raises(RayTaskError):  # any other failure as it was
+        unwrap_mismatch(lambda refs: (_ for _ in ()).throw(RayTaskError(ValueError("x"))), [])
+    assert unwrap_mismatch(lambda refs: [1, 2], []) == [1, 2]
+    assert transport_name(True, True) == "CUDA IPC" and transport_name(False, False) == "gloo broadcast"

@@ -43,7 +43,7 @@ from ..weights.tensor import by_value, with_fault_point
 from ..weights.verify import SentSums, checkable
 from .base import ClusterSpec
 from .ray_trace import ActorTraces, TracedActor
-from .ray_verify import EngineDtype, sync_metrics, transport_name, verify_on_engines
+from .ray_verify import EngineDtype, sync_metrics, transport_name, unwrap_mismatch, verify_on_engines
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 if TYPE_CHECKING:
@@ -561,7 +561,7 @@ class RayCluster:
             else:
                 sends = [handles] + [None] * (len(self.workers) - 1)  # rank 0 broadcasts
                 calls = [w.sync_broadcast.remote(e, version, bucket, dtype) for w, e in zip(self.workers, sends)]
-            results = get_all(calls)
+            results = unwrap_mismatch(get_all, calls)  # a WeightSyncMismatch in one line, not Ray's traceback
             self.engine.weight_version = version
         if self.traces is not None:  # the actors' events of this step, into the driver's trace
             self.traces.collect()

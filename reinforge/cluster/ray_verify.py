@@ -33,6 +33,22 @@ def verify_on_engines(sent: SentSums | None, engines: list[Any], transport: str,
     return {"sync/verified": 1.0, "sync/verify_seconds": sent.seconds + v.seconds}
 
 
+def unwrap_mismatch(get_all: Any, refs: list[Any]) -> list[Any]:
+    """``get_all(refs)``; a :class:`WeightSyncMismatch` raised in an actor is raised here as itself
+    (Ray wraps it in a ``RayTaskError`` whose message holds the actor's traceback).
+
+    Raises:
+        WeightSyncMismatch: the actor's, its one line unchanged.
+    """
+    try:
+        return get_all(refs)
+    except Exception as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, WeightSyncMismatch):
+            raise WeightSyncMismatch(str(cause)) from None
+        raise
+
+
 def sync_metrics(verify: bool, results: list[dict[str, float]], engine: Any) -> dict[str, float]:
     """The driver's ``sync/*`` metrics from the ranks' (:func:`verify_on_engines`): verified when the
     sending ranks verified (the slowest one's seconds); 0 when the engines report no checksums."""
