@@ -13,7 +13,7 @@ sum does not depend on the order of the additions: CPU and GPU, trainer and engi
 bit). Any change of a single word changes it (the weight is below 2^16, the word below 2^32), and
 so does swapping two words whose positions differ modulo 65521 (a transposed or permuted layout).
 Cost: one read of the tensor, an int64 temporary of at most :data:`CHUNK` words, a multiply and a
-sum per chunk; one device-to-host read per bucket (:func:`checksums`).
+sum per chunk (an integer dot product on CPU); one device-to-host read per bucket (:func:`checksums`).
 
 **The layout both sides compute**: the tensor cast to the engine's weight dtype
 (``weight_dtype``, e.g. the trainer's fp32 master weights as the engine's bf16) in its Hugging Face
@@ -78,9 +78,11 @@ def checksum(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     words = _words(t)
     weights = _position_weights(words.device)
     total = torch.zeros((), dtype=torch.int64, device=words.device)
+    cpu = words.device.type == "cpu"
     for a in range(0, words.numel(), CHUNK):
-        part = words[a : a + CHUNK]
-        total += (part.to(torch.int64) * weights[: part.numel()]).sum()
+        part = words[a : a + CHUNK].to(torch.int64)
+        w = weights[: part.numel()]
+        total += torch.dot(part, w) if cpu else (part * w).sum()  # (integer dot: CPU only, 1.5x the mul + sum)
     return total
 
 
