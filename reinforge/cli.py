@@ -534,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     from .rollout.infra_guard import InfraFailing
     from .supervisor import DISK_FULL, record_failure
     from .utils.fs import DirectoryLocked, DiskFullError, NotWritableError
+    from .weights.verify import WeightSyncMismatch
 
     phased = args.func in (_train, _offline, _eval)  # these mark their start-up themselves; others are all start-up
     try:
@@ -546,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
         return 2
     except (RewardFunctionFailing, InfraFailing) as e:  # one line: the function, a sample, the exception (no traceback)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except WeightSyncMismatch as e:  # one line: bucket, parameter, transport (docs/reliability.md)
+        record_failure(e)
         if args.verbose:
             raise
         print(f"reinforge {args.command}: error: {e}", file=sys.stderr)

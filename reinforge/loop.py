@@ -21,6 +21,7 @@ import torch
 from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
 from .cluster.resources import check_placement, machine_resources
+from .cluster.sync_probe import build_probe
 from .config import Config, ConfigError, dump_config
 from .data import load_datasets
 from .eval.evaluate import eval_plot_keys, evaluate, write_eval
@@ -151,6 +152,7 @@ class RLLoop:
         self.engine = self.cluster.engine
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
+        self.probe = build_probe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
@@ -315,7 +317,11 @@ class RLLoop:
         which lets the generation in flight finish or interrupts it, ``rollout.partial_rollout``)."""
         self.weight_version += 1
         version = self.weight_version
-        return self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
+        out = self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
+        if self.probe.due(version):
+            with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
+                out.update(self.probe(version))
+        return out
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:
@@ -417,6 +423,7 @@ class RLLoop:
         if cfg.run.trace:
             trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
+            self.probe(self.weight_version, start=True)  # the weights at start-up (or resume), proven once
             if self.start_rollout == 0:
                 logger.log(
                     0,

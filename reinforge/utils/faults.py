@@ -9,6 +9,8 @@ The environment variable ``REINFORGE_FAULT`` arms points, comma-separated, each
 * ``nan``: :func:`hit` returns True and the caller poisons its value (e.g. the loss);
 * ``hang``: the thread sleeps forever (a hung kernel, a lost peer: what the stall doctor,
   ``run.stall_timeout_s``, is for).
+* ``corrupt``: :func:`hit` returns True and the caller damages what passes (the default of
+  ``corrupt_bucket`` and ``drop_lora_merge``).
 
 With ``REINFORGE_FAULT_STATE=<dir>`` each armed fault fires once across processes (a marker
 file records that it fired), so a restarted run does not crash again at the same point.
@@ -17,7 +19,10 @@ Points (grep ``faults.hit(``): ``ckpt_write`` (a checkpoint's files are half wri
 ``optimizer_step`` (inside ``ModelTrainer.optimizer_step``, before the update), ``nan_loss``
 (the policy loss of one step), ``weight_sync`` (between weight buckets), ``rollout`` (after
 generation, before reward), ``engine_generate`` (inside a Ray engine actor's ``generate``),
-``engine_step`` (the embedded engine's ``step``, before its decode steps).
+``engine_step`` (the embedded engine's ``step``, before its decode steps), ``corrupt_bucket`` (a
+weight-sync bucket's last tensor has its first element negated after the sender's checksum: a
+damaging transport; counted per bucket), ``drop_lora_merge`` (one pass of
+``merged_named_weights`` yields the LoRA base weights without ``B A * scaling``; counted per pass).
 
 Without ``REINFORGE_FAULT`` every :func:`hit` is a dictionary lookup returning False.
 """
@@ -32,8 +37,19 @@ from pathlib import Path
 
 ENV = "REINFORGE_FAULT"
 STATE_ENV = "REINFORGE_FAULT_STATE"
-POINTS = ("ckpt_write", "optimizer_step", "nan_loss", "weight_sync", "rollout", "engine_generate", "engine_step")
-ACTIONS = ("kill", "raise", "nan", "hang")
+POINTS = (
+    "ckpt_write",
+    "optimizer_step",
+    "nan_loss",
+    "weight_sync",
+    "rollout",
+    "engine_generate",
+    "engine_step",
+    "corrupt_bucket",
+    "drop_lora_merge",
+)
+ACTIONS = ("kill", "raise", "nan", "hang", "corrupt")
+DEFAULT_ACTION = {"corrupt_bucket": "corrupt", "drop_lora_merge": "corrupt"}  # others: kill
 
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
@@ -52,7 +68,8 @@ def parse(spec: str) -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         parts = item.split(":")
-        point, n, action = parts[0], parts[1] if len(parts) > 1 else "1", parts[2] if len(parts) > 2 else "kill"
+        point, n = parts[0], parts[1] if len(parts) > 1 else "1"
+        action = parts[2] if len(parts) > 2 else DEFAULT_ACTION.get(point, "kill")
         if point not in POINTS:
             raise ValueError(f"{ENV}: unknown fault point {point!r}; points: {', '.join(POINTS)}")
         if action not in ACTIONS:
@@ -65,7 +82,7 @@ def parse(spec: str) -> dict[str, tuple[int, str]]:
 
 def hit(point: str) -> bool:
     """Reached ``point``: act when ``REINFORGE_FAULT`` arms it for this time; returns True when
-    the action is ``nan`` (the caller injects it), False otherwise (the normal case).
+    the action is ``nan`` or ``corrupt`` (the caller injects it), False otherwise (the normal case).
 
     Raises:
         InjectedFault: the point is armed with ``raise`` and this is its ``n``-th hit.

@@ -269,6 +269,13 @@ def child_env() -> dict[str, str]:
     return {k: os.environ[k] for k in (DIR_ENV, TIMEOUT_ENV) if k in os.environ}
 
 
+def ray_options() -> dict[str, Any]:
+    """Ray actor options that make an actor :func:`join` the run (``runtime_env`` with :func:`child_env`;
+    empty when no doctor is prepared)."""
+    env = child_env()
+    return {"runtime_env": {"env_vars": env}} if env else {}
+
+
 def _start_time(pid: int) -> str | None:
     """The kernel's start time of process ``pid`` (``/proc/<pid>/stat`` field 22), None where there is
     no ``/proc`` or no such process: with the pid it names one process, even after the pid is reused."""
