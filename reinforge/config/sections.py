@@ -587,7 +587,7 @@ class RunConfig(Section):
         "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor",
         ge=0,
     )
-    stall_timeout_s: float | None = opt(1800.0, "seconds without progress before the stall doctor acts (null: off)", gt=0)
+    stall_timeout_s: float | None = opt(1800.0, "seconds without progress before the stall doctor acts", gt=0)
     stall_action: Literal["fail", "restart"] = opt(
         "fail", "after a stall: `fail` (exit status 124, not relaunched) or `restart` (75: `--max-restarts` relaunches)"
     )
