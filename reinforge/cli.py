@@ -334,7 +334,7 @@ def config_help() -> str:
 def _check_model(args) -> int:
     import tempfile
 
-    from .models.check import check_model, failed, format_table, write_tiny_model
+    from .check_model import check_model, failed, format_table, write_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.path

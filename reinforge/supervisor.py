@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 
+from .utils.failures import FAILURE_ENV, record_failure  # noqa: F401 (re-exported: the CLI records through here)
 from .utils.fs import SUPERVISOR_PID_ENV
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,6 @@ USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching wo
 DISK_FULL = 74  # `reinforge` exits 74 (sysexits' EX_IOERR) when the disk is full: relaunching would fail again
 STALLED = 124  # `reinforge` exits 124 after a stall with run.stall_action=fail (restart: 75, relaunched)
 PARENT_ENV = SUPERVISOR_PID_ENV  # set in the child: the supervisor's pid, for watch_parent and the lock's message
-FAILURE_ENV = "REINFORGE_FAILURE_FILE"  # set in the child: where record_failure writes the error that ended it
-
-
-def record_failure(e: BaseException) -> None:
-    """In a supervised child (``REINFORGE_FAILURE_FILE`` set): write ``Type: first line of the
-    message`` of the exception that ends the process, for the supervisor to compare attempts."""
-    path = os.environ.get(FAILURE_ENV)
-    if not path:
-        return
-    text = str(e).strip().splitlines()
-    try:
-        Path(path).write_text(f"{type(e).__name__}: {text[0] if text else ''}"[:2000])
-    except OSError:
-        pass  # (a full disk): the exit status still tells
 
 
 # What differs between two attempts that failed for one cause: the random part of temporary names

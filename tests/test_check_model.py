@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from reinforge.models.check import check_model, failed, format_table, tiny_config, write_tiny_model
+from reinforge.check_model import check_model, failed, format_table, tiny_config, write_tiny_model
 
 
 def _config(tmp_path, model_type: str, **extra) -> object:

@@ -481,6 +481,7 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
     the bubblewrap that `$REINFORGE_BWRAP` names failing its trial run. `agent.python_sandbox=none`
     (the opt-out the line names) is not checked."""
     from reinforge import cli
+    from reinforge.tools.sandbox import sandbox_problems
 
     BWRAP_ENV = "REINFORGE_BWRAP"  # reinforge.tools.isolation.BWRAP_ENV
 
@@ -511,7 +512,7 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "fails here (bwrap: setting up uid map: Permission denied;" in err, err
     assert err.strip().count("\n") == 0 and "Traceback" not in err, err
-    assert preflight.sandbox_problems(rl_cfg(*agent, "agent.python_sandbox=none")) == []
+    assert sandbox_problems(rl_cfg(*agent, "agent.python_sandbox=none")) == []
 
 
 def test_messages_name_only_keys_that_exist():

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from reinforge.models.check import check_model, failed, format_table, write_tiny_model
+from reinforge.check_model import check_model, failed, format_table, write_tiny_model
 from reinforge.models.linear_attention import (
     GatedDeltaNet,
     causal_conv1d,

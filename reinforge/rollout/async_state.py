@@ -125,7 +125,7 @@ def load_rollouts(directory: Path) -> list[dict[str, Any]]:
     """
     path = Path(directory) / ROLLOUTS_FILE
     if not path.is_file():
-        raise ValueError(f"{path} is missing (state.json's data.buffered_rollouts lists rollouts it should hold)")
+        raise ValueError(f"{path} is missing (state.json lists buffered rollouts it should hold)")
     try:
         records = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

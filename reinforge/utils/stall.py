@@ -508,7 +508,7 @@ class Doctor:
         """Say what is stuck (one line, logged at ERROR), record it for the supervisor, stop the
         joined processes of this host, and exit this process at once: :data:`STALLED` for ``fail``,
         :data:`STALLED_RESTART` for ``restart`` (the stuck threads cannot be joined)."""
-        from ..supervisor import record_failure
+        from .failures import record_failure
 
         code = STALLED if self.action == "fail" else STALLED_RESTART
         then = (

@@ -48,7 +48,7 @@ def sync_in_process(
 
 
 def verify_landed(sent: SentSums | None, engine: Any, transport: str, version: int) -> dict[str, float]:
-    """Compare ``sent`` with ``engine.weight_checksums`` (None: the engine cannot report them,
+    """Compare ``sent`` with the engine's ``weight_checksums()`` (None: the engine cannot report them,
     warned once); the ``sync/*`` metrics of :func:`sync_in_process`."""
     from .verify import compare, not_verified
 

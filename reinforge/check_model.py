@@ -180,18 +180,18 @@ def write_tiny_model(source: str | os.PathLike, out: str | os.PathLike, seed: in
         _spread_weights(model, generator)
         model.save_pretrained(out)
         return out
-    from .families import is_native_type
+    from .models.families import is_native_type
 
     if not is_native_type(model_type):
         raise ValueError(
             f"check-model: model_type {model_type!r} is known neither to the installed transformers nor to a "
             f"registered family: no model can be built from {cfg_file}"
         )
-    from .loading import save_hf_folder
-    from .transformer import CausalLM
+    from .models.loading import save_hf_folder
+    from .models.transformer import CausalLM
 
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    from .loading import load_hf_config
+    from .models.loading import load_hf_config
 
     native = CausalLM(load_hf_config(out))
     native.init_weights(generator=generator)
@@ -259,7 +259,7 @@ def _layer_outputs(layers: nn.ModuleList, run: Callable[[], Any]) -> list[torch.
 
 
 def _token_log_probs(model: nn.Module, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
-    from .loading import model_logits
+    from .models.loading import model_logits
 
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
@@ -268,7 +268,7 @@ def _token_log_probs(model: nn.Module, prompt: list[int], tokens: list[int], tem
 
 
 def _greedy(model: nn.Module, prompt: list[int], steps: int) -> list[int]:
-    from .loading import model_logits
+    from .models.loading import model_logits
 
     ids = list(prompt)
     with torch.no_grad():
@@ -278,14 +278,14 @@ def _greedy(model: nn.Module, prompt: list[int], steps: int) -> list[int]:
 
 
 def _engine(model: nn.Module, max_model_len: int) -> Any:
-    from ..config import EngineConfig
-    from ..engine import EmbeddedEngine
+    from .config import EngineConfig
+    from .engine import EmbeddedEngine
 
     return EmbeddedEngine(model, EngineConfig(max_num_seqs=4, kv_block_size=4), max_model_len=max_model_len)
 
 
 def _sample(engine: Any, prompts: list[list[int]], new_tokens: int, temperature: float) -> list[list[int]]:
-    from ..records import GenerateRequest, SamplingParams
+    from .records import GenerateRequest, SamplingParams
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature, ignore_eos=True)
     results = engine.generate([GenerateRequest(p, params) for p in prompts])
@@ -294,7 +294,7 @@ def _sample(engine: Any, prompts: list[list[int]], new_tokens: int, temperature:
 
 def _speed(model: nn.Module, vocab: int, tokens: int = 512, reps: int = 3) -> float:
     """Forward + backward tokens/s of ``model`` on [2, tokens / 2] random ids (median of ``reps``)."""
-    from .loading import model_logits
+    from .models.loading import model_logits
 
     ids = torch.randint(10, max(11, min(vocab, 40000)), (2, tokens // 2), generator=torch.Generator().manual_seed(1))
     model.train()
@@ -329,8 +329,8 @@ def check_model(
     Returns:
         the table's rows, in order.
     """
-    from .families import FAMILIES, family_of, is_native_type
-    from .loading import build_model, is_native, load_hf_config, model_logits, save_hf_folder
+    from .models.families import FAMILIES, family_of, is_native_type
+    from .models.loading import build_model, is_native, load_hf_config, model_logits, save_hf_folder
 
     path = Path(path)
     hf_cfg = load_hf_config(path)
@@ -450,7 +450,7 @@ def _engine_rows(
     max_len: int,
     seed: int,
 ) -> list[Row]:
-    from .loading import build_model, named_weights
+    from .models.loading import build_model, named_weights
 
     rows = []
     engine = _engine(build_model(path, torch.float32), max_len)
@@ -490,7 +490,7 @@ def _lora_row(model: nn.Module | None, targets: list[str] | None) -> Row:
     if model is None:
         return Row("LoRA targets", "not run: no model", None)
     if targets is None:
-        from ..config.sections import ModelConfig
+        from .config.sections import ModelConfig
 
         targets = list(ModelConfig().lora_target_modules)
     found = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
