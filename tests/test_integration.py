@@ -41,7 +41,7 @@ def read_metrics(out):
 
 
 # seconds, rates and the planner's measured-vs-predicted: not reproducible
-WALL_CLOCK = ("time/", "perf/", "plan/", "sync/verify_seconds")
+WALL_CLOCK = ("time/", "perf/", "plan/", "sync/verify_seconds", "sync/probe_seconds")
 
 
 def without_timings(rows: list[dict]) -> list[dict]:

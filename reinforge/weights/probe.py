@@ -17,6 +17,7 @@ trainer agree to ~1e-5 per token, a bf16 engine to a mean of ~0.035 (docs/engine
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,7 @@ class SyncProbe:
             return {}
         from ..utils import trace
 
+        t0 = time.perf_counter()
         with trace.span("probe", "sync", version=version):
             diff = probe_logprob_diff(
                 self.cluster.engine, self.cluster.probe_log_probs, self.prompt_ids, self.cfg.rollout.rollout_temperature
@@ -132,4 +134,4 @@ class SyncProbe:
             diff,
             self.tolerance,
         )
-        return {"sync/probe_logprob_diff": diff}
+        return {"sync/probe_logprob_diff": diff, "sync/probe_seconds": time.perf_counter() - t0}
