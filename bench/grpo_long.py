@@ -160,6 +160,8 @@ def run(
                 f"logprob {m['time/logprob']:.1f} s, train {m.get('time/train', 0.0):.1f} s "
                 f"({m['perf/train_tokens_per_s']:,.0f} tok/s), sync {m['time/sync']:.2f} s, "
                 f"offload {m.get('time/offload', 0.0):.1f} s, "
+                f"verify {m.get('sync/verify_seconds', float('nan')):.3f} s "
+                f"(verified {m.get('sync/verified', float('nan')):g}), probe {m.get('sync/probe_seconds', 0.0):.2f} s, "
                 f"step {m['time/rollout_step']:.1f} s, mean response {m['rollout/response_len_mean']:,.0f}, "
                 f"peak {peak_step:.1f} GiB",
                 flush=True,
@@ -181,6 +183,7 @@ def run(
         "tok_s_gpu": generated / m["time/rollout_step"],
         "train_tok_s": m["perf/train_tokens_per_s"],
         "sync_s": m["time/sync"],
+        "verify_s": m.get("sync/verify_seconds", float("nan")),
         "offload_s": m.get("time/offload", 0.0),
         "peak_gib": peak,
         **{

@@ -30,6 +30,8 @@ damaged, and :func:`check_model_shape` refuses a checkpoint of a differently sha
 save, :func:`prune_checkpoints` keeps the new checkpoint and the newest intact older ones
 (``run.keep_last_n_checkpoints``) and can drop the optimizer state of the older ones
 (``run.save_optimizer: newest``).
+
+Loading an older checkpoint of the run itself is a rollback (:mod:`reinforge.rollback`).
 """
 
 from __future__ import annotations
@@ -49,12 +51,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint_faults import disk_full_message, not_writable_error
+from .checkpoint_line import LATEST, finish_retiring
 from .utils import faults
-from .utils.fs import DiskFullError, atomic_directory, atomic_write_text, held_by_another, is_disk_full
+from .utils.fs import (
+    DiskFullError,
+    NotWritableError,
+    atomic_directory,
+    atomic_write_text,
+    held_by_another,
+    is_disk_full,
+)
 
 log = logging.getLogger(__name__)
 
-LATEST = "latest"
 MANIFEST = "manifest.json"
 OPTIM_SUFFIX = "_optim"  # dcp/actor_optim: the optimizer state of dcp/actor
 
@@ -119,9 +129,31 @@ def save_checkpoint(
         the checkpoint directory.
     Raises:
         DiskFullError: the filesystem filled during the save (nothing already written changed).
+        NotWritableError: ``root`` is not writable (read-only filesystem, permissions), in words.
     """
     root = Path(root)
     final = root / checkpoint_name(index, prefix)
+    try:
+        _save(root, final, write, state, prefix)
+    except (DiskFullError, NotWritableError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        error = not_writable_error(e, root, final.name, _newest_other(root, final.name, prefix, intact=False))
+        if error is None:
+            raise
+        raise error from e
+    prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
+    return final
+
+
+def _newest_other(root: Path, name: str, prefix: str, intact: bool) -> Path | None:
+    """The newest checkpoint of ``root`` other than ``name`` (``intact``: files and sizes checked), or None."""
+    others = (p for p in list_checkpoints(root, prefix) if p.name != name)
+    return next((p for p in others if not intact or checkpoint_problem(p, deep=False) is None), None)
+
+
+def _save(root: Path, final: Path, write: Callable[[Path], None], state: dict[str, Any], prefix: str) -> None:
+    """:func:`save_checkpoint` without the pruning and the unwritable-folder message."""
     try:
         with atomic_directory(final) as tmp:
             try:
@@ -132,7 +164,8 @@ def save_checkpoint(
                 write_manifest(tmp)
             except BaseException as e:  # measure the free space before the partial folder is deleted
                 if is_disk_full(e, tmp):
-                    raise DiskFullError(errno.ENOSPC, _disk_full_message(root, final.name, prefix, tmp)) from e
+                    previous = _newest_other(root, final.name, prefix, intact=True)
+                    raise DiskFullError(errno.ENOSPC, disk_full_message(root, final.name, previous, tmp)) from e
                 raise
         atomic_write_text(root / LATEST, final.name + "\n")
     except OSError as e:
@@ -144,8 +177,6 @@ def save_checkpoint(
             f"not be updated (run.recover=auto and --load of the run directory still "
             f"find it); free space before the next save",
         ) from e
-    prune_checkpoints(root, final, keep_last, prefix, drop_older_optimizer)
-    return final
 
 
 def prune_checkpoints(
@@ -247,24 +278,6 @@ def size_summary(ckpt: Path) -> str:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def _disk_full_message(root: Path, name: str, prefix: str, where: Path) -> str:
-    previous = next(
-        (p for p in list_checkpoints(root, prefix) if p.name != name and checkpoint_problem(p, deep=False) is None),
-        None,
-    )
-    try:
-        free = f"{shutil.disk_usage(where).free / 2**20:.1f} MiB free"
-    except OSError:
-        free = "free space unknown"
-    kept = f"the newest intact checkpoint is {previous}" if previous else "no earlier checkpoint exists in this run"
-    return (
-        f"disk full ({free} on the filesystem of {root}): checkpoint {name} was not written (its partial "
-        f"files were removed; nothing already written was changed); {kept}. Free space or move "
-        f"run.output_dir to a larger disk (run.keep_last_n_checkpoints limits how many are kept), then resume "
-        f"with run.recover=auto or --load"
-    )
 
 
 # --------------------------------------------------------------------------- manifest (integrity)
@@ -513,6 +526,7 @@ def load_candidates(
     else:
         root = roots[0]
         if not held_by_another(root.parent if root.name == "checkpoints" else root):  # never a live run's save
+            finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
             gone = remove_partial_saves(root)
             if gone:
                 (warn or log.warning)(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -10,11 +11,15 @@ from pathlib import Path
 
 from .config import SECTIONS, ConfigError, load_config
 from .run_dir import check_output_dir
+from .startup import StartupInterrupted, startup
+from .supervisor import PARENT_ENV
 from .utils.logging import check_wandb
 
 log = logging.getLogger("reinforge")
 
-USAGE_ERRORS = (ConfigError, FileNotFoundError, ValueError, KeyError)
+# Usage errors: exit status 2, one line, no relaunch. A ValueError / KeyError / FileNotFoundError becomes
+# one (UsageError, a ConfigError) only when raised before the run starts (reinforge/startup.py).
+USAGE_ERRORS = (ConfigError,)
 
 
 def train_config(args: argparse.Namespace):
@@ -28,10 +33,15 @@ def train_config(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg, overrides = train_config(args)
-    check_output_dir(cfg.run)
-    check_wandb(cfg.run)
-    _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
+    with startup():
+        cfg, overrides = train_config(args)
+        check_output_dir(cfg.run)
+        check_wandb(cfg.run)
+        _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
+        if not os.environ.get(PARENT_ENV):  # once per command: a supervised relaunch resumes the line chosen here
+            from .rollback import follow_load
+
+            follow_load(cfg.run)
     if cfg.run.max_restarts > 0:
         from .supervisor import supervise
 
@@ -40,14 +50,20 @@ def _train(args: argparse.Namespace) -> int:
             Path(cfg.run.output_dir),
             cfg.run.max_restarts,
         )
-    _preflight_rl(cfg)
-    from .loop import run_training
+    with startup():
+        _preflight_rl(cfg)
+    from .loop import RLLoop
     from .supervisor import watch_parent
     from .utils.fs import lock_directory
 
     watch_parent()  # supervised: stop (after a recover checkpoint) if the supervisor dies
     with lock_directory(Path(cfg.run.output_dir)):
-        run_training(cfg)
+        with startup():  # datasets, model, engine, the checkpoint to resume: a bad input is a usage error
+            loop = RLLoop(cfg)
+        try:  # the run: an error is a fault or a bug (traceback, relaunched by the supervisor)
+            loop.train()
+        finally:
+            loop.close()
     return 0
 
 
@@ -110,18 +126,25 @@ def offline_config(args: argparse.Namespace):
 
 
 def _offline(args: argparse.Namespace) -> None:
-    cfg = _resolved(offline_config(args), offline=True)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
-    check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
-    if main_rank:
-        check_wandb(cfg.run)
-    import contextlib
+    with startup():
+        cfg = _resolved(offline_config(args), offline=True)
+        check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
+        if main_rank:
+            check_wandb(cfg.run)
+            from .rollback import follow_load
 
-    from .offline_loop import run_offline
+            follow_load(cfg.run, "step")
+    from .offline_loop import OfflineLoop
     from .utils.fs import lock_directory
 
     with lock_directory(Path(cfg.run.output_dir)) if main_rank else contextlib.nullcontext():
-        run_offline(cfg)
+        with startup():
+            loop = OfflineLoop(cfg)
+        try:
+            loop.train()
+        finally:
+            loop.close()
 
 
 def _make_data(args: argparse.Namespace) -> None:
@@ -167,17 +190,19 @@ def eval_config(args: argparse.Namespace):
 
 
 def _eval(args: argparse.Namespace) -> None:
-    cfg = eval_config(args)
-    _check_user_functions(cfg)
-    _preflight_rl(cfg)
+    with startup():
+        cfg = eval_config(args)
+        _check_user_functions(cfg)
+        _preflight_rl(cfg)
     from .eval.evaluate import format_table, model_label
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
 
-    loop = RLLoop(cfg)
+    with startup():
+        loop = RLLoop(cfg)
     try:
         if loop.eval_data is None:
-            raise ValueError(
+            raise ConfigError(
                 "no evaluation prompts: pass --data (reasoning_gym:<task>, or a .jsonl / .json / "
                 ".parquet file or saved `datasets` folder of prompts), or data.n_eval_prompts > 0"
             )
@@ -187,6 +212,7 @@ def _eval(args: argparse.Namespace) -> None:
         print(format_table([(model_label(loop.base_path), metrics)]))
         print(f"\ncompletions: {loop.out / 'eval' / 'eval.jsonl'}")
         loop.reward.check_run()  # every reward failed: the table's zeros measure the reward, not the model
+        loop.infra.check_run()  # every sample failed by infrastructure: nothing was measured
     finally:
         loop.close()
 
@@ -303,6 +329,26 @@ def config_help() -> str:
         shown = ", ".join(keys[:3]) + (f", ... ({len(keys)} keys)" if len(keys) > 3 else "")
         lines.append(f"  {name:8s} {shown}")
     return "\n".join(lines)
+
+
+def _check_model(args) -> int:
+    import tempfile
+
+    from .check_model import check_model, failed, format_table, write_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.path
+        if args.random_tiny:
+            path = write_tiny_model(args.path, args.out or tmp, seed=args.seed)
+            print(f"tiny random model of {args.path}: {path}")
+        elif not Path(path, "config.json").exists():
+            raise FileNotFoundError(f"check-model: {path} has no config.json (a Hugging Face folder is needed)")
+        rows = check_model(path, tokens=args.tokens, seed=args.seed, speed=not args.no_speed)
+    print(format_table(rows))
+    bad = failed(rows)
+    if bad:
+        print(f"check-model: {len(bad)} check(s) failed: {', '.join(r.name for r in bad)}")
+    return 1 if bad else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -458,6 +504,25 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_tokens_per_gpu=auto")
     pl.set_defaults(func=_plan)
 
+    ck = sub.add_parser(
+        "check-model",
+        help="compare a model family against transformers: logits, engine log-probs, greedy tokens, weight sync, "
+        "export, LoRA targets, speed (docs/design.md#adding-a-model-family)",
+    )
+    ck.add_argument(
+        "path", help="a Hugging Face folder (config.json + safetensors), or a config.json with --random-tiny"
+    )
+    ck.add_argument(
+        "--random-tiny",
+        action="store_true",
+        help="check a tiny random model of PATH's config (2-4 layers of width 64) instead of PATH's weights",
+    )
+    ck.add_argument("--out", help="with --random-tiny: keep the tiny model in this folder (default: a temporary one)")
+    ck.add_argument("--tokens", type=int, default=64, help="greedy tokens compared (default 64)")
+    ck.add_argument("--seed", type=int, default=0)
+    ck.add_argument("--no-speed", action="store_true", help="skip the forward+backward speed row")
+    ck.set_defaults(func=_check_model)
+
     cf = sub.add_parser(
         "config",
         help="print the resolved config (defaults, -c file, key=value overrides) as YAML",
@@ -470,6 +535,20 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
     cf.set_defaults(func=_config)
     return p
+
+
+def interrupted_line(command: str, e: KeyboardInterrupt) -> str:
+    """The line ``reinforge`` ends with on a Ctrl-C that is not handled at a rollout boundary:
+    during start-up (:class:`~reinforge.startup.StartupInterrupted`: nothing was trained or written
+    yet), during a command without a run, or a second Ctrl-C during a run."""
+    if isinstance(e, StartupInterrupted):
+        return f"reinforge {command}: interrupted (Ctrl-C) during start-up, before the run began: nothing was trained"
+    if command not in ("train", "offline", "eval"):
+        return f"reinforge {command}: interrupted (Ctrl-C)"
+    return (
+        f"reinforge {command}: interrupted ({str(e) or 'Ctrl-C'}); no checkpoint was written at this point (the "
+        f"newest one is kept)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,19 +565,28 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}{option_hint(parser, args, extra)}")
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     from .reward.manager import RewardFunctionFailing
+    from .rollout.infra_guard import InfraFailing
     from .supervisor import DISK_FULL, record_failure
-    from .utils.fs import DirectoryLocked, DiskFullError
+    from .utils.fs import DirectoryLocked, DiskFullError, NotWritableError
+    from .weights.verify import WeightSyncMismatch
 
+    phased = args.func in (_train, _offline, _eval)  # these mark their start-up themselves; others are all start-up
     try:
-        code = args.func(args)
-    except (*USAGE_ERRORS, FileExistsError, DirectoryLocked) as e:
+        with contextlib.nullcontext() if phased else startup(interrupt=False):
+            code = args.func(args)
+    except (*USAGE_ERRORS, DirectoryLocked) as e:
         record_failure(e)
         if args.verbose:
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"reinforge {args.command}: error: {msg}", file=sys.stderr)
+        print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except RewardFunctionFailing as e:  # one line: the function, a sample, the exception (no traceback)
+    except (RewardFunctionFailing, InfraFailing) as e:  # one line: the function, a sample, the exception (no traceback)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except WeightSyncMismatch as e:  # one line: bucket, parameter, transport (docs/reliability.md)
+        record_failure(e)
         if args.verbose:
             raise
         print(f"reinforge {args.command}: error: {e}", file=sys.stderr)
@@ -509,12 +597,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
         return DISK_FULL
+    except NotWritableError as e:  # a checkpoint folder turned read-only: one line naming it; relaunched once
+        record_failure(e)
+        if args.verbose:
+            raise
+        print(f"reinforge {args.command}: error: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # a Ctrl-C outside a rollout boundary (or a second one)
-        print(
-            f"reinforge {args.command}: interrupted ({e or 'Ctrl-C'}); no checkpoint was written at this "
-            f"point (the newest one is kept)",
-            file=sys.stderr,
-        )
+        print(interrupted_line(args.command, e), file=sys.stderr)
         return 130
     except Exception as e:
         record_failure(e)

@@ -21,6 +21,7 @@ import torch
 from . import checkpoint as ckpt
 from .cluster.base import ClusterSpec, build_cluster
 from .cluster.resources import check_placement, machine_resources
+from .cluster.sync_probe import build_probe
 from .config import Config, ConfigError, dump_config
 from .data import load_datasets
 from .eval.evaluate import eval_plot_keys, evaluate, write_eval
@@ -32,12 +33,13 @@ from .records import ReplicatedEngine, Sample, Status
 from .recover import Preempted, RecoverTimer, all_damaged, changed_settings, check_compatible, recover_candidates
 from .reward import RewardManager
 from .reward.manager import reward_info_metrics
-from .rollout.agent import prompt_tools
+from .rollout.agent import env_prompt_bound, prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
+from .rollout.infra_guard import InfraGuard
 from .rollout.source import AsyncRollouts, Rollout, RolloutSource, SyncRollouts
 from .train.rollout_advantages import apply_overlong_filter
 from .train.rollout_share import RolloutBatch
-from .utils import seeds, trace
+from .utils import seeds, stall, trace
 from .utils.imports import load_function
 from .utils.logging import MetricsLogger
 
@@ -52,20 +54,24 @@ def seed_everything(seed: int) -> None:
 
 def rollout_metrics(cfg: Config, groups: list[list[Sample]]) -> dict[str, float]:
     """Reward and length statistics of the groups trained on (the advantages' come from the trainer
-    ranks, ``Cluster.score``)."""
+    ranks, ``Cluster.score``), over the scored samples: a failed one (infrastructure: status
+    ``failed``) is counted in ``rollout/infra_failed_samples``, never averaged in with its placeholder
+    reward. When every sample failed, the reward statistics are NaN (nothing was scored) and the
+    lengths are those of every sample."""
     every = [s for g in groups for s in g]
-    flat = [s for s in every if s.status != Status.FAILED] or every  # failed episodes: counted, not averaged
+    flat = [s for s in every if s.status != Status.FAILED]
+    nan = float("nan")
     rewards = torch.tensor([s.reward for s in flat], dtype=torch.float32)
-    lens = torch.tensor([s.response_length for s in flat], dtype=torch.float32)
+    lens = torch.tensor([s.response_length for s in flat or every], dtype=torch.float32)
     same = [len({s.reward for s in g if s.status != Status.FAILED}) <= 1 for g in groups]
     return {
-        "rollout/reward_mean": float(rewards.mean()),
-        "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0,
-        "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()),
+        "rollout/reward_mean": float(rewards.mean()) if flat else nan,
+        "rollout/reward_std": float(rewards.std()) if len(flat) > 1 else 0.0 if flat else nan,
+        "rollout/correct": float((rewards >= cfg.reward.correct_threshold).float().mean()) if flat else nan,
         "rollout/zero_std_groups": sum(same) / len(groups),
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
-        "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in flat) / len(flat),
+        "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in flat) / len(flat) if flat else nan,
         "rollout/num_samples": float(len(flat)),
         "rollout/infra_failed_samples": float(len(every) - len(flat)),
     }
@@ -106,7 +112,11 @@ class RLLoop:
         if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
-        tools = prompt_tools(cfg, self.tokenizer)
+        tools = prompt_tools(cfg, self.tokenizer)  # MCP servers: started once, listed, stopped (docs/agents.md)
+        if cfg.reward.type == "judge":  # the judge endpoint answers, before the policy is built
+            from .reward.judge import check_endpoint
+
+            check_endpoint(cfg.reward)
         self.train_data, self.eval_data = load_datasets(  # (a custom rollout may score samples itself)
             cfg.data,
             self.tokenizer,
@@ -118,6 +128,7 @@ class RLLoop:
         self.weight_version = 0
         self.data_digest = prompts_digest(self.train_data.prompts)
         self.timer = RecoverTimer(cfg.run.recover_interval_s if cfg.run.recover == "auto" else None)
+        self.doctor = stall.doctor_for(cfg.run, self.out)  # before any process starts: they join its reports
         candidates = (
             ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path) if cfg.run.load else []
         )  # a run directory: its newest intact checkpoint first
@@ -141,6 +152,7 @@ class RLLoop:
         self.engine = self.cluster.engine
         resume = self._load_first(candidates)
         self.cluster.sync_weights(self.weight_version)
+        self.probe = build_probe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
         stops = model_stop_token_ids(self.tokenizer, str(self.base_path), r.rollout_stop_token_ids)
         self.ctx = RolloutContext(cfg, self.engine, self.tokenizer, self.reward, stops)
@@ -150,6 +162,7 @@ class RLLoop:
             else default_rollout
         )
         self.history: list[dict[str, float]] = []
+        self.infra = InfraGuard()  # infrastructure failures: counted, warned, and a run of nothing else stopped
         self.evals: list[tuple[str, dict[str, float]]] = []
         if resume is not None:
             self._restore(resume)
@@ -167,14 +180,18 @@ class RLLoop:
             else SyncRollouts(cfg, self.rollout_fn, self.ctx, self.train_data, self.reward)
         )
         if resume is not None:
-            self.source.load_data_state(self._resume_data)
+            self.source.load_data_state(self._resume_data, resume)
         dump_config(cfg, self.out / "config.yaml")
 
     def _max_model_len(self) -> int:
-        """Longest prompt of the datasets plus the longest response of training or evaluation."""
+        """Longest prompt of the datasets (or of an environment's ``reset()``) plus the longest
+        response of training or evaluation."""
         max_prompt = self.train_data.max_prompt_tokens
         if self.eval_data is not None:
             max_prompt = max(max_prompt, self.eval_data.max_prompt_tokens)
+        env_bound = env_prompt_bound(self.cfg)  # an environment's reset() may give prompts of its own
+        if env_bound is not None:
+            max_prompt = max(max_prompt, env_bound[0])
         return max_prompt + max(self.cfg.rollout.rollout_max_response_len, self.cfg.eval.eval_max_response_len or 0)
 
     # ------------------------------------------------------------------ state
@@ -270,17 +287,23 @@ class RLLoop:
         state = {
             "rollout_id": rollout_id,
             "weight_version": self.weight_version,
-            "data": self.source.data_state(rollout_id),  # asynchronous: the rollouts in flight are redone
+            "data": None,  # filled by write() below
             "config": self.cfg.to_dict(),
             "history": self.history,
             "evals": self.evals,
             "data_digest": self.data_digest,
         }
         keep = self.cfg.run.save_optimizer
+
+        def write(d: Path) -> None:
+            self.cluster.save(d, optimizer=keep != "none")
+            # after the trainers' files (asynchronous: the rollouts in flight finish meanwhile and are kept in d)
+            state["data"] = self.source.data_state(rollout_id, d)
+
         path = ckpt.save_checkpoint(
             self.out / "checkpoints",
             rollout_id,
-            lambda d: self.cluster.save(d, optimizer=keep != "none"),
+            write,
             state,
             keep_last=self.cfg.run.keep_last_n_checkpoints,
             drop_older_optimizer=keep == "newest",
@@ -294,7 +317,11 @@ class RLLoop:
         which lets the generation in flight finish or interrupts it, ``rollout.partial_rollout``)."""
         self.weight_version += 1
         version = self.weight_version
-        return self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
+        out = self.source.sync_weights(lambda: self.cluster.sync_weights(version), version)
+        if self.probe.due(version):
+            with self.source.exclusive():  # asynchronous: the producer's generation pauses meanwhile
+                out.update(self.probe(version))
+        return out
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
         if self.eval_data is None:
@@ -304,6 +331,7 @@ class RLLoop:
                 self._seed_engine(seeds.EVAL_OFFSET + step)
                 metrics, samples = evaluate(self.ctx, self.eval_data.prompts, label)
         metrics["time/eval"] = s.seconds
+        self.infra.observe_eval(label, samples)  # a warning per kind; reinforge eval: all failed -> exit 1
         write_eval(self.out, label, metrics, samples)
         logger.log(step, metrics)
         self.evals.append((label, metrics))
@@ -327,6 +355,7 @@ class RLLoop:
         From the trainer ranks only metrics come back to this process."""
         cl = self.cluster
         rollout = self.source.take(rollout_id)
+        infra = self.infra.observe(rollout_id, [s for g in rollout.generated for s in g])  # all failed: stop
         flat = [s for g in rollout.groups for s in g]
         filtered = apply_overlong_filter(self.cfg.algo, flat)
         with trace.span("offload", "train", to="host") as sleeping:  # the engine's cache (and weights) freed
@@ -346,7 +375,7 @@ class RLLoop:
         timings["time/train"] = training.seconds - timings.get("time/train_critic", 0.0)
         timings["time/sync"] = sync.pop("time/sync")
         timings["time/offload"] = sleeping.seconds + waking.seconds
-        metrics = {**scored, **trained, **sync, "rollout/overlong_filtered": float(filtered)}
+        metrics = {**scored, **trained, **sync, **infra, "rollout/overlong_filtered": float(filtered)}
         return self._step_metrics(rollout, flat, metrics, timings), rollout.generated
 
     def _step_metrics(
@@ -357,8 +386,10 @@ class RLLoop:
         generated = [s for g in rollout.generated for s in g]
         out = rollout_metrics(self.cfg, rollout.groups)
         out.update(metrics)
-        rewards = [s.reward for s in generated if s.status != Status.FAILED] or [0.0]
-        out["rollout/generated_reward_mean"] = float(torch.tensor(rewards, dtype=torch.float32).mean())
+        rewards = [s.reward for s in generated if s.status != Status.FAILED]
+        out["rollout/generated_reward_mean"] = (
+            float(torch.tensor(rewards, dtype=torch.float32).mean()) if rewards else float("nan")
+        )
         out.update({k: v for k, v in rollout.metrics.items() if k not in timings})
         out.update(rollout_stats(generated))
         out.update(reward_info_metrics(generated))  # a custom reward's extra numbers
@@ -387,9 +418,12 @@ class RLLoop:
         result = RunResult(self.out, self.start_rollout - 1)
         timer = self.timer  # SIGTERM / SIGINT: a checkpoint at the end of the rollout in flight, then stop
         timer.install()
+        if self.doctor is not None:
+            self.doctor.start()  # no progress for run.stall_timeout_s: one line, every stack, exit
         if cfg.run.trace:
             trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
         try:
+            self.probe(self.weight_version, start=True)  # the weights at start-up (or resume), proven once
             if self.start_rollout == 0:
                 logger.log(
                     0,
@@ -453,6 +487,7 @@ class RLLoop:
             if bar is not None:
                 bar.close()
             self.reward.check_run()  # every reward failed: exit non-zero however short the run
+            self.infra.check_run()  # every sample failed by infrastructure: the same
             self.source.close()
             if self.start_rollout < cfg.train.num_rollout:
                 self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
@@ -460,6 +495,8 @@ class RLLoop:
                     self.save(cfg.train.num_rollout - 1)
             plan_line = self.plan_report.finish(log_line=False)  # the phase furthest from its limit (printed below)
         finally:
+            if self.doctor is not None:
+                self.doctor.stop()
             self.source.close()
             trace.stop_trace()
             timer.uninstall()
@@ -491,6 +528,8 @@ class RLLoop:
                     f.write(json.dumps(s.to_dict(), default=str) + "\n")
 
     def close(self) -> None:
+        if self.doctor is not None:
+            self.doctor.stop()
         self.source.shutdown()
         self.ctx.close()
         self.reward.close()

@@ -1,44 +1,45 @@
 """Checks before any engine or trainer is built: lengths, token budgets, engine slots, KV-cache memory.
 
-Each check compares numbers the configuration fixes with what the model or the machine holds
-and, where the run would fail later (an ``IndexError`` in the RoPE table, a device-side assert,
-the allocator's raw error, a first rollout that never ends), refuses now in words
-(:class:`PreflightError`) naming the keys to change, their values and the limit:
+Each check compares numbers the configuration fixes with what the model or the machine holds and, where the run
+would fail later (an ``IndexError`` in the RoPE table, a device-side assert, the allocator's raw error, a first
+rollout that never ends), refuses now in words (:class:`PreflightError`) naming the keys to change, their values and
+the limit:
 
-* **context window** (:func:`reinforge.models.context.context_window`: ``max_position_embeddings``,
-  RoPE scaling such as YaRN counted): the longest prompt + ``rollout.rollout_max_response_len``
-  (training), + the evaluation response (``eval.eval_max_response_len``, else the rollout's),
-  + ``--max-new-tokens`` (``reinforge generate``); the longest example (``reinforge offline``);
-* **parallel layout** (the rules: :mod:`reinforge.parallel_layout`): ``train.pipeline_model_parallel_size``
-  x ``train.tensor_model_parallel_size`` x ``train.context_parallel_size`` must divide the trainer ranks,
-  the model must be reinforge's own and its heads, MLP columns and decoder layers divisible by them;
-  ``train.expert_model_parallel_size`` must divide the data-parallel ranks and the model's
-  ``num_experts`` (a mixture-of-experts model) (:func:`parallel_problems`);
-* **token budgets**: ``train.max_tokens_per_gpu`` must hold one whole training sequence (a
-  micro-batch never splits a sequence; verl refuses the same in its dynamic batching).
-  ``engine.max_prefill_tokens`` and ``train.log_prob_chunk_size`` need not: a longer prompt is
-  prefilled in chunks, log-probs are computed in chunks;
-* **engine slots** (embedded engine): a prompt's samples are decoded together, so
-  ``rollout.n_samples_per_prompt`` and ``eval.n_samples_per_eval_prompt`` must not exceed its
-  slots; ``engine.num_kv_blocks`` must hold one sequence;
-* **training memory** (a GPU the planner knows, :mod:`reinforge.plan`): the training step's peak
-  (weights, gradients, AdamW, a micro-batch's activations and logits, the engine beside it) against
-  the GPU's memory, naming the ``train.max_tokens_per_gpu`` and ``model.recompute_num_layers`` that fit
+* **context window** (:func:`reinforge.models.context.context_window`: ``max_position_embeddings``, RoPE scaling
+  such as YaRN counted): the longest prompt + ``rollout.rollout_max_response_len`` (training), + the evaluation
+  response (``eval.eval_max_response_len``, else the rollout's), + ``--max-new-tokens`` (``reinforge generate``);
+  the longest example (``reinforge offline``);
+* **parallel layout** (the rules: :mod:`reinforge.parallel_layout`): ``train.pipeline_model_parallel_size`` x
+  ``train.tensor_model_parallel_size`` x ``train.context_parallel_size`` must divide the trainer ranks, the model
+  must be reinforge's own and its heads, MLP columns and decoder layers divisible by them;
+  ``train.expert_model_parallel_size`` must divide the data-parallel ranks and the model's ``num_experts`` (a
+  mixture-of-experts model) (:func:`parallel_problems`);
+* **token budgets**: ``train.max_tokens_per_gpu`` must hold one whole training sequence (a micro-batch never splits
+  a sequence; verl refuses the same in its dynamic batching). ``engine.max_prefill_tokens`` and
+  ``train.log_prob_chunk_size`` need not: a longer prompt is prefilled in chunks, log-probs are computed in chunks;
+* **engine slots** (embedded engine): a prompt's samples are decoded together, so ``rollout.n_samples_per_prompt``
+  and ``eval.n_samples_per_eval_prompt`` must not exceed its slots; ``engine.num_kv_blocks`` must hold one sequence;
+* **training memory** (a GPU the planner knows, :mod:`reinforge.plan`): the training step's peak (weights,
+  gradients, AdamW, a micro-batch's activations and logits, the engine beside it) against the GPU's memory, naming
+  the ``train.max_tokens_per_gpu`` and ``model.recompute_num_layers`` that fit
   (:func:`reinforge.plan.training_problems`);
-* **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape
-  ``[layers, blocks + 1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU,
-  its slots (``engine.max_num_seqs`` capped at the sequences the run holds at once,
-  :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for ``reinforge generate``) x
-  ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x
-  dtype bytes), plus the engine's weights, against the available memory (/proc/meminfo
-  MemAvailable); on a GPU, one sequence's cache against ``engine.kv_cache_memory_fraction`` of
-  the free memory (``torch.cuda.mem_get_info``; the engine then takes as many slots as that share
-  holds). The Ray placements' memory is estimated by :mod:`reinforge.cluster.resources`.
+* **the python tool's sandbox** (``python`` in ``agent.tools`` or the ``swe`` environment): a trial sandbox runs
+  (:func:`reinforge.tools.sandbox.sandbox_problems`);
+* **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape ``[layers, blocks +
+  1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU, its slots (``engine.max_num_seqs``
+  capped at the sequences the run holds at once, :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for
+  ``reinforge generate``) x ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x dtype bytes), plus the
+  engine's weights, against the available memory (/proc/meminfo MemAvailable); on a GPU, one sequence's cache
+  against ``engine.kv_cache_memory_fraction`` of the free memory (``torch.cuda.mem_get_info``; the engine then takes
+  as many slots as that share holds). The Ray placements' memory is estimated by :mod:`reinforge.cluster.resources`.
+* **device and output directory**: ``train.device`` must name a device this machine has (``tpu``, ``cuda`` without a
+  visible GPU, ``cuda:7`` on a one-GPU machine are refused, naming the devices there:
+  :func:`reinforge.utils.device.device_problems`); ``run.output_dir`` (or the folder it would be created in) must be
+  writable (:func:`reinforge.run_dir.output_dir_problems`).
 
-Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one
-token: only what fails for every prompt is refused, in a second. The exact check runs once the
-datasets are loaded, from :func:`reinforge.cluster.resources.check_placement`, before the trainer
-and the engine are built.
+Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one token: only what
+fails for every prompt is refused, in a second. The exact check runs once the datasets are loaded, from
+:func:`reinforge.cluster.resources.check_placement`, before the trainer and the engine are built.
 """
 
 from __future__ import annotations
@@ -480,8 +481,10 @@ def check_rl(
         FileNotFoundError: ``model_folder`` has no config.json.
     """
     from .plan.planner import resolve_config, training_problems
-    from .utils.device import resolve_device
+    from .run_dir import output_dir_problems
+    from .utils.device import device_problems, resolve_device
 
+    _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))
     model_config = read_model_config(model_folder)
     device = device or resolve_device(cfg.train.device)
     cfg, plan = resolve_config(
@@ -502,6 +505,9 @@ def check_rl(
         "rollout.rollout_max_response_len",
     )
     problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # reward.judge_model_path
+    from .tools.sandbox import sandbox_problems
+
+    problems += sandbox_problems(cfg)  # the python tool's sandbox, before any model is built
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
         problems += training_problems(plan, n.prompt)
     _raise(problems)
@@ -522,7 +528,7 @@ def check_generate(
     Raises:
         PreflightError: naming the flags and keys to change.
     """
-    from .utils.device import resolve_device
+    from .utils.device import device_problems, resolve_device
 
     model_config = read_model_config(model_folder)
     window, problems, total = context_window(model_config), [], prompt_tokens + max_new_tokens
@@ -537,7 +543,9 @@ def check_generate(
             f"by at least {1 - room} tokens, or use a model with a longer context window"
         )
     lengths = Lengths(prompt_tokens, True, None, None, max_new_tokens)
-    device = device or resolve_device(cfg.train.device)
+    if device is None:
+        problems += device_problems(cfg.train.device)
+    device = device or (resolve_device(cfg.train.device) if not problems else torch.device("cpu"))
     if not problems and cfg.engine.backend == "embedded" and is_native_config(model_config):
         plan = kv_cache_plan(cfg, Path(model_folder), total, device, max_seqs=n)  # the engine is built for --n
         if n > plan.slots:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checkpoint as ckpt
+from .checkpoint_line import finish_retiring
 from .config import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ def recover_candidates(output_dir: Path) -> list[Path]:
             the run's metrics and its checkpoints would be deleted by newer ones).
     """
     root = Path(output_dir) / "checkpoints"
+    finish_retiring(root)  # a rollback interrupted by a crash: its abandoned line is not resumed
     gone = ckpt.remove_partial_saves(root)
     if gone:
         log.warning("removed %d interrupted checkpoint save(s) in %s: %s", len(gone), root, ", ".join(gone))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import ConfigError
-from .utils.fs import LOCK_FILE, check_not_locked, lock_directory
+from .utils.fs import LOCK_FILE, check_not_locked, lock_directory, write_probe
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -87,3 +87,20 @@ def check_output_dir(run: RunConfig, rank: int = 0) -> None:
         f"metrics and checkpoints with the old ones. Choose a new run.output_dir, resume it (run.recover=auto, or "
         f"--load {out}), or set run.overwrite=true to delete it first"
     )
+
+
+def output_dir_problems(output_dir: str | Path, key: str = "run.output_dir") -> list[str]:
+    """``run.output_dir`` must be writable: the folder itself, or the nearest existing folder it
+    would be created in (a file is created and deleted there). Empty when it is."""
+    folder = Path(output_dir).expanduser()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return [f"{key}={output_dir}: {folder} is a file, not a folder; choose another {key}"]
+    error = write_probe(folder)
+    if error is None:
+        return []
+    return [
+        f"{key}={output_dir} is not writable ({error.strerror or error}: {folder}); the run could write no checkpoint "
+        f"or metrics there: choose a writable {key}, or remount / fix the permissions of {folder}"
+    ]

@@ -6,9 +6,11 @@ SIGKILL), a crashed trainer rank or engine that ended the run, any non-zero exit
 usage error. Each relaunch resumes from the newest complete checkpoint of the same
 ``run.output_dir``, so at most the rollouts since that checkpoint are redone. Every exit is
 recorded in ``<output_dir>/restarts.jsonl`` (exit status, signal, seconds the attempt ran, the
-error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), and a
+error). Not relaunched: a usage error (exit status 2), a full disk (:data:`DISK_FULL`), a stall with
+``run.stall_action=fail`` (:data:`STALLED`; ``restart`` exits 75 and is relaunched), and a
 failure whose error (type and first line of the message, which the child writes through
-:func:`record_failure`) repeats that of the attempt before: the same cause twice will not go away
+:func:`record_failure`; compared without temporary names' random parts, pids and addresses,
+:func:`normalise_error`) repeats that of the attempt before: the same cause twice will not go away
 by relaunching (a reward module's syntax error, every reward failing). Deaths by a signal carry no
 message and are relaunched up to the limit.
 
@@ -30,6 +32,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,25 +41,38 @@ import threading
 import time
 from pathlib import Path
 
+from .utils.failures import FAILURE_ENV, record_failure  # noqa: F401 (re-exported: the CLI records through here)
+from .utils.fs import SUPERVISOR_PID_ENV
+
 log = logging.getLogger(__name__)
 
 USAGE_ERROR = 2  # `reinforge` exits 2 on a config / usage error: relaunching would fail again
 DISK_FULL = 74  # `reinforge` exits 74 (sysexits' EX_IOERR) when the disk is full: relaunching would fail again
-PARENT_ENV = "REINFORGE_SUPERVISOR_PID"  # set in the child: the supervisor's pid, for watch_parent
-FAILURE_ENV = "REINFORGE_FAILURE_FILE"  # set in the child: where record_failure writes the error that ended it
+STALLED = 124  # `reinforge` exits 124 after a stall with run.stall_action=fail (restart: 75, relaunched)
+PARENT_ENV = SUPERVISOR_PID_ENV  # set in the child: the supervisor's pid, for watch_parent and the lock's message
 
 
-def record_failure(e: BaseException) -> None:
-    """In a supervised child (``REINFORGE_FAILURE_FILE`` set): write ``Type: first line of the
-    message`` of the exception that ends the process, for the supervisor to compare attempts."""
-    path = os.environ.get(FAILURE_ENV)
-    if not path:
-        return
-    text = str(e).strip().splitlines()
-    try:
-        Path(path).write_text(f"{type(e).__name__}: {text[0] if text else ''}"[:2000])
-    except OSError:
-        pass  # (a full disk): the exit status still tells
+# What differs between two attempts that failed for one cause: the random part of temporary names
+# (tempfile's 8 characters after `tmp` or after the prefix's `.`: `.rollout_000001.1r9nj8bd`), pids,
+# memory addresses.
+_RANDOM_PARTS = (
+    (re.compile(r"(?<=tmp)[a-z0-9_]{8}\b|(?<=\.)[a-z0-9_]{8}(?=[/'\"\s:),]|$)"), "*"),
+    (re.compile(r"\bpid \d+"), "pid N"),
+    (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "0x*"),
+)
+
+
+def normalise_error(error: str | None) -> str | None:
+    """``error`` (``Type: first line``, from :func:`record_failure`) without what differs between
+    attempts that failed for one cause: temporary folders' random names, pids, addresses. The
+    supervisor compares attempts by this (before, a checkpoint folder that had turned read-only
+    named another temporary folder at each attempt, and the run was relaunched until no restarts
+    were left)."""
+    if error is None:
+        return None
+    for pattern, replacement in _RANDOM_PARTS:
+        error = pattern.sub(replacement, error)
+    return error
 
 
 _PR_SET_PDEATHSIG = 1
@@ -191,7 +207,10 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
                     DISK_FULL,
                 )
                 return status
-            if error is not None and error == last_error:
+            if code == STALLED:
+                log.error("training stalled (run.stall_action=fail, exit status %d): not relaunching", STALLED)
+                return status
+            if error is not None and normalise_error(error) == normalise_error(last_error):
                 log.error(
                     "training failed twice with the same error (%s): not relaunching, a restart would fail again", error
                 )

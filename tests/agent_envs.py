@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 
 from reinforge.envs import Environment, Step, Turn
@@ -12,6 +14,8 @@ class Countdown(Environment):
     """A stateful game: the user says a number; each model turn that says "next" gets the number
     minus one back and reward 0.25; a turn that says "stop" ends the episode with reward 1 when the
     number has reached the label. Initial messages come from reset() (the data prompt is replaced)."""
+
+    max_prompt_tokens = 1024  # reset()'s prompt, with the test tools' description (about 560 tokens)
 
     def __init__(self, row, ctx):
         super().__init__(row, ctx)
@@ -28,6 +32,12 @@ class Countdown(Environment):
 
     async def reward(self):
         return 0.5  # a final reward, added to the turns'
+
+
+class ShortCountdown(Countdown):
+    """Countdown without tools: its reset() prompt is short (a model of 1024 positions holds it)."""
+
+    max_prompt_tokens = 128
 
 
 class Broken(Environment):
@@ -56,3 +66,44 @@ class SlowAsync(Environment):
     async def step(self, turn):
         await asyncio.sleep(5)
         return Step(done=True)
+
+
+class Exits(Environment):
+    """A plain step() that does what the prompt (the question) says: ``exit`` (``os._exit(7)``),
+    ``sys_exit`` (``sys.exit(3)``) or ``hang`` (300 s)."""
+
+    def step(self, turn):
+        how = self.row["prompt"]
+        if how == "exit":
+            os._exit(7)
+        if how == "sys_exit":
+            sys.exit(3)
+        time.sleep(300)
+
+
+class ExitsAsync(Environment):
+    """An async step(): ``os._exit(5)``, or ``sys.exit(4)`` when the prompt says ``sys_exit``."""
+
+    async def step(self, turn):
+        if self.row["prompt"] == "sys_exit":
+            sys.exit(4)
+        os._exit(5)
+
+
+class LongReset(Environment):
+    """reset() gives a user message of ``ctx.kwargs["words"]`` words when the data's prompt (the
+    question) is ``long``, else of one word; one turn, reward 1."""
+
+    def __init__(self, row, ctx):
+        super().__init__(row, ctx)
+        self.words = int(ctx.kwargs.get("words", 1)) if "long" in str(row["prompt"]) else 1
+
+    async def reset(self):
+        return [{"role": "user", "content": " ".join(["word"] * self.words)}]
+
+    async def step(self, turn):
+        return Step(done=True, reward=1.0)
+
+
+class DeclaredReset(LongReset):
+    max_prompt_tokens = 300

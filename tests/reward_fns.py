@@ -104,3 +104,12 @@ def with_info(sample):
     """even_first_token as verl's dict, with extra numbers (averaged into reward_info/* metrics) and a string."""
     r = even_first_token(sample)
     return {"score": r, "format_ok": 1, "odd": r == 0.0, "pred": "text"}
+
+
+_KEPT: list = []
+
+
+def leaks(sample):
+    """Keeps 40 MiB more after each call (a cache that only grows); returns how many it holds."""
+    _KEPT.append(bytearray(40 << 20))
+    return float(len(_KEPT))

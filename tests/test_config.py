@@ -113,6 +113,19 @@ def test_bad_yaml_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_duplicated_yaml_key_refused(tmp_path):
+    """A key given twice in one YAML file is refused with the file, the line and the key (PyYAML
+    alone keeps the last value silently); a bare key and its section form are one key too."""
+    path = write(tmp_path, "train:\n  lr: 1.0e-6\n  seed: 3\n  lr: 2.0e-6\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:4: key 'lr' is given twice \(first on line 2\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"c\.yaml:3: key 'train' is given twice"):
+        load_config(write(tmp_path, "train:\n  lr: 1.0e-6\ntrain:\n  seed: 3\n"))
+    with pytest.raises(ConfigError, match=r"num_rollout is given twice \(as 'num_rollout' and as 'train\.num"):
+        load_config(write(tmp_path, "num_rollout: 1\ntrain:\n  num_rollout: 2\n"))
+    assert load_config(write(tmp_path, "train:\n  lr: 2.0e-6\n")).train.lr == 2e-6  # one of each: fine
+
+
 def test_parse_override():
     assert parse_override("a.b=1e-6") == ("a.b", 1e-6)
     assert parse_override("--train.lr=2") == ("train.lr", 2)

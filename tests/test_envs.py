@@ -3,6 +3,7 @@ initial messages and per-turn rewards, environment failures as infrastructure fa
 sample dropped from its group's statistics, never scored 0), and the advantage math of that."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -12,8 +13,9 @@ from reinforge.config import load_config
 from reinforge.envs import Environment, load_environment
 from reinforge.loop import run_training
 from reinforge.records import Status
+from reinforge.rollout.generate import generate_groups
 from reinforge.train.rollout_advantages import compute_advantages
-from tests.test_agent import ScriptedEngine, agent_ctx, check_token_in_token_out, run_agent, tok  # noqa: F401
+from tests.test_agent import ScriptedEngine, agent_ctx, check_token_in_token_out, make_prompt, run_agent, tok  # noqa: F401
 from tests.test_integration import read_metrics, tiny_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -48,6 +50,70 @@ def test_environment_names_and_paths():
         load_config(None, ["agent.environment=nope"])
 
 
+def test_an_environment_switches_the_agent_loop_on(tmp_path):
+    """Issue 57 item 7: agent.environment (or agent.tools) without
+    rollout.custom_generate_function_path selects the agent loop instead of being ignored (or
+    refused); the docs' environment YAML (docs/agents.md) loads as written and selects it."""
+    import re
+
+    loop = "reinforge.rollout.agent:generate"
+    assert load_config(None, []).rollout.custom_generate_function_path is None  # no agent: single-turn
+    for overrides in (["agent.environment=swe"], ["agent.tools=[calculator]"]):
+        assert load_config(None, overrides).rollout.custom_generate_function_path == loop, overrides
+    own = ["agent.environment=swe", "rollout.custom_generate_function_path=tests.agent_tools:fixed_generate"]
+    assert load_config(None, own).rollout.custom_generate_function_path == "tests.agent_tools:fixed_generate"
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "agents.md")
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", open(docs).read(), re.S) if "environment:" in b]
+    assert blocks
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"env{i}.yaml"
+        path.write_text(block.replace("my_module:MyEnv", "tests.agent_envs:Countdown"))
+        cfg = load_config(str(path), [])
+        assert cfg.rollout.custom_generate_function_path == loop and cfg.agent.environment != "tools", block
+
+
+def test_a_reset_prompt_longer_than_the_engine_holds_fails_only_its_episode(tok):
+    """Issue 57 item 5: a reset() prompt longer than data.rollout_max_prompt_len (what the engine
+    is sized for) fails that episode, naming the key to raise; the others run."""
+    engine = ScriptedEngine(tok, lambda p, t: "done")
+    ctx = agent_ctx(
+        tok,
+        engine,
+        "agent.environment=tests.agent_envs:LongReset",
+        "agent.environment_kwargs={words: 200}",
+        "data.rollout_max_prompt_len=700",  # the tools' description is about 550 tokens
+    )
+    short, long = run_agent(ctx, "short", "long")
+    assert short.status == Status.COMPLETED and short.reward == 1.0, short.metadata.get("infra_failure")
+    assert long.status == Status.FAILED and long.response_length == 0, long.metadata
+    assert "raise data.rollout_max_prompt_len" in long.metadata["infra_failure"]
+    assert long.metadata["rollout_stats"]["agent/overlong_prompts"] == 1.0
+    assert all(len(c[0]) <= 700 for c in engine.calls)  # the long prompt never reached the engine
+
+
+def test_the_engine_is_sized_for_environment_prompts():
+    """Issue 57 item 5: the engine's max_model_len makes room for reset() prompts up to
+    data.rollout_max_prompt_len (or the environment's declared max_prompt_tokens), not only for the
+    data's prompts (which an environment's reset() may replace by longer ones)."""
+    from types import SimpleNamespace
+
+    from reinforge.loop import RLLoop
+
+    def engine_len(*overrides):
+        cfg = load_config(None, ["rollout.rollout_max_response_len=7", *overrides])
+        fake = SimpleNamespace(cfg=cfg, train_data=SimpleNamespace(max_prompt_tokens=67), eval_data=None)
+        return RLLoop._max_model_len(fake)
+
+    assert engine_len() == 74  # single-turn: the data's prompts
+    assert engine_len("agent.environment=tools", "agent.tools=[calculator]") == 74  # no reset() of its own
+    assert engine_len("agent.environment=tests.agent_envs:LongReset", "data.rollout_max_prompt_len=87") == 94
+    assert engine_len("agent.environment=tests.agent_envs:DeclaredReset") == 307
+    from reinforge.rollout.agent import env_prompt_bound
+
+    cfg = load_config(None, ["agent.environment=tests.agent_envs:DeclaredReset"])
+    assert env_prompt_bound(cfg) == (300, "tests.agent_envs.DeclaredReset.max_prompt_tokens")
+
+
 @pytest.mark.parametrize(
     "how, message",
     [
@@ -71,6 +137,85 @@ def test_an_environment_failure_is_an_infrastructure_failure(tok, how, message):
         assert s.status == Status.FAILED and message in s.metadata["infra_failure"], s.metadata
         assert s.metadata["rollout_stats"]["agent/infra_failures"] == 1.0
         assert s.loss_mask == [0] * s.response_length and s.reward == 0.0  # a placeholder, never trained on
+
+
+def test_a_hung_plain_method_costs_only_its_episode(tok):
+    """Issue 57 item 6: with one worker (agent.tool_concurrency=1) a plain step() that hangs fails
+    its own episode at agent.env_timeout; the other episodes, behind it, run as usual."""
+    engine = ScriptedEngine(tok, lambda p, t: "hello")
+    ctx = agent_ctx(
+        tok,
+        engine,
+        "agent.environment=tests.agent_envs:Broken",
+        "agent.environment_kwargs={how: hang, which: [0]}",
+        "agent.env_timeout=0.5",
+        "agent.tool_concurrency=1",
+    )
+    prompts = [make_prompt(ctx, f"q{i}") for i in range(4)]
+    for i, p in enumerate(prompts):
+        p.metadata["i"] = i
+    samples = [s for g in generate_groups(ctx, prompts, 1, ctx.sampling_params()) for s in g]
+    assert samples[0].status == Status.FAILED and "agent.env_timeout=0.5" in samples[0].metadata["infra_failure"]
+    assert [s.status for s in samples[1:]] == [Status.COMPLETED] * 3, [s.metadata for s in samples]
+    assert [s.reward for s in samples[1:]] == [1.0] * 3
+
+
+EXITING = """
+import sys
+from reinforge.config import load_config
+from reinforge.data import Prompt
+from reinforge.models.loading import load_tokenizer
+from reinforge.records import FinishReason, GenerateResult
+from reinforge.rollout.generate import RolloutContext, generate_groups
+
+class Engine:
+    weight_version = 0
+    def generate(self, requests):
+        return [[GenerateResult([28, 2], [-0.1, -0.1], FinishReason.STOP, 0)] * r.n for r in requests]
+
+tok = load_tokenizer(sys.argv[1])
+for env, hows in [("Exits", ["exit", "sys_exit", "hang"]), ("ExitsAsync", ["exit", "sys_exit"])]:
+    cfg = load_config(None, ["rollout.custom_generate_function_path=reinforge.rollout.agent:generate",
+                             f"agent.environment=tests.agent_envs:{env}", "agent.env_timeout=0.5"])
+    ctx = RolloutContext(cfg, Engine(), tok, None, [2])
+    prompts = [Prompt(h, h, tok(h)["input_ids"], None, {}) for h in hows]
+    for (s,) in generate_groups(ctx, prompts, 1, ctx.sampling_params()):
+        print("RESULT", env, s.prompt, s.status.value, s.metadata.get("infra_failure"), flush=True)
+print("SUMMARY", flush=True)
+"""
+
+
+def test_an_environment_cannot_end_or_hold_the_trainer(smollm2_path):
+    """Issue 57 item 16: os._exit / sys.exit in an environment method (plain or async) fails that
+    episode, naming the method, instead of ending the trainer; a plain method hung past
+    agent.env_timeout does not keep the process alive after its last line (its thread is not
+    waited for at exit)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    start = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-c", EXITING, str(smollm2_path)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("SUMMARY"), p.stdout + p.stderr[-3000:]
+    assert time.monotonic() - start < 110  # not the 300 s of the hung step
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines == [
+        "RESULT Exits exit failed Exits.step called os._exit(7): it ends its episode, not the trainer",
+        "RESULT Exits sys_exit failed Exits.step called sys.exit(3): it ends its episode, not the trainer",
+        "RESULT Exits hang failed Exits.step did not return within agent.env_timeout=0.5 s",
+        "RESULT ExitsAsync exit failed ExitsAsync.step called os._exit(5): it ends its episode, not the trainer",
+        "RESULT ExitsAsync sys_exit failed ExitsAsync.step called sys.exit(4): it ends its episode, not the trainer",
+    ], p.stdout
 
 
 def test_a_huge_observation_is_cut_without_tokenising_it_whole(tok):

@@ -38,12 +38,36 @@ MOE = {
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24
     ),
     "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1),
+    "qwen3_5_text": dict(
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    ),
+    "qwen3_next": dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    ),
 }
+
+
+MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # checkpoint -> its language model
 
 
 def tiny_config(model_type):
     from transformers import AutoConfig
 
+    if model_type in MULTIMODAL:  # the language model's sizes go in text_config
+        text = MULTIMODAL[model_type]
+        return AutoConfig.for_model(model_type, text_config={**TINY, **MOE.get(text, MOE["qwen3_next"])})
     return AutoConfig.for_model(model_type, **TINY, **MOE.get(model_type, {}))
 
 
@@ -52,10 +76,12 @@ def test_every_family_builds_and_plans_tensor_parallelism(model_type):
     cfg = tiny_config(model_type)
     with torch.device("meta"):
         model = CausalLM(cfg, max_positions=64)
-    assert model.family is family_of(cfg) and model.args.model_type == model_type
+    assert model.family is family_of(cfg) and model.args.model_type == MULTIMODAL.get(model_type, model_type)
     assert bool(model.args.moe_layers) == is_moe_type(model_type)
     for layer in model.model.layers:
-        assert layer.tp_plan and set(layer.tp_plan.values()) <= {"colwise", "rowwise"}
+        # (a sparse linear-attention layer of a hybrid has nothing to shard: its mixer and experts stay whole)
+        assert layer.tp_plan or (layer.sparse and layer.mixer_name != "self_attn")
+        assert set(layer.tp_plan.values()) <= {"colwise", "rowwise"}
         for name in layer.tp_plan:  # the plan names plain Linear submodules of this family's layers
             assert type(layer.get_submodule(name)) is nn.Linear, (model_type, name)
 

@@ -40,7 +40,8 @@ def read_metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-WALL_CLOCK = ("time/", "perf/", "plan/")  # seconds, rates and the planner's measured-vs-predicted: not reproducible
+# seconds, rates and the planner's measured-vs-predicted: not reproducible
+WALL_CLOCK = ("time/", "perf/", "plan/", "sync/verify_seconds", "sync/probe_seconds")
 
 
 def without_timings(rows: list[dict]) -> list[dict]:

@@ -17,10 +17,10 @@ from reinforge.reward.manager import RewardManager
 
 
 class Judge:
-    """A fake judge: answers each request with ``reply(prompt)`` after ``delay`` seconds."""
+    """A fake judge: answers each request with ``reply(prompt)`` after ``delay`` seconds (HTTP ``status``)."""
 
-    def __init__(self, reply=lambda prompt: "Looks right.\n8", delay: float = 0.0):
-        self.reply, self.delay = reply, delay
+    def __init__(self, reply=lambda prompt: "Looks right.\n8", delay: float = 0.0, status: int = 200):
+        self.reply, self.delay, self.status = reply, delay, status
         self.bodies: list[dict] = []
         judge = self
 
@@ -37,7 +37,7 @@ class Judge:
                     }
                 )
                 try:
-                    self.send_response(200)
+                    self.send_response(judge.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(out)))
                     self.end_headers()
@@ -193,3 +193,80 @@ def test_config_refuses_verdicts_out_of_range():
         load_config(None, ["reward.type=judge", "reward.judge_model_path=x", "reward.judge_verdicts={yes: 1, no: 0}"])
     cfg = load_config(None, ["reward.type=judge", "reward.judge_model_path=x", "reward.judge_verdicts={'yes': 1}"])
     assert cfg.reward.judge_verdicts == {"yes": 1}
+
+
+# ---------------------------------------------------------------------- the start-up check (issue 57)
+
+
+def test_the_judge_endpoint_is_checked_at_start(judge, caplog):
+    import logging
+
+    from reinforge.reward.judge import check_endpoint
+
+    cfg = RewardConfig(type="judge", judge_url=judge.url, judge_model="judge-m")
+    with caplog.at_level(logging.INFO, logger="reinforge.reward.judge"):
+        assert check_endpoint(cfg) >= 0
+    (body,) = judge.bodies
+    assert body["path"] == "/v1/chat/completions" and body["model"] == "judge-m" and body["max_tokens"] == 1
+    assert f"the judge answers at reward.judge_url={judge.url} (reward.judge_model='judge-m')" in caplog.text
+
+
+def test_a_judge_that_refuses_the_model_name_is_a_usage_error():
+    from reinforge.reward.judge import check_endpoint
+
+    j = Judge(status=404)
+    try:
+        cfg = RewardConfig(type="judge", judge_url=j.url, judge_model="no-such-model")
+        with pytest.raises(ValueError, match=r"reward.judge_model='no-such-model'.*HTTP 404.*Set reward.judge_model"):
+            check_endpoint(cfg)
+    finally:
+        j.close()
+
+
+def test_a_judge_that_is_down_stops_the_run_before_the_policy_is_built(tmp_path, tiny_model_path, monkeypatch, capsys):
+    """Before: the run built the model and generated a rollout, then every sample's judge failed.
+    Now: ``reinforge train`` says so in one line and exits 1 before anything is built."""
+    import reinforge.loop
+    from reinforge import cli
+    from tests.test_integration import tiny_overrides
+
+    def built(*a, **k):
+        raise AssertionError("the policy was built before the judge was checked")
+
+    monkeypatch.setattr(reinforge.loop, "build_cluster", built)
+    overrides = tiny_overrides(
+        tiny_model_path,
+        tmp_path / "run",
+        **{
+            "reward.type": "judge",
+            "reward.judge_url": "http://127.0.0.1:9/v1",
+            "reward.judge_model": "judge-m",
+            "reward.timeout": 0.5,
+            "reward.judge_retries": 0,
+        },
+    )
+    assert cli.main(["train", *overrides]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reinforge train: error: reward.judge_url=http://127.0.0.1:9/v1")
+    assert "the judge does not answer (1 try of reward.timeout=0.5 s; last: ConnectionError" in err[0]
+
+
+def test_a_judge_timeout_is_a_judge_error_left_out_not_a_scored_zero(caplog):
+    """The manager's own bound on a judge call (every try, :meth:`JudgeReward.budget`) running out counts
+    in reward/judge_errors (not reward/timeouts, which is a reward function's), and the log says the
+    sample is left out, not "scored 0"."""
+    import logging
+
+    j = Judge(delay=1.5)
+    try:
+        mgr = _mgr(j.url, timeout=5.0, judge_retries=0)
+        mgr.judge.budget = lambda: 0.3
+        s = [_sample()]
+        with caplog.at_level(logging.WARNING, logger="reinforge.reward.manager"):
+            counts = mgr.score(s)
+        assert counts["reward/judge_errors"] == 1 and counts["reward/errors"] == 1 and counts["reward/timeouts"] == 0
+        assert s[0].status == Status.FAILED and s[0].metadata["infra_failure_kind"] == "judge"
+        assert "(left out of training: the judge's failure, not the model's score;" in caplog.text
+        assert "scored 0" not in caplog.text
+    finally:
+        j.close()

@@ -211,7 +211,7 @@ def test_a_server_that_dies_is_restarted_and_then_given_up():
         ts.close()
 
 
-def test_a_slow_call_and_a_hung_server_hit_the_timeout():
+def test_a_slow_call_is_a_timeout_and_a_hung_server_an_mcp_server_failure():
     ts = toolset(server(), timeout=1.0)
     try:
         first = int(run(ts, "pid").output)
@@ -221,8 +221,11 @@ def test_a_slow_call_and_a_hung_server_hit_the_timeout():
         assert time.monotonic() - start < 3
         time.sleep(1.5)  # the ping after the timeout is answered: the server is kept
         assert int(run(ts, "pid").output) == first
+        start = time.monotonic()
         r = run(ts, "freeze", seconds=60)  # blocks the server's event loop: no answer, no pong
-        assert r.error == "timeout" and r.output == "Error: freeze did not finish within 1 s"
+        assert r.error == "mcp_server" and "freeze did not finish within 1 s and its MCP server 't'" in r.output
+        assert "did not answer a ping within 1 s either: it hangs" in r.output  # infrastructure, not the model
+        assert time.monotonic() - start < 4
         hub = ts.tools["pid"].resource
         assert wait_until(lambda: hub.servers[0].restarts == 1, 15)
         r = run(ts, "pid")  # waits for the restart (not counted in the call's time)
@@ -308,10 +311,10 @@ def test_the_schemas_reach_the_prompt(tok):
         assert ('"name": "calculator"' in pt.system_text) == (tools != "[]")
 
 
-def test_the_agent_calls_mcp_tools_and_counts_a_dead_server(tok):
+def test_the_agent_calls_mcp_tools_and_counts_the_models_errors(tok):
     turns = [
         call("add", a=20, b=22),
-        call("crash"),
+        call("fail", message="no such file"),
         call("add", a=1, b="two") + call("echo", text="hi"),
         "The answer is 42.",
     ]
@@ -323,12 +326,28 @@ def test_the_agent_calls_mcp_tools_and_counts_a_dead_server(tok):
         ctx.close()
     log = [(c["name"], c["error"], c["output"]) for c in sample.metadata["tool_calls"]]
     assert log[0] == ("add", None, "42")
-    assert log[1][:2] == ("crash", "mcp_server")
-    assert log[2][:2] == ("add", "bad_arguments") and log[3] == ("echo", None, "hi")  # restarted in between
+    assert log[1][:2] == ("fail", "mcp_error")  # the tool's error answer: the model's, shown to it
+    assert log[2][:2] == ("add", "bad_arguments") and log[3] == ("echo", None, "hi")
     stats = sample.metadata["rollout_stats"]
     assert stats["agent/tool_calls"] == 4 and stats["agent/tool_errors"] == 2
-    assert stats["agent/tool_errors/mcp_server"] == 1 and stats["agent/tool_errors/bad_arguments"] == 1
+    assert stats["agent/tool_errors/mcp_error"] == 1 and stats["agent/tool_errors/bad_arguments"] == 1
     assert "42" in tok.decode(sample.tokens) and sample.status.value == "completed"
+
+
+def test_a_server_that_dies_during_a_call_fails_the_sample_not_the_model(tok):
+    """Issue 57 item 4: a crashed MCP server is infrastructure, like a sandbox that cannot start: the
+    episode ends as failed (left out of training), never as the model's error scored 0."""
+    turns = [call("add", a=20, b=22), call("crash"), "The answer is 42."]
+    engine = ScriptedEngine(tok, lambda prompt, turn: turns[turn], char_level=False)
+    ctx = mcp_ctx(tok, engine)
+    try:
+        (sample,) = run_agent(ctx, "What is 20 + 22?")
+    finally:
+        ctx.close()
+    assert sample.status.value == "failed" and sample.metadata["infra_failure_kind"] == "mcp_server"
+    assert "its MCP server 't' stopped during the call" in sample.metadata["infra_failure"]
+    assert sample.loss_mask == [0] * sample.response_length and len(engine.calls) == 2  # no turn after it
+    assert sample.metadata["rollout_stats"]["agent/infra_failures"] == 1
 
 
 def mcp_children():

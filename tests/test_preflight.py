@@ -4,6 +4,8 @@ slots and KV-cache memory, refused in words before anything is built."""
 import dataclasses
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -140,7 +142,7 @@ def test_too_long_configuration_refused_at_start_with_the_message(smollm2_path, 
     def not_reached(*a, **k):
         raise AssertionError("training started")
 
-    monkeypatch.setattr("reinforge.loop.run_training", not_reached)
+    monkeypatch.setattr("reinforge.loop.RLLoop", not_reached)
     code = cli.main(
         [
             "train",
@@ -470,6 +472,47 @@ def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_pa
         r"sequence of \d+ tokens",
     ):
         run_offline(cfg)
+
+
+def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, capsys, tmp_path):
+    """Issue 57: a broken python sandbox was found only at the first rollout, as a traceback, and
+    taking bwrap off PATH did not disable it. Now `reinforge train` with the `python` tool exits 2 before
+    any model is built, with one line saying what is wrong and what to do: bwrap missing from PATH, or
+    the bubblewrap that `$REINFORGE_BWRAP` names failing its trial run. `agent.python_sandbox=none`
+    (the opt-out the line names) is not checked."""
+    from reinforge import cli
+    from reinforge.tools.sandbox import sandbox_problems
+
+    BWRAP_ENV = "REINFORGE_BWRAP"  # reinforge.tools.isolation.BWRAP_ENV
+
+    def not_reached(*a, **k):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr("reinforge.loop.run_training", not_reached)
+    monkeypatch.delenv(BWRAP_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    agent = ["agent.tools=[python]", "rollout.custom_generate_function_path=reinforge.rollout.agent:generate"]
+    args = ["train", "train.device=cpu", "engine.max_num_seqs=8", *agent]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reinforge train: error: this run cannot start: the python tool runs"), err
+    assert "no `bwrap` on PATH" in err and "agent.python_sandbox=none" in err, err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err, err
+    MESSAGES.append(err)
+    reachable = Path(tempfile.mkdtemp())  # the sandbox's uid runs it: a folder any uid can enter
+    try:
+        reachable.chmod(0o755)
+        fake = reachable / "broken-bwrap"
+        fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv(BWRAP_ENV, str(fake))
+        assert cli.main(args) == 2
+    finally:
+        shutil.rmtree(reachable)
+    err = capsys.readouterr().err
+    assert "fails here (bwrap: setting up uid map: Permission denied;" in err, err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err, err
+    assert sandbox_problems(rl_cfg(*agent, "agent.python_sandbox=none")) == []
 
 
 def test_messages_name_only_keys_that_exist():

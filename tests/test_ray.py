@@ -77,6 +77,8 @@ def test_ray_grpo_two_rollouts(tmp_path, tiny_model_path, ray_cluster, colocate)
     assert len(train) == 2 and all(r["time/sync"] > 0 for r in train)
     # the engine generated with the trainers' weights: fp32 log-probs agree
     assert all(r["train/logprob_abs_diff"] < 1e-4 for r in train)
+    # every sync verified by checksums on both sides (colocated on CPU: by value; else a gloo broadcast)
+    assert all(r["sync/verified"] == 1.0 and r["sync/verify_seconds"] >= 0 for r in train)
     assert [r["weight_version"] for r in train] == [1.0, 2.0]
     ckpt = out / "checkpoints" / "rollout_000001"
     assert (ckpt / "dcp" / "actor" / "hf_weights.json").exists() and (ckpt / "model" / "config.json").exists()
@@ -112,12 +114,11 @@ def check_merged_trace(path):
             assert any(inside(e, trained[0]) for e in spans(rank, "micro_batch"))  # and its micro-batches
         generated = [e for e in spans("engine 0", "generate") if inside(e, driver_rollout)]
         assert generated and all(e["args"]["samples"] > 0 for e in generated)
-    # every generation of the engine ran while the driver waited for one: a rollout or an eval;
-    # each eval (the last one, after the last weight sync, too) has the engine's generations
+    # every generation of the engine ran while the driver waited for one: a rollout, an eval or the
+    # weight-sync probe; each eval (the last one, after the last weight sync, too) has the engine's generations
     evals = spans("reinforge train", "eval")
-    assert all(
-        any(inside(g, w) for w in spans("reinforge train", "rollout") + evals) for g in spans("engine 0", "generate")
-    )
+    waits = spans("reinforge train", "rollout") + evals + spans("reinforge train", "probe")
+    assert all(any(inside(g, w) for w in waits) for g in spans("engine 0", "generate"))
     assert len(evals) == 2 and all(any(inside(g, e) for g in spans("engine 0", "generate")) for e in evals)
     for update in spans("reinforge train", "update_weights"):  # each rank gathered, the engine loaded
         for rank in ("trainer rank 0", "trainer rank 1"):

@@ -468,8 +468,12 @@ def test_the_program_is_not_root_on_the_host():
 
     r, status = asyncio.run(run_and_look())
     fields = {line.split(":")[0]: line.split()[1:] for line in status.splitlines() if ":" in line}
-    expected = sb.DEFAULT_SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
-    assert fields["Uid"] == [str(expected)] * 4 and fields["Gid"] == [str(expected)] * 4, status
+    uid = int(fields["Uid"][0])
+    if os.geteuid() == 0:  # a uid of the sandboxes' range (issue 51, E5: one per sandbox running at once)
+        assert sb.DEFAULT_SANDBOX_UID <= uid < sb.DEFAULT_SANDBOX_UID + sb.DEFAULT_SANDBOX_UIDS, status
+    else:
+        assert uid == os.geteuid(), status
+    assert fields["Uid"] == [str(uid)] * 4 and fields["Gid"] == [str(uid)] * 4, status
     assert int(fields["CapEff"][0], 16) == 0 and int(fields["CapPrm"][0], 16) == 0, status
     assert fields["Seccomp"] == ["2"] and fields["NoNewPrivs"] == ["1"], status
     res = report(r)
@@ -560,7 +564,8 @@ def test_nothing_outlives_a_killed_trainer(tmp_path):
     token = uuid.uuid4().hex
     program = (
         "import ctypes, time\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\nprint('started', flush=True)\n"
-        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', '{token}'])"
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', "
+        f"'{token[:16]}' + '{token[16:]}'])"  # joined at run time: the trainer's command line must not match
     )
     script = f"""
 import asyncio
@@ -710,3 +715,5 @@ def test_the_sandbox_uid_default_is_the_configs():
 
     assert sb.DEFAULT_SANDBOX_UID == AgentConfig().python_sandbox_uid
     assert sb.SandboxLimits().sandbox_uid == sb.DEFAULT_SANDBOX_UID
+    assert sb.SandboxLimits().sandbox_uids == sb.DEFAULT_SANDBOX_UIDS == AgentConfig().python_sandbox_uids
+    assert sb.SandboxLimits().max_open_files == sb.DEFAULT_MAX_OPEN_FILES == AgentConfig().python_max_open_files

@@ -197,6 +197,68 @@ def test_giving_up_gets_0_and_a_failing_run_shows_the_failure(tok, rows):  # noq
     assert s.status == Status.COMPLETED and s.reward == 0.0
 
 
+FORGE_PRINT = """import builtins, os, re
+_print = builtins.print
+def _forged(*a, **k):
+    if len(a) == 3 and isinstance(a[0], str) and re.fullmatch("[0-9a-f]{16}", a[0]):
+        a = (a[0], N, 0)
+    _print(*a, **k)
+builtins.print = _forged
+_write = os.write
+def _forged_write(fd, data):
+    return _write(fd, re.sub(rb"([0-9a-f]{16}) \\d+ \\d+", rb"\\1 N 0", data))
+os.write = _forged_write
+"""
+
+FORGE_MAIN = """import os, re, sys
+nonce = re.findall("[0-9a-f]{16}", open(os.path.abspath(sys.argv[0])).read())[-1]
+sys.stdout.write("N passed, 0 failed\\n%s N 0\\n" % nonce)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+ALWAYS_EQUAL = """class _Equal:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __hash__(self):
+        return 0
+
+
+def __getattr__(name):
+    return lambda *args, **kwargs: _Equal()
+"""
+
+
+@pytest.mark.parametrize("attack", ["shadowing_package", "nonce_from_main_py", "patched_print", "always_equal"])
+def test_only_the_read_only_tests_score(tok, rows, attack):  # noqa: F811
+    """Issue 51 E4: a package test_<mod>/ with passing tests does not shadow the read-only test
+    module; code under test can neither read the runner's nonce from main.py nor rewrite its
+    closing line by patching print / os.write, nor return objects equal to anything: none of it
+    scores."""
+    row = rows[3]
+    spec = row["metadata"]["swe"]
+    n, test, module = spec["n_tests"], spec["tests"][0], spec["bug"]["path"]
+    if attack == "shadowing_package":
+        passing = "".join(f"def test_{i}():\n    pass\n\n" for i in range(n))
+        edit = _call("write_file", path=f"{test}/__init__.py", content=passing)
+    elif attack == "always_equal":  # every function returns an object whose == says True
+        edit = _call("write_file", path=module, content=ALWAYS_EQUAL)
+    else:  # the module under test, imported by the tests, tries to forge the result
+        code = (FORGE_PRINT if attack == "patched_print" else FORGE_MAIN).replace("N", str(n))
+        original = row["metadata"]["swe"]["files"][module]
+        edit = _call("write_file", path=module, content=code + original)
+    s, _ = _play(tok, row, lambda prompt, turn: [edit, _call("run_tests"), "Done."][turn])
+    assert s.metadata["tool_calls"][0]["error"] is None, s.metadata["tool_calls"]
+    report = s.metadata["tool_calls"][1]["output"]
+    assert s.status == Status.COMPLETED and s.reward == 0.0, report
+    assert report.splitlines()[-1] != f"{n} passed, 0 failed"
+
+
 def test_evaluation_keeps_the_environments_reward(tok, rows):  # noqa: F811
     """reward.type would score the final answer against the label (0 here): the episode's own
     reward (the tests pass: 1) is what evaluation reports."""

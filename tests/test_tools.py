@@ -294,7 +294,6 @@ def test_agent_config_validation():
     assert cfg.agent.tools == ["calculator", "tests.agent_tools:add"] and cfg.agent.max_turns == 3
     assert load_config(None, base + ["engine.backend=hf", "agent.stop_after_tool_call=false"]).engine.backend == "hf"
     for overrides, msg in [
-        (["agent.tools=[calculator]"], "agent.tools is set but nothing calls tools"),
         (base + ["agent.tools=[calc]"], r"agent.tools\[0\]: unknown tool 'calc'"),
         (base + ["agent.tool_call_format=xml"], "agent.tool_call_format: 'xml' is not one of"),
         (base + ["agent.max_turns=0"], "agent.max_turns must be >= 1"),

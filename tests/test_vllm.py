@@ -122,3 +122,24 @@ def test_grpo_two_rollouts_with_vllm(tmp_path):
     train = [r for r in rows if "train/loss" in r]
     assert len(train) == 2 and [r["weight_version"] for r in train] == [1.0, 2.0]
     assert all(r["train/logprob_abs_diff"] < 1e-3 for r in train)  # fp32 engine on the synced weights
+    # every sync verified in vLLM's worker (checksums as the tensors arrived) and by the probe
+    assert all(r["sync/verified"] == 1.0 for r in train)
+    assert all(r["sync/probe_logprob_diff"] < 1e-3 for r in rows if "sync/probe_logprob_diff" in r)
+
+
+def test_weight_checksums_come_from_the_worker_and_catch_a_damaged_tensor(engine, smollm2_path):
+    from reinforge.weights.verify import SentSums, WeightSyncMismatch, compare, corrupt
+
+    model = build_model(smollm2_path, torch.float32)
+    named = [(n, t.detach()) for n, t in model.named_parameters()]
+    sent = SentSums(engine.weight_dtype)
+    sent.add(named[:3])
+    sent.add(named[3:])
+    engine.update_weights(named, version=5)
+    assert compare(sent, engine.weight_checksums(sent.names), "vLLM collective_rpc") == []
+    # the same sync with the last tensor damaged after the trainer's checksum: named in one line
+    damaged = named[:-1] + corrupt(named[-1:])
+    engine.update_weights(damaged, version=6)
+    with pytest.raises(WeightSyncMismatch, match=f"bucket 1 parameter {named[-1][0]} holds other bytes"):
+        compare(sent, engine.weight_checksums(sent.names), "vLLM collective_rpc")
+    engine.update_weights(named, version=7)  # (the module's engine back to the model's weights)

@@ -296,7 +296,7 @@ def aggregate(
     * ``seq_mean_token_sum_norm``: mean over S of S_i / ``norm_length`` (Dr. GRPO, Liu et al.
       2025, eq. 3: a constant, the max response length, instead of each length). As verl's
       mode since its global-batch rework (``loss_scale_factor`` = the max response length,
-      verl's default being the padded response width); verl 0.5 and older summed S_i over
+      verl's default being the padded response width); verl before 0.7.0 summed S_i over
       the micro-batch without dividing by the sequence count.
 
     Values outside ``mask`` are selected out, not multiplied by 0: an inf or NaN there does

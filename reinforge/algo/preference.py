@@ -107,7 +107,7 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 - exp(x)) for x <= 0, accurate over the whole range (Maechler 2012, "Accurately Computing
     log(1 - exp(-|a|))", eq. 7): ``log(-expm1(x))`` for x > -ln 2, ``log1p(-exp(x))`` otherwise.
 
-    The naive ``log1p(-exp(x))`` (TRL's ORPO) rounds ``exp(x)`` to 1 near x = 0 in fp32
+    The naive ``log1p(-exp(x))`` (TRL's ORPO before January 2026) rounds ``exp(x)`` to 1 near x = 0 in fp32
     (x > -6e-8 gives log(0) = -inf); ``expm1`` keeps x's relative precision there. ``x`` is first
     clamped to at most :data:`LOG1MEXP_MAX` (so x = 0 gives a finite value and gradient).
 
@@ -131,9 +131,9 @@ def orpo_loss(lp: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor, t
     loss = -lambda * log sigma(log odds(y_w) - log odds(y_l)); the trainer adds the NLL of the chosen
     responses (the SFT term, eq. 6). Rewards are ``beta * mean log pi`` (TRL's).
 
-    TRL's ``odds_ratio_loss`` computes log(1 - p) as ``log1p(-exp(logps))``; here it is
-    :func:`log1mexp`, the same value in exact arithmetic, accurate in fp32 near p = 1 (mean log p =
-    -1e-8: log(1 - p) = -18.42, where the fp32 ``log1p(-exp(.))`` gives -inf).
+    log(1 - p) is :func:`log1mexp`, accurate in fp32 near p = 1 (mean log p = -1e-8: log(1 - p) = -18.42,
+    where the naive fp32 ``log1p(-exp(.))`` gives -inf). TRL's ``odds_ratio_loss`` computed the naive form
+    until January 2026 and uses a ``log1mexp`` of its own since; the values agree in exact arithmetic.
 
     Args:
         lp: [P] token-mean log-probs (``chosen``, ``rejected``).

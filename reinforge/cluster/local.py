@@ -7,11 +7,12 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..records import Sample
 from ..rollout.backends import build_engine, engine_spec
 from ..train.rollout_share import RolloutBatch
 from ..train.worker import TrainWorker
 from ..utils.device import resolve_device
-from ..weights.tensor import sync_in_process
+from ..weights.tensor import first_difference, sync_in_process
 from .base import ClusterSpec
 from .resources import check_placement, machine_resources
 
@@ -27,6 +28,7 @@ class LocalCluster:
         self.engine = build_engine(
             engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device), spec.max_model_len)
         )
+        self.cluster_cfg = cfg.cluster
         self.offload_rollout = cfg.cluster.offload_rollout
         self.offload_engine_weights = cfg.cluster.offload_engine_weights
         self.has_reference = self.worker.has_reference
@@ -52,7 +54,21 @@ class LocalCluster:
             self.engine.wake_up()
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        return sync_in_process(self.worker.named_weights(), self.engine, version)
+        c = self.cluster_cfg
+        return sync_in_process(
+            self.worker.named_weights(), self.engine, version, c.weight_sync_bucket_mb << 20, c.verify_weight_sync
+        )
+
+    weight_transport = "in-process tensor"
+
+    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """The policy's log-probs of the samples' response tokens (the sync probe, :mod:`reinforge.weights.probe`)."""
+        return self.worker.compute_log_probs(samples)
+
+    def diagnose_weights(self) -> str | None:
+        """The first tensor the engine holds differently from the policy's current weights (one
+        phrase), or None (:func:`reinforge.weights.tensor.first_difference`)."""
+        return first_difference(self.worker.named_weights(), self.engine, self.cluster_cfg.weight_sync_bucket_mb << 20)
 
     def save(self, directory: Path, optimizer: bool = True) -> None:
         self.worker.save(str(directory), optimizer)

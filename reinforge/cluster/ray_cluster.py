@@ -1,25 +1,22 @@
 """Ray placement: trainer ranks and rollout engines as Ray actors in one placement group.
 
-* One **placement group** holds a bundle per trainer rank and, when disaggregated, a bundle per
-  engine. Before anything is placed, the resources asked for are checked against the cluster
-  and a shortfall is reported in words (no hanging at submission).
-* **Trainer actors** (one per GPU) each run a :class:`TrainWorker`; together they form the
-  torch process group (NCCL on GPUs, gloo on CPU) that FSDP2 shards over.
-* **Engine actors** each run an embedded engine. ``colocate: true`` places engine ``i`` on
-  trainer ``i``'s GPU (half a GPU each in Ray's accounting): engines ``sleep()`` while the
-  trainers train and ``wake_up()`` before the rollout. Otherwise engines have their own GPUs.
-* **The rollout moves once**: each step the driver puts the rollout in the object store
-  (``ray.put``) and hands every trainer rank the reference; each takes its share of whole groups,
-  computes their log-probs, values and advantages and trains on them (``TrainWorker.score`` /
-  ``train``); only metrics come back (``bench/driver_bytes.py`` measures it).
-* **Weight sync** after every optimizer phase, in buckets of ``cluster.weight_sync_bucket_mb``:
-  colocated, each trainer rank gathers the full tensors from the FSDP shards and hands them
-  to the engine on its own GPU (CUDA IPC handles on GPUs, by value on CPU); disaggregated,
-  trainer rank 0 broadcasts flat buckets over a dedicated process group to every engine.
-* **Multi-engine rollout** (:class:`EnginePool`): requests are spread over the engines by
-  expected tokens; a failing engine is reported with its node and GPU.
-* **Trace** (``run.trace``): every actor records its own spans, merged into the driver's
-  ``trace.json`` as one track group per process (:mod:`reinforge.cluster.ray_trace`).
+* One **placement group** holds a bundle per trainer rank and, when disaggregated, a bundle per engine. Before
+  anything is placed, the resources asked for are checked against the cluster and a shortfall is reported in words
+  (no hanging at submission).
+* **Trainer actors** (one per GPU) each run a :class:`TrainWorker`; together they form the torch process group (NCCL
+  on GPUs, gloo on CPU) that FSDP2 shards over.
+* **Engine actors** each run an embedded engine. ``colocate: true`` places engine ``i`` on trainer ``i``'s GPU (half
+  a GPU each in Ray's accounting): engines ``sleep()`` while the trainers train and ``wake_up()`` before the
+  rollout. Otherwise engines have their own GPUs.
+* **The rollout moves once**: each step the driver puts the rollout in the object store (``ray.put``) and hands
+  every trainer rank the reference; each takes its share of whole groups, computes their log-probs, values and
+  advantages and trains on them (``TrainWorker.score`` / ``train``); only metrics come back
+  (``bench/driver_bytes.py`` measures it).
+* **Weight sync** after every optimizer phase, in buckets of ``cluster.weight_sync_bucket_mb``: colocated, each
+  trainer rank gathers the full tensors from the FSDP shards for the engine on its GPU (CUDA IPC handles; by value
+  on CPU); disaggregated, trainer rank 0 broadcasts flat buckets over a dedicated group to every engine.
+* **Multi-engine rollout** (:class:`EnginePool`): requests spread by expected tokens; a failing engine named.
+* **Trace** (``run.trace``): each actor's spans, one track group per process in ``trace.json`` (:mod:`.ray_trace`).
 """
 
 from __future__ import annotations
@@ -33,15 +30,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import Config
-from ..records import GenerateRequest, GenerateResult
-from ..utils import faults, seeds, trace
+from ..records import GenerateRequest, GenerateResult, Sample
+from ..utils import faults, seeds, stall, trace
 from ..utils.net import free_port
 from ..weights import ipc
 from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
 from ..weights.tensor import by_value, with_fault_point
+from ..weights.verify import SentSums, checkable
 from .base import ClusterSpec
 from .ray_trace import ActorTraces, TracedActor
+from .ray_verify import EngineDtype, sync_metrics, transport_name, unwrap_mismatch, verify_on_engines
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 if TYPE_CHECKING:
@@ -104,6 +103,7 @@ class TrainerActor(TracedActor):
     ) -> dict[str, Any]:
         from ..train.worker import TrainWorker
 
+        stall.join(f"rank {rank}", rank=rank)  # its stacks and progress in the stall doctor's report
         with trace.span("setup", "train", rank=rank):
             self.worker = TrainWorker(
                 cfg,
@@ -126,21 +126,27 @@ class TrainerActor(TracedActor):
     def init_weight_group(self, addr: str, port: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, 0, size, backend_for(self.worker.device))
 
-    def sync_colocated(self, engine: Any, version: int, bucket_bytes: int) -> None:
+    def sync_colocated(self, engine: Any, version: int, bucket_bytes: int, dtype: Any = None) -> dict[str, float]:
         """Gather the full weights (all ranks must run this) and hand them to the engine on this
-        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU."""
+        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU. With ``dtype`` (the
+        engine's weight dtype) verified: :func:`~reinforge.cluster.ray_verify.verify_on_engines`."""
         import ray
 
+        sent = SentSums(dtype) if dtype is not None and engine is not None else None
+        transport = "CUDA IPC"
         with trace.span("sync_colocated", "sync", version=version):
             for bucket in trace.spans_over(
                 "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
             ):
                 if engine is None:
                     continue
+                bucket = sent.add(bucket) if sent is not None else bucket
                 if bucket[0][1].is_cuda:
                     ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
                 else:
+                    transport = "by value (Ray object store)"
                     ray.get(engine.update_weights.remote(by_value(bucket), version))
+        return verify_on_engines(sent, [engine] if engine is not None else [], transport, version)
 
     def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
@@ -152,16 +158,18 @@ class TrainerActor(TracedActor):
                 if engine is not None:
                     ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
 
-    def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int) -> None:
+    def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int, dtype: Any = None) -> dict:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
-        (:mod:`reinforge.weights.broadcast`)."""
+        (:mod:`reinforge.weights.broadcast`). With ``dtype``, verified as in :meth:`sync_colocated`."""
         import ray
 
+        sent = SentSums(dtype) if dtype is not None and engines else None
         with trace.span("sync_broadcast", "sync", version=version):
             for bucket in trace.spans_over(
                 "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
             ):
                 if engines:
+                    bucket = sent.add(bucket) if sent is not None else bucket
                     ray.get(
                         send_flat(
                             self.weight_group,
@@ -169,6 +177,8 @@ class TrainerActor(TracedActor):
                             lambda meta: [e.receive_bucket.remote(meta, version) for e in engines],
                         )
                     )
+        transport = "NCCL broadcast" if backend_for(self.worker.device) == "nccl" else "gloo broadcast"
+        return verify_on_engines(sent, engines or [], transport, version)
 
 
 class EngineActor(TracedActor):
@@ -182,6 +192,7 @@ class EngineActor(TracedActor):
         from ..utils.device import resolve_device
 
         self.index = index
+        stall.join(f"engine actor {index}")  # its stacks and progress in the stall doctor's report
         self.device = resolve_device(cfg.train.device)
         with trace.span("setup", "engine", index=index):
             self.engine = build_engine(
@@ -202,6 +213,16 @@ class EngineActor(TracedActor):
     def update_weights_ipc(self, handles: ipc.Handles, version: int) -> None:
         with trace.span("update_weights", "sync", version=version, ipc=True):
             self.engine.update_weights(ipc.from_handles(handles), version)
+
+    def engine_index(self) -> int:
+        return self.index
+
+    def weight_dtype(self) -> torch.dtype | None:  # (None: the engine reports no checksums)
+        return self.engine.weight_dtype if checkable(self.engine) else None
+
+    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:  # (reinforge.weights.verify)
+        with trace.span("weight_checksums", "sync", tensors=len(names)):
+            return self.engine.weight_checksums(names)
 
     def init_weight_group(self, addr: str, port: int, rank: int, size: int) -> None:
         self.weight_group = weight_sync_group(addr, port, rank, size, backend_for(self.device))
@@ -411,6 +432,7 @@ class RayCluster:
         share = 0.5 if (gpu and c.colocate) else float(gpu)
 
         def on(bundle: int, num_gpus: float, cls, **options: Any):
+            options.update(stall.ray_options())  # the actors join the stall doctor's reports (run.stall_timeout_s)
             return ray.remote(cls).options(
                 num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1),
                 num_gpus=num_gpus,
@@ -420,6 +442,7 @@ class RayCluster:
 
         self.workers = [on(i, share, TrainerActor).remote() for i in range(p["trainers"])]
         self.traces = ActorTraces() if cfg.run.trace else None
+        self.engine_dtype = EngineDtype()  # the engines' weight dtype, for verified syncs
         if self.traces is not None:
             for i, w in enumerate(self.workers):
                 self.traces.add(f"trainer {i}", w, f"trainer rank {i}", "train", 1 + i)
@@ -527,24 +550,29 @@ class RayCluster:
 
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
-        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers)."""
+        broadcasts buckets to all engines. All ranks take part (FSDP all-gathers). Verified with
+        ``cluster.verify_weight_sync`` (:mod:`.ray_verify`: ``sync/verified``, ``sync/verify_seconds``)."""
+        dtype = self.engine_dtype.get(self.engine.handles) if self.cfg.cluster.verify_weight_sync else None
         with trace.span("update_weights", "sync", version=version) as s:
-            bucket = self.cfg.cluster.weight_sync_bucket_mb << 20
-            handles = self.engine.handles
+            bucket, handles = self.cfg.cluster.weight_sync_bucket_mb << 20, self.engine.handles
             if self.cfg.cluster.colocate:
                 targets = handles + [None] * (len(self.workers) - len(handles))
-                get_all([w.sync_colocated.remote(e, version, bucket) for w, e in zip(self.workers, targets)])
+                calls = [w.sync_colocated.remote(e, version, bucket, dtype) for w, e in zip(self.workers, targets)]
             else:
-                get_all(
-                    [
-                        w.sync_broadcast.remote(handles if i == 0 else None, version, bucket)
-                        for i, w in enumerate(self.workers)
-                    ]
-                )
+                sends = [handles] + [None] * (len(self.workers) - 1)  # rank 0 broadcasts
+                calls = [w.sync_broadcast.remote(e, version, bucket, dtype) for w, e in zip(self.workers, sends)]
+            results = unwrap_mismatch(get_all, calls)  # a WeightSyncMismatch in one line, not Ray's traceback
             self.engine.weight_version = version
         if self.traces is not None:  # the actors' events of this step, into the driver's trace
             self.traces.collect()
-        return {"time/sync": s.seconds}
+        return {"time/sync": s.seconds, **sync_metrics(self.cfg.cluster.verify_weight_sync, results, self.engine)}
+
+    @property
+    def weight_transport(self) -> str:
+        return transport_name(self.cfg.cluster.colocate, self.use_gpu)
+
+    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:  # (the sync probe; every rank runs it)
+        return self._on_every_rank("compute_log_probs", samples)
 
     def save(self, directory: Path, optimizer: bool = True) -> None:
         self._on_every_rank("save", str(directory), optimizer)

@@ -25,7 +25,9 @@ class AgentConfig(Section):
     """Multi-turn rollouts with tools, read by `rollout.custom_generate_function_path:
     reinforge.rollout.agent:generate` (see [agents.md](agents.md)). A sample's whole response (every
     turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
-    (`eval.eval_max_response_len` in evaluation)."""
+    (`eval.eval_max_response_len` in evaluation). Setting `agent.environment` (other than `tools`),
+    `agent.tools` or `agent.mcp_servers` switches the agent loop on when no custom generate or
+    rollout function is set."""
 
     name = "agent"
     environment: str = opt(
@@ -52,7 +54,8 @@ class AgentConfig(Section):
         [],
         "MCP servers (stdio) whose tools the model may call beside `tools`: a list of `{name, command, args, env, "
         "cwd, tools, prefix, startup_timeout, max_restarts}` ([agents.md](agents.md#mcp-tools)); your own trusted "
-        "processes, not sandboxed",
+        "processes, not sandboxed. A server that stops, hangs or is down during a call fails the sample "
+        "(infrastructure: left out of the statistics, never scored 0)",
     )
     tool_call_format: str = opt(
         "hermes",
@@ -63,7 +66,12 @@ class AgentConfig(Section):
     max_turn_tokens: int | None = opt(
         None, "new tokens per model turn at most (`null`: what is left of the response budget)", ge=1
     )
-    tool_timeout: float = opt(10.0, "seconds per tool call (the `python` tool's process is killed after this)", gt=0)
+    tool_timeout: float = opt(
+        10.0,
+        "seconds per tool call (the `python` tool's process is killed after this); an MCP call past it is the "
+        "model's `timeout` while its server answers a ping within it, else `mcp_server` (infrastructure)",
+        gt=0,
+    )
     tool_output_max_tokens: int = opt(256, "a tool output longer than this many tokens is cut", ge=1)
     tool_role: str = opt(
         "auto",
@@ -78,7 +86,12 @@ class AgentConfig(Section):
     stop_after_tool_call: bool = opt(
         True, "end a turn where a call closes (`</tool_call>`), so the model does not write the tool's answer itself"
     )
-    tool_concurrency: int = opt(8, "threads running plain-function tools", ge=1)
+    tool_concurrency: int = opt(
+        8,
+        "threads running plain-function tools; also the plain environment methods running at once "
+        "(each in a thread of its own; one abandoned at `agent.env_timeout` frees its place)",
+        ge=1,
+    )
     python_memory_mb: int = opt(
         1024,
         "`python` tool: address-space limit of each of its processes (MiB); with its "
@@ -97,6 +110,17 @@ class AgentConfig(Section):
         "root on the host); pick one no account or other service uses",
         ge=1,
         lt=2**32 - 1,
+    )
+    python_sandbox_uids: int = opt(
+        1024,
+        "`python` tool, trainer run as root: sandboxes running at once each take a host uid (and gid) of "
+        "their own among `python_sandbox_uid` .. `python_sandbox_uid` + this - 1, so that per-uid kernel "
+        "quotas (inotify instances, keys, message queues, processes) are not shared; one uid for all: 1 "
+        "([agents.md](agents.md#threat-model))",
+        ge=1,
+    )
+    python_max_open_files: int = opt(
+        1024, "`python` tool: descriptors each process of the sandbox may hold open at once (`RLIMIT_NOFILE`)", ge=16
     )
     turn_reward: Literal["sum", "discounted"] = opt(
         "sum",
@@ -138,6 +162,11 @@ class AgentConfig(Section):
             )
         if not self.tool_role.strip():
             raise ConfigError("agent.tool_role must be `auto` or a role name")
+        if self.python_sandbox_uid + self.python_sandbox_uids > 2**32 - 1:
+            raise ConfigError(
+                f"agent.python_sandbox_uid={self.python_sandbox_uid} + agent.python_sandbox_uids="
+                f"{self.python_sandbox_uids} passes the last uid (2**32 - 2): lower either"
+            )
         if self.mcp_servers:
             mcp = importlib.import_module("reinforge.tools.mcp")  # by name: config sits below tools
 

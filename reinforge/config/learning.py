@@ -48,7 +48,10 @@ class RewardConfig(Section):
         "tag_or_last_number", "`tag` (`<answer>...</answer>`), `tag_or_last_number`, `boxed`, `last_number`, `none`"
     )
     timeout: float = opt(
-        10.0, "seconds per sample (`judge`: per request); a timeout scores 0 and is counted in `reward/timeouts`", gt=0
+        10.0,
+        "seconds per sample (`judge`: per request); a timeout scores 0 and is counted in `reward/timeouts`; a "
+        "judge's timeout is a judge error instead: counted in `reward/judge_errors`, the sample left out, not scored 0",
+        gt=0,
     )
     concurrency: int = opt(
         16,
@@ -115,6 +118,13 @@ class RewardConfig(Section):
     )
     judge_retries: int = opt(2, "`type: judge`: retries of a failed request (error, timeout, HTTP 429 / 5xx)", ge=0)
     judge_cache_size: int = opt(4096, "`type: judge`: scores kept in memory (same question/response/label)", ge=0)
+    worker_max_memory_mb: int = opt(
+        4096,
+        "`isolation: process`: a reward worker whose resident memory (RSS) is past this many MiB once its calls are "
+        "answered is replaced by a new one, with a warning (a function that keeps memory between calls would grow "
+        "its worker without end); 0: no limit",
+        ge=0,
+    )
 
     def check(self) -> None:
         if self.type == "model" and not self.model_path:
@@ -189,7 +199,14 @@ class AlgoConfig(Section):
         "`[tis_clip_low, tis_clip]`, 0 outside) or `reject` (drop the tokens outside, no weight: verl's `rollout_rs`)",
     )
     tis_clip: float = opt(2.0, "upper cap of the importance weight", ge=1)
-    tis_clip_low: float = opt(0.0, "lower bound of the weight in `mask` and `reject` modes", ge=0, lt=1)
+    tis_clip_low: float = opt(
+        0.0,
+        "lower bound of the weight in `mask` and `reject` modes; the bounds are on `w = pi_train / pi_rollout`: "
+        "verl's `low_high` thresholds bound `pi_rollout / pi_train`, so verl's `[L, H]` is `[1/H, 1/L]` here (the "
+        "same numbers keep the same tokens only when `tis_clip_low = 1 / tis_clip`)",
+        ge=0,
+        lt=1,
+    )
     use_rollout_routing_replay: bool = opt(
         False,
         "mixture-of-experts models: the engine records each generated token's experts and the trainer's "
@@ -199,8 +216,9 @@ class AlgoConfig(Section):
     use_decoupled_loss: bool | None = opt(
         None,
         "decoupled PPO objective (AReaL, Fu et al. 2025): clip against the trainer's proximal log-probs and "
-        "weight by `pi_prox / pi_behav` with the engine's log-probs ([algorithms.md](algorithms.md#decoupled-ppo)); "
-        "`null`: on when `rollout.max_staleness` > 0",
+        "weight by `pi_prox / pi_behav` with the engine's log-probs, uncapped unless `use_tis` sets its mode's factor "
+        "(AReaL's current code applies no such weight unless its `rejection_sampling` is set: "
+        "[algorithms.md](algorithms.md#decoupled-ppo)); `null`: on when `rollout.max_staleness` > 0",
     )
     dynamic_sampling: bool = opt(
         False, "DAPO dynamic sampling: drop groups with equal rewards, sample more prompts until the batch is full"

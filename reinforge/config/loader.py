@@ -25,6 +25,41 @@ from .root import SECTIONS, Config
 # --------------------------------------------------------------------------- loading
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping holds ``key`` twice (1-based lines ``first`` and ``second``)."""
+
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"key {key!r} appears twice (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding the same key twice (PyYAML keeps the last
+    value silently, so a second ``lr:`` in a section would quietly win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                line = first.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if line != key_node.start_mark.line + 1:
+                raise DuplicateKeyError(key, line, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_unique(text: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refusing duplicated keys of a mapping.
+
+    Raises:
+        DuplicateKeyError: a mapping holds a key twice (its lines in the error).
+        yaml.YAMLError: not valid YAML.
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:  # `int | Literal["auto"]`: "int or 'auto'"
         return " or ".join(repr(c) for c in typing.get_args(tp))
@@ -237,7 +272,12 @@ def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' files include each other")
     try:
-        raw = yaml.safe_load(read_utf8(path)) or {}
+        raw = load_yaml_unique(read_utf8(path)) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(
+            f"{path}:{e.second}: key {e.key!r} is given twice (first on line {e.first}); YAML would keep only "
+            f"the last value silently: delete one of them"
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -247,11 +287,19 @@ def _read_yaml(path: Path, values: dict[tuple[str, str], tuple[Any, str]], seen:
         if not isinstance(base, str):
             raise ConfigError(f"{path}: base must be a path to another YAML file")
         _read_yaml(path.parent / base, values, seen + (path.resolve(),))
+    own: dict[tuple[str, str], str] = {}  # keys of this file: `lr` and `train: {lr}` are one key
     for key, value in _flatten(raw, str(path)):
         try:
-            values[_locate(key)] = (value, str(path))
+            located = _locate(key)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
+        if located in own:
+            raise ConfigError(
+                f"{path}: {'.'.join(located)} is given twice (as {own[located]!r} and as {key!r}); only one value "
+                f"can hold: delete one of them"
+            )
+        own[located] = key
+        values[located] = (value, str(path))
 
 
 def config_from_values(values: dict[tuple[str, str], tuple[Any, str]], check_explicit: bool = True) -> Config:

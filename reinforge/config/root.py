@@ -38,6 +38,9 @@ SECTIONS: dict[str, type] = {
 }
 
 
+AGENT_LOOP = "reinforge.rollout.agent:generate"  # the custom generate function of the agent loop
+
+
 @dataclass
 class Config:
     """The run's configuration: one field per section of :data:`SECTIONS`."""
@@ -126,11 +129,7 @@ class Config:
                 f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}"
             )
         g = self.agent
-        if g.tools and not r.custom_generate_function_path:
-            raise ConfigError(
-                "agent.tools is set but nothing calls tools: set rollout.custom_generate_function_path="
-                "reinforge.rollout.agent:generate"
-            )
+        self._switch_on_agent_loop()
         e = self.engine
         if r.partial_rollout and e.backend != "embedded":
             raise ConfigError(
@@ -218,6 +217,18 @@ class Config:
                 f"engine.backend=vllm)"
             )
         return self
+
+    def _switch_on_agent_loop(self) -> None:
+        """An ``agent`` section that only the agent loop reads (``agent.environment`` other than
+        the default ``tools``, ``agent.tools``, ``agent.mcp_servers``) switches the agent loop on:
+        ``rollout.custom_generate_function_path`` becomes ``reinforge.rollout.agent:generate`` when
+        neither it nor ``rollout.rollout_function_path`` (a custom rollout reads what it wants) is
+        set; otherwise the section would be silently ignored by single-turn sampling."""
+        g, r = self.agent, self.rollout
+        if r.custom_generate_function_path or r.rollout_function_path:
+            return
+        if g.environment != "tools" or g.tools or g.mcp_servers:
+            r.custom_generate_function_path = AGENT_LOOP
 
     def _check_parallel_layout(self) -> None:
         """The trainer's layout (:mod:`reinforge.parallel_layout`) against the Ray placement's trainer

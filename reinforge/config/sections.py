@@ -495,6 +495,9 @@ class ClusterConfig(Section):
         "this many times per run; 0: the run fails",
         ge=0,
     )
+    verify_weight_sync: bool = opt(True, "compare trainer and engine checksums of every synced tensor (reliability.md)")
+    weight_sync_probe_interval: int = opt(10, "syncs between log-prob probes, the first included (0: none)", ge=0)
+    weight_sync_probe_tolerance: float | None = opt(None, "max `sync/probe_logprob_diff`; null: by dtype", gt=0)
 
     @property
     def num_trainers(self) -> int:
@@ -583,6 +586,10 @@ class RunConfig(Section):
         "relaunch training after a crash up to this many times, resuming with "
         "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor",
         ge=0,
+    )
+    stall_timeout_s: float | None = opt(1800.0, "seconds without progress before the stall doctor acts", gt=0)
+    stall_action: Literal["fail", "restart"] = opt(
+        "fail", "after a stall: `fail` (exit status 124, not relaunched) or `restart` (75: `--max-restarts` relaunches)"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,9 @@ def load_prompt_file(
         label_key: the reference answer's key; ``None`` for prompts without one (reward models).
     Raises:
         FileNotFoundError: no such file or folder.
-        DataError: a malformed row or a missing / mistyped prompt (``file:line`` in the message), no
-            rows, or a ``label_key`` that no row holds (the message names the file and the key).
+        DataError: a malformed row, a missing / mistyped prompt or a NaN / infinite label
+            (``file:line`` in the message), no rows, or a ``label_key`` that no row holds (the message
+            names the file and the key).
     """
     path = Path(path)
     rows = read_rows(path, "prompt data")
@@ -156,6 +158,7 @@ def load_prompt_file(
             label = get_key(obj, label_key)
             if label is None and verl and label_key == "label":
                 label = get_key(obj, VERL_LABEL)
+            _check_label(label, where, label_key)
         labelled += label is not None
         if verl:
             metadata = {**{k: obj[k] for k in VERL_METADATA if has_key(obj, k)}, **metadata}
@@ -181,6 +184,21 @@ def load_prompt_file(
 
 
 load_jsonl = load_prompt_file  # the name of the jsonl-only reader it replaces
+
+
+def _check_label(label: Any, where: str, key: str) -> None:
+    """Refuse a NaN or infinite label (JSON's ``NaN`` / ``Infinity``, a float column's NaN): compared
+    with a response as text (``nan``) it would score every sample 0 without an error.
+
+    Raises:
+        DataError: naming ``where`` (``file:line`` or ``file, row N``) and the key.
+    """
+    if isinstance(label, float) and not math.isfinite(label):
+        raise DataError(
+            f"{where}: {key!r} (data.label_key) is {label!r}, not a reference answer: every response compared "
+            f"with it would score 0. Write the answer as a string or a finite number, drop the row, or set "
+            f"data.label_key=null if the prompts have no reference answer"
+        )
 
 
 def _check_prompt(prompt: Any, where: str, key: str) -> None:

@@ -39,7 +39,8 @@ from ..config.sections import EngineConfig
 from ..models.loading import copy_weights_, free_weight_storage, restore_weight_storage
 from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult
-from ..utils import trace
+from ..utils import faults, stall, trace
+from ..weights.verify import ArrivalSums
 from .attention import bucket
 from .fp8 import quantize_model
 from .kv_cache import plan_kv_layout
@@ -96,6 +97,7 @@ class EmbeddedEngine:
         # engine.quantization=fp8: the linear layers' weights in fp8 from here on, synced weights too
         # (before the KV cache is sized: the bf16 weights' memory is free then)
         self.fp8 = quantize_model(self.model, self.config.quantization)
+        self._arrivals = ArrivalSums(self.weight_dtype)
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.weight_version = 0
@@ -122,6 +124,7 @@ class EmbeddedEngine:
         self._to_refill: set[str] = set()  # parameters no weight sync has written since
         self.scheduler: Scheduler | None = None
         self._pending: Snapshot | None = None  # read-back of the last decode steps, not processed yet
+        self._heartbeat = stall.Heartbeat("engine", "engine")  # sequences in flight, the last token's time
         self._allocate()
 
     def _allocate(self) -> None:
@@ -224,6 +227,8 @@ class EmbeddedEngine:
             slots = sched.request_slots(ids)
             if slots:
                 self._process(self._snapshot(slots), abort=True)
+        if not sched.has_unfinished():
+            self._heartbeat.idle()
 
     def has_unfinished(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_unfinished()
@@ -245,15 +250,19 @@ class EmbeddedEngine:
             self._drain()
             running = [s for s in running if sched.owner[s] is not None]
         running, changed = sched.grow(running, steps, self._preempt)
+        waiting = sum(len(p.samples) for p in sched.waiting)
+        self._heartbeat.busy(sequences=len(running) + waiting, running=len(running), waiting=waiting)
         if changed:
             self.runner.set_table_rows(changed, sched.table_rows(changed))
         if running:
+            faults.hit("engine_step")  # fault injection (tests): no-op unless REINFORGE_FAULT arms it
             layout = sched.layout
             B = bucket(max(running) + 1, layout.num_slots)
             Lk = self.runner.Decode.key_range(max(sched.len_bound[s] for s in running) + steps, layout)
             filters = any(sched.filters[s] for s in running)
             for _ in range(steps):
                 self.runner.decode(B, Lk, filters)
+                self._heartbeat.beat()
             sched.advance(running, steps)
         owned = sched.occupied()
         previous, self._pending = self._pending, self._snapshot(owned) if owned else None
@@ -262,6 +271,8 @@ class EmbeddedEngine:
         if self._pending is not None and not (running and self._overlap):
             snap, self._pending = self._pending, None
             self._process(snap)
+        if not sched.has_unfinished():
+            self._heartbeat.idle()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy new weights (Hugging Face names) into the engine's model in place; with
@@ -276,8 +287,29 @@ class EmbeddedEngine:
             raise RuntimeError("update_weights() while asleep with the weights freed: call wake_up() first")
         if self._to_refill:
             named_tensors = self._refilling(named_tensors)
-        copy_weights_(self.model, self.fp8.load(named_tensors) if self.fp8 is not None else named_tensors)
+        if self.fp8 is not None:  # quantized on arrival: checksummed before (weight_checksums)
+            named_tensors = self.fp8.load(self._arrivals.watch(named_tensors))
+        copy_weights_(self.model, named_tensors)
         self.weight_version = version
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the engine holds its weights in (the layout of :meth:`weight_checksums`)."""
+        return self.model.model.embed_tokens.weight.dtype
+
+    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
+        """Checksums (:func:`reinforge.weights.verify.checksum`) of the named weights as the engine holds
+        them after the last :meth:`update_weights`: each parameter's bytes where it landed (a view into
+        a fused q/k/v or gate/up matrix included); an fp8-quantized layer's weight as it arrived, cast to
+        :attr:`weight_dtype`, before quantization; None for a tied ``lm_head.weight`` (it is the
+        embedding). A name the engine has no weight for is left out (the caller reports it)."""
+        from ..weights.verify import param_checksums
+
+        out = param_checksums(self.model, names, self.weight_dtype)
+        if self.fp8 is not None:
+            arrived = self._arrivals.result()
+            out.update({n: arrived[n] for n in names if n not in out and n in arrived})
+        return out
 
     def _refilling(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in named_tensors:

@@ -32,6 +32,7 @@ from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
 from .kv_cache import KVLayout, cache_copy
 from .kv_cache import kv_cache_dtype as resolve_kv_dtype
+from .linear_state import LinearStates, linear_layers
 from .sampling import sample_tokens, sample_tokens_fused
 from .slot_state import LENGTH, STOP, advance_slots, advance_slots_fused
 
@@ -135,6 +136,7 @@ class ModelRunner:
             self._use_graphs = False
         self._side_stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.layout: KVLayout | None = None
+        self.linear: LinearStates | None = None
 
     def reseed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
@@ -150,6 +152,9 @@ class ModelRunner:
         self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
+        # a hybrid model's linear-attention layers: fixed states per slot (linear_state.py)
+        layers = linear_layers(self.model)
+        self.linear = LinearStates(layers, S, dev, self.dtype) if layers else None
         z = dict(device=dev)
         self.arange = torch.arange(max(S, L, layout.block_size * layout.blocks_per_seq), **z)
         self.seq_lens = torch.zeros(S, dtype=torch.long, **z)
@@ -186,7 +191,7 @@ class ModelRunner:
         """Drop the KV cache and the buffers (and the graphs that point into them)."""
         self._graphs.clear()
         self._graph_pool = None
-        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs", "out_routes"):
+        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs", "out_routes", "linear"):
             setattr(self, name, None)
         self.layout = None
 
@@ -279,6 +284,8 @@ class ModelRunner:
         for a in range(0, T, width):
             b = min(T, a + width)
             ctx = PrefillContext(self, blk[:, a:b], off[:, a:b], blk[:, :a] if a else None, off[:, :a] if a else None)
+            if self.linear is not None:
+                ctx.linear_state = self.linear.prefill(a, lens_d)
             pos = torch.arange(a, b, device=dev).expand(P, b - a)
             routing = self._routing()
             hidden = self.model.forward_hidden(ids[:, a:b], pos, ctx, routing)
@@ -290,6 +297,8 @@ class ModelRunner:
                 r = self._routes(routing).view(P, b - a, *self.out_routes.shape[2:])[rows, cols]
                 last_routes = r if last_routes is None else torch.where(ends[:, :, None], r, last_routes)
         logits = self.model.lm_head(last).float()
+        if self.linear is not None:
+            self.linear.commit(self.h2d(slots), self.h2d([len(p.slots) for p in chosen]))
         if tail_copies:
             src = self.h2d([a for a, _ in tail_copies])
             dst = self.h2d([b for _, b in tail_copies])
@@ -372,6 +381,8 @@ class ModelRunner:
         pos = self.seq_lens[:B]
         active = ~self.done[:B]
         ctx = self.Decode(self, B, Lk, pos, active)
+        if self.linear is not None:
+            ctx.linear_state = self.linear.decode(B)
         routing = self._routing()
         hidden = self.model.forward_hidden(self.last_token[:B, None], pos[:, None], ctx, routing)
         logits = self.model.lm_head(hidden[:, 0])

@@ -20,11 +20,14 @@ The sample's reward is the sum of the per-turn rewards (``Step.reward``) and the
 discounted`` (``reinforce_plus_plus``, ``gae``) each turn's reward is instead placed at the last
 token of that turn's model output, discounted by ``agent.turn_discount`` per turn.
 
-Methods may be ``async`` or plain (a plain one runs in the agent's worker threads). Whatever an
+Methods may be ``async`` or plain (a plain one runs in a daemon thread of its own,
+:mod:`reinforge.rollout.env_threads`: one that hangs costs only its episode). Whatever an
 environment does wrong (raises, exceeds ``agent.env_timeout``, returns something that is not a
-:class:`Step` of chat messages) is an :class:`EnvironmentFailure`: the sample is marked failed
-(infrastructure, not the model's doing), dropped from its group's statistics and counted; the run
-goes on. Observations are cut to ``agent.tool_output_max_tokens`` tokens like tool outputs.
+:class:`Step` of chat messages, calls ``os._exit`` or ``sys.exit``, gives a ``reset()`` prompt
+longer than :attr:`Environment.max_prompt_tokens`) is an :class:`EnvironmentFailure`: the sample
+is marked failed (infrastructure, not the model's doing), dropped from its group's statistics and
+counted; the run goes on. Observations are cut to ``agent.tool_output_max_tokens`` tokens like
+tool outputs, and can hold no special token.
 
 Environments are registered in :data:`ENVIRONMENTS` or loaded from a ``module:Class`` path
 (``agent.environment``); ``agent.environment_kwargs`` reach the constructor as ``ctx.kwargs``.
@@ -93,6 +96,12 @@ class Environment:
     """Base class of environments (module docstring). Subclasses override :meth:`step` and any of
     the others; the constructor receives the data ``row`` (``prompt``, ``label``, ``metadata``)
     and the :class:`EnvContext`."""
+
+    max_prompt_tokens: int | None = None
+    """The longest prompt :meth:`reset` gives, in tokens (its messages after the chat template and
+    the tool schemas), when it gives one; None: ``data.rollout_max_prompt_len``. The engine is
+    sized for prompts of this length; an episode whose prompt is longer fails (infrastructure, the
+    message names the key to raise), the run goes on."""
 
     def __init__(self, row: dict[str, Any], ctx: EnvContext):
         self.row = row

@@ -22,8 +22,11 @@ row's ``files`` are written and every edit goes; a row may give a base, files, o
 Tools of ``agent.tools`` are offered too. A turn without a call ends the episode; so does
 ``agent.max_turns``. The reward (:meth:`reward`) is 1.0 when every test of the row passes in a
 final run on the workspace as the episode left it (the last ``run_tests`` when nothing was edited
-since), else 0.0. A sandbox that cannot start, in a tool call or in the final run, is an
-infrastructure failure: the sample is failed and left out of its group, never scored 0.
+since), else 0.0. The tests that run are exactly the row's read-only test files (compiled from
+their own paths: a package or a bytecode cache the model writes cannot shadow them), and in a
+generated repository (no base) their asserts compare plain values (:data:`PROGRAM`). A sandbox
+that cannot start, in a tool call or in the final run, is an infrastructure failure: the sample is
+failed and left out of its group, never scored 0.
 
 ``agent.environment_kwargs``: ``workspace_dir``, ``base_cache`` (default
 ``<reinforge cache>/swe-bases``), ``max_file_bytes`` (65536), ``max_files`` (32: files of the
@@ -95,6 +98,28 @@ def run_tests() -> str:
 
 
 SCHEMAS = {f.__name__: function_schema(f) for f in (list_files, read_file, replace_in_file, write_file, run_tests)}
+
+# The test run's main.py after the runner: it deletes itself before any repository code runs (the
+# code under test cannot read the nonce from it) and writes the report with an os.write taken
+# before that code is imported (patching print, sys.stdout or os.write cannot rewrite it).
+PROGRAM = """
+import os, sys
+_write = os.write
+try:
+    os.remove(os.path.abspath(sys.argv[0]))
+except OSError:
+    pass
+sys.dont_write_bytecode = True
+_root = os.path.abspath({repo!r}) + os.sep
+sys.path.insert(0, _root)
+_p, _f, _lines = run_tests({tests!r}, _root, {plain!r})
+try:
+    sys.stdout.flush()
+except BaseException:
+    pass
+_report = _lines[:{lines}] + ["%d passed, %d failed" % (_p, _f), "{nonce} %d %d" % (_p, _f)]
+_write(1, ("\\n" + "\\n".join(_report) + "\\n").encode())
+"""
 
 _slots: dict[int, Any] = {}  # SandboxSlots per limit, shared by the episodes of a process
 _checked: set[tuple[str, int]] = set()  # (isolation, uid) that check_sandbox passed
@@ -292,7 +317,11 @@ class SweEnv(Environment):
         assert self.ws is not None
         a = self.ctx.agent
         limits = SandboxLimits(
-            timeout=self.test_timeout, memory_mb=a.python_memory_mb, sandbox_uid=a.python_sandbox_uid
+            timeout=self.test_timeout,
+            memory_mb=a.python_memory_mb,
+            max_open_files=a.python_max_open_files,
+            sandbox_uid=a.python_sandbox_uid,
+            sandbox_uids=a.python_sandbox_uids,
         )
         if (a.python_sandbox, limits.sandbox_uid) not in _checked:  # the first time: a trial sandbox
             await asyncio.to_thread(check_sandbox, a.python_sandbox, limits.sandbox_uid)
@@ -303,12 +332,8 @@ class SweEnv(Environment):
             bound = a.max_concurrent_sandboxes or default_max_sandboxes(limits)
             slots = _slots.setdefault(bound, SandboxSlots(bound))
         nonce = secrets.token_hex(8)
-        program = (
-            RUNNER + f"\nimport os, sys\nsys.dont_write_bytecode = True\n_root = os.path.abspath({REPO!r}) + os.sep\n"
-            f"sys.path.insert(0, _root)\n_p, _f, _lines = run_tests({self.tests!r}, _root)\n"
-            f"print('\\n'.join(_lines[:{MAX_REPORT_LINES}]))\nprint('%d passed, %d failed' % (_p, _f))\n"
-            f"print({nonce!r}, _p, _f)\nsys.stdout.flush()\n"
-        )
+        plain = "base" not in self.spec  # a generated repository: its asserts compare plain values with literals
+        program = RUNNER + PROGRAM.format(repo=REPO, tests=self.tests, lines=MAX_REPORT_LINES, nonce=nonce, plain=plain)
         async with slots:
             r = await run_python(program, limits, a.python_sandbox, checked=True, binds={REPO: self.ws.layers})
         self.counts["test_runs"] += 1

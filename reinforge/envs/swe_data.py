@@ -38,7 +38,7 @@ from typing import Any
 from .swe_templates import THEMES, Template
 
 RUNNER = r'''
-import importlib, traceback
+import ast, importlib, sys, traceback
 
 
 def _where(e, root):
@@ -51,12 +51,70 @@ def _where(e, root):
     return text
 
 
-def run_tests(modules, root=""):
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _plain(value):
+    """``value`` when it is made of plain built-in values only (what a literal is made of), else a
+    TypeError: an object whose ``__eq__`` says True to anything does not pass an assert."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t in (list, tuple, set, frozenset, dict):
+            if id(v) not in seen:
+                seen.add(id(v))
+                stack.extend([*v.keys(), *v.values()] if t is dict else v)  # all alive: ids stay unique
+        elif t not in _PLAIN:
+            raise TypeError("got a %s where a plain value (a number, string, list...) was expected" % t.__name__)
+    return value
+
+
+def _literal(node):
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+class _PlainAsserts(ast.NodeTransformer):
+    """``assert x == <literal>`` (or ``!=``) becomes ``assert _reinforge_plain(x) == <literal>``."""
+
+    def visit_Assert(self, node):
+        t = node.test
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)):
+            if _literal(t.comparators[0]):
+                t.left = ast.Call(ast.Name("_reinforge_plain", ast.Load()), [t.left], [])
+        return node
+
+
+def _load(name, root, plain=False):
+    """The test module ``name``: with a ``root``, compiled from its own file there (root +
+    name.replace(".", "/") + ".py"), never from a package, a bytecode cache or another file that
+    an import by name would find first; without, imported by name (the generator's own code).
+    With ``plain``, what its asserts compare with a literal must be a plain value (:func:`_plain`)."""
+    if not root:
+        return importlib.import_module(name)
+    path = root + name.replace(".", "/") + ".py"
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), path)
+    if plain:
+        tree = ast.fix_missing_locations(_PlainAsserts().visit(tree))
+    mod = type(sys)(name)
+    mod.__file__, mod.__package__ = path, name.rpartition(".")[0]
+    mod._reinforge_plain = _plain
+    sys.modules[name] = mod
+    exec(compile(tree, path, "exec"), mod.__dict__)
+    return mod
+
+
+def run_tests(modules, root="", plain=False):
     """Run every test_* function of each test module; (passed, failed, report lines)."""
     passed, failed, lines = 0, 0, []
     for name in modules:
         try:
-            mod = importlib.import_module(name)
+            mod = _load(name, root, plain)
         except BaseException as e:
             failed += 1
             lines.append("ERROR %s.py: %s" % (name, _where(e, root)))

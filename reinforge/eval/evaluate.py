@@ -13,6 +13,7 @@ from ..data import Prompt
 from ..records import Sample, Status
 from ..reward.manager import reward_info_metrics
 from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
+from ..rollout.infra_guard import failure_kind
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,12 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt], label: str = "") -> tup
     (:func:`threshold_metric_names`): a reward model's score above a threshold is not accuracy.
     Lengths are in tokens; ``truncated`` is the share of completions that hit the length limit.
 
+    A sample that failed by infrastructure (status ``failed``: its environment, sandbox, MCP server or
+    judge failed) is not a wrong answer: every share and mean is over the **scored** samples, and the
+    failed ones are counted in ``eval/failed_samples`` (greedy and sampled; ``eval/greedy_failed`` of
+    the greedy ones). pass@k of a prompt uses its scored samples (``n`` minus the failed), and a prompt
+    with fewer than ``k`` of them is left out of pass@k. A metric with no scored sample is NaN.
+
     Returns:
         (metrics, all scored samples: greedy ones first).
     """
@@ -112,20 +119,25 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt], label: str = "") -> tup
     def correct(s: Sample) -> bool:
         return s.reward is not None and s.reward >= thr
 
+    scored_greedy = [g[0] for g in greedy if g[0].status != Status.FAILED]
+    scored_groups = [[s for s in g if s.status != Status.FAILED] for g in sampled]
+    scored_sampled = [s for g in scored_groups for s in g]
     m: dict[str, float] = {
         "eval/num_prompts": float(len(prompts)),
-        greedy_key: _mean([correct(g[0]) for g in greedy]),
-        "eval/greedy_reward": _mean([g[0].reward for g in greedy]),
-        "eval/greedy_response_len": _mean([g[0].response_length for g in greedy]),
-        "eval/greedy_truncated": _mean([g[0].status == Status.TRUNCATED for g in greedy]),
+        greedy_key: _mean([correct(s) for s in scored_greedy]),
+        "eval/greedy_reward": _mean([s.reward for s in scored_greedy]),
+        "eval/greedy_response_len": _mean([s.response_length for s in scored_greedy]),
+        "eval/greedy_truncated": _mean([s.status == Status.TRUNCATED for s in scored_greedy]),
     }
     if sampled:
-        m[f"{at}1"] = _mean([correct(s) for g in sampled for s in g])
+        m[f"{at}1"] = _mean([correct(s) for s in scored_sampled])
         for k in cfg.eval.pass_k:
-            m[f"{at}{k}"] = _mean([pass_at_k(n, sum(correct(s) for s in g), k) for g in sampled])
-        m["eval/sampled_reward"] = _mean([s.reward for g in sampled for s in g])
-        m["eval/sampled_response_len"] = _mean([s.response_length for g in sampled for s in g])
-        m["eval/sampled_truncated"] = _mean([s.status == Status.TRUNCATED for g in sampled for s in g])
+            m[f"{at}{k}"] = _mean([pass_at_k(len(g), sum(map(correct, g)), k) for g in scored_groups if len(g) >= k])
+        m["eval/sampled_reward"] = _mean([s.reward for s in scored_sampled])
+        m["eval/sampled_response_len"] = _mean([s.response_length for s in scored_sampled])
+        m["eval/sampled_truncated"] = _mean([s.status == Status.TRUNCATED for s in scored_sampled])
+    m["eval/greedy_failed"] = float(len(greedy) - len(scored_greedy))
+    m["eval/failed_samples"] = float(len(flat) - len(scored_greedy) - len(scored_sampled))
     m["eval/reward_errors"] = counts.get("reward/errors", 0.0) + counts.get("reward/timeouts", 0.0)
     m.update({f"eval/{k}": v for k, v in rollout_stats(flat).items()})  # e.g. agent tool use
     m.update(reward_info_metrics(flat, prefix="eval/reward_info/"))  # a custom reward's extra numbers
@@ -133,8 +145,9 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt], label: str = "") -> tup
 
 
 def _mean(xs: list[Any]) -> float:
+    """The mean of the numbers of ``xs`` (None skipped); NaN when there is none (nothing was scored)."""
     xs = [float(x) for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else 0.0
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def model_label(path: str | Path) -> str:
@@ -171,7 +184,8 @@ def _fmt(v: float | None) -> str:
 
 
 def write_eval(out_dir: Path, label: str, metrics: dict[str, float], samples: list[Sample]) -> None:
-    """Append metrics to ``eval.jsonl`` and write the completions to ``eval/<label>.jsonl``."""
+    """Append metrics to ``eval.jsonl`` and write the completions to ``eval/<label>.jsonl`` (a failed
+    sample with ``reward`` null, its ``infra_failure`` reason and ``infra_failure_kind``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / "eval.jsonl").open("a") as f:
         f.write(json.dumps({"label": label, **metrics}) + "\n")
@@ -184,8 +198,13 @@ def write_eval(out_dir: Path, label: str, metrics: dict[str, float], samples: li
                         "prompt": s.prompt,
                         "response": s.response,
                         "label": s.label,
-                        "reward": s.reward,
+                        "reward": None if s.status == Status.FAILED else s.reward,  # a placeholder is no score
                         "status": s.status.value,
+                        **(
+                            {"infra_failure": s.metadata.get("infra_failure", ""), "infra_failure_kind": kind}
+                            if (kind := failure_kind(s))
+                            else {}
+                        ),
                     }
                 )
                 + "\n"

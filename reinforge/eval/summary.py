@@ -108,6 +108,32 @@ def plot_run(
     return target
 
 
+def newest_listed(run_dir: Path) -> Path | None:
+    """The newest checkpoint folder of ``run_dir/checkpoints`` that holds a ``state.json`` (RL, then
+    offline), or None."""
+    from ..checkpoint import list_checkpoints
+
+    for prefix in ("rollout", "step"):
+        found = [c for c in list_checkpoints(Path(run_dir) / "checkpoints", prefix) if (c / "state.json").is_file()]
+        if found:
+            return found[0]
+    return None
+
+
+def no_checkpoint_reason(run_dir: str | Path) -> str:
+    """Why ``run_dir`` has no checkpoint to resume or export, in words, for the run's last line."""
+    root = Path(run_dir) / "checkpoints"
+    latest = root / "latest"
+    if latest.is_file():
+        return (
+            f"no checkpoint to resume or export: {latest} names {latest.read_text().strip()}, which does not exist "
+            f"(deleted or moved), and {root} holds no other"
+        )
+    if root.is_dir():
+        return f"no checkpoint to resume or export: {root} holds none (deleted or moved?)"
+    return "no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume or export"
+
+
 def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: str, policy: bool = True) -> str:
     """One line with the commands that resume, evaluate and export the run in ``run_dir``; each
     is a command line ``reinforge`` accepts (``tests/test_summary.py`` parses every one with
@@ -120,8 +146,9 @@ def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: s
         policy: whether ``reinforge eval`` applies (not to a reward model).
     """
     q = shlex.quote
+    checkpoint = checkpoint or newest_listed(run_dir)  # `latest` may name a checkpoint that is gone
     if checkpoint is None:
-        return "no checkpoint was written (run.save_final=false and no run.save_interval): nothing to resume or export"
+        return no_checkpoint_reason(run_dir)
 
     def opt(name: str, path: Path) -> str:  # --name=value: a path starting with "-" is not taken for an option
         return q(f"--{name}={path}")

@@ -76,7 +76,7 @@ class ModelArgs:
         return replace(self, **changes)
 
 
-def check_common(cfg: Any) -> None:
+def check_common(cfg: Any, layer_kinds: tuple[str, ...] = ("full_attention",)) -> None:
     """Refuse the options no family implements natively: a non-SiLU activation, MLP biases,
     sliding-window layers, RoPE types whose frequencies change at run time (dynamic, longrope).
 
@@ -87,26 +87,29 @@ def check_common(cfg: Any) -> None:
         raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (only 'silu')")
     if getattr(cfg, "mlp_bias", False):
         raise NotImplementedError("mlp_bias=True")
-    if getattr(cfg, "use_sliding_window", False) or any(
-        t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])
-    ):
+    kinds = set(getattr(cfg, "layer_types", None) or []) - set(layer_kinds)
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in kinds:
         raise NotImplementedError("sliding-window attention layers")
+    if kinds:
+        raise NotImplementedError(f"layer_types {sorted(kinds)}")
     rope_type = rope_parameters(cfg).get("rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:
         raise NotImplementedError(f"rope_type {rope_type!r}")
 
 
-def dense_args(cfg: Any, *, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> ModelArgs:
+def dense_args(
+    cfg: Any, *, qkv_bias: bool, o_bias: bool, qk_norm: bool, layer_kinds: tuple[str, ...] = ("full_attention",)
+) -> ModelArgs:
     """The attention and dense-MLP fields every family reads the same way (after
     :func:`check_common`); the three flags are what families differ in. ``rotary_dim`` follows
     ``partial_rotary_factor`` (:func:`rotary_dim`)."""
-    check_common(cfg)
+    check_common(cfg, layer_kinds)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return ModelArgs(
         model_type=cfg.model_type,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
+        intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),  # (0: every layer sparse, Qwen3.5-MoE)
         num_layers=cfg.num_hidden_layers,
         num_heads=cfg.num_attention_heads,
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,

@@ -251,7 +251,7 @@ def save_hf_state_dict(
         state = {n: t for n, t in state.items() if n != "lm_head.weight"}  # stored once, as the embedding
     state = {
         n: _own_storage((t.to(dtype) if dtype is not None else t).detach().contiguous().cpu())
-        for n, t in to_hub(state.items())
+        for n, t in (to_hub(state.items(), str(source)) if to_hub is not hub_named_tensors else to_hub(state.items()))
     }
     import huggingface_hub.serialization._torch as hf_torch  # its logger is named by its file's path
 

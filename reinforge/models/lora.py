@@ -148,7 +148,10 @@ def merged_named_weights(
     ``gather`` turns a (sharded) parameter into its full tensor; with FSDP it is a collective, so
     every rank must iterate this in step. Tied parameters are listed once.
     """
+    from ..utils import faults
+
     adapted = {f"{n}.base_layer.weight": m for n, m in lora_layers(model)}
+    drop = faults.hit("drop_lora_merge")  # fault injection (tests): the merge silently skipped
     seen: set[int] = set()
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in seen or ".lora_" in name:
@@ -156,11 +159,12 @@ def merged_named_weights(
         seen.add(id(p))
         t = gather(p.detach())
         layer = adapted.get(name)
-        if layer is not None:
+        if layer is not None and not drop:
             a = gather(layer.lora_A[ADAPTER].weight.detach())
             b = gather(layer.lora_B[ADAPTER].weight.detach())
             # in fp32 and rounded once, also where the base is held in bf16 (hold_frozen_weights)
             t = (t.float() + (b.float() @ a.float()) * layer.scaling[ADAPTER]).to(t.dtype)
+        if layer is not None:
             name = name.replace(".base_layer.weight", ".weight")
         yield name, t
 

@@ -118,15 +118,26 @@ def rope_tables(cfg: Any, head_dim: int, max_positions: int) -> tuple[torch.Tens
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32 as Llama does."""
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32 as Llama does.
 
-    def __init__(self, dim: int, eps: float):
+    ``offset`` 1: the zero-centred form of Qwen3-Next / Qwen3.5 / Gemma, ``x_norm * (1 + weight)`` with the
+    product in fp32 before the cast (their transformers code), weight initialised to 0; it runs eagerly
+    (the fused kernels multiply by the stored weight)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
         self.eps = eps
         self.fused = False  # one Triton kernel forward and one backward (set by CausalLM.set_variant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            dtype = x.dtype
+            x = x.float()
+            return (
+                x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (self.offset + self.weight.float())
+            ).to(dtype)
         if self.fused:  # under autocast: output in the autocast dtype (the next matmul's input dtype)
             t = x.device.type
             return fused.rms_norm(
@@ -140,6 +151,9 @@ class RMSNorm(nn.Module):
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual += x`` in place, then the norm of ``residual``, in one kernel (fused kernels on,
         no gradients: the engine's decoder, ``Variant.fused_residual``)."""
+        if self.offset:
+            residual += x
+            return self.forward(residual)
         t = x.device.type
         return fused.add_rms_norm(
             x, residual, self.weight, self.eps, torch.get_autocast_dtype(t) if torch.is_autocast_enabled(t) else None
@@ -358,18 +372,28 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, args: ModelArgs, layer: int, family: Any, hf_config: Any):
         super().__init__()
-        self.self_attn = family.attention(args, layer, hf_config)
+        # the token mixer: attention (``self_attn``) or, in a hybrid family, linear attention (``linear_attn``)
+        self.mixer_name = family.mixer_name(layer, hf_config)
+        self.add_module(self.mixer_name, family.attention(args, layer, hf_config))
         self.sparse = layer in args.moe_layers
         self.mlp = (
             family.sparse_mlp(args, layer, hf_config) if self.sparse else family.dense_mlp(args, layer, hf_config)
         )
         # submodule -> "colwise" / "rowwise" (train/mesh.py: apply_tensor_parallel)
-        self.tp_plan: dict[str, str] = family.tp_plan(self.sparse)
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        plan = family.tp_plan(self.sparse)
+        if self.mixer_name != "self_attn":  # (a linear-attention mixer stays whole on every tensor-parallel rank)
+            plan = {name: style for name, style in plan.items() if not name.startswith("self_attn.")}
+        self.tp_plan: dict[str, str] = plan
+        self.input_layernorm = family.norm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = family.norm(args.hidden_size, args.rms_norm_eps)
+
+    @property
+    def mixer(self) -> nn.Module:
+        """The token mixer (``self_attn`` or ``linear_attn``)."""
+        return getattr(self, self.mixer_name)
 
     def forward(self, x, cos, sin, ctx=None, routing: Routing | None = None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx)
+        x = x + self.mixer(self.input_layernorm(x), cos, sin, ctx)
         return x + self._mlp(self.post_attention_layernorm(x), routing)
 
     def _mlp(self, h, routing: Routing | None):
@@ -385,7 +409,7 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(x)
         else:
             h = self.input_layernorm.add_forward(x, residual)
-        h = self.post_attention_layernorm.add_forward(self.self_attn(h, cos, sin, ctx), residual)
+        h = self.post_attention_layernorm.add_forward(self.mixer(h, cos, sin, ctx), residual)
         return self._mlp(h, routing), residual
 
 
@@ -394,7 +418,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args, i, family, hf_config) for i in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.norm = family.norm(args.hidden_size, args.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
@@ -407,6 +431,7 @@ class CausalLM(nn.Module):
     def __init__(self, hf_config: Any, max_positions: int | None = None):
         super().__init__()
         self.family = family_of(hf_config)  # raises NotImplementedError for an unregistered model_type
+        hf_config = self.family.text_config(hf_config)  # (a multimodal checkpoint's language model)
         self.args = self.family.model_args(hf_config)
         self.config = hf_config
         self.model = Decoder(self.args, self.family, hf_config)
@@ -458,7 +483,8 @@ class CausalLM(nn.Module):
         Call with ``on=False`` before moving the model (``.to`` copies each view on its own) and again
         with ``on=True`` after."""
         for layer in self.model.layers:
-            layer.self_attn.fuse_projection(on)
+            if hasattr(layer.mixer, "fuse_projection"):
+                layer.mixer.fuse_projection(on)
             layer.mlp.fuse_projection(on)
 
     def init_rope(self, device: torch.device | str | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from typing import Any
 
 from ..records import Sample
@@ -62,6 +63,8 @@ def label_text(sample: Sample, reward: str) -> str:
         ValueError: no label.
         TypeError: a label of another type (a list, a dict, a bool): scoring its ``str`` would
             silently give 0, so the manager counts it as a reward error instead.
+        ValueError: a NaN or infinite label, for the same reason (a data file's is refused when it
+            loads, naming its line: :func:`reinforge.data.sources.load_prompt_file`).
     """
     label = sample.label
     if label is None:
@@ -70,6 +73,11 @@ def label_text(sample: Sample, reward: str) -> str:
         raise TypeError(
             f"the {reward} reward needs a string or number label (data.label_key), got "
             f"{type(label).__name__} {label!r:.80}"
+        )
+    if isinstance(label, float) and not math.isfinite(label):
+        raise ValueError(
+            f"the {reward} reward needs a reference answer, but the label (data.label_key) is {label!r}: "
+            f"compared as text it would score every response 0"
         )
     return str(label)
 

@@ -19,6 +19,10 @@ raises :class:`JudgeFailure`: the manager counts it (``reward/judge_errors``,
 ``reward/judge_unparseable``) and leaves the sample out of its group's statistics and of the loss
 (status ``failed``), instead of scoring it 0 as if the model were wrong.
 
+The endpoint is checked when the run starts (:func:`check_endpoint`, before the policy is built): one
+short request, so a judge that is down or a wrong model name is said in one line at once, not after
+the first rollout.
+
 Successful scores are cached in memory (the same question, response and label are not judged
 twice; at most ``reward.judge_cache_size`` entries, least recently used dropped first). An API key, if
 the endpoint needs one, is read from the environment variable ``REINFORGE_JUDGE_API_KEY``.
@@ -27,6 +31,7 @@ the endpoint needs one, is read from the environment variable ``REINFORGE_JUDGE_
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import re
 import threading
@@ -34,7 +39,10 @@ import time
 from typing import Any
 
 from ..records import Sample
+from ..rollout.infra_guard import InfraFailing
 from .functions import answer_text
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = (
     "You are grading a response to a question.\n\n"
@@ -285,4 +293,77 @@ def judge_from_config(cfg: Any, engine: Any = None) -> JudgeReward:
         cfg.judge_cache_size,
         engine=engine,
         verdicts=cfg.judge_verdicts,
+    )
+
+
+class JudgeUnreachable(InfraFailing):
+    """The judge endpoint did not answer the start-up request (connection refused, timeouts, HTTP 429 /
+    5xx after ``reward.judge_retries`` retries): the run does not start (exit status 1)."""
+
+
+def _api_headers() -> dict[str, str]:
+    key = os.environ.get("REINFORGE_JUDGE_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def check_endpoint(cfg: Any) -> float:
+    """Check the judge endpoint of ``reward`` section ``cfg`` when the run starts: one chat completion of
+    at most one token for ``reward.judge_model`` at ``reward.judge_url``, tried as a scoring request is
+    (``reward.timeout`` s each, ``reward.judge_retries`` retries of a connection error, timeout or HTTP
+    429 / 5xx). Logs one line when it answers. Does nothing without ``judge_url`` (the embedded judge
+    is checked by :func:`reinforge.preflight.check_rl`).
+
+    Returns:
+        the seconds the answer took (0.0 when there is no endpoint to check).
+    Raises:
+        JudgeUnreachable: no answer (the message names ``reward.judge_url`` and the last error).
+        ValueError: an answer that refuses the request (HTTP 4xx: a wrong ``reward.judge_model`` or API
+            key) or is not an OpenAI-compatible chat completion.
+    """
+    if not getattr(cfg, "judge_url", None):
+        return 0.0
+    import requests
+
+    url = cfg.judge_url.rstrip("/") + "/chat/completions"
+    body = {
+        "model": cfg.judge_model,
+        "messages": [{"role": "user", "content": "Reply with the number 1."}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    where = f"reward.judge_url={cfg.judge_url} (reward.judge_model={cfg.judge_model!r})"
+    last = ""
+    tries = cfg.judge_retries + 1
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(JudgeReward._backoff(attempt - 1))
+        start = time.perf_counter()
+        try:
+            r = requests.post(url, json=body, headers=_api_headers(), timeout=cfg.timeout)
+        except requests.RequestException as e:
+            last = f"{type(e).__name__}: {e}"
+            continue
+        if r.status_code == 429 or r.status_code >= 500:
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+            continue
+        if r.status_code != 200:
+            raise ValueError(
+                f"{where}: the judge refused the start-up request with HTTP {r.status_code}: {r.text[:200]}. "
+                f"Set reward.judge_model to the name the server serves (GET {cfg.judge_url.rstrip('/')}/models "
+                f"lists them) and REINFORGE_JUDGE_API_KEY if it needs a key"
+            )
+        try:
+            r.json()["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ValueError(
+                f"{where}: POST {url} answered, but not with an OpenAI chat completion ({r.text[:200]!r}): "
+                f"reward.judge_url is the base URL of an OpenAI-compatible server (its /v1)"
+            ) from None
+        seconds = time.perf_counter() - start
+        log.info("reward: the judge answers at %s (%.2f s)", where, seconds)
+        return seconds
+    raise JudgeUnreachable(
+        f"{where}: the judge does not answer ({tries} {'try' if tries == 1 else 'tries'} of reward.timeout="
+        f"{cfg.timeout:g} s; last: {last}). "
+        f"Start the judge server (e.g. `vllm serve <model>`) or fix reward.judge_url; nothing was built yet"
     )

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import RewardConfig
-from ..records import Sample, Status
+from ..records import Sample
+from ..rollout.infra_guard import mark_failed
 from ..utils.imports import load_function
 from .functions import exact_match_reward, math_reward, reasoning_gym_reward
 from .judge import JudgeFailure
@@ -115,6 +116,11 @@ def describe_sample(sample: Sample) -> str:
     return f"sample {sample.index} (prompt {text[:60] + ('...' if len(text) > 60 else '')!r})"
 
 
+def _metric(kind: str) -> str:
+    """The ``reward/<name>`` count of a failure kind (``timeout`` -> ``timeouts``)."""
+    return {"timeout": "timeouts", "error": "errors"}.get(kind, kind)
+
+
 class RewardManager:
     """Scores samples in place (``sample.reward``, ``sample.reward_info``).
 
@@ -124,9 +130,9 @@ class RewardManager:
     LLM judge at an OpenAI-compatible endpoint, or run by the embedded engine with its own model (one batched
     call per :meth:`score`, :mod:`~reinforge.reward.judge_engine`; ``run``: the run's whole config, which
     places it) (:class:`~reinforge.reward.judge.JudgeReward`: a judge that
-    fails or answers without a score is counted in ``reward/judge_errors`` / ``reward/judge_unparseable``
-    and ``reward/errors``, and the sample is left out of its group's statistics and of the loss, status
-    ``failed``); ``custom`` loads
+    fails (a timeout included: never ``reward/timeouts``) or answers without a score is counted in
+    ``reward/judge_errors`` / ``reward/judge_unparseable`` and ``reward/errors``, and the sample is left
+    out of its group's statistics and of the loss, status ``failed``); ``custom`` loads
     ``reward.function_path`` = ``"module:function"``, a function ``fn(sample) -> float | dict``
     (plain or ``async``; a dict holds the scalar under ``"reward"`` or ``"score"``, verl's key, not
     both; other keys are kept in ``sample.reward_info`` and averaged into the metrics when numeric).
@@ -164,7 +170,9 @@ class RewardManager:
         if cfg.function_path and cfg.isolation == "process":
             from .workers import RewardProcessPool
 
-            self.pool = RewardProcessPool(cfg.function_path, cfg.concurrency, cfg.timeout)
+            self.pool = RewardProcessPool(
+                cfg.function_path, cfg.concurrency, cfg.timeout, max_memory_mb=cfg.worker_max_memory_mb
+            )
             self.pool.start()  # import errors now, in words, before the first rollout
         elif cfg.function_path:
             self.custom = load_function(cfg.function_path, "reward.function_path")
@@ -311,7 +319,7 @@ class RewardManager:
             if isinstance(result, JudgeFailure):
                 counts["errors"] += 1
                 counts[result.kind] += 1
-                first.append(self._fail(sample, result.kind, str(result), self.judge))
+                first.append(self._fail(sample, result.kind, str(result), self.judge, left_out=True))
                 self._leave_out(sample)
             else:
                 self._apply(sample, result)
@@ -341,15 +349,21 @@ class RewardManager:
                         result = await self._call_in_thread(fn, sample)
                     self._apply(sample, result)
                 except TimeoutError:
-                    counts["timeouts"] += 1
-                    first.append(self._fail(sample, "timeout", f"ran past reward.timeout={self.cfg.timeout:g}s", fn))
-                    if fn is self.judge:
+                    if fn is self.judge:  # the judge's every try ran out: a judge error, left out
+                        per_try = f"reward.timeout={self.cfg.timeout:g} s per try"
+                        budget = f"no answer within {self.judge.budget():g} s ({per_try})"
+                        counts["errors"] += 1
                         counts["judge_errors"] += 1
+                        first.append(self._fail(sample, "judge_errors", budget, fn, left_out=True))
                         self._leave_out(sample)
+                    else:
+                        counts["timeouts"] += 1
+                        why = f"ran past reward.timeout={self.cfg.timeout:g}s"
+                        first.append(self._fail(sample, "timeout", why, fn))
                 except JudgeFailure as e:  # the judge's fault, not the model's: counted and left out
                     counts["errors"] += 1
                     counts[e.kind] += 1
-                    first.append(self._fail(sample, e.kind, str(e), fn))
+                    first.append(self._fail(sample, e.kind, str(e), fn, left_out=True))
                     self._leave_out(sample)
                 except Exception as e:  # a reward bug must not kill a training run
                     counts["errors"] += 1
@@ -374,7 +388,14 @@ class RewardManager:
         self._check_all_failed(n, counts, first[0] if first else "")
         return out
 
+    def _instead(self) -> str:
+        """What the run would train on: a judge's failures are left out, other rewards' score 0."""
+        return "nothing (every sample left out)" if self.judge is not None else "all-zero rewards"
+
     def _hint(self, example: str) -> str:
+        if self.judge is not None:
+            where = self.cfg.judge_url or self.cfg.judge_model_path
+            return f"check the judge ({where}: reward.judge_url / reward.judge_model, or reward.judge_model_path)"
         if "reward.timeout" in example:
             return "make the function faster or raise reward.timeout"
         if self.cfg.function_path:
@@ -389,8 +410,9 @@ class RewardManager:
             return
         self._all_failed_streak += 1
         log.error(
-            "reward: all %d samples failed and scored 0 (%d of %d such batches in a row stop the run); e.g. %s",
+            "reward: all %d samples failed (%s) (%d of %d such batches in a row stop the run); e.g. %s",
             n,
+            "left out of training" if self.judge is not None else "scored 0",
             self._all_failed_streak,
             self.ALL_FAILED_LIMIT,
             example,
@@ -400,7 +422,7 @@ class RewardManager:
             raise RewardFunctionFailing(
                 f"the reward function ({which}) failed on every sample of "
                 f"{self._all_failed_streak} consecutive batches (the last: {n} samples, {counts['errors']} errors, "
-                f"{counts['timeouts']} timeouts); e.g. {example}. Stopping instead of training on all-zero rewards: "
+                f"{counts['timeouts']} timeouts); e.g. {example}. Stopping instead of training on {self._instead()}: "
                 f"{self._hint(example)}, then resume with run.recover=auto"
             )
 
@@ -413,18 +435,18 @@ class RewardManager:
         """
         if self.num_scored and self.num_failed == self.num_scored:
             which = self.cfg.function_path or f"reward.type={self.cfg.type}"
+            what = "left out of training" if self.judge is not None else "scored 0"
             raise RewardFunctionFailing(
-                f"every reward of this run failed ({self.num_scored} samples scored 0 by {which}); e.g. "
-                f"{self.first_failure}. Training on all-zero rewards taught nothing: {self._hint(self.first_failure)}"
+                f"every reward of this run failed ({self.num_scored} samples {what} by {which}); e.g. "
+                f"{self.first_failure}. Nothing was learned from them: {self._hint(self.first_failure)}"
             )
 
     @staticmethod
     def _leave_out(sample: Sample) -> None:
         """A sample whose judge failed: status ``failed`` (left out of its group's statistics, advantage 0)
-        and no loss, like an infrastructure failure of an agent episode; its reward 0 is a placeholder."""
-        sample.status = Status.FAILED
-        sample.loss_mask = [0] * sample.response_length
-        sample.metadata["infra_failure"] = sample.reward_info.get("reward_failure", "judge failed")
+        and no loss, an infrastructure failure of kind ``judge`` (:func:`~reinforge.rollout.infra_guard.mark_failed`);
+        its reward 0 is a placeholder."""
+        mark_failed(sample, "judge", sample.reward_info.get("reward_failure", "judge failed"))
 
     async def _call_in_thread(self, fn: Callable[..., Any], sample: Sample) -> Any:
         """``fn(sample)`` on a daemon worker thread (:class:`~.threads.DaemonWorkers`), awaited for at most
@@ -510,14 +532,19 @@ class RewardManager:
         sample.reward = float(result)
         sample.reward_info.update(info)
 
-    def _fail(self, sample: Sample, kind: str, message: str, fn: Callable[..., Any] | None = None) -> str:
-        """Score ``sample`` 0 and return the one-line account of it (logged for the first of each kind)."""
+    def _fail(
+        self, sample: Sample, kind: str, message: str, fn: Callable[..., Any] | None = None, left_out: bool = False
+    ) -> str:
+        """Give ``sample`` reward 0 and return the one-line account of it (logged for the first of each
+        kind). ``left_out``: the sample is an infrastructure failure (a judge's), left out of training, its
+        0 a placeholder; otherwise the 0 is its score."""
         sample.reward = 0.0
         sample.reward_info["reward_failure"] = message
         line = f"reward function {self._name(fn)} failed on {describe_sample(sample)}: {message}"
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("%s (scored 0; further reward %ss are only counted)", line, kind)
+            what = "left out of training: the judge's failure, not the model's score" if left_out else "scored 0"
+            log.warning("%s (%s; further %s failures are only counted in reward/%s)", line, what, kind, _metric(kind))
         return line
 
     def close(self) -> None:

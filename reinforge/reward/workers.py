@@ -8,7 +8,10 @@ worker process of a small pool (:class:`RewardProcessPool`), one call per worker
 * a worker that ends during a call (``os._exit``, a segfault) is an error of that sample only,
   naming the exit code; the worker is replaced;
 * a call past ``reward.timeout`` is ended by killing its worker (nothing is left running);
-* ``sys.exit`` / ``KeyboardInterrupt`` raised by the function is an error of that sample.
+* ``sys.exit`` / ``KeyboardInterrupt`` raised by the function is an error of that sample;
+* a worker whose resident memory (RSS, ``/proc/<pid>/status``) is past ``reward.worker_max_memory_mb``
+  when its calls are answered is replaced by a new one, with a warning (a function that keeps memory
+  between calls, such as a growing cache, would otherwise grow its worker without end).
 
 Workers are plain ``python -m reinforge.reward.workers`` processes (not ``multiprocessing``: a
 spawned child would re-import the trainer's ``__main__``, and with it torch), talking over two
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import logging
 import math
 import os
 import signal
@@ -31,7 +36,25 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..utils import stall
+
 START_TIMEOUT_S = 300.0  # importing the user's module (it may import a large library)
+_numbers = itertools.count()  # reward workers of this process, numbered as started (the stall doctor's line)
+
+log = logging.getLogger(__name__)
+
+
+def resident_mb(pid: int) -> float | None:
+    """Resident memory (``VmRSS``) of process ``pid`` in MiB; None where ``/proc`` does not tell (not
+    Linux, the process gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @dataclasses.dataclass
@@ -74,12 +97,21 @@ class _Worker:
         self.tasks: collections.deque[int] = collections.deque()  # sent, not answered yet: tasks[0] is running
         self.deadline = time.monotonic() + START_TIMEOUT_S
         self.out.send({"function_path": function_path, "sys_path": list(sys.path), "cwd": os.getcwd()})
+        self.number, self.function_path, self.activity = next(_numbers), function_path, None
+
+    def report(self) -> None:
+        """Tell the stall doctor which call runs since when (none: idle)."""
+        if self.activity is not None:
+            self.activity.close()
+        what = f"reward worker {self.number} (pid {self.proc.pid}) inside {self.function_path}"
+        self.activity = stall.Activity("reward", what, {}) if self.tasks and self.state == "busy" else None
 
     def call(self, batch: list[tuple[int, Any]], timeout: float) -> None:
         """Send ``[(index, sample), ...]``: the worker scores them in order, answering each."""
         self.out.send(("call", batch))
         self.state, self.deadline = "busy", time.monotonic() + timeout
         self.tasks.extend(i for i, _ in batch)
+        self.report()
 
     def kill(self) -> int | None:
         if self.proc.poll() is None:
@@ -88,6 +120,7 @@ class _Worker:
         for c in (self.out, self.inp):
             c.close()
         self.state = "dead"
+        self.report()
         return code
 
 
@@ -99,10 +132,14 @@ class RewardProcessPool:
         function_path: ``module:function``; the module is imported in the workers only.
         size: workers at most (``reward.concurrency``).
         timeout: seconds per call (``reward.timeout``); a call past it kills its worker.
+        max_memory_mb: a worker whose resident memory is past this many MiB once its calls are
+            answered is replaced (``reward.worker_max_memory_mb``; 0: no limit).
     """
 
-    def __init__(self, function_path: str, size: int, timeout: float):
+    def __init__(self, function_path: str, size: int, timeout: float, max_memory_mb: float = 0):
         self.function_path, self.size, self.timeout = function_path, size, timeout
+        self.max_memory_mb = max_memory_mb
+        self.recycled = 0  # workers replaced for their memory
         self.workers: list[_Worker] = []
         self.is_async = False
         self._lock = threading.Lock()
@@ -246,6 +283,30 @@ class RewardProcessPool:
             w.deadline = time.monotonic() + self.timeout  # the next sample of its batch starts now
             if not w.tasks:
                 w.state = "ready"
+            w.report()  # the next sample of its batch, or idle
+            if not w.tasks:
+                self._check_memory(w)
+
+    def _check_memory(self, w: _Worker) -> None:
+        """Replace idle worker ``w`` when its resident memory is past ``max_memory_mb`` (the next
+        batch starts a new one)."""
+        if not self.max_memory_mb:
+            return
+        rss = resident_mb(w.proc.pid)
+        if rss is None or rss <= self.max_memory_mb:
+            return
+        w.kill()  # idle: no call is lost
+        self.recycled += 1
+        log.warning(
+            "reward worker (pid %d) of reward.function_path=%s holds %.0f MiB, past reward.worker_max_memory_mb=%g: "
+            "replaced by a new worker (%d so far). The function keeps memory between calls (a growing cache or "
+            "list?); raise the limit if it needs that much",
+            w.proc.pid,
+            self.function_path,
+            rss,
+            self.max_memory_mb,
+            self.recycled,
+        )
 
     def close(self) -> None:
         """Stop every worker."""
@@ -286,6 +347,7 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     import inspect
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stall.join("reward worker", publish=False)  # its stacks in the stall doctor's report
     parent = os.getppid()
     _die_with_parent()
     inp, out = Connection(read_fd, writable=False), Connection(write_fd, readable=False)

@@ -11,12 +11,16 @@ Token in, token out: the sample's tokens are the prompt, then exactly the ids th
 then the ids the chat template puts between that turn and the next (observation messages, turn
 markers, the next generation prompt; :mod:`reinforge.rollout.chat_turns`), and so on; nothing is
 ever re-tokenised. ``loss_mask`` is 1 on sampled ids and 0 on the others, whose
-``rollout_log_probs`` are 0.0. Tool failures of any kind become error messages for the model and
-are counted (:mod:`reinforge.tools.toolset`); they never end the rollout. An environment that
-fails (raises, hangs past ``agent.env_timeout``, answers malformed) or a sandbox that cannot start
-ends the episode as an infrastructure failure: the sample's status is ``failed``, its
-``metadata["infra_failure"]`` says why, and the trainer leaves it out of its group's statistics
-and of the loss (never a reward of 0 for the model).
+``rollout_log_probs`` are 0.0. The model's tool failures (bad arguments, a tool's error, a
+timeout) become error messages for the model and are counted (:mod:`reinforge.tools.toolset`); they
+never end the rollout. An environment that fails (raises, hangs past ``agent.env_timeout``, answers
+malformed, calls ``os._exit`` or ``sys.exit``, gives a ``reset()`` prompt longer than the engine is
+sized for: :func:`env_prompt_bound`), a sandbox that cannot start or an MCP server that stops, hangs
+or is down (tool error kinds ``sandbox``, ``mcp_server``) ends the episode as an infrastructure
+failure: the sample's status is ``failed``, its ``metadata["infra_failure"]`` says why
+(``metadata["infra_failure_kind"]``: ``environment``, ``sandbox``, ``mcp_server``; counted by
+:mod:`reinforge.rollout.infra_guard`), and the trainer leaves it out of its group's statistics and of
+the loss (never a reward of 0 for the model).
 
 Rewards: the sum of the environment's per-turn rewards and its final ``reward()`` when any is a
 number (``sample.reward``); otherwise the configured reward scores the sample. Each model turn's
@@ -32,8 +36,9 @@ Per-sample numbers go to ``sample.metadata["rollout_stats"]`` (averaged into the
 metrics): ``agent/turns``, ``agent/tool_calls``, ``agent/tool_errors`` (and
 ``agent/tool_errors/<kind>``), ``agent/tool_time`` (seconds), ``agent/tool_tokens`` (masked
 response tokens), ``agent/final_answer`` (1 when the last turn made no call),
-``agent/infra_failures``, ``agent/well_formed_call`` (1 when the sample called a tool and every
-call of it parsed), and the environment's ``env/<key>`` numbers. The sandboxes an episode ran
+``agent/infra_failures``, ``agent/overlong_prompts`` (a ``reset()`` prompt too long),
+``agent/well_formed_call`` (1 when the sample called a tool and every call of it parsed), and the
+environment's ``env/<key>`` numbers. The sandboxes an episode ran
 (the ``python`` tool's, an environment's; :mod:`reinforge.tools.sandbox_metrics`) give the fleet
 metrics: ``sandbox/runs`` and ``sandbox/failures`` (summed over the rollout, ``rollout_totals``),
 ``sandbox/start_ms_p50`` and ``_p99`` (over every run of the rollout, ``rollout_values``). The calls are listed in
@@ -46,11 +51,9 @@ number a tool printed is never taken for the model's answer.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import inspect
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,12 +62,16 @@ from ..data.dataset import render_prompt
 from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load_environment
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
 from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
-from ..tools.toolset import SANDBOX_FAILURE
+from ..tools.toolset import MCP_SERVER, SANDBOX_FAILURE
+from ..utils import stall
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
+from .env_threads import EnvironmentExit, EnvThreads, exit_guard, install_exit_guard
 from .episode_trace import EpisodeTrace, span
 from .generate import STATS_KEY, TOTALS_KEY, VALUES_KEY, RolloutContext
+from .infra_guard import KIND_KEY
 
 CACHE_KEY = __name__
+INFRA_ERRORS = (SANDBOX_FAILURE, MCP_SERVER)  # tool error kinds that fail the episode (infrastructure)
 TRUNCATION_NOTE = "\n... [output truncated]"
 
 
@@ -110,6 +117,25 @@ def prompt_tools(cfg: Config, tokenizer: Any) -> PromptTools:
     if a.tools_prompt == "template" or (a.tools_prompt == "auto" and renders):
         return PromptTools(schemas=schemas)
     return PromptTools(system_text=get_format(a.tool_call_format).describe_tools(schemas))
+
+
+def env_prompt_bound(cfg: Config) -> tuple[int, str] | None:
+    """The longest prompt an environment's ``reset()`` may give, in tokens, and the key that sets
+    it, when the agent loop plays an environment that overrides ``reset`` (its
+    ``max_prompt_tokens``, else ``data.rollout_max_prompt_len``); None otherwise (the prompts
+    are the data's). The engine's ``max_model_len`` makes room for it (``RLLoop``).
+
+    Raises:
+        ValueError: an unknown ``agent.environment``.
+    """
+    if cfg.rollout.custom_generate_function_path != "reinforge.rollout.agent:generate":
+        return None
+    cls = load_environment(cfg.agent.environment)
+    if cls.reset is Environment.reset:
+        return None
+    if cls.max_prompt_tokens is not None:
+        return cls.max_prompt_tokens, f"{cls.__module__}.{cls.__qualname__}.max_prompt_tokens"
+    return cfg.data.rollout_max_prompt_len, "data.rollout_max_prompt_len"
 
 
 @dataclass
@@ -164,7 +190,9 @@ class Agent:
         role = self.cfg.tool_role
         self.tool_role = ("tool" if template_has_tool_role(tokenizer) else "user") if role == "auto" else role
         self._specials = [t for t in tokenizer.all_special_tokens if t]
-        self._pool = ThreadPoolExecutor(max_workers=self.cfg.tool_concurrency, thread_name_prefix="env")
+        self._threads = EnvThreads(self.cfg.tool_concurrency)
+        self._prompt_bound = env_prompt_bound(cfg)
+        install_exit_guard()
         self._prompt_tools: PromptTools | None = None
 
     async def run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
@@ -179,6 +207,7 @@ class Agent:
         return sample
 
     async def _run(self, ctx: RolloutContext, sample: Sample, params: SamplingParams) -> Sample:
+        stall.SUBJECT.set(f"sample {sample.index}")  # named in the stall doctor's line (this episode's task)
         row = {"prompt": sample.prompt, "label": sample.label, "metadata": sample.metadata}
         ep = Episode(tokens=list(sample.tokens))
         status, version = Status.COMPLETED, sample.weight_version
@@ -190,6 +219,7 @@ class Agent:
                 first = await self._env_call(env.reset)
                 if first is not None:
                     ep.tokens = self._render_prompt(ctx, self._checked_messages(first, "reset"))
+                    self._check_prompt_length(len(ep.tokens), ep)
             prompt_len = len(ep.tokens)
             status, version = await self._play(ctx, env, ep, params, tr)
             with span(tr, "env.reward"):
@@ -200,6 +230,7 @@ class Agent:
         except (EnvironmentFailure, SandboxInfraError) as e:
             status = Status.FAILED
             sample.metadata["infra_failure"] = str(e)[:2000]
+            sample.metadata[KIND_KEY] = getattr(e, "kind", "environment")  # counted by kind (infra_guard)
             ep.count("agent/infra_failures")
             prompt_len = len(ep.tokens) - len(ep.mask)
         finally:
@@ -329,8 +360,8 @@ class Agent:
 
     def _count(self, ep: Episode, step: Step) -> None:
         for r in step.tool_results:
-            if r.error == SANDBOX_FAILURE:  # the sandbox, not the model: the episode is not scored
-                raise SandboxInfraError(r.output)
+            if r.error in INFRA_ERRORS:  # the sandbox or MCP server, not the model: the episode is not scored
+                raise SandboxInfraError(r.output, r.error)
             ep.count("agent/tool_calls")
             ep.count("agent/tool_time", r.seconds)
             if r.error:
@@ -342,28 +373,50 @@ class Agent:
 
     async def _env_call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` of the environment, within ``agent.env_timeout``: awaited when it is
-        async, in a worker thread otherwise.
+        async, in a daemon thread of its own otherwise (:mod:`.env_threads`: a hung call costs only
+        its episode, and is never waited for at exit). ``os._exit`` and ``sys.exit`` called by the
+        environment's code here end its episode, not the trainer.
 
         Raises:
-            EnvironmentFailure: it raised or timed out (the message names the method).
+            EnvironmentFailure: it raised, exited or timed out (the message names the method).
         """
         name = getattr(fn, "__qualname__", repr(fn))
+        busy = stall.busy("env", name)  # the stall doctor's view: which environment call runs since when
         try:
-            if inspect.iscoroutinefunction(fn):
-                return await asyncio.wait_for(fn(*args), self.cfg.env_timeout)
-            loop, context = asyncio.get_running_loop(), contextvars.copy_context()  # the episode's (sandbox runs)
-            out = await asyncio.wait_for(
-                loop.run_in_executor(self._pool, context.run, lambda: fn(*args)), self.cfg.env_timeout
-            )
-            return await asyncio.wait_for(out, self.cfg.env_timeout) if inspect.isawaitable(out) else out
-        except TimeoutError:
+            with exit_guard(name):
+                if inspect.iscoroutinefunction(fn):
+                    return await asyncio.wait_for(_no_exit(fn(*args), name), self.cfg.env_timeout)
+                out = await self._threads.call(fn, args, self.cfg.env_timeout)
+                if inspect.isawaitable(out):
+                    return await asyncio.wait_for(_no_exit(out, name), self.cfg.env_timeout)
+                return out
+        except asyncio.TimeoutError:  # TimeoutError from 3.11 on; a class of its own in 3.10
             raise EnvironmentFailure(
                 f"{name} did not return within agent.env_timeout={self.cfg.env_timeout:g} s"
             ) from None
         except (EnvironmentFailure, SandboxInfraError):
             raise
+        except (EnvironmentExit, SystemExit) as e:
+            how = e.how if isinstance(e, EnvironmentExit) else "sys.exit"
+            raise EnvironmentFailure(f"{name} called {how}({e.code}): it ends its episode, not the trainer") from None
         except Exception as e:  # noqa: BLE001 - an environment's bug is the episode's infrastructure failure
             raise EnvironmentFailure(f"{name} raised {type(e).__name__}: {str(e)[:500]}") from e
+        finally:
+            busy.close()
+
+    def _check_prompt_length(self, n: int, ep: Episode) -> None:
+        """Refuse a ``reset()`` prompt longer than the engine is sized for (:func:`env_prompt_bound`).
+
+        Raises:
+            EnvironmentFailure: the prompt is longer (counted in ``agent/overlong_prompts``).
+        """
+        bound = self._prompt_bound
+        if bound is not None and n > bound[0]:
+            ep.count("agent/overlong_prompts")
+            raise EnvironmentFailure(
+                f"reset() gave a prompt of {n} tokens, longer than the {bound[0]} the engine is sized for: "
+                f"raise {bound[1]} (to {n} or more)"
+            )
 
     @staticmethod
     def _checked_messages(messages: Any, where: str) -> list[dict[str, Any]]:
@@ -394,7 +447,6 @@ class Agent:
 
     def close(self) -> None:
         self.tools.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _parse(self, text: str) -> ParsedMessage:
         """The calls of one turn; a format that raises (a plug-in's bug, input it did not expect)
@@ -420,18 +472,35 @@ class Agent:
         return [{k: v for k, v in m.items() if k != "_tools"} for m in out]
 
     def _clip(self, output: str) -> str:
-        """An observation without special-token strings (it cannot end a turn) and cut to
+        """An observation without special-token strings (removed until none is left, so nested ones
+        such as ``<|im_<|im_end|>end|>`` go too; and :meth:`TurnRenderer.append_ids` tokenises it
+        as plain text anyway: it cannot end a turn) and cut to
         ``agent.tool_output_max_tokens`` tokens (a huge one is cut in characters first, so that it is
         never tokenised whole)."""
         limit = self.cfg.tool_output_max_tokens
         output = output[: limit * 32]
-        for t in self._specials:
-            output = output.replace(t, "")
+        while any(t in output for t in self._specials):  # to a fixed point: <|im_<|im_end|>end|> is gone too
+            for t in self._specials:
+                output = output.replace(t, "")
         ids = self.tokenizer(output, add_special_tokens=False)["input_ids"]
         if len(ids) <= limit:
             return output
         return self.tokenizer.decode(ids[:limit]) + TRUNCATION_NOTE
 
 
+async def _no_exit(awaitable: Any, name: str) -> Any:
+    """``await awaitable``, with a ``SystemExit`` it raises turned into :class:`EnvironmentExit`
+    (asyncio re-raises a task's ``SystemExit`` out of the event loop, ending the rollout)."""
+    try:
+        return await awaitable
+    except SystemExit as e:
+        raise EnvironmentExit(name, e.code, "sys.exit") from None
+
+
 class SandboxInfraError(RuntimeError):
-    """A tool call's sandbox failed to start: the episode ends as an infrastructure failure."""
+    """A tool call's sandbox failed to start, or its MCP server stopped, hung or is down (``kind``:
+    the tool error kind, ``sandbox`` or ``mcp_server``): the episode ends as an infrastructure failure."""
+
+    def __init__(self, message: str, kind: str = SANDBOX_FAILURE):
+        super().__init__(message)
+        self.kind = kind

@@ -272,6 +272,8 @@ class AsyncRolloutProducer(Generic[T]):
         max_staleness: k of ``rollout.max_staleness`` (>= 1).
         snapshot: called in the thread right before producing each rollout; its value is kept
             for :meth:`snapshot_before` (the data position, for checkpoints).
+        produced: rollouts already produced (a resume's, from the checkpoint): id -> (value,
+            seconds it took, its snapshot); handed out by :meth:`take` without producing them.
     """
 
     def __init__(
@@ -282,14 +284,19 @@ class AsyncRolloutProducer(Generic[T]):
         last: int,
         max_staleness: int,
         snapshot: Callable[[], Any] | None = None,
+        produced: dict[int, tuple[T, float, Any]] | None = None,
     ):
         if max_staleness < 1:
             raise ValueError(f"max_staleness must be >= 1 for asynchronous rollouts, got {max_staleness}")
         self.produce, self.gate, self.k = produce, gate, max_staleness
         self.first, self.last = first, last
         self.snapshot = snapshot
-        self._ready: dict[int, tuple[T, float]] = {}
-        self._snapshots: dict[int, Any] = {}
+        produced = produced or {}
+        self._ready: dict[int, tuple[T, float]] = {j: (v, s) for j, (v, s, _) in produced.items()}
+        self._snapshots: dict[int, Any] = {j: snap for j, (_, _, snap) in produced.items()}
+        self._produced_before = set(produced)
+        self._producing: int | None = None  # the rollout being produced
+        self._paused = False  # finished_after() holds the next rollout back
         self._error: tuple[int, BaseException] | None = None
         self._cond = threading.Condition()
         self._idle = 0.0
@@ -303,14 +310,19 @@ class AsyncRolloutProducer(Generic[T]):
         j = self.first
         try:
             for j in range(self.first, self.last):
+                if j in self._produced_before:  # produced before a resume
+                    continue
                 t = time.perf_counter()
                 with trace.span("wait_staleness", "rollout", rollout_id=j, needs_version=j - self.k):
                     if not self.gate.wait_for_version(j - self.k):
                         return
                 with self._cond:
+                    while self._paused and not self.gate.closed:  # a checkpoint collects what is finished
+                        self._cond.wait(1.0)
                     self._idle += time.perf_counter() - t
                     if self.snapshot is not None:
                         self._snapshots[j] = self.snapshot()
+                    self._producing = j
                 t = time.perf_counter()
                 idle_before = self.gate.idle_s
                 value = self.produce(j)
@@ -318,6 +330,7 @@ class AsyncRolloutProducer(Generic[T]):
                 with self._cond:
                     self._idle += waited
                     self._ready[j] = (value, time.perf_counter() - t - waited)
+                    self._producing = None
                     self._cond.notify_all()
         except RolloutCancelled:
             return
@@ -327,6 +340,10 @@ class AsyncRolloutProducer(Generic[T]):
             log.debug("rollout producer failed", exc_info=True)
             with self._cond:
                 self._error = (j, err)
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._producing = None
                 self._cond.notify_all()
 
     def take(self, rollout_id: int) -> ProducedRollout[T]:
@@ -355,6 +372,27 @@ class AsyncRolloutProducer(Generic[T]):
             for j in [j for j in self._snapshots if j <= rollout_id]:  # checkpoints ask for later ones only
                 del self._snapshots[j]
         return ProducedRollout(rollout_id, value, gen_s, idle, time.perf_counter() - t)
+
+    def finished_after(self, rollout_id: int) -> list[tuple[int, T, float]]:
+        """Wait until the rollout being produced (if any) is finished, starting no other meanwhile,
+        and return the finished rollouts after ``rollout_id`` that follow it without a gap, in order:
+        ``(id, value, seconds it took)``. They stay for :meth:`take` (a checkpoint keeps copies).
+        A rollout that fails meanwhile is not among them (:meth:`take` raises its error)."""
+        with self._cond:
+            self._paused = True
+            try:
+                while self._producing is not None and self._thread.is_alive() and not self.gate.closed:
+                    self._cond.wait(1.0)
+                out = []
+                j = rollout_id + 1
+                while j in self._ready:
+                    value, seconds = self._ready[j]
+                    out.append((j, value, seconds))
+                    j += 1
+                return out
+            finally:
+                self._paused = False
+                self._cond.notify_all()
 
     def snapshot_before(self, rollout_id: int, current: Callable[[], Any]) -> Any:
         """``snapshot()``'s value right before rollout ``rollout_id`` was started, or ``current()``

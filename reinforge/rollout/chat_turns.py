@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 MARKER = "REINFORGE_ASSISTANT_TURN_7c1f"
+CONTENT_SLOT = "REINFORGE_CONTENT_7c1f_"  # + index + "_": where a message's content goes
 
 
 class TurnRenderer:
@@ -70,9 +71,28 @@ class TurnRenderer:
         return delta
 
     def append_ids(self, messages: list[dict[str, Any]], turn_ended_with: str | None = None) -> list[int]:
-        """:meth:`append_text` tokenised on its own (special tokens recognised, none added)."""
-        text = self.append_text(messages, turn_ended_with)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """:meth:`append_text` tokenised on its own (none added), such that no special token can
+        come from a message's content: the template is rendered with a placeholder for each
+        content, its own text is tokenised with special tokens recognised (its ``<|im_end|>``,
+        ``<|im_start|>``), and each content as plain text (``split_special_tokens``: a tool output
+        holding ``<|im_end|>`` gets the ids of those characters, not the end-of-turn token, so it
+        cannot forge a turn boundary). A template that does not render each placeholder once, in
+        order, is tokenised whole (the agent loop removes special-token strings from observations
+        first, :meth:`reinforge.rollout.agent.Agent._clip`)."""
+        slots = [f"{CONTENT_SLOT}{i}_" for i in range(len(messages))]
+        text = self.append_text([{**m, "content": s} for m, s in zip(messages, slots)], turn_ended_with)
+        pieces = re.split("(" + "|".join(map(re.escape, slots)) + ")", text) if slots else [text]
+        if [p for p in pieces if p.startswith(CONTENT_SLOT)] != slots:
+            text = self.append_text(messages, turn_ended_with)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        contents = {s: m["content"] for s, m in zip(slots, messages)}
+        ids: list[int] = []
+        for piece in pieces:
+            if piece in contents:
+                ids += self.tokenizer(contents[piece], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            elif piece:
+                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+        return ids
 
 
 _TOOL_ROLE = re.compile(r"""role\s*(==|!=|in)\s*[\[(]?\s*['"](tool|ipython)['"]""")

@@ -87,6 +87,16 @@ class HFEngine:
         copy_weights_(self.model, named_tensors)
         self.weight_version = version
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
+        """Checksums of the named parameters where they landed (:mod:`reinforge.weights.verify`)."""
+        from ..weights.verify import param_checksums
+
+        return param_checksums(self.model, names, self.weight_dtype)
+
     def reseed(self, seed: int) -> None:
         self.seed = seed
 

@@ -46,7 +46,7 @@ import torch
 
 from ..models.moe import hub_named_tensors
 from ..records import FinishReason, GenerateRequest, GenerateResult
-from ..utils import seeds
+from ..utils import seeds, stall
 from ..weights.broadcast import send_each
 from ..weights.buckets import bucket_by_bytes
 from ..weights.disk import weights_folder
@@ -342,12 +342,19 @@ class SGLangEngine:
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
         urls = [self.router_url] if self.router_url else [s.url for s in self.servers]
 
+        busy = stall.busy("engine", "engine (sglang)", sequences=sum(r.n for r in requests), unit="answer")
+        lock = threading.Lock()
+
         def one(i: int) -> list[GenerateResult]:
             req = requests[i]
             body = generate_payload(req, seeds.derive(self.seed, seeds.REQUEST, i))
-            return parse_generate(self._post(urls[i % len(urls)], "/generate", body), req.n, self.weight_version)
+            out = parse_generate(self._post(urls[i % len(urls)], "/generate", body), req.n, self.weight_version)
+            with lock:  # progress for the stall doctor: one request answered
+                busy.beat(sequences=busy.fields["sequences"] - req.n)
+            return out
 
-        return list(self.pool.map(one, range(len(requests))))
+        with busy:
+            return list(self.pool.map(one, range(len(requests))))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         named = [(n, t.detach()) for n, t in hub_named_tensors(named_tensors)]  # MoE experts: per expert

@@ -9,10 +9,11 @@
   interrupts it);
 * :meth:`RolloutSource.exclusive`: a context in which the loop may use the engine itself
   (evaluation);
-* :meth:`RolloutSource.data_state` ``(rollout_id)``: the data position a checkpoint after that
-  rollout saves (asynchronous: the one before rollout ``rollout_id + 1`` started, so the rollouts in
-  flight are regenerated on resume; over-sampling: with the prompts handed on to the next rollout),
-  and :meth:`RolloutSource.load_data_state` to resume from it;
+* :meth:`RolloutSource.data_state` ``(rollout_id, directory)``: the data position a checkpoint after
+  that rollout saves (asynchronous: the rollouts started after it are finished and written into the
+  checkpoint ``directory``, :mod:`.async_state`, and the position is the one after them; over-sampling:
+  with the prompts handed on to the next rollout), and :meth:`RolloutSource.load_data_state` to
+  resume from it;
 * :meth:`RolloutSource.close` (stop producing) and :meth:`RolloutSource.shutdown`.
 
 Generation itself (:func:`generate_and_score`) is shared: the rollout function, scoring, and DAPO's
@@ -23,16 +24,21 @@ when ``rollout.over_sampling_batch_size`` is set (early stop; ``rollout/off_poli
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..records import Sample, Status
 from ..utils import faults, seeds, trace
-from .async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics
+from . import async_state
+from .async_rollout import AsyncRolloutProducer, WeightGate, drop_stale_groups, staleness_metrics, within_bound
 from .generate import RolloutContext, RolloutFn
 from .over_sampling import OverSampledRollout, off_policy_metrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,10 +67,12 @@ class RolloutSource(Protocol):
 
     def exclusive(self) -> contextlib.AbstractContextManager: ...
 
-    def data_state(self, rollout_id: int) -> dict: ...
+    def data_state(self, rollout_id: int, directory: Path | None = None) -> dict:
+        """What a checkpoint after rollout ``rollout_id`` saves as ``state.json``'s ``data``; files
+        the source keeps besides go into the checkpoint's ``directory`` (being written) when given."""
 
-    def load_data_state(self, state: dict) -> None:
-        """Resume at ``state`` (of :meth:`data_state`, read from a checkpoint)."""
+    def load_data_state(self, state: dict, directory: Path | None = None) -> None:
+        """Resume at ``state`` (of :meth:`data_state`, read from checkpoint ``directory``)."""
 
     def close(self) -> None:
         """Stop producing (idempotent; the loop may still evaluate with the engine)."""
@@ -160,7 +168,7 @@ class SyncRollouts(_Generator):
     def exclusive(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def data_state(self, rollout_id: int) -> dict:
+    def data_state(self, rollout_id: int, directory: Path | None = None) -> dict:
         """The data position; with over-sampling also ``pending_prompts``, the dataset indices of the
         prompts handed on to the next rollout (generated again from scratch on resume)."""
         state = self.data.state_dict()
@@ -168,8 +176,18 @@ class SyncRollouts(_Generator):
             state["pending_prompts"] = self.over_sampling.state()
         return state
 
-    def load_data_state(self, state: dict) -> None:
-        """Raises: ValueError: the checkpoint's data differ from this run's (the message says so)."""
+    def load_data_state(self, state: dict, directory: Path | None = None) -> None:
+        """The rollouts an asynchronous run's checkpoint kept (``buffered_rollouts``) are generated
+        again, from the data position before the first of them.
+
+        Raises: ValueError: the checkpoint's data differ from this run's (the message says so)."""
+        buffered = state.get("buffered_rollouts") or []
+        if buffered:
+            log.info(
+                "rollouts %s of the checkpoint's asynchronous run are generated again (rollout.max_staleness=0)",
+                [b["rollout_id"] for b in buffered],
+            )
+            state = buffered[0]["data_before"]
         self.data.load_state_dict(state)
         if self.over_sampling is not None:
             self.over_sampling.load_state(state.get("pending_prompts", []), self.data, self.ctx.sampling_params())
@@ -203,12 +221,20 @@ class AsyncRollouts(_Generator):
         super().__init__(cfg, rollout_fn, ctx_for(self.gate), data, reward)
         self.producer: AsyncRolloutProducer | None = None
         self._t_prev = 0.0
+        # a resume's rollouts, produced before the checkpoint: id -> (value, seconds, data position before it)
+        self._resumed: dict[int, tuple[Any, float, dict]] = {}
 
     def start(self, first: int, last: int) -> None:
         if first >= last:
             return
         self.producer = AsyncRolloutProducer(
-            self._produce, self.gate, first, last, self.cfg.rollout.max_staleness, snapshot=self.data.state_dict
+            self._produce,
+            self.gate,
+            first,
+            last,
+            self.cfg.rollout.max_staleness,
+            snapshot=self.data.state_dict,
+            produced={j: v for j, v in self._resumed.items() if first <= j < last},
         )
         self._t_prev = time.perf_counter()
         self.producer.start()
@@ -225,6 +251,7 @@ class AsyncRollouts(_Generator):
         k, version = self.cfg.rollout.max_staleness, self.gate.version
         with trace.span("wait_rollout", "rollout", rollout_id=rollout_id) as span:
             got = self.producer.take(rollout_id)
+        self._resumed.pop(rollout_id, None)
         groups, generated, counts = got.value
         counts = dict(counts)
         counts["async/producer_reward_s"] = counts.pop("time/reward")
@@ -259,13 +286,96 @@ class AsyncRollouts(_Generator):
         with self.gate.exclusive():
             yield
 
-    def data_state(self, rollout_id: int) -> dict:
-        if self.producer is None:
+    def data_state(self, rollout_id: int, directory: Path | None = None) -> dict:
+        """The data position after the rollouts the producer started after ``rollout_id``. With
+        ``directory`` (the checkpoint being written) the one in flight is waited for, and all of
+        them are written to ``directory/async_rollouts.pt`` and listed in ``buffered_rollouts``
+        (:mod:`.async_state`); a rollout that cannot be written, and those after it, are left out
+        (the position is then the one before it: they are generated again on resume)."""
+        producer = self.producer
+        if producer is None:
+            if self._resumed:  # kept rollouts this run never took (train.num_rollout lowered): generate them again
+                return dict(self._resumed[min(self._resumed)][2])
             return self.data.state_dict()
-        return self.producer.snapshot_before(rollout_id + 1, self.data.state_dict)
+        if directory is None:
+            return producer.snapshot_before(rollout_id + 1, self.data.state_dict)
+        records = []
+        t = time.perf_counter()
+        finished = producer.finished_after(rollout_id)
+        waited = time.perf_counter() - t
+        for j, value, seconds in finished:
+            rec = async_state.rollout_record(j, value, seconds, producer.snapshot_before(j, self.data.state_dict))
+            if rec is None:
+                log.warning(
+                    "rollout %d holds values a checkpoint cannot store (a custom reward's reward_info, a custom "
+                    "rollout's groups): it and the rollouts after it are generated again on resume",
+                    j,
+                )
+                break
+            records.append(rec)
+        state = producer.snapshot_before(rollout_id + 1 + len(records), self.data.state_dict)
+        if records:
+            async_state.save_rollouts(directory, records)
+            log.info(
+                "checkpoint after rollout %d: keeps rollouts %s, generated ahead (%.1f s waited for one in flight)",
+                rollout_id,
+                [r["rollout_id"] for r in records],
+                waited,
+            )
+            state = {
+                **state,
+                "buffered_rollouts": [
+                    {"rollout_id": r["rollout_id"], "data_before": r["data_before"]} for r in records
+                ],
+            }
+        return state
 
-    def load_data_state(self, state: dict) -> None:
+    def load_data_state(self, state: dict, directory: Path | None = None) -> None:
+        """Resume at ``state``; the rollouts the checkpoint kept (``buffered_rollouts``, read from
+        ``directory``) are trained as they were generated. Those this run cannot train (the file is
+        unreadable, or their groups no longer match ``rollout.n_samples_per_prompt`` /
+        ``rollout_batch_size`` or the staleness bound) are generated again from the data position
+        before the first of them, with a warning."""
+        buffered = state.get("buffered_rollouts") or []
+        self._resumed = {}
+        records: list[dict] = []
+        if buffered:
+            try:
+                if directory is None:
+                    raise ValueError("no checkpoint folder given")
+                records = async_state.load_rollouts(directory)
+            except ValueError as e:
+                log.warning("the checkpoint's buffered rollouts cannot be read (%s): they are generated again", e)
+        for rec, want in zip(records, buffered):
+            value, seconds = async_state.rollout_from_record(rec)
+            problem = (
+                self._unusable(value[0], want["rollout_id"])
+                if rec["rollout_id"] == want["rollout_id"]
+                else f"{async_state.ROLLOUTS_FILE} holds rollout {rec['rollout_id']} in its place"
+            )
+            if problem:
+                log.warning("rollout %d kept by the checkpoint is generated again: %s", want["rollout_id"], problem)
+                break
+            self._resumed[rec["rollout_id"]] = (value, seconds, rec["data_before"])
+        if len(self._resumed) < len(buffered):  # rewind to the first one generated again
+            state = buffered[len(self._resumed)]["data_before"]
         self.data.load_state_dict(state)
+        if self._resumed:
+            log.info("rollouts %s were generated before the checkpoint: trained as they are", sorted(self._resumed))
+
+    def _unusable(self, groups: list[list[Sample]], rollout_id: int) -> str | None:
+        """Why the kept rollout ``rollout_id`` (its groups to train on) cannot be trained by this run
+        (None: it can). It is trained with policy version ``rollout_id``, as every rollout."""
+        r = self.cfg.rollout
+        if any(len(g) != r.n_samples_per_prompt for g in groups):
+            return f"its groups do not have rollout.n_samples_per_prompt={r.n_samples_per_prompt} samples"
+        if len(groups) > r.rollout_batch_size or (
+            not self.cfg.algo.dynamic_sampling and len(groups) != r.rollout_batch_size
+        ):
+            return f"it has {len(groups)} groups, not rollout.rollout_batch_size={r.rollout_batch_size}"
+        if not within_bound([s for g in groups for s in g], rollout_id, r.max_staleness):
+            return f"it has tokens older than rollout.max_staleness={r.max_staleness} allows"
+        return None
 
     def close(self) -> None:
         """End the producer thread (interrupting its generation) and the producer's context; idempotent."""

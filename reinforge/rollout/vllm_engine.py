@@ -37,12 +37,25 @@ log = logging.getLogger(__name__)
 class ReinforgeWorkerExtension:
     """Methods added to every vLLM worker (``worker_extension_cls``), called by ``collective_rpc``."""
 
-    def reinforge_load_ipc(self, handles: list[tuple[str, Any]]) -> None:
-        """Rebuild CUDA tensors shared by the trainer process and load them in place."""
+    def reinforge_load_ipc(self, handles: list[tuple[str, Any]], dtype: torch.dtype | None = None) -> dict[str, int]:
+        """Rebuild CUDA tensors shared by the trainer process and load them in place; returns their
+        checksums as they arrived, in ``dtype`` (:meth:`reinforge_reload`)."""
         from ..weights.ipc import from_handles
 
         named = from_handles(handles, device_index=torch.cuda.current_device())  # the ordinal as this worker sees it
-        self.reload_weights(weights_iterator=named, is_checkpoint_format=True)
+        return self.reinforge_reload(named, dtype)
+
+    def reinforge_reload(
+        self, named: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+    ) -> dict[str, int]:
+        """Load (name, tensor) pairs in place through vLLM's reload path; returns each tensor's checksum
+        (:func:`reinforge.weights.verify.checksum`) in ``dtype`` (the model's) as it arrived in this
+        worker, before vLLM's weight processing (q/k/v stacking, TP slicing, CPU repacking, fp8)."""
+        from ..weights.verify import ArrivalSums
+
+        arrivals = ArrivalSums(dtype)
+        self.reload_weights(weights_iterator=list(arrivals.watch(named)), is_checkpoint_format=True)
+        return arrivals.result()
 
 
 class VLLMEngine:
@@ -99,6 +112,9 @@ class VLLMEngine:
         # not use offset"): on CPU the engine-wide seed given at start-up is the only one
         self.per_request_seeds = on_gpu
         self.weight_version = 0
+        self.weight_dtype = dtype  # the layout of weight_checksums
+        self._arrived: dict[str, dict[int, int]] = {}  # name -> TP rank -> checksum as it arrived
+        self._converted: set[str] = set()
         self.sleeping = False
         kwargs: dict[str, Any] = dict(
             model=str(model_path),
@@ -156,22 +172,53 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load (Hugging Face name, tensor) pairs in place and drop the now stale prefix cache
         (mixture-of-experts parameters go in the hub's per-expert layout, which vLLM's loaders read)."""
-        named = [(n, t.detach()) for n, t in hub_named_tensors(named_tensors)]  # MoE experts: per expert
+        incoming = [(n, t.detach()) for n, t in named_tensors]
+        named = [(n, t) for n, t in hub_named_tensors(incoming)]  # MoE experts: per expert
+        incoming_names = [n for n, _ in incoming]
         names = {n for n, _ in named}
         if self.tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
             # vLLM keeps its own processed copy of a tied LM head (e.g. repacked on CPU): reloading
             # the embedding alone leaves it stale, so send it under its own name too
             named.append(("lm_head.weight", dict(named)["model.embed_tokens.weight"]))
+        sent = {n for n, _ in named}
+        self._converted |= {n for n in incoming_names if n not in sent}  # MoE experts: checked per expert, not stacked
         if self.in_process:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named, "is_checkpoint_format": True})
+            sums = self.llm.collective_rpc("reinforge_reload", args=(named, self.weight_dtype))
         else:
             from ..weights.ipc import to_handles
 
             if not all(t.is_cuda for _, t in named):
                 raise RuntimeError("a multi-process vLLM engine receives weights as CUDA tensors (IPC handles)")
-            self.llm.collective_rpc("reinforge_load_ipc", args=(to_handles(named),))
+            sums = self.llm.collective_rpc("reinforge_load_ipc", args=(to_handles(named), self.weight_dtype))
+        for rank, worker in enumerate(sums):  # one dict per worker (TP rank)
+            for name, value in (worker or {}).items():
+                self._arrived.setdefault(name, {})[rank] = value
         self.llm.reset_prefix_cache()
         self.weight_version = version
+
+    def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
+        """Checksums of the named weights as they last arrived in vLLM's workers (in
+        :attr:`weight_dtype`, before vLLM's weight processing, :meth:`ReinforgeWorkerExtension.reinforge_reload`);
+        None for a mixture-of-experts tensor sent in the hub's per-expert layout (not the name sent).
+
+        Raises:
+            WeightSyncMismatch: two workers (TP ranks) received different bytes under one name.
+        """
+        from ..weights.verify import WeightSyncMismatch
+
+        out: dict[str, int | None] = {}
+        for name in names:
+            if name in self._converted:
+                out[name] = None
+            elif name in self._arrived:
+                by_rank = self._arrived[name]
+                if len(set(by_rank.values())) > 1:
+                    raise WeightSyncMismatch(
+                        f"weight sync (vLLM collective_rpc) mismatch: parameter {name} arrived with different bytes "
+                        f"in vLLM's workers (checksum per TP rank: {by_rank})"
+                    )
+                out[name] = next(iter(by_rank.values()))
+        return out
 
     def reseed(self, seed: int) -> None:
         self.seed = seed

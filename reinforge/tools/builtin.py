@@ -121,7 +121,8 @@ async def python(code: str) -> str:
 
 def make_python(agent: AgentConfig | None) -> Callable[..., Any]:
     """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
-    ``python_memory_mb``, ``python_sandbox``, ``python_sandbox_uid``, ``max_concurrent_sandboxes``);
+    ``python_memory_mb``, ``python_max_open_files``, ``python_sandbox``, ``python_sandbox_uid``,
+    ``python_sandbox_uids``, ``max_concurrent_sandboxes``);
     the defaults of :class:`SandboxLimits` and the bubblewrap sandbox without one.
 
     The tool bounds its own time (``self_timed``): a call first waits for one of the
@@ -134,7 +135,11 @@ def make_python(agent: AgentConfig | None) -> Callable[..., Any]:
         SandboxLimits()
         if agent is None
         else SandboxLimits(
-            timeout=agent.tool_timeout, memory_mb=agent.python_memory_mb, sandbox_uid=agent.python_sandbox_uid
+            timeout=agent.tool_timeout,
+            memory_mb=agent.python_memory_mb,
+            max_open_files=agent.python_max_open_files,
+            sandbox_uid=agent.python_sandbox_uid,
+            sandbox_uids=agent.python_sandbox_uids,
         )
     )
     isolation = "bwrap" if agent is None else agent.python_sandbox

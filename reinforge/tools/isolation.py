@@ -28,11 +28,18 @@ input of the model's) does, in this order:
    server, kills it) and checks that the parent is still there; then ``exec``\\ s ``bwrap``.
 
 ``bwrap`` then unshares every namespace (user, mount, pid, network, IPC, UTS, cgroup), forbids
-nested user namespaces, keeps its own reaper as pid 1 (``--die-with-parent``: when the trainer or
-``bwrap`` dies, pid 1 dies and the kernel kills every process of the pid namespace; the program
-cannot clear pid 1's parent-death signal), installs the seccomp filter (:data:`DENIED_SYSCALLS`
-fail with ``EPERM``; other architectures' system calls kill the process), and starts the program
-as uid 65534 inside with no capabilities.
+nested user namespaces, installs the seccomp filter (:data:`DENIED_SYSCALLS` fail with ``EPERM``,
+sockets of a family not in :data:`SOCKET_FAMILIES` with ``EAFNOSUPPORT``; other architectures'
+system calls kill the process), and starts the interpreter as uid 65534 inside with no
+capabilities, as **pid 1** (``--as-pid-1``: no reaper of bubblewrap's, whose memory the program
+could write, issue 51 E1) with ``--die-with-parent`` (when ``bwrap`` dies, so does pid 1, and the
+kernel kills every process of the pid namespace). The interpreter's prelude (``sandbox_prelude.PRELUDE``)
+makes pid 1 non-dumpable (no ``/proc/1/mem``, ``ptrace`` or ``pidfd_getfd`` for the program), forks
+the program as its child and reaps until it exits. At the time limit the host kills pid 1 from
+outside (its host pid from bwrap's status: :func:`.sandbox_io.kill_init`).
+
+When the trainer is root, each sandbox running at once drops to a host uid of its own
+(:func:`lease_uid`), so per-uid kernel quotas are not shared between sandboxes.
 
 Files: an empty root, read-only; ``/usr`` and the loader's files; the interpreter's prefixes
 read-only; ``/proc`` of the new pid namespace with ``/proc/cmdline`` empty; ``/dev`` read-only with
@@ -43,13 +50,18 @@ of all tmpfs mounts together are ``disk_mb`` (:func:`tmpfs_sizes`).
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
+import itertools
+import logging
 import os
 import shutil
 import stat
 import sys
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SCRATCH = "/scratch"  # the working directory inside the sandbox
 STAGE = "/run/reinforge-sandbox"  # where the launcher binds what the sandbox's uid cannot reach (its own mounts)
@@ -105,10 +117,24 @@ DENIED_SYSCALLS = (
     "vhangup",
     "iopl",
     "ioperm",
+    # another process's memory or descriptors (issue 51, E1): pid 1 of the sandbox is also made non-dumpable
+    "pidfd_getfd",
+    "process_madvise",
+    "kcmp",
 )
 """System calls the sandboxed program may not make (``EPERM``): Docker's default profile's list
-narrowed to what a Python program never needs, and the issue 34 set (keyrings, ptrace, bpf,
-perf, userfaultfd, io_uring, mount, unshare, setns)."""
+narrowed to what a Python program never needs, the issue 34 set (keyrings, ptrace, bpf,
+perf, userfaultfd, io_uring, mount, unshare, setns), and the calls that reach into another process
+(``pidfd_getfd``, ``process_madvise``, ``kcmp``: issue 51)."""
+
+SOCKET_FAMILIES = (1, 2, 10, 16)
+"""The socket address families the program may create (``socket``, ``socketpair``): ``AF_UNIX``,
+``AF_INET``, ``AF_INET6``, ``AF_NETLINK``, the ones its network namespace isolates and Python uses.
+Every other family (0-63) fails with ``EAFNOSUPPORT``, as a kernel without it would answer:
+``AF_VSOCK`` above all (issue 51, E2: the network namespace does not cover it, its ports are the
+host's, and a connect reaches the hypervisor; Docker's default profile refuses it too), and the
+families no namespace is needed for (``AF_PACKET``, ``AF_ALG``, ``AF_BLUETOOTH``...). The family is
+compared on its low 32 bits (the kernel reads an ``int``); a value with any higher bit set fails."""
 
 LAUNCHER = r"""
 import ctypes, os, sys
@@ -181,7 +207,10 @@ if libc.syscall(spec["keyctl"], 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, an
 call(libc.prctl(1, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 if os.getppid() != spec["parent"]:
     fail("checking the parent", "it has exited")
-os.execv(spec["command"][0], spec["command"])
+try:
+    os.execv(spec["command"][0], spec["command"])
+except OSError as e:
+    fail("starting " + spec["command"][0], e)
 """
 
 
@@ -189,21 +218,91 @@ class SandboxUnavailable(RuntimeError):
     """The operating-system sandbox cannot run here; the message says why and what to do."""
 
 
+BWRAP_ENV = "REINFORGE_BWRAP"  # an explicit bubblewrap executable, instead of `bwrap` on PATH
+
+
 def bwrap_path() -> str | None:
-    """The ``bwrap`` executable, or None."""
-    return shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
+    """The ``bwrap`` executable: ``$REINFORGE_BWRAP`` when set (a path, or a name looked up on
+    ``PATH``; None when it names nothing executable), else ``bwrap`` on ``PATH``; None when there is
+    none (so taking bubblewrap off ``PATH`` disables the sandbox, and the python tool refuses to start)."""
+    override = os.environ.get(BWRAP_ENV)
+    if override:
+        return shutil.which(override)
+    return shutil.which("bwrap")
 
 
 def host_uid(sandbox_uid: int) -> int | None:
-    """The host uid the sandbox runs as: ``sandbox_uid`` when the trainer is root (it drops to it),
-    else None (the trainer's own, unprivileged, uid)."""
+    """The host uid the sandbox runs as: ``sandbox_uid`` when the trainer is root (it drops to it;
+    the first of the range :func:`lease_uid` leases each run's own uid from), else None (the
+    trainer's own, unprivileged, uid)."""
     return sandbox_uid if os.geteuid() == 0 else None
+
+
+UID_LOCKS = "reinforge-sandbox-uids"  # the folder of the uid leases' lock files, under /run/lock (or /run)
+_uid_turn = itertools.count()
+_warned_uids: list[bool] = []
+
+
+@functools.lru_cache(maxsize=1)
+def uid_lock_dir() -> str | None:
+    """The folder of the uid leases' lock files (``/run/lock/reinforge-sandbox-uids``, else under
+    ``/run``), made by root, mode 0700; None where none can be made or it is not root's alone (then
+    every sandbox shares ``agent.python_sandbox_uid``, with a warning)."""
+    for parent in ("/run/lock", "/run"):
+        if not os.path.isdir(parent):
+            continue
+        folder = os.path.join(parent, UID_LOCKS)
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            st = os.lstat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
+            return folder
+    return None
+
+
+def lease_uid(base: int, count: int) -> tuple[int, int | None]:
+    """A host uid of its own for one sandbox while it runs: the first of ``base .. base + count - 1``
+    (tried from a turn that moves on at each call) that no other running sandbox of any trainer on
+    this machine holds, held by an exclusive ``flock`` on ``<uid_lock_dir()>/<uid>`` (released by
+    closing the returned descriptor, or when the trainer dies).
+
+    Per-uid kernel quotas (inotify instances, the key quota of the session keyrings, POSIX message
+    queues, queued signals, processes) are then one sandbox's own: one sandbox cannot starve the
+    others (issue 51, E5). Called only when the trainer is root (it drops to the uid).
+
+    Returns:
+        ``(uid, descriptor)``; ``(base, None)`` when ``count`` is 1, no lock folder can be made, or
+        every uid of the range is held (then the sandbox shares ``base``; a warning, once).
+    """
+    folder = uid_lock_dir() if count > 1 else None
+    if folder is not None:
+        start = next(_uid_turn)
+        for i in range(count):
+            uid = base + (start + i) % count
+            fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return uid, fd
+            except BlockingIOError:
+                os.close(fd)
+    if count > 1 and not _warned_uids:
+        _warned_uids.append(True)
+        log.warning(
+            "python sandbox: no host uid of its own for a sandbox (%s): sandboxes share uid %d and its kernel "
+            "quotas; raise agent.python_sandbox_uids or lower agent.max_concurrent_sandboxes",
+            f"all {count} of {base}..{base + count - 1} are in use" if folder else "no lock folder under /run",
+            base,
+        )
+    return base, None
 
 
 @functools.lru_cache(maxsize=1)
 def seccomp_program() -> bytes:
     """The compiled seccomp filter (classic BPF for ``bwrap --seccomp``): :data:`DENIED_SYSCALLS`
-    return ``EPERM``, everything else is allowed, system calls of another architecture kill the
+    return ``EPERM``, a socket of a family not in :data:`SOCKET_FAMILIES` ``EAFNOSUPPORT``, everything
+    else is allowed, system calls of another architecture kill the
     process (libseccomp's default for a foreign architecture). Names this kernel's libseccomp
     does not know are left out.
 
@@ -223,6 +322,12 @@ def seccomp_program() -> bytes:
             f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
         except (RuntimeError, ValueError, OSError):
             pass  # not a system call of this architecture / libseccomp version
+    refuse = pyseccomp.ERRNO(errno.EAFNOSUPPORT)
+    for name in ("socket", "socketpair"):  # the family is argument 0 of both
+        for family in range(64):
+            if family not in SOCKET_FAMILIES:
+                f.add_rule(refuse, name, pyseccomp.Arg(0, pyseccomp.MASKED_EQ, 0xFFFFFFFF, family))
+        f.add_rule(refuse, name, pyseccomp.Arg(0, pyseccomp.GE, 64))  # families to come, and high bits set
     with tempfile.TemporaryFile() as t:
         f.export_bpf(t)
         t.flush()
@@ -323,6 +428,7 @@ def bwrap_args(
         "--unshare-user",
         "--disable-userns",
         "--die-with-parent",
+        "--as-pid-1",
         "--new-session",
         "--uid",
         str(INSIDE_UID),

@@ -4,13 +4,15 @@ own; calls from the rollouts' event loops reach it through ``asyncio.run_corouti
 
 A server's life: started (the handshake and the tool list within ``startup_timeout``), then
 supervised. When its process exits (its stdout closes: noticed at once, also between calls) or it
-hangs (a call timed out and a ping got no answer within ``agent.tool_timeout``), it is stopped
+hangs (a call timed out and a ping got no answer within ``agent.tool_timeout`` either), it is stopped
 (stdin closed, then SIGTERM and SIGKILL to its process group, by the SDK) and started again, at
 most ``max_restarts`` times over the run; after that it is down and its tools answer with an error.
 Calls that arrive during a restart wait for it (not counted in their time). Error kinds:
-``mcp_error`` (the tool reported an error or the server answered one; the server is fine),
-``timeout``, ``mcp_server`` (the server stopped during the call, did not come back in time, or is
-down: infrastructure, not the model's doing).
+``mcp_error`` (the tool reported an error or the server answered one; the server is fine: the
+model's), ``timeout`` (the call ran past ``agent.tool_timeout`` while the server still answers a
+ping: the tool was slow on the model's arguments), ``mcp_server`` (the server stopped during the
+call, hangs, did not come back in time, or is down: infrastructure, not the model's doing; the agent
+loop fails the episode, ``reinforge.rollout.agent``).
 """
 
 from __future__ import annotations
@@ -132,8 +134,8 @@ class MCPServers:
         if loop is None or self._closed:
             raise gone
         future = asyncio.run_coroutine_threadsafe(server.call(tool, exposed, arguments), loop)
-        # every wait inside is bounded; this bound only guards against a loop stopped under the call
-        bound = server.spec.startup_timeout + 2 * STOP_GRACE + self.call_timeout
+        # every wait inside is bounded (the call, then a ping); this bound only guards against a loop stopped under it
+        bound = server.spec.startup_timeout + 2 * STOP_GRACE + 2 * self.call_timeout
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), bound)
         except asyncio.TimeoutError:
@@ -186,7 +188,7 @@ class _Server:
         self._reason = ""
         self._error = ""
         self._runner: asyncio.Task[None] | None = None
-        self._probing = False
+        self._probe: asyncio.Task[bool] | None = None  # the ping after a call timed out
         self._closing = False
         self._stderr: _StderrTail | None = None
 
@@ -316,7 +318,12 @@ class _Server:
         try:
             result = await asyncio.wait_for(session.call_tool(tool, arguments), timeout)
         except asyncio.TimeoutError:
-            self._probe(session, stop)
+            if await self._hangs(session, stop):  # the server, not the call: infrastructure
+                raise ToolError(
+                    f"{exposed} did not finish within {timeout:g} s and its MCP server {self.spec.name!r} did not "
+                    f"answer a ping within {timeout:g} s either: it hangs (restarted)",
+                    MCP_SERVER,
+                ) from None
             raise ToolError(f"{exposed} did not finish within {timeout:g} s", TIMEOUT) from None
         except Exception as e:  # noqa: BLE001 - sorted below: a dead server, an error answer, a client failure
             if _disconnected(e):
@@ -358,22 +365,25 @@ class _Server:
             self._ready = asyncio.get_running_loop().create_future()
         stop.set()
 
-    def _probe(self, session: Any, stop: asyncio.Event | None) -> None:
-        """After a timeout: ping the server; no answer within the call timeout means it hangs."""
-        if self._probing or stop is not self._stop or self.state != "up":
-            return
-        self._probing = True
+    async def _hangs(self, session: Any, stop: asyncio.Event | None) -> bool:
+        """After a call timed out: whether the server hangs. It is pinged (one ping at a time, shared by
+        the calls that timed out meanwhile); no answer within the call timeout means it hangs, and it is
+        marked dead (restarted). A server already stopped or restarting meanwhile counts as hanging too."""
+        if stop is not self._stop or self.state != "up":
+            return True
+        probe = self._probe
+        if probe is None or probe.done():
+            probe = self._probe = asyncio.get_running_loop().create_task(self._ping(session, stop))
+        return await asyncio.shield(probe)
+
+    async def _ping(self, session: Any, stop: asyncio.Event | None) -> bool:
         timeout = self.hub.call_timeout
-
-        async def probe() -> None:
-            try:
-                await asyncio.wait_for(session.send_ping(), timeout)
-            except Exception:  # noqa: BLE001 - no answer, whatever the way
-                self._died(stop, f"it did not answer a ping within {timeout:g} s after a call timed out")
-            finally:
-                self._probing = False
-
-        asyncio.get_running_loop().create_task(probe())
+        try:
+            await asyncio.wait_for(session.send_ping(), timeout)
+            return False
+        except Exception:  # noqa: BLE001 - no answer, whatever the way
+            self._died(stop, f"it did not answer a ping within {timeout:g} s after a call timed out")
+            return True
 
     def _command(self) -> str:
         return " ".join([self.spec.command, *self.spec.args])

@@ -6,15 +6,19 @@ root anywhere (the trainer, if root, drops to the unprivileged ``agent.python_sa
 before ``bwrap`` makes the user namespace); every namespace is new; a seccomp filter denies the
 kernel keyrings, ptrace, bpf, perf, io_uring, mounts and namespaces; the program sees the system
 folders and the interpreter read-only, an empty ``/proc/cmdline``, and its own scratch ``tmpfs``;
-it dies with ``bwrap``, and ``bwrap`` dies with the trainer (or with the trainer's launch server,
-:mod:`.launch_server`, which starts each run's launcher without a new interpreter, and dies with
-the trainer).
+pid 1 of the sandbox is an init of ours out of the program's reach (non-dumpable), which the host
+kills from outside at the time limit; it dies with ``bwrap``, and ``bwrap`` dies with the trainer
+(or with the trainer's launch server, :mod:`.launch_server`, which starts each run's launcher
+without a new interpreter, and dies with the trainer). Sockets of families the network namespace
+does not isolate (``AF_VSOCK``...) are refused.
 
 Limits of one run (:class:`SandboxLimits`): of the whole group (a cgroup, :mod:`.cgroup`):
 memory ``memory_mb + disk_mb`` (tmpfs pages are charged to it), ``max_processes``, one CPU; per
 process: ``RLIMIT_AS`` = ``memory_mb`` (a large allocation raises ``MemoryError``),
 ``RLIMIT_FSIZE``, ``RLIMIT_CPU``, ``RLIMIT_NPROC`` (held per sandbox: it counts in the sandbox's
-own user namespace, also where no cgroup can be made), no core dumps; all files together at most
+own user namespace, also where no cgroup can be made), ``RLIMIT_NOFILE`` = ``max_open_files``,
+``RLIMIT_MSGQUEUE`` and ``RLIMIT_SIGPENDING`` (:data:`MSGQUEUE_BYTES`, :data:`SIGPENDING`), no core
+dumps; per uid (a root trainer): a host uid of its own per sandbox running at once; all files together at most
 ``disk_mb`` (the tmpfs sizes); the wall-clock ``timeout`` kills the sandbox. How many sandboxes run
 at once is bounded by :class:`SandboxSlots` (``agent.max_concurrent_sandboxes``).
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -38,10 +43,13 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+from ..utils import stall
 from . import launch_server
 from .cgroup import Cgroup, create_cgroup
 from .isolation import (
+    BWRAP_ENV,
     SCRATCH,
     SandboxUnavailable,
     bwrap_args,
@@ -50,14 +58,26 @@ from .isolation import (
     host_uid,
     launcher_args,
     launcher_command,
+    lease_uid,
     overlay_option,
     sandbox_env,
     seccomp_program,
     staged_paths,
 )
 from .launch_server import LaunchError, ServerDied
-from .sandbox_io import START_MARK, ServerRun, data_fd, layers_of, merged_copy, program_started, read_capped
+from .sandbox_io import (
+    START_MARK,
+    BwrapStatus,
+    ServerRun,
+    data_fd,
+    kill_init,
+    layers_of,
+    merged_copy,
+    read_capped,
+    wait_exited,
+)
 from .sandbox_metrics import record
+from .sandbox_prelude import MSGQUEUE_BYTES, NETWORK_DENIED, PRELUDE, SIGPENDING  # noqa: F401 (the limits: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +85,9 @@ ISOLATIONS = ("bwrap", "none")
 LAUNCHERS = ("server", "exec")
 OPT_OUT = "agent.python_sandbox=none"
 DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
-NETWORK_DENIED = "network access is disabled in this sandbox"
+DEFAULT_SANDBOX_UIDS = 1024  # = agent.python_sandbox_uids' default
+DEFAULT_MAX_OPEN_FILES = 1024  # = agent.python_max_open_files' default
+_numbers = itertools.count()  # sandbox runs of this process, numbered as started (the stall doctor's line)
 
 __all__ = [
     "ISOLATIONS",
@@ -81,111 +103,27 @@ __all__ = [
     "run_python",
 ]
 
-# Runs before the user's code (the user's program is main.py in the working directory). Its first line writes
-# START_MARK to stderr: the host takes the mark's arrival for the program's start (the start latency; a run whose
-# program never started is the sandbox's failure) and removes it from the output.
-# The interpreter starts with -S (no site module: the .pth files of a large environment cost 25-50 ms of
-# every start); the site-packages folders come as arguments and are put on sys.path as they are.
-_PRELUDE = r"""
-import os
-os.write(2, b"\x00reinforge:started\x00")
-import resource, sys
-_mem, _fsize, _cpu, _nproc = (int(a) for a in sys.argv[1:5])
-sys.path.extend(sys.argv[5].split(os.pathsep) if sys.argv[5] else [])
-resource.setrlimit(resource.RLIMIT_AS, (_mem, _mem))
-resource.setrlimit(resource.RLIMIT_FSIZE, (_fsize, _fsize))
-resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-if _nproc > 0:
-    resource.setrlimit(resource.RLIMIT_NPROC, (_nproc, _nproc))
-
-def _deny(*args, **kwargs):
-    raise PermissionError(1, "%s")
-
-def _guard(module):  # the network guard, put on socket and _socket as the program imports them
-    for name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname", "gethostbyname_ex",
-                 "gethostbyaddr", "getnameinfo", "fromfd"):
-        if hasattr(module, name):
-            setattr(module, name, _deny)
-    if module.__name__ == "socket":
-        inet = (module.AF_INET, module.AF_INET6)
-
-        class _NoInternetSocket(module.socket):
-            def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-                if fileno is None and (family == -1 or family in inet):
-                    _deny()
-                super().__init__(family, type, proto, fileno)
-
-        module.socket = _NoInternetSocket  # not _socket.socket: socket.socket.__init__ calls it (AF_UNIX would recurse)
-
-class _GuardLoader:
-    def __init__(self, loader):
-        self.loader = loader
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        _guard(module)
-
-class _GuardFinder:  # imports socket (12 ms of CPU: enum classes) only for the programs that use it
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name not in ("socket", "_socket"):
-            return None
-        for finder in sys.meta_path:
-            if finder is not _GuardFinder and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    spec.loader = _GuardLoader(spec.loader)
-                    return spec
-        return None
-
-sys.meta_path.insert(0, _GuardFinder)
-
-sys.argv = ["main.py"]
-_path = os.path.abspath("main.py")
-_main = type(sys)("__main__")  # as runpy.run_path would (its imports cost 7 ms of each start), kept as __main__
-_main.__file__ = _path
-sys.modules["__main__"] = _main
-try:
-    with open(_path, "rb") as _f:
-        _code = compile(_f.read(), _path, "exec")
-    exec(_code, _main.__dict__)
-except SystemExit:
-    raise
-except BaseException as _e:  # show the user's frames only
-    import traceback
-    _tb = _e.__traceback__
-    while _tb is not None and _tb.tb_frame.f_code.co_filename != _path:
-        _tb = _tb.tb_next
-    traceback.print_exception(type(_e), _e, _tb)
-    for _s in (sys.stdout, sys.stderr):  # os._exit flushes nothing
-        try:
-            _s.flush()
-        except Exception:
-            pass
-    os._exit(1)
-""".replace('"%s"', repr(NETWORK_DENIED))
-
 
 @dataclass
 class SandboxLimits:
     """Limits of one run: wall-clock ``timeout`` (seconds); ``memory_mb`` (MiB: the address space
     of each process, and with ``disk_mb`` the memory of the whole group); ``file_size_mb`` (MiB,
     the largest file written); ``disk_mb`` (MiB, all files written together, ``/dev/shm`` and
-    ``/tmp`` included); ``max_processes`` (processes and threads at once); ``max_output_bytes``
-    captured per stream; ``sandbox_uid`` (the host uid and gid the sandbox runs as when the trainer
-    is root)."""
+    ``/tmp`` included); ``max_processes`` (processes and threads at once); ``max_open_files``
+    (``RLIMIT_NOFILE`` of each process: descriptors open at once); ``max_output_bytes`` captured per
+    stream; ``sandbox_uid`` and ``sandbox_uids`` (when the trainer is root, each sandbox running at
+    once takes a host uid and gid of its own among ``sandbox_uid .. sandbox_uid + sandbox_uids - 1``:
+    :func:`.isolation.lease_uid`)."""
 
     timeout: float = 10.0
     memory_mb: int = 1024
     file_size_mb: int = 16
     disk_mb: int = 64
     max_processes: int = 64
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
     max_output_bytes: int = 65536
     sandbox_uid: int = DEFAULT_SANDBOX_UID
+    sandbox_uids: int = DEFAULT_SANDBOX_UIDS
 
 
 @dataclass
@@ -222,7 +160,8 @@ class SandboxResult:
 
 def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
     """Check that runs with ``isolation`` can start (``bwrap``: installed, libseccomp present, and
-    a trial sandbox runs as it will for the model's code; checked once per process and uid).
+    a trial sandbox runs as it will for the model's code; checked once per process, bubblewrap
+    executable (:func:`bwrap_path`: ``$REINFORGE_BWRAP``, else ``bwrap`` on ``PATH``) and uid).
 
     Raises:
         SandboxUnavailable: what is missing, how to install it, and the opt-out key.
@@ -231,7 +170,7 @@ def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_U
     if isolation not in ISOLATIONS:
         raise ValueError(f"agent.python_sandbox: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
     if isolation == "bwrap":
-        problem = _bwrap_problem(sandbox_uid)
+        problem = _bwrap_problem(bwrap_path(), sandbox_uid)
         if problem:
             raise SandboxUnavailable(
                 f"the python tool runs model-written code in a bubblewrap sandbox, which {problem}. Install it "
@@ -240,10 +179,13 @@ def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_U
             )
 
 
-@functools.lru_cache(maxsize=4)
-def _bwrap_problem(sandbox_uid: int) -> str | None:
-    if bwrap_path() is None or not sys.platform.startswith("linux"):
-        return "is not installed (no `bwrap` on PATH)"
+@functools.lru_cache(maxsize=8)
+def _bwrap_problem(bwrap: str | None, sandbox_uid: int) -> str | None:
+    if bwrap is None or not sys.platform.startswith("linux"):
+        override = os.environ.get(BWRAP_ENV)
+        if override:
+            return f"is not found: ${BWRAP_ENV}={override!r} names no executable"
+        return f"is not installed (no `bwrap` on PATH; ${BWRAP_ENV} may name its path)"
     try:
         seccomp_program()
     except SandboxUnavailable as e:
@@ -252,7 +194,8 @@ def _bwrap_problem(sandbox_uid: int) -> str | None:
     with ThreadPoolExecutor(1) as pool:  # its own event loop: the caller may be inside one
         r = pool.submit(asyncio.run, trial).result()
     if r.infra_error or r.stdout.strip() != "42":
-        why = r.infra_error or r.stderr.strip() or f"exit status {r.returncode}"
+        lines = (r.infra_error or r.stderr).strip().splitlines()
+        why = lines[-1].strip()[-300:] if lines else f"exit status {r.returncode}"  # one line: the error's last
         hint = (
             "user namespaces may be disabled, or root lacks CAP_SYS_ADMIN"
             if os.geteuid() == 0
@@ -364,13 +307,16 @@ async def run_python(
     fds: dict[str, int] = {}
     host_scratch = None
     copies: list[str] = []  # merged copies of layers made for this run
+    status: BwrapStatus | None = None  # bwrap's status descriptor: the sandbox's pid 1
+    lease: int | None = None  # the lock of the host uid this run holds (lease_uid)
+    init: int | None = None  # a pidfd of the sandbox's pid 1, once killed from outside
     try:
         python = [
             sys.executable,
             "-I",
             "-S",
             "-c",
-            _PRELUDE,
+            PRELUDE,
             str(lim.memory_mb * 2**20),
             str(lim.file_size_mb * 2**20),
             str(max(1, int(lim.timeout) + 1)),
@@ -379,7 +325,10 @@ async def run_python(
             fds = {"program": data_fd(code.encode()), "seccomp": data_fd(seccomp_program()), "empty": data_fd(b"")}
             fds["status"], status_w = os.pipe()
             fds["status_w"] = status_w
+            status = BwrapStatus(fds["status"])
             uid = host_uid(lim.sandbox_uid)
+            if uid is not None:
+                uid, lease = lease_uid(uid, lim.sandbox_uids)
             layered = any(len(ls) > 1 for ls in layers.values())
             if layered and not _overlay_trial.get() and not await _overlays_work(lim.sandbox_uid):
                 layers = {n: [merged_copy(ls, copies)] if len(ls) > 1 else ls for n, ls in layers.items()}
@@ -395,6 +344,7 @@ async def run_python(
                 "--",
                 *python,
                 str(lim.max_processes),
+                str(lim.max_open_files),
                 _site_packages(),
             ]
             cgroup = _group_limits(lim)
@@ -415,7 +365,12 @@ async def run_python(
                     merged_copy(ls, [], os.path.join(scratch, name))
                 else:
                     os.symlink(ls[0], os.path.join(scratch, name))
-            cmd, cwd, env, pass_fds = [*python, "0", _site_packages()], scratch, sandbox_env(scratch), ()
+            cmd, cwd, env, pass_fds = (
+                [*python, "0", str(lim.max_open_files), _site_packages()],
+                scratch,
+                sandbox_env(scratch),
+                (),
+            )
             env["PATH"] = os.environ.get("PATH", os.defpath)
             server = None
         try:
@@ -446,12 +401,13 @@ async def run_python(
             )
         )
         timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), lim.timeout)
-        except TimeoutError:
-            timed_out = True
-            _kill(proc, cgroup)
-            await proc.wait()
+        with stall.busy("sandbox", f"sandbox {next(_numbers)} (pid {proc.pid})"):  # the stall doctor's view
+            try:
+                await asyncio.wait_for(proc.wait(), lim.timeout)
+            except TimeoutError:
+                timed_out = True
+                init = _kill(proc, cgroup, status)
+                await proc.wait()
         if cgroup is not None:
             cgroup.kill()  # what the program left (the pid namespace is gone already under bwrap)
         try:  # a process left behind (only without bwrap) may hold the pipes open: do not wait for it
@@ -459,7 +415,7 @@ async def run_python(
         except TimeoutError:
             out, err = "", "(output lost: a background process kept the output open)"
         infra = getattr(proc, "died", None)  # the launch server died during the run: it took the program along
-        if infra is None and isolation == "bwrap" and not timed_out and not program_started(fds["status"]):
+        if infra is None and status is not None and not timed_out and (status.init_pid is None or not started):
             infra = err.strip() or f"the sandbox exited with status {proc.returncode} before the program started"
         elif infra is None and timed_out and not started:
             infra = f"the program had not started after {lim.timeout:g} s (the time limit)"
@@ -478,7 +434,7 @@ async def run_python(
         )
     finally:
         if proc is not None and proc.returncode is None:  # cancelled: do not leave it running
-            _kill(proc, cgroup)
+            init = _kill(proc, cgroup, status) or init
         if reads is not None and not reads.done():
             reads.cancel()
         if isinstance(proc, ServerRun):
@@ -493,6 +449,14 @@ async def run_python(
             shutil.rmtree(host_scratch, ignore_errors=True)
         for d in copies:
             shutil.rmtree(d, ignore_errors=True)
+        try:
+            if init is not None:  # the uid is given back once its namespace is empty
+                await wait_exited(init, 2.0)
+        finally:
+            if init is not None:
+                os.close(init)
+            if lease is not None:
+                os.close(lease)
 
 
 _overlays: dict[int, bool] = {}  # sandbox uid -> whether a layered bind can be an overlay mount here
@@ -547,9 +511,16 @@ def _site_packages() -> str:
     return os.pathsep.join(p for p in site.getsitepackages() if os.path.isdir(p))
 
 
-def _kill(proc: asyncio.subprocess.Process | ServerRun, cgroup: Cgroup | None) -> None:
-    """SIGKILL ``proc`` (a launcher started per run: its process group) (under bwrap: bwrap, whose
-    death kills the pid namespace through ``--die-with-parent``) and every process of the cgroup."""
+def _kill(
+    proc: asyncio.subprocess.Process | ServerRun, cgroup: Cgroup | None, status: BwrapStatus | None
+) -> int | None:
+    """Kill the whole sandbox, with or without a cgroup: first its pid 1 from outside (under bwrap:
+    the pid namespace's init, whose death kills every process of the namespace), then ``proc`` (a
+    launcher started per run: its process group; under bwrap, bwrap itself), then every process of
+    the cgroup. Returns a pidfd of the pid 1 killed (the caller waits for it and closes it), or None."""
+    init = None
+    if status is not None and (pid := status.init_pid) is not None:
+        init = kill_init(pid, proc.pid)
     if isinstance(proc, ServerRun):
         proc.kill()
     else:
@@ -559,3 +530,21 @@ def _kill(proc: asyncio.subprocess.Process | ServerRun, cgroup: Cgroup | None) -
             pass
     if cgroup is not None:
         cgroup.kill()
+    return init
+
+
+def sandbox_problems(cfg: Any) -> list[str]:
+    """The start-up check of the python tool's sandbox (``reinforge.preflight.check_rl``), when the run gives
+    the model code to run (``python`` in ``agent.tools``, or ``agent.environment: swe``) in a sandbox
+    (``agent.python_sandbox: bwrap``): a trial sandbox must run here (:func:`check_sandbox`: bubblewrap on
+    ``PATH`` or ``$REINFORGE_BWRAP``, libseccomp, user namespaces), checked once per process; else one problem
+    in one line saying what is wrong and what to do (issue 57: found at start, not as a traceback at the
+    first rollout). ``cfg``: the root config."""
+    a = cfg.agent
+    if a.python_sandbox == "none" or not ("python" in a.tools or a.environment == "swe"):
+        return []
+    try:
+        check_sandbox(a.python_sandbox, a.python_sandbox_uid)
+    except SandboxUnavailable as e:
+        return [str(e)]
+    return []

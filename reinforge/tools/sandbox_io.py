@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from typing import TYPE_CHECKING
@@ -80,27 +81,91 @@ def merged_copy(layers: list[str], made: list[str], dest: str | None = None) -> 
     return dest
 
 
+class BwrapStatus:
+    """bwrap's JSON status descriptor (``--json-status-fd``), which the program cannot write to:
+    ``child-pid`` (the host pid of the sandbox's pid 1, written once it is made) and, at the end,
+    ``exit-code``. :meth:`read` takes what has arrived (it never blocks)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.records: list[dict] = []
+        self._text = ""
+        os.set_blocking(fd, False)
+
+    def read(self) -> list[dict]:
+        """Every record so far (those complete)."""
+        data = b""
+        try:
+            while chunk := os.read(self.fd, 65536):
+                data += chunk
+        except BlockingIOError:
+            pass
+        self._text += data.decode(errors="replace")
+        decoder, pos = json.JSONDecoder(), 0
+        while pos < len(self._text):
+            while pos < len(self._text) and self._text[pos].isspace():
+                pos += 1
+            try:
+                obj, pos = decoder.raw_decode(self._text, pos)
+            except json.JSONDecodeError:
+                break
+            if isinstance(obj, dict):
+                self.records.append(obj)
+        self._text = self._text[pos:]
+        return self.records
+
+    @property
+    def init_pid(self) -> int | None:
+        """The host pid of the sandbox's pid 1 (None before bwrap made it)."""
+        pid = next((r["child-pid"] for r in self.read() if "child-pid" in r), None)
+        return pid if isinstance(pid, int) and pid > 0 else None
+
+
 def program_started(status_fd: int) -> bool:
     """Whether bwrap reported the program's start (a ``child-pid`` record on its JSON status
-    descriptor, which the program cannot write to)."""
-    os.set_blocking(status_fd, False)
-    data = b""
+    descriptor ``status_fd``)."""
+    return BwrapStatus(status_fd).init_pid is not None
+
+
+def kill_init(init_pid: int, bwrap_pid: int) -> int | None:
+    """SIGKILL the sandbox's pid 1 from outside (``init_pid``, a host pid from :class:`BwrapStatus`):
+    the kernel then kills every process of its pid namespace, whatever they did to their own
+    parent-death signals. Done only while the pid still names ``bwrap_pid``'s child (a pidfd is
+    opened first and the parent checked after: a pid reused since cannot be hit); call it before
+    killing bwrap. Returns the pidfd (the caller waits on it and closes it), None when the process is
+    gone or is not bwrap's child."""
     try:
-        while chunk := os.read(status_fd, 65536):
-            data += chunk
-    except BlockingIOError:
+        fd = os.pidfd_open(init_pid)
+    except (OSError, AttributeError):
+        return None
+    try:
+        with open(f"/proc/{init_pid}/status") as f:
+            ppid = next((int(line.split()[1]) for line in f if line.startswith("PPid:")), None)
+    except (OSError, ValueError):
+        ppid = None
+    if ppid != bwrap_pid:
+        os.close(fd)
+        return None
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
         pass
-    decoder, text, pos = json.JSONDecoder(), data.decode(errors="replace"), 0
-    while pos < len(text):
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return False
-        if isinstance(obj, dict) and "child-pid" in obj:
-            return True
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-    return False
+    return fd
+
+
+async def wait_exited(pidfd: int, timeout: float) -> bool:
+    """Wait (at most ``timeout`` seconds) until the process of ``pidfd`` has exited; for a pid
+    namespace's init, every process of the namespace is gone by then. Returns whether it has."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(pidfd, lambda: done.done() or done.set_result(True))
+    try:
+        await asyncio.wait_for(done, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(pidfd)
 
 
 async def read_capped(

@@ -256,9 +256,10 @@ class Actor(ModelTrainer):
             )
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
         # a sample whose advantages are all zero adds nothing to the policy-gradient loss or its gradient, so
-        # without KL / entropy terms it is not run at all (early in training most GRPO groups have equal rewards)
+        # without KL / entropy / MoE load-balancing terms it is not run at all (early in training most GRPO groups
+        # have equal rewards); the load-balancing loss covers every token of the step, so it keeps every sample
         nonzero = None
-        if "ref_log_probs" not in per_token and cfg.algo.entropy_coef == 0:
+        if "ref_log_probs" not in per_token and cfg.algo.entropy_coef == 0 and cfg.train.moe_aux_loss_coeff == 0:
             nonzero = self._nonzero(per_token["advantages"], owned)
         held = per_token
         if owner is not None:  # each step's share of every rank, as with every sample everywhere: rows moved there

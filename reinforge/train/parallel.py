@@ -23,6 +23,7 @@ from torch import nn
 
 from ..models.families import native_models
 from ..models.loading import is_native, set_gradient_checkpointing
+from ..utils import stall
 from .mesh import (
     KEYS,
     Layout,
@@ -133,6 +134,8 @@ class ParallelContext:
                 timeout=datetime.timedelta(seconds=timeout_s),
                 **({"device_id": device} if device.type == "cuda" else {}),
             )
+        if world_size > 1:  # its stacks and collectives in the stall doctor's report (run.stall_timeout_s)
+            stall.join(f"rank {rank}", rank=rank)
         if world_size == 1 and single_rank_fsdp:
             join_single_rank_group(device)
         mesh = TrainMesh.build(layout, device.type) if world_size > 1 or single_rank_fsdp else None
@@ -154,7 +157,8 @@ class ParallelContext:
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.long, device=self._device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        with _collective("all_reduce (max_int)"):
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
     def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
@@ -171,7 +175,8 @@ class ParallelContext:
         if not self.distributed:
             return t
         total = t.detach().to(self._device(), torch.float64)
-        dist.all_reduce(total, group=self.dp_group)
+        with _collective("all_reduce (sum_tensor)"):
+            dist.all_reduce(total, group=self.dp_group)
         return total.to(t.device, t.dtype)
 
     def all_to_all(self, t: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
@@ -182,7 +187,8 @@ class ParallelContext:
         if not self.distributed:
             return t
         out = torch.empty((sum(recv_sizes), *t.shape[1:]), dtype=t.dtype, device=self._device())
-        dist.all_to_all_single(out, t.to(self._device()).contiguous(), recv_sizes, send_sizes, group=self.dp_group)
+        with _collective("all_to_all"):
+            dist.all_to_all_single(out, t.to(self._device()).contiguous(), recv_sizes, send_sizes, group=self.dp_group)
         return out.to(t.device)
 
     def sum_over_pipeline(self, values: dict[str, float]) -> dict[str, float]:
@@ -200,12 +206,14 @@ class ParallelContext:
         group = self.dp_group if dp_only else None
         group = self.pp_group if pipeline_only else group
         out: list[Any] = [None] * (dist.get_world_size(group) if group is not None else self.world_size)
-        dist.all_gather_object(out, obj, group=group)
+        with _collective("all_gather_object"):
+            dist.all_gather_object(out, obj, group=group)
         return out
 
     def barrier(self) -> None:
         if self.distributed:
-            dist.barrier()
+            with _collective("barrier"):
+                dist.barrier()
 
 
 def partition_by_tokens(lengths: list[int], parts: int) -> list[list[int]]:
@@ -366,5 +374,12 @@ def _all_reduce_floats(values: dict[str, float], group: Any, device: torch.devic
         return values
     keys = sorted(values)
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t, group=group)
+    with _collective("all_reduce (floats)"):
+        dist.all_reduce(t, group=group)
     return dict(zip(keys, t.tolist()))
+
+
+def _collective(op: str) -> stall.Activity:
+    """``with _collective("barrier"): dist.barrier()``: this rank waits in ``op`` (the stall doctor's
+    ``collective`` activity: "rank 3 waits in barrier for 600 s")."""
+    return stall.busy("collective", op, rank=dist.get_rank(), world_size=dist.get_world_size())

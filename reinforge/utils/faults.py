@@ -6,7 +6,11 @@ The environment variable ``REINFORGE_FAULT`` arms points, comma-separated, each
 
 * ``kill`` (default): the process sends itself SIGKILL (no cleanup, no ``finally``: a crash);
 * ``raise``: :class:`InjectedFault` is raised;
-* ``nan``: :func:`hit` returns True and the caller poisons its value (e.g. the loss).
+* ``nan``: :func:`hit` returns True and the caller poisons its value (e.g. the loss);
+* ``hang``: the thread sleeps forever (a hung kernel, a lost peer: what the stall doctor,
+  ``run.stall_timeout_s``, is for).
+* ``corrupt``: :func:`hit` returns True and the caller damages what passes (the default of
+  ``corrupt_bucket`` and ``drop_lora_merge``).
 
 With ``REINFORGE_FAULT_STATE=<dir>`` each armed fault fires once across processes (a marker
 file records that it fired), so a restarted run does not crash again at the same point.
@@ -14,7 +18,11 @@ file records that it fired), so a restarted run does not crash again at the same
 Points (grep ``faults.hit(``): ``ckpt_write`` (a checkpoint's files are half written),
 ``optimizer_step`` (inside ``ModelTrainer.optimizer_step``, before the update), ``nan_loss``
 (the policy loss of one step), ``weight_sync`` (between weight buckets), ``rollout`` (after
-generation, before reward), ``engine_generate`` (inside a Ray engine actor's ``generate``).
+generation, before reward), ``engine_generate`` (inside a Ray engine actor's ``generate``),
+``engine_step`` (the embedded engine's ``step``, before its decode steps), ``corrupt_bucket`` (a
+weight-sync bucket's last tensor has its first element negated after the sender's checksum: a
+damaging transport; counted per bucket), ``drop_lora_merge`` (one pass of
+``merged_named_weights`` yields the LoRA base weights without ``B A * scaling``; counted per pass).
 
 Without ``REINFORGE_FAULT`` every :func:`hit` is a dictionary lookup returning False.
 """
@@ -24,12 +32,24 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 ENV = "REINFORGE_FAULT"
 STATE_ENV = "REINFORGE_FAULT_STATE"
-POINTS = ("ckpt_write", "optimizer_step", "nan_loss", "weight_sync", "rollout", "engine_generate")
-ACTIONS = ("kill", "raise", "nan")
+POINTS = (
+    "ckpt_write",
+    "optimizer_step",
+    "nan_loss",
+    "weight_sync",
+    "rollout",
+    "engine_generate",
+    "engine_step",
+    "corrupt_bucket",
+    "drop_lora_merge",
+)
+ACTIONS = ("kill", "raise", "nan", "hang", "corrupt")
+DEFAULT_ACTION = {"corrupt_bucket": "corrupt", "drop_lora_merge": "corrupt"}  # others: kill
 
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
@@ -48,7 +68,8 @@ def parse(spec: str) -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         parts = item.split(":")
-        point, n, action = parts[0], parts[1] if len(parts) > 1 else "1", parts[2] if len(parts) > 2 else "kill"
+        point, n = parts[0], parts[1] if len(parts) > 1 else "1"
+        action = parts[2] if len(parts) > 2 else DEFAULT_ACTION.get(point, "kill")
         if point not in POINTS:
             raise ValueError(f"{ENV}: unknown fault point {point!r}; points: {', '.join(POINTS)}")
         if action not in ACTIONS:
@@ -61,7 +82,7 @@ def parse(spec: str) -> dict[str, tuple[int, str]]:
 
 def hit(point: str) -> bool:
     """Reached ``point``: act when ``REINFORGE_FAULT`` arms it for this time; returns True when
-    the action is ``nan`` (the caller injects it), False otherwise (the normal case).
+    the action is ``nan`` or ``corrupt`` (the caller injects it), False otherwise (the normal case).
 
     Raises:
         InjectedFault: the point is armed with ``raise`` and this is its ``n``-th hit.
@@ -91,6 +112,8 @@ def hit(point: str) -> bool:
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "raise":
         raise InjectedFault(f"injected fault at {point} (hit {armed[0]})")
+    while action == "hang":
+        time.sleep(3600)
     return True
 
 

@@ -93,10 +93,74 @@ class DiskFullError(OSError):
     (``reinforge.checkpoint.DiskFullError`` is this class)."""
 
 
+class NotWritableError(OSError):
+    """A checkpoint could not be written because its folder is not writable (read-only filesystem,
+    permissions: ``errno.EROFS`` / ``EACCES`` / ``EPERM``); the message names the folder, what was
+    not written and what is intact."""
+
+
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def not_writable(e: BaseException, where: Path) -> OSError | None:
+    """The ``OSError`` (EROFS, EACCES or EPERM) that made a write under ``where`` fail: ``e`` or an
+    exception it was raised from whose file is under ``where``, or, for a writer that reports no
+    errno or file (torch's ``RuntimeError`` "cannot be opened"), the error of creating a file in
+    ``where`` now. None: the folder is writable."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    root = Path(where).resolve()
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in _NOT_WRITABLE and x.filename is not None:
+            name = Path(os.fsdecode(x.filename)).resolve()
+            if name == root or root in name.parents:
+                return x
+        x = x.__cause__ or x.__context__
+    folder = Path(where)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return write_probe(folder)
+
+
+def write_probe(folder: Path) -> OSError | None:
+    """Create and delete a hidden file in ``folder``: the ``OSError`` when that is refused for want
+    of write access (EROFS, EACCES, EPERM), else None."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe.")
+    except OSError as e:
+        return e if e.errno in _NOT_WRITABLE else None
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 LOCK_FILE = ".reinforge.lock"
 
 
 _HELD: set[Path] = set()  # directories whose lock this process holds
+SUPERVISOR_PID_ENV = "REINFORGE_SUPERVISOR_PID"  # reinforge.supervisor.PARENT_ENV: set in a supervised trainer
+
+
+def locked_message(directory: Path, what: str, holder: str) -> str:
+    """The refusal of a second process in a locked directory. ``holder`` is the lock file's line
+    (``pid 12, supervisor pid 11: <command>``): a supervised trainer is stopped through its
+    supervisor (``kill -TERM`` of the trainer alone would be relaunched by the supervisor)."""
+    import re
+
+    m = re.match(r"pid (\d+)(?:, supervisor pid (\d+))?", holder)
+    if m and m.group(2):
+        stop = (
+            f"stop its supervisor with kill -TERM {m.group(2)} (the trainer, pid {m.group(1)}, then writes a "
+            f"recover checkpoint and the supervisor does not relaunch it; a kill of the trainer alone would be "
+            f"relaunched)"
+        )
+    else:
+        stop = f"stop it with kill -TERM {m.group(1) if m else '<pid>'} (it writes a recover checkpoint)"
+    return (
+        f"{what}={directory} is in use by another reinforge process ({holder}): wait for it to finish or {stop}, "
+        f"or choose another {what}"
+    )
 
 
 def held_by_another(directory: Path) -> bool:
@@ -148,14 +212,13 @@ def lock_directory(directory: Path, what: str = "run.output_dir", create: bool =
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            raise DirectoryLocked(
-                f"{what}={directory} is in use by another reinforge process ({holder}): wait for it to finish or "
-                f"stop it (kill -TERM <pid> writes a recover checkpoint), or choose another {what}"
-            ) from None
+            raise DirectoryLocked(locked_message(directory, what, holder)) from None
         os.ftruncate(fd, 0)
         import sys
 
-        os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)}\n".encode(), 0)
+        supervisor = os.environ.get(SUPERVISOR_PID_ENV, "")
+        by = f", supervisor pid {supervisor}" if supervisor.isdigit() else ""
+        os.pwrite(fd, f"pid {os.getpid()}{by}: {' '.join(sys.argv)}\n".encode(), 0)
         _HELD.add(directory.resolve())
         try:
             yield path

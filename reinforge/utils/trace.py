@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import stall
+
 __all__ = [
     "TRACE_FILE",
     "Span",
@@ -329,13 +331,14 @@ class Span:
         args: shown with the event in the viewer; may be added to inside the block.
     """
 
-    __slots__ = ("name", "cat", "args", "seconds", "_start", "_profiled")
+    __slots__ = ("name", "cat", "args", "seconds", "_start", "_profiled", "_phase")
 
     def __init__(self, name: str, cat: str, args: dict[str, Any]):
         self.name, self.cat, self.args = name, cat, args
         self.seconds = 0.0
         self._start = 0
         self._profiled: Any = None
+        self._phase: Any = None
 
     def __enter__(self) -> Span:
         torch = sys.modules.get("torch")  # (not imported for it: a run without torch has no torch profiler)
@@ -343,12 +346,14 @@ class Span:
             # a torch.profiler is running: the phase is a record_function range of its trace too
             self._profiled = torch.profiler.record_function(self.name)
             self._profiled.__enter__()
+        self._phase = stall.enter_phase(self.name)  # the stall doctor's view of what this thread does
         self._start = time.perf_counter_ns()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         end = time.perf_counter_ns()
         self.seconds = (end - self._start) / 1e9
+        stall.exit_phase(self._phase)  # a phase that ends is progress
         if self._profiled is not None:
             self._profiled.__exit__(exc_type, exc, tb)
             self._profiled = None

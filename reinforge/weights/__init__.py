@@ -14,4 +14,9 @@ backends (the layout of slime's ``update_weight_from_{tensor,distributed,disk}.p
 
 Every transport carries Hugging Face parameter names; engines load them in place and stamp
 their results with the new weight version.
+
+Every sync proves itself (docs/reliability.md#weight-sync-verification): :mod:`.verify` (exact
+per-tensor checksums by the sender before each bucket goes out and by the engine where it landed,
+compared; ``WeightSyncMismatch`` names bucket, parameter and transport) and :mod:`.probe` (a fixed
+prompt's log-probs from engine and trainer on a schedule).
 """

@@ -42,6 +42,44 @@ FAMILIES.register(
     "glm4_moe", "reinforge.models.families.glm4_moe:FAMILY", moe=True, title="GLM-4.5 / GLM-4.5-Air / GLM-4.6 (MoE)"
 )
 
+FAMILIES.register(
+    "qwen3_next",
+    "reinforge.models.families.qwen3_next:FAMILY",
+    moe=True,
+    hybrid=True,
+    title="Qwen3-Next (hybrid Gated DeltaNet / gated attention, MoE)",
+)
+
+FAMILIES.register(
+    "qwen3_5_text",
+    "reinforge.models.families.qwen3_next:QWEN3_5_TEXT",
+    moe=False,
+    hybrid=True,
+    title="Qwen3.5 (dense language model)",
+)
+FAMILIES.register(
+    "qwen3_5_moe_text",
+    "reinforge.models.families.qwen3_next:QWEN3_5_MOE_TEXT",
+    moe=True,
+    hybrid=True,
+    title="Qwen3.5-MoE (language model)",
+)
+
+FAMILIES.register(
+    "qwen3_5",
+    "reinforge.models.families.qwen3_next:QWEN3_5",
+    moe=False,
+    hybrid=True,
+    title="Qwen3.5 (multimodal checkpoint, its language model)",
+)
+FAMILIES.register(
+    "qwen3_5_moe",
+    "reinforge.models.families.qwen3_next:QWEN3_5_MOE",
+    moe=True,
+    hybrid=True,
+    title="Qwen3.5-MoE (multimodal checkpoint, its language model)",
+)
+
 
 def model_type_of(config: Any) -> str | None:
     """``model_type`` of a ``config.json`` dict or a ``transformers`` config (a multimodal

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..args import ModelArgs, check_top_k
 from ..moe import SparseMoeBlock, hub_named_tensors, stack_expert_weights
-from ..transformer import MLP, Attention
+from ..transformer import MLP, Attention, RMSNorm
 
 # the tensor-parallel styles a plan may name (torch.distributed.tensor.parallel's classes)
 TP_STYLES = ("colwise", "rowwise")
@@ -82,8 +82,17 @@ class Family:
 
     # ------------------------------------------------------------------ modules
     def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
-        """Decoder layer ``layer``'s attention (parameters under ``self_attn.``)."""
+        """Decoder layer ``layer``'s token mixer (parameters under :meth:`mixer_name`): attention by default."""
         return Attention(args, layer)
+
+    def mixer_name(self, layer: int, cfg: Any) -> str:
+        """The attribute (and parameter-name part) of layer ``layer``'s token mixer: ``self_attn``, or a
+        hybrid family's name for its other kind (Qwen3-Next's ``linear_attn``)."""
+        return "self_attn"
+
+    def norm(self, dim: int, eps: float) -> RMSNorm:
+        """The decoder's RMSNorms (each layer's two and the final one): Llama's ``weight * x_norm``."""
+        return RMSNorm(dim, eps)
 
     def dense_mlp(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
         """A dense layer's MLP (parameters under ``mlp.``): SwiGLU of ``intermediate_size``."""
@@ -123,14 +132,21 @@ class Family:
         else:
             p.normal_(0.0, std, generator=generator)
 
+    def text_config(self, cfg: Any) -> Any:
+        """The language model's config within ``cfg`` (a multimodal family's ``text_config``; default ``cfg``)."""
+        return cfg
+
     def from_hub(self, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
         """A checkpoint's tensors (Hugging Face names) -> this model's state dict: the hub's
         per-expert tensors stacked (:func:`~reinforge.models.moe.stack_expert_weights`)."""
         return stack_expert_weights(state, where)
 
-    def to_hub(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def to_hub(
+        self, named: Iterable[tuple[str, torch.Tensor]], source: str | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """This model's (name, tensor) pairs -> the hub's: stacked experts split per expert
-        (:func:`~reinforge.models.moe.hub_named_tensors`), other names unchanged."""
+        (:func:`~reinforge.models.moe.hub_named_tensors`), other names unchanged. ``source``: the folder the
+        model came from (a multimodal family copies the tensors it does not train from there)."""
         return hub_named_tensors(named)
 
 

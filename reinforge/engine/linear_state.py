@@ -1,0 +1,109 @@
+"""The hybrid state cache's second half: per-sequence states of the linear-attention layers.
+
+A hybrid model (Qwen3-Next, Qwen3.5) keeps paged KV blocks for its full-attention layers, as every model
+does here, and for each linear-attention layer (:class:`~reinforge.models.linear_attention.GatedDeltaNet`)
+two fixed-size states per sequence, whatever its length:
+
+* the convolution state: the last ``conv_kernel - 1`` inputs of the short causal convolution,
+  ``conv[layer]`` [slots, conv_dim, conv_kernel - 1] in the model's dtype;
+* the recurrent state: the gated delta rule's ``S``, ``rec[layer]`` [slots, Hv, Dk, Dv] in fp32.
+
+Slot ``s``'s states belong to the sequence in slot ``s``. A prefill computes them from zero for each prompt
+(right-padded rows: padding positions neither decay nor write the state, and the convolution state is taken at
+each row's own last token), chunk by chunk when the prefill is chunked, and :meth:`LinearStates.commit` copies a
+prompt's states into every slot of its entry (its samples). A decode step advances slots ``[0, B)`` by one
+token in place (CUDA-graph safe: fixed buffers, no host reads). Nothing else needs them: a preempted or
+continued sequence (``partial_rollout``) is prefilled again from its tokens, which rebuilds its states, and a
+released slot's states are overwritten by the next prefill. The memory is per sequence, not per token
+(:meth:`LinearStates.nbytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..models.linear_attention import GatedDeltaNet, causal_conv1d, gated_delta_rule, recurrent_gated_delta_rule
+
+
+def linear_layers(model: torch.nn.Module) -> dict[int, GatedDeltaNet]:
+    """Decoder layer index -> its linear-attention mixer (empty for a model without one)."""
+    return {i: layer.mixer for i, layer in enumerate(model.model.layers) if isinstance(layer.mixer, GatedDeltaNet)}
+
+
+class LinearStates:
+    """The states of every linear-attention layer for ``num_slots`` sequences (see the module docstring)."""
+
+    def __init__(self, layers: dict[int, GatedDeltaNet], num_slots: int, device: torch.device, dtype: torch.dtype):
+        self.conv = {
+            i: torch.zeros(num_slots, m.conv_dim, m.conv_kernel - 1, dtype=dtype, device=device)
+            for i, m in layers.items()
+        }
+        self.rec = {
+            i: torch.zeros(num_slots, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32, device=device)
+            for i, m in layers.items()
+        }
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # a prefill's per-prompt states
+
+    def nbytes(self) -> int:
+        """Bytes held for all slots and layers."""
+        return sum(t.numel() * t.element_size() for d in (self.conv, self.rec) for t in d.values())
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, start: int, lens: torch.Tensor) -> Callable[[GatedDeltaNet, torch.Tensor], torch.Tensor]:
+        """The context hook (``ctx.linear_state``) for a prefill chunk at positions ``[start, start + T)``
+        of right-padded prompts of lengths ``lens`` [P]; a chunk at ``start`` 0 begins from zero states."""
+        if start == 0:
+            self._rows = {}
+
+        def run(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+            P, T, _ = x.shape
+            mixed, z, b, a = m.project(x)
+            conv0, rec0 = self._rows.get(m.layer, (None, None))
+            if conv0 is None:
+                conv0 = mixed.new_zeros(P, m.conv_dim, m.conv_kernel - 1)
+            out = causal_conv1d(mixed, m.conv1d.weight[:, 0], state=conv0)
+            # the convolution state after each row's last real token of this chunk
+            n = (lens.to(x.device) - start).clamp(0, T)  # real tokens of each row in this chunk
+            window = torch.cat([conv0, mixed.transpose(1, 2)], -1)  # [P, C, K - 1 + T]
+            idx = (n[:, None] + torch.arange(m.conv_kernel - 1, device=x.device))[:, None, :].expand(-1, m.conv_dim, -1)
+            conv1 = window.gather(-1, idx)
+            q, k, v = m.split_heads(out)
+            g, beta = m.gates(b, a)
+            real = (torch.arange(T, device=x.device)[None, :] < n[:, None])[..., None]  # padding: no decay, no write
+            g, beta = g * real, beta * real
+            o, rec1 = gated_delta_rule(q, k, v.float(), g, beta, initial_state=rec0)
+            self._rows[m.layer] = (conv1, rec1)
+            return m.output(o, z)
+
+        return run
+
+    def commit(self, slots: torch.Tensor, reps: torch.Tensor) -> None:
+        """After the last prefill chunk: prompt ``i``'s states into its ``reps[i]`` slots (``slots`` in order)."""
+        for layer, (conv, rec) in self._rows.items():
+            n = slots.numel()
+            self.conv[layer][slots] = conv.repeat_interleave(reps, dim=0, output_size=n).to(self.conv[layer].dtype)
+            self.rec[layer][slots] = rec.repeat_interleave(reps, dim=0, output_size=n)
+        self._rows = {}
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, B: int) -> Callable[[GatedDeltaNet, torch.Tensor], torch.Tensor]:
+        """The context hook for a decode step of slots ``[0, B)`` (one token each; idle rows update their
+        own states, which the next prefill of that slot overwrites)."""
+
+        def run(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+            mixed, z, b, a = m.project(x)  # x [B, 1, hidden]
+            conv = self.conv[m.layer][:B]
+            window = torch.cat([conv, mixed.transpose(1, 2).to(conv.dtype)], -1)  # [B, C, K]
+            out = F.silu((window * m.conv1d.weight[:, 0].to(window.dtype)).sum(-1)).to(mixed.dtype)  # [B, C]
+            conv.copy_(window[..., 1:])
+            q, k, v = m.split_heads(out)
+            g, beta = m.gates(b[:, 0], a[:, 0])
+            rec = self.rec[m.layer][:B]
+            o, new = recurrent_gated_delta_rule(q, k, v, g, beta, rec)
+            rec.copy_(new)
+            return m.output(o[:, None].to(z.dtype), z)
+
+        return run
