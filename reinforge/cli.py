@@ -316,21 +316,6 @@ def _config(args: argparse.Namespace) -> None:
     print(yaml.safe_dump(d, sort_keys=False) if d else "{}", end="" if d else "\n")
 
 
-def config_help() -> str:
-    """The sections and a few of their keys, for ``--help`` (every key: docs/config.md)."""
-    import dataclasses
-
-    lines = [
-        "config sections (write keys as section.key=value after the command; every key, its default and",
-        "meaning: docs/config.md; the resolved config: reinforge config -c FILE [key=value ...]):",
-    ]
-    for name, cls in SECTIONS.items():
-        keys = [f.name for f in dataclasses.fields(cls)]
-        shown = ", ".join(keys[:3]) + (f", ... ({len(keys)} keys)" if len(keys) > 3 else "")
-        lines.append(f"  {name:8s} {shown}")
-    return "\n".join(lines)
-
-
 def _check_model(args) -> int:
     import tempfile
 
@@ -352,6 +337,8 @@ def _check_model(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .cli_hints import config_help
+
     epilog = config_help()
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -467,14 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
         "trained and evaluated, so the exported model can score differently from the run's own evaluation "
         "table; --dtype float32 keeps them as trained.",
     )
-    c.add_argument(
-        "--checkpoint",
-        required=True,
-        help="checkpoint dir, checkpoints/ dir or run dir (a run dir: its newest intact checkpoint)",
-    )
-    c.add_argument(
-        "--out", required=True, help="the Hugging Face folder to write (config.json, safetensors, tokenizer)"
-    )
+    c.add_argument("--checkpoint", required=True, help="checkpoint dir, checkpoints/ dir or run dir (its newest)")
+    c.add_argument("--out", required=True, help="the Hugging Face folder to write (config, weights, tokenizer)")
     c.add_argument(
         "--dtype",
         default="bfloat16",
@@ -568,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     from .rollout.infra_guard import InfraFailing
     from .supervisor import DISK_FULL, record_failure
     from .utils.fs import DirectoryLocked, DiskFullError, NotWritableError
-    from .weights.verify import WeightSyncMismatch
+    from .weights.errors import WeightSyncMismatch
 
     phased = args.func in (_train, _offline, _eval)  # these mark their start-up themselves; others are all start-up
     try:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..utils import faults
+from .errors import WeightSyncMismatch as WeightSyncMismatch  # torch-free: the CLI catches it without torch
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -42,11 +43,6 @@ _warned: set[str] = set()
 PRIME = 65521  # largest prime below 2^16: the position weights are 1 .. PRIME
 CHUNK = 64 * PRIME  # words per int64 temporary (a multiple of PRIME: the weights restart per chunk)
 _weights: dict[torch.device, torch.Tensor] = {}
-
-
-class WeightSyncMismatch(RuntimeError):
-    """The engine does not hold the trainer's weights after a sync; the message (one line) names
-    the bucket, the parameter, the transport and what to check."""
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
