@@ -10,7 +10,21 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-PREFIXES = ("rollout", "train", "time", "eval", "reward", "data", "async", "critic", "agent", "sandbox", "perf", "plan")
+PREFIXES = (
+    "rollout",
+    "train",
+    "time",
+    "eval",
+    "reward",
+    "data",
+    "async",
+    "critic",
+    "agent",
+    "sandbox",
+    "perf",
+    "plan",
+    "sync",
+)
 LITERAL = re.compile(r"[\"']((?:" + "|".join(PREFIXES) + r")/[A-Za-z0-9_@]+(?:/[A-Za-z0-9_@]+)*)[\"']")
 
 
