@@ -103,7 +103,7 @@ class Qwen3Next(Family):
         elif name.endswith("norm.weight"):
             p.zero_()
         elif name.endswith("A_log"):
-            p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=generator).log())
+            p.copy_(torch.empty(p.shape, device=p.device).uniform_(1, 16, generator=generator).log())
         else:
             super().init_weight(name, p, std, generator)
 
