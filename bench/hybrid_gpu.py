@@ -127,18 +127,22 @@ def train_speed(folder: Path, tokens: int) -> dict[str, float]:
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16).to(dev)
         model.train()
         times = []
-        for i in range(4):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model_logits(model, ids).float().logsumexp(-1).mean().backward()
-            torch.cuda.synchronize()
-            if i:
-                times.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
-        out[f"train_tok_s_{name}"] = tokens / sorted(times)[1]
+        try:
+            for i in range(4):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model_logits(model, ids).float().logsumexp(-1).mean().backward()
+                torch.cuda.synchronize()
+                if i:
+                    times.append(time.perf_counter() - t0)
+                model.zero_grad(set_to_none=True)
+            out[f"train_tok_s_{name}"] = tokens / sorted(times)[1]
+        except RuntimeError as e:  # (transformers' fla backward refuses some Triton versions on Hopper)
+            out[f"train_error_{name}"] = str(e)[:160]
         del model
         torch.cuda.empty_cache()
-    out["train_ratio"] = out["train_tok_s_native"] / out["train_tok_s_transformers"]
+    if "train_tok_s_native" in out and "train_tok_s_transformers" in out:
+        out["train_ratio"] = out["train_tok_s_native"] / out["train_tok_s_transformers"]
     return out
 
 

@@ -26,6 +26,7 @@ heads), v ``[B, T, Hv, Dv]``, g and beta ``[B, T, Hv]``, states ``[B, Hv, Dk, Dv
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 CHUNK = 64
+log = logging.getLogger(__name__)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -123,6 +125,30 @@ def _fla() -> Any:
     return fla_chunk
 
 
+@functools.cache
+def _fla_backward_ok(device_index: int) -> bool:
+    """Whether flash-linear-attention's backward may run here: its gated backward is wrong with Triton 3.4.0 -
+    3.7.0 on Hopper GPUs and it refuses to run there (fla issue #640; fixed by Triton >= 3.7.1 or tilelang).
+    There the training pass takes :func:`chunk_gated_delta_rule` (one warning); inference keeps the kernel."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3] if x.isdigit())
+    hopper = torch.cuda.get_device_capability(device_index)[0] == 9
+    if hopper and (3, 4, 0) <= version < (3, 7, 1):
+        try:
+            import tilelang  # noqa: F401  (fla's other backend for that kernel)
+        except ImportError:
+            log.warning(
+                "linear attention: flash-linear-attention's backward is wrong with Triton %s on Hopper (fla #640); "
+                "training uses the pure-torch chunked rule (slower). Upgrade triton to >= 3.7.1 or pip install tilelang",
+                triton.__version__,
+            )
+            return False
+    return True
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -140,6 +166,9 @@ def gated_delta_rule(
         (o [B, T, H, Dv], final states [B or S, H, Dk, Dv] fp32).
     """
     fla = _fla() if q.is_cuda else None
+    training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, beta))
+    if fla is not None and training and not _fla_backward_ok(q.device.index or 0):
+        fla = None
     if fla is not None:
         o, state = fla(
             q,
