@@ -142,7 +142,7 @@ def _fla_backward_ok(device_index: int) -> bool:
         except ImportError:
             log.warning(
                 "linear attention: flash-linear-attention's backward is wrong with Triton %s on Hopper (fla #640); "
-                "training uses the pure-torch chunked rule (slower). Upgrade triton to >= 3.7.1 or pip install tilelang",
+                "training uses the pure-torch chunked rule (slower). Upgrade triton (>= 3.7.1) or pip install tilelang",
                 triton.__version__,
             )
             return False
