@@ -6,7 +6,8 @@ the transformers fallback.
 
 Prints: the kernel's max |difference| from :func:`reinforge.models.linear_attention.chunk_gated_delta_rule`
 (fp32 inputs, with and without packed sequences); the engine's decode tokens/s (bf16, CUDA graphs) with the
-bandwidth limit beside it (weights + the attention layers' KV + the linear layers' states read once per step);
+bandwidth limit beside it (the GPU's HBM bandwidth from reinforge.plan.hardware; weights + the attention layers'
+KV + the linear layers' states read once per step);
 trainer forward+backward tokens/s, native and transformers; the engine-vs-trainer log-prob difference (bf16).
 """
 
@@ -87,7 +88,11 @@ def bench_model(folder: Path, seqs: int, prompt: int, new: int) -> dict[str, flo
     touched = 1 - (1 - k / E) ** seqs if a.num_experts else 1.0  # share of experts a decode step reads
     active = weight_bytes - expert_bytes + expert_bytes * touched
     step_bytes = active + kv_bytes + 2 * states
-    limit_tok_s = seqs / (step_bytes / 3.35e12)  # H100 SXM HBM3
+    from reinforge.plan.hardware import detect
+
+    gpu = detect(dev)
+    bandwidth = gpu.bandwidth if gpu is not None and gpu.bandwidth else 3.35e12  # (unknown GPU: an H100's)
+    limit_tok_s = seqs / (step_bytes / bandwidth)
     # engine vs trainer log-probs (bf16), one sequence
     trainer = model  # (the engine's copy: same weights; trainer path = a plain forward)
     p, (r,) = prompts[0], results[0]
