@@ -683,6 +683,7 @@ def test_dead_engine_actor_is_replaced_and_its_requests_requeued(tmp_path, tiny_
                         "cluster.rollout_num_gpus": 2,
                         "cluster.colocate": "false",
                         "cluster.weight_sync_bucket_mb": 1,
+                        "cluster.weight_sync_probe_interval": 0,  # (the start-up probe would be the 1st generate)
                         "train.num_rollout": 3,
                         "run.save_interval": "null",
                         "run.save_final": "false",

@@ -33,6 +33,17 @@ class Found:
         return self.stall
 
 
+@pytest.fixture(autouse=True)
+def no_activity_of_other_tests():
+    """The registry is per process: an xdist worker's earlier tests may have left a component busy (an
+    engine whose test ended mid-generation and is not collected yet); each test here starts without them."""
+    import gc
+
+    gc.collect()  # (dropped components close their activities when collected)
+    stall._open.clear()
+    yield
+
+
 def doctor(tmp_path: Path, timeout_s: float = 1.0) -> tuple[stall.Doctor, Found]:
     found = Found()
     return stall.Doctor(tmp_path, timeout_s, on_stall=found), found
@@ -275,7 +286,11 @@ def test_a_hung_engine_ends_reinforge_train_with_the_line_and_the_stacks(tmp_pat
     from tests.test_faults import cli_train, overrides
 
     out = tmp_path / "run"
-    args = overrides(tiny_model_path, out, **{"run.stall_timeout_s": 4, "train.num_rollout": 2})
+    args = overrides(
+        tiny_model_path,
+        out,
+        **{"run.stall_timeout_s": 4, "train.num_rollout": 2, "cluster.weight_sync_probe_interval": 0},
+    )
     proc = cli_train(tmp_path, args, fault="engine_step:1:hang")
     text, _ = proc.communicate(timeout=300)
     assert proc.returncode == stall.STALLED == supervisor.STALLED, text

@@ -360,6 +360,7 @@ class EmbeddedEngine:
 
     def shutdown(self) -> None:
         """Drop every queued and running request (also after a failed step) and free the cache."""
+        self._heartbeat.idle()  # (the stall doctor: nothing in flight any more)
         if self.scheduler is not None:
             self.scheduler.waiting.clear()
             self.scheduler.owner = [None] * self.num_slots

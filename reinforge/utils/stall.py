@@ -164,6 +164,9 @@ class Heartbeat:
             self.activity.close()
             self.activity = None
 
+    def __del__(self) -> None:  # a component dropped while busy (an engine shut down mid-rollout) is busy no more
+        self.idle()
+
 
 def enter_phase(name: str) -> tuple[str, float]:
     """Phase ``name`` began on this thread (``trace.Span``); returns the token for :func:`exit_phase`."""

@@ -65,7 +65,13 @@ def probe_logprob_diff(
     n = len(result.token_ids)
     if n == 0:
         return 0.0
-    sample = Sample(prompt="", tokens=list(prompt_ids) + list(result.token_ids), response_length=n, loss_mask=[1] * n)
+    sample = Sample(
+        prompt="",
+        tokens=list(prompt_ids) + list(result.token_ids),
+        response_length=n,
+        loss_mask=[1] * n,
+        routed_experts=getattr(result, "routed_experts", None),  # (routing replay: the trainer uses the engine's)
+    )
     trainer = log_probs([sample])[0].detach().float().cpu()
     return float((torch.tensor(result.log_probs, dtype=torch.float32) - trainer).abs().max())
 
