@@ -742,7 +742,7 @@ def test_dead_trainer_rank_restarts_the_group_from_the_last_checkpoint(tmp_path,
         },
     )
     proc = cli_train(tmp_path, ["--max-restarts", "1", *args], fault="optimizer_step:2")
-    log, _ = proc.communicate(timeout=1500)  # (8-10 min on a loaded 2-core machine: the Ray actors start slowly; issue to look at)
+    log, _ = proc.communicate(timeout=1500)  # (8-10 min on a loaded 2-core machine: Ray actors start slowly)
     assert proc.returncode == 0, log[-3000:]
     attempts = [json.loads(x) for x in (out / "restarts.jsonl").read_text().splitlines()]
     assert len(attempts) == 2 and attempts[0]["exit_code"] != 0 and attempts[1]["exit_code"] == 0
