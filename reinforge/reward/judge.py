@@ -36,6 +36,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..records import Sample
@@ -249,34 +250,24 @@ class JudgeReward:
 
         if self._session is None:
             self._session = requests.Session()
-        headers = {}
-        if os.environ.get("REINFORGE_JUDGE_API_KEY"):
-            headers["Authorization"] = f"Bearer {os.environ['REINFORGE_JUDGE_API_KEY']}"
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self._backoff(attempt - 1))
+
+        def counted() -> None:
             with self._lock:
                 self.requests += 1
-            try:
-                r = self._session.post(self.url, json=body, headers=headers, timeout=self.timeout)
-            except requests.RequestException as e:  # connection refused, read timeout, ...
-                last = f"{type(e).__name__}: {e}"
-                continue
-            if r.status_code == 429 or r.status_code >= 500:
-                last = f"HTTP {r.status_code}: {r.text[:200]}"
-                continue
-            if r.status_code != 200:
-                raise JudgeFailure("judge_errors", f"judge {self.url} answered HTTP {r.status_code}: {r.text[:200]}")
-            try:
-                content = r.json()["choices"][0]["message"]["content"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise JudgeFailure("judge_errors", f"judge {self.url} sent a malformed reply: {r.text[:200]}") from None
-            if not isinstance(content, str):
-                raise JudgeFailure("judge_errors", f"judge {self.url} sent no text content: {r.text[:200]}")
-            return content
-        raise JudgeFailure("judge_errors", f"judge {self.url} failed {self.retries + 1} times; last: {last}")
+
+        r, last, _ = post_retrying(self._session.post, self.url, body, self.timeout, self.retries, counted)
+        if r is None:
+            raise JudgeFailure("judge_errors", f"judge {self.url} failed {self.retries + 1} times; last: {last}")
+        if r.status_code != 200:
+            raise JudgeFailure("judge_errors", f"judge {self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+        try:
+            content = r.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise JudgeFailure("judge_errors", f"judge {self.url} sent a malformed reply: {r.text[:200]}") from None
+        if not isinstance(content, str):
+            raise JudgeFailure("judge_errors", f"judge {self.url} sent no text content: {r.text[:200]}")
+        return content
 
 
 def judge_from_config(cfg: Any, engine: Any = None) -> JudgeReward:
@@ -306,6 +297,43 @@ def _api_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def post_retrying(
+    post: Callable[..., Any],
+    url: str,
+    body: dict[str, Any],
+    timeout: float,
+    retries: int,
+    on_attempt: Callable[[], None] | None = None,
+) -> tuple[Any | None, str, float]:
+    """POST ``body`` to ``url`` (``post``: ``requests.post`` or a session's) up to ``retries + 1`` times with
+    :meth:`JudgeReward._backoff` between, retrying a connection error, a timeout, HTTP 429 and 5xx; the API key
+    header from ``REINFORGE_JUDGE_API_KEY``. ``on_attempt`` is called before each try.
+
+    Returns:
+        (the first other response, "", the seconds that try took), or (None, the last error, 0.0) when every
+        try failed.
+    """
+    import requests
+
+    last = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(JudgeReward._backoff(attempt - 1))
+        if on_attempt is not None:
+            on_attempt()
+        start = time.perf_counter()
+        try:
+            r = post(url, json=body, headers=_api_headers(), timeout=timeout)
+        except requests.RequestException as e:  # connection refused, read timeout, ...
+            last = f"{type(e).__name__}: {e}"
+            continue
+        if r.status_code == 429 or r.status_code >= 500:
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+            continue
+        return r, "", time.perf_counter() - start
+    return None, last, 0.0
+
+
 def check_endpoint(cfg: Any) -> float:
     """Check the judge endpoint of ``reward`` section ``cfg`` when the run starts: one chat completion of
     at most one token for ``reward.judge_model`` at ``reward.judge_url``, tried as a scoring request is
@@ -332,20 +360,9 @@ def check_endpoint(cfg: Any) -> float:
         "temperature": 0,
     }
     where = f"reward.judge_url={cfg.judge_url} (reward.judge_model={cfg.judge_model!r})"
-    last = ""
     tries = cfg.judge_retries + 1
-    for attempt in range(tries):
-        if attempt:
-            time.sleep(JudgeReward._backoff(attempt - 1))
-        start = time.perf_counter()
-        try:
-            r = requests.post(url, json=body, headers=_api_headers(), timeout=cfg.timeout)
-        except requests.RequestException as e:
-            last = f"{type(e).__name__}: {e}"
-            continue
-        if r.status_code == 429 or r.status_code >= 500:
-            last = f"HTTP {r.status_code}: {r.text[:200]}"
-            continue
+    r, last, seconds = post_retrying(requests.post, url, body, cfg.timeout, cfg.judge_retries)
+    if r is not None:
         if r.status_code != 200:
             raise ValueError(
                 f"{where}: the judge refused the start-up request with HTTP {r.status_code}: {r.text[:200]}. "
@@ -359,7 +376,6 @@ def check_endpoint(cfg: Any) -> float:
                 f"{where}: POST {url} answered, but not with an OpenAI chat completion ({r.text[:200]!r}): "
                 f"reward.judge_url is the base URL of an OpenAI-compatible server (its /v1)"
             ) from None
-        seconds = time.perf_counter() - start
         log.info("reward: the judge answers at %s (%.2f s)", where, seconds)
         return seconds
     raise JudgeUnreachable(
