@@ -187,12 +187,10 @@ def write_tiny_model(source: str | os.PathLike, out: str | os.PathLike, seed: in
             f"check-model: model_type {model_type!r} is known neither to the installed transformers nor to a "
             f"registered family: no model can be built from {cfg_file}"
         )
-    from .models.loading import save_hf_folder
+    from .models.loading import load_hf_config, save_hf_folder
     from .models.transformer import CausalLM
 
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    from .models.loading import load_hf_config
-
     native = CausalLM(load_hf_config(out))
     native.init_weights(generator=generator)
     _spread_weights(native, generator)

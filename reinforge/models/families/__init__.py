@@ -46,7 +46,6 @@ FAMILIES.register(
     "qwen3_next",
     "reinforge.models.families.qwen3_next:FAMILY",
     moe=True,
-    hybrid=True,
     title="Qwen3-Next (hybrid Gated DeltaNet / gated attention, MoE)",
 )
 
@@ -54,14 +53,12 @@ FAMILIES.register(
     "qwen3_5_text",
     "reinforge.models.families.qwen3_next:QWEN3_5_TEXT",
     moe=False,
-    hybrid=True,
     title="Qwen3.5 (dense language model)",
 )
 FAMILIES.register(
     "qwen3_5_moe_text",
     "reinforge.models.families.qwen3_next:QWEN3_5_MOE_TEXT",
     moe=True,
-    hybrid=True,
     title="Qwen3.5-MoE (language model)",
 )
 
@@ -69,14 +66,12 @@ FAMILIES.register(
     "qwen3_5",
     "reinforge.models.families.qwen3_next:QWEN3_5",
     moe=False,
-    hybrid=True,
     title="Qwen3.5 (multimodal checkpoint, its language model)",
 )
 FAMILIES.register(
     "qwen3_5_moe",
     "reinforge.models.families.qwen3_next:QWEN3_5_MOE",
     moe=True,
-    hybrid=True,
     title="Qwen3.5-MoE (multimodal checkpoint, its language model)",
 )
 
