@@ -136,6 +136,30 @@ ARCHS = {
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
     ),
+    # Issue 52's hybrid for end-to-end steps: Qwen3-Next's layer kinds (3 Gated DeltaNet : 1 gated attention) at
+    # about Qwen3.5-2B's width, dense (transformers 5.17 has qwen3_next, not always qwen3_5)
+    "qwen3-next-hybrid-2b": dict(
+        model_type="qwen3_next",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_experts=0,
+        num_hidden_layers=16,
+        full_attention_interval=4,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=32768,
+        rope_theta=10000000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    ),
 }
 ARCHS["qwen3-moe-15b-a1.8b"] = {**ARCHS["qwen3-moe-30b-a3b"], "num_hidden_layers": 24}
 

@@ -234,7 +234,19 @@ def main() -> None:
         action="store_true",
         help="no weights on disk: trainer and engine draw them (model.random_init; for models the disk cannot hold)",
     )
+    ap.add_argument(
+        "--fallback",
+        action="store_true",
+        help="run the architecture on the transformers fallback (its family unregistered in this process: the "
+        "native-vs-fallback ratio)",
+    )
     args = ap.parse_args()
+    if args.fallback:
+        from archs import ARCHS
+
+        from reinforge.models.families import FAMILIES
+
+        FAMILIES._entries.pop(ARCHS[args.arch]["model_type"])
     if args.random_init:
         args.set = [*args.set, "model.random_init=true"]
     rows = []

@@ -489,8 +489,9 @@ def _lora_row(model: nn.Module | None, targets: list[str] | None) -> Row:
         return Row("LoRA targets", "not run: no model", None)
     if targets is None:
         from .config.sections import ModelConfig
+        from .models.lora import with_family_targets
 
-        targets = list(ModelConfig().lora_target_modules)
+        targets = list(with_family_targets(model, ModelConfig().lora_target_modules))
     found = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
     hit = [t for t in targets if t in found]
     missing = [t for t in targets if t not in found]

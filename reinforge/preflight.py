@@ -104,7 +104,7 @@ class KVCachePlan:
         blocks: blocks in the pool (the engine adds one sink block).
         block_size: tokens per block.
         blocks_per_seq: blocks one sequence of ``max_model_len`` takes.
-        num_layers, num_kv_heads, head_dim: the model's attention shape.
+        num_layers, num_kv_heads, head_dim: the model's attention shape (layers with keys and values).
         elem_bytes: bytes per element of the cache dtype (``engine.kv_cache_dtype``; ``auto``: ``engine.dtype``).
         weight_elem_bytes: bytes per weight (``engine.dtype``).
         kv_dtype: the cache dtype's name (``bfloat16``, ``float8_e4m3fn``, ...).
@@ -220,7 +220,7 @@ def kv_cache_plan(
         layout.num_blocks,
         layout.block_size,
         layout.blocks_per_seq,
-        shape.num_layers,
+        shape.num_kv_layers,
         shape.num_kv_heads,
         shape.head_dim,
         dtype.itemsize,

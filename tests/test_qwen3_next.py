@@ -108,6 +108,8 @@ def test_engine_chunked_prefill_and_shared_prompts_match_the_trainer(hybrid_path
         max_model_len=64,
     )
     assert engine.runner.linear is not None and engine.runner.linear.nbytes() > 0
+    # keys and values for the one full-attention layer (layer 3) only
+    assert engine.runner.k_cache.shape[0] == 1 and engine.runner.k_layer[:3] == [None] * 3
     trainer = build_model(hybrid_path, torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 40000, (5 + 6 * i,), generator=g).tolist() for i in range(3)]
@@ -202,3 +204,51 @@ def test_a_multimodal_export_keeps_the_vision_tower(tmp_path):
     assert vision and all(torch.equal(before[k], after[k]) for k in vision)
     name = "model.language_model.layers.0.mlp.down_proj.weight"
     assert torch.equal(after[name], before[name] + 1.0)
+
+
+def test_the_planner_counts_attention_layers_and_per_sequence_states(tmp_path):
+    """A hybrid's parameters, KV bytes per token and per-sequence state as the built model and engine have them
+    (Qwen3-Next's pattern: 3 linear layers to 1 full)."""
+    from reinforge.engine.linear_state import linear_layers, state_bytes_per_slot
+    from reinforge.models.loading import build_model
+    from reinforge.plan.arch import Arch
+
+    cfg = hybrid_config(experts=0)
+    cfg.update(num_hidden_layers=8, layer_types=None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    folder = write_tiny_model(tmp_path / "config.json", tmp_path / "tiny", layers=8)
+    cfg = json.loads((folder / "config.json").read_text())
+    arch = Arch.from_config(cfg)
+    model = build_model(folder, torch.float32)
+    assert arch.num_kv_layers == 2 and arch.linear_layers == 6
+    assert arch.num_params == sum(p.numel() for p in model.parameters())
+    assert arch.kv_bytes_per_token(2) == 2 * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    assert arch.state_bytes_per_seq(4) == state_bytes_per_slot(linear_layers(model), torch.float32)
+
+
+def test_a_gpu_without_fla_is_told_the_install_command(monkeypatch):
+    import sys
+
+    from reinforge.models import linear_attention
+
+    monkeypatch.setitem(sys.modules, "fla", None)  # (import fla fails)
+    monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)
+    for f in (linear_attention._fla, linear_attention.fla_recurrent):
+        f.cache_clear()
+        with pytest.raises(RuntimeError, match="pip install fla-core"):
+            f()
+        f.cache_clear()
+
+
+def test_lora_by_default_also_adapts_the_linear_attention_projections(hybrid_path):
+    from reinforge.config.sections import ModelConfig
+    from reinforge.models.loading import build_model
+    from reinforge.models.lora import apply_lora
+
+    model = apply_lora(build_model(hybrid_path, torch.float32), 4, 8.0, 0.0, ModelConfig().lora_target_modules)
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A." in n}
+    assert {"in_proj_qkvz", "out_proj", "q_proj", "o_proj", "gate_proj"} <= adapted
+    own = apply_lora(build_model(hybrid_path, torch.float32), 4, 8.0, 0.0, ["q_proj"])  # a user's list: as written
+    assert {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in own.named_parameters() if ".lora_A." in n} == {
+        "q_proj"
+    }

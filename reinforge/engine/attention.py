@@ -77,7 +77,7 @@ class PrefillContext:
 
     def attend(self, layer, q, k, v):
         P, T, KVH, D = k.shape
-        kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        kc, vc = self.r.k_layer[layer], self.r.v_layer[layer]
         k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
         cache_write(kc, (self.blk, slice(None), self.off), k8.reshape(P * T, KVH, D))
         cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
@@ -119,7 +119,7 @@ class _Decode:
         )
 
     def write(self, layer, k, v):
-        kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        kc, vc = self.r.k_layer[layer], self.r.v_layer[layer]
         at = (self.w_blk, slice(None), self.w_off)
         cache_write(kc, at, k[:, 0])
         cache_write(vc, at, v[:, 0])
@@ -170,7 +170,7 @@ class KernelDecode(_Decode):
         # the kernel rotates q and the new key itself where every layer would run the in-place RoPE
         # kernel (one launch fewer per layer); the model's Attention asks ``applies_rope``
         model = self.r.model
-        attns = [getattr(layer, "self_attn", None) for layer in model.model.layers]
+        attns = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns)
         self.rope = (model.rope_cos, model.rope_sin) if self.applies_rope else (None, None)
 
@@ -181,8 +181,8 @@ class KernelDecode(_Decode):
             q[:, 0],
             k[:, 0],
             v[:, 0],
-            r.k_cache[layer],
-            r.v_cache[layer],
+            r.k_layer[layer],
+            r.v_layer[layer],
             r.block_table,
             self.lens,
             self.w_blk,

@@ -44,6 +44,7 @@ from ..weights.verify import ArrivalSums
 from .attention import bucket
 from .fp8 import quantize_model
 from .kv_cache import plan_kv_layout
+from .linear_state import linear_layers, state_bytes_per_slot
 from .runner import LENGTH, MAX_STOP_IDS, STOP, ModelRunner, Snapshot
 from .scheduler import Group, Pending, Scheduler
 
@@ -128,8 +129,9 @@ class EmbeddedEngine:
         self._allocate()
 
     def _allocate(self) -> None:
+        state = state_bytes_per_slot(linear_layers(self.model), self.runner.dtype)
         layout = plan_kv_layout(
-            self.model.args, self.runner.kv_dtype, self.device, self.config, self.max_model_len, self.kernels
+            self.model.args, self.runner.kv_dtype, self.device, self.config, self.max_model_len, self.kernels, state
         )
         self.runner.allocate(layout)
         self.scheduler = Scheduler(layout, self.config.max_prefill_tokens, self.config.sync_interval)

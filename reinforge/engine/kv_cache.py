@@ -189,12 +189,20 @@ def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_siz
 
 
 def plan_kv_layout(
-    args: Any, dtype: torch.dtype, device: torch.device, cfg: EngineConfig, max_model_len: int, kernel: bool
+    args: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    cfg: EngineConfig,
+    max_model_len: int,
+    kernel: bool,
+    state_bytes: int = 0,
 ) -> KVLayout:
     """Choose the block size and the pool size.
 
     Args:
-        args: the model's :class:`~reinforge.models.transformer.ModelArgs` (layers, KV heads, head size).
+        args: the model's :class:`~reinforge.models.transformer.ModelArgs` or
+            :class:`~reinforge.models.shape.ModelShape` (``num_kv_layers``: the layers with keys and values,
+            KV heads, head size).
         dtype, device: of the cache (its storage dtype: :func:`kv_cache_dtype`).
         cfg: the ``engine`` config section (``max_num_seqs``, ``kv_block_size``, ``num_kv_blocks``,
             ``kv_cache_memory_fraction``).
@@ -202,6 +210,9 @@ def plan_kv_layout(
         kernel: the Triton paged-attention kernel runs here (``kv_block_size: 0`` then means 16;
             otherwise one block of ``max_model_len`` per slot, the padded layout whose attention is a
             plain batched matmul, fastest on a CPU).
+        state_bytes: a hybrid model's fixed state per slot (its linear-attention layers'; bytes). On CUDA
+            the slots' states come out of the same ``kv_cache_memory_fraction`` first, at most half of it
+            (fewer slots where ``max_num_seqs`` states would take more), the blocks get the rest.
 
     Returns:
         ``max_num_seqs`` slots and blocks for all of them at ``max_model_len``; on CUDA fewer blocks
@@ -218,17 +229,21 @@ def plan_kv_layout(
     per_seq = -(-L // bs)
     slots = cfg.max_num_seqs
     blocks = slots * per_seq
-    per_block = bytes_per_block(args.num_layers, args.num_kv_heads, args.head_dim, bs, dtype)
+    per_block = bytes_per_block(args.num_kv_layers, args.num_kv_heads, args.head_dim, bs, dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        fit = int(free * cfg.kv_cache_memory_fraction) // per_block - 1
+        budget = int(free * cfg.kv_cache_memory_fraction)
+        if state_bytes:
+            slots = max(1, min(slots, budget // 2 // state_bytes))
+            budget -= slots * state_bytes
+        fit = budget // per_block - 1
         if fit < per_seq:
             raise MemoryError(
                 f"the KV cache for one sequence of {L} tokens (prompt + rollout.rollout_max_response_len) needs "
                 f"{per_block * per_seq / 2**20:.0f} MiB but only {free / 2**20:.0f} MiB are free: lower "
                 f"rollout.rollout_max_response_len or raise engine.kv_cache_memory_fraction"
             )
-        blocks = min(blocks, fit)
+        blocks = min(slots * per_seq, fit)
     if cfg.num_kv_blocks:
         if cfg.num_kv_blocks < per_seq:
             raise ValueError(

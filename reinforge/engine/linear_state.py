@@ -12,10 +12,11 @@ Slot ``s``'s states belong to the sequence in slot ``s``. A prefill computes the
 (right-padded rows: padding positions neither decay nor write the state, and the convolution state is taken at
 each row's own last token), chunk by chunk when the prefill is chunked, and :meth:`LinearStates.commit` copies a
 prompt's states into every slot of its entry (its samples). A decode step advances slots ``[0, B)`` by one
-token in place (CUDA-graph safe: fixed buffers, no host reads). Nothing else needs them: a preempted or
-continued sequence (``partial_rollout``) is prefilled again from its tokens, which rebuilds its states, and a
-released slot's states are overwritten by the next prefill. The memory is per sequence, not per token
-(:meth:`LinearStates.nbytes`).
+token in place (CUDA-graph safe: fixed buffers, no host reads), on CUDA through flash-linear-attention's fused
+recurrent kernel (``fla_recurrent``; the torch step :func:`recurrent_gated_delta_rule` elsewhere). Nothing else
+needs them: a preempted or continued sequence (``partial_rollout``) is prefilled again from its tokens, which
+rebuilds its states, and a released slot's states are overwritten by the next prefill. The memory is per
+sequence, not per token (:meth:`LinearStates.nbytes`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,27 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..models.linear_attention import GatedDeltaNet, causal_conv1d, gated_delta_rule, recurrent_gated_delta_rule
+from ..models.linear_attention import (
+    GatedDeltaNet,
+    causal_conv1d,
+    fla_recurrent,
+    gated_delta_rule,
+    recurrent_gated_delta_rule,
+)
 
 
 def linear_layers(model: torch.nn.Module) -> dict[int, GatedDeltaNet]:
     """Decoder layer index -> its linear-attention mixer (empty for a model without one)."""
     return {i: layer.mixer for i, layer in enumerate(model.model.layers) if isinstance(layer.mixer, GatedDeltaNet)}
+
+
+def state_bytes_per_slot(layers: dict[int, GatedDeltaNet], dtype: torch.dtype) -> int:
+    """Bytes of one slot's states over ``layers``: the convolution states in ``dtype``, the recurrent ones in fp32
+    (what :class:`LinearStates` allocates per slot; the planner's count is ``ConfigShape.state_bytes_per_seq``)."""
+    return sum(
+        m.conv_dim * (m.conv_kernel - 1) * dtype.itemsize + 4 * m.num_v_heads * m.head_k_dim * m.head_v_dim
+        for m in layers.values()
+    )
 
 
 class LinearStates:
@@ -46,6 +62,8 @@ class LinearStates:
             for i, m in layers.items()
         }
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # a prefill's per-prompt states
+        # decode steps through flash-linear-attention's fused kernel (CUDA, when installed)
+        self.fla_decode = device.type == "cuda"
 
     def nbytes(self) -> int:
         """Bytes held for all slots and layers."""
@@ -93,15 +111,36 @@ class LinearStates:
         """The context hook for a decode step of slots ``[0, B)`` (one token each; idle rows update their
         own states, which the next prefill of that slot overwrites)."""
 
+        fla = fla_recurrent() if self.fla_decode else None
+
         def run(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
             mixed, z, b, a = m.project(x)  # x [B, 1, hidden]
             conv = self.conv[m.layer][:B]
             window = torch.cat([conv, mixed.transpose(1, 2).to(conv.dtype)], -1)  # [B, C, K]
             out = F.silu((window * m.conv1d.weight[:, 0].to(window.dtype)).sum(-1)).to(mixed.dtype)  # [B, C]
             conv.copy_(window[..., 1:])
+            rec = self.rec[m.layer][:B]
+            if fla is not None:  # one kernel: norms, gates and the state's step
+                q, k, v = out.split([m.key_dim, m.key_dim, m.value_dim], -1)
+                o, new = fla(
+                    q.reshape(B, 1, m.num_k_heads, m.head_k_dim),
+                    k.reshape(B, 1, m.num_k_heads, m.head_k_dim),
+                    v.reshape(B, 1, m.num_v_heads, m.head_v_dim),
+                    g=a,
+                    beta=b,
+                    scale=m.head_k_dim**-0.5,
+                    initial_state=rec,
+                    output_final_state=True,
+                    use_qk_l2norm_in_kernel=True,
+                    use_gate_in_kernel=True,
+                    A_log=m.A_log,
+                    dt_bias=m.dt_bias,
+                    use_beta_sigmoid_in_kernel=True,
+                )
+                rec.copy_(new)
+                return m.output(o.to(z.dtype), z)
             q, k, v = m.split_heads(out)
             g, beta = m.gates(b[:, 0], a[:, 0])
-            rec = self.rec[m.layer][:B]
             o, new = recurrent_gated_delta_rule(q, k, v, g, beta, rec)
             rec.copy_(new)
             return m.output(o[:, None].to(z.dtype), z)

@@ -148,9 +148,16 @@ class ModelRunner:
         a, L, S, dev = self.model.args, self.max_model_len, layout.num_slots, self.device
         self.layout = layout
         self.Decode = decode_context(layout.paged, self.kernels)
-        shape = (a.num_layers, layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
+        # one cache row per layer with keys and values (a hybrid model's attention layers only)
+        rows = range(a.num_layers) if a.kv_layers is None else a.kv_layers
+        shape = (len(rows), layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        # decoder layer -> its cache (views; None for a layer without keys and values)
+        self.k_layer: list[torch.Tensor | None] = [None] * a.num_layers
+        self.v_layer: list[torch.Tensor | None] = [None] * a.num_layers
+        for row, layer in enumerate(rows):
+            self.k_layer[layer], self.v_layer[layer] = self.k_cache[row], self.v_cache[row]
         self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
         # a hybrid model's linear-attention layers: fixed states per slot (linear_state.py)
         layers = linear_layers(self.model)
@@ -191,7 +198,9 @@ class ModelRunner:
         """Drop the KV cache and the buffers (and the graphs that point into them)."""
         self._graphs.clear()
         self._graph_pool = None
-        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs", "out_routes", "linear"):
+        for name in ("k_cache", "v_cache", "k_layer", "v_layer", "block_table", "out_tokens", "out_logprobs"):
+            setattr(self, name, None)
+        for name in ("out_routes", "linear"):
             setattr(self, name, None)
         self.layout = None
 

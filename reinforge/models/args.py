@@ -51,6 +51,12 @@ class ModelArgs:
     shared_expert_intermediate_size: int = 0
     moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse (the others are dense)
     rotary_dim: int = 0  # 0: head_dim (see rotary_dims)
+    kv_layers: tuple[int, ...] | None = None  # the layers with a KV cache (None: all; a hybrid's attention layers)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """How many layers cache keys and values (the engine's cache rows)."""
+        return self.num_layers if self.kv_layers is None else len(self.kv_layers)
 
     @property
     def rotary_dims(self) -> int:

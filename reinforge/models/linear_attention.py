@@ -115,14 +115,40 @@ def recurrent_gated_delta_rule(
     return (S * q[..., None]).sum(-2).to(dtype), S
 
 
+FLA_MISSING = (
+    "linear attention on a GPU needs flash-linear-attention's kernels: pip install fla-core "
+    "(the pure-torch rule is the CPU reference, far too slow for GPU runs)"
+)
+
+
 @functools.cache
 def _fla() -> Any:
-    """flash-linear-attention's chunked kernel, or None where it is not installed (or no GPU)."""
+    """flash-linear-attention's chunked kernel.
+
+    Raises:
+        RuntimeError: fla-core is not installed (:data:`FLA_MISSING`: the install command).
+    """
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
     except ImportError:
-        return None
+        raise RuntimeError(FLA_MISSING) from None
     return fla_chunk
+
+
+@functools.cache
+def fla_recurrent() -> Any:
+    """flash-linear-attention's fused one-token step (``fused_recurrent_gated_delta_rule``: the l2 norms, the
+    gate ``-exp(A_log) softplus(a + dt_bias)``, ``sigmoid(b)`` and the state's update in one kernel that reads
+    and writes the state once).
+
+    Raises:
+        RuntimeError: fla-core is not installed (:data:`FLA_MISSING`).
+    """
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except ImportError:
+        raise RuntimeError(FLA_MISSING) from None
+    return fused_recurrent_gated_delta_rule
 
 
 @functools.cache
@@ -159,11 +185,14 @@ def gated_delta_rule(
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule over [B, T] rows, or over the packed sequences of one row (``cu_seqlens`` [S + 1] int32,
-    B = 1: each sequence from a zero state): flash-linear-attention's kernel on CUDA when installed,
-    else :func:`chunk_gated_delta_rule` (per sequence when packed).
+    B = 1: each sequence from a zero state): flash-linear-attention's kernel on CUDA, else
+    :func:`chunk_gated_delta_rule` (per sequence when packed).
 
     Returns:
         (o [B, T, H, Dv], final states [B or S, H, Dk, Dv] fp32).
+
+    Raises:
+        RuntimeError: CUDA tensors and fla-core not installed (the message names the install).
     """
     fla = _fla() if q.is_cuda else None
     training = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, beta))

@@ -32,6 +32,9 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     """Inject LoRA adapters (``peft``) into ``model`` in place; the base weights are frozen and only
     the adapters require gradients (B starts at zero: the adapted model equals the base model).
 
+    ``model.lora_target_modules`` left at its default also adapts the projections of the family's other
+    token mixers (:func:`with_family_targets`: a hybrid's linear-attention ``in_proj_*`` and ``out_proj``).
+
     With a mixture-of-experts model the routed experts (stacked 3-D parameters, not ``nn.Linear``)
     are not LoRA targets: ``gate_proj`` / ``up_proj`` / ``down_proj`` adapt the dense layers' MLPs
     and a shared expert; the router (``gate``) is an ``nn.Linear`` and may be named.
@@ -40,6 +43,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         ImportError: ``peft`` is not installed (``pip install peft``).
         ValueError: no module matches ``target_modules``, or one names the routed experts.
     """
+    target_modules = with_family_targets(model, target_modules)
     _refuse_expert_targets(model, target_modules)
     try:
         from peft import LoraConfig, inject_adapter_in_model
@@ -54,6 +58,18 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
             p.data = p.data.float()
     model.lora_config = config
     return model
+
+
+def with_family_targets(model: nn.Module, target_modules: list[str] | str) -> list[str] | str:
+    """``target_modules`` plus the family's ``lora_targets`` present in ``model`` when ``target_modules`` is
+    ``model.lora_target_modules``' default (a user's own list is kept as written)."""
+    from ..config.sections import ModelConfig
+
+    family = getattr(model, "family", None)
+    if isinstance(target_modules, str) or family is None or list(target_modules) != ModelConfig().lora_target_modules:
+        return target_modules
+    present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return [*target_modules, *(t for t in family.lora_targets if t in present and t not in target_modules)]
 
 
 def matmul_weights(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:

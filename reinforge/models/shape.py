@@ -41,6 +41,18 @@ class ModelShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    kv_layers: int | None = None  # layers with keys and values (None: all; see ConfigShape)
+    conv_state_elems: int = 0
+    rec_state_elems: int = 0
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that cache keys and values."""
+        return self.num_layers if self.kv_layers is None else self.kv_layers
+
+    def state_bytes_per_seq(self, elem_bytes: int) -> int:
+        """A hybrid model's fixed state per sequence (``ConfigShape.state_bytes_per_seq``); 0 otherwise."""
+        return self.conv_state_elems * elem_bytes + 4 * self.rec_state_elems
 
 
 def model_shape(folder: Path) -> ModelShape:
@@ -68,7 +80,16 @@ def model_shape(folder: Path) -> ModelShape:
         params = shape.num_layers * (4 * hidden * hidden + 3 * hidden * shape.mlp_width) + vocab * hidden * (
             1 if cfg.get("tie_word_embeddings", True) else 2
         )
-    return ModelShape(params, vocab, shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    return ModelShape(
+        params,
+        vocab,
+        shape.num_layers,
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.kv_layers,
+        shape.conv_state_elems,
+        shape.rec_state_elems,
+    )
 
 
 def config_shape(cfg: dict) -> ConfigShape:

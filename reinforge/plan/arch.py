@@ -13,7 +13,11 @@ class Arch:
 
     Attributes: sizes as in the config; ``num_params`` all parameters (embedding included once when
     tied); ``experts`` / ``experts_per_tok`` / ``moe_intermediate`` / ``shared_intermediate`` 0 for a
-    dense model; ``moe_layers`` the sparse layers.
+    dense model; ``moe_layers`` the sparse layers. A hybrid model (Qwen3-Next, Qwen3.5) has attention in
+    ``kv_layers`` of its layers only (None: all) and a linear-attention mixer in the others (``mixer_params``:
+    all layers' token mixers, counted by the family; 0: attention counted here), each sequence holding
+    ``conv_state_elems`` (engine dtype) + ``rec_state_elems`` (fp32) of fixed state in the engine instead of
+    keys and values (``models.families.base.ConfigShape``).
     """
 
     vocab_size: int
@@ -30,6 +34,10 @@ class Arch:
     moe_intermediate: int = 0
     shared_intermediate: int = 0
     moe_layers: int = 0
+    kv_layers: int | None = None
+    mixer_params: int = 0
+    conv_state_elems: int = 0
+    rec_state_elems: int = 0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> Arch:
@@ -44,6 +52,9 @@ class Arch:
 
     @classmethod
     def _from_config(cls, cfg: dict[str, Any]) -> Arch:
+        from ..models.shape import config_shape
+
+        shape = config_shape(cfg)  # the family's reading of its cache (a hybrid's attention layers and states)
         h, heads, layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         step = int(cfg.get("decoder_sparse_step") or 1)
@@ -67,7 +78,31 @@ class Arch:
             ),
             shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0),
             moe_layers=moe,
+            kv_layers=shape.kv_layers,
+            mixer_params=shape.mixer_params,
+            conv_state_elems=shape.conv_state_elems,
+            rec_state_elems=shape.rec_state_elems,
         )
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers with attention (and keys and values in the engine)."""
+        return self.num_layers if self.kv_layers is None else self.kv_layers
+
+    @property
+    def linear_layers(self) -> int:
+        """The layers without attention (linear attention; 0 unless hybrid)."""
+        return self.num_layers - self.num_kv_layers
+
+    def state_bytes_per_seq(self, elem_bytes: float) -> float:
+        """A sequence's fixed linear-attention state in the engine (0 unless hybrid)."""
+        return self.conv_state_elems * elem_bytes + 4 * self.rec_state_elems
+
+    def _mixers_delta(self) -> int:
+        """The family's count of its token mixers (``mixer_params``) against Llama's attention in every layer."""
+        if not self.mixer_params:
+            return 0
+        return self.mixer_params - self.num_layers * (self._attn_params() - 2 * self.hidden)
 
     @property
     def q_dim(self) -> int:
@@ -96,7 +131,7 @@ class Arch:
     @property
     def layers_params(self) -> int:
         dense = self.num_layers - self.moe_layers
-        return dense * self.layer_params() + self.moe_layers * self.layer_params(sparse=True)
+        return dense * self.layer_params() + self.moe_layers * self.layer_params(sparse=True) + self._mixers_delta()
 
     @property
     def head_params(self) -> int:
@@ -111,11 +146,12 @@ class Arch:
     def flop_params(self) -> int:
         """Parameters in a token's matmuls: the active layers and the LM head (not the embedding lookup)."""
         dense = self.num_layers - self.moe_layers
-        return dense * self.layer_params() + self.moe_layers * self.layer_params(True, True) + self.head_params
+        active = dense * self.layer_params() + self.moe_layers * self.layer_params(True, True) + self._mixers_delta()
+        return active + self.head_params
 
     def kv_bytes_per_token(self, elem_bytes: float) -> float:
-        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.kv_dim * elem_bytes
+        """2 (K and V) x layers with attention x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_kv_layers * self.kv_dim * elem_bytes
 
     def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:
         """Activation bytes per token one decoder layer keeps for its backward pass (module doc);

@@ -233,7 +233,8 @@ def kv_need(w: Workload) -> float:
     blocks = w.slots * per_seq
     if w.num_kv_blocks:
         blocks = min(blocks, max(w.num_kv_blocks, per_seq))
-    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes)
+    states = w.slots * w.arch.state_bytes_per_seq(w.engine_elem_bytes)  # a hybrid's linear-attention states
+    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes) + states
 
 
 def kv_pool(w: Workload, after_training: bool = True) -> float:
@@ -391,6 +392,7 @@ def engine_slots(w: Workload, lengths: list[int] | None = None) -> int:
     an H200, docs/benchmarks.md: a pool of 60 full-length sequences decoded 64 in one wave)."""
     mean = sum(lengths) / len(lengths) if lengths else w.response_len
     footprint = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes)
+    footprint += w.arch.state_bytes_per_seq(w.engine_elem_bytes)
     return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // footprint)))
 
 
@@ -430,6 +432,7 @@ def generation_seconds(
         steps += max(wave)
         total += max(wave) * decode_weight_bytes(w, len(wave))
         total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
+        total += max(wave) * len(wave) * 2 * a.state_bytes_per_seq(w.engine_elem_bytes) / w.tp  # states read, written
     prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.tp)
     return total / (w.gpu.bandwidth * efficiency) + steps * host_step_s + prefill
 

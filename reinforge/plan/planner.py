@@ -267,6 +267,7 @@ def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[di
     limit = w.usable * AUTO_HEADROOM
     if "engine.max_num_seqs" in keys:
         footprint = a.kv_bytes_per_token(w.kv_elem_bytes) * (w.prompt_len + 0.75 * w.response_len)
+        footprint += a.state_bytes_per_seq(w.engine_elem_bytes)
         share = M.per_engine(w)[0].num_seqs  # the sequences one engine gets
         pool = M.kv_pool(M.with_(w, slots=share))
         held = int(pool // max(footprint, 1))

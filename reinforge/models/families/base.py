@@ -37,13 +37,33 @@ class ConfigShape:
     without transformers: the KV-cache shape (``num_layers`` x ``num_kv_heads`` x ``head_dim``),
     the routed experts per sparse layer (0: dense) and the summed width of one layer's MLP
     matrices (a dense model's ``intermediate_size``; an MoE layer's experts plus shared experts,
-    every layer counted sparse: an upper bound)."""
+    every layer counted sparse: an upper bound). A hybrid family (linear-attention layers) caches keys and
+    values in ``kv_layers`` of its layers only (None: all) and keeps a fixed state per sequence in the others:
+    ``conv_state_elems`` elements in the engine's dtype and ``rec_state_elems`` fp32 elements
+    (:meth:`state_bytes_per_seq`). ``mixer_params``: the parameters of every layer's token mixer (attention or
+    linear attention, the layer norms not included) where the family counts them itself; 0: Llama's attention in
+    every layer, counted by the planner (``plan/arch.py``).
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     num_experts: int
     mlp_width: int
+    kv_layers: int | None = None
+    conv_state_elems: int = 0
+    rec_state_elems: int = 0
+    mixer_params: int = 0
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that cache keys and values (every layer unless the family says otherwise)."""
+        return self.num_layers if self.kv_layers is None else self.kv_layers
+
+    def state_bytes_per_seq(self, elem_bytes: int) -> int:
+        """Bytes of one sequence's fixed states (0 for a model without linear-attention layers), the
+        convolution states in a dtype of ``elem_bytes`` bytes."""
+        return self.conv_state_elems * elem_bytes + 4 * self.rec_state_elems
 
 
 class Family:
@@ -57,11 +77,14 @@ class Family:
         fp32_params: name endings of parameters held in fp32 in a model built in a lower precision
             (the engine's bf16 copy; transformers' ``_keep_in_fp32_modules``), e.g. a router whose
             choice a rounded weight would change.
+        lora_targets: the ``nn.Linear`` names LoRA adapts beyond ``model.lora_target_modules``' default
+            (attention and MLP) when that key is left at its default: a hybrid's linear-attention projections.
     """
 
     model_type: str = ""
     tp_partial_grads: tuple[str, ...] = (".q_norm.", ".k_norm.")
     fp32_params: tuple[str, ...] = ()
+    lora_targets: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ config mapping
     def model_args(self, cfg: Any) -> ModelArgs:

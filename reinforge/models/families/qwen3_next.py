@@ -19,6 +19,7 @@ published checkpoints (``mtp.*``) is not used for training or rollout.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -27,18 +28,22 @@ from torch import nn
 from ..args import ModelArgs, dense_args
 from ..linear_attention import GatedDeltaNet
 from ..transformer import Attention, RMSNorm
-from .base import Family, qwen_moe_layers
+from .base import ConfigShape, Family, generic_config_shape, qwen_moe_layers
 
 LAYER_KINDS = ("linear_attention", "full_attention")
 
 
 def layer_kinds(cfg: Any) -> list[str]:
-    """Each decoder layer's kind (``layer_types``, or every ``full_attention_interval``-th layer full)."""
-    kinds = getattr(cfg, "layer_types", None)
+    """Each decoder layer's kind (``layer_types``, or every ``full_attention_interval``-th layer full); ``cfg`` a
+    config object or a ``config.json`` dict."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
+    kinds = get("layer_types", None)
     if kinds:
         return list(kinds)
-    interval = int(getattr(cfg, "full_attention_interval", 4))
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(cfg.num_hidden_layers)]
+    interval = int(get("full_attention_interval", None) or 4)
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(get("num_hidden_layers"))
+    ]
 
 
 class GatedAttention(Attention):
@@ -69,6 +74,8 @@ class GatedAttention(Attention):
 class Qwen3Next(Family):
     model_type = "qwen3_next"
     layout = "qkvz"  # GatedDeltaNet's projections (Qwen3.5: "separate")
+    # LoRA on the linear-attention layers too (their b / a gate projections, a few columns, stay frozen)
+    lora_targets = ("in_proj_qkvz", "in_proj_qkv", "in_proj_z", "out_proj")
 
     def model_args(self, cfg: Any) -> ModelArgs:
         kinds = layer_kinds(cfg)
@@ -78,6 +85,7 @@ class Qwen3Next(Family):
             )
         bias = bool(getattr(cfg, "attention_bias", False))
         args = dense_args(cfg, qkv_bias=bias, o_bias=bias, qk_norm=True, layer_kinds=LAYER_KINDS)
+        args = args.with_(kv_layers=tuple(i for i, kind in enumerate(kinds) if kind == "full_attention"))
         if int(getattr(cfg, "num_experts", 0) or 0) > 0:
             args = args.with_(
                 **qwen_moe_layers(cfg),
@@ -87,6 +95,32 @@ class Qwen3Next(Family):
 
     def mixer_name(self, layer: int, cfg: Any) -> str:
         return "linear_attn" if layer_kinds(cfg)[layer] == "linear_attention" else "self_attn"
+
+    def config_shape(self, cfg: dict) -> ConfigShape:
+        """The generic shape with keys and values cached by the full-attention layers only and each linear layer's
+        per-sequence states: the convolution's last ``linear_conv_kernel_dim - 1`` inputs of its
+        ``2 Hk Dk + Hv Dv`` channels, and the recurrent state ``Hv x Dk x Dv`` in fp32."""
+        shape = generic_config_shape(cfg)
+        kinds = layer_kinds(cfg)
+        linear = kinds.count("linear_attention")
+        hk, hv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        dk, dv = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+        channels, kernel = 2 * hk * dk + hv * dv, int(cfg.get("linear_conv_kernel_dim") or 4)
+        hidden, full = int(cfg["hidden_size"]), kinds.count("full_attention")
+        # in_proj (q, k, v, z, b, a), the depthwise convolution, out_proj, A_log, dt_bias, the gated norm
+        linear_mixer = hidden * (channels + hv * dv + 2 * hv) + channels * kernel + hv * dv * hidden + 2 * hv + dv
+        # gated attention: q_proj twice as wide (the gate), k, v, o, the QK-norms (and biases)
+        q, kv, d = int(cfg["num_attention_heads"]) * shape.head_dim, shape.num_kv_heads * shape.head_dim, shape.head_dim
+        attention = hidden * (2 * q + 2 * kv) + q * hidden + 2 * d
+        if cfg.get("attention_bias"):
+            attention += 2 * q + 2 * kv + hidden
+        return dataclasses.replace(
+            shape,
+            kv_layers=full,
+            conv_state_elems=linear * channels * (kernel - 1),
+            rec_state_elems=linear * hv * dk * dv,
+            mixer_params=linear * linear_mixer + full * attention,
+        )
 
     def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
         if self.mixer_name(layer, cfg) == "linear_attn":
@@ -149,6 +183,7 @@ class Qwen3_5(Family):
     def __init__(self, model_type: str, text: Family):
         self.model_type, self.text = model_type, text
         self.tp_partial_grads, self.fp32_params = text.tp_partial_grads, text.fp32_params
+        self.lora_targets = text.lora_targets
 
     def text_config(self, cfg: Any) -> Any:
         text = cfg.get("text_config") if isinstance(cfg, dict) else getattr(cfg, "text_config", None)
