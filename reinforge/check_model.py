@@ -491,7 +491,7 @@ def _lora_row(model: nn.Module | None, targets: list[str] | None) -> Row:
         from .config.sections import ModelConfig
         from .models.lora import with_family_targets
 
-        targets = list(with_family_targets(model, ModelConfig().lora_target_modules))
+        targets = with_family_targets(model, ModelConfig().lora_target_modules)
     found = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
     hit = [t for t in targets if t in found]
     missing = [t for t in targets if t not in found]

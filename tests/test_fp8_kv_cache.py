@@ -11,7 +11,7 @@ from reinforge.engine import EmbeddedEngine
 from reinforge.engine.kv_cache import cache_read, cache_write, kv_cache_dtype, to_cache
 from reinforge.models.loading import build_model, load_tokenizer
 from reinforge.records import GenerateRequest, SamplingParams
-from reinforge.rollout.sglang_engine import kv_cache_flag
+from reinforge.rollout.backends.sglang import kv_cache_flag
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 

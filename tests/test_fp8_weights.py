@@ -282,8 +282,9 @@ def test_select_kernel_on_cpu_dequantizes():
 
 
 def test_vllm_and_sglang_get_the_key(monkeypatch, tmp_path):
-    from reinforge.rollout import sglang_engine, vllm_engine
     from reinforge.rollout.backends import EngineSpec
+    from reinforge.rollout.backends import sglang as sglang_engine
+    from reinforge.rollout.backends import vllm as vllm_engine
 
     seen = {}
     monkeypatch.setattr(vllm_engine, "VLLMEngine", lambda *a, **k: seen.setdefault("vllm", k))

@@ -245,7 +245,8 @@ def test_lora_by_default_also_adapts_the_linear_attention_projections(hybrid_pat
     from reinforge.models.loading import build_model
     from reinforge.models.lora import apply_lora
 
-    model = apply_lora(build_model(hybrid_path, torch.float32), 4, 8.0, 0.0, ModelConfig().lora_target_modules)
+    m = ModelConfig()
+    model = apply_lora(build_model(hybrid_path, torch.float32), 4, 8.0, 0.0, m.lora_target_modules, True)
     adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A." in n}
     assert {"in_proj_qkvz", "out_proj", "q_proj", "o_proj", "gate_proj"} <= adapted
     own = apply_lora(build_model(hybrid_path, torch.float32), 4, 8.0, 0.0, ["q_proj"])  # a user's list: as written

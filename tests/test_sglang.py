@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from reinforge.records import FinishReason, GenerateRequest, SamplingParams
-from reinforge.rollout.sglang_engine import (
+from reinforge.rollout.backends.sglang import (
     PortAllocator,
     SGLangEngine,
     SGLangError,

@@ -365,7 +365,7 @@ def test_a_process_that_took_a_joined_process_pid_is_never_signalled(tmp_path):
 
 def test_a_hung_sglang_server_is_named(tmp_path):
     from reinforge.records import GenerateRequest, SamplingParams
-    from reinforge.rollout.sglang_engine import SGLangEngine, SGLangServer
+    from reinforge.rollout.backends.sglang import SGLangEngine, SGLangServer
     from tests.test_sglang import FakeSGLang
 
     release = threading.Event()

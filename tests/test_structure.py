@@ -97,7 +97,7 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> str:
-    """reinforge.rollout.embedded -> reinforge.rollout; reinforge.loop -> reinforge.loop."""
+    """reinforge.rollout.backends.embedded -> reinforge.rollout; reinforge.loop -> reinforge.loop."""
     parts = module.split(".")
     return ".".join(parts[:2])
 
@@ -196,7 +196,7 @@ def test_adding_a_backend_is_one_factory_and_a_registration(tiny_model_path, mon
 
     # registered for this test only (the registry feeds the config's choices and docs/config.md)
     monkeypatch.setattr(BACKENDS, "_entries", dict(BACKENDS._entries))
-    BACKENDS.register("test_engine", "reinforge.rollout.embedded:from_spec")
+    BACKENDS.register("test_engine", "reinforge.rollout.backends.embedded:from_spec")
     cfg = load_config(None, [f"model.path={tiny_model_path}", "engine.backend=test_engine", "engine.max_num_seqs=4"])
     engine = build_engine(engine_spec(cfg, tiny_model_path, load_tokenizer(tiny_model_path), torch.device("cpu"), 64))
     assert isinstance(engine, EmbeddedEngine) and engine.num_slots == 4

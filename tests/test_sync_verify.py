@@ -129,7 +129,7 @@ def test_drop_lora_merge_is_caught_by_the_probe_naming_the_tensor(tmp_path, tiny
 def test_vllm_side_checksums_in_the_worker_with_a_stand_in_llm():
     """VLLMEngine's path without vLLM installed: collective_rpc reaches the worker extension, which
     checksums what arrives before vLLM's reload (the real engine: tests/test_vllm.py)."""
-    from reinforge.rollout.vllm_engine import ReinforgeWorkerExtension, VLLMEngine
+    from reinforge.rollout.backends.vllm import ReinforgeWorkerExtension, VLLMEngine
 
     class Worker(ReinforgeWorkerExtension):
         def __init__(self, damage: bool):
@@ -290,7 +290,7 @@ def test_the_two_faults_default_to_corrupting():
 def test_ray_actor_mismatch_reaches_the_driver_as_one_line():
     """Ray wraps an actor's exception (RayTaskError, its message the actor's traceback); the driver
     raises the WeightSyncMismatch itself, one line."""
-    from reinforge.cluster.ray_verify import transport_name, unwrap_mismatch
+    from reinforge.weights.ray_transport import transport_name, unwrap_mismatch
 
     class RayTaskError(Exception):  # what ray.get raises: the actor's exception as `cause`
         def __init__(self, cause):

@@ -10,7 +10,7 @@ vllm = pytest.importorskip("vllm")
 from reinforge.config import load_config  # noqa: E402
 from reinforge.models.loading import build_model, load_tokenizer  # noqa: E402
 from reinforge.records import FinishReason, GenerateRequest, SamplingParams  # noqa: E402
-from reinforge.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from reinforge.rollout.backends.vllm import VLLMEngine  # noqa: E402
 
 PROMPTS = ["What is 12 + 30?", "Name a colour.", "Calculate 7 * 6."]
 

@@ -34,13 +34,21 @@ from ..records import GenerateRequest, GenerateResult, Sample
 from ..utils import faults, seeds, stall, trace
 from ..utils.net import free_port
 from ..weights import ipc
-from ..weights.broadcast import receive_flat, send_flat
 from ..weights.groups import backend_for, weight_sync_group
-from ..weights.tensor import by_value, with_fault_point
-from ..weights.verify import SentSums, checkable
+from ..weights.ray_transport import (
+    EngineDtype,
+    receive_broadcast,
+    receive_ipc,
+    send_broadcast,
+    send_by_value,
+    send_colocated,
+    sync_metrics,
+    transport_name,
+    unwrap_mismatch,
+)
+from ..weights.verify import checkable
 from .base import ClusterSpec
 from .ray_trace import ActorTraces, TracedActor
-from .ray_verify import EngineDtype, sync_metrics, transport_name, unwrap_mismatch, verify_on_engines
 from .resources import ClusterError, check_placement, machine_resources, placement_counts
 
 if TYPE_CHECKING:
@@ -127,58 +135,24 @@ class TrainerActor(TracedActor):
         self.weight_group = weight_sync_group(addr, port, 0, size, backend_for(self.worker.device))
 
     def sync_colocated(self, engine: Any, version: int, bucket_bytes: int, dtype: Any = None) -> dict[str, float]:
-        """Gather the full weights (all ranks must run this) and hand them to the engine on this
-        GPU: CUDA IPC handles (:mod:`reinforge.weights.ipc`), or by value on CPU. With ``dtype`` (the
-        engine's weight dtype) verified: :func:`~reinforge.cluster.ray_verify.verify_on_engines`."""
-        import ray
-
-        sent = SentSums(dtype) if dtype is not None and engine is not None else None
-        transport = "CUDA IPC"
+        """Gather the full weights (all ranks must run this) and hand them to the engine on this GPU
+        (:func:`~reinforge.weights.ray_transport.send_colocated`; verified with ``dtype``)."""
         with trace.span("sync_colocated", "sync", version=version):
-            for bucket in trace.spans_over(
-                "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
-            ):
-                if engine is None:
-                    continue
-                bucket = sent.add(bucket) if sent is not None else bucket
-                if bucket[0][1].is_cuda:
-                    ray.get(engine.update_weights_ipc.remote(ipc.to_handles(bucket), version))
-                else:
-                    transport = "by value (Ray object store)"
-                    ray.get(engine.update_weights.remote(by_value(bucket), version))
-        return verify_on_engines(sent, [engine] if engine is not None else [], transport, version)
+            return send_colocated(self.worker.weight_buckets(bucket_bytes), engine, version, dtype)
 
     def send_weights(self, engine: Any, version: int, bucket_bytes: int) -> None:
         """Gather the full weights (all ranks must run this); the rank given an ``engine`` sends
         them by value through the object store (a replaced engine: works on any device)."""
-        import ray
-
         with trace.span("send_weights", "sync", version=version):
-            for bucket in self.worker.weight_buckets(bucket_bytes):
-                if engine is not None:
-                    ray.get(engine.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket], version))
+            send_by_value(self.worker.weight_buckets(bucket_bytes), engine, version)
 
     def sync_broadcast(self, engines: list[Any] | None, version: int, bucket_bytes: int, dtype: Any = None) -> dict:
         """Gather the full weights (all ranks); rank 0 broadcasts each bucket to the engines
-        (:mod:`reinforge.weights.broadcast`). With ``dtype``, verified as in :meth:`sync_colocated`."""
-        import ray
-
-        sent = SentSums(dtype) if dtype is not None and engines else None
-        with trace.span("sync_broadcast", "sync", version=version):
-            for bucket in trace.spans_over(
-                "weight_bucket", with_fault_point(self.worker.weight_buckets(bucket_bytes)), "sync"
-            ):
-                if engines:
-                    bucket = sent.add(bucket) if sent is not None else bucket
-                    ray.get(
-                        send_flat(
-                            self.weight_group,
-                            bucket,
-                            lambda meta: [e.receive_bucket.remote(meta, version) for e in engines],
-                        )
-                    )
+        (:func:`~reinforge.weights.ray_transport.send_broadcast`; verified with ``dtype``)."""
         transport = "NCCL broadcast" if backend_for(self.worker.device) == "nccl" else "gloo broadcast"
-        return verify_on_engines(sent, engines or [], transport, version)
+        with trace.span("sync_broadcast", "sync", version=version):
+            buckets = self.worker.weight_buckets(bucket_bytes)
+            return send_broadcast(self.weight_group, buckets, engines, version, dtype, transport)
 
 
 class EngineActor(TracedActor):
@@ -212,7 +186,7 @@ class EngineActor(TracedActor):
 
     def update_weights_ipc(self, handles: ipc.Handles, version: int) -> None:
         with trace.span("update_weights", "sync", version=version, ipc=True):
-            self.engine.update_weights(ipc.from_handles(handles), version)
+            receive_ipc(self.engine, handles, version)
 
     def engine_index(self) -> int:
         return self.index
@@ -229,7 +203,7 @@ class EngineActor(TracedActor):
 
     def receive_bucket(self, meta: list[tuple[str, tuple[int, ...]]], version: int) -> None:
         with trace.span("receive_bucket", "sync", version=version, tensors=len(meta)):
-            self.engine.update_weights(receive_flat(self.weight_group, meta, self.device), version)
+            receive_broadcast(self.engine, self.weight_group, meta, self.device, version)
 
     def reseed(self, seed: int) -> None:
         self.engine.reseed(seed + seeds.ENGINE_INDEX * self.index)
@@ -551,7 +525,8 @@ class RayCluster:
     def sync_weights(self, version: int) -> dict[str, float]:
         """Colocated: every rank hands its engine the full tensors (IPC); disaggregated: rank 0
         broadcasts buckets to all engines. All ranks take part (FSDP all-gathers). Verified with
-        ``cluster.verify_weight_sync`` (:mod:`.ray_verify`: ``sync/verified``, ``sync/verify_seconds``)."""
+        ``cluster.verify_weight_sync`` (:mod:`reinforge.weights.ray_transport`: ``sync/verified``,
+        ``sync/verify_seconds``)."""
         dtype = self.engine_dtype.get(self.engine.handles) if self.cfg.cluster.verify_weight_sync else None
         with trace.span("update_weights", "sync", version=version) as s:
             bucket, handles = self.cfg.cluster.weight_sync_bucket_mb << 20, self.engine.handles

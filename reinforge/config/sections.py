@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from .fields import ConfigError, check_fields, opt, registered
 
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
 BACKENDS = registered("reinforge.rollout.backends:BACKENDS")
 
 
@@ -78,8 +80,8 @@ class ModelConfig(Section):
     lora_alpha: float = opt(16.0, "LoRA alpha (the update is scaled by alpha / r)", gt=0)
     lora_dropout: float = opt(0.0, "dropout on the adapters' input", ge=0, lt=1)
     lora_target_modules: list[str] = opt(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "names of the Linear modules that get adapters (PEFT's target_modules)",
+        DEFAULT_LORA_TARGETS,
+        "names of the Linear modules that get adapters (PEFT's target_modules; this default adds a hybrid's in_proj_*)",
     )
 
     @property

@@ -12,7 +12,7 @@
   :mod:`.sampling` (samplers).
 
 The rollout layer (:mod:`reinforge.rollout`) builds it through the ``embedded`` backend
-(``rollout/embedded.py``) and never reaches inside.
+(``rollout/backends/embedded.py``) and never reaches inside.
 """
 
 from .engine import EmbeddedEngine

@@ -28,12 +28,15 @@ from torch import nn
 ADAPTER = "default"
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules: list[str]) -> nn.Module:
+def apply_lora(
+    model: nn.Module, rank: int, alpha: float, dropout: float, target_modules: list[str], family_targets: bool = False
+) -> nn.Module:
     """Inject LoRA adapters (``peft``) into ``model`` in place; the base weights are frozen and only
     the adapters require gradients (B starts at zero: the adapted model equals the base model).
 
-    ``model.lora_target_modules`` left at its default also adapts the projections of the family's other
-    token mixers (:func:`with_family_targets`: a hybrid's linear-attention ``in_proj_*`` and ``out_proj``).
+    ``family_targets`` (``model.lora_target_modules`` left at its default) also adapts the projections of the
+    family's other token mixers (:func:`with_family_targets`: a hybrid's linear-attention ``in_proj_*`` and
+    ``out_proj``).
 
     With a mixture-of-experts model the routed experts (stacked 3-D parameters, not ``nn.Linear``)
     are not LoRA targets: ``gate_proj`` / ``up_proj`` / ``down_proj`` adapt the dense layers' MLPs
@@ -43,7 +46,8 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         ImportError: ``peft`` is not installed (``pip install peft``).
         ValueError: no module matches ``target_modules``, or one names the routed experts.
     """
-    target_modules = with_family_targets(model, target_modules)
+    if family_targets:
+        target_modules = with_family_targets(model, target_modules)
     _refuse_expert_targets(model, target_modules)
     try:
         from peft import LoraConfig, inject_adapter_in_model
@@ -60,14 +64,12 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     return model
 
 
-def with_family_targets(model: nn.Module, target_modules: list[str] | str) -> list[str] | str:
-    """``target_modules`` plus the family's ``lora_targets`` present in ``model`` when ``target_modules`` is
-    ``model.lora_target_modules``' default (a user's own list is kept as written)."""
-    from ..config.sections import ModelConfig
-
+def with_family_targets(model: nn.Module, target_modules: list[str]) -> list[str]:
+    """``target_modules`` plus the family's ``lora_targets`` present in ``model`` (the caller decides when:
+    ``model.lora_target_modules`` left at its default, ``ModelConfig.lora_targets_default``)."""
     family = getattr(model, "family", None)
-    if isinstance(target_modules, str) or family is None or list(target_modules) != ModelConfig().lora_target_modules:
-        return target_modules
+    if family is None:
+        return list(target_modules)
     present = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     return [*target_modules, *(t for t in family.lora_targets if t in present and t not in target_modules)]
 

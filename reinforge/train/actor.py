@@ -14,6 +14,7 @@ from ..algo.logprobs import token_log_probs
 from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
+from ..config.sections import DEFAULT_LORA_TARGETS
 from ..models.families import moe_models, native_models
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
@@ -78,7 +79,8 @@ class Actor(ModelTrainer):
         if m.torch_compile and (not is_native(model) or m.lora_rank):  # (compiled in parallelize)
             raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false")
         if m.lora_rank:
-            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
+            default = list(m.lora_target_modules) == DEFAULT_LORA_TARGETS  # (adds the family's own targets)
+            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, default)
         if t.moe_aux_loss_coeff > 0 and not (is_native(model) and model.args.moe_layers):
             raise ValueError(
                 f"train.moe_aux_loss_coeff={t.moe_aux_loss_coeff} needs {moe_models()}; {model_path} "

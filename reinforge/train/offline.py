@@ -22,6 +22,7 @@ from torch import nn
 from ..algo.logprobs import token_log_probs
 from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
+from ..config.sections import DEFAULT_LORA_TARGETS
 from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
@@ -96,7 +97,8 @@ class OfflineTrainer(ModelTrainer):
                 raise ValueError(
                     "model.lora_rank: LoRA is for the policy methods; train reward models in full (model.lora_rank=0)"
                 )
-            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules)
+            default = list(m.lora_target_modules) == DEFAULT_LORA_TARGETS  # (adds the family's own targets)
+            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.lora_dropout, m.lora_target_modules, default)
         optim = OptimizerSettings.for_actor(t)
         optim.total_steps = total_steps
         super().__init__(

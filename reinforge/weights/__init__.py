@@ -11,6 +11,8 @@ backends (the layout of slime's ``update_weight_from_{tensor,distributed,disk}.p
   (CUDA IPC handles between processes on one GPU, and SGLang's serialized form),
   :mod:`.broadcast` (NCCL / gloo broadcast of flat buckets to engines on other GPUs or nodes),
   :mod:`.disk` (a Hugging Face folder the engine reloads).
+* :mod:`.ray_transport`: both ends of each transport between Ray actors (sender on the trainer rank,
+  receiver on the engine actor) and the Ray placement's verification; the actors only call it.
 
 Every transport carries Hugging Face parameter names; engines load them in place and stamp
 their results with the new weight version.

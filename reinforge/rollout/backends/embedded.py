@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..engine import EmbeddedEngine
-from ..models.families import native_models
-from ..models.loading import build_model, is_native
+from ...engine import EmbeddedEngine
+from ...models.families import native_models
+from ...models.loading import build_model, is_native
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ def from_spec(spec) -> Any:
     :mod:`reinforge.models.families`) falls back to transformers' ``generate`` with a warning."""
     model = build_model(spec.model_path, spec.dtype, spec.device, random_init=spec.random_init, seed=spec.init_seed)
     if not is_native(model):
-        from .hf_engine import HFEngine
+        from .hf import HFEngine
 
         if spec.record_routes:
             raise ValueError(

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..models.loading import build_model, copy_weights_
-from ..records import FinishReason, GenerateRequest, GenerateResult
+from ...models.loading import build_model, copy_weights_
+from ...records import FinishReason, GenerateRequest, GenerateResult
 
 
 class HFEngine:
@@ -93,7 +93,7 @@ class HFEngine:
 
     def weight_checksums(self, names: list[str]) -> dict[str, int | None]:
         """Checksums of the named parameters where they landed (:mod:`reinforge.weights.verify`)."""
-        from ..weights.verify import param_checksums
+        from ...weights.verify import param_checksums
 
         return param_checksums(self.model, names, self.weight_dtype)
 

@@ -25,19 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..records import RolloutEngine
-from ..utils.registry import Registry
+from ...records import RolloutEngine
+from ...utils.registry import Registry
 
 if TYPE_CHECKING:  # torch is imported where an engine is built, not where the config checks engine.backend
     import torch
 
-    from ..config import Config, EngineConfig
+    from ...config import Config, EngineConfig
 
 BACKENDS: Registry[Callable[[EngineSpec], RolloutEngine]] = Registry("rollout backend", "engine.backend")
-BACKENDS.register("embedded", "reinforge.rollout.embedded:from_spec", routing_record=True)
-BACKENDS.register("hf", "reinforge.rollout.hf_engine:from_spec")
-BACKENDS.register("vllm", "reinforge.rollout.vllm_engine:from_spec", tensor_parallel=True)
-BACKENDS.register("sglang", "reinforge.rollout.sglang_engine:from_spec", tensor_parallel=True)
+BACKENDS.register("embedded", "reinforge.rollout.backends.embedded:from_spec", routing_record=True)
+BACKENDS.register("hf", "reinforge.rollout.backends.hf:from_spec")
+BACKENDS.register("vllm", "reinforge.rollout.backends.vllm:from_spec", tensor_parallel=True)
+BACKENDS.register("sglang", "reinforge.rollout.backends.sglang:from_spec", tensor_parallel=True)
 
 
 @dataclass

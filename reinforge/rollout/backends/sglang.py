@@ -44,14 +44,14 @@ from typing import Any
 
 import torch
 
-from ..models.moe import hub_named_tensors
-from ..records import FinishReason, GenerateRequest, GenerateResult
-from ..utils import seeds, stall
-from ..weights.broadcast import send_each
-from ..weights.buckets import bucket_by_bytes
-from ..weights.disk import weights_folder
-from ..weights.groups import weight_sync_group
-from ..weights.ipc import serialize_named_tensors
+from ...models.moe import hub_named_tensors
+from ...records import FinishReason, GenerateRequest, GenerateResult
+from ...utils import seeds, stall
+from ...weights.broadcast import send_each
+from ...weights.buckets import bucket_by_bytes
+from ...weights.disk import weights_folder
+from ...weights.groups import weight_sync_group
+from ...weights.ipc import serialize_named_tensors
 
 log = logging.getLogger(__name__)
 

