@@ -7,12 +7,12 @@ its registries are read by name, as the other sections' are: the config sits bel
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..utils.registry import did_you_mean
 from .fields import ConfigError, opt, registered
+from .mcp import parse_server_specs, require_sdk
 from .sections import Section, _check_function_path
 
 TOOL_CALL_FORMATS = registered("reinforge.tools.formats:TOOL_CALL_FORMATS")
@@ -168,11 +168,9 @@ class AgentConfig(Section):
                 f"{self.python_sandbox_uids} passes the last uid (2**32 - 2): lower either"
             )
         if self.mcp_servers:
-            mcp = importlib.import_module("reinforge.tools.mcp")  # by name: config sits below tools
-
             try:
-                mcp.parse_server_specs(self.mcp_servers)
-                mcp.require_sdk()
+                parse_server_specs(self.mcp_servers)
+                require_sdk()
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         if ":" in self.environment:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import AgentConfig
-from .fields import ConfigError
+from .fields import ConfigError, registry
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
 from .sections import (
     ClusterConfig,
@@ -36,6 +36,8 @@ SECTIONS: dict[str, type] = {
     "cluster": ClusterConfig,
     "run": RunConfig,
 }
+
+TOOL_CALL_FORMATS = registry("reinforge.tools.formats:TOOL_CALL_FORMATS")
 
 
 AGENT_LOOP = "reinforge.rollout.agent:generate"  # the custom generate function of the agent loop
@@ -147,9 +149,7 @@ class Config:
             and r.custom_generate_function_path == "reinforge.rollout.agent:generate"
             and g.stop_after_tool_call
         ):
-            from ..tools.formats import TOOL_CALL_FORMATS as formats
-
-            if formats.get(g.tool_call_format).stop:
+            if TOOL_CALL_FORMATS().get(g.tool_call_format).stop:
                 raise ConfigError(
                     "agent.stop_after_tool_call=true ends turns with a stop string, which "
                     "engine.backend=hf does not support: set agent.stop_after_tool_call=false"
