@@ -22,12 +22,11 @@ TOOLS = registered("reinforge.tools.toolset:TOOLS")
 
 @dataclass
 class AgentConfig(Section):
-    """Multi-turn rollouts with tools, read by `rollout.custom_generate_function_path:
-    reinforge.rollout.agent:generate` (see [agents.md](agents.md)). A sample's whole response (every
-    turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
+    """Multi-turn rollouts with tools, read by `rollout.mode: agent` (see [agents.md](agents.md)). A
+    sample's whole response (every turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
     (`eval.eval_max_response_len` in evaluation). Setting `agent.environment` (other than `tools`),
-    `agent.tools` or `agent.mcp_servers` switches the agent loop on when no custom generate or
-    rollout function is set."""
+    `agent.tools` or `agent.mcp_servers` switches the agent loop on (`rollout.mode: agent`) when no
+    custom generate or rollout function is set."""
 
     name = "agent"
     environment: str = opt(

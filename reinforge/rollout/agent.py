@@ -1,4 +1,4 @@
-"""The agent loop: ``rollout.custom_generate_function_path: reinforge.rollout.agent:generate``.
+"""The agent loop (``rollout.mode: agent``): the generate function ``reinforge.rollout.agent:generate``.
 
 Per sample, one episode of ``agent.environment`` (:mod:`reinforge.envs`; default ``tools``, the
 tool-calling environment): generate a turn -> parse its tool calls (``agent.tool_call_format``) ->
@@ -130,7 +130,7 @@ def env_prompt_bound(cfg: Config) -> tuple[int, str] | None:
     Raises:
         ValueError: an unknown ``agent.environment``.
     """
-    if cfg.rollout.custom_generate_function_path != "reinforge.rollout.agent:generate":
+    if cfg.rollout.mode != "agent":
         return None
     cls = load_environment(cfg.agent.environment)
     if cls.reset is Environment.reset:
