@@ -3,7 +3,7 @@
 For each ``--concurrency`` (slots at once) it runs ``--runs`` trivial programs (``pass``; ``--code``
 replaces it) through each launcher: ``exec`` (a new interpreter runs the launcher for every run:
 how sandboxes started before the launch server) and ``server`` (the launch server forks it:
-reinforge.tools.launch_server). The launchers alternate in rounds of ``--round`` runs, so that a
+reinforge.sandbox.launch_server). The launchers alternate in rounds of ``--round`` runs, so that a
 change of the machine's load meets both alike. Per launcher and concurrency: the start latency
 (``SandboxResult.start_ms``: launch to the program's first line, the ``sandbox/start_ms`` metric),
 p50 / p99 in ms; the whole run (launch to result) p50; runs per second; failures (infrastructure
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from reinforge.tools.sandbox import LAUNCHERS, SandboxLimits, SandboxSlots, check_sandbox, run_python
+from reinforge.sandbox import LAUNCHERS, SandboxLimits, SandboxSlots, check_sandbox, run_python
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -1,7 +1,7 @@
 """The local sandbox fleet on this machine: copy-on-write workspaces and sandbox episodes at rising
 concurrency, and the largest fleet that holds its limits.
 
-1. Workspaces (reinforge.envs.workspace): making one over a base of 20, 2,000 and 20,000 files (the
+1. Workspaces (reinforge.sandbox.workspace): making one over a base of 20, 2,000 and 20,000 files (the
    episode's own layer over the shared base: nothing is copied), p50 / p99 in ms, and closing it;
    a git base's first extraction and a cached lookup.
 2. Episodes: workspace over the 2,000-file base + one edit + one sandbox run of a trivial program
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from sandbox import CpuMeter  # bench/sandbox.py (bench/ is on sys.path for bench scripts)
 
-from reinforge.envs.workspace import Workspace, git_base
-from reinforge.tools.sandbox import SandboxLimits, SandboxSlots, check_sandbox, run_python
+from reinforge.sandbox import SandboxLimits, SandboxSlots, check_sandbox, run_python
+from reinforge.sandbox.workspace import Workspace, git_base
 
 TRIVIAL = "print(open('repo/edit.txt').read())"
 HOG = """

@@ -113,7 +113,7 @@ class RLLoop:
             check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)  # MCP servers: started once, listed, stopped (docs/agents.md)
-        if cfg.reward.type == "judge":  # the judge endpoint answers, before the policy is built
+        if cfg.reward.properties.get("judge"):  # the judge endpoint answers, before the policy is built
             from .reward.judge import check_endpoint
 
             check_endpoint(cfg.reward)

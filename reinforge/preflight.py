@@ -24,7 +24,7 @@ the limit:
   the ``train.max_tokens_per_gpu`` and ``model.recompute_num_layers`` that fit
   (:func:`reinforge.plan.training_problems`);
 * **the python tool's sandbox** (``python`` in ``agent.tools`` or the ``swe`` environment): a trial sandbox runs
-  (:func:`reinforge.tools.sandbox.sandbox_problems`);
+  (:func:`reinforge.sandbox.sandbox_problems`);
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape ``[layers, blocks +
   1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU, its slots (``engine.max_num_seqs``
   capped at the sequences the run holds at once, :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for
@@ -505,7 +505,7 @@ def check_rl(
         "rollout.rollout_max_response_len",
     )
     problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # reward.judge_model_path
-    from .tools.sandbox import sandbox_problems
+    from .sandbox import sandbox_problems
 
     problems += sandbox_problems(cfg)  # the python tool's sandbox, before any model is built
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold

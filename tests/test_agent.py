@@ -13,8 +13,8 @@ from reinforge.records import FinishReason, GenerateResult, Status
 from reinforge.rollout.agent import prompt_tools
 from reinforge.rollout.chat_turns import TurnRenderer, template_has_tool_role
 from reinforge.rollout.generate import RolloutContext, generate_groups, rollout_stats
+from reinforge.sandbox import bwrap_path
 from reinforge.tools import TOOL_CALL_FORMATS, ParsedMessage, ToolCall, ToolCallFormat
-from reinforge.tools.sandbox import bwrap_path
 from tests.test_integration import read_metrics, tiny_overrides
 
 AGENT = "rollout.custom_generate_function_path=reinforge.rollout.agent:generate"

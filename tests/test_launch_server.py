@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from reinforge.tools import launch_server as ls
-from reinforge.tools.sandbox import SandboxLimits, bwrap_path, run_python
+from reinforge.sandbox import SandboxLimits, bwrap_path, run_python
+from reinforge.sandbox import launch_server as ls
 from tests.test_sandbox import PROJECT, host_processes_with
 
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
@@ -143,8 +143,8 @@ def test_the_server_outlives_the_thread_of_its_first_run_not_the_trainer():
     token = uuid.uuid4().hex
     script = f"""
 import asyncio, sys, threading
-from reinforge.tools import launch_server as ls
-from reinforge.tools.sandbox import SandboxLimits, run_python
+from reinforge.sandbox import launch_server as ls
+from reinforge.sandbox import SandboxLimits, run_python
 t = threading.Thread(target=lambda: asyncio.run(run_python("pass", SandboxLimits(), checked=True)))
 t.start(); t.join()
 first = ls.server().pid

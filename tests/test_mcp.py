@@ -16,9 +16,11 @@ import pytest
 pytest.importorskip("mcp")
 
 from reinforge.config import ConfigError, load_config  # noqa: E402
+from reinforge.config.mcp import parse_server_specs  # noqa: E402
 from reinforge.rollout.agent import prompt_tools  # noqa: E402
 from reinforge.tools import ToolCall, ToolSet, load_tools  # noqa: E402
-from reinforge.tools.mcp import MCPStartError, function_schema, parse_server_specs  # noqa: E402
+from reinforge.tools.mcp import MCPStartError  # noqa: E402
+from reinforge.tools.schema import function_schema  # noqa: E402
 from tests.test_agent import AGENT, IM_END, ScriptedEngine, call, run_agent, tok  # noqa: E402,F401 (tok: a fixture)
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
@@ -102,7 +104,6 @@ def test_config_entries_are_checked_with_their_key(tmp_path):
 
 def test_schema_layout_from_an_mcp_input_schema():
     schema = function_schema(
-        "m_f",
         {
             "name": "f",
             "description": " Find. ",
@@ -119,6 +120,7 @@ def test_schema_layout_from_an_mcp_input_schema():
                 },
             },
         },
+        "m_f",
     )
     assert schema == {
         "type": "function",

@@ -481,9 +481,9 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
     the bubblewrap that `$REINFORGE_BWRAP` names failing its trial run. `agent.python_sandbox=none`
     (the opt-out the line names) is not checked."""
     from reinforge import cli
-    from reinforge.tools.sandbox import sandbox_problems
+    from reinforge.sandbox import sandbox_problems
 
-    BWRAP_ENV = "REINFORGE_BWRAP"  # reinforge.tools.isolation.BWRAP_ENV
+    BWRAP_ENV = "REINFORGE_BWRAP"  # reinforge.sandbox.isolation.BWRAP_ENV
 
     def not_reached(*a, **k):
         raise AssertionError("training started")

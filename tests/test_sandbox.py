@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import reinforge
+from reinforge.sandbox import SandboxLimits, SandboxUnavailable, bwrap_path, check_sandbox, run_python
+from reinforge.sandbox import runner as sb
 from reinforge.tools import ToolCall, ToolSet, load_tools
-from reinforge.tools import sandbox as sb
 from reinforge.tools.builtin import calculator, make_python
-from reinforge.tools.sandbox import SandboxLimits, SandboxUnavailable, bwrap_path, check_sandbox, run_python
 
 needs_bwrap = pytest.mark.skipif(
     bwrap_path() is None,
@@ -537,7 +537,7 @@ def test_the_trainers_keyrings_are_not_reachable():
     )
     script = f"""
 import asyncio, ctypes, json
-from reinforge.tools.sandbox import SandboxLimits, run_python
+from reinforge.sandbox import SandboxLimits, run_python
 libc = ctypes.CDLL(None, use_errno=True)
 key = libc.syscall({nr["add_key"]}, b"user", {name.encode()!r}, {secret.encode()!r}, {len(secret)}, -3)
 assert key > 0, ctypes.get_errno()
@@ -559,7 +559,7 @@ def test_nothing_outlives_a_killed_trainer(tmp_path):
     """The program clears its parent-death signal and sleeps; the trainer is SIGKILLed. The sandbox
     dies with it (bwrap's pid 1 has the signal and the program cannot touch pid 1), and the cgroup
     folder the trainer left is removed when the next trainer makes its first cgroup."""
-    from reinforge.tools import cgroup as cg
+    from reinforge.sandbox import cgroup as cg
 
     token = uuid.uuid4().hex
     program = (
@@ -569,7 +569,7 @@ def test_nothing_outlives_a_killed_trainer(tmp_path):
     )
     script = f"""
 import asyncio
-from reinforge.tools.sandbox import SandboxLimits, run_python
+from reinforge.sandbox import SandboxLimits, run_python
 asyncio.run(run_python({program!r}, SandboxLimits(timeout=60)))
 """
     trainer = subprocess.Popen([sys.executable, "-c", script], cwd=str(PROJECT))
@@ -591,7 +591,7 @@ asyncio.run(run_python({program!r}, SandboxLimits(timeout=60)))
 
 
 def without_cgroup(monkeypatch):
-    monkeypatch.setattr(sb, "_group_limits", lambda lim: None)
+    monkeypatch.setattr(sb, "_group_limits", lambda lim, sandboxes: None)
 
 
 @needs_bwrap
@@ -617,7 +617,7 @@ print(json.dumps(out))
         disk_mb=32,
     )
     res = report(shm)
-    from reinforge.tools.isolation import tmpfs_sizes
+    from reinforge.sandbox.isolation import tmpfs_sizes
 
     assert res["shm"] == "OSError" and res["shm_bytes"] <= tmpfs_sizes(32, False)["/dev/shm"] == 4 * 2**20, res
     assert res["dev"] in ("OSError", "PermissionError"), res
@@ -652,7 +652,7 @@ def test_outcome_labels_cannot_be_forged_into_success_or_failure():
     every descriptor and prints the network message but exits 0 succeeds; a child killed at the
     group's memory limit is a memory error even when the program exits 0."""
     from reinforge.tools.builtin import sandbox_output
-    from reinforge.tools.toolset import ToolError
+    from reinforge.tools.types import ToolError
 
     forged = run(
         "import os, sys\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'1')\n"
@@ -689,7 +689,7 @@ def test_host_details_are_hidden():
     r = run("import os\nprint(repr(open('/proc/cmdline').read()))\nprint(sorted(os.environ))")
     lines = r.stdout.splitlines()
     assert lines[0] == "''", r
-    from reinforge.tools.isolation import sandbox_env
+    from reinforge.sandbox.isolation import sandbox_env
 
     assert set(eval(lines[1])) <= set(sandbox_env(sb.SCRATCH)) | {"PWD"}, r  # bwrap sets PWD
 
@@ -698,11 +698,11 @@ def test_host_details_are_hidden():
 def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(monkeypatch):
     """A launcher step that fails (here: joining a cgroup that does not exist) is reported as the
     sandbox's failure, kind ``sandbox``, never as the program's error."""
+    from reinforge.sandbox.cgroup import Cgroup
     from reinforge.tools.builtin import sandbox_output
-    from reinforge.tools.cgroup import Cgroup
-    from reinforge.tools.toolset import SANDBOX_FAILURE, ToolError
+    from reinforge.tools.types import SANDBOX_FAILURE, ToolError
 
-    monkeypatch.setattr(sb, "_group_limits", lambda lim: Cgroup([Path("/nonexistent-cgroup")], 2))
+    monkeypatch.setattr(sb, "_group_limits", lambda lim, sandboxes: Cgroup([Path("/nonexistent-cgroup")], 2))
     r = run("print(1)")
     assert r.infra_error and "joining the cgroup" in r.infra_error, r
     with pytest.raises(ToolError) as e:

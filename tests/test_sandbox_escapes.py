@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import reinforge
-from reinforge.tools import sandbox as sb
-from reinforge.tools.sandbox import SandboxLimits, bwrap_path, run_python
+from reinforge.sandbox import SandboxLimits, bwrap_path, run_python
+from reinforge.sandbox import runner as sb
 
 needs_bwrap = pytest.mark.skipif(
     bwrap_path() is None,
@@ -148,7 +148,7 @@ def test_rewriting_pid_1_keeps_nothing_alive_past_the_time_limit_without_a_cgrou
     the time limit left pid 1, the program and the sleep running, and they held the output open (it
     was lost). Now the rewrite is refused, and the host kills pid 1 itself (its host pid comes from
     bwrap's status descriptor): nothing is left and the output is kept."""
-    monkeypatch.setattr(sb, "_group_limits", lambda lim: None)
+    monkeypatch.setattr(sb, "_group_limits", lambda lim, sandboxes: None)
     token = uuid.uuid4().hex
     r = run(rewrite_pid_1(token), timeout=3)
     try:
@@ -169,8 +169,8 @@ def test_rewriting_pid_1_keeps_nothing_alive_after_the_trainer_is_killed():
     token = uuid.uuid4().hex
     script = f"""
 import asyncio
-from reinforge.tools import sandbox as sb
-sb._group_limits = lambda lim: None
+from reinforge.sandbox import runner as sb
+sb._group_limits = lambda lim, sandboxes: None
 asyncio.run(sb.run_python({rewrite_pid_1(token)!r}, sb.SandboxLimits(timeout=60)))
 """
     trainer = subprocess.Popen([sys.executable, "-c", script], cwd=str(PROJECT))
@@ -349,8 +349,8 @@ def test_uid_leases_are_exclusive_and_given_back(caplog, monkeypatch):
     """Each lease is a uid no other running sandbox holds (any trainer of the machine: an ``flock``
     on a file per uid); with every uid of the range held, the sandbox shares the first one, with a
     warning naming the keys; closing the descriptor gives the uid back."""
-    from reinforge.tools import isolation
-    from reinforge.tools.isolation import lease_uid
+    from reinforge.sandbox import isolation
+    from reinforge.sandbox.isolation import lease_uid
 
     monkeypatch.setattr(isolation, "_warned_uids", [])
     base = 4_100_000_000 + os.getpid() % 1000 * 10  # a range of this test's own
@@ -373,7 +373,7 @@ def test_uid_leases_are_exclusive_and_given_back(caplog, monkeypatch):
 def test_bwrap_is_found_on_path_or_named_explicitly(monkeypatch, tmp_path):
     """Issue 57: removing bwrap from PATH did not disable the sandbox (a fixed /usr/bin/bwrap was
     used). Now PATH decides, and ``$REINFORGE_BWRAP`` names another executable explicitly."""
-    from reinforge.tools.isolation import BWRAP_ENV
+    from reinforge.sandbox.isolation import BWRAP_ENV
 
     monkeypatch.delenv(BWRAP_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -391,7 +391,7 @@ def test_the_host_kills_pid_1_only_while_it_is_bwraps_child():
     """At the time limit the host SIGKILLs the sandbox's pid 1 itself (its host pid from bwrap's status
     descriptor), not only bwrap: through a pidfd, and only while the pid is still bwrap's child (a pid
     reused by another process is never hit). Here a stand-in bwrap with a sleeping child."""
-    from reinforge.tools.sandbox_io import kill_init
+    from reinforge.sandbox.io import kill_init
 
     stand_in = "import subprocess; p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True); print(p.wait())"
     parent = subprocess.Popen([sys.executable, "-c", stand_in], stdout=subprocess.PIPE, text=True)

@@ -10,9 +10,9 @@ import pytest
 
 from reinforge.records import Sample, Status
 from reinforge.rollout.generate import rollout_stats
-from reinforge.tools import sandbox as sb
-from reinforge.tools import sandbox_metrics
-from reinforge.tools.sandbox import SandboxLimits, bwrap_path, run_python
+from reinforge.sandbox import SandboxLimits, bwrap_path, run_python
+from reinforge.sandbox import metrics as sandbox_metrics
+from reinforge.sandbox import runner as sb
 from tests.test_agent import ScriptedEngine, agent_ctx, call, run_agent, tok  # noqa: F401
 
 ISOLATIONS = ["none", pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_path() is None, reason="no bwrap"))]

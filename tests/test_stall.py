@@ -224,7 +224,7 @@ def wait_for(kind: str, timeout: float = 60.0) -> None:
 def test_a_hung_sandbox_is_named(tmp_path):
     import asyncio
 
-    from reinforge.tools.sandbox import SandboxLimits, run_python
+    from reinforge.sandbox import SandboxLimits, run_python
 
     async def episode() -> None:
         stall.SUBJECT.set("sample 4")

@@ -28,6 +28,17 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
+def _imported_by_name(call: ast.Call) -> bool:
+    """``importlib.import_module("reinforge...")`` (or ``import_module(...)``) with a literal name:
+    an import like any other, not a way around this test."""
+    f = call.func
+    named = (isinstance(f, ast.Attribute) and f.attr == "import_module") or (
+        isinstance(f, ast.Name) and f.id == "import_module"
+    )
+    first = call.args[0] if call.args else None
+    return named and isinstance(first, ast.Constant) and str(first.value).startswith("reinforge")
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """reinforge modules that ``name`` imports at run time."""
     is_pkg = path.name == "__init__.py"
@@ -61,12 +72,27 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 for alias in child.names:  # "from . import checkpoint" imports a module
                     sub = f"{mod}.{alias.name}"
                     found.add(sub if sub in modules else resolve(mod))
+            elif isinstance(child, ast.Call) and _imported_by_name(child):  # import_module("reinforge.x")
+                found.add(resolve(child.args[0].value))  # type: ignore[attr-defined]
             visit(child)
 
     visit(ast.parse(path.read_text()))
     found.discard(None)
     found.discard(name)
     return found
+
+
+def test_a_module_imported_by_name_is_an_import(tmp_path):
+    """``importlib.import_module("reinforge.x")`` counts in the graph (issue 54: config reached
+    into tools this way, out of this test's sight)."""
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "import importlib\nfrom importlib import import_module\n\n\ndef f(name):\n"
+        "    importlib.import_module('reinforge.tools.mcp')\n    import_module('reinforge.sandbox.runner')\n"
+        "    importlib.import_module(name)  # not a literal: a registry target\n"
+    )
+    modules = _modules()
+    assert _imports("reinforge.m", mod, modules) == {"reinforge.tools.mcp", "reinforge.sandbox.runner"}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -18,8 +18,8 @@ from reinforge.loop import run_training
 from reinforge.records import Status
 from reinforge.rollout.agent import prompt_tools
 from reinforge.rollout.generate import generate_groups
+from reinforge.sandbox import SandboxResult
 from reinforge.tools import ToolCall, ToolSet
-from reinforge.tools.sandbox import SandboxResult
 from tests.test_agent import ScriptedEngine, agent_ctx, tok  # noqa: F401
 from tests.test_integration import read_metrics
 
@@ -86,7 +86,7 @@ def _env(row, *overrides, **kwargs):
 
 
 def _has_bwrap():
-    from reinforge.tools.sandbox import bwrap_path
+    from reinforge.sandbox import bwrap_path
 
     return bwrap_path() is not None
 
@@ -294,12 +294,12 @@ def test_max_turns_ends_the_episode_and_the_final_run_decides(tok, rows):  # noq
 
 
 def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(tok, rows, monkeypatch):  # noqa: F811
-    import reinforge.tools.sandbox as sandbox
+    from reinforge.sandbox import Sandboxes
 
     async def broken(*args, **kwargs):
         return SandboxResult("", "bwrap: cannot mount", 1, False, 0.01, infra_error="bwrap: cannot mount")
 
-    monkeypatch.setattr(sandbox, "run_python", broken)
+    monkeypatch.setattr(Sandboxes, "run", broken)
     for turns in ([_call("run_tests"), "Done."], ["Done."]):  # in a tool call; in the final run
         s, _ = _play(tok, rows[4], lambda prompt, turn, t=turns: t[turn])
         assert s.status == Status.FAILED and "cannot mount" in s.metadata["infra_failure"], s.metadata
@@ -346,7 +346,7 @@ def test_smollm2_trains_in_the_swe_environment(tmp_path):
 
 
 def test_the_workspace_is_bound_read_only_into_the_sandbox(tmp_path):
-    from reinforge.tools.sandbox import SandboxLimits, run_python
+    from reinforge.sandbox import SandboxLimits, run_python
 
     if not _has_bwrap():
         pytest.skip("bubblewrap is not installed")

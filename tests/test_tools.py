@@ -7,6 +7,7 @@ import time
 import pytest
 
 from reinforge.config import ConfigError, load_config
+from reinforge.sandbox import SandboxLimits, run_python
 from reinforge.tools import (
     TOOLS,
     ToolArgumentError,
@@ -18,7 +19,6 @@ from reinforge.tools import (
     load_tools,
 )
 from reinforge.tools.builtin import calculator, make_python
-from reinforge.tools.sandbox import SandboxLimits, run_python
 from reinforge.tools.schema import parse_google_docstring
 from tests import agent_tools
 from tests.test_sandbox import needs_bwrap

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from reinforge.envs import EnvContext, Turn, load_environment
-from reinforge.envs.workspace import PREFIX, PathRefused, Workspace, git_base, remove_stale
+from reinforge.sandbox import SandboxLimits, SandboxResult, bwrap_path, run_python
+from reinforge.sandbox import runner as sb
+from reinforge.sandbox.workspace import PREFIX, PathRefused, Workspace, git_base, remove_stale
 from reinforge.tools import ToolCall, ToolSet
-from reinforge.tools import sandbox as sb
-from reinforge.tools.sandbox import SandboxLimits, SandboxResult, bwrap_path, run_python
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 
@@ -136,7 +136,7 @@ def test_a_git_base_is_extracted_once_read_only_and_shared(repo, tmp_path):
 
 
 def test_a_folder_base_that_would_expose_the_host_is_refused(tmp_path, monkeypatch):
-    from reinforge.envs.workspace import folder_base
+    from reinforge.sandbox.workspace import folder_base
 
     monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
@@ -177,7 +177,7 @@ def test_the_sandbox_sees_the_episodes_edits_read_only(repo, tmp_path, monkeypat
     root, buggy, _ = repo
     base = git_base(str(root), buggy, _readable(tmp_path) / "cache")
     if not overlay:
-        monkeypatch.setitem(sb._overlays, SandboxLimits().sandbox_uid, False)
+        monkeypatch.setitem(sb.OUTSIDE_RUNS.overlays, SandboxLimits().sandbox_uid, False)
     monkeypatch.setattr(sb.tempfile, "tempdir", str(tmp_path))  # where a copy would be made
     with Workspace(base, tmp_path) as ws, Workspace(base, tmp_path) as other:
         ws.write_bytes("calc.py", MODULE.replace("-", "+").encode())
@@ -306,7 +306,7 @@ def test_the_merged_copy_never_writes_through_a_link_of_the_base(tmp_path):
     """The fallback where no overlay mounts: a copy of base + episode layer. A link in the base (absolute,
     into the base itself) must not carry the episode's file into the base; a file of the episode that
     replaces a base link wins, as the overlay shows it; folders merge."""
-    from reinforge.tools.sandbox_io import merged_copy
+    from reinforge.sandbox.io import merged_copy
 
     base, upper = tmp_path / "base", tmp_path / "upper"
     (base / "real").mkdir(parents=True)

@@ -7,12 +7,12 @@ its registries are read by name, as the other sections' are: the config sits bel
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..utils.registry import did_you_mean
 from .fields import ConfigError, opt, registered
+from .mcp import parse_server_specs, require_sdk
 from .sections import Section, _check_function_path
 
 TOOL_CALL_FORMATS = registered("reinforge.tools.formats:TOOL_CALL_FORMATS")
@@ -22,12 +22,11 @@ TOOLS = registered("reinforge.tools.toolset:TOOLS")
 
 @dataclass
 class AgentConfig(Section):
-    """Multi-turn rollouts with tools, read by `rollout.custom_generate_function_path:
-    reinforge.rollout.agent:generate` (see [agents.md](agents.md)). A sample's whole response (every
-    turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
+    """Multi-turn rollouts with tools, read by `rollout.mode: agent` (see [agents.md](agents.md)). A
+    sample's whole response (every turn plus the tool outputs) is bounded by `rollout.rollout_max_response_len`
     (`eval.eval_max_response_len` in evaluation). Setting `agent.environment` (other than `tools`),
-    `agent.tools` or `agent.mcp_servers` switches the agent loop on when no custom generate or
-    rollout function is set."""
+    `agent.tools` or `agent.mcp_servers` switches the agent loop on (`rollout.mode: agent`) when no
+    custom generate or rollout function is set."""
 
     name = "agent"
     environment: str = opt(
@@ -168,11 +167,9 @@ class AgentConfig(Section):
                 f"{self.python_sandbox_uids} passes the last uid (2**32 - 2): lower either"
             )
         if self.mcp_servers:
-            mcp = importlib.import_module("reinforge.tools.mcp")  # by name: config sits below tools
-
             try:
-                mcp.parse_server_specs(self.mcp_servers)
-                mcp.require_sdk()
+                parse_server_specs(self.mcp_servers)
+                require_sdk()
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         if ":" in self.environment:

@@ -101,9 +101,20 @@ def registered(path: str) -> Callable[[], list[str]]:
     (imported when the config is validated, not when it is defined)."""
 
     def names() -> list[str]:
+        return registry(path)().names()
+
+    return names
+
+
+def registry(path: str) -> Callable[[], Any]:
+    """The :class:`~reinforge.utils.registry.Registry` at ``"module:attr"``, imported when called
+    (the config sits below the packages that register; a check that reads an entry's target calls
+    it when the config is validated)."""
+
+    def get() -> Any:
         import importlib
 
         module, _, attr = path.partition(":")
-        return getattr(importlib.import_module(module), attr).names()
+        return getattr(importlib.import_module(module), attr)
 
-    return names
+    return get

@@ -8,9 +8,9 @@ Key names follow slime's command-line flags where slime has one (``eps_clip``, `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from .fields import ConfigError, opt, registered
+from .fields import ConfigError, opt, registered, registry
 from .sections import Section, _check_function_path
 
 ESTIMATORS = registered("reinforge.algo.registries:ADV_ESTIMATORS")
@@ -18,6 +18,9 @@ POLICY_LOSSES = registered("reinforge.algo.registries:POLICY_LOSSES")
 KL_ESTIMATORS = registered("reinforge.algo.registries:KL_ESTIMATORS")
 LOSS_AGG_MODES = registered("reinforge.algo.registries:LOSS_AGG_MODES")
 OFFLINE_METHODS = registered("reinforge.algo.registries:OFFLINE_METHODS")
+REWARD_TYPES = registered("reinforge.reward.registry:REWARDS")
+REWARDS = registry("reinforge.reward.registry:REWARDS")
+_NEEDED = {"model_path": "a reward model folder", "function_path": "'module:function'"}
 
 
 @dataclass
@@ -33,11 +36,12 @@ class RewardConfig(Section):
     every reward failed ends with exit status 1 too."""
 
     name = "reward"
-    type: Literal["auto", "reasoning_gym", "math", "exact_match", "custom", "model", "judge"] = opt(
+    type: str = opt(
         "auto",
         "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
         "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`), `judge` (an LLM judge: "
-        "[agents.md](agents.md#llm-as-judge-rewards))",
+        "[agents.md](agents.md#llm-as-judge-rewards)); registered in `reinforge.reward.registry:REWARDS`",
+        choices=REWARD_TYPES,
     )
     function_path: str | None = opt(
         None,
@@ -126,19 +130,36 @@ class RewardConfig(Section):
         ge=0,
     )
 
+    @property
+    def properties(self) -> dict[str, Any]:
+        """The registered properties of ``type`` (``reinforge.reward.registry:REWARDS``: ``label``,
+        ``needs``, ``judge``, ``preference``...), which the data checks and the run read."""
+        return REWARDS().info(self.type)
+
     def check(self) -> None:
-        if self.type == "model" and not self.model_path:
-            raise ConfigError("reward.type=model needs reward.model_path: a reward model folder")
-        if self.model_path and self.type != "model":
-            raise ConfigError(f"reward.model_path is set but reward.type={self.type!r}; use type model")
-        if self.type == "custom" and not self.function_path:
-            raise ConfigError("reward.type=custom needs reward.function_path: 'module:function'")
-        if self.function_path and self.type not in ("custom", "auto"):
-            raise ConfigError(f"reward.function_path is set but reward.type={self.type!r}; use type custom")
+        rewards = REWARDS()
+        kind = rewards.info(self.type)
+
+        def users(prop: str, value: object = True) -> str:  # the types with this property
+            return " or ".join(n for n in rewards.names() if n != "auto" and rewards.info(n).get(prop) == value)
+
+        needs = kind.get("needs")
+        if needs and not getattr(self, needs):
+            raise ConfigError(f"reward.type={self.type} needs reward.{needs}: {_NEEDED[needs]}")
+        if self.model_path and needs != "model_path":
+            raise ConfigError(
+                f"reward.model_path is set but reward.type={self.type!r}; use type {users('needs', 'model_path')}"
+            )
+        if self.function_path and not kind.get("takes_function_path"):
+            raise ConfigError(
+                f"reward.function_path is set but reward.type={self.type!r}; use type {users('takes_function_path')}"
+            )
         _check_function_path("reward.function_path", self.function_path)
-        if self.judge_model_path and self.type != "judge":
-            raise ConfigError(f"reward.judge_model_path is set but reward.type={self.type!r}; use type judge")
-        if self.type != "judge":
+        if self.judge_model_path and not kind.get("judge"):
+            raise ConfigError(
+                f"reward.judge_model_path is set but reward.type={self.type!r}; use type {users('judge')}"
+            )
+        if not kind.get("judge"):
             return
         if self.judge_url and self.judge_model_path:
             raise ConfigError(

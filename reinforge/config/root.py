@@ -4,11 +4,12 @@ span several sections (one section's own checks are in its class)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import AgentConfig
-from .fields import ConfigError
+from .fields import ConfigError, registry
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
 from .sections import (
     ClusterConfig,
@@ -36,6 +37,10 @@ SECTIONS: dict[str, type] = {
     "cluster": ClusterConfig,
     "run": RunConfig,
 }
+
+TOOL_CALL_FORMATS = registry("reinforge.tools.formats:TOOL_CALL_FORMATS")
+ROLLOUT_KINDS = registry("reinforge.rollout.kinds:ROLLOUT_KINDS")
+log = logging.getLogger(__name__)
 
 
 AGENT_LOOP = "reinforge.rollout.agent:generate"  # the custom generate function of the agent loop
@@ -129,7 +134,7 @@ class Config:
                 f"{r.rollout_max_response_len}), got {a.overlong_buffer_len}"
             )
         g = self.agent
-        self._switch_on_agent_loop()
+        self._resolve_rollout_mode()
         e = self.engine
         if r.partial_rollout and e.backend != "embedded":
             raise ConfigError(
@@ -142,14 +147,8 @@ class Config:
                 f"at the early stop: it needs engine.backend=embedded and cluster.mode=local (they are "
                 f"{e.backend} and {c.mode})"
             )
-        if (
-            e.backend == "hf"
-            and r.custom_generate_function_path == "reinforge.rollout.agent:generate"
-            and g.stop_after_tool_call
-        ):
-            from ..tools.formats import TOOL_CALL_FORMATS as formats
-
-            if formats.get(g.tool_call_format).stop:
+        if e.backend == "hf" and r.mode == "agent" and g.stop_after_tool_call:
+            if TOOL_CALL_FORMATS().get(g.tool_call_format).stop:
                 raise ConfigError(
                     "agent.stop_after_tool_call=true ends turns with a stop string, which "
                     "engine.backend=hf does not support: set agent.stop_after_tool_call=false"
@@ -218,17 +217,53 @@ class Config:
             )
         return self
 
-    def _switch_on_agent_loop(self) -> None:
-        """An ``agent`` section that only the agent loop reads (``agent.environment`` other than
-        the default ``tools``, ``agent.tools``, ``agent.mcp_servers``) switches the agent loop on:
-        ``rollout.custom_generate_function_path`` becomes ``reinforge.rollout.agent:generate`` when
-        neither it nor ``rollout.rollout_function_path`` (a custom rollout reads what it wants) is
-        set; otherwise the section would be silently ignored by single-turn sampling."""
+    def _resolve_rollout_mode(self) -> None:
+        """``rollout.mode`` (``reinforge.rollout.kinds:ROLLOUT_KINDS``) and the keys it sets: a kind
+        with a ``generate`` function (``agent``: the agent loop) makes it
+        ``rollout.custom_generate_function_path``; a kind's ``needs`` key must be set. The old switches
+        still read, each with a one-line note: ``custom_generate_function_path`` = the agent loop
+        (``mode: agent``), ``over_sampling_batch_size`` alone (``mode: over_sampling``). An ``agent``
+        section that only the agent loop reads (``agent.environment`` other than ``tools``,
+        ``agent.tools``, ``agent.mcp_servers``) switches ``default`` to ``agent`` when no custom
+        generate or rollout function is set (a custom rollout reads what it wants); otherwise the
+        section would be silently ignored by single-turn sampling."""
         g, r = self.agent, self.rollout
-        if r.custom_generate_function_path or r.rollout_function_path:
-            return
-        if g.environment != "tools" or g.tools or g.mcp_servers:
-            r.custom_generate_function_path = AGENT_LOOP
+        if r.mode == "default":
+            if r.custom_generate_function_path == AGENT_LOOP:
+                log.warning(f"rollout.custom_generate_function_path={AGENT_LOOP} is now written rollout.mode=agent")
+                r.mode = "agent"
+            elif r.over_sampling_batch_size is not None:
+                log.warning("rollout.over_sampling_batch_size alone is now written with rollout.mode=over_sampling")
+                r.mode = "over_sampling"
+            elif not (r.custom_generate_function_path or r.rollout_function_path) and (
+                g.environment != "tools" or g.tools or g.mcp_servers
+            ):
+                r.mode = "agent"
+        kind = ROLLOUT_KINDS().info(r.mode)
+        needs = kind.get("needs")
+        if needs and getattr(r, needs) is None:
+            raise ConfigError(f"rollout.mode={r.mode} needs rollout.{needs} (docs/config.md#rollout)")
+        if r.over_sampling_batch_size is not None and r.mode != "over_sampling":
+            raise ConfigError(
+                f"rollout.over_sampling_batch_size is read by rollout.mode=over_sampling; with rollout.mode={r.mode} "
+                f"unset it"
+            )
+        if kind.get("own_requests"):  # it makes the engine requests itself: a custom function would replace them
+            for key in ("rollout_function_path", "custom_generate_function_path"):
+                if getattr(r, key):
+                    raise ConfigError(
+                        f"rollout.over_sampling_batch_size drives the default rollout's engine "
+                        f"requests; rollout.{key} replaces them: unset one of the two"
+                    )
+        generate = kind.get("generate")
+        if generate:
+            for key in ("custom_generate_function_path", "rollout_function_path"):
+                if getattr(r, key) not in (None, generate):
+                    raise ConfigError(
+                        f"rollout.mode={r.mode} makes each sample with {generate}; rollout.{key}={getattr(r, key)} "
+                        f"replaces it: unset one of the two"
+                    )
+            r.custom_generate_function_path = generate
 
     def _check_parallel_layout(self) -> None:
         """The trainer's layout (:mod:`reinforge.parallel_layout`) against the Ray placement's trainer

@@ -179,6 +179,13 @@ class RolloutConfig(Section):
         "rollout). Must be >= `rollout_batch_size`; null: every prompt's samples finish",
         ge=1,
     )
+    mode: str = opt(
+        "default",
+        "`default`, `over_sampling` (with `over_sampling_batch_size`: early stop) or `agent` (multi-turn episodes: "
+        "[agents.md](agents.md)); the old switches (`custom_generate_function_path: reinforge.rollout.agent:generate`, "
+        "`over_sampling_batch_size` alone) still read, with a note; `agent` keys switch `default` to `agent`",
+        choices=registered("reinforge.rollout.kinds:ROLLOUT_KINDS"),
+    )
 
     def check(self) -> None:
         if self.partial_rollout and self.max_staleness == 0 and self.over_sampling_batch_size is None:
@@ -201,12 +208,6 @@ class RolloutConfig(Section):
                     f"combined with rollout.max_staleness={self.max_staleness} (set one of them "
                     f"to null / 0)"
                 )
-            for key in ("rollout_function_path", "custom_generate_function_path"):
-                if getattr(self, key):
-                    raise ConfigError(
-                        f"rollout.over_sampling_batch_size drives the default rollout's engine "
-                        f"requests; rollout.{key} replaces them: unset one of the two"
-                    )
         if len(self.rollout_stop_token_ids) > 6:
             raise ConfigError("rollout.rollout_stop_token_ids: at most 6 ids (the model's EOS ids take the rest of 8)")
         for key in ("rollout_function_path", "custom_generate_function_path"):

@@ -251,10 +251,11 @@ def check_reward_fits(
         DataError: ``reasoning_gym`` with prompts that do not come from a reasoning-gym task, or
             ``math`` / ``exact_match`` / ``auto`` (on non-reasoning-gym prompts) with no label at all.
     """
-    if reward is None or reward.function_path or reward.type in ("custom", "model"):
+    if reward is None or reward.function_path:
         return
+    kind = reward.properties  # reinforge.reward.registry:REWARDS
     gym = sum(bool(r.metadata.get("reasoning_gym")) for r in records)
-    if reward.type == "reasoning_gym" and gym < len(records):
+    if kind.get("reasoning_gym_only") and gym < len(records):
         raise DataError(
             f"reward.type=reasoning_gym scores with a reasoning-gym task's own scorer, but "
             f"{len(records) - gym} of the {len(records)} prompts of {source} do not come from a "
@@ -262,9 +263,10 @@ def check_reward_fits(
             f"reward.type=auto (math-verify against each prompt's label), math or exact_match, or a "
             f"custom reward (reward.function_path)"
         )
-    needs_label = [r for r in records if not (reward.type == "auto" and r.metadata.get("reasoning_gym"))]
-    if reward.type in ("math", "exact_match", "auto") and needs_label and all(r.label is None for r in needs_label):
-        how = "math-verify" if reward.type in ("math", "auto") else "exact match"
+    label = kind.get("label")
+    needs_label = [r for r in records if not (label == "unless_reasoning_gym" and r.metadata.get("reasoning_gym"))]
+    if label and needs_label and all(r.label is None for r in needs_label):
+        how = kind.get("how", "comparison")
         raise DataError(
             f"reward.type={reward.type} scores by comparing each response with the prompt's label "
             f"({how}), but no prompt of {source} has one (data.label_key={label_key}): every sample "

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..sandbox import Sandboxes
 from ..tools import ToolCall, ToolResult, ToolSet
 from ..utils.registry import Registry, did_you_mean
 
@@ -84,12 +85,18 @@ class Step:
 @dataclass
 class EnvContext:
     """What the run gives every episode: the ``agent`` config section, the run's :class:`ToolSet`
-    (``agent.tools``, sandbox slots shared by all episodes), and ``kwargs``
-    (``agent.environment_kwargs``)."""
+    (``agent.tools``), ``kwargs`` (``agent.environment_kwargs``) and the run's
+    :class:`~reinforge.sandbox.Sandboxes` (limits and slots shared by all episodes and the ``python``
+    tool; None: made from ``agent``)."""
 
     agent: AgentConfig
     tools: ToolSet
     kwargs: dict[str, Any] = field(default_factory=dict)
+    sandboxes: Sandboxes = None  # type: ignore[assignment]  # None -> Sandboxes.from_agent(agent)
+
+    def __post_init__(self) -> None:
+        if self.sandboxes is None:
+            self.sandboxes = Sandboxes.from_agent(self.agent)
 
 
 class Environment:

@@ -12,12 +12,12 @@ row's ``files`` are written and every edit goes; a row may give a base, files, o
   content)``: edits, at most ``max_file_bytes`` per file and ``max_files`` files; paths are
   relative to the workspace, and any that leaves it (absolute, ``..``, through a link) is refused;
   the test files are read-only;
-* ``run_tests()``: the repository's tests, run in the ``python`` tool's sandbox
-  (:func:`reinforge.tools.sandbox.run_python`, ``agent.python_sandbox``, ``python_memory_mb``,
+* ``run_tests()``: the repository's tests, run in the run's sandboxes (``EnvContext.sandboxes``,
+  :class:`reinforge.sandbox.Sandboxes`: ``agent.python_sandbox``, ``python_memory_mb``,
   ``python_sandbox_uid``) with the workspace's layers shown merged and read-only in its working
   directory, at most
-  ``test_timeout`` seconds (default ``agent.tool_timeout``); the sandboxes of all episodes share
-  ``agent.max_concurrent_sandboxes`` slots (with the ``python`` tool's, when configured).
+  ``test_timeout`` seconds (default ``agent.tool_timeout``); the sandboxes of all episodes and the
+  ``python`` tool share the ``agent.max_concurrent_sandboxes`` slots.
 
 Tools of ``agent.tools`` are offered too. A turn without a call ends the episode; so does
 ``agent.max_turns``. The reward (:meth:`reward`) is 1.0 when every test of the row passes in a
@@ -42,12 +42,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..sandbox.workspace import PathRefused, Workspace, folder_base, git_base
 from ..tools import ToolCall, ToolResult, check_arguments, function_schema
 from ..tools.schema import ToolArgumentError
-from ..tools.toolset import BAD_ARGUMENTS, PARSE, SANDBOX_FAILURE, UNKNOWN_TOOL, ToolError
+from ..tools.types import BAD_ARGUMENTS, PARSE, SANDBOX_FAILURE, UNKNOWN_TOOL, ToolError
 from .base import Environment, EnvironmentFailure, Step, Turn
 from .swe_data import RUNNER
-from .workspace import PathRefused, Workspace, folder_base, git_base
 
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
@@ -120,9 +120,6 @@ except BaseException:
 _report = _lines[:{lines}] + ["%d passed, %d failed" % (_p, _f), "{nonce} %d %d" % (_p, _f)]
 _write(1, ("\\n" + "\\n".join(_report) + "\\n").encode())
 """
-
-_slots: dict[int, Any] = {}  # SandboxSlots per limit, shared by the episodes of a process
-_checked: set[tuple[str, int]] = set()  # (isolation, uid) that check_sandbox passed
 
 
 class SweEnv(Environment):
@@ -312,30 +309,11 @@ class SweEnv(Environment):
     async def _run_tests(self) -> dict[str, Any]:
         """One run of the row's tests in the sandbox: ``{"report", "passed_all", "infra_error",
         "seconds"}``; the result is kept until the next edit."""
-        from ..tools.sandbox import SandboxLimits, SandboxSlots, check_sandbox, default_max_sandboxes, run_python
-
         assert self.ws is not None
-        a = self.ctx.agent
-        limits = SandboxLimits(
-            timeout=self.test_timeout,
-            memory_mb=a.python_memory_mb,
-            max_open_files=a.python_max_open_files,
-            sandbox_uid=a.python_sandbox_uid,
-            sandbox_uids=a.python_sandbox_uids,
-        )
-        if (a.python_sandbox, limits.sandbox_uid) not in _checked:  # the first time: a trial sandbox
-            await asyncio.to_thread(check_sandbox, a.python_sandbox, limits.sandbox_uid)
-            _checked.add((a.python_sandbox, limits.sandbox_uid))
-        python = self.ctx.tools.tools.get("python")
-        slots = getattr(python.fn, "slots", None) if python is not None else None
-        if slots is None:
-            bound = a.max_concurrent_sandboxes or default_max_sandboxes(limits)
-            slots = _slots.setdefault(bound, SandboxSlots(bound))
         nonce = secrets.token_hex(8)
         plain = "base" not in self.spec  # a generated repository: its asserts compare plain values with literals
         program = RUNNER + PROGRAM.format(repo=REPO, tests=self.tests, lines=MAX_REPORT_LINES, nonce=nonce, plain=plain)
-        async with slots:
-            r = await run_python(program, limits, a.python_sandbox, checked=True, binds={REPO: self.ws.layers})
+        r = await self.ctx.sandboxes.run(program, self.test_timeout, binds={REPO: self.ws.layers})
         self.counts["test_runs"] += 1
         lines = r.stdout.strip().splitlines()
         tail = lines[-1].split() if lines else []

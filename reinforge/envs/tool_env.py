@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from ..tools import ToolResult
-from ..tools.toolset import PARSE
+from ..tools.types import PARSE
 from .base import Environment, Step, Turn
 
 

@@ -12,6 +12,7 @@ from ..algo.passk import pass_at_k
 from ..data import Prompt
 from ..records import Sample, Status
 from ..reward.manager import reward_info_metrics
+from ..reward.registry import REWARDS
 from ..rollout.generate import RolloutContext, generate_groups, rollout_stats
 from ..rollout.infra_guard import failure_kind
 
@@ -22,9 +23,10 @@ def threshold_metric_names(reward_type: str) -> tuple[str, str]:
     """``(greedy key, prefix of the pass@k keys)`` of the share of samples whose reward is at least
     ``reward.correct_threshold``: ``eval/greedy_accuracy`` and ``eval/pass@`` for a verifier
     (reasoning-gym, math, exact match, custom), ``eval/greedy_score_above_threshold`` and
-    ``eval/score_above_threshold@`` for ``reward.type=model``, whose scores measure a reward
-    model's preference, not correctness."""
-    if reward_type == "model":
+    ``eval/score_above_threshold@`` for a reward registered with ``preference``
+    (:data:`~reinforge.reward.registry.REWARDS`: ``reward.type=model``), whose scores measure a
+    reward model's preference, not correctness."""
+    if REWARDS.info(reward_type).get("preference"):
         return "eval/greedy_score_above_threshold", "eval/score_above_threshold@"
     return "eval/greedy_accuracy", "eval/pass@"
 

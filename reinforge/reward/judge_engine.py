@@ -153,7 +153,7 @@ def judge_problems(
     from ..models.families import is_native_type, native_models
 
     r = cfg.reward
-    if r.type != "judge" or not r.judge_model_path:
+    if not r.properties.get("judge") or not r.judge_model_path:
         return []
     if cfg.cluster.mode != "local":
         return [

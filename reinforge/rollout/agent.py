@@ -1,4 +1,4 @@
-"""The agent loop: ``rollout.custom_generate_function_path: reinforge.rollout.agent:generate``.
+"""The agent loop (``rollout.mode: agent``): the generate function ``reinforge.rollout.agent:generate``.
 
 Per sample, one episode of ``agent.environment`` (:mod:`reinforge.envs`; default ``tools``, the
 tool-calling environment): generate a turn -> parse its tool calls (``agent.tool_call_format``) ->
@@ -39,7 +39,7 @@ response tokens), ``agent/final_answer`` (1 when the last turn made no call),
 ``agent/infra_failures``, ``agent/overlong_prompts`` (a ``reset()`` prompt too long),
 ``agent/well_formed_call`` (1 when the sample called a tool and every call of it parsed), and the
 environment's ``env/<key>`` numbers. The sandboxes an episode ran
-(the ``python`` tool's, an environment's; :mod:`reinforge.tools.sandbox_metrics`) give the fleet
+(the ``python`` tool's, an environment's; :mod:`reinforge.sandbox.metrics`) give the fleet
 metrics: ``sandbox/runs`` and ``sandbox/failures`` (summed over the rollout, ``rollout_totals``),
 ``sandbox/start_ms_p50`` and ``_p99`` (over every run of the rollout, ``rollout_values``). The calls are listed in
 ``sample.metadata["tool_calls"]``, the turns' rewards in ``sample.metadata["turn_rewards"]``, and
@@ -61,8 +61,10 @@ from ..config import Config
 from ..data.dataset import render_prompt
 from ..envs import EnvContext, Environment, EnvironmentFailure, Step, Turn, load_environment
 from ..records import FinishReason, GenerateRequest, Sample, SamplingParams, Status
-from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format, sandbox_metrics
-from ..tools.toolset import MCP_SERVER, SANDBOX_FAILURE
+from ..sandbox import Sandboxes
+from ..sandbox import metrics as sandbox_metrics
+from ..tools import ParsedMessage, ToolCallFormat, ToolSet, get_format
+from ..tools.types import MCP_SERVER, SANDBOX_FAILURE
 from ..utils import stall
 from .chat_turns import TurnRenderer, template_has_tool_role, template_renders_tools
 from .env_threads import EnvironmentExit, EnvThreads, exit_guard, install_exit_guard
@@ -128,7 +130,7 @@ def env_prompt_bound(cfg: Config) -> tuple[int, str] | None:
     Raises:
         ValueError: an unknown ``agent.environment``.
     """
-    if cfg.rollout.custom_generate_function_path != "reinforge.rollout.agent:generate":
+    if cfg.rollout.mode != "agent":
         return None
     cls = load_environment(cfg.agent.environment)
     if cls.reset is Environment.reset:
@@ -183,8 +185,9 @@ class Agent:
         self.cfg = cfg.agent
         self.tokenizer = tokenizer
         self.env_class = load_environment(self.cfg.environment)
-        self.tools = ToolSet.from_config(self.cfg)
-        self.env_ctx = EnvContext(self.cfg, self.tools, dict(self.cfg.environment_kwargs))
+        self.sandboxes = Sandboxes.from_agent(self.cfg)  # the run's: the python tool's and the environment's
+        self.tools = ToolSet.from_config(self.cfg, self.sandboxes)
+        self.env_ctx = EnvContext(self.cfg, self.tools, dict(self.cfg.environment_kwargs), self.sandboxes)
         self.format: ToolCallFormat = get_format(self.cfg.tool_call_format)
         self.renderer = TurnRenderer(tokenizer)
         role = self.cfg.tool_role

@@ -146,7 +146,7 @@ class SyncRollouts(_Generator):
     ``rollout_fn``, the default rollout: the config refuses custom ones with it)."""
 
     def __init__(self, cfg: Any, rollout_fn: RolloutFn, ctx: RolloutContext, data: Any, reward: Any):
-        self.over_sampling = OverSampledRollout(cfg) if cfg.rollout.over_sampling_batch_size is not None else None
+        self.over_sampling = OverSampledRollout(cfg) if cfg.rollout.mode == "over_sampling" else None
         super().__init__(cfg, self.over_sampling or rollout_fn, ctx, data, reward)
 
     def start(self, first: int, last: int) -> None:

@@ -1,5 +1,5 @@
 """Built-in tools: ``calculator`` (arithmetic, evaluated on the syntax tree, never ``eval``) and
-``python`` (a program run in a sandboxed subprocess, :mod:`reinforge.tools.sandbox`)."""
+``python`` (a program run in a sandboxed subprocess, :mod:`reinforge.sandbox`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .sandbox import SandboxLimits, SandboxResult, SandboxSlots, check_sandbox, default_max_sandboxes, run_python
-from .toolset import SANDBOX_FAILURE, ToolError
+from ..sandbox import Sandboxes, SandboxLimits, SandboxResult, run_python
+from .types import SANDBOX_FAILURE, ToolError
 
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
@@ -119,41 +119,27 @@ async def python(code: str) -> str:
     return sandbox_output(await run_python(code, SandboxLimits()))
 
 
-def make_python(agent: AgentConfig | None) -> Callable[..., Any]:
-    """The ``python`` tool with the limits of the ``agent`` section (``tool_timeout``,
-    ``python_memory_mb``, ``python_max_open_files``, ``python_sandbox``, ``python_sandbox_uid``,
-    ``python_sandbox_uids``, ``max_concurrent_sandboxes``);
-    the defaults of :class:`SandboxLimits` and the bubblewrap sandbox without one.
+def make_python(agent: AgentConfig | None, sandboxes: Sandboxes | None = None) -> Callable[..., Any]:
+    """The ``python`` tool of a run: its programs run in the run's ``sandboxes`` (their limits:
+    ``agent.tool_timeout``, ``python_memory_mb``, ``python_max_open_files``, ``python_sandbox``,
+    ``python_sandbox_uid``, ``python_sandbox_uids``; their ``max_concurrent_sandboxes`` slots,
+    shared with the environment's sandboxes); None: sandboxes of its own, made from ``agent``
+    (:meth:`Sandboxes.from_agent`; the defaults of :class:`SandboxLimits` and bubblewrap without one).
 
-    The tool bounds its own time (``self_timed``): a call first waits for one of the
-    ``max_concurrent_sandboxes`` slots, then runs at most ``tool_timeout`` seconds.
+    The tool bounds its own time (``self_timed``): a call first waits for a slot, then runs at most
+    ``tool_timeout`` seconds.
 
     Raises:
         SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
     """
-    limits = (
-        SandboxLimits()
-        if agent is None
-        else SandboxLimits(
-            timeout=agent.tool_timeout,
-            memory_mb=agent.python_memory_mb,
-            max_open_files=agent.python_max_open_files,
-            sandbox_uid=agent.python_sandbox_uid,
-            sandbox_uids=agent.python_sandbox_uids,
-        )
-    )
-    isolation = "bwrap" if agent is None else agent.python_sandbox
-    check_sandbox(isolation, limits.sandbox_uid)
-    bound = None if agent is None else agent.max_concurrent_sandboxes
-    slots = SandboxSlots(bound or default_max_sandboxes(limits))
+    sandboxes = sandboxes or Sandboxes.from_agent(agent)
+    sandboxes.check()
 
     async def python(code: str) -> str:
-        async with slots:
-            return sandbox_output(await run_python(code, limits, isolation, checked=True))
+        return sandbox_output(await sandboxes.run(code))
 
     python.__doc__ = globals()["python"].__doc__
     python.self_timed = True  # type: ignore[attr-defined]
-    python.slots = slots  # type: ignore[attr-defined]
     return python
 
 

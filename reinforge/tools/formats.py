@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..utils.registry import Registry
-from .toolset import ToolCall
+from .types import ToolCall
 
 
 @dataclass

@@ -3,8 +3,8 @@ model beside the built-in ones. See docs/agents.md#mcp-tools.
 
 Each entry of ``agent.mcp_servers`` names a server the user trusts and how to start it over stdio
 (``{name, command, args, env, cwd, tools, prefix, startup_timeout, max_restarts}``;
-:func:`parse_server_specs`). :func:`load_mcp_tools` (called by ``load_tools``) lists the servers'
-tools and returns them as :class:`~reinforge.tools.toolset.Tool` objects with their JSON schemas
+:func:`reinforge.config.mcp.parse_server_specs`). :func:`load_mcp_tools` (called by ``load_tools``) lists the servers'
+tools and returns them as :class:`~reinforge.tools.types.Tool` objects with their JSON schemas
 in the ``{"type": "function", "function": {...}}`` layout; the tools share one
 :class:`MCPServers`, their ``resource``, which the :class:`~reinforge.tools.toolset.ToolSet` that
 takes them starts and closes. Calls go through ``ToolSet.call`` like any tool (arguments checked
@@ -17,16 +17,13 @@ processes (trusted config), not model-written code: they are not sandboxed.
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import re
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config.mcp import MCPServerSpec, parse_server_specs, require_sdk
 from .mcp_client import MCP_ERROR, MCPServers, MCPStartError
-from .toolset import Tool
+from .schema import function_schema
+from .types import Tool
 
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
@@ -36,120 +33,13 @@ __all__ = [
     "MCPServerSpec",
     "MCPServers",
     "MCPStartError",
-    "function_schema",
     "load_mcp_tools",
     "parse_server_specs",
     "require_sdk",
     "tool_listings",
 ]
 
-KEY = "agent.mcp_servers"
 OUTPUT_CHARS_PER_TOKEN = 32  # outputs are cut at this many characters per agent.tool_output_max_tokens
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_PREFIX = re.compile(r"^[A-Za-z0-9_.-]*$")
-_FIELDS = ("name", "command", "args", "env", "cwd", "tools", "prefix", "startup_timeout", "max_restarts")
-
-
-@dataclass
-class MCPServerSpec:
-    """One entry of ``agent.mcp_servers`` (defaults and meaning in docs/agents.md#mcp-tools)."""
-
-    index: int
-    name: str
-    command: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    tools: list[str] | None = None
-    prefix: str = ""
-    startup_timeout: float = 30.0
-    max_restarts: int = 3
-
-    @property
-    def key(self) -> str:
-        return f"{KEY}[{self.index}]"
-
-    @property
-    def label(self) -> str:
-        return f"{self.key} ({self.name!r})"
-
-    def launch_key(self) -> str:
-        """What identifies the process this entry starts (the tool-listing cache's key)."""
-        return json.dumps([self.command, self.args, self.env, self.cwd], sort_keys=True)
-
-
-def parse_server_specs(raw: list[Any]) -> list[MCPServerSpec]:
-    """The entries of ``agent.mcp_servers``, checked.
-
-    Raises:
-        ValueError: an entry that is not a mapping, an unknown or missing key, a value of the wrong
-            type, a ``cwd`` that is not a folder, or two servers with one name (the message names
-            ``agent.mcp_servers[i].<key>``).
-    """
-    if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"{KEY}: expected a list of servers ({{name, command, args, ...}}), got {raw!r}")
-    specs: list[MCPServerSpec] = []
-    for i, entry in enumerate(raw):
-        key = f"{KEY}[{i}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{key}: expected a mapping {{name, command, args, env, cwd, ...}}, got {entry!r}")
-        unknown = sorted(set(entry) - set(_FIELDS))
-        if unknown:
-            raise ValueError(f"{key}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(_FIELDS)}")
-        for required in ("name", "command"):
-            if not isinstance(entry.get(required), str) or not entry[required].strip():
-                raise ValueError(f"{key}.{required}: required, a non-empty string (got {entry.get(required)!r})")
-        name = entry["name"]
-        if not _NAME.match(name):
-            raise ValueError(f"{key}.name: {name!r} may hold only letters, digits, '_' and '-'")
-        if any(s.name == name for s in specs):
-            raise ValueError(f"{key}.name: another server is already named {name!r}")
-        spec = MCPServerSpec(i, name, entry["command"])
-        spec.args = _strings(entry.get("args", []), f"{key}.args")
-        env = entry.get("env") or {}
-        if not isinstance(env, dict):
-            raise ValueError(f"{key}.env: expected a mapping of variable names to strings, got {env!r}")
-        for k, v in env.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise ValueError(f"{key}.env.{k}: expected a string, got {v!r} (quote it in YAML)")
-        spec.env = dict(env)
-        cwd = entry.get("cwd")
-        if cwd is not None and (not isinstance(cwd, str) or not os.path.isdir(cwd)):
-            raise ValueError(f"{key}.cwd: {cwd!r} is not a folder")
-        spec.cwd = cwd
-        if entry.get("tools") is not None:
-            spec.tools = _strings(entry["tools"], f"{key}.tools")
-        prefix = entry.get("prefix", "")
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
-            raise ValueError(f"{key}.prefix: {prefix!r} may hold only letters, digits, '_', '.' and '-'")
-        spec.prefix = prefix
-        timeout = entry.get("startup_timeout", spec.startup_timeout)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ValueError(f"{key}.startup_timeout: expected a number of seconds > 0, got {timeout!r}")
-        spec.startup_timeout = float(timeout)
-        restarts = entry.get("max_restarts", spec.max_restarts)
-        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-            raise ValueError(f"{key}.max_restarts: expected an integer >= 0, got {restarts!r}")
-        spec.max_restarts = restarts
-        specs.append(spec)
-    return specs
-
-
-def _strings(value: Any, key: str) -> list[str]:
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{key}: expected a list of strings, got {value!r}")
-    for j, v in enumerate(value):
-        if not isinstance(v, str):
-            raise ValueError(f"{key}[{j}]: expected a string, got {v!r} (quote it in YAML)")
-    return list(value)
-
-
-def require_sdk() -> None:
-    """Raises ValueError naming ``agent.mcp_servers`` when the ``mcp`` SDK (2.x) is not installed."""
-    try:
-        from mcp import ClientSession, stdio_client  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"{KEY} needs the MCP SDK (mcp>=2): pip install 'reinforge[mcp]' ({e})") from None
 
 
 # ---------------------------------------------------------------------------------------------- tools
@@ -196,7 +86,7 @@ def load_mcp_tools(agent: AgentConfig, taken: dict[str, str] | None = None) -> l
                 Tool(
                     exposed,
                     hub.tool_function(spec.index, name, exposed),
-                    function_schema(exposed, offered[name]),
+                    function_schema(offered[name], exposed),
                     resource=hub,
                 )
             )
@@ -225,49 +115,3 @@ def tool_listings(specs: list[MCPServerSpec]) -> list[list[dict[str, Any]]]:
             finally:
                 probe.close()
         return [_LISTINGS[s.launch_key()] for s in specs]
-
-
-def function_schema(name: str, tool: dict[str, Any]) -> dict[str, Any]:
-    """The function-calling schema of an MCP tool under ``name``: its description and its input
-    schema, with JSON-Schema ``title`` keys dropped and ``null`` alternatives (``type: [T, null]``,
-    ``anyOf: [{T}, {type: null}]``) written as ``nullable``, as :mod:`reinforge.tools.schema` does."""
-    params = _clean(dict(tool.get("input_schema") or {}))
-    params["type"] = "object"
-    params.setdefault("properties", {})
-    return {
-        "type": "function",
-        "function": {"name": name, "description": (tool.get("description") or "").strip(), "parameters": params},
-    }
-
-
-def _clean(schema: Any) -> Any:
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: v for k, v in schema.items() if k != "title"}
-    kind = out.get("type")
-    if isinstance(kind, list):
-        kinds = [k for k in kind if k != "null"]
-        if len(kinds) < len(kind):
-            out["nullable"] = True
-        if len(kinds) == 1:
-            out["type"] = kinds[0]
-        else:  # several types: an anyOf, which the argument check leaves to the server
-            del out["type"]
-            out["anyOf"] = [{"type": k} for k in kinds]
-    options = out.get("anyOf")
-    if isinstance(options, list):
-        rest = [o for o in options if o != {"type": "null"}]
-        if len(rest) < len(options):
-            out["nullable"] = True
-            if len(rest) == 1 and isinstance(rest[0], dict):
-                del out["anyOf"]
-                out = {**_clean(rest[0]), **out}
-            else:
-                out["anyOf"] = rest
-        if "anyOf" in out:
-            out["anyOf"] = [_clean(o) for o in out["anyOf"]]
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: _clean(v) for k, v in out["properties"].items()}
-    if "items" in out:
-        out["items"] = _clean(out["items"])
-    return out

@@ -26,10 +26,10 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .toolset import MCP_SERVER, TIMEOUT, ToolError
+from .types import MCP_SERVER, TIMEOUT, ToolError
 
 if TYPE_CHECKING:
-    from .mcp import MCPServerSpec
+    from ..config.mcp import MCPServerSpec
 
 logger = logging.getLogger("reinforge.tools.mcp")
 try:

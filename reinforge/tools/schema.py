@@ -1,4 +1,5 @@
-"""A tool's JSON schema from its Python signature, and argument checking against it.
+"""A tool's JSON schema from its Python signature (or from the schema an MCP server lists), and
+argument checking against it.
 
 A tool is a plain function with type hints and a Google-style docstring::
 
@@ -28,7 +29,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
@@ -38,16 +39,36 @@ class ToolArgumentError(ValueError):
     """Arguments that do not fit a tool's schema; the message says which and why."""
 
 
-def function_schema(fn: Callable[..., Any], name: str | None = None) -> dict[str, Any]:
-    """The function-calling schema of ``fn`` (layout in the module docstring).
+def function_schema(tool: Callable[..., Any] | Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+    """The function-calling schema (layout in the module docstring) of ``tool`` under ``name``
+    (default: the function's name, or the listed tool's):
 
-    The description is the docstring's text before its first section (``Args:``,
-    ``Returns:``...); each parameter's description comes from the ``Args:`` section.
+    - a Python function: the description is its docstring's text before the first section
+      (``Args:``, ``Returns:``...), each parameter's description comes from the ``Args:`` section,
+      the types from the type hints;
+    - a tool an MCP server listed, ``{name, description, input_schema}``: its JSON schema, with the
+      ``title`` keys dropped and ``null`` alternatives (``type: [T, null]``, ``anyOf: [{T}, {type:
+      null}]``) written as ``nullable``, as the type hints' ``T | None`` are.
 
     Raises:
-        TypeError: a parameter without a type hint, a ``*args`` / ``**kwargs`` parameter, or a
-            hint that has no JSON schema.
+        TypeError: a function parameter without a type hint, a ``*args`` / ``**kwargs`` parameter,
+            or a hint that has no JSON schema.
     """
+    if isinstance(tool, Mapping):
+        params = _listed(dict(tool.get("input_schema") or {}))
+        params["type"] = "object"
+        params.setdefault("properties", {})
+        description = (tool.get("description") or "").strip()
+        return _envelope(name or tool["name"], description, params)
+    return _envelope(name or tool.__name__, *_from_function(tool))
+
+
+def _envelope(name: str, description: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+def _from_function(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+    """``(description, parameters schema)`` of a Python function (see :func:`function_schema`)."""
     doc = inspect.getdoc(fn) or ""
     description, arg_docs = parse_google_docstring(doc)
     hints = typing.get_type_hints(fn)
@@ -69,10 +90,7 @@ def function_schema(fn: Callable[..., Any], name: str | None = None) -> dict[str
     params: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         params["required"] = required
-    return {
-        "type": "function",
-        "function": {"name": name or fn.__name__, "description": description, "parameters": params},
-    }
+    return description, params
 
 
 def parse_google_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -196,3 +214,36 @@ def _check_value(prop: dict[str, Any], value: Any, key: str) -> Any:
     if kind == "array" and "items" in prop:
         return [_check_value(prop["items"], v, f"{key}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def _listed(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if k != "title"}
+    kind = out.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        if len(kinds) < len(kind):
+            out["nullable"] = True
+        if len(kinds) == 1:
+            out["type"] = kinds[0]
+        else:  # several types: an anyOf, which the argument check leaves to the server
+            del out["type"]
+            out["anyOf"] = [{"type": k} for k in kinds]
+    options = out.get("anyOf")
+    if isinstance(options, list):
+        rest = [o for o in options if o != {"type": "null"}]
+        if len(rest) < len(options):
+            out["nullable"] = True
+            if len(rest) == 1 and isinstance(rest[0], dict):
+                del out["anyOf"]
+                out = {**_listed(rest[0]), **out}
+            else:
+                out["anyOf"] = rest
+        if "anyOf" in out:
+            out["anyOf"] = [_listed(o) for o in out["anyOf"]]
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _listed(v) for k, v in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _listed(out["items"])
+    return out

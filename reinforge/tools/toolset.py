@@ -16,96 +16,35 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import importlib
 import inspect
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..utils.imports import load_function
 from ..utils.registry import Registry, did_you_mean
-from .schema import ToolArgumentError, check_arguments, function_schema
+from .mcp import load_mcp_tools
+from .schema import ToolArgumentError, check_arguments
+from .types import BAD_ARGUMENTS, EXCEPTION, TIMEOUT, UNKNOWN_TOOL, Tool, ToolCall, ToolError, ToolResult
 
 if TYPE_CHECKING:
     from ..config.agent import AgentConfig
+    from ..sandbox import Sandboxes
 
 TOOLS: Registry[Callable[..., Any]] = Registry("tool", "agent.tools")
 """Tools by name. A target registered with ``factory=True`` is called with the ``agent`` config
-section and returns the tool function (tools with configurable limits, e.g. ``python``)."""
+section and the run's :class:`~reinforge.sandbox.Sandboxes` (or None) and returns the tool function
+(tools with configurable limits, e.g. ``python``)."""
 TOOLS.register("calculator", "reinforge.tools.builtin:calculator")
 TOOLS.register("python", "reinforge.tools.builtin:make_python", factory=True)
 
-# Error kinds (ToolResult.error); tools may raise ToolError with their own.
-PARSE, UNKNOWN_TOOL, BAD_ARGUMENTS = "parse", "unknown_tool", "bad_arguments"
-EXCEPTION, TIMEOUT = "exception", "timeout"
-SANDBOX_FAILURE = "sandbox"  # the sandbox itself failed (infrastructure, not the model's doing)
-MCP_SERVER = "mcp_server"  # an MCP server stopped, hangs or is down (infrastructure, not the model's doing)
 
-
-class ToolError(Exception):
-    """Raised by a tool for a failure it classifies itself (``kind``, e.g. ``"network"``); the
-    message is what the model sees."""
-
-    def __init__(self, message: str, kind: str = EXCEPTION):
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclass
-class ToolCall:
-    """A call the model made: the tool's name and its decoded JSON arguments."""
-
-    name: str
-    arguments: Any = field(default_factory=dict)
-
-
-@dataclass
-class ToolResult:
-    """A call's outcome: ``output`` (shown to the model; an error message when it failed),
-    ``error`` (None, or the kind: ``parse``, ``unknown_tool``, ``bad_arguments``, ``exception``,
-    ``timeout``, ``sandbox`` (infrastructure), or a tool's own ``ToolError.kind``), and wall-clock
-    ``seconds``."""
-
-    name: str | None
-    output: str
-    error: str | None = None
-    seconds: float = 0.0
-    arguments: Any = None  # the call's arguments as the model wrote them (None for a call that did not parse)
-
-    @classmethod
-    def failure(
-        cls, name: str | None, kind: str, message: str, seconds: float = 0.0, arguments: Any = None
-    ) -> ToolResult:
-        return cls(name, f"Error: {message}", kind, seconds, arguments)
-
-
-@dataclass
-class Tool:
-    """A callable with its function-calling schema (``{"type": "function", "function": {...}}``).
-
-    ``resource``: what the tool needs running (the MCP servers of :mod:`reinforge.tools.mcp`), an
-    object with ``start()`` and ``close()``, shared by several tools; the :class:`ToolSet` that takes
-    the tool starts it and closes it with itself.
-    """
-
-    name: str
-    fn: Callable[..., Any]
-    schema: dict[str, Any]
-    resource: Any = None
-
-    @classmethod
-    def from_function(cls, fn: Callable[..., Any], name: str | None = None) -> Tool:
-        """Raises TypeError: the signature has no JSON schema (see ``function_schema``)."""
-        schema = function_schema(fn, name)
-        return cls(schema["function"]["name"], fn, schema)
-
-
-def load_tools(names: list[str], agent: AgentConfig | None = None) -> list[Tool]:
+def load_tools(names: list[str], agent: AgentConfig | None = None, sandboxes: Sandboxes | None = None) -> list[Tool]:
     """The tools of ``agent.tools``: registered names or ``module:function`` paths; then, when
     ``agent`` is given, those of its ``mcp_servers`` (each server started once to read its tool
-    list; the servers the tools call start when a :class:`ToolSet` takes them).
+    list; the servers the tools call start when a :class:`ToolSet` takes them). ``sandboxes``: the
+    run's, handed to the tool factories (the ``python`` tool); None: each makes its own.
 
     Raises:
         ValueError: an unknown name, a path that does not import, two tools with one name, or a
@@ -128,7 +67,7 @@ def load_tools(names: list[str], agent: AgentConfig | None = None) -> list[Tool]
             entry = TOOLS.entry(spec)
             fn = entry.load()
             if entry.info.get("factory"):
-                fn = fn(agent)
+                fn = fn(agent, sandboxes)
         try:
             tool = Tool.from_function(fn)
         except TypeError as e:
@@ -137,8 +76,7 @@ def load_tools(names: list[str], agent: AgentConfig | None = None) -> list[Tool]
             raise ValueError(f"{key}={spec!r}: a tool named {tool.name!r} is already loaded")
         tools.append(tool)
     if agent is not None and getattr(agent, "mcp_servers", None):
-        mcp = importlib.import_module("reinforge.tools.mcp")  # by name: mcp builds on this module
-        tools += mcp.load_mcp_tools(agent, {t.name: f"agent.tools[{i}]" for i, t in enumerate(tools)})
+        tools += load_mcp_tools(agent, {t.name: f"agent.tools[{i}]" for i, t in enumerate(tools)})
     return tools
 
 
@@ -172,8 +110,9 @@ class ToolSet:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
 
     @classmethod
-    def from_config(cls, agent: AgentConfig) -> ToolSet:
-        return cls(load_tools(agent.tools, agent), agent.tool_timeout, agent.tool_concurrency)
+    def from_config(cls, agent: AgentConfig, sandboxes: Sandboxes | None = None) -> ToolSet:
+        """The tools of the ``agent`` section, their sandboxed programs run in ``sandboxes`` (the run's)."""
+        return cls(load_tools(agent.tools, agent, sandboxes), agent.tool_timeout, agent.tool_concurrency)
 
     @property
     def schemas(self) -> list[dict[str, Any]]:

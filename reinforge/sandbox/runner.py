@@ -1,7 +1,7 @@
 """Running model-written Python in an operating-system sandbox (bubblewrap).
 
 How the sandbox is built, and what the program can and cannot reach, is in
-:mod:`reinforge.tools.isolation` and docs/agents.md#threat-model. In short: nothing inside is
+:mod:`reinforge.sandbox.isolation` and docs/agents.md#threat-model. In short: nothing inside is
 root anywhere (the trainer, if root, drops to the unprivileged ``agent.python_sandbox_uid``
 before ``bwrap`` makes the user namespace); every namespace is new; a seccomp filter denies the
 kernel keyrings, ptrace, bpf, perf, io_uring, mounts and namespaces; the program sees the system
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import itertools
 import logging
@@ -42,12 +43,12 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..utils import stall
 from . import launch_server
 from .cgroup import Cgroup, create_cgroup
+from .io import START_MARK, BwrapStatus, ServerRun, data_fd, kill_init, layers_of, merged_copy, read_capped, wait_exited
 from .isolation import (
     BWRAP_ENV,
     SCRATCH,
@@ -65,29 +66,26 @@ from .isolation import (
     staged_paths,
 )
 from .launch_server import LaunchError, ServerDied
-from .sandbox_io import (
-    START_MARK,
-    BwrapStatus,
-    ServerRun,
-    data_fd,
-    kill_init,
-    layers_of,
-    merged_copy,
-    read_capped,
-    wait_exited,
+from .limits import (  # noqa: F401 (re-exported)
+    DEFAULT_MAX_OPEN_FILES,
+    DEFAULT_SANDBOX_UID,
+    DEFAULT_SANDBOX_UIDS,
+    SandboxLimits,
+    SandboxResult,
+    SandboxSlots,
+    default_max_sandboxes,
 )
-from .sandbox_metrics import record
-from .sandbox_prelude import MSGQUEUE_BYTES, NETWORK_DENIED, PRELUDE, SIGPENDING  # noqa: F401 (the limits: re-exported)
+from .metrics import record
+from .prelude import MSGQUEUE_BYTES, NETWORK_DENIED, PRELUDE, SIGPENDING  # noqa: F401 (the limits: re-exported)
+
+if TYPE_CHECKING:
+    from ..config.agent import AgentConfig
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "none")
 LAUNCHERS = ("server", "exec")
 OPT_OUT = "agent.python_sandbox=none"
-DEFAULT_SANDBOX_UID = 990_000  # = agent.python_sandbox_uid's default (tools sit above config: a test keeps them equal)
-DEFAULT_SANDBOX_UIDS = 1024  # = agent.python_sandbox_uids' default
-DEFAULT_MAX_OPEN_FILES = 1024  # = agent.python_max_open_files' default
-_numbers = itertools.count()  # sandbox runs of this process, numbered as started (the stall doctor's line)
 
 __all__ = [
     "ISOLATIONS",
@@ -97,65 +95,12 @@ __all__ = [
     "SandboxResult",
     "SandboxSlots",
     "SandboxUnavailable",
+    "Sandboxes",
     "bwrap_path",
     "check_sandbox",
     "default_max_sandboxes",
     "run_python",
 ]
-
-
-@dataclass
-class SandboxLimits:
-    """Limits of one run: wall-clock ``timeout`` (seconds); ``memory_mb`` (MiB: the address space
-    of each process, and with ``disk_mb`` the memory of the whole group); ``file_size_mb`` (MiB,
-    the largest file written); ``disk_mb`` (MiB, all files written together, ``/dev/shm`` and
-    ``/tmp`` included); ``max_processes`` (processes and threads at once); ``max_open_files``
-    (``RLIMIT_NOFILE`` of each process: descriptors open at once); ``max_output_bytes`` captured per
-    stream; ``sandbox_uid`` and ``sandbox_uids`` (when the trainer is root, each sandbox running at
-    once takes a host uid and gid of its own among ``sandbox_uid .. sandbox_uid + sandbox_uids - 1``:
-    :func:`.isolation.lease_uid`)."""
-
-    timeout: float = 10.0
-    memory_mb: int = 1024
-    file_size_mb: int = 16
-    disk_mb: int = 64
-    max_processes: int = 64
-    max_open_files: int = DEFAULT_MAX_OPEN_FILES
-    max_output_bytes: int = 65536
-    sandbox_uid: int = DEFAULT_SANDBOX_UID
-    sandbox_uids: int = DEFAULT_SANDBOX_UIDS
-
-
-@dataclass
-class SandboxResult:
-    """What a run did: its output (decoded, capped), exit status (None when killed at the time
-    limit; 128 + the signal number when the program was killed by a signal), whether it timed out,
-    its wall-clock ``seconds``, processes the kernel killed at the group's memory limit
-    (``oom_kills``), ``infra_error``: a message when the sandbox itself failed to start (the
-    process could not be made, the launcher or bubblewrap failed, or the program had not started
-    when the time limit was reached; never the program's doing), else None, and ``start_ms``: the
-    milliseconds from the run's launch (cgroup and arguments included) to the program's first line,
-    None when it never started."""
-
-    stdout: str
-    stderr: str
-    returncode: int | None
-    timed_out: bool
-    seconds: float
-    oom_kills: int = 0
-    infra_error: str | None = None
-    start_ms: float | None = None
-
-    @property
-    def out_of_memory(self) -> bool:
-        return self.oom_kills > 0 or "MemoryError" in self.stderr
-
-    @property
-    def network_denied(self) -> bool:
-        """The program failed with the sandbox's network message. This is read from the program's
-        own output (which it could forge): a label for the model and the metrics, never a decision
-        about safety (the empty network namespace is what holds)."""
-        return self.returncode not in (0, None) and NETWORK_DENIED in self.stderr
 
 
 def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
@@ -205,53 +150,12 @@ def _bwrap_problem(bwrap: str | None, sandbox_uid: int) -> str | None:
     return None
 
 
-def default_max_sandboxes(limits: SandboxLimits) -> int:
-    """Sandboxes at once when ``agent.max_concurrent_sandboxes`` is null: half the memory the
-    machine has available now (``MemAvailable``) divided by one sandbox's memory limit
-    (``memory_mb + disk_mb``), at least 1."""
-    try:
-        with open("/proc/meminfo") as f:
-            avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return 1
-    return max(1, avail_kb * 1024 // 2 // ((limits.memory_mb + limits.disk_mb) * 2**20))
-
-
-class SandboxSlots:
-    """The bound on sandboxes running at once, across every sample and tool call of a run
-    (``agent.max_concurrent_sandboxes``). A call waits for a slot before its time limit starts.
-    One semaphore per event loop (asyncio primitives belong to one loop; a run has one)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._sems: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
-
-    def _sem(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        held = self._sems.get(id(loop))
-        if held is None or held[0] is not loop:
-            # each rollout runs its own event loop: forget the closed ones (and their semaphores)
-            self._sems = {k: h for k, h in self._sems.items() if not h[0].is_closed()}
-            held = self._sems[id(loop)] = (loop, asyncio.Semaphore(self.limit))
-        return held[1]
-
-    async def __aenter__(self) -> None:
-        await self._sem().acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._sem().release()
-
-
-_warned_no_cgroup = False
-
-
-def _group_limits(lim: SandboxLimits) -> Cgroup | None:
-    global _warned_no_cgroup
+def _group_limits(lim: SandboxLimits, sandboxes: Sandboxes) -> Cgroup | None:
     try:
         return create_cgroup((lim.memory_mb + lim.disk_mb) * 2**20, lim.max_processes, 1.0)
     except OSError as e:
-        if not _warned_no_cgroup:
-            _warned_no_cgroup = True
+        if "no_cgroup" not in sandboxes.warned:
+            sandboxes.warned.add("no_cgroup")
             log.warning(
                 "python tool: no cgroup could be made (%s); memory is limited per process and by the tmpfs "
                 "sizes, processes per sandbox, CPU per process; not the sandbox's memory as a whole",
@@ -267,6 +171,7 @@ async def run_python(
     checked: bool = False,
     binds: dict[str, str | list[str]] | None = None,
     launcher: str = "server",
+    sandboxes: Sandboxes | None = None,
 ) -> SandboxResult:
     """Run ``code`` as a Python program under ``limits`` (module docstring).
 
@@ -275,7 +180,7 @@ async def run_python(
     ``oom_kills``); a sandbox that could not start (its process could not be made, e.g. out of
     memory or processes; bubblewrap failed; the program had not started at the time limit) is
     ``infra_error``. Each run is reported to the episode's fleet metrics
-    (:mod:`reinforge.tools.sandbox_metrics`).
+    (:mod:`reinforge.sandbox.metrics`).
 
     Args:
         isolation: ``bwrap`` (the sandbox) or ``none`` (a plain subprocess: per-process limits
@@ -289,6 +194,8 @@ async def run_python(
             folder is a symbolic link (the program can write there), layers a copy.
         launcher: ``server`` (the launch server forks the launcher: :mod:`.launch_server`; where
             none can run here, as ``exec``) or ``exec`` (a new interpreter runs the launcher).
+        sandboxes: the run's :class:`Sandboxes` (its run numbers, overlay trials and one-time
+            warnings); None: the process's (:data:`OUTSIDE_RUNS`: a test, a benchmark, a trial run).
 
     Raises:
         SandboxUnavailable: ``isolation="bwrap"`` and bubblewrap cannot run here.
@@ -296,6 +203,7 @@ async def run_python(
             cannot carry.
     """
     lim = limits or SandboxLimits()
+    sandboxes = sandboxes or OUTSIDE_RUNS
     layers = layers_of(binds)
     if launcher not in LAUNCHERS:
         raise ValueError(f"run_python: launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
@@ -330,7 +238,7 @@ async def run_python(
             if uid is not None:
                 uid, lease = lease_uid(uid, lim.sandbox_uids)
             layered = any(len(ls) > 1 for ls in layers.values())
-            if layered and not _overlay_trial.get() and not await _overlays_work(lim.sandbox_uid):
+            if layered and not _overlay_trial.get() and not await sandboxes.overlays_work(lim.sandbox_uid):
                 layers = {n: [merged_copy(ls, copies)] if len(ls) > 1 else ls for n, ls in layers.items()}
             stage_of = staged_paths(uid, tuple(p for ls in layers.values() for p in ls))
             overlays = [
@@ -347,7 +255,7 @@ async def run_python(
                 str(lim.max_open_files),
                 _site_packages(),
             ]
-            cgroup = _group_limits(lim)
+            cgroup = _group_limits(lim, sandboxes)
             procs = cgroup.procs_files if cgroup else []
             server = launch_server.server() if launcher == "server" else None
             if server is None:
@@ -401,7 +309,7 @@ async def run_python(
             )
         )
         timed_out = False
-        with stall.busy("sandbox", f"sandbox {next(_numbers)} (pid {proc.pid})"):  # the stall doctor's view
+        with stall.busy("sandbox", f"sandbox {next(sandboxes.numbers)} (pid {proc.pid})"):  # the stall doctor's view
             try:
                 await asyncio.wait_for(proc.wait(), lim.timeout)
             except TimeoutError:
@@ -459,42 +367,7 @@ async def run_python(
                 os.close(lease)
 
 
-_overlays: dict[int, bool] = {}  # sandbox uid -> whether a layered bind can be an overlay mount here
 _overlay_trial: contextvars.ContextVar[bool] = contextvars.ContextVar("reinforge_overlay_trial", default=False)
-
-
-async def _overlays_work(sandbox_uid: int) -> bool:
-    """Whether the launcher can mount a read-only overlay here for runs as ``sandbox_uid`` (a user
-    namespace of its own and an unprivileged overlay mount: Linux 5.11 or later, user namespaces
-    allowed); checked once per uid with a trial run, a warning when not."""
-    if sandbox_uid not in _overlays:
-        made: list[str] = []
-        try:
-            for i in range(2):
-                made.append(tempfile.mkdtemp(prefix="reinforge-overlay-trial-"))
-                os.chmod(made[-1], 0o755)
-                with open(os.path.join(made[-1], f"f{i}"), "w") as f:
-                    f.write(str(i))
-                os.chmod(os.path.join(made[-1], f"f{i}"), 0o644)
-            code = "import os\nprint(sorted(os.listdir('x')))"
-            lim = SandboxLimits(timeout=30, sandbox_uid=sandbox_uid)
-            token = _overlay_trial.set(True)
-            try:
-                r = await run_python(code, lim, checked=True, binds={"x": list(made)})
-            finally:
-                _overlay_trial.reset(token)
-        finally:
-            for d in made:
-                shutil.rmtree(d, ignore_errors=True)
-        ok = r.stdout.strip() == "['f0', 'f1']"
-        if not ok:
-            log.warning(
-                "python sandbox: no overlay can be mounted here (%s); a run on a copy-on-write workspace binds a "
-                "copy of its layers instead (made per run: slower with large bases)",
-                (r.infra_error or r.stderr or r.stdout).strip()[-300:],
-            )
-        _overlays[sandbox_uid] = ok
-    return _overlays[sandbox_uid]
 
 
 def _recorded(r: SandboxResult) -> SandboxResult:
@@ -548,3 +421,127 @@ def sandbox_problems(cfg: Any) -> list[str]:
     except SandboxUnavailable as e:
         return [str(e)]
     return []
+
+
+class Sandboxes:
+    """The sandboxes of one run, and what the run learns once for all of them. The agent loop makes
+    one per run (:class:`reinforge.rollout.agent.Agent`, from the ``agent`` section:
+    :meth:`from_agent`); the ``python`` tool and an environment's test runs (``EnvContext.sandboxes``)
+    run through it (:meth:`run`), so that they share:
+
+    - ``limits`` and ``isolation``: the ``python`` tool's (``agent.tool_timeout``,
+      ``agent.python_memory_mb``, ``python_max_open_files``, ``python_sandbox``, ``python_sandbox_uid``,
+      ``python_sandbox_uids``);
+    - ``slots``: the bound on sandboxes running at once (``agent.max_concurrent_sandboxes``; null:
+      :func:`default_max_sandboxes`);
+    - ``checked``: the (isolation, uid) pairs whose trial sandbox ran (:meth:`check`, once per run);
+    - ``overlays``: per sandbox uid, whether a layered bind can be an overlay mount here (a trial
+      run, :meth:`overlays_work`);
+    - ``numbers``: the runs, numbered as started (the stall doctor's line), and ``warned``: the
+      one-time warnings given (no cgroup).
+
+    A :func:`run_python` outside a run (a test, a benchmark, :func:`check_sandbox`'s trial) uses the
+    process's, :data:`OUTSIDE_RUNS`. What stays per process, and why: the launch server
+    (:mod:`.launch_server`: one process forked from the trainer's, serving every run of it), the
+    cgroup names (pid and a counter: unique in the process, :mod:`.cgroup`), the uid leases (lock
+    files shared by every process of the machine, :func:`.isolation.lease_uid`) and whether
+    bubblewrap works here (:func:`check_sandbox`: a fact of the machine, tried once per process).
+
+    Raises:
+        ValueError: ``isolation`` is not one of ``bwrap``, ``none``.
+    """
+
+    def __init__(
+        self, limits: SandboxLimits | None = None, isolation: str = "bwrap", max_concurrent: int | None = None
+    ):
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"agent.python_sandbox: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
+        self.limits = limits or SandboxLimits()
+        self.isolation = isolation
+        self.slots = SandboxSlots(max_concurrent or default_max_sandboxes(self.limits))
+        self.checked: set[tuple[str, int]] = set()
+        self.overlays: dict[int, bool] = {}
+        self.numbers = itertools.count()
+        self.warned: set[str] = set()
+
+    @classmethod
+    def from_agent(cls, agent: AgentConfig | None) -> Sandboxes:
+        """The sandboxes of a run with the ``agent`` section (None: the defaults of
+        :class:`SandboxLimits`, bubblewrap, slots for half the available memory)."""
+        if agent is None:
+            return cls()
+        limits = SandboxLimits(
+            timeout=agent.tool_timeout,
+            memory_mb=agent.python_memory_mb,
+            max_open_files=agent.python_max_open_files,
+            sandbox_uid=agent.python_sandbox_uid,
+            sandbox_uids=agent.python_sandbox_uids,
+        )
+        return cls(limits, agent.python_sandbox, agent.max_concurrent_sandboxes)
+
+    def check(self) -> None:
+        """:func:`check_sandbox` for this run's isolation and uid, once per run (blocking: a trial
+        sandbox the first time).
+
+        Raises:
+            SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
+        """
+        key = (self.isolation, self.limits.sandbox_uid)
+        if key not in self.checked:
+            check_sandbox(*key)
+            self.checked.add(key)
+
+    async def run(
+        self, code: str, timeout: float | None = None, binds: dict[str, str | list[str]] | None = None
+    ) -> SandboxResult:
+        """Run ``code`` in a sandbox of this run (:func:`run_python`): after :meth:`check` (the first
+        time, in a thread), it waits for one of the run's ``slots``, then runs under the run's
+        ``limits`` (with ``timeout`` seconds instead of theirs when given) for at most that long.
+
+        Raises:
+            SandboxUnavailable: the sandbox cannot run here.
+            ValueError: a bad name of ``binds`` (see :func:`run_python`).
+        """
+        lim = self.limits if timeout is None else dataclasses.replace(self.limits, timeout=timeout)
+        if (self.isolation, lim.sandbox_uid) not in self.checked:
+            await asyncio.to_thread(self.check)
+        async with self.slots:
+            return await run_python(code, lim, self.isolation, checked=True, binds=binds, sandboxes=self)
+
+    async def overlays_work(self, sandbox_uid: int) -> bool:
+        """Whether the launcher can mount a read-only overlay here for runs as ``sandbox_uid`` (a user
+        namespace of its own and an unprivileged overlay mount: Linux 5.11 or later, user namespaces
+        allowed); checked once per run and uid with a trial run, a warning when not."""
+        if sandbox_uid not in self.overlays:
+            made: list[str] = []
+            try:
+                for i in range(2):
+                    made.append(tempfile.mkdtemp(prefix="reinforge-overlay-trial-"))
+                    os.chmod(made[-1], 0o755)
+                    with open(os.path.join(made[-1], f"f{i}"), "w") as f:
+                        f.write(str(i))
+                    os.chmod(os.path.join(made[-1], f"f{i}"), 0o644)
+                code = "import os\nprint(sorted(os.listdir('x')))"
+                lim = SandboxLimits(timeout=30, sandbox_uid=sandbox_uid)
+                token = _overlay_trial.set(True)
+                try:
+                    r = await run_python(code, lim, checked=True, binds={"x": list(made)}, sandboxes=self)
+                finally:
+                    _overlay_trial.reset(token)
+            finally:
+                for d in made:
+                    shutil.rmtree(d, ignore_errors=True)
+            ok = r.stdout.strip() == "['f0', 'f1']"
+            if not ok:
+                log.warning(
+                    "python sandbox: no overlay can be mounted here (%s); a run on a copy-on-write workspace binds a "
+                    "copy of its layers instead (made per run: slower with large bases)",
+                    (r.infra_error or r.stderr or r.stdout).strip()[-300:],
+                )
+            self.overlays[sandbox_uid] = ok
+        return self.overlays[sandbox_uid]
+
+
+OUTSIDE_RUNS = Sandboxes(max_concurrent=1)
+"""The sandboxes of runs made outside any run's :class:`Sandboxes` (tests, benchmarks, the trial
+run of :func:`check_sandbox`); their ``slots`` are not used (:func:`run_python` takes none)."""

@@ -1,6 +1,6 @@
 """The program the python tool's sandbox runs before the user's ``main.py`` (:data:`PRELUDE`): the sandbox's
 init as pid 1 (out of the program's reach), the resource limits, the network guard, then the user's code as
-``__main__``. Its text only: :mod:`reinforge.tools.sandbox` starts it."""
+``__main__``. Its text only: :mod:`reinforge.sandbox` starts it."""
 
 from __future__ import annotations
 

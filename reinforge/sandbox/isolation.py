@@ -33,10 +33,10 @@ sockets of a family not in :data:`SOCKET_FAMILIES` with ``EAFNOSUPPORT``; other 
 system calls kill the process), and starts the interpreter as uid 65534 inside with no
 capabilities, as **pid 1** (``--as-pid-1``: no reaper of bubblewrap's, whose memory the program
 could write, issue 51 E1) with ``--die-with-parent`` (when ``bwrap`` dies, so does pid 1, and the
-kernel kills every process of the pid namespace). The interpreter's prelude (``sandbox_prelude.PRELUDE``)
+kernel kills every process of the pid namespace). The interpreter's prelude (``prelude.PRELUDE``)
 makes pid 1 non-dumpable (no ``/proc/1/mem``, ``ptrace`` or ``pidfd_getfd`` for the program), forks
 the program as its child and reaps until it exits. At the time limit the host kills pid 1 from
-outside (its host pid from bwrap's status: :func:`.sandbox_io.kill_init`).
+outside (its host pid from bwrap's status: :func:`.io.kill_init`).
 
 When the trainer is root, each sandbox running at once drops to a host uid of its own
 (:func:`lease_uid`), so per-uid kernel quotas are not shared between sandboxes.

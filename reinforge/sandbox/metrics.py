@@ -1,6 +1,6 @@
 """What the sandboxes of one episode did, for the fleet metrics (docs/agents.md#metrics).
 
-:func:`reinforge.tools.sandbox.run_python` reports every run here (:func:`record`): its start
+:func:`reinforge.sandbox.run_python` reports every run here (:func:`record`): its start
 latency (launch to the program's first line, None when the program never started) and whether it
 was an infrastructure failure. The agent loop opens a :class:`SandboxRuns` per episode
 (:func:`recording`); runs are attributed through a context variable, so they reach the episode

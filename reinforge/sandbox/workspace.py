@@ -7,9 +7,9 @@ has no such file; writes go to the episode's layer (a whole file at a time: the 
 as it is written); :meth:`Workspace.close` deletes the layer, and with it every edit. Many episodes
 (a group's samples, every rollout) share one base.
 
-In the sandbox (:func:`reinforge.tools.sandbox.run_python`, ``binds={name: workspace.layers}``) the
+In the sandbox (:func:`reinforge.sandbox.run_python`, ``binds={name: workspace.layers}``) the
 program sees the two layers merged, read-only: a read-only ``overlay`` mount that the sandbox's
-launcher makes in a user namespace of its own for the run (:mod:`reinforge.tools.isolation`), or
+launcher makes in a user namespace of its own for the run (:mod:`reinforge.sandbox.isolation`), or
 where no overlay can be mounted, a copy of the merged layers made for that run.
 
 A base is a folder (:func:`folder_base`) or a git repository at a commit (:func:`git_base`): the
