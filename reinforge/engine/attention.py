@@ -58,6 +58,8 @@ class PrefillContext:
     for the earlier positions.
     """
 
+    caches_kv = True  # (a multi-head latent attention layer passes its latent: models/mla.py)
+
     def __init__(
         self,
         runner: ModelRunner,
@@ -80,7 +82,8 @@ class PrefillContext:
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
         k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
         cache_write(kc, (self.blk, slice(None), self.off), k8.reshape(P * T, KVH, D))
-        cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
+        if vc is not kc:  # (a latent cache: the values are the keys' rows)
+            cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
         k, v = k8.to(k.dtype), v8.to(v.dtype)  # as the cache holds them
         mask = None
         if self.start:
@@ -93,6 +96,8 @@ class PrefillContext:
 class _Decode:
     """One new token per slot in ``[0, B)`` at position ``pos``: its K/V goes to block
     ``table[slot, pos // block_size]`` at offset ``pos % block_size`` (the sink block for idle rows)."""
+
+    caches_kv = True
 
     def __init__(self, runner: ModelRunner, B: int, Lk: int, pos: torch.Tensor, active: torch.Tensor):
         r, layout = runner, runner.layout
@@ -122,7 +127,8 @@ class _Decode:
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
         at = (self.w_blk, slice(None), self.w_off)
         cache_write(kc, at, k[:, 0])
-        cache_write(vc, at, v[:, 0])
+        if vc is not kc:
+            cache_write(vc, at, v[:, 0])
         return kc, vc
 
 
@@ -150,9 +156,9 @@ class GatherDecode(_Decode):
     def attend(self, layer, q, k, v):
         kc, vc = self.write(layer, k, v)
         nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[: self.B]
-        return masked_decode_attention(
-            q[:, 0], gather_blocks(kc, table, nb, q.dtype), gather_blocks(vc, table, nb, q.dtype), self.bias
-        )[:, None]
+        keys = gather_blocks(kc, table, nb, q.dtype)
+        values = keys if vc is kc else gather_blocks(vc, table, nb, q.dtype)
+        return masked_decode_attention(q[:, 0], keys, values, self.bias)[:, None]
 
 
 class KernelDecode(_Decode):

@@ -147,10 +147,13 @@ class ModelRunner:
         """The KV cache (``layout``'s blocks plus the sink block) and the per-slot buffers."""
         a, L, S, dev = self.model.args, self.max_model_len, layout.num_slots, self.device
         self.layout = layout
-        self.Decode = decode_context(layout.paged, self.kernels)
+        # (the Triton kernel takes heads of a power-of-two width: a latent cache decodes by gathering its blocks)
+        self.Decode = decode_context(layout.paged, self.kernels and not self.model.args.kv_lora_rank)
         shape = (a.num_layers, layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
+        if a.kv_lora_rank:  # multi-head latent attention: one latent row per token is its key and its value
+            shape = (a.num_layers, layout.num_blocks + 1, 1, layout.block_size, a.kv_lora_rank + a.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
-        self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        self.v_cache = self.k_cache if a.kv_lora_rank else torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
         # a hybrid model's linear-attention layers: fixed states per slot (linear_state.py)
         layers = linear_layers(self.model)
@@ -182,7 +185,7 @@ class ModelRunner:
             S,
             layout.num_blocks,
             layout.block_size,
-            2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+            (1 if self.v_cache is self.k_cache else 2) * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
             str(self.kv_dtype).removeprefix("torch."),
             ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "",
         )
@@ -303,7 +306,7 @@ class ModelRunner:
             src = self.h2d([a for a, _ in tail_copies])
             dst = self.h2d([b for _, b in tail_copies])
             r = min(T, bs)
-            for cache in (self.k_cache, self.v_cache):
+            for cache in (self.k_cache,) if self.v_cache is self.k_cache else (self.k_cache, self.v_cache):
                 cache_copy(
                     cache,
                     (slice(None), dst, slice(None), slice(None, r)),

@@ -37,13 +37,16 @@ class ConfigShape:
     without transformers: the KV-cache shape (``num_layers`` x ``num_kv_heads`` x ``head_dim``),
     the routed experts per sparse layer (0: dense) and the summed width of one layer's MLP
     matrices (a dense model's ``intermediate_size``; an MoE layer's experts plus shared experts,
-    every layer counted sparse: an upper bound)."""
+    every layer counted sparse: an upper bound). ``kv_lora_rank`` > 0: multi-head latent attention,
+    whose cache holds ``kv_lora_rank + head_dim`` values per token and layer
+    (:func:`~reinforge.models.args.kv_cache_values`)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     num_experts: int
     mlp_width: int
+    kv_lora_rank: int = 0
 
 
 class Family:
