@@ -127,3 +127,43 @@ def test_engine_latent_cache_matches_the_trainer(moe_folder, block):
             worst = max(worst, (ref - torch.tensor(out.log_probs)).abs().max().item())
     engine.shutdown()
     assert worst < 1e-4
+
+
+def test_cache_sizing_counts_latent_bytes():
+    """The engine's layout, the up-front checks' shape and the planner count kv_lora_rank + qk_rope_head_dim
+    values per token and layer (DeepSeek-V3: 61 x 576), not expanded keys and values."""
+    from reinforge.config import EngineConfig
+    from reinforge.engine.kv_cache import plan_kv_layout
+    from reinforge.models.args import ModelArgs
+    from reinforge.models.shape import config_shape
+    from reinforge.plan.arch import Arch
+
+    cfg = deepseek_config(
+        num_hidden_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128
+    )
+    shape = config_shape(cfg)
+    assert (shape.num_kv_heads, shape.head_dim, shape.kv_lora_rank) == (1, 64, 512)
+    assert Arch.from_config(cfg).kv_bytes_per_token(2) == 61 * 576 * 2
+    args = ModelArgs(
+        "deepseek_v3", 1000, 64, 128, 61, 4, 1, 64, 1e-6, 512, False, False, False, False, kv_lora_rank=512
+    )
+    assert args.kv_cache_values == 61 * 576
+    layout = plan_kv_layout(args, torch.bfloat16, torch.device("cpu"), EngineConfig(max_num_seqs=2), 100, False)
+    assert layout.num_blocks == 2 and layout.block_size == 100
+    # DeepSeek-V3's whole shape: 671B parameters
+    from transformers import AutoConfig
+
+    assert abs(Arch.from_config(AutoConfig.for_model("deepseek_v3").to_dict()).num_params / 1e9 - 671) < 1
+
+
+@pytest.mark.parametrize(
+    "field,value", [("index_topk", 2048), ("index_n_heads", 64), ("scoring_func", "softmax"), ("topk_method", "greedy")]
+)
+def test_unsupported_fields_are_refused_by_name(field, value):
+    """DeepSeek-V3.2's sparse-attention indexer and DeepSeek-V2's softmax routers stop the build, naming the field."""
+    from reinforge.models.families.deepseek_v3 import FAMILY
+
+    cfg = type("Cfg", (), deepseek_config(**{field: value}))()
+    with pytest.raises(ValueError, match=field):
+        FAMILY.model_args(cfg)
+    FAMILY.model_args(type("Cfg", (), deepseek_config())())  # (the same config without it builds)
