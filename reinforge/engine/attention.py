@@ -9,7 +9,8 @@
   (:func:`decode_context`):
 
   - :class:`KernelDecode`: paged cache and the Triton kernel (CUDA), which walks each sequence's own
-    blocks up to its own length and stores the new token's K/V itself;
+    blocks up to its own length and stores the new token's K/V itself (a multi-head latent attention
+    model's latent cache: :mod:`.mla_decode`'s kernel);
   - :class:`GatherDecode`: paged cache without the kernel: the blocks are gathered into a padded key
     range and attended with a mask (the reference path; CPU tests of the paged layout);
   - :class:`SlotDecode`: one block per slot (the CPU default): the cache rows are the padded key
@@ -32,6 +33,7 @@ import torch
 
 from ..models.transformer import sdpa
 from .kv_cache import cache_read, cache_write, to_cache
+from .mla_decode import mla_decode_attention_triton
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 
 if TYPE_CHECKING:
@@ -182,6 +184,18 @@ class KernelDecode(_Decode):
 
     def attend(self, layer, q, k, v):
         r = self.r
+        if r.v_cache is r.k_cache:  # a multi-head latent attention model's latent cache (engine/mla_decode.py)
+            return mla_decode_attention_triton(
+                q[:, 0],
+                k[:, 0, 0],
+                r.k_cache[layer],
+                r.model.args.kv_lora_rank,
+                r.block_table,
+                self.lens,
+                self.w_blk,
+                self.w_off,
+                max_len=self.Lk,
+            )[:, None]
         cos, sin = self.rope
         return paged_decode_attention_triton(
             q[:, 0],

@@ -147,8 +147,7 @@ class ModelRunner:
         """The KV cache (``layout``'s blocks plus the sink block) and the per-slot buffers."""
         a, L, S, dev = self.model.args, self.max_model_len, layout.num_slots, self.device
         self.layout = layout
-        # (the Triton kernel takes heads of a power-of-two width: a latent cache decodes by gathering its blocks)
-        self.Decode = decode_context(layout.paged, self.kernels and not self.model.args.kv_lora_rank)
+        self.Decode = decode_context(layout.paged, self.kernels)
         shape = (a.num_layers, layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
         if a.kv_lora_rank:  # multi-head latent attention: one latent row per token is its key and its value
             shape = (a.num_layers, layout.num_blocks + 1, 1, layout.block_size, a.kv_lora_rank + a.head_dim)
