@@ -175,8 +175,8 @@ def test_unsupported_fields_are_refused_by_name(field, value):
 
 
 def test_grpo_trains_deepseek_v3_natively_with_routing_replay(tmp_path, moe_folder, caplog):
-    """One GRPO rollout and two steps on the native model (no transformers fallback), the engine's latent cache
-    and routes replayed in the trainer: trainer and engine log-probs agree."""
+    """One GRPO rollout and two steps on the native model (no transformers fallback), the engine's latent cache,
+    packed trainer rows and routes replayed in the trainer: trainer and engine log-probs agree."""
     from reinforge.config import load_config
     from reinforge.loop import run_training
     from tests.test_integration import read_metrics, tiny_overrides
@@ -189,6 +189,7 @@ def test_grpo_trains_deepseek_v3_natively_with_routing_replay(tmp_path, moe_fold
             out,
             **{
                 "algo.use_rollout_routing_replay": "true",
+                "train.packing": "sequences",
                 "model.train_dtype": "fp32",
                 "engine.dtype": "fp32",
                 "reward.type": "custom",

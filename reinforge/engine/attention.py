@@ -94,6 +94,20 @@ class PrefillContext:
             mask = self.mask
         return sdpa(q, k, v, mask)
 
+    def latent_rows(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Multi-head latent attention's prefill (:mod:`reinforge.models.mla`): store the chunk's latent rows
+        [P, T, D] in the layer's cache and return the rows of positions ``[0, start + T)`` as the cache holds
+        them ([P, start + T, D]) with the mask of this chunk's queries over them (None: causal). The layer
+        expands them into per-head keys and values itself (plain attention; decode uses the absorbed form)."""
+        P, T, D = rows.shape
+        c = self.r.k_cache[layer]
+        r8 = to_cache(rows, c.dtype)
+        cache_write(c, (self.blk, slice(None), self.off), r8.reshape(P * T, 1, D))
+        rows = r8.to(rows.dtype)
+        if not self.start:
+            return rows, None
+        return torch.cat([cache_read(c, self.prefix, rows.dtype).view(P, self.start, D), rows], dim=1), self.mask
+
 
 class _Decode:
     """One new token per slot in ``[0, B)`` at position ``pos``: its K/V goes to block

@@ -26,10 +26,15 @@ per token and layer: 576 for DeepSeek-V3 against 2 x 128 x 192 expanded) and att
 ``q_nope`` goes through ``W_UK`` (the key rows of ``kv_b_proj``) into the latent space, the attention runs
 as multi-query attention of one head of width ``kv_lora_rank + qk_rope_head_dim`` whose keys and values
 are the same cached rows (values: their first ``kv_lora_rank`` entries), and the output goes through
-``W_UV`` (the value rows) before ``o_proj``. The engine's contexts (``caches_kv``) see it as an ordinary
-one-KV-head layer, so prefill, chunked prefill, the paged and slot decode paths and prefix sharing run
-unchanged; the runner stores one tensor for keys and values (:attr:`ModelArgs.kv_lora_rank
-<reinforge.models.args.ModelArgs>`).
+``W_UV`` (the value rows) before ``o_proj``. The decode contexts (``caches_kv``) see it as an ordinary
+one-KV-head layer, so the paged and slot decode paths and prefix sharing run unchanged (on CUDA the Triton
+kernel of :mod:`reinforge.engine.mla_decode`); the runner stores one tensor for keys and values
+(:attr:`ModelArgs.kv_lora_rank <reinforge.models.args.ModelArgs>`). Prefill (``ctx.latent_rows``) stores the
+chunk's latent rows and expands the cached rows of the whole prefix into keys and values, as the trainer
+(fewer FLOPs than the absorbed form over many queries, and flash attention's head widths).
+
+Every attention call pads the values to the keys' width (``qk_nope_head_dim + qk_rope_head_dim``) and cuts
+the output back: one head width, which flash attention needs (FlashAttention-2 supports 192, not 192 / 128).
 """
 
 from __future__ import annotations
@@ -120,19 +125,25 @@ class MultiHeadLatentAttention(nn.Module):
         c = self.kv_a_layernorm(c)
         q_rot = self._rope(q_rot, cos, sin)
         k_rot = self._rope(k_rot.view(B, T, 1, self.rope), cos, sin)
-        if getattr(ctx, "caches_kv", False):
-            o = self._absorbed(q_nope, q_rot, c, k_rot, ctx)
-        else:
-            k_nope, v = self.kv_b_proj(c).view(B, T, -1, self.nope + self.v_dim).split([self.nope, self.v_dim], -1)
-            q = torch.cat([q_nope, q_rot], dim=-1)
-            k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-            if ctx is None:
-                o = sdpa(q, k, v, scale=self.scale)
-            else:  # (e.g. packed rows): the context's default scale 1/sqrt(D), values padded to the keys' width
-                D = self.nope + self.rope
-                v = torch.nn.functional.pad(v, (0, D - self.v_dim)) if D > self.v_dim else v
-                o = ctx.attend(self.layer, q * (self.scale * math.sqrt(D)), k, v)[..., : self.v_dim]
-        return self.o_proj(o.reshape(B, T, -1))
+        q = torch.cat([q_nope, q_rot], dim=-1)
+        mask = None
+        if hasattr(ctx, "latent_rows"):  # the engine's prefill: the latent cached, keys and values expanded
+            rows, mask = ctx.latent_rows(self.layer, torch.cat([c, k_rot[:, :, 0]], dim=-1))
+            c, k_rot = rows.split([self.kv_lora_rank, self.rope], dim=-1)
+            k_rot = k_rot.unsqueeze(2)
+        elif getattr(ctx, "caches_kv", False):  # the engine's decode: absorbed projections
+            return self.o_proj(self._absorbed(q_nope, q_rot, c, k_rot, ctx).reshape(B, T, -1))
+        S = c.shape[1]
+        k_nope, v = self.kv_b_proj(c).view(B, S, -1, self.nope + self.v_dim).split([self.nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        D = self.nope + self.rope
+        # values padded to the keys' width: one head width for every attention kernel (flash attention's too)
+        v = torch.nn.functional.pad(v, (0, D - self.v_dim)) if D > self.v_dim else v
+        if ctx is None or mask is not None or hasattr(ctx, "latent_rows"):
+            o = sdpa(q, k, v, mask, scale=self.scale)
+        else:  # another context (packed rows): its default scale 1/sqrt(D)
+            o = ctx.attend(self.layer, q * (self.scale * math.sqrt(D)), k, v)
+        return self.o_proj(o[..., : self.v_dim].reshape(B, T, -1))
 
     def _absorbed(self, q_nope, q_rot, c, k_rot, ctx) -> torch.Tensor:
         """The engine's form: queries [B, T, H, kv_lora_rank + rope] in the latent space against the cached
