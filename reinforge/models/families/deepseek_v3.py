@@ -23,8 +23,10 @@ Refused at start (``ValueError`` naming the field): DeepSeek sparse attention's 
 ``num_key_value_heads`` other than ``num_attention_heads``. The multi-token-prediction layers of published
 checkpoints (``model.layers.{num_hidden_layers}.*``) are not built: loading logs them as ignored.
 
-Tensor parallelism: the attention stays whole on every tensor-parallel rank (its latent projections'
-gradients would need MLA's own reduction rule, left for later); a dense layer's MLP is split as Llama's.
+Parallelism: FSDP, expert parallelism (``train.expert_model_parallel_size``) and routing replay as the other
+MoE families; tensor and context parallelism above 1 are refused at start (``train/parallel.py``: MLA's shared
+latent projections would need their own gradient reduction, left for later). :meth:`DeepseekV3.tp_plan` names
+a dense layer's MLP only (the attention and a sparse layer's MLP would stay whole).
 """
 
 from __future__ import annotations
