@@ -254,3 +254,13 @@ def test_mla_decode_kernel_matches_the_gathered_path(splits, lens):
     )
     torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(dev_cache.cpu(), ref_cache)
+
+
+def test_tensor_and_context_parallelism_are_refused_up_front():
+    from reinforge.parallel_layout import Layout
+
+    cfg = deepseek_config()
+    for layout in (Layout(1, 1, 2), Layout(1, 2, 1)):
+        (problem,) = layout.config_problems(cfg)
+        assert "multi-head latent attention (deepseek_v3)" in problem and "expert_model_parallel_size" in problem
+    assert Layout(1, 1, 1, 2).config_problems(cfg) == []  # expert parallelism runs (8 experts over 2 ranks)

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..models.families import native_models
 from ..models.loading import is_native, set_gradient_checkpointing
+from ..parallel_layout import latent_attention_problem
 from ..utils import stall
 from .mesh import (
     KEYS,
@@ -299,11 +300,7 @@ def parallelize(
         a = backbone.args
         problems = layout.model_problems(a.num_heads, a.num_kv_heads, a.intermediate_size, a.num_layers)
         if a.kv_lora_rank and (layout.tp > 1 or layout.cp > 1):  # (pipeline stages are plain decoder layers)
-            problems = [
-                f"{KEYS['tp']} / {KEYS['cp']} above 1: multi-head latent attention ({a.model_type}) is not split "
-                f"over tensor- or context-parallel ranks yet (its shared latent projections need their own gradient "
-                f"reduction); set them to 1 and shard with FSDP and {KEYS['ep']} (expert parallelism)"
-            ]
+            problems = [latent_attention_problem(a.model_type)]
         if problems:
             raise ValueError("; ".join(problems))
     split = None
