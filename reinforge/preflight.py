@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config.fields import ConfigError
+from .models.args import kv_cache_values, kv_cache_words
 from .models.context import ContextWindow, context_window
 from .reward.judge_engine import judge_problems
 
@@ -126,10 +127,7 @@ class KVCachePlan:
 
     @property
     def bytes_per_token(self) -> int:
-        """2 (keys and values) x layers x kv_heads x head_dim x dtype bytes (a latent cache: layers x
-        (kv_lora_rank + head_dim) x dtype bytes, :func:`~reinforge.models.args.kv_cache_values`)."""
-        from .models.args import kv_cache_values
-
+        """2 (keys and values) x layers x kv_heads x head_dim (or a latent: ``kv_cache_values``) x dtype bytes."""
         return kv_cache_values(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
 
     @property
@@ -340,15 +338,9 @@ def memory_problems(
 ) -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
     r = cfg.engine
-    elem = plan.elem_bytes
-    values = (  # (multi-head latent attention: one latent row per token and layer)
-        f"{plan.num_layers} layers x a latent of {plan.kv_lora_rank} + {plan.head_dim}"
-        if plan.kv_lora_rank
-        else f"2 x {plan.num_layers} layers x {plan.num_kv_heads} KV heads x {plan.head_dim} head dim"
-    )
     per_token = (
-        f"{plan.bytes_per_token} bytes per token ({values} x {elem} bytes, {plan.kv_dtype}; engine.dtype={r.dtype}, "
-        f"engine.kv_cache_dtype={r.kv_cache_dtype})"
+        f"{plan.bytes_per_token} bytes per token ({kv_cache_words(plan)} x {plan.elem_bytes} bytes, {plan.kv_dtype}; "
+        f"engine.dtype={r.dtype}, engine.kv_cache_dtype={r.kv_cache_dtype})"
     )
     length = f"{n.max_model_len} tokens ({_prompt_words(n)} + the longest response {n.engine_response})"
     if device.type == "cuda":

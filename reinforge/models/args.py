@@ -95,6 +95,15 @@ def kv_cache_values(num_layers: int, num_kv_heads: int, head_dim: int, kv_lora_r
     return 2 * num_layers * num_kv_heads * head_dim
 
 
+def kv_cache_words(shape: Any) -> str:
+    """:func:`kv_cache_values` of ``shape`` (anything with ``num_layers``, ``num_kv_heads``, ``head_dim`` and
+    ``kv_lora_rank``) in words, for messages: ``2 x 30 layers x 3 KV heads x 64 head dim`` or ``27 layers x a
+    latent of 512 + 64``."""
+    if getattr(shape, "kv_lora_rank", 0):
+        return f"{shape.num_layers} layers x a latent of {shape.kv_lora_rank} + {shape.head_dim}"
+    return f"2 x {shape.num_layers} layers x {shape.num_kv_heads} KV heads x {shape.head_dim} head dim"
+
+
 def check_common(cfg: Any, layer_kinds: tuple[str, ...] = ("full_attention",)) -> None:
     """Refuse the options no family implements natively: a non-SiLU activation, MLP biases,
     sliding-window layers, RoPE types whose frequencies change at run time (dynamic, longrope).
