@@ -92,7 +92,7 @@ if triton is not None:
         if KV_FP8:
             kn_c = tl.minimum(tl.maximum(kn_c.to(tl.float32), -FP8_MAX), FP8_MAX).to(C.dtype.element_ty)
             kn_r = tl.minimum(tl.maximum(kn_r.to(tl.float32), -FP8_MAX), FP8_MAX).to(C.dtype.element_ty)
-        if sp == 0 and hb == 0:
+        if (sp == 0) & (hb == 0):
             w = tl.load(WBLK + b).to(tl.int64) * s_cb + tl.load(WOFF + b).to(tl.int64) * s_ct
             tl.store(C + w + dl, kn_c)
             tl.store(C + w + R + dr, kn_r)
