@@ -222,10 +222,21 @@ class Layout:
         if not is_native_type(cfg.get("model_type")):
             named = " / ".join(f"{KEYS[k]}={getattr(self, k)}" for k in ("tp", "cp", "pp") if getattr(self, k) > 1)
             return out + [f"{named} need {native_models()}, not model_type {cfg.get('model_type')!r}"]
+        if cfg.get("kv_lora_rank") and self.tp * self.cp > 1:
+            return out + [latent_attention_problem(cfg.get("model_type"))]
         heads = cfg["num_attention_heads"]
         return out + self.model_problems(
             heads, cfg.get("num_key_value_heads") or heads, cfg["intermediate_size"], cfg["num_hidden_layers"]
         )
+
+
+def latent_attention_problem(model_type: str | None) -> str:
+    """Why tensor / context parallelism above 1 is refused for a multi-head latent attention model."""
+    return (
+        f"{KEYS['tp']} / {KEYS['cp']} above 1: multi-head latent attention ({model_type}) is not split over "
+        f"tensor- or context-parallel ranks yet (its shared latent projections need their own gradient reduction); "
+        f"set them to 1 and shard with FSDP and {KEYS['ep']} (expert parallelism)"
+    )
 
 
 def train_sizes(train: Any) -> tuple[int, int, int, int, int, bool]:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config.fields import ConfigError
+from .models.args import kv_cache_values, kv_cache_words
 from .models.context import ContextWindow, context_window
 from .reward.judge_engine import judge_problems
 
@@ -122,11 +123,12 @@ class KVCachePlan:
     weight_elem_bytes: int
     num_params: int
     kv_dtype: str
+    kv_lora_rank: int = 0  # multi-head latent attention: one latent row of kv_lora_rank + head_dim per token-layer
 
     @property
     def bytes_per_token(self) -> int:
-        """2 (keys and values) x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.elem_bytes
+        """2 (keys and values) x layers x kv_heads x head_dim (or a latent: ``kv_cache_values``) x dtype bytes."""
+        return kv_cache_values(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
 
     @property
     def bytes(self) -> int:
@@ -227,6 +229,7 @@ def kv_cache_plan(
         weight_dtype.itemsize,
         shape.num_params,
         str(dtype).removeprefix("torch."),
+        shape.kv_lora_rank,
     )
 
 
@@ -335,11 +338,9 @@ def memory_problems(
 ) -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
     r = cfg.engine
-    elem = plan.elem_bytes
     per_token = (
-        f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
-        f"heads x {plan.head_dim} head dim x {elem} bytes, {plan.kv_dtype}; engine.dtype={r.dtype}, "
-        f"engine.kv_cache_dtype={r.kv_cache_dtype})"
+        f"{plan.bytes_per_token} bytes per token ({kv_cache_words(plan)} x {plan.elem_bytes} bytes, {plan.kv_dtype}; "
+        f"engine.dtype={r.dtype}, engine.kv_cache_dtype={r.kv_cache_dtype})"
     )
     length = f"{n.max_model_len} tokens ({_prompt_words(n)} + the longest response {n.engine_response})"
     if device.type == "cuda":

@@ -45,6 +45,19 @@ MOE = {
         linear_value_head_dim=8,
         layer_types=["linear_attention", "full_attention"],
     ),
+    "deepseek_v3": dict(
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        kv_lora_rank=16,
+        q_lora_rank=8,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+    ),
     "qwen3_next": dict(
         num_experts=4,
         num_experts_per_tok=2,
@@ -68,6 +81,8 @@ def tiny_config(model_type):
     if model_type in MULTIMODAL:  # the language model's sizes go in text_config
         text = MULTIMODAL[model_type]
         return AutoConfig.for_model(model_type, text_config={**TINY, **MOE.get(text, MOE["qwen3_next"])})
+    if model_type == "deepseek_v3":  # (multi-head latent attention: a key per query head)
+        return AutoConfig.for_model(model_type, **{**TINY, "num_key_value_heads": 4}, **MOE[model_type])
     return AutoConfig.for_model(model_type, **TINY, **MOE.get(model_type, {}))
 
 
@@ -79,8 +94,9 @@ def test_every_family_builds_and_plans_tensor_parallelism(model_type):
     assert model.family is family_of(cfg) and model.args.model_type == MULTIMODAL.get(model_type, model_type)
     assert bool(model.args.moe_layers) == is_moe_type(model_type)
     for layer in model.model.layers:
-        # (a sparse linear-attention layer of a hybrid has nothing to shard: its mixer and experts stay whole)
-        assert layer.tp_plan or (layer.sparse and layer.mixer_name != "self_attn")
+        # (a sparse linear-attention layer of a hybrid has nothing to shard: its mixer and experts stay whole;
+        # nor has a sparse multi-head latent attention layer, whose attention is not split)
+        assert layer.tp_plan or (layer.sparse and (layer.mixer_name != "self_attn" or model.args.kv_lora_rank))
         assert set(layer.tp_plan.values()) <= {"colwise", "rowwise"}
         for name in layer.tp_plan:  # the plan names plain Linear submodules of this family's layers
             assert type(layer.get_submodule(name)) is nn.Linear, (model_type, name)

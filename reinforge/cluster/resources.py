@@ -73,7 +73,10 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
     from ..rollout.backends import engine_config_for
 
     slots = engine_config_for(cfg).max_num_seqs  # engine.max_num_seqs capped at what the run holds at once
-    kv = 2 * shape.num_kv_layers * shape.num_kv_heads * shape.head_dim * max_model_len * slots * FP32
+    from ..models.args import kv_cache_values
+
+    values = kv_cache_values(shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, shape.kv_lora_rank)
+    kv = values * max_model_len * slots * FP32
     kv += shape.state_bytes_per_seq(FP32) * slots  # a hybrid model's linear-attention states
     engine = PROCESS_OVERHEAD + full + kv
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731

@@ -9,7 +9,8 @@
   (:func:`decode_context`):
 
   - :class:`KernelDecode`: paged cache and the Triton kernel (CUDA), which walks each sequence's own
-    blocks up to its own length and stores the new token's K/V itself;
+    blocks up to its own length and stores the new token's K/V itself (a multi-head latent attention
+    model's latent cache: :mod:`.mla_decode`'s kernel);
   - :class:`GatherDecode`: paged cache without the kernel: the blocks are gathered into a padded key
     range and attended with a mask (the reference path; CPU tests of the paged layout);
   - :class:`SlotDecode`: one block per slot (the CPU default): the cache rows are the padded key
@@ -32,6 +33,7 @@ import torch
 
 from ..models.transformer import sdpa
 from .kv_cache import cache_read, cache_write, to_cache
+from .mla_decode import mla_decode_attention_triton
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 
 if TYPE_CHECKING:
@@ -58,6 +60,8 @@ class PrefillContext:
     for the earlier positions.
     """
 
+    caches_kv = True  # (a multi-head latent attention layer passes its latent: models/mla.py)
+
     def __init__(
         self,
         runner: ModelRunner,
@@ -80,7 +84,8 @@ class PrefillContext:
         kc, vc = self.r.k_layer[layer], self.r.v_layer[layer]
         k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
         cache_write(kc, (self.blk, slice(None), self.off), k8.reshape(P * T, KVH, D))
-        cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
+        if vc is not kc:  # (a latent cache: the values are the keys' rows)
+            cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
         k, v = k8.to(k.dtype), v8.to(v.dtype)  # as the cache holds them
         mask = None
         if self.start:
@@ -89,10 +94,26 @@ class PrefillContext:
             mask = self.mask
         return sdpa(q, k, v, mask)
 
+    def latent_rows(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Multi-head latent attention's prefill (:mod:`reinforge.models.mla`): store the chunk's latent rows
+        [P, T, D] in the layer's cache and return the rows of positions ``[0, start + T)`` as the cache holds
+        them ([P, start + T, D]) with the mask of this chunk's queries over them (None: causal). The layer
+        expands them into per-head keys and values itself (plain attention; decode uses the absorbed form)."""
+        P, T, D = rows.shape
+        c = self.r.k_layer[layer]
+        r8 = to_cache(rows, c.dtype)
+        cache_write(c, (self.blk, slice(None), self.off), r8.reshape(P * T, 1, D))
+        rows = r8.to(rows.dtype)
+        if not self.start:
+            return rows, None
+        return torch.cat([cache_read(c, self.prefix, rows.dtype).view(P, self.start, D), rows], dim=1), self.mask
+
 
 class _Decode:
     """One new token per slot in ``[0, B)`` at position ``pos``: its K/V goes to block
     ``table[slot, pos // block_size]`` at offset ``pos % block_size`` (the sink block for idle rows)."""
+
+    caches_kv = True
 
     def __init__(self, runner: ModelRunner, B: int, Lk: int, pos: torch.Tensor, active: torch.Tensor):
         r, layout = runner, runner.layout
@@ -122,7 +143,8 @@ class _Decode:
         kc, vc = self.r.k_layer[layer], self.r.v_layer[layer]
         at = (self.w_blk, slice(None), self.w_off)
         cache_write(kc, at, k[:, 0])
-        cache_write(vc, at, v[:, 0])
+        if vc is not kc:
+            cache_write(vc, at, v[:, 0])
         return kc, vc
 
 
@@ -150,9 +172,9 @@ class GatherDecode(_Decode):
     def attend(self, layer, q, k, v):
         kc, vc = self.write(layer, k, v)
         nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[: self.B]
-        return masked_decode_attention(
-            q[:, 0], gather_blocks(kc, table, nb, q.dtype), gather_blocks(vc, table, nb, q.dtype), self.bias
-        )[:, None]
+        keys = gather_blocks(kc, table, nb, q.dtype)
+        values = keys if vc is kc else gather_blocks(vc, table, nb, q.dtype)
+        return masked_decode_attention(q[:, 0], keys, values, self.bias)[:, None]
 
 
 class KernelDecode(_Decode):
@@ -176,6 +198,18 @@ class KernelDecode(_Decode):
 
     def attend(self, layer, q, k, v):
         r = self.r
+        if r.v_cache is r.k_cache:  # a multi-head latent attention model's latent cache (engine/mla_decode.py)
+            return mla_decode_attention_triton(
+                q[:, 0],
+                k[:, 0, 0],
+                r.k_layer[layer],
+                r.model.args.kv_lora_rank,
+                r.block_table,
+                self.lens,
+                self.w_blk,
+                self.w_off,
+                max_len=self.Lk,
+            )[:, None]
         cos, sin = self.rope
         return paged_decode_attention_triton(
             q[:, 0],

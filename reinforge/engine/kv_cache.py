@@ -182,10 +182,14 @@ class KVLayout:
         return self.num_blocks
 
 
-def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of keys and values of one block over all layers."""
-    elem = dtype.itemsize
-    return 2 * num_layers * num_kv_heads * head_dim * block_size * elem
+def bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, kv_lora_rank: int = 0
+) -> int:
+    """Bytes of keys and values of one block over all layers (a multi-head latent attention model's
+    latent rows with ``kv_lora_rank``: :func:`~reinforge.models.args.kv_cache_values`)."""
+    from ..models.args import kv_cache_values
+
+    return kv_cache_values(num_layers, num_kv_heads, head_dim, kv_lora_rank) * block_size * dtype.itemsize
 
 
 def plan_kv_layout(
@@ -229,7 +233,9 @@ def plan_kv_layout(
     per_seq = -(-L // bs)
     slots = cfg.max_num_seqs
     blocks = slots * per_seq
-    per_block = bytes_per_block(args.num_kv_layers, args.num_kv_heads, args.head_dim, bs, dtype)
+    per_block = bytes_per_block(
+        args.num_kv_layers, args.num_kv_heads, args.head_dim, bs, dtype, getattr(args, "kv_lora_rank", 0)
+    )
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         budget = int(free * cfg.kv_cache_memory_fraction)

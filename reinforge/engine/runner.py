@@ -151,8 +151,10 @@ class ModelRunner:
         # one cache row per layer with keys and values (a hybrid model's attention layers only)
         rows = range(a.num_layers) if a.kv_layers is None else a.kv_layers
         shape = (len(rows), layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
+        if a.kv_lora_rank:  # multi-head latent attention: one latent row per token is its key and its value
+            shape = (len(rows), layout.num_blocks + 1, 1, layout.block_size, a.kv_lora_rank + a.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
-        self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        self.v_cache = self.k_cache if a.kv_lora_rank else torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         # decoder layer -> its cache (views; None for a layer without keys and values)
         self.k_layer: list[torch.Tensor | None] = [None] * a.num_layers
         self.v_layer: list[torch.Tensor | None] = [None] * a.num_layers
@@ -189,7 +191,7 @@ class ModelRunner:
             S,
             layout.num_blocks,
             layout.block_size,
-            2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+            (1 if self.v_cache is self.k_cache else 2) * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
             str(self.kv_dtype).removeprefix("torch."),
             ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "",
         )
@@ -312,7 +314,7 @@ class ModelRunner:
             src = self.h2d([a for a, _ in tail_copies])
             dst = self.h2d([b for _, b in tail_copies])
             r = min(T, bs)
-            for cache in (self.k_cache, self.v_cache):
+            for cache in (self.k_cache,) if self.v_cache is self.k_cache else (self.k_cache, self.v_cache):
                 cache_copy(
                     cache,
                     (slice(None), dst, slice(None), slice(None, r)),

@@ -44,6 +44,7 @@ class ModelShape:
     kv_layers: int | None = None  # layers with keys and values (None: all; see ConfigShape)
     conv_state_elems: int = 0
     rec_state_elems: int = 0
+    kv_lora_rank: int = 0  # multi-head latent attention: the cache's latent rank (ConfigShape)
 
     @property
     def num_kv_layers(self) -> int:
@@ -89,6 +90,7 @@ def model_shape(folder: Path) -> ModelShape:
         shape.kv_layers,
         shape.conv_state_elems,
         shape.rec_state_elems,
+        shape.kv_lora_rank,
     )
 
 

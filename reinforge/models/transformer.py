@@ -187,13 +187,16 @@ def apply_rope_qk(q, k, cos, sin):
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, scale: float | None = None
+) -> torch.Tensor:
     """Attention of q [B, T, H, D] over k, v [B, S, KVH, D] (H a multiple of KVH: grouped-query),
     causal when ``mask`` is None, else under ``mask`` ([T, S] or broadcastable to [B, H, T, S]; True:
     attend). Returns [B, T, H, D] in q's dtype. ``F.scaled_dot_product_attention`` without its cuDNN
-    backend on a GPU (:data:`SDPA_BACKENDS`)."""
+    backend on a GPU (:data:`SDPA_BACKENDS`). ``scale``: of the scores (None: 1/sqrt(D)); v may be
+    narrower than q and k (multi-head latent attention's value heads)."""
     args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2])
+    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2], scale=scale)
     if not q.is_cuda:
         return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
     with sdpa_kernel(SDPA_BACKENDS):

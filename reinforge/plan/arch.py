@@ -18,6 +18,10 @@ class Arch:
     all layers' token mixers, counted by the family; 0: attention counted here), each sequence holding
     ``conv_state_elems`` (engine dtype) + ``rec_state_elems`` (fp32) of fixed state in the engine instead of
     keys and values (``models.families.base.ConfigShape``).
+    dense model; ``moe_layers`` the sparse layers. Multi-head latent attention (``deepseek_v3``;
+    ``mla[1]`` = kv_lora_rank > 0): ``head_dim`` is a query head's width (``qk_nope_head_dim +
+    qk_rope_head_dim``), ``mla`` = (q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_rope_head_dim,
+    v_head_dim), and the KV cache holds a latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer.
     """
 
     vocab_size: int
@@ -38,6 +42,7 @@ class Arch:
     mixer_params: int = 0
     conv_state_elems: int = 0
     rec_state_elems: int = 0
+    mla: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> Arch:
@@ -52,6 +57,8 @@ class Arch:
 
     @classmethod
     def _from_config(cls, cfg: dict[str, Any]) -> Arch:
+        if cfg.get("kv_lora_rank"):
+            return cls._from_mla_config(cfg)
         from ..models.shape import config_shape
 
         shape = config_shape(cfg)  # the family's reading of its cache (a hybrid's attention layers and states)
@@ -84,6 +91,32 @@ class Arch:
             rec_state_elems=shape.rec_state_elems,
         )
 
+    @classmethod
+    def _from_mla_config(cls, cfg: dict[str, Any]) -> Arch:
+        """A multi-head latent attention model's (DeepSeek-V3's keys: ``n_routed_experts``,
+        ``first_k_dense_replace``, ``moe_layer_freq``, ``n_shared_experts``)."""
+        h, heads, layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
+        experts = int(cfg.get("n_routed_experts") or 0)
+        first, freq = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+        moe_width = int(cfg.get("moe_intermediate_size") or 0)
+        rope = int(cfg["qk_rope_head_dim"])
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden=h,
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=int(cfg["qk_nope_head_dim"]) + rope,
+            intermediate=int(cfg.get("intermediate_size") or 4 * h),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            experts=experts,
+            experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            moe_intermediate=moe_width,
+            shared_intermediate=int(cfg.get("n_shared_experts") or 0) * moe_width,
+            moe_layers=sum(1 for i in range(layers) if experts and i >= first and i % freq == 0),
+            mla=(int(cfg.get("q_lora_rank") or 0), int(cfg["kv_lora_rank"]), rope, int(cfg["v_head_dim"])),
+        )
+
     @property
     def num_kv_layers(self) -> int:
         """The layers with attention (and keys and values in the engine)."""
@@ -113,6 +146,11 @@ class Arch:
         return self.num_kv_heads * self.head_dim
 
     def _attn_params(self) -> int:
+        if self.mla[1]:  # q_a + q_b (or q_proj), kv_a_proj_with_mqa, kv_b_proj, o_proj, the norms
+            q_lora, kv_lora, rope, v = self.mla
+            h, H, qk = self.hidden, self.num_heads, self.head_dim
+            q = h * q_lora + q_lora + q_lora * H * qk if q_lora else h * H * qk
+            return q + h * (kv_lora + rope) + kv_lora + kv_lora * H * (qk - rope + v) + H * v * h + 2 * h
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         return 2 * h * q + 2 * h * kv + (q + 2 * kv if self.qkv_bias else 0) + 2 * h
 
@@ -150,7 +188,10 @@ class Arch:
         return active + self.head_params
 
     def kv_bytes_per_token(self, elem_bytes: float) -> float:
-        """2 (K and V) x layers with attention x kv_heads x head_dim x dtype bytes."""
+        """2 (K and V) x layers with attention x kv_heads x head_dim x dtype bytes; multi-head latent attention's
+        engine caches layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes."""
+        if self.mla[1]:
+            return self.num_layers * (self.mla[1] + self.mla[2]) * elem_bytes
         return 2 * self.num_kv_layers * self.kv_dim * elem_bytes
 
     def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:

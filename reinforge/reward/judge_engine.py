@@ -133,7 +133,9 @@ def engine_bytes(folder: Path, engine: EngineConfig, max_len: int, device: torch
     wdtype = engine_dtype(engine.dtype, device)
     dtype = kv_cache_dtype(engine.kv_cache_dtype, wdtype, device)
     layout = plan_kv_layout(shape, dtype, torch.device("cpu"), engine, max_len, triton_available(device.type))
-    block = bytes_per_block(shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, layout.block_size, dtype)
+    block = bytes_per_block(
+        shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, layout.block_size, dtype, shape.kv_lora_rank
+    )
     return (layout.num_blocks + 1) * block, shape.num_params * wdtype.itemsize, layout.blocks_per_seq * block
 
 

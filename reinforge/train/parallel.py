@@ -23,6 +23,7 @@ from torch import nn
 
 from ..models.families import native_models
 from ..models.loading import is_native, set_gradient_checkpointing
+from ..parallel_layout import latent_attention_problem
 from ..utils import stall
 from .mesh import (
     KEYS,
@@ -298,6 +299,8 @@ def parallelize(
             )
         a = backbone.args
         problems = layout.model_problems(a.num_heads, a.num_kv_heads, a.intermediate_size, a.num_layers)
+        if a.kv_lora_rank and (layout.tp > 1 or layout.cp > 1):  # (pipeline stages are plain decoder layers)
+            problems = [latent_attention_problem(a.model_type)]
         if problems:
             raise ValueError("; ".join(problems))
     split = None

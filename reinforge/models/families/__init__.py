@@ -75,6 +75,13 @@ FAMILIES.register(
     title="Qwen3.5-MoE (multimodal checkpoint, its language model)",
 )
 
+FAMILIES.register(
+    "deepseek_v3",
+    "reinforge.models.families.deepseek_v3:FAMILY",
+    moe=True,
+    title="DeepSeek-V3/R1 / Kimi-K2 / Moonlight (multi-head latent attention, MoE)",
+)
+
 
 def model_type_of(config: Any) -> str | None:
     """``model_type`` of a ``config.json`` dict or a ``transformers`` config (a multimodal

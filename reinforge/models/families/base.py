@@ -42,7 +42,9 @@ class ConfigShape:
     ``conv_state_elems`` elements in the engine's dtype and ``rec_state_elems`` fp32 elements
     (:meth:`state_bytes_per_seq`). ``mixer_params``: the parameters of every layer's token mixer (attention or
     linear attention, the layer norms not included) where the family counts them itself; 0: Llama's attention in
-    every layer, counted by the planner (``plan/arch.py``).
+    every layer, counted by the planner (``plan/arch.py``). ``kv_lora_rank`` > 0: multi-head latent attention,
+    whose cache holds ``kv_lora_rank + head_dim`` values per token and layer
+    (:func:`~reinforge.models.args.kv_cache_values`).
     """
 
     num_layers: int
@@ -54,6 +56,7 @@ class ConfigShape:
     conv_state_elems: int = 0
     rec_state_elems: int = 0
     mixer_params: int = 0
+    kv_lora_rank: int = 0
 
     @property
     def num_kv_layers(self) -> int:
