@@ -71,10 +71,14 @@ def test_tiny_gemma3_passes_every_check(tmp_path):
         assert (model(ids) - ref).abs().max() > 1e-2  # the global table on local layers too
 
 
-@pytest.mark.parametrize("block_size", [4, 0])  # paged (gathered decode) and one block per slot
-def test_engine_matches_the_trainer_past_the_window(gemma3_path, block_size):
-    """Prompts of 5..29 tokens (past the window of 4) and 12 sampled tokens, prefill in chunks of 8 columns,
-    3 samples per prompt: the engine's log-probs are the trainer's."""
+@pytest.mark.parametrize(
+    "block_size,num_blocks",
+    [(4, 0), (4, 16), (0, 0)],  # paged (rings for the local layers), paged and preempting, one block per slot
+)
+def test_engine_matches_the_trainer_past_the_window(gemma3_path, block_size, num_blocks):
+    """Prompts of 5..29 tokens (past the window of 4) and 12 sampled tokens, prefill in chunks of 8 columns
+    (longer than a ring of one block), 3 samples per prompt (ring copies), recompute after preemption: the
+    engine's log-probs are the trainer's."""
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import build_model
@@ -82,9 +86,13 @@ def test_engine_matches_the_trainer_past_the_window(gemma3_path, block_size):
 
     engine = EmbeddedEngine(
         build_model(gemma3_path, torch.float32),
-        EngineConfig(max_num_seqs=8, kv_block_size=block_size, max_prefill_tokens=8),
+        EngineConfig(max_num_seqs=8, kv_block_size=block_size, max_prefill_tokens=8, num_kv_blocks=num_blocks),
         max_model_len=64,
     )
+    if block_size:  # the local layers' keys in rings of one block per slot; the pool holds the global layer's
+        layout = engine.runner.layout
+        assert layout.ring_layers == (0, 1, 3) and layout.ring_blocks == 1
+        assert engine.runner.k_pool.shape[0] == 1 and engine.runner.k_ring.shape[:2] == (3, 8 + 1)
     trainer = build_model(gemma3_path, torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 40000, (5 + 12 * i,), generator=g).tolist() for i in range(3)]
@@ -99,6 +107,29 @@ def test_engine_matches_the_trainer_past_the_window(gemma3_path, block_size):
             ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])[:, 0]
             worst = max(worst, (ref - torch.tensor(r.log_probs)).abs().max().item())
     assert worst < 1e-4
+    if num_blocks:
+        assert engine.num_preemptions > 0
+
+
+def test_windowed_layers_cost_window_sized_memory(gemma3_path):
+    """The rings do not grow with max_model_len (the pool does, for the global layer): a KV cache of 8 slots x
+    1024 tokens holds 4 layers' keys for the window only in 3 of them."""
+    from reinforge.config import EngineConfig
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
+
+    model = build_model(gemma3_path, torch.float32)
+    sizes = {}
+    for L in (64, 1024):
+        engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=8, kv_block_size=4), max_model_len=L)
+        r = engine.runner
+        sizes[L] = (r.k_ring.numel(), r.k_pool.numel(), r.kv_bytes())
+        engine.shutdown() if hasattr(engine, "shutdown") else None
+    assert sizes[64][0] == sizes[1024][0]  # the rings: window-sized
+    assert sizes[1024][1] == 16 * sizes[64][1] - 15 * sizes[64][1] // (8 * 16 + 1)  # the pool: length-sized
+    a = model.args
+    full = 2 * a.num_layers * a.num_kv_heads * a.head_dim * 4 * (8 * 1024 + 1)
+    assert sizes[1024][2] < 0.3 * full
 
 
 @pytest.mark.parametrize(
@@ -144,3 +175,46 @@ def test_grpo_trains_gemma3_natively(tmp_path, gemma3_path, caplog):
     assert "not implemented natively" not in caplog.text
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["train/logprob_abs_diff"] < 1e-4  # packed trainer (windowed band) == engine
+
+
+def test_the_planner_counts_window_sized_caches():
+    """Gemma-3-12B's shape: 40 of 48 layers local (window 1024); at 32k tokens the KV cache is about a sixth of
+    a full-attention model's, at the window or below the same."""
+    from reinforge.plan.arch import Arch
+
+    cfg = dict(
+        model_type="gemma3_text",
+        vocab_size=262208,
+        hidden_size=3840,
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        intermediate_size=15360,
+        sliding_window=1024,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(48)],
+    )
+    a = Arch.from_config(cfg)
+    assert (a.windowed_layers, a.window) == (40, 1024)
+    full = a.kv_bytes_per_token(2)
+    assert full == 2 * 48 * 8 * 256 * 2
+    assert a.kv_bytes_per_token(2, 1024) == full
+    assert a.kv_bytes_per_token(2, 32768) == pytest.approx(full * (8 + 40 * 1024 / 32768) / 48)
+    assert Arch.from_config({**cfg, "layer_types": None}).kv_bytes_per_token(2, 32768) == full
+
+
+def test_the_engines_cache_plan_reads_the_windows_from_config_json():
+    """The up-front estimate (a config.json dict, no model built) plans the same rings as the engine."""
+    from reinforge.config import EngineConfig
+    from reinforge.engine.kv_cache import plan_kv_layout
+    from reinforge.models.families import family_of
+
+    cfg = gemma3_config()
+    shape = family_of(cfg).config_shape(cfg)
+    assert shape.layer_windows == (WINDOW, WINDOW, 0, WINDOW)
+    layout = plan_kv_layout(
+        shape, torch.float32, torch.device("cpu"), EngineConfig(max_num_seqs=8, kv_block_size=4), 64, False
+    )
+    assert (layout.ring_layers, layout.ring_blocks, layout.num_blocks) == ((0, 1, 3), 1, 8 * 16)
+    slot = plan_kv_layout(shape, torch.float32, torch.device("cpu"), EngineConfig(max_num_seqs=8), 64, False)
+    assert slot.ring_layers == ()  # one block per slot: every layer in it

@@ -25,15 +25,17 @@ and the trainer's logits paths do not cap), ``use_bidirectional_attention``, a g
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..args import ModelArgs, dense_args
+from ..args import ModelArgs, dense_args, layer_windows
 from ..transformer import MLP, Attention, DecoderLayer, RMSNorm
-from .base import Family
+from .base import ConfigShape, Family, generic_config_shape
 
 LAYER_KINDS = ("sliding_attention", "full_attention")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -167,10 +169,12 @@ class Gemma3Text(Family):
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", True)), attn_scale=float(scalar) ** -0.5
         )
 
-    def config_shape(self, cfg: dict):
-        from .base import generic_config_shape
-
-        return generic_config_shape(cfg)
+    def config_shape(self, cfg: dict) -> ConfigShape:
+        """The common keys, and the local layers' windows (``layer_types`` / ``sliding_window_pattern``)."""
+        shape = generic_config_shape(cfg)
+        view = SimpleNamespace(**{"sliding_window": None, **cfg.get("text_config", cfg)})
+        view.layer_types = layer_kinds(view)
+        return replace(shape, layer_windows=layer_windows(view))
 
     def decoder_layer(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
         return Gemma3DecoderLayer(args, layer, self, cfg)
