@@ -105,3 +105,23 @@ def test_layer_windows_from_layer_types():
         layer_windows(cfg)
     cfg.layer_types = ["full_attention"] * 4
     assert layer_windows(cfg) == ()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen flash kernel needs CUDA")
+def test_varlen_window_equals_the_masked_path_on_cuda():
+    """bf16 on a GPU: flash attention's window_size=(window - 1, 0) over packed rows and a shared prompt gives
+    the masked SDPA path's output (the CPU tests check the masked path against the written-out softmax)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 12, n, 64, generator=g).cuda().bfloat16() for n in (4, 2, 2))
+    doc = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, -1]]).cuda()
+    shared = torch.zeros(1, 12, dtype=torch.bool).cuda()
+    shared[0, :4] = True
+    for sh in (None, shared):
+        fast = PackedAttention(doc, sh)
+        slow = PackedAttention(doc, sh, varlen=False)
+        assert fast.use_varlen
+        for window in (1, 3, 6):
+            a = fast.attend(0, q, k, v, window=window, scale=0.2)
+            b = slow.attend(0, q, k, v, window=window, scale=0.2)
+            valid = doc[0] >= 0
+            torch.testing.assert_close(a[0, valid].float(), b[0, valid].float(), atol=2e-2, rtol=2e-2)
