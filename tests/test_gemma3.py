@@ -218,3 +218,43 @@ def test_the_engines_cache_plan_reads_the_windows_from_config_json():
     assert (layout.ring_layers, layout.ring_blocks, layout.num_blocks) == ((0, 1, 3), 1, 8 * 16)
     slot = plan_kv_layout(shape, torch.float32, torch.device("cpu"), EngineConfig(max_num_seqs=8), 64, False)
     assert slot.ring_layers == ()  # one block per slot: every layer in it
+
+
+def gemma3_multimodal_folder(tmp_path):
+    """A tiny random Gemma 3 multimodal checkpoint (``gemma3``): the tiny gemma3_text, a one-layer vision tower."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("gemma3").to_dict()
+    text = gemma3_config()
+    text.pop("num_hidden_layers")
+    cfg["text_config"].update(text)
+    cfg["vision_config"].update(num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=16)
+    cfg["mm_tokens_per_image"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return write_tiny_model(tmp_path / "config.json", tmp_path / "tiny", layers=4)
+
+
+def test_a_gemma3_multimodal_checkpoint_trains_as_its_language_model(tmp_path):
+    """Every check-model row on the multimodal checkpoint (its language model native; transformers writes it in
+    the published ``language_model.model.*`` layout), and the export keeps the vision tower bit for bit."""
+    from safetensors import safe_open
+
+    from reinforge.models.loading import build_model, save_hf_folder
+
+    src = gemma3_multimodal_folder(tmp_path)
+    rows = check_model(src, tokens=8, speed=False)
+    assert not failed(rows), format_table(rows)
+    assert rows[0].ok and "gemma3" in rows[0].value
+    model = build_model(src, torch.float32)
+    assert model.args.layer_windows == (WINDOW, WINDOW, 0, WINDOW)
+    assert not any("vision" in n for n, _ in model.named_parameters())
+    out = save_hf_folder(model, tmp_path / "export", src)
+
+    def tensors(folder):
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    before, after = tensors(src), tensors(out)  # (transformers writes the published layout; ours is transformers 5's)
+    vision = [k for k in before if "vision_tower" in k]
+    assert vision and all(torch.equal(before[k], after[k if k.startswith("model.") else "model." + k]) for k in vision)
+    assert not any(k.startswith("language_model.") for k in after)  # the language model once, in the new layout

@@ -80,6 +80,12 @@ FAMILIES.register(
     moe=False,
     title="Gemma 3 (language model; local sliding-window / global layers)",
 )
+FAMILIES.register(
+    "gemma3",
+    "reinforge.models.families.gemma3:GEMMA3",
+    moe=False,
+    title="Gemma 3 (multimodal checkpoint, its language model)",
+)
 
 
 def model_type_of(config: Any) -> str | None:

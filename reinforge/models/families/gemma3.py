@@ -36,6 +36,7 @@ from torch import nn
 from ..args import ModelArgs, dense_args, layer_windows
 from ..transformer import MLP, Attention, DecoderLayer, RMSNorm
 from .base import ConfigShape, Family, generic_config_shape
+from .qwen3_next import LANGUAGE_MODEL, Qwen3_5
 
 LAYER_KINDS = ("sliding_attention", "full_attention")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -219,3 +220,57 @@ class _WithLayerTypes:
 
 
 FAMILY = Gemma3Text()
+
+
+HUB_LANGUAGE_MODEL = "language_model.model."  # the published checkpoints' prefix (transformers 5 renames on load)
+
+
+class Gemma3(Qwen3_5):
+    """A Gemma 3 multimodal checkpoint (``gemma3``: Gemma-3-4B/12B/27B, a SigLIP vision tower and ``text_config``)
+    loaded for text RL, as Qwen3.5's (:class:`~.qwen3_next.Qwen3_5`): its language model is trained as
+    :class:`Gemma3Text`, read from ``model.language_model.*`` (transformers 5's layout) or
+    ``language_model.model.*`` (the published checkpoints'); the LM head is the tied embedding. The vision
+    tower and the projector are neither trained nor sent to engines; a Hugging Face export writes the language
+    model in transformers 5's layout and copies the other tensors from the folder the model came from, so it is
+    the whole multimodal checkpoint again."""
+
+    def decoder_layer(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        return self.text.decoder_layer(args, layer, cfg)
+
+    def embedding(self, args: ModelArgs) -> nn.Embedding:
+        return self.text.embedding(args)
+
+    def rope_tables(self, cfg: Any, head_dim: int, max_positions: int):
+        return self.text.rope_tables(cfg, head_dim, max_positions)
+
+    def from_hub(self, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+        renamed = {
+            (LANGUAGE_MODEL + k[len(HUB_LANGUAGE_MODEL) :] if k.startswith(HUB_LANGUAGE_MODEL) else k): v
+            for k, v in state.items()
+        }
+        return super().from_hub(renamed, where)
+
+    def to_hub(self, named, source: str | None = None):
+        for name, t in self.text.to_hub(named):
+            yield (LANGUAGE_MODEL + name[len("model.") :] if name.startswith("model.") else name), t
+        if source is not None:
+            yield from _vision_tensors(source)
+
+
+def _vision_tensors(folder: str):
+    """(name, tensor) of a multimodal Gemma 3 checkpoint's tensors outside its language model, in transformers
+    5's names (``model.vision_tower.*``, ``model.multi_modal_projector.*``; the published ``vision_tower.*`` /
+    ``multi_modal_projector.*`` renamed)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                if key.startswith((LANGUAGE_MODEL, "language_model.")) or key.endswith("lm_head.weight"):
+                    continue
+                yield (key if key.startswith("model.") else "model." + key), f.get_tensor(key)
+
+
+GEMMA3 = Gemma3("gemma3", FAMILY)
