@@ -109,6 +109,8 @@ class KVCachePlan:
         weight_elem_bytes: bytes per weight (``engine.dtype``).
         kv_dtype: the cache dtype's name (``bfloat16``, ``float8_e4m3fn``, ...).
         num_params: the model's parameters (the engine's weights).
+        ring_layers, ring_blocks: the sliding-window layers kept in per-slot rings and each ring's blocks
+            (:func:`~reinforge.engine.kv_cache.ring_plan`; 0: none): the pool holds the other layers.
     """
 
     slots: int
@@ -122,6 +124,8 @@ class KVCachePlan:
     weight_elem_bytes: int
     num_params: int
     kv_dtype: str
+    ring_layers: int = 0
+    ring_blocks: int = 0
 
     @property
     def bytes_per_token(self) -> int:
@@ -130,8 +134,11 @@ class KVCachePlan:
 
     @property
     def bytes(self) -> int:
-        """Bytes of the keys and values, the sink block included."""
-        return (self.blocks + 1) * self.block_size * self.bytes_per_token
+        """Bytes of the keys and values, the sink block included (and the rings' sink block)."""
+        per_layer = self.bytes_per_token // self.num_layers
+        pool = (self.blocks + 1) * self.block_size * (self.num_layers - self.ring_layers) * per_layer
+        rings = (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
+        return pool + (rings if self.ring_layers else 0)
 
     @property
     def bytes_per_slot(self) -> int:
@@ -227,6 +234,8 @@ def kv_cache_plan(
         weight_dtype.itemsize,
         shape.num_params,
         str(dtype).removeprefix("torch."),
+        len(layout.ring_layers),
+        layout.ring_blocks,
     )
 
 

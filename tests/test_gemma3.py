@@ -258,3 +258,18 @@ def test_a_gemma3_multimodal_checkpoint_trains_as_its_language_model(tmp_path):
     vision = [k for k in before if "vision_tower" in k]
     assert vision and all(torch.equal(before[k], after[k if k.startswith("model.") else "model." + k]) for k in vision)
     assert not any(k.startswith("language_model.") for k in after)  # the language model once, in the new layout
+
+
+@pytest.mark.parametrize("block_size", [4, 0])
+def test_the_preflight_kv_plan_is_what_the_engine_allocates(gemma3_path, block_size):
+    """The up-front KV estimate counts the rings (paged) exactly as the engine allocates them."""
+    from reinforge.config import load_config
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.models.loading import build_model
+    from reinforge.preflight import kv_cache_plan
+
+    cfg = load_config(None, ["train.device=cpu", "engine.max_num_seqs=5", f"engine.kv_block_size={block_size}"])
+    plan = kv_cache_plan(cfg, gemma3_path, 50, torch.device("cpu"))
+    engine = EmbeddedEngine(build_model(gemma3_path, torch.float32), cfg.engine, max_model_len=50)
+    assert plan.ring_layers == (3 if block_size else 0)
+    assert plan.bytes == engine.runner.kv_bytes()

@@ -41,6 +41,7 @@ class ModelShape:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    layer_windows: tuple[int, ...] = ()  # sliding windows a native family runs (ConfigShape.layer_windows)
 
 
 def model_shape(folder: Path) -> ModelShape:
@@ -68,7 +69,7 @@ def model_shape(folder: Path) -> ModelShape:
         params = shape.num_layers * (4 * hidden * hidden + 3 * hidden * shape.mlp_width) + vocab * hidden * (
             1 if cfg.get("tie_word_embeddings", True) else 2
         )
-    return ModelShape(params, vocab, shape.num_layers, shape.num_kv_heads, shape.head_dim)
+    return ModelShape(params, vocab, shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.layer_windows)
 
 
 def config_shape(cfg: dict) -> ConfigShape:
