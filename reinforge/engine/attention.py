@@ -227,7 +227,11 @@ class KernelDecode(_Decode):
         # kernel (one launch fewer per layer); the model's Attention asks ``applies_rope``
         model = self.r.model
         attns = [getattr(layer, "self_attn", None) for layer in model.model.layers]
-        self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns)
+        # (one table only: a family with the windowed layers' own RoPE table rotates them in the layers)
+        local = getattr(model, "rope_local_cos", None)
+        self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns) and not (
+            local is not None and local.numel()
+        )
         self.rope = (model.rope_cos, model.rope_sin) if self.applies_rope else (None, None)
 
     def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
