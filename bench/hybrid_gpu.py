@@ -128,7 +128,7 @@ def step_limit(model, engine, seqs: int, context: float, bandwidth: float) -> fl
     E, k = max(a.num_experts, 1), a.num_experts_per_tok
     touched = 1 - (1 - k / E) ** seqs if a.num_experts else 1.0  # share of experts a decode step reads
     weight = weight - experts + experts * touched
-    kv = 2 * a.num_kv_layers * a.num_kv_heads * a.head_dim * engine.runner.k_cache.element_size() * seqs * context
+    kv = 2 * a.num_kv_layers * a.num_kv_heads * a.head_dim * engine.runner.k_pool.element_size() * seqs * context
     states = engine.runner.linear.nbytes() / engine.runner.layout.num_slots * seqs if engine.runner.linear else 0
     return seqs / ((weight + kv + 2 * states) / bandwidth)
 

@@ -54,8 +54,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config.fields import ConfigError
-from .models.args import kv_cache_values, kv_cache_words
+from .models.args import kv_cache_words
 from .models.context import ContextWindow, context_window
+from .plan.kv_plan import KVCachePlan
 from .reward.judge_engine import judge_problems
 
 if TYPE_CHECKING:
@@ -94,50 +95,6 @@ class Lengths:
     @property
     def max_model_len(self) -> int:
         return self.prompt + self.engine_response
-
-
-@dataclass
-class KVCachePlan:
-    """The embedded engine's KV cache (from the engine's own :func:`~reinforge.engine.kv_cache.plan_kv_layout`).
-
-    Attributes:
-        slots: sequences decoded at once.
-        blocks: blocks in the pool (the engine adds one sink block).
-        block_size: tokens per block.
-        blocks_per_seq: blocks one sequence of ``max_model_len`` takes.
-        num_layers, num_kv_heads, head_dim: the model's attention shape (layers with keys and values).
-        elem_bytes: bytes per element of the cache dtype (``engine.kv_cache_dtype``; ``auto``: ``engine.dtype``).
-        weight_elem_bytes: bytes per weight (``engine.dtype``).
-        kv_dtype: the cache dtype's name (``bfloat16``, ``float8_e4m3fn``, ...).
-        num_params: the model's parameters (the engine's weights).
-    """
-
-    slots: int
-    blocks: int
-    block_size: int
-    blocks_per_seq: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    elem_bytes: int
-    weight_elem_bytes: int
-    num_params: int
-    kv_dtype: str
-    kv_lora_rank: int = 0  # multi-head latent attention: one latent row of kv_lora_rank + head_dim per token-layer
-
-    @property
-    def bytes_per_token(self) -> int:
-        """2 (keys and values) x layers x kv_heads x head_dim (or a latent: ``kv_cache_values``) x dtype bytes."""
-        return kv_cache_values(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
-
-    @property
-    def bytes(self) -> int:
-        """Bytes of the keys and values, the sink block included."""
-        return (self.blocks + 1) * self.block_size * self.bytes_per_token
-
-    @property
-    def bytes_per_slot(self) -> int:
-        return self.blocks_per_seq * self.block_size * self.bytes_per_token
 
 
 def rl_lengths(cfg: Config, max_prompt_tokens: int | None = None) -> Lengths:
@@ -230,6 +187,8 @@ def kv_cache_plan(
         shape.num_params,
         str(dtype).removeprefix("torch."),
         shape.kv_lora_rank,
+        len(layout.ring_layers),
+        layout.ring_blocks,
     )
 
 

@@ -116,7 +116,7 @@ def test_engine_latent_cache_matches_the_trainer(moe_folder, block):
         max_model_len=48,
     )
     r, a = engine.runner, engine.runner.model.args
-    assert r.v_cache is r.k_cache and r.k_cache.shape[2:] == (1, r.layout.block_size, a.kv_lora_rank + a.head_dim)
+    assert r.v_pool is r.k_pool and r.k_pool.shape[2:] == (1, r.layout.block_size, a.kv_lora_rank + a.head_dim)
     assert r.layout.paged == bool(block)
     trainer = build_model(moe_folder, torch.float32).eval()
     g = torch.Generator().manual_seed(0)

@@ -72,7 +72,7 @@ MOE = {
 }
 
 
-MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # checkpoint -> its language model
+MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma3": "gemma3_text"}  # -> its LM
 
 
 def tiny_config(model_type):
@@ -80,7 +80,8 @@ def tiny_config(model_type):
 
     if model_type in MULTIMODAL:  # the language model's sizes go in text_config
         text = MULTIMODAL[model_type]
-        return AutoConfig.for_model(model_type, text_config={**TINY, **MOE.get(text, MOE["qwen3_next"])})
+        hybrid = MOE["qwen3_next"] if text.startswith("qwen") else {}
+        return AutoConfig.for_model(model_type, text_config={**TINY, **MOE.get(text, hybrid)})
     if model_type == "deepseek_v3":  # (multi-head latent attention: a key per query head)
         return AutoConfig.for_model(model_type, **{**TINY, "num_key_value_heads": 4}, **MOE[model_type])
     return AutoConfig.for_model(model_type, **TINY, **MOE.get(model_type, {}))

@@ -278,8 +278,7 @@ def test_kv_cache_plan_is_what_the_engine_allocates(tiny_model_path, overrides):
     cfg = rl_cfg("engine.max_num_seqs=5", *overrides)
     plan = kv_cache_plan(cfg, tiny_model_path, 50, torch.device("cpu"))
     engine = EmbeddedEngine(build_model(tiny_model_path, torch.float32), cfg.engine, max_model_len=50)
-    k = engine.runner.k_cache
-    assert plan.bytes == 2 * k.numel() * k.element_size()
+    assert plan.bytes == engine.runner.kv_bytes()
     layout = engine.scheduler.layout
     assert (plan.slots, plan.block_size, plan.blocks_per_seq) == (
         engine.num_slots,

@@ -109,7 +109,7 @@ def test_engine_chunked_prefill_and_shared_prompts_match_the_trainer(hybrid_path
     )
     assert engine.runner.linear is not None and engine.runner.linear.nbytes() > 0
     # keys and values for the one full-attention layer (layer 3) only
-    assert engine.runner.k_cache.shape[0] == 1 and engine.runner.k_layer[:3] == [None] * 3
+    assert engine.runner.k_pool.shape[0] == 1 and engine.runner.k_cache[:3] == [None] * 3
     trainer = build_model(hybrid_path, torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 40000, (5 + 6 * i,), generator=g).tolist() for i in range(3)]

@@ -252,7 +252,7 @@ def test_the_built_engine_allocates_for_the_run_not_for_max_num_seqs(tiny_model_
     tok = load_tokenizer(tiny_model_path)
     engine = build_engine(engine_spec(cfg, tiny_model_path, tok, torch.device("cpu"), 256))
     try:
-        kv = 2 * engine.runner.k_cache.numel() * engine.runner.k_cache.element_size()
+        kv = engine.runner.kv_bytes()
         assert engine.num_slots == 4
         per_slot = 2 * 2 * 2 * 16 * 256 * 4  # K and V x 2 layers x 2 KV heads x head dim 16 x 256 tokens x fp32
         assert kv <= 5 * per_slot  # 4 slots and the spare block, not 1024 slots (256 MiB)

@@ -22,6 +22,13 @@ Shapes: ``q`` [B, T, H, D]; ``k``, ``v`` [B, T, KVH, D] with RoPE applied; per-l
 :func:`.kv_cache.cache_read` (read back in the queries' dtype). Every path attends to the keys and
 values as the cache holds them: a prefill chunk to its own rounded to the cache's format too, so
 chunked prefill and a preempted sequence's recompute give the values of one pass.
+
+Attention kinds: every context's ``attend`` takes the layer's ``window`` (sliding window in tokens, 0:
+full), ``sinks`` ([H] logits or None) and ``scale`` (None: ``1/sqrt(D)``) as keywords
+(:meth:`~reinforge.models.transformer.Attention.attention_kind`): prefill masks the band
+(:func:`~reinforge.models.transformer.window_mask`), the padded decode paths add a per-window bias
+(-inf before ``pos - window + 1``), the kernel starts each sequence's loop at ``max(0, len - window)``;
+sinks join every softmax's denominator.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.transformer import sdpa
+from ..models.transformer import sdpa, window_mask
 from .kv_cache import cache_read, cache_write, to_cache
 from .mla_decode import mla_decode_attention_triton
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
@@ -74,25 +81,50 @@ class PrefillContext:
         self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
         # the cache index of the earlier positions' keys
         self.prefix = (prefix_blk.flatten(), slice(None), prefix_off.flatten()) if self.start else None
-        if self.start:  # query i (position start + i) sees keys [0, start + i]
-            T = blk.shape[1]
-            keys = torch.arange(self.start + T, device=blk.device)
-            self.mask = keys[None, :] <= self.start + torch.arange(T, device=blk.device)[:, None]
+        self.ring: tuple[torch.Tensor, tuple | None] | None = None  # the ring layers' (write block, prefix index)
+        # query i (position start + i) sees keys [0, start + i] (with a window, the last `window` of them)
+        T = blk.shape[1]
+        self._keys = torch.arange(self.start + T, device=blk.device)[None, :]
+        self._queries = self.start + torch.arange(T, device=blk.device)[:, None]
+        self._masks: dict[int, torch.Tensor] = {}
+        if self.start:
+            self.mask = self.window_mask(0)
 
-    def attend(self, layer, q, k, v):
+    def window_mask(self, window: int) -> torch.Tensor:
+        """[T, start + T] bool: the chunk's queries' visible keys (``window`` 0: causal)."""
+        if window not in self._masks:
+            self._masks[window] = window_mask(self._queries, self._keys, window)
+        return self._masks[window]
+
+    def set_ring(self, blk: torch.Tensor, prefix_blk: torch.Tensor | None) -> None:
+        """The sliding-window layers' ring blocks (:mod:`.kv_cache`): ``blk`` [P, T] where each chunk position is
+        written (the ring's sink for positions not kept), ``prefix_blk`` [P, start] where the earlier ones are
+        read (those outside the window hold other positions by now: masked)."""
+        off = self.off
+        prefix = (prefix_blk.flatten(), slice(None), self.prefix[2]) if self.start else None
+        self.ring = ((blk.flatten(), slice(None), off), prefix)
+
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         P, T, KVH, D = k.shape
-        kc, vc = self.r.k_layer[layer], self.r.v_layer[layer]
+        kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        at, prefix = (self.blk, slice(None), self.off), self.prefix
+        if self.ring is not None and self.r.is_ring[layer]:
+            at, prefix = self.ring
         k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
-        cache_write(kc, (self.blk, slice(None), self.off), k8.reshape(P * T, KVH, D))
+        if self.start:  # (read before this chunk's writes: in a ring they may land where earlier positions were)
+            k_prev = cache_read(kc, prefix, k.dtype).view(P, self.start, KVH, D)
+            v_prev = cache_read(vc, prefix, v.dtype).view(P, self.start, KVH, D)
+        cache_write(kc, at, k8.reshape(P * T, KVH, D))
         if vc is not kc:  # (a latent cache: the values are the keys' rows)
-            cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
+            cache_write(vc, at, v8.reshape(P * T, KVH, D))
         k, v = k8.to(k.dtype), v8.to(v.dtype)  # as the cache holds them
         mask = None
         if self.start:
-            k = torch.cat([cache_read(kc, self.prefix, k.dtype).view(P, self.start, KVH, D), k], dim=1)
-            v = torch.cat([cache_read(vc, self.prefix, v.dtype).view(P, self.start, KVH, D), v], dim=1)
-            mask = self.mask
-        return sdpa(q, k, v, mask)
+            k = torch.cat([k_prev, k], dim=1)
+            v = torch.cat([v_prev, v], dim=1)
+        if self.start or window:
+            mask = self.window_mask(window)
+        return sdpa(q, k, v, mask, scale=scale, sinks=sinks)
 
     def latent_rows(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Multi-head latent attention's prefill (:mod:`reinforge.models.mla`): store the chunk's latent rows
@@ -100,7 +132,7 @@ class PrefillContext:
         them ([P, start + T, D]) with the mask of this chunk's queries over them (None: causal). The layer
         expands them into per-head keys and values itself (plain attention; decode uses the absorbed form)."""
         P, T, D = rows.shape
-        c = self.r.k_layer[layer]
+        c = self.r.k_cache[layer]
         r8 = to_cache(rows, c.dtype)
         cache_write(c, (self.blk, slice(None), self.off), r8.reshape(P * T, 1, D))
         rows = r8.to(rows.dtype)
@@ -123,6 +155,10 @@ class _Decode:
         blk = r.block_table[:B].gather(1, page[:, None])[:, 0].long()
         self.w_blk = torch.where(active, blk, layout.sink_block)
         self.w_off = pos % bs
+        self.w_blk_ring = None
+        if r.ring_table is not None:  # the sliding-window layers' rings (kv_cache.py)
+            ring = r.ring_table[:B].gather(1, page[:, None])[:, 0].long()
+            self.w_blk_ring = torch.where(active, ring, r.ring_sink)
         self.setup(pos, active)
 
     @staticmethod
@@ -133,15 +169,29 @@ class _Decode:
         return bucket(longest, layout.block_size * layout.blocks_per_seq, quantum=64)
 
     def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
-        """The padded paths: a mask bias over keys ``[0, Lk)``, -inf past each row's position."""
-        visible = self.r.arange[: self.Lk][None, :] <= pos[:, None]
-        self.bias = torch.zeros(self.B, 1, 1, self.Lk, device=pos.device, dtype=torch.float32).masked_fill_(
-            ~visible[:, None, None, :], float("-inf")
-        )
+        """The padded paths: a mask bias over keys ``[0, Lk)``, -inf past each row's position (and, for a
+        windowed layer, before its window: :meth:`window_bias`)."""
+        self.pos = pos
+        self._biases: dict[int, torch.Tensor] = {}
+        self.bias = self.window_bias(0)
+
+    def window_bias(self, window: int) -> torch.Tensor:
+        """[B, 1, 1, Lk] fp32: 0 where key ``j`` is visible from the row's position ``p`` (``j <= p``, and
+        ``j > p - window`` for a window), -inf elsewhere; one per distinct window of the step."""
+        if window not in self._biases:
+            visible = window_mask(self.pos[:, None], self.r.arange[: self.Lk][None, :], window)
+            self._biases[window] = torch.zeros(
+                self.B, 1, 1, self.Lk, device=self.pos.device, dtype=torch.float32
+            ).masked_fill_(~visible[:, None, None, :], float("-inf"))
+        return self._biases[window]
+
+    def write_block(self, layer: int) -> torch.Tensor:
+        """[B] the block each row's new key goes to in layer ``layer``'s cache (pool or ring)."""
+        return self.w_blk_ring if self.r.is_ring[layer] else self.w_blk
 
     def write(self, layer, k, v):
-        kc, vc = self.r.k_layer[layer], self.r.v_layer[layer]
-        at = (self.w_blk, slice(None), self.w_off)
+        kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        at = (self.write_block(layer), slice(None), self.w_off)
         cache_write(kc, at, k[:, 0])
         if vc is not kc:
             cache_write(vc, at, v[:, 0])
@@ -152,10 +202,11 @@ class SlotDecode(_Decode):
     """One block per slot: block ``s`` holds slot ``s``'s keys, so rows ``[0, B)`` of the cache,
     cut at ``Lk``, are the padded key range (views, no copy)."""
 
-    def attend(self, layer, q, k, v):
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         kc, vc = self.write(layer, k, v)
         B, Lk = self.B, self.Lk
-        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype), self.bias)[
+        keys, values = kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype)
+        return masked_decode_attention(q[:, 0], keys, values, self.window_bias(window), scale=scale, sinks=sinks)[
             :, None
         ]
 
@@ -169,12 +220,14 @@ class GatherDecode(_Decode):
         Lk = _Decode.key_range(longest, layout)
         return -(-Lk // layout.block_size) * layout.block_size  # whole blocks are gathered
 
-    def attend(self, layer, q, k, v):
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         kc, vc = self.write(layer, k, v)
-        nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[: self.B]
+        nb, table = self.Lk // self.r.layout.block_size, self.r.table_of(layer)[0][: self.B]
         keys = gather_blocks(kc, table, nb, q.dtype)
         values = keys if vc is kc else gather_blocks(vc, table, nb, q.dtype)
-        return masked_decode_attention(q[:, 0], keys, values, self.bias)[:, None]
+        return masked_decode_attention(q[:, 0], keys, values, self.window_bias(window), scale=scale, sinks=sinks)[
+            :, None
+        ]
 
 
 class KernelDecode(_Decode):
@@ -193,16 +246,20 @@ class KernelDecode(_Decode):
         # kernel (one launch fewer per layer); the model's Attention asks ``applies_rope``
         model = self.r.model
         attns = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
-        self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns)
+        # (one table only: a family with the windowed layers' own RoPE table rotates them in the layers)
+        local = getattr(model, "rope_local_cos", None)
+        self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns) and not (
+            local is not None and local.numel()
+        )
         self.rope = (model.rope_cos, model.rope_sin) if self.applies_rope else (None, None)
 
-    def attend(self, layer, q, k, v):
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         r = self.r
         if r.v_cache is r.k_cache:  # a multi-head latent attention model's latent cache (engine/mla_decode.py)
             return mla_decode_attention_triton(
                 q[:, 0],
                 k[:, 0, 0],
-                r.k_layer[layer],
+                r.k_cache[layer],
                 r.model.args.kv_lora_rank,
                 r.block_table,
                 self.lens,
@@ -215,15 +272,18 @@ class KernelDecode(_Decode):
             q[:, 0],
             k[:, 0],
             v[:, 0],
-            r.k_layer[layer],
-            r.v_layer[layer],
-            r.block_table,
+            r.k_cache[layer],
+            r.v_cache[layer],
+            r.table_of(layer)[0],
             self.lens,
-            self.w_blk,
+            self.write_block(layer),
             self.w_off,
             max_len=self.Lk,
             cos=cos,
             sin=sin,
+            window=window,
+            sinks=sinks,
+            scale=scale,
         )[:, None]
 
 

@@ -30,7 +30,7 @@ from ..models.families import moe_models
 from ..models.moe import Routing, grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
-from .kv_cache import KVLayout, cache_copy
+from .kv_cache import KVLayout, cache_copy, ring_table
 from .kv_cache import kv_cache_dtype as resolve_kv_dtype
 from .linear_state import LinearStates, linear_layers
 from .sampling import sample_tokens, sample_tokens_fused
@@ -148,19 +148,34 @@ class ModelRunner:
         a, L, S, dev = self.model.args, self.max_model_len, layout.num_slots, self.device
         self.layout = layout
         self.Decode = decode_context(layout.paged, self.kernels)
-        # one cache row per layer with keys and values (a hybrid model's attention layers only)
-        rows = range(a.num_layers) if a.kv_layers is None else a.kv_layers
-        shape = (len(rows), layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
-        if a.kv_lora_rank:  # multi-head latent attention: one latent row per token is its key and its value
-            shape = (len(rows), layout.num_blocks + 1, 1, layout.block_size, a.kv_lora_rank + a.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
-        self.v_cache = self.k_cache if a.kv_lora_rank else torch.zeros(shape, dtype=self.kv_dtype, device=dev)
-        # decoder layer -> its cache (views; None for a layer without keys and values)
-        self.k_layer: list[torch.Tensor | None] = [None] * a.num_layers
-        self.v_layer: list[torch.Tensor | None] = [None] * a.num_layers
-        for row, layer in enumerate(rows):
-            self.k_layer[layer], self.v_layer[layer] = self.k_cache[row], self.v_cache[row]
+        # the pool holds the global attention layers (not a hybrid's linear layers, not the sliding-window layers,
+        # whose keys live in per-slot rings: kv_cache.py's module doc); k_cache[layer] / v_cache[layer]: that
+        # layer's cache, a view of the pool or of its ring (None: a layer without keys and values). A latent cache
+        # (multi-head latent attention) is one tensor for keys and values: v_pool is k_pool, v_cache is k_cache.
+        rings, R = layout.ring_layers, layout.ring_blocks
+        pooled = [i for i in (range(a.num_layers) if a.kv_layers is None else a.kv_layers) if i not in rings]
+        heads, width = (1, a.kv_lora_rank + a.head_dim) if a.kv_lora_rank else (a.num_kv_heads, a.head_dim)
+        shape = (len(pooled), layout.num_blocks + 1, heads, layout.block_size, width)
+        self.k_pool = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        self.v_pool = self.k_pool if a.kv_lora_rank else torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
+        self.is_ring = [i in rings for i in range(a.num_layers)]
+        self.k_ring = self.v_ring = self.ring_table = None
+        self.ring_sink = S * R
+        if rings:
+            ring_shape = (len(rings), S * R + 1, *shape[2:])
+            self.k_ring = torch.zeros(ring_shape, dtype=self.kv_dtype, device=dev)
+            self.v_ring = torch.zeros(ring_shape, dtype=self.kv_dtype, device=dev)
+            self.ring_table = ring_table(S, R, layout.blocks_per_seq, dev)
+        self.k_cache: list[torch.Tensor | None] = [None] * a.num_layers
+        self.v_cache: list[torch.Tensor | None] = [None] * a.num_layers
+        for caches, pool, ring in ((self.k_cache, self.k_pool, self.k_ring), (self.v_cache, self.v_pool, self.v_ring)):
+            for row, i in enumerate(pooled):
+                caches[i] = pool[row]
+            for row, i in enumerate(rings):
+                caches[i] = ring[row]
+        if a.kv_lora_rank:
+            self.v_cache = self.k_cache
         # a hybrid model's linear-attention layers: fixed states per slot (linear_state.py)
         layers = linear_layers(self.model)
         self.linear = LinearStates(layers, S, dev, self.dtype) if layers else None
@@ -187,22 +202,33 @@ class ModelRunner:
                 self.out_routes.numel() * self.out_routes.element_size() / 2**20,
             )
         log.info(
-            "embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s",
+            "embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s%s",
             S,
             layout.num_blocks,
             layout.block_size,
-            (1 if self.v_cache is self.k_cache else 2) * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+            self.kv_bytes() / 2**20,
             str(self.kv_dtype).removeprefix("torch."),
             ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "",
+            f", {len(rings)} sliding-window layers in rings of {R} blocks per slot" if rings else "",
         )
+
+    def kv_bytes(self) -> int:
+        """Bytes of the KV cache: the pool and the sliding-window layers' rings, keys and values."""
+        tensors = {id(t): t for t in (self.k_pool, self.v_pool, self.k_ring, self.v_ring) if t is not None}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def table_of(self, layer: int) -> tuple[torch.Tensor, int]:
+        """Layer ``layer``'s block table and sink block: the ring table for a ring layer, else the pool's."""
+        if self.is_ring[layer]:
+            return self.ring_table, self.ring_sink
+        return self.block_table, self.layout.sink_block
 
     def free(self) -> None:
         """Drop the KV cache and the buffers (and the graphs that point into them)."""
         self._graphs.clear()
         self._graph_pool = None
-        for name in ("k_cache", "v_cache", "k_layer", "v_layer", "block_table", "out_tokens", "out_logprobs"):
-            setattr(self, name, None)
-        for name in ("out_routes", "linear"):
+        names = ("k_cache", "v_cache", "k_pool", "v_pool", "k_ring", "v_ring", "ring_table", "block_table")
+        for name in (*names, "out_tokens", "out_logprobs", "out_routes", "linear"):
             setattr(self, name, None)
         self.layout = None
 
@@ -290,11 +316,21 @@ class ModelRunner:
         slots = [s for p in chosen for s in p.slots]
         ids, lens_d, blk = self.h2d(ids), self.h2d(lens), self.h2d(blk)
         off = (torch.arange(T, device=dev) % bs).expand(P, T)
+        if self.ring_table is not None:  # the first sample's ring: logical block p // bs of its slot
+            ring_blk = self.ring_table[self.h2d([p.slots[0] for p in chosen])][
+                :, torch.arange(T, device=dev) // bs
+            ].long()
+            ring_len = self.layout.ring_blocks * bs
         width = max(1, max_prefill_tokens // P)
         last = last_routes = None
         for a in range(0, T, width):
             b = min(T, a + width)
             ctx = PrefillContext(self, blk[:, a:b], off[:, a:b], blk[:, :a] if a else None, off[:, :a] if a else None)
+            if self.ring_table is not None:  # a chunk writes its last ring_len positions (no two to one place)
+                pos = torch.arange(a, b, device=dev)[None, :]
+                end = lens_d.clamp(max=b)[:, None]
+                keep = (pos < end) & (pos >= end - ring_len)
+                ctx.set_ring(torch.where(keep, ring_blk[:, a:b], self.ring_sink), ring_blk[:, :a] if a else None)
             if self.linear is not None:
                 ctx.linear_state = self.linear.prefill(a, lens_d)
             pos = torch.arange(a, b, device=dev).expand(P, b - a)
@@ -310,11 +346,19 @@ class ModelRunner:
         logits = self.model.lm_head(last).float()
         if self.linear is not None:
             self.linear.commit(self.h2d(slots), self.h2d([len(p.slots) for p in chosen]))
+        if self.ring_table is not None:  # each further sample: a copy of the first sample's ring
+            R = self.layout.ring_blocks
+            pairs = [(p.slots[0], s) for p in chosen for s in p.slots[1:]]
+            if pairs:
+                src = self.h2d([s0 * R + j for s0, _ in pairs for j in range(R)])
+                dst = self.h2d([s * R + j for _, s in pairs for j in range(R)])
+                for ring in (self.k_ring, self.v_ring):
+                    cache_copy(ring, (slice(None), dst), (slice(None), src))
         if tail_copies:
             src = self.h2d([a for a, _ in tail_copies])
             dst = self.h2d([b for _, b in tail_copies])
             r = min(T, bs)
-            for cache in (self.k_cache,) if self.v_cache is self.k_cache else (self.k_cache, self.v_cache):
+            for cache in {id(c): c for c in (self.k_pool, self.v_pool)}.values():
                 cache_copy(
                     cache,
                     (slice(None), dst, slice(None), slice(None, r)),

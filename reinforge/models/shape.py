@@ -45,6 +45,7 @@ class ModelShape:
     conv_state_elems: int = 0
     rec_state_elems: int = 0
     kv_lora_rank: int = 0  # multi-head latent attention: the cache's latent rank (ConfigShape)
+    layer_windows: tuple[int, ...] = ()  # sliding windows a native family runs (ConfigShape.layer_windows)
 
     @property
     def num_kv_layers(self) -> int:
@@ -91,6 +92,7 @@ def model_shape(folder: Path) -> ModelShape:
         shape.conv_state_elems,
         shape.rec_state_elems,
         shape.kv_lora_rank,
+        shape.layer_windows,
     )
 
 

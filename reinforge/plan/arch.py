@@ -13,15 +13,16 @@ class Arch:
 
     Attributes: sizes as in the config; ``num_params`` all parameters (embedding included once when
     tied); ``experts`` / ``experts_per_tok`` / ``moe_intermediate`` / ``shared_intermediate`` 0 for a
-    dense model; ``moe_layers`` the sparse layers. A hybrid model (Qwen3-Next, Qwen3.5) has attention in
-    ``kv_layers`` of its layers only (None: all) and a linear-attention mixer in the others (``mixer_params``:
-    all layers' token mixers, counted by the family; 0: attention counted here), each sequence holding
-    ``conv_state_elems`` (engine dtype) + ``rec_state_elems`` (fp32) of fixed state in the engine instead of
-    keys and values (``models.families.base.ConfigShape``).
-    dense model; ``moe_layers`` the sparse layers. Multi-head latent attention (``deepseek_v3``;
-    ``mla[1]`` = kv_lora_rank > 0): ``head_dim`` is a query head's width (``qk_nope_head_dim +
-    qk_rope_head_dim``), ``mla`` = (q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_rope_head_dim,
-    v_head_dim), and the KV cache holds a latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer.
+    dense model; ``moe_layers`` the sparse layers; ``windowed_layers`` the sliding-window layers
+    (``layer_types``' ``sliding_attention``), whose KV cache holds only the last ``window`` tokens. A hybrid
+    model (Qwen3-Next, Qwen3.5) has attention in ``kv_layers`` of its layers only (None: all) and a
+    linear-attention mixer in the others (``mixer_params``: all layers' token mixers, counted by the family; 0:
+    attention counted here), each sequence holding ``conv_state_elems`` (engine dtype) + ``rec_state_elems``
+    (fp32) of fixed state in the engine instead of keys and values (``models.families.base.ConfigShape``).
+    Multi-head latent attention (``deepseek_v3``; ``mla[1]`` = kv_lora_rank > 0): ``head_dim`` is a query
+    head's width (``qk_nope_head_dim + qk_rope_head_dim``), ``mla`` = (q_lora_rank (0: a plain q_proj),
+    kv_lora_rank, qk_rope_head_dim, v_head_dim), and the KV cache holds a latent of ``kv_lora_rank +
+    qk_rope_head_dim`` per token and layer.
     """
 
     vocab_size: int
@@ -43,6 +44,8 @@ class Arch:
     conv_state_elems: int = 0
     rec_state_elems: int = 0
     mla: tuple[int, int, int, int] = (0, 0, 0, 0)
+    windowed_layers: int = 0
+    window: int = 0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> Arch:
@@ -89,6 +92,10 @@ class Arch:
             mixer_params=shape.mixer_params,
             conv_state_elems=shape.conv_state_elems,
             rec_state_elems=shape.rec_state_elems,
+            windowed_layers=sum(1 for k in cfg.get("layer_types") or [] if k == "sliding_attention")
+            if cfg.get("sliding_window")
+            else 0,
+            window=int(cfg.get("sliding_window") or 0),
         )
 
     @classmethod
@@ -187,12 +194,18 @@ class Arch:
         active = dense * self.layer_params() + self.moe_layers * self.layer_params(True, True) + self._mixers_delta()
         return active + self.head_params
 
-    def kv_bytes_per_token(self, elem_bytes: float) -> float:
+    def kv_bytes_per_token(self, elem_bytes: float, tokens: float | None = None) -> float:
         """2 (K and V) x layers with attention x kv_heads x head_dim x dtype bytes; multi-head latent attention's
-        engine caches layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes."""
+        engine caches layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes. With ``tokens``, the mean per
+        token of a sequence that long: its sliding-window layers hold only ``min(tokens, window)`` tokens (the
+        engine's rings, :mod:`reinforge.engine.kv_cache`)."""
         if self.mla[1]:
             return self.num_layers * (self.mla[1] + self.mla[2]) * elem_bytes
-        return 2 * self.num_kv_layers * self.kv_dim * elem_bytes
+        if not self.windowed_layers or not tokens:
+            return 2 * self.num_kv_layers * self.kv_dim * elem_bytes
+        full = self.num_kv_layers - self.windowed_layers
+        held = full * tokens + self.windowed_layers * min(tokens, self.window)
+        return 2 * held / tokens * self.kv_dim * elem_bytes
 
     def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:
         """Activation bytes per token one decoder layer keeps for its backward pass (module doc);

@@ -74,6 +74,18 @@ FAMILIES.register(
     moe=True,
     title="Qwen3.5-MoE (multimodal checkpoint, its language model)",
 )
+FAMILIES.register(
+    "gemma3_text",
+    "reinforge.models.families.gemma3:FAMILY",
+    moe=False,
+    title="Gemma 3 (language model; local sliding-window / global layers)",
+)
+FAMILIES.register(
+    "gemma3",
+    "reinforge.models.families.gemma3:GEMMA3",
+    moe=False,
+    title="Gemma 3 (multimodal checkpoint, its language model)",
+)
 
 FAMILIES.register(
     "deepseek_v3",

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..args import ModelArgs, check_top_k
 from ..moe import SparseMoeBlock, hub_named_tensors, stack_expert_weights
-from ..transformer import MLP, Attention, RMSNorm
+from ..transformer import MLP, Attention, DecoderLayer, RMSNorm, rope_tables
 
 # the tensor-parallel styles a plan may name (torch.distributed.tensor.parallel's classes)
 TP_STYLES = ("colwise", "rowwise")
@@ -44,7 +44,9 @@ class ConfigShape:
     linear attention, the layer norms not included) where the family counts them itself; 0: Llama's attention in
     every layer, counted by the planner (``plan/arch.py``). ``kv_lora_rank`` > 0: multi-head latent attention,
     whose cache holds ``kv_lora_rank + head_dim`` values per token and layer
-    (:func:`~reinforge.models.args.kv_cache_values`).
+    (:func:`~reinforge.models.args.kv_cache_values`). ``layer_windows``: each layer's sliding window (0: full;
+    ``()``: none) in a family that runs them, so the engine's estimate counts their rings
+    (:func:`reinforge.engine.kv_cache.ring_plan`).
     """
 
     num_layers: int
@@ -57,6 +59,7 @@ class ConfigShape:
     rec_state_elems: int = 0
     mixer_params: int = 0
     kv_lora_rank: int = 0
+    layer_windows: tuple[int, ...] = ()  # per-layer sliding windows (ModelArgs.layer_windows) the family runs
 
     @property
     def num_kv_layers(self) -> int:
@@ -110,6 +113,23 @@ class Family:
     def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
         """Decoder layer ``layer``'s token mixer (parameters under :meth:`mixer_name`): attention by default."""
         return Attention(args, layer)
+
+    def decoder_layer(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        """Decoder layer ``layer`` (default: the pre-norm :class:`~reinforge.models.transformer.DecoderLayer`
+        built from this family's attention, MLP and norms)."""
+        return DecoderLayer(args, layer, self, cfg)
+
+    def embedding(self, args: ModelArgs) -> nn.Embedding:
+        """The token embedding (``model.embed_tokens``): a plain ``nn.Embedding``."""
+        return nn.Embedding(args.vocab_size, args.hidden_size)
+
+    def rope_tables(
+        self, cfg: Any, head_dim: int, max_positions: int
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+        """The RoPE (cos, sin) tables [max_positions, R] fp32: every layer's
+        (:func:`~reinforge.models.transformer.rope_tables`), and the sliding-window layers' own or None
+        (default: one table for all)."""
+        return rope_tables(cfg, head_dim, max_positions), None
 
     def mixer_name(self, layer: int, cfg: Any) -> str:
         """The attribute (and parameter-name part) of layer ``layer``'s token mixer: ``self_attn``, or a

@@ -1,0 +1,59 @@
+"""The embedded engine's KV cache as the up-front checks see it (:class:`KVCachePlan`; made by
+:func:`reinforge.preflight.kv_cache_plan` from the engine's own layout planning)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..models.args import kv_cache_values
+
+
+@dataclass
+class KVCachePlan:
+    """The embedded engine's KV cache (from the engine's own :func:`~reinforge.engine.kv_cache.plan_kv_layout`).
+
+    Attributes:
+        slots: sequences decoded at once.
+        blocks: blocks in the pool (the engine adds one sink block).
+        block_size: tokens per block.
+        blocks_per_seq: blocks one sequence of ``max_model_len`` takes.
+        num_layers, num_kv_heads, head_dim: the model's attention shape (layers with keys and values).
+        elem_bytes: bytes per element of the cache dtype (``engine.kv_cache_dtype``; ``auto``: ``engine.dtype``).
+        weight_elem_bytes: bytes per weight (``engine.dtype``).
+        kv_dtype: the cache dtype's name (``bfloat16``, ``float8_e4m3fn``, ...).
+        num_params: the model's parameters (the engine's weights).
+        ring_layers, ring_blocks: the sliding-window layers kept in per-slot rings and each ring's blocks
+            (:func:`~reinforge.engine.kv_cache.ring_plan`; 0: none): the pool holds the other layers.
+    """
+
+    slots: int
+    blocks: int
+    block_size: int
+    blocks_per_seq: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    elem_bytes: int
+    weight_elem_bytes: int
+    num_params: int
+    kv_dtype: str
+    kv_lora_rank: int = 0  # multi-head latent attention: one latent row of kv_lora_rank + head_dim per token-layer
+    ring_layers: int = 0
+    ring_blocks: int = 0
+
+    @property
+    def bytes_per_token(self) -> int:
+        """2 (keys and values) x layers x kv_heads x head_dim (or a latent: ``kv_cache_values``) x dtype bytes."""
+        return kv_cache_values(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the keys and values, the sink block included (and the rings' sink block)."""
+        per_layer = self.bytes_per_token // self.num_layers
+        pool = (self.blocks + 1) * self.block_size * (self.num_layers - self.ring_layers) * per_layer
+        rings = (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
+        return pool + (rings if self.ring_layers else 0)
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.blocks_per_seq * self.block_size * self.bytes_per_token
