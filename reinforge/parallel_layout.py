@@ -224,7 +224,10 @@ class Layout:
             return out + [f"{named} need {native_models()}, not model_type {cfg.get('model_type')!r}"]
         heads = cfg["num_attention_heads"]
         return out + self.model_problems(
-            heads, cfg.get("num_key_value_heads") or heads, cfg["intermediate_size"], cfg["num_hidden_layers"]
+            heads,
+            cfg.get("num_key_value_heads") or heads,
+            int(cfg.get("intermediate_size") or 0),
+            cfg["num_hidden_layers"],
         )
 
 
