@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, nargs="+", default=[100, 2048])
     args = ap.parse_args()
     dev = torch.device("cuda")
-    varlen_attn, causal, has_gqa = _varlen()
+    varlen_attn, causal, has_gqa = _varlen()[:3]
     extra = {"enable_gqa": True} if has_gqa else {}
     print("| prompt | rows x T | masked SDPA ms | varlen, gather by indexing ms | varlen, index_select ms |")
     print("| ---: | --- | ---: | ---: | ---: |")

@@ -48,9 +48,12 @@ def _paged_case(B=5, H=6, KVH=2, D=16, BS=4, dtype=torch.float32, device="cpu", 
     return q.to(**to), k.to(**to), v.to(**to), table.to(device), lens.to(device), mb
 
 
-def _bias(lens, Lk):
-    """[B, 1, 1, Lk]: 0 for keys [0, lens[b]), -inf after."""
-    visible = torch.arange(Lk, device=lens.device)[None, :] < lens[:, None]
+def _bias(lens, Lk, window=0):
+    """[B, 1, 1, Lk]: 0 for keys [0, lens[b]), -inf after (with a window, also -inf before lens[b] - window)."""
+    keys = torch.arange(Lk, device=lens.device)[None, :]
+    visible = keys < lens[:, None]
+    if window:
+        visible &= keys >= lens[:, None] - window
     return torch.zeros(visible.shape, device=lens.device).masked_fill(~visible, float("-inf"))[:, None, None]
 
 
@@ -78,7 +81,9 @@ def test_decode_splits():
         decode_splits(0, 2, 100, 132)
 
 
-def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=None, v_in_qkv=False, **kw):
+def kernel_case(
+    H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=None, v_in_qkv=False, window=0, sinks=None, **kw
+):
     """Kernel output and cache after the call, against the reference: write the new K/V, then
     gather and attend (``cache_dtype``: an 8-bit cache, written through ``cache_write`` and read
     back in fp32; ``v_in_qkv``: the new value a view of a packed [B, H + 2 KVH, D] projection output
@@ -105,8 +110,21 @@ def kernel_case(H, KVH, D, BS, dtype, device, seed=0, lens=None, cache_dtype=Non
     cache_write(k_ref, (w_blk, slice(None), w_off), kn)
     cache_write(v_ref, (w_blk, slice(None), w_off), vn)
     keys, values = gather_blocks(k_ref, table, mb, torch.float32), gather_blocks(v_ref, table, mb, torch.float32)
-    ref = masked_decode_attention(q.float(), keys, values, _bias(lens, keys.shape[2]))
-    out = paged_decode_attention_triton(q, kn, vn, k, v, table, lens, w_blk, w_off, **kw)
+    ref = masked_decode_attention(q.float(), keys, values, _bias(lens, keys.shape[2], window), sinks=sinks)
+    out = paged_decode_attention_triton(
+        q,
+        kn,
+        vn,
+        k,
+        v,
+        table,
+        lens,
+        w_blk,
+        w_off,
+        window=window,
+        sinks=None if sinks is None else sinks.to(device),
+        **kw,
+    )
     return out.float(), ref, (k, v), (k_ref, v_ref)
 
 
@@ -153,6 +171,40 @@ def test_split_kernel_equals_gathered_attention(dtype, tol, num_splits, monkeypa
     monkeypatch.setattr(pa, "MIN_KEYS_PER_SPLIT", 16)
     for H, KVH, D, BS in [(12, 2, 64, 16), (6, 3, 32, 4)]:
         _check(kernel_case(H, KVH, D, BS, dtype, KERNEL_DEVICE, lens=LENS, block_n=16, num_splits=num_splits), tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("window", [0, 1, 5, 16, 40])
+def test_kernel_sliding_window_and_sinks_equal_gathered_attention(dtype, tol, num_splits, window, monkeypatch):
+    """A sliding window (each sequence's loop starts at ``max(0, len - window)``: windows of one key, off
+    and on block boundaries, longer than some sequences) and attention sinks (a logit per query head in
+    split 0's running max and sum), alone and together, against the masked reference."""
+    monkeypatch.setattr(pa, "MIN_KEYS_PER_SPLIT", 16)
+    sinks = torch.randn(6, generator=torch.Generator().manual_seed(5)) * 2
+    for s in (None, sinks):
+        case = kernel_case(
+            6, 2, 32, 4, dtype, KERNEL_DEVICE, lens=LENS, block_n=16, num_splits=num_splits, window=window, sinks=s
+        )
+        _check(case, tol)
+
+
+def test_masked_decode_attention_window_and_sinks_reference():
+    """The torch reference's window bias and sinks against a per-sequence softmax written out: keys
+    [len - window, len) and the sink's exp(logit) in each head's denominator."""
+    q, k, v, table, lens, mb = _paged_case()
+    keys, values = gather_blocks(k, table, mb), gather_blocks(v, table, mb)
+    sinks, window = torch.randn(6, generator=torch.Generator().manual_seed(1)), 4
+    out = masked_decode_attention(q, keys, values, _bias(lens, keys.shape[2], window), scale=0.3, sinks=sinks)
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        lo = max(0, n - window)
+        kk = keys[b, :, lo:n].repeat_interleave(3, 0)
+        vv = values[b, :, lo:n].repeat_interleave(3, 0)
+        e = ((q[b][:, None] * kk).sum(-1) * 0.3).exp()
+        ref = (e / (e.sum(-1, keepdim=True) + sinks.exp()[:, None]))[:, None] @ vv
+        torch.testing.assert_close(out[b], ref[:, 0], atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel

@@ -21,6 +21,13 @@ Shapes: ``q`` [B, T, H, D]; ``k``, ``v`` [B, T, KVH, D] with RoPE applied; per-l
 :func:`.kv_cache.cache_read` (read back in the queries' dtype). Every path attends to the keys and
 values as the cache holds them: a prefill chunk to its own rounded to the cache's format too, so
 chunked prefill and a preempted sequence's recompute give the values of one pass.
+
+Attention kinds: every context's ``attend`` takes the layer's ``window`` (sliding window in tokens, 0:
+full), ``sinks`` ([H] logits or None) and ``scale`` (None: ``1/sqrt(D)``) as keywords
+(:meth:`~reinforge.models.transformer.Attention.attention_kind`): prefill masks the band
+(:func:`~reinforge.models.transformer.window_mask`), the padded decode paths add a per-window bias
+(-inf before ``pos - window + 1``), the kernel starts each sequence's loop at ``max(0, len - window)``;
+sinks join every softmax's denominator.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.transformer import sdpa
+from ..models.transformer import sdpa, window_mask
 from .kv_cache import cache_read, cache_write, to_cache
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton
 
@@ -70,12 +77,21 @@ class PrefillContext:
         self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
         # the cache index of the earlier positions' keys
         self.prefix = (prefix_blk.flatten(), slice(None), prefix_off.flatten()) if self.start else None
-        if self.start:  # query i (position start + i) sees keys [0, start + i]
-            T = blk.shape[1]
-            keys = torch.arange(self.start + T, device=blk.device)
-            self.mask = keys[None, :] <= self.start + torch.arange(T, device=blk.device)[:, None]
+        # query i (position start + i) sees keys [0, start + i] (with a window, the last `window` of them)
+        T = blk.shape[1]
+        self._keys = torch.arange(self.start + T, device=blk.device)[None, :]
+        self._queries = self.start + torch.arange(T, device=blk.device)[:, None]
+        self._masks: dict[int, torch.Tensor] = {}
+        if self.start:
+            self.mask = self.window_mask(0)
 
-    def attend(self, layer, q, k, v):
+    def window_mask(self, window: int) -> torch.Tensor:
+        """[T, start + T] bool: the chunk's queries' visible keys (``window`` 0: causal)."""
+        if window not in self._masks:
+            self._masks[window] = window_mask(self._queries, self._keys, window)
+        return self._masks[window]
+
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         P, T, KVH, D = k.shape
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
         k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
@@ -86,8 +102,9 @@ class PrefillContext:
         if self.start:
             k = torch.cat([cache_read(kc, self.prefix, k.dtype).view(P, self.start, KVH, D), k], dim=1)
             v = torch.cat([cache_read(vc, self.prefix, v.dtype).view(P, self.start, KVH, D), v], dim=1)
-            mask = self.mask
-        return sdpa(q, k, v, mask)
+        if self.start or window:
+            mask = self.window_mask(window)
+        return sdpa(q, k, v, mask, scale=scale, sinks=sinks)
 
 
 class _Decode:
@@ -112,11 +129,21 @@ class _Decode:
         return bucket(longest, layout.block_size * layout.blocks_per_seq, quantum=64)
 
     def setup(self, pos: torch.Tensor, active: torch.Tensor) -> None:
-        """The padded paths: a mask bias over keys ``[0, Lk)``, -inf past each row's position."""
-        visible = self.r.arange[: self.Lk][None, :] <= pos[:, None]
-        self.bias = torch.zeros(self.B, 1, 1, self.Lk, device=pos.device, dtype=torch.float32).masked_fill_(
-            ~visible[:, None, None, :], float("-inf")
-        )
+        """The padded paths: a mask bias over keys ``[0, Lk)``, -inf past each row's position (and, for a
+        windowed layer, before its window: :meth:`window_bias`)."""
+        self.pos = pos
+        self._biases: dict[int, torch.Tensor] = {}
+        self.bias = self.window_bias(0)
+
+    def window_bias(self, window: int) -> torch.Tensor:
+        """[B, 1, 1, Lk] fp32: 0 where key ``j`` is visible from the row's position ``p`` (``j <= p``, and
+        ``j > p - window`` for a window), -inf elsewhere; one per distinct window of the step."""
+        if window not in self._biases:
+            visible = window_mask(self.pos[:, None], self.r.arange[: self.Lk][None, :], window)
+            self._biases[window] = torch.zeros(
+                self.B, 1, 1, self.Lk, device=self.pos.device, dtype=torch.float32
+            ).masked_fill_(~visible[:, None, None, :], float("-inf"))
+        return self._biases[window]
 
     def write(self, layer, k, v):
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
@@ -130,10 +157,11 @@ class SlotDecode(_Decode):
     """One block per slot: block ``s`` holds slot ``s``'s keys, so rows ``[0, B)`` of the cache,
     cut at ``Lk``, are the padded key range (views, no copy)."""
 
-    def attend(self, layer, q, k, v):
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         kc, vc = self.write(layer, k, v)
         B, Lk = self.B, self.Lk
-        return masked_decode_attention(q[:, 0], kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype), self.bias)[
+        keys, values = kc[:B, :, :Lk].to(q.dtype), vc[:B, :, :Lk].to(q.dtype)
+        return masked_decode_attention(q[:, 0], keys, values, self.window_bias(window), scale=scale, sinks=sinks)[
             :, None
         ]
 
@@ -147,11 +175,16 @@ class GatherDecode(_Decode):
         Lk = _Decode.key_range(longest, layout)
         return -(-Lk // layout.block_size) * layout.block_size  # whole blocks are gathered
 
-    def attend(self, layer, q, k, v):
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         kc, vc = self.write(layer, k, v)
         nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[: self.B]
         return masked_decode_attention(
-            q[:, 0], gather_blocks(kc, table, nb, q.dtype), gather_blocks(vc, table, nb, q.dtype), self.bias
+            q[:, 0],
+            gather_blocks(kc, table, nb, q.dtype),
+            gather_blocks(vc, table, nb, q.dtype),
+            self.window_bias(window),
+            scale=scale,
+            sinks=sinks,
         )[:, None]
 
 
@@ -174,7 +207,7 @@ class KernelDecode(_Decode):
         self.applies_rope = all(getattr(a, "rotates_in_place", False) for a in attns)
         self.rope = (model.rope_cos, model.rope_sin) if self.applies_rope else (None, None)
 
-    def attend(self, layer, q, k, v):
+    def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         r = self.r
         cos, sin = self.rope
         return paged_decode_attention_triton(
@@ -190,6 +223,9 @@ class KernelDecode(_Decode):
             max_len=self.Lk,
             cos=cos,
             sin=sin,
+            window=window,
+            sinks=sinks,
+            scale=scale,
         )[:, None]
 
 

@@ -25,14 +25,23 @@ from .kv_cache import FP8_DTYPES, cache_read
 
 
 def masked_decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over a padded key range.
 
     Args:
         q: [B, H, D] queries (RoPE applied).
         keys, values: [B, KVH, Lk, D], H a multiple of KVH (grouped-query attention); may be views.
-        bias: [B, 1, 1, Lk] fp32, 0 where a key is visible and -inf where it is not.
+        bias: [B, 1, 1, Lk] fp32, 0 where a key is visible and -inf where it is not (a sliding window is
+            -inf before it).
+        scale: the factor on q.k (None: ``D ** -0.5``).
+        sinks: [H] logits that join each head's softmax denominator and attend to nothing (attention
+            sinks, GPT-OSS); None: none.
 
     Returns:
         [B, H, D] in the values' dtype; scores and softmax in fp32.
@@ -40,8 +49,12 @@ def masked_decode_attention(
     B, H, D = q.shape
     KVH = keys.shape[1]
     qg = q.view(B, KVH, H // KVH, D)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (D**-0.5) + bias
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * (D**-0.5 if scale is None else scale) + bias
+    if sinks is not None:  # one more column per head: the sink's logit, its value 0
+        sink = sinks.float().view(1, KVH, H // KVH, 1).expand(B, -1, -1, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1].to(values.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
     return torch.matmul(probs, values).view(B, H, D)
 
 
@@ -123,7 +136,9 @@ if triton is not None:
         PACC,
         COS,
         SIN,
+        SINKS,
         scale,
+        window,
         s_qb,
         s_qh,
         s_nb,
@@ -150,18 +165,21 @@ if triton is not None:
         FP8_MAX: tl.constexpr,
         RESCALE: tl.constexpr,
         ROPE: tl.constexpr,
+        HAS_SINKS: tl.constexpr,
     ):
         # program (b, h, sp): sequence b, KV head h, split sp of that sequence's cached keys
         b = tl.program_id(0)
         h = tl.program_id(1)
         sp = tl.program_id(2)
         n_cached = tl.load(LENS + b).to(tl.int32) - 1
+        # a sliding window: the keys after n_cached - window (the new token is the window's last); full: 0
+        first_key = tl.maximum(n_cached + 1 - window, 0)
         if SPLITS == 1:
-            lo = 0
+            lo = first_key
             hi = n_cached
-        else:  # the live length split evenly in BLOCK_N multiples, >= MIN_KEYS each; later splits may be empty
-            per = tl.maximum(tl.cdiv(tl.cdiv(n_cached, SPLITS), BLOCK_N) * BLOCK_N, MIN_KEYS)
-            lo = sp * per
+        else:  # the live keys split evenly in BLOCK_N multiples, >= MIN_KEYS each; later splits may be empty
+            per = tl.maximum(tl.cdiv(tl.cdiv(n_cached - first_key, SPLITS), BLOCK_N) * BLOCK_N, MIN_KEYS)
+            lo = first_key + sp * per
             hi = tl.minimum(lo + per, n_cached)
         g = tl.arange(0, G_PAD)
         d = tl.arange(0, D)
@@ -198,9 +216,17 @@ if triton is not None:
         scale = scale * 1.4426950408889634  # scores in log2 units: exp2 below
         s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
         # running max, sum of exp and weighted values; a split without the new token starts neutral
-        m = tl.where(first, s_new, float("-inf"))
-        denom = tl.where(first, 1.0, 0.0) + tl.zeros([G_PAD], tl.float32)
-        acc = tl.where(first, 1.0, 0.0) * vn.to(tl.float32)[None, :] + tl.zeros([G_PAD, D], tl.float32)
+        if HAS_SINKS:  # split 0 also holds the heads' sink logits: in the max and the sum, with value 0
+            sink = tl.load(SINKS + h * G + g, mask=g < G, other=0.0).to(tl.float32) * 1.4426950408889634
+            m0 = tl.maximum(s_new, sink)
+            w_new = tl.exp2(s_new - m0)
+            m = tl.where(first, m0, float("-inf"))
+            denom = tl.where(first, w_new + tl.exp2(sink - m0), 0.0)
+            acc = tl.where(first, 1.0, 0.0) * w_new[:, None] * vn.to(tl.float32)[None, :]
+        else:
+            m = tl.where(first, s_new, float("-inf"))
+            denom = tl.where(first, 1.0, 0.0) + tl.zeros([G_PAD], tl.float32)
+            acc = tl.where(first, 1.0, 0.0) * vn.to(tl.float32)[None, :] + tl.zeros([G_PAD, D], tl.float32)
         for start in range(lo, hi, BLOCK_N):  # every iteration has >= 1 valid key: m stays finite
             tok = start + t
             valid = tok < hi
@@ -278,6 +304,9 @@ def paged_decode_attention_triton(
     num_stages: int = 3,
     cos: torch.Tensor | None = None,
     sin: torch.Tensor | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Paged decode attention with the Triton kernel (CUDA; capturable in a CUDA graph). It also
     stores the new token's key and value in the cache, exactly once (one kernel instead of two
@@ -323,12 +352,19 @@ def paged_decode_attention_triton(
             ``lens[b] - 1`` (``x * cos + rotate_half(x) * sin``, Su et al. 2021, with
             :func:`reinforge.models.fused.rope_`'s rounding: the engine's decode step then needs no
             RoPE kernel); the rotated key is what the cache stores. None: both already rotated.
+        window: a sliding window in tokens (0: full attention): each sequence's loop starts at
+            ``max(0, lens[b] - window)``, the new token being the window's last key (splits share the
+            window's keys only).
+        sinks: [H] logits (attention sinks, one per query head): split 0 starts its running max at
+            ``max(score_new, sink)`` and its sum with ``exp(sink - max)``, the sink's value 0.
+        scale: the factor on q.k (None: ``D ** -0.5``).
 
     Returns:
         [B, H, D] in ``q``'s dtype. fp32 inputs use IEEE fp32 dot products (no TF32).
 
     Raises:
-        ValueError: ``num_splits`` < 1, ``H`` not a multiple of ``KVH``, or RoPE tables not ``D`` wide.
+        ValueError: ``num_splits`` < 1, ``H`` not a multiple of ``KVH``, RoPE tables not ``D`` wide,
+            ``window`` < 0 or ``sinks`` not [H].
     """
     B, H, D = q.shape
     _, KVH, BS, _ = k_cache.shape
@@ -341,6 +377,10 @@ def paged_decode_attention_triton(
     rope = cos is not None
     if rope and not (cos.shape[-1] == sin.shape[-1] == D and cos.stride(-1) == sin.stride(-1) == 1):
         raise ValueError(f"paged_decode_attention_triton: RoPE tables {tuple(cos.shape)} must be [positions, {D}]")
+    if window < 0:
+        raise ValueError(f"paged_decode_attention_triton: window={window} must be >= 0 (0: full attention)")
+    if sinks is not None and tuple(sinks.shape) != (H,):
+        raise ValueError(f"paged_decode_attention_triton: sinks of shape {tuple(sinks.shape)}, expected [{H}]")
     G = H // KVH
     fp8 = k_cache.dtype in FP8_DTYPES
     small = D <= SMALL_HEAD_DIM and not fp8 and num_splits == 1
@@ -369,7 +409,9 @@ def paged_decode_attention_triton(
         pacc,
         cos if rope else q,
         sin if rope else q,
-        D**-0.5,
+        sinks if sinks is not None else q,
+        D**-0.5 if scale is None else scale,
+        window or 1 << 30,
         q.stride(0),
         q.stride(1),
         k_new.stride(0),
@@ -396,6 +438,7 @@ def paged_decode_attention_triton(
         FP8_MAX=torch.finfo(k_cache.dtype).max if fp8 else 0.0,
         RESCALE=RESCALE_LOG2,
         ROPE=rope,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -27,6 +27,15 @@ class ModelArgs:
     them per token, in the decoder layers ``moe_layers`` (the others keep a dense MLP of
     ``intermediate_size``); ``shared_expert_intermediate_size``: the width of a shared expert every
     token goes through (0: none).
+
+    Attention kinds (see :func:`~reinforge.models.transformer.sdpa`): ``layer_windows`` gives each
+    decoder layer's sliding window in tokens, 0 for full attention (``()``: every layer full): a
+    query at position ``i`` sees the keys at positions ``j`` with ``i - window < j <= i`` (the
+    query's own and the ``window - 1`` before it: transformers' ``sliding_window_overlay``,
+    flash-attn's ``window_size=(window - 1, 0)``). ``attention_sinks``: every attention layer holds
+    ``self_attn.sinks`` [num_heads], a learned logit per head that joins the softmax's denominator
+    and attends to nothing (GPT-OSS). ``attn_scale``: the factor on q.k (0: ``head_dim ** -0.5``;
+    Gemma's ``query_pre_attn_scalar ** -0.5``).
     """
 
     model_type: str
@@ -51,6 +60,19 @@ class ModelArgs:
     shared_expert_intermediate_size: int = 0
     moe_layers: tuple[int, ...] = ()  # the layers whose MLP is sparse (the others are dense)
     rotary_dim: int = 0  # 0: head_dim (see rotary_dims)
+    # attention kinds: per-layer sliding windows (0: full), learned sink logits per head, the q.k scale (0: 1/sqrt(D))
+    layer_windows: tuple[int, ...] = ()
+    attention_sinks: bool = False
+    attn_scale: float = 0.0
+
+    def window(self, layer: int) -> int:
+        """Decoder layer ``layer``'s sliding window in tokens (0: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def windowed_layers(self) -> tuple[int, ...]:
+        """The layers of a sliding window (their cache needs only the last ``window`` positions)."""
+        return tuple(i for i, w in enumerate(self.layer_windows) if w)
 
     @property
     def rotary_dims(self) -> int:
@@ -76,19 +98,24 @@ class ModelArgs:
         return replace(self, **changes)
 
 
-def check_common(cfg: Any, layer_kinds: tuple[str, ...] = ("full_attention",)) -> None:
-    """Refuse the options no family implements natively: a non-SiLU activation, MLP biases,
-    sliding-window layers, RoPE types whose frequencies change at run time (dynamic, longrope).
+def check_common(
+    cfg: Any, layer_kinds: tuple[str, ...] = ("full_attention",), activations: tuple[str, ...] = ("silu",)
+) -> None:
+    """Refuse the options no family implements natively: an activation outside ``activations``, MLP
+    biases, sliding-window layers (unless ``layer_kinds`` has ``sliding_attention``: the family runs
+    them, :func:`layer_windows`), RoPE types whose frequencies change at run time (dynamic, longrope).
 
     Raises:
         NotImplementedError: naming the option (``build_model`` then falls back to transformers).
     """
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (only 'silu')")
+    act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "silu")
+    if act not in activations:
+        raise NotImplementedError(f"hidden_act {act!r} (only {' / '.join(map(repr, activations))})")
     if getattr(cfg, "mlp_bias", False):
         raise NotImplementedError("mlp_bias=True")
     kinds = set(getattr(cfg, "layer_types", None) or []) - set(layer_kinds)
-    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in kinds:
+    windows = "sliding_attention" in layer_kinds
+    if (getattr(cfg, "use_sliding_window", False) and not windows) or "sliding_attention" in kinds:
         raise NotImplementedError("sliding-window attention layers")
     if kinds:
         raise NotImplementedError(f"layer_types {sorted(kinds)}")
@@ -98,12 +125,19 @@ def check_common(cfg: Any, layer_kinds: tuple[str, ...] = ("full_attention",)) -
 
 
 def dense_args(
-    cfg: Any, *, qkv_bias: bool, o_bias: bool, qk_norm: bool, layer_kinds: tuple[str, ...] = ("full_attention",)
+    cfg: Any,
+    *,
+    qkv_bias: bool,
+    o_bias: bool,
+    qk_norm: bool,
+    layer_kinds: tuple[str, ...] = ("full_attention",),
+    activations: tuple[str, ...] = ("silu",),
 ) -> ModelArgs:
     """The attention and dense-MLP fields every family reads the same way (after
     :func:`check_common`); the three flags are what families differ in. ``rotary_dim`` follows
-    ``partial_rotary_factor`` (:func:`rotary_dim`)."""
-    check_common(cfg, layer_kinds)
+    ``partial_rotary_factor`` (:func:`rotary_dim`); ``layer_windows`` follows ``layer_types`` and
+    ``sliding_window`` where ``layer_kinds`` has ``sliding_attention`` (:func:`layer_windows`)."""
+    check_common(cfg, layer_kinds, activations)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return ModelArgs(
         model_type=cfg.model_type,
@@ -121,7 +155,32 @@ def dense_args(
         o_bias=o_bias,
         qk_norm=qk_norm,
         rotary_dim=rotary_dim(cfg, head_dim),
+        layer_windows=layer_windows(cfg) if "sliding_attention" in layer_kinds else (),
     )
+
+
+def layer_windows(cfg: Any) -> tuple[int, ...]:
+    """Each decoder layer's sliding window: ``sliding_window`` for the ``sliding_attention`` entries of
+    ``layer_types``, 0 for the others; ``()`` when no layer is windowed (no ``layer_types``, or no
+    ``sliding_attention`` in it).
+
+    Raises:
+        ValueError: ``layer_types`` is not ``num_hidden_layers`` long, or a windowed layer's
+            ``sliding_window`` is not an integer >= 1 (naming config.json's keys).
+    """
+    kinds = list(getattr(cfg, "layer_types", None) or [])
+    if "sliding_attention" not in kinds:
+        return ()
+    if len(kinds) != cfg.num_hidden_layers:
+        raise ValueError(
+            f"config.json: layer_types lists {len(kinds)} layers, num_hidden_layers={cfg.num_hidden_layers}"
+        )
+    window = getattr(cfg, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(
+            f"config.json: sliding_window={window!r} must be an integer >= 1 (layer_types has sliding_attention layers)"
+        )
+    return tuple(window if k == "sliding_attention" else 0 for k in kinds)
 
 
 def check_top_k(top_k: int, num_experts: int, moe_layers: tuple[int, ...]) -> None:

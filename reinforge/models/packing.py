@@ -18,6 +18,13 @@ causal mask of flash attention is aligned to the bottom right when there are mor
 so the response's i-th query sees the whole prompt and its own first i + 1 positions. Everything else
 (CPU, fp32, shared positions that are not a prefix of their row) runs ``scaled_dot_product_attention``
 with a boolean [B, 1, T, T] mask.
+
+Attention kinds (``attend``'s keywords, :meth:`reinforge.models.transformer.Attention.attention_kind`):
+a sliding ``window`` is flash attention's ``window_size=(window - 1, 0)`` (bottom-right aligned like its
+causal mask, so a response's query sees the last ``window`` positions of prompt-then-itself) or, masked,
+the band of each position's distance within its sequence (:attr:`PackedAttention.positions`); a
+``scale`` goes to either kernel; attention ``sinks`` run masked (:func:`~reinforge.models.transformer.sdpa`),
+as the varlen kernel has no sink term.
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ def _varlen():
         return None
     params = inspect.signature(varlen_attn).parameters
     causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-    return varlen_attn, causal, "enable_gqa" in params
+    return varlen_attn, causal, "enable_gqa" in params, "window_size" in params, "scale" in params
 
 
 def cu_seqlens(doc_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -111,6 +118,8 @@ class PackedAttention:
         self.doc_ids, self.shared = doc_ids, shared
         self.use_varlen = varlen and doc_ids.is_cuda and _varlen() is not None
         self._mask: torch.Tensor | None = None
+        self._windowed: dict[int, torch.Tensor] = {}
+        self._positions: torch.Tensor | None = None
         self._cu = cu
         self._keys: tuple[torch.Tensor, torch.Tensor, int] | None = None
         if self.use_varlen and shared is not None:  # shared positions that are not a prefix: masked
@@ -130,19 +139,63 @@ class PackedAttention:
             self._mask = same & causal
         return self._mask
 
+    @property
+    def positions(self) -> torch.Tensor:
+        """[B, T] int64: each position's place in its sequence (a response's continuing after its row's
+        shared prompt), from ``doc_ids`` and ``shared``: what the sliding-window band measures."""
+        if self._positions is None:
+            d = self.doc_ids
+            T = d.shape[1]
+            idx = torch.arange(T, device=d.device).expand_as(d)
+            change = torch.ones_like(d, dtype=torch.bool)
+            change[:, 1:] = d[:, 1:] != d[:, :-1]
+            start = torch.cummax(torch.where(change, idx, 0), dim=1).values
+            pos = idx - start
+            if self.shared is not None:
+                pos = pos + torch.where(self.shared, 0, self.shared.sum(1, keepdim=True))
+            self._positions = pos
+        return self._positions
+
+    def window_mask(self, window: int) -> torch.Tensor:
+        """[B, T, T] bool: :attr:`mask` with query ``t`` seeing only keys within ``window`` positions of it
+        (0: :attr:`mask` itself)."""
+        if not window:
+            return self.mask
+        if window not in self._windowed:
+            pos = self.positions
+            self._windowed[window] = self.mask & (pos[:, None, :] > pos[:, :, None] - window)
+        return self._windowed[window]
+
     def cu_seqlens(self) -> tuple[torch.Tensor, int]:
         """:func:`cu_seqlens` of the rows (given, or computed once)."""
         if self._cu is None:
             self._cu = cu_seqlens(self.doc_ids)
         return self._cu
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]."""
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        window: int = 0,
+        sinks: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]. ``window``, ``sinks``, ``scale``: the
+        layer's attention kind (module doc)."""
         gqa = q.shape[2] != k.shape[2]
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else q.dtype
-        if self.use_varlen and dtype in (torch.bfloat16, torch.float16):  # (RoPE leaves q, k fp32 under autocast)
+        kernel = _varlen() if self.use_varlen else None
+        fits = kernel is not None and sinks is None and (not window or kernel[3]) and (scale is None or kernel[4])
+        if fits and dtype in (torch.bfloat16, torch.float16):  # (RoPE leaves q, k fp32 under autocast)
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-            varlen_attn, causal, has_gqa = _varlen()
+            varlen_attn, causal, has_gqa, _, _ = kernel
+            if window:  # the last `window` positions, the query's own included (bottom-right aligned)
+                causal = {"window_size": (window - 1, 0)}
+            if scale is not None:
+                causal = {**causal, "scale": scale}
             B, T, H, D = q.shape
             cu, longest = self.cu_seqlens()
             # grouped-query attention without repeating k and v: the flash kernel takes fewer key/value heads
@@ -157,7 +210,15 @@ class PackedAttention:
                 k, v = k[index], v[index]
             o = varlen_attn(q.reshape(B * T, H, D), k, v, cu, cu_k, longest, longest_k, **causal, **extra)
             return o.view(B, T, H, D)
+        if sinks is not None or scale is not None:
+            from .transformer import sdpa
+
+            return sdpa(q, k, v, self.window_mask(window)[:, None], scale=scale, sinks=sinks)
         o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=self.mask[:, None], enable_gqa=gqa
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=self.window_mask(window)[:, None],
+            enable_gqa=gqa,
         )
         return o.transpose(1, 2)

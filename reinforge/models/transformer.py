@@ -46,6 +46,8 @@ __all__ = [
     "rope_parameters",
     "rope_tables",
     "sdpa",
+    "causal_mask",
+    "window_mask",
     "RMSNorm",
     "apply_rope",
     "Attention",
@@ -61,7 +63,11 @@ class AttentionContext(Protocol):
     RoPE in place (:attr:`Attention.rotates_in_place`) then pass them unrotated."""
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [B, T, H, D]; k, v: [B, T, KVH, D] (RoPE applied). Returns [B, T, H, D]."""
+        """q: [B, T, H, D]; k, v: [B, T, KVH, D] (RoPE applied). Returns [B, T, H, D].
+
+        A layer that is not plain full attention (:meth:`Attention.attention_kind`) calls it with the
+        keywords ``window`` (int, 0: full), ``sinks`` ([H] or None) and ``scale`` (float or None), as
+        :func:`sdpa` and :func:`window_mask` define them; the engine's and the packing contexts take them."""
         ...
 
 
@@ -187,17 +193,75 @@ def apply_rope_qk(q, k, cos, sin):
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention of q [B, T, H, D] over k, v [B, S, KVH, D] (H a multiple of KVH: grouped-query),
     causal when ``mask`` is None, else under ``mask`` ([T, S] or broadcastable to [B, H, T, S]; True:
     attend). Returns [B, T, H, D] in q's dtype. ``F.scaled_dot_product_attention`` without its cuDNN
-    backend on a GPU (:data:`SDPA_BACKENDS`)."""
+    backend on a GPU (:data:`SDPA_BACKENDS`).
+
+    ``scale``: the factor on q.k (None: ``D ** -0.5``). ``sinks``: [H] logits, one per query head, that
+    join each softmax's denominator and attend to nothing (GPT-OSS's attention sinks: the weights of a
+    row are ``exp(s_j) / (sum_j exp(s_j) + exp(sink_h))``). They run as one more key per row, visible
+    to every query, of value 0 whose score is the head's sink: the queries get an extra dimension
+    holding ``sink_h / scale`` and that key a 1 there, the other keys 0 (so SDPA's memory-efficient
+    kernels and autograd, gradient to ``sinks`` included, apply unchanged; the extra dimensions are
+    padded to 8 for the kernels' alignment).
+    """
+    if sinks is not None:
+        return _sdpa_sinks(q, k, v, mask, scale, sinks)
     args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2])
+    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2], scale=scale)
     if not q.is_cuda:
         return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
     with sdpa_kernel(SDPA_BACKENDS):
         return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
+
+
+SINK_DIMS = 8  # the extra query/key dimensions that carry the sink logits (one used, padded for alignment)
+
+
+def _sdpa_sinks(q, k, v, mask, scale, sinks):
+    B, T, H, D = q.shape
+    S, KVH = k.shape[1], k.shape[2]
+    if sinks.shape != (H,):
+        raise ValueError(f"attention sinks of shape {tuple(sinks.shape)}, expected [{H}] (one per query head)")
+    scale = D**-0.5 if scale is None else scale
+    sink_q = (sinks.to(q.dtype) / scale).view(1, 1, H, 1).expand(B, T, H, 1)
+    q = torch.cat([q, F.pad(sink_q, (0, SINK_DIMS - 1))], dim=-1)
+    sink_k = torch.zeros(B, 1, KVH, D + SINK_DIMS, dtype=k.dtype, device=k.device)
+    sink_k[..., D] = 1.0
+    k = torch.cat([F.pad(k, (0, SINK_DIMS)), sink_k], dim=1)
+    v = torch.cat([v, v.new_zeros(B, 1, KVH, v.shape[-1])], dim=1)
+    if mask is None:
+        mask = causal_mask(T, S, q.device)
+    mask = torch.cat([mask, torch.ones_like(mask[..., :1]).expand(*mask.shape[:-1], 1)], dim=-1)
+    return sdpa(q, k, v, mask, scale=scale)
+
+
+def causal_mask(T: int, S: int, device: torch.device | str | None = None, window: int = 0) -> torch.Tensor:
+    """[T, S] bool, True where query ``i`` (position ``i``, top-left aligned as SDPA's ``is_causal``)
+    sees key ``j``: ``j <= i``, and with a sliding ``window`` > 0 also ``j > i - window``."""
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(S, device=device)[None, :]
+    return window_mask(i, j, window)
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """Causal visibility of keys at positions ``k_pos`` from queries at ``q_pos`` (broadcast against
+    each other): ``k_pos <= q_pos``, and with ``window`` > 0 also ``k_pos > q_pos - window`` (the last
+    ``window`` positions, the query's own included: transformers' sliding-window mask)."""
+    visible = k_pos <= q_pos
+    if window:
+        visible = visible & (k_pos > q_pos - window)
+    return visible
 
 
 class Attention(nn.Module):
@@ -216,6 +280,10 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.rope_qk = apply_rope_qk  # or fused.rope_qk (CausalLM.set_variant)
+        # attention kind (ModelArgs): sliding window (0: full), sink logits per head, the q.k scale (None: 1/sqrt(D))
+        self.window = args.window(layer)
+        self.sinks = nn.Parameter(torch.zeros(args.num_heads)) if args.attention_sinks else None
+        self.scale = args.attn_scale or None
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # fused projection (fuse_projection)
         # context parallelism (trainer): this rank holds 1/cp of the positions; attention exchanges
         # them for 1/cp of the heads over this group (Ulysses, models/ulysses.py). None: off.
@@ -307,11 +375,32 @@ class Attention(nn.Module):
             o = self._attention(q, k, v, ctx)
         return self.o_proj(o.reshape(B, T, -1))
 
+    @property
+    def plain(self) -> bool:
+        """Full causal attention at scale ``1/sqrt(head_dim)`` without sinks (no :meth:`attention_kind`)."""
+        return not self.window and self.sinks is None and self.scale is None
+
+    def attention_kind(self) -> dict[str, Any]:
+        """The keywords an attention context's ``attend`` takes for this layer: ``window`` (tokens, 0:
+        full), ``sinks`` ([H] logits or None), ``scale`` (None: ``1/sqrt(head_dim)``)."""
+        return dict(window=self.window, sinks=self.sinks, scale=self.scale)
+
     def _attention(self, q, k, v, ctx: AttentionContext | None):
-        """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]: causal, or ``ctx``'s."""
+        """q: [B, T, H, D]; k, v: [B, T, KVH, D] -> [B, T, H, D]: causal, or ``ctx``'s. A layer of
+        another kind (sliding window, sinks, scale) passes it as keywords (:meth:`attention_kind`);
+        contexts that know only full attention are called as before."""
+        if self.plain:
+            return sdpa(q, k, v) if ctx is None else ctx.attend(self.layer, q, k, v)
+        if self.sinks is not None and self.sinks.shape[0] != q.shape[2]:
+            raise NotImplementedError(
+                f"attention sinks with the heads split (tensor or context parallelism): {q.shape[2]} local heads "
+                f"of {self.sinks.shape[0]}"
+            )
         if ctx is None:
-            return sdpa(q, k, v)
-        return ctx.attend(self.layer, q, k, v)
+            T = q.shape[1]
+            mask = causal_mask(T, T, q.device, self.window) if self.window else None
+            return sdpa(q, k, v, mask, scale=self.scale, sinks=self.sinks)
+        return ctx.attend(self.layer, q, k, v, **self.attention_kind())
 
 
 class MLP(nn.Module):
@@ -416,8 +505,8 @@ class DecoderLayer(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, args: ModelArgs, family: Any, hf_config: Any):
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args, i, family, hf_config) for i in range(args.num_layers))
+        self.embed_tokens = family.embedding(args)
+        self.layers = nn.ModuleList(family.decoder_layer(args, i, hf_config) for i in range(args.num_layers))
         self.norm = family.norm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -449,6 +538,11 @@ class CausalLM(nn.Module):
         self.rope_sin: torch.Tensor
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        # the sliding-window layers' own RoPE table where the family has one (Gemma 3's local base); empty: none
+        self.rope_local_cos: torch.Tensor
+        self.rope_local_sin: torch.Tensor
+        self.register_buffer("rope_local_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_local_sin", torch.empty(0), persistent=False)
 
     def compile_layers(self) -> None:
         """``torch.compile`` every decoder layer in place (``nn.Module.compile``: parameter names
@@ -489,9 +583,20 @@ class CausalLM(nn.Module):
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
         """(Re)compute the RoPE tables on ``device`` (call after moving off the meta device)."""
-        cos, sin = rope_tables(self.config, self.args.head_dim, self._max_positions)
+        (cos, sin), local = self.family.rope_tables(self.config, self.args.head_dim, self._max_positions)
         device = device if device is not None else self.model.embed_tokens.weight.device
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        if local is not None:
+            self.rope_local_cos, self.rope_local_sin = local[0].to(device), local[1].to(device)
+
+    def layer_ropes(self, position_ids: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [B, T, R] in ``dtype`` at ``position_ids`` [B, T] for each decoder layer: the family's
+        table for the sliding-window layers where it has one (:meth:`Family.rope_tables`), else the one table."""
+        glob = (self.rope_cos[position_ids].to(dtype), self.rope_sin[position_ids].to(dtype))
+        if not self.rope_local_cos.numel():
+            return [glob] * self.args.num_layers
+        local = (self.rope_local_cos[position_ids].to(dtype), self.rope_local_sin[position_ids].to(dtype))
+        return [local if self.args.window(i) else glob for i in range(self.args.num_layers)]
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
         """Random initialisation, the family's (``Family.init_weight``; default: normal(0, std)
@@ -520,18 +625,17 @@ class CausalLM(nn.Module):
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         x = self.model.embed_tokens(input_ids)
         if getattr(ctx, "applies_rope", False):  # every layer's RoPE runs inside the context's attention
-            cos = sin = None
+            ropes = [(None, None)] * len(self.model.layers)
         else:
-            cos = self.rope_cos[position_ids].to(x.dtype)
-            sin = self.rope_sin[position_ids].to(x.dtype)
+            ropes = self.layer_ropes(position_ids, x.dtype)
         if self.variant.fused_residual:
             residual = None
-            for layer in self.model.layers:
+            for layer, (cos, sin) in zip(self.model.layers, ropes):
                 x, residual = layer.forward_residual(x, residual, cos, sin, ctx, routing)
             return self.model.norm(x) if residual is None else self.model.norm.add_forward(x, residual)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         n_recompute = len(self.model.layers) if self.recompute_num_layers is None else self.recompute_num_layers
-        for i, layer in enumerate(self.model.layers):
+        for i, (layer, (cos, sin)) in enumerate(zip(self.model.layers, ropes)):
             if recompute and i < n_recompute:
                 x = checkpoint(layer, x, cos, sin, ctx, routing, use_reentrant=False)
             else:

@@ -87,10 +87,11 @@ class StageModule(nn.Module):
         positions = inp.position_ids
         if positions is None:
             positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        cos, sin = lm.rope_cos[positions].to(x.dtype), lm.rope_sin[positions].to(x.dtype)
+        ropes = lm.layer_ropes(positions, x.dtype)
         recompute = lm.gradient_checkpointing and lm.training and torch.is_grad_enabled()
         n_recompute = len(self.layers) if lm.recompute_num_layers is None else lm.recompute_num_layers
-        for i, layer in enumerate(self.layers.values()):  # (recompute_num_layers: per model chunk, as Megatron)
+        for i, (key, layer) in enumerate(self.layers.items()):  # (recompute_num_layers: per model chunk, as Megatron)
+            cos, sin = ropes[int(key)]
             if recompute and i < n_recompute:
                 x = checkpoint(layer, x, cos, sin, inp.ctx, None, use_reentrant=False)
             else:

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..args import ModelArgs, check_top_k
 from ..moe import SparseMoeBlock, hub_named_tensors, stack_expert_weights
-from ..transformer import MLP, Attention, RMSNorm
+from ..transformer import MLP, Attention, DecoderLayer, RMSNorm, rope_tables
 
 # the tensor-parallel styles a plan may name (torch.distributed.tensor.parallel's classes)
 TP_STYLES = ("colwise", "rowwise")
@@ -84,6 +84,23 @@ class Family:
     def attention(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
         """Decoder layer ``layer``'s token mixer (parameters under :meth:`mixer_name`): attention by default."""
         return Attention(args, layer)
+
+    def decoder_layer(self, args: ModelArgs, layer: int, cfg: Any) -> nn.Module:
+        """Decoder layer ``layer`` (default: the pre-norm :class:`~reinforge.models.transformer.DecoderLayer`
+        built from this family's attention, MLP and norms)."""
+        return DecoderLayer(args, layer, self, cfg)
+
+    def embedding(self, args: ModelArgs) -> nn.Embedding:
+        """The token embedding (``model.embed_tokens``): a plain ``nn.Embedding``."""
+        return nn.Embedding(args.vocab_size, args.hidden_size)
+
+    def rope_tables(
+        self, cfg: Any, head_dim: int, max_positions: int
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+        """The RoPE (cos, sin) tables [max_positions, R] fp32: every layer's
+        (:func:`~reinforge.models.transformer.rope_tables`), and the sliding-window layers' own or None
+        (default: one table for all)."""
+        return rope_tables(cfg, head_dim, max_positions), None
 
     def mixer_name(self, layer: int, cfg: Any) -> str:
         """The attribute (and parameter-name part) of layer ``layer``'s token mixer: ``self_attn``, or a
