@@ -140,3 +140,73 @@ def test_mxfp4_dequantization_matches_transformers():
     assert ((back - w).reshape(2, 5, 2, 32).abs() <= amax / 3).all()
     with pytest.raises(KeyError, match="_scales must both be present"):
         dequantize_mxfp4_state({"x.down_proj_blocks": blocks})
+
+
+# ------------------------------------------------------------------------------------------- whole models
+def write_tiny_gpt_oss(out, tokenizer_src=None, seed: int = 0, **kw):
+    """A tiny random GPT-OSS folder written by transformers: 4 layers (sliding window 4, full, sliding, full),
+    weights N(0, 0.2), biases N(0, 0.1), sinks N(0, 1) (so that they matter), SmolLM2's tokenizer."""
+    import shutil
+
+    from transformers import GptOssForCausalLM
+
+    from reinforge.check_model import TOKENIZER_FILES
+
+    torch.manual_seed(seed)
+    model = GptOssForCausalLM(tiny_hf_config(**kw)).float()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+            elif name.endswith("sinks"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    model.save_pretrained(out)
+    for f in TOKENIZER_FILES if tokenizer_src is not None else ():
+        if (tokenizer_src / f).exists():
+            shutil.copy2(tokenizer_src / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_path(tmp_path_factory):
+    return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"))
+
+
+def test_config_mapping():
+    """layer_types -> per-layer windows, sinks on, biased q/k/v/o, every layer sparse with the expert width
+    ``intermediate_size``; the family's registration."""
+    from reinforge.models.families import family_of, is_moe_type
+
+    cfg = tiny_hf_config()
+    args = family_of(cfg).model_args(cfg)
+    assert args.layer_windows == (4, 0, 4, 0) and args.attention_sinks
+    assert args.qkv_bias and args.o_bias and not args.qk_norm
+    assert (args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size) == (8, 2, 32)
+    assert args.moe_layers == (0, 1, 2, 3) and is_moe_type("gpt_oss")
+
+
+def test_tiny_gpt_oss_passes_every_check(gpt_oss_path):
+    """Every check-model row passes on a model whose window (4) is shorter than the texts and whose sinks are
+    far from 0; both matter (transformers' own logits move when either is taken away)."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.check_model import check_model, failed, format_table
+
+    rows = check_model(gpt_oss_path, tokens=16, speed=False)
+    assert not failed(rows), format_table(rows)
+    assert all(r.ok for r in rows if r.name != "speed"), format_table(rows)
+    ref = AutoModelForCausalLM.from_pretrained(gpt_oss_path, dtype=torch.float32).eval()
+    ids = torch.randint(10, 1000, (1, 13), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = ref(input_ids=ids).logits
+        for layer in ref.model.layers:
+            layer.self_attn.sliding_window = None
+        ref.config.sliding_window = 4096
+        no_window = ref(input_ids=ids).logits
+        for layer in ref.model.layers:
+            layer.self_attn.sinks.zero_()
+        no_sinks = ref(input_ids=ids).logits
+    assert (no_window - base).abs().max() > 1e-2 and (no_sinks - no_window).abs().max() > 1e-2

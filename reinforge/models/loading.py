@@ -15,6 +15,7 @@ from torch import nn
 
 from .families import family_of, is_native_type, native_models
 from .moe import hub_named_tensors
+from .mxfp4 import is_mxfp4
 from .transformer import CausalLM
 
 log = logging.getLogger(__name__)
@@ -262,12 +263,14 @@ def save_hf_state_dict(
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, out / f.name)
     saved = {t.dtype for t in state.values() if t.is_floating_point()}
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
     if len(saved) == 1:  # the dtype the weights are stored in (mixed: left as the source says)
-        cfg_path = out / "config.json"
-        cfg = json.loads(cfg_path.read_text())
         cfg["dtype"] = str(saved.pop()).removeprefix("torch.")
         cfg.pop("torch_dtype", None)
-        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    if is_mxfp4(cfg) and not any(n.endswith("_blocks") for n in state):
+        cfg.pop("quantization_config")  # (MXFP4 experts were dequantized at load: written as plain weights)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 
 
