@@ -31,8 +31,9 @@ in bf16 / fp32 and exports the dequantized weights.
 Expert parallelism and routing replay are the shared block's (:class:`~reinforge.models.moe.SparseMoeBlock`):
 the biases are sharded with their experts; replayed experts get the softmax of their k router logits.
 The load-balancing statistics read the softmax over all experts (transformers' ``load_balancing_loss_func``).
-Not implemented: tensor parallelism of the attention (the sinks are per query head; ``tp`` > 1 is
-refused at start by the layout check).
+Not implemented: tensor parallelism of the attention (the sinks are per query head and stay whole: under
+``tp`` > 1 the first forward stops on their shape), the weight sync to vLLM / SGLang (it splits stacked experts
+the Qwen way).
 """
 
 from __future__ import annotations
