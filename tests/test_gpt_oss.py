@@ -297,3 +297,23 @@ def test_grpo_trains_gpt_oss_natively(tmp_path, smollm2_tokenizer_path, caplog):
     assert "not implemented natively" not in caplog.text and "falling back" not in caplog.text
     (m,) = [m for m in read_metrics(out) if "train/loss" in m]
     assert m["train/logprob_abs_diff"] < 1e-4
+
+
+def test_ep2_matches_one_process(tmp_path, smollm2_tokenizer_path):
+    """Expert parallelism over 2 gloo ranks (4 of the 8 experts each, their biases sharded with them, gradients
+    scaled as the matrices') gives one process's loss, gradient norm and updated weights, biases included."""
+    from tests.test_distributed import assert_same, make_cfg, make_data, run_ranks, run_single
+
+    path = write_tiny_gpt_oss(tmp_path / "model", smollm2_tokenizer_path, vocab_size=49152)
+    data = make_data(6, seed=7)
+    single = run_single(make_cfg(path), path, data)
+    metrics, weights = run_ranks(2, make_cfg(path, **{"train.expert_model_parallel_size": 2}), path, data)
+    assert_same(single[:2], (metrics, weights))
+    bias = "model.layers.0.mlp.experts.gate_up_proj_bias"
+    assert not torch.allclose(weights[bias], torch.from_numpy(_stored(path, bias)))  # (the biases were trained)
+
+
+def _stored(path, name):
+    from safetensors.numpy import load_file
+
+    return load_file(str(path / "model.safetensors"))[name]
