@@ -103,10 +103,10 @@ def test_fp8_engine_layouts_agree_and_stay_near_the_trainer(tiny_model_path, smo
     }.items():
         eng = EmbeddedEngine(model, cfg, max_model_len=48, tokenizer=tok)
         if name != "fp32":
-            assert eng.runner.k_cache.dtype == E4M3
+            assert eng.runner.k_pool.dtype == E4M3
         out[name] = (_greedy(eng, ps), eng)
     assert out["preempted"][1].num_preemptions > 0
-    assert out["fp32"][1].runner.k_cache.element_size() == 4 * out["slot"][1].runner.k_cache.element_size()
+    assert out["fp32"][1].runner.k_pool.element_size() == 4 * out["slot"][1].runner.k_pool.element_size()
     for name in ("paged", "preempted"):
         for a, b in zip(out["slot"][0], out[name][0]):
             assert a.token_ids == b.token_ids
@@ -137,7 +137,7 @@ def test_cuda_kernel_engine_over_fp8_equals_the_one_block_layout(tiny_model_path
             EngineConfig(max_num_seqs=12, sync_interval=3, num_kv_blocks=blocks, kv_cache_dtype="fp8"),
             max_model_len=96,
         )
-        assert eng.runner.Decode.__name__ == "KernelDecode" and eng.runner.k_cache.dtype == E4M3
+        assert eng.runner.Decode.__name__ == "KernelDecode" and eng.runner.k_pool.dtype == E4M3
         got = _greedy(eng, ps, 60)
         assert (eng.num_preemptions > 0) == (blocks > 0)
         for a, b in zip(want, got):

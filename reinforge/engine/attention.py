@@ -77,6 +77,7 @@ class PrefillContext:
         self.start = 0 if prefix_blk is None else prefix_blk.shape[1]
         # the cache index of the earlier positions' keys
         self.prefix = (prefix_blk.flatten(), slice(None), prefix_off.flatten()) if self.start else None
+        self.ring: tuple[torch.Tensor, tuple | None] | None = None  # the ring layers' (write block, prefix index)
         # query i (position start + i) sees keys [0, start + i] (with a window, the last `window` of them)
         T = blk.shape[1]
         self._keys = torch.arange(self.start + T, device=blk.device)[None, :]
@@ -91,17 +92,31 @@ class PrefillContext:
             self._masks[window] = window_mask(self._queries, self._keys, window)
         return self._masks[window]
 
+    def set_ring(self, blk: torch.Tensor, prefix_blk: torch.Tensor | None) -> None:
+        """The sliding-window layers' ring blocks (:mod:`.kv_cache`): ``blk`` [P, T] where each chunk position is
+        written (the ring's sink for positions not kept), ``prefix_blk`` [P, start] where the earlier ones are
+        read (those outside the window hold other positions by now: masked)."""
+        off = self.off
+        prefix = (prefix_blk.flatten(), slice(None), self.prefix[2]) if self.start else None
+        self.ring = ((blk.flatten(), slice(None), off), prefix)
+
     def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         P, T, KVH, D = k.shape
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
+        at, prefix = (self.blk, slice(None), self.off), self.prefix
+        if self.ring is not None and self.r.is_ring[layer]:
+            at, prefix = self.ring
         k8, v8 = to_cache(k, kc.dtype), to_cache(v, vc.dtype)  # rounded once: stored, and attended to below
-        cache_write(kc, (self.blk, slice(None), self.off), k8.reshape(P * T, KVH, D))
-        cache_write(vc, (self.blk, slice(None), self.off), v8.reshape(P * T, KVH, D))
+        if self.start:  # (read before this chunk's writes: in a ring they may land where earlier positions were)
+            k_prev = cache_read(kc, prefix, k.dtype).view(P, self.start, KVH, D)
+            v_prev = cache_read(vc, prefix, v.dtype).view(P, self.start, KVH, D)
+        cache_write(kc, at, k8.reshape(P * T, KVH, D))
+        cache_write(vc, at, v8.reshape(P * T, KVH, D))
         k, v = k8.to(k.dtype), v8.to(v.dtype)  # as the cache holds them
         mask = None
         if self.start:
-            k = torch.cat([cache_read(kc, self.prefix, k.dtype).view(P, self.start, KVH, D), k], dim=1)
-            v = torch.cat([cache_read(vc, self.prefix, v.dtype).view(P, self.start, KVH, D), v], dim=1)
+            k = torch.cat([k_prev, k], dim=1)
+            v = torch.cat([v_prev, v], dim=1)
         if self.start or window:
             mask = self.window_mask(window)
         return sdpa(q, k, v, mask, scale=scale, sinks=sinks)
@@ -119,6 +134,10 @@ class _Decode:
         blk = r.block_table[:B].gather(1, page[:, None])[:, 0].long()
         self.w_blk = torch.where(active, blk, layout.sink_block)
         self.w_off = pos % bs
+        self.w_blk_ring = None
+        if r.ring_table is not None:  # the sliding-window layers' rings (kv_cache.py)
+            ring = r.ring_table[:B].gather(1, page[:, None])[:, 0].long()
+            self.w_blk_ring = torch.where(active, ring, r.ring_sink)
         self.setup(pos, active)
 
     @staticmethod
@@ -145,9 +164,13 @@ class _Decode:
             ).masked_fill_(~visible[:, None, None, :], float("-inf"))
         return self._biases[window]
 
+    def write_block(self, layer: int) -> torch.Tensor:
+        """[B] the block each row's new key goes to in layer ``layer``'s cache (pool or ring)."""
+        return self.w_blk_ring if self.r.is_ring[layer] else self.w_blk
+
     def write(self, layer, k, v):
         kc, vc = self.r.k_cache[layer], self.r.v_cache[layer]
-        at = (self.w_blk, slice(None), self.w_off)
+        at = (self.write_block(layer), slice(None), self.w_off)
         cache_write(kc, at, k[:, 0])
         cache_write(vc, at, v[:, 0])
         return kc, vc
@@ -177,7 +200,7 @@ class GatherDecode(_Decode):
 
     def attend(self, layer, q, k, v, *, window: int = 0, sinks=None, scale=None):
         kc, vc = self.write(layer, k, v)
-        nb, table = self.Lk // self.r.layout.block_size, self.r.block_table[: self.B]
+        nb, table = self.Lk // self.r.layout.block_size, self.r.table_of(layer)[0][: self.B]
         return masked_decode_attention(
             q[:, 0],
             gather_blocks(kc, table, nb, q.dtype),
@@ -216,9 +239,9 @@ class KernelDecode(_Decode):
             v[:, 0],
             r.k_cache[layer],
             r.v_cache[layer],
-            r.block_table,
+            r.table_of(layer)[0],
             self.lens,
-            self.w_blk,
+            self.write_block(layer),
             self.w_off,
             max_len=self.Lk,
             cos=cos,

@@ -16,6 +16,20 @@ The cache dtype is the engine's (bf16 on a GPU) or, with ``engine.kv_cache_dtype
 memory budget holds. Keys and values are stored with a scale of 1, saturated at the format's
 largest finite value (:func:`to_cache`), and turned back into the model's dtype when read; vLLM's
 ``kv_cache_dtype="fp8"`` without calibrated scales (``k_scale = v_scale = 1.0``) does the same.
+
+Sliding-window layers (paged layout): a layer of window ``W`` reads only a sequence's last ``W`` keys, so
+its keys and values live apart from the pool, in a ring of ``ring_blocks = ceil(W_max / block_size)``
+blocks per slot (``[slots * ring_blocks + 1, kv_heads, block_size, head_dim]`` per windowed layer, the
+last block a write sink): position ``p`` of slot ``s`` goes to ring block ``s * ring_blocks + (p //
+block_size) % ring_blocks`` (:func:`ring_table`), overwriting the position ``ring_blocks * block_size``
+before it, which has left the window. So a windowed layer costs window-sized memory whatever the
+sequence's length, and the pool's blocks (allocated, shared and freed as above) hold only the global
+layers' keys. Every attention path takes the ring through the same block-table indexing (the
+windowed layer's table is the ring table) and masks keys outside the window, so a ring block's older
+contents are never attended to. A prefill chunk writes only its last ``ring_blocks * block_size``
+positions and reads its earlier positions back before writing (:class:`~.attention.PrefillContext`);
+the samples of a prompt get copies of its ring. The one-block-per-slot layout (CPU default) keeps
+every layer in the slot's block.
 """
 
 from __future__ import annotations
@@ -165,12 +179,17 @@ class KVLayout:
         num_slots: sequences held at once (rows of the per-sequence state).
         num_blocks: blocks in the pool, not counting the sink block (id ``num_blocks``) that idle
             rows write into.
+        ring_layers: the sliding-window layers whose keys live in per-slot rings (module doc), not in
+            the pool; () for none.
+        ring_blocks: each slot's ring, in blocks (0: no rings).
     """
 
     block_size: int
     blocks_per_seq: int
     num_slots: int
     num_blocks: int
+    ring_layers: tuple[int, ...] = ()
+    ring_blocks: int = 0
 
     @property
     def paged(self) -> bool:
@@ -186,6 +205,31 @@ def bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_siz
     """Bytes of keys and values of one block over all layers."""
     elem = dtype.itemsize
     return 2 * num_layers * num_kv_heads * head_dim * block_size * elem
+
+
+def ring_plan(args: Any, block_size: int, max_model_len: int, paged: bool) -> tuple[tuple[int, ...], int]:
+    """(ring layers, ring blocks per slot) for a model's sliding-window layers (module doc): the layers of
+    a window shorter than ``max_model_len`` whose ring is fewer blocks than a full sequence's; none in the
+    one-block layout or for a model (or a :class:`~reinforge.models.families.base.ConfigShape`) of no
+    windows."""
+    windows = tuple(getattr(args, "layer_windows", ()) or ())
+    if not paged or not windows:
+        return (), 0
+    layers = tuple(i for i, w in enumerate(windows) if 0 < w < max_model_len)
+    if not layers:
+        return (), 0
+    blocks = -(-max(windows[i] for i in layers) // block_size)
+    if blocks >= -(-max_model_len // block_size):
+        return (), 0
+    return layers, blocks
+
+
+def ring_table(slots: int, ring_blocks: int, width: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """[slots, width] int32: the windowed layers' block table, ``table[s, i] = s * ring_blocks + i % ring_blocks``
+    (logical block ``i`` of slot ``s`` in its ring; the sink is block ``slots * ring_blocks``)."""
+    s = torch.arange(slots, device=device)[:, None]
+    i = torch.arange(width, device=device)[None, :]
+    return (s * ring_blocks + i % ring_blocks).to(torch.int32)
 
 
 def plan_kv_layout(
@@ -205,7 +249,8 @@ def plan_kv_layout(
 
     Returns:
         ``max_num_seqs`` slots and blocks for all of them at ``max_model_len``; on CUDA fewer blocks
-        where ``kv_cache_memory_fraction`` of the free memory holds fewer; at most ``num_kv_blocks``.
+        where ``kv_cache_memory_fraction`` of the free memory holds fewer (after the sliding-window
+        layers' rings, :func:`ring_plan`); at most ``num_kv_blocks``.
 
     Raises:
         MemoryError: the free CUDA memory share holds less than one sequence of ``max_model_len``.
@@ -218,10 +263,13 @@ def plan_kv_layout(
     per_seq = -(-L // bs)
     slots = cfg.max_num_seqs
     blocks = slots * per_seq
-    per_block = bytes_per_block(args.num_layers, args.num_kv_heads, args.head_dim, bs, dtype)
+    rings, ring_blocks = ring_plan(args, bs, L, per_seq > 1)
+    # the pool holds the global layers (a model of windowed layers only: bookkeeping blocks of no bytes)
+    per_block = max(1, bytes_per_block(args.num_layers - len(rings), args.num_kv_heads, args.head_dim, bs, dtype))
+    ring_bytes = bytes_per_block(len(rings), args.num_kv_heads, args.head_dim, bs, dtype) * (slots * ring_blocks + 1)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        fit = int(free * cfg.kv_cache_memory_fraction) // per_block - 1
+        fit = (int(free * cfg.kv_cache_memory_fraction) - ring_bytes) // per_block - 1
         if fit < per_seq:
             raise MemoryError(
                 f"the KV cache for one sequence of {L} tokens (prompt + rollout.rollout_max_response_len) needs "
@@ -238,4 +286,11 @@ def plan_kv_layout(
         blocks = min(blocks, cfg.num_kv_blocks)
     if per_seq == 1:  # one block per slot
         slots = blocks
-    return KVLayout(block_size=bs, blocks_per_seq=per_seq, num_slots=slots, num_blocks=blocks)
+    return KVLayout(
+        block_size=bs,
+        blocks_per_seq=per_seq,
+        num_slots=slots,
+        num_blocks=blocks,
+        ring_layers=rings,
+        ring_blocks=ring_blocks,
+    )

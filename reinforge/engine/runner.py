@@ -30,7 +30,7 @@ from ..models.families import moe_models
 from ..models.moe import Routing, grouped_mm_supported
 from ..models.transformer import CausalLM
 from .attention import PrefillContext, decode_context
-from .kv_cache import KVLayout, cache_copy
+from .kv_cache import KVLayout, cache_copy, ring_table
 from .kv_cache import kv_cache_dtype as resolve_kv_dtype
 from .linear_state import LinearStates, linear_layers
 from .sampling import sample_tokens, sample_tokens_fused
@@ -148,10 +148,25 @@ class ModelRunner:
         a, L, S, dev = self.model.args, self.max_model_len, layout.num_slots, self.device
         self.layout = layout
         self.Decode = decode_context(layout.paged, self.kernels)
-        shape = (a.num_layers, layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
-        self.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        # the pool (global layers) and, for sliding-window layers, per-slot rings (kv_cache.py's module doc);
+        # k_cache[layer] / v_cache[layer]: that layer's cache, a view of one or the other
+        rings, R = layout.ring_layers, layout.ring_blocks
+        shape = (a.num_layers - len(rings), layout.num_blocks + 1, a.num_kv_heads, layout.block_size, a.head_dim)
+        self.k_pool = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
+        self.v_pool = torch.zeros(shape, dtype=self.kv_dtype, device=dev)
         self.block_table = torch.full((S, layout.blocks_per_seq), layout.sink_block, dtype=torch.int32, device=dev)
+        self.is_ring = [i in rings for i in range(a.num_layers)]
+        self.k_ring = self.v_ring = self.ring_table = None
+        self.ring_sink = S * R
+        if rings:
+            ring_shape = (len(rings), S * R + 1, *shape[2:])
+            self.k_ring = torch.zeros(ring_shape, dtype=self.kv_dtype, device=dev)
+            self.v_ring = torch.zeros(ring_shape, dtype=self.kv_dtype, device=dev)
+            self.ring_table = ring_table(S, R, layout.blocks_per_seq, dev)
+        pool_ids, ring_ids = iter(range(shape[0])), iter(range(len(rings)))
+        self.k_cache = [self.k_ring[next(ring_ids)] if r else self.k_pool[next(pool_ids)] for r in self.is_ring]
+        pool_ids, ring_ids = iter(range(shape[0])), iter(range(len(rings)))
+        self.v_cache = [self.v_ring[next(ring_ids)] if r else self.v_pool[next(pool_ids)] for r in self.is_ring]
         # a hybrid model's linear-attention layers: fixed states per slot (linear_state.py)
         layers = linear_layers(self.model)
         self.linear = LinearStates(layers, S, dev, self.dtype) if layers else None
@@ -178,20 +193,33 @@ class ModelRunner:
                 self.out_routes.numel() * self.out_routes.element_size() / 2**20,
             )
         log.info(
-            "embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s",
+            "embedded engine: %d slots, KV cache of %d blocks x %d tokens (%.1f MiB, %s)%s%s",
             S,
             layout.num_blocks,
             layout.block_size,
-            2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20,
+            self.kv_bytes() / 2**20,
             str(self.kv_dtype).removeprefix("torch."),
             ", Triton paged attention" if self.Decode.__name__ == "KernelDecode" else "",
+            f", {len(rings)} sliding-window layers in rings of {R} blocks per slot" if rings else "",
         )
+
+    def kv_bytes(self) -> int:
+        """Bytes of the KV cache: the pool and the sliding-window layers' rings, keys and values."""
+        tensors = [t for t in (self.k_pool, self.v_pool, self.k_ring, self.v_ring) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def table_of(self, layer: int) -> tuple[torch.Tensor, int]:
+        """Layer ``layer``'s block table and sink block: the ring table for a ring layer, else the pool's."""
+        if self.is_ring[layer]:
+            return self.ring_table, self.ring_sink
+        return self.block_table, self.layout.sink_block
 
     def free(self) -> None:
         """Drop the KV cache and the buffers (and the graphs that point into them)."""
         self._graphs.clear()
         self._graph_pool = None
-        for name in ("k_cache", "v_cache", "block_table", "out_tokens", "out_logprobs", "out_routes", "linear"):
+        names = ("k_cache", "v_cache", "k_pool", "v_pool", "k_ring", "v_ring", "ring_table", "block_table")
+        for name in (*names, "out_tokens", "out_logprobs", "out_routes", "linear"):
             setattr(self, name, None)
         self.layout = None
 
@@ -279,11 +307,21 @@ class ModelRunner:
         slots = [s for p in chosen for s in p.slots]
         ids, lens_d, blk = self.h2d(ids), self.h2d(lens), self.h2d(blk)
         off = (torch.arange(T, device=dev) % bs).expand(P, T)
+        if self.ring_table is not None:  # the first sample's ring: logical block p // bs of its slot
+            ring_blk = self.ring_table[self.h2d([p.slots[0] for p in chosen])][
+                :, torch.arange(T, device=dev) // bs
+            ].long()
+            ring_len = self.layout.ring_blocks * bs
         width = max(1, max_prefill_tokens // P)
         last = last_routes = None
         for a in range(0, T, width):
             b = min(T, a + width)
             ctx = PrefillContext(self, blk[:, a:b], off[:, a:b], blk[:, :a] if a else None, off[:, :a] if a else None)
+            if self.ring_table is not None:  # a chunk writes its last ring_len positions (no two to one place)
+                pos = torch.arange(a, b, device=dev)[None, :]
+                end = lens_d.clamp(max=b)[:, None]
+                keep = (pos < end) & (pos >= end - ring_len)
+                ctx.set_ring(torch.where(keep, ring_blk[:, a:b], self.ring_sink), ring_blk[:, :a] if a else None)
             if self.linear is not None:
                 ctx.linear_state = self.linear.prefill(a, lens_d)
             pos = torch.arange(a, b, device=dev).expand(P, b - a)
@@ -299,11 +337,19 @@ class ModelRunner:
         logits = self.model.lm_head(last).float()
         if self.linear is not None:
             self.linear.commit(self.h2d(slots), self.h2d([len(p.slots) for p in chosen]))
+        if self.ring_table is not None:  # each further sample: a copy of the first sample's ring
+            R = self.layout.ring_blocks
+            pairs = [(p.slots[0], s) for p in chosen for s in p.slots[1:]]
+            if pairs:
+                src = self.h2d([s0 * R + j for s0, _ in pairs for j in range(R)])
+                dst = self.h2d([s * R + j for _, s in pairs for j in range(R)])
+                for ring in (self.k_ring, self.v_ring):
+                    cache_copy(ring, (slice(None), dst), (slice(None), src))
         if tail_copies:
             src = self.h2d([a for a, _ in tail_copies])
             dst = self.h2d([b for _, b in tail_copies])
             r = min(T, bs)
-            for cache in (self.k_cache, self.v_cache):
+            for cache in (self.k_pool, self.v_pool):
                 cache_copy(
                     cache,
                     (slice(None), dst, slice(None), slice(None, r)),

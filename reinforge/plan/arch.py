@@ -13,7 +13,8 @@ class Arch:
 
     Attributes: sizes as in the config; ``num_params`` all parameters (embedding included once when
     tied); ``experts`` / ``experts_per_tok`` / ``moe_intermediate`` / ``shared_intermediate`` 0 for a
-    dense model; ``moe_layers`` the sparse layers.
+    dense model; ``moe_layers`` the sparse layers; ``windowed_layers`` the sliding-window layers
+    (``layer_types``' ``sliding_attention``), whose KV cache holds only the last ``window`` tokens.
     """
 
     vocab_size: int
@@ -30,6 +31,8 @@ class Arch:
     moe_intermediate: int = 0
     shared_intermediate: int = 0
     moe_layers: int = 0
+    windowed_layers: int = 0
+    window: int = 0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> Arch:
@@ -67,6 +70,10 @@ class Arch:
             ),
             shared_intermediate=int(cfg.get("shared_expert_intermediate_size") or 0),
             moe_layers=moe,
+            windowed_layers=sum(1 for k in cfg.get("layer_types") or [] if k == "sliding_attention")
+            if cfg.get("sliding_window")
+            else 0,
+            window=int(cfg.get("sliding_window") or 0),
         )
 
     @property
@@ -113,9 +120,14 @@ class Arch:
         dense = self.num_layers - self.moe_layers
         return dense * self.layer_params() + self.moe_layers * self.layer_params(True, True) + self.head_params
 
-    def kv_bytes_per_token(self, elem_bytes: float) -> float:
-        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.kv_dim * elem_bytes
+    def kv_bytes_per_token(self, elem_bytes: float, tokens: float | None = None) -> float:
+        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes. With ``tokens``, the mean per token of a
+        sequence that long: its sliding-window layers hold only ``min(tokens, window)`` tokens (the engine's
+        rings, :mod:`reinforge.engine.kv_cache`)."""
+        if not self.windowed_layers or not tokens:
+            return 2 * self.num_layers * self.kv_dim * elem_bytes
+        held = (self.num_layers - self.windowed_layers) * tokens + self.windowed_layers * min(tokens, self.window)
+        return 2 * held / tokens * self.kv_dim * elem_bytes
 
     def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:
         """Activation bytes per token one decoder layer keeps for its backward pass (module doc);

@@ -234,7 +234,7 @@ def kv_need(w: Workload) -> float:
     blocks = w.slots * per_seq
     if w.num_kv_blocks:
         blocks = min(blocks, max(w.num_kv_blocks, per_seq))
-    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes)
+    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes, w.seq_len)
 
 
 def kv_pool(w: Workload, after_training: bool = True) -> float:
@@ -391,7 +391,8 @@ def engine_slots(w: Workload, lengths: list[int] | None = None) -> int:
     dry, so a pool short of every sequence at full length still runs them together (Qwen3-30B-A3B on
     an H200, docs/benchmarks.md: a pool of 60 full-length sequences decoded 64 in one wave)."""
     mean = sum(lengths) / len(lengths) if lengths else w.response_len
-    footprint = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes)
+    held = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK
+    footprint = held * w.arch.kv_bytes_per_token(w.kv_elem_bytes, held)
     return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // footprint)))
 
 

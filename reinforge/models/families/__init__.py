@@ -74,6 +74,12 @@ FAMILIES.register(
     moe=True,
     title="Qwen3.5-MoE (multimodal checkpoint, its language model)",
 )
+FAMILIES.register(
+    "gemma3_text",
+    "reinforge.models.families.gemma3:FAMILY",
+    moe=False,
+    title="Gemma 3 (language model; local sliding-window / global layers)",
+)
 
 FAMILIES.register(
     "gpt_oss",

@@ -37,13 +37,18 @@ class ConfigShape:
     without transformers: the KV-cache shape (``num_layers`` x ``num_kv_heads`` x ``head_dim``),
     the routed experts per sparse layer (0: dense) and the summed width of one layer's MLP
     matrices (a dense model's ``intermediate_size``; an MoE layer's experts plus shared experts,
-    every layer counted sparse: an upper bound)."""
+    every layer counted sparse: an upper bound); ``layer_windows`` each layer's sliding window (0: full;
+    ``()``: none) in a family that runs them, so the engine's estimate counts their rings
+    (:func:`reinforge.engine.kv_cache.ring_plan`)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     num_experts: int
     mlp_width: int
+    layer_windows: tuple[
+        int, ...
+    ] = ()  # per-layer sliding windows (ModelArgs.layer_windows) where the family runs them
 
 
 class Family:
