@@ -86,14 +86,16 @@ _SMALL = {  # key -> the value a tiny model takes (never more than the config's 
     "first_k_dense_replace": 1,
     "n_group": 1,
     "topk_group": 1,
+    "sliding_window": 8,  # (shorter than the checked texts, so that the windows matter)
 }
 
 
 def tiny_config(cfg: dict, layers: int = 4) -> dict:
     """A tiny copy of a ``config.json`` dict: width 64, at most ``layers`` decoder layers (per-layer lists
     such as ``layer_types`` cut to match, so a hybrid keeps its first layers' pattern), 4 query heads with
-    the config's query / key-value head ratio, head dims of 16, at most 8 experts (2 per token). A
-    multimodal config's ``text_config`` is made tiny in place. Keys it does not know are kept.
+    the config's query / key-value head ratio, head dims of 16, at most 8 experts (2 per token), sliding windows
+    of at most 8 tokens (shorter than the checked texts). A multimodal config's ``text_config`` is made tiny in
+    place. Keys it does not know are kept.
 
     Args:
         cfg: the ``config.json`` dict.

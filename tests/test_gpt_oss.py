@@ -186,6 +186,10 @@ def test_config_mapping():
     assert args.qkv_bias and args.o_bias and not args.qk_norm
     assert (args.num_experts, args.num_experts_per_tok, args.moe_intermediate_size) == (8, 2, 32)
     assert args.moe_layers == (0, 1, 2, 3) and is_moe_type("gpt_oss")
+    shape = family_of(cfg).config_shape({"model_type": "gpt_oss", **cfg.to_dict()})
+    assert (shape.num_experts, shape.mlp_width, shape.layer_windows) == (8, 8 * 32, (4, 0, 4, 0))
+    bare = {k: v for k, v in cfg.to_dict().items() if k not in ("layer_types", "sliding_window")}
+    assert family_of(cfg).config_shape(bare).layer_windows == (128, 0, 128, 0)  # (transformers' defaults)
 
 
 def test_tiny_gpt_oss_passes_every_check(gpt_oss_path):

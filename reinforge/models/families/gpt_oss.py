@@ -39,18 +39,20 @@ the Qwen way).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..args import ModelArgs, check_top_k, dense_args
+from ..args import ModelArgs, check_top_k, dense_args, layer_windows
 from ..expert_parallel import _ScaleGrad, local_experts
 from ..moe import Experts, SparseMoeBlock, grouped_mm_supported
 from ..mxfp4 import dequantize_mxfp4_state
 from ..transformer import RMSNorm
-from .base import Family
+from .base import ConfigShape, Family, generic_config_shape
 
 
 class GptOssExperts(Experts):
@@ -171,6 +173,16 @@ class GptOss(Family):
             norm_topk_prob=True,
             moe_layers=layers,
         )
+
+    def config_shape(self, cfg: dict) -> ConfigShape:
+        """The common keys (experts under ``num_local_experts``, of width ``intermediate_size``) and the
+        sliding layers' windows: ``layer_types``, or where a config lacks it transformers' default (the
+        even layers sliding), ``sliding_window`` (default 128)."""
+        cfg = cfg.get("text_config", cfg)
+        n = int(cfg["num_hidden_layers"])
+        kinds = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        view = SimpleNamespace(num_hidden_layers=n, layer_types=kinds, sliding_window=cfg.get("sliding_window", 128))
+        return replace(generic_config_shape(cfg), layer_windows=layer_windows(view))
 
     def norm(self, dim: int, eps: float) -> RMSNorm:
         return GptOssRMSNorm(dim, eps)
