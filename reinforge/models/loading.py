@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +215,23 @@ def named_weights(model: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
             continue
         seen.add(id(p))
         yield name, p.detach()
+
+
+def hub_layout(source: str | os.PathLike | None) -> Callable[[Iterable[tuple[str, torch.Tensor]]], Iterable]:
+    """The function that turns a model's (name, tensor) pairs into the layout of the hub checkpoints of the
+    model in folder ``source``, for an engine that loads weights as checkpoints name them (the weight sync to
+    vLLM / SGLang): a registered family's ``to_hub`` (without copying the checkpoint's untrained tensors: a
+    GPT-OSS's stacked experts stay whole, a multimodal checkpoint's language model takes its prefix), else
+    (``source`` None, no config.json, no family) :func:`~reinforge.models.moe.hub_named_tensors`, the experts
+    split per expert."""
+    cfg_file = Path(source) / "config.json" if source is not None else None
+    if cfg_file is None or not cfg_file.exists():
+        return hub_named_tensors
+    cfg = json.loads(cfg_file.read_text())
+    if not is_native_type(cfg.get("model_type")):
+        return hub_named_tensors
+    family = family_of(cfg)
+    return lambda named: family.to_hub(named)
 
 
 def save_hf_folder(

@@ -32,8 +32,8 @@ Expert parallelism and routing replay are the shared block's (:class:`~reinforge
 the biases are sharded with their experts; replayed experts get the softmax of their k router logits.
 The load-balancing statistics read the softmax over all experts (transformers' ``load_balancing_loss_func``).
 Not implemented: tensor parallelism of the attention (the sinks are per query head and stay whole: under
-``tp`` > 1 the first forward stops on their shape), the weight sync to vLLM / SGLang (it splits stacked experts
-the Qwen way).
+``tp`` > 1 the first forward stops on their shape). The weight sync to vLLM / SGLang sends the stacked experts
+whole, as the bf16 checkpoints hold them (:func:`~reinforge.models.loading.hub_layout`; not run on a GPU yet).
 """
 
 from __future__ import annotations
