@@ -19,10 +19,13 @@ LoRA targets          the ``nn.Linear`` names peft would adapt (``model.lora_tar
 speed                 forward + backward tokens/s, native vs the transformers fallback
 ====================  ==================================================================================
 
-An unregistered family gets the rows transformers alone can fill (export, LoRA targets, fallback speed) and
-says what is missing. ``--random-tiny`` first writes a tiny random model of the folder's ``config.json``
-(:func:`tiny_config`: 2-4 layers of width 64, the layer pattern and every option kept) and checks that: a
-config-only folder (or a ``config.json``) is enough, so a new architecture can be proven in minutes on a CPU.
+An unregistered family gets the rows transformers alone can fill and says what is missing: its engine rows
+check the fallback engine a run would use (transformers' batched ``generate``, ``engine.backend=hf``) against
+transformers' forward pass, then export, LoRA targets and the fallback's speed.
+
+``--random-tiny`` first writes a tiny random model of the folder's ``config.json`` (:func:`tiny_config`: 2-4
+layers of width 64, the layer pattern and every option kept) and checks that: a config-only folder (or a
+``config.json``) is enough, so a new architecture can be proven in minutes on a CPU.
 
 The bound for fp32 rows is 1e-4 (absolute, on logits and log-probs), the one the families' tests use.
 """
@@ -83,14 +86,16 @@ _SMALL = {  # key -> the value a tiny model takes (never more than the config's 
     "first_k_dense_replace": 1,
     "n_group": 1,
     "topk_group": 1,
+    "sliding_window": 8,  # (shorter than the checked texts, so that the windows matter)
 }
 
 
 def tiny_config(cfg: dict, layers: int = 4) -> dict:
     """A tiny copy of a ``config.json`` dict: width 64, at most ``layers`` decoder layers (per-layer lists
     such as ``layer_types`` cut to match, so a hybrid keeps its first layers' pattern), 4 query heads with
-    the config's query / key-value head ratio, head dims of 16, at most 8 experts (2 per token). A
-    multimodal config's ``text_config`` is made tiny in place. Keys it does not know are kept.
+    the config's query / key-value head ratio, head dims of 16, at most 8 experts (2 per token), sliding windows
+    of at most 8 tokens (shorter than the checked texts). A multimodal config's ``text_config`` is made tiny in
+    place. Keys it does not know are kept.
 
     Args:
         cfg: the ``config.json`` dict.
@@ -282,6 +287,15 @@ def _engine(model: nn.Module, max_model_len: int) -> Any:
     return EmbeddedEngine(model, EngineConfig(max_num_seqs=4, kv_block_size=4), max_model_len=max_model_len)
 
 
+def _fallback_engine(model: nn.Module) -> Any:
+    """The rollout engine of a model of no registered family (``engine.backend=hf``)."""
+    from .rollout.backends.hf import HFEngine
+
+    cfg = model.config
+    pad = next((i for i in (cfg.pad_token_id, cfg.eos_token_id, 0) if isinstance(i, int)), 0)
+    return HFEngine(model, pad_token_id=pad, batch_size=4)
+
+
 def _sample(engine: Any, prompts: list[list[int]], new_tokens: int, temperature: float) -> list[list[int]]:
     from .records import GenerateRequest, SamplingParams
 
@@ -361,9 +375,11 @@ def check_model(
         rows += _logits_rows(native, reference, vocab, seed)
     if native is not None:
         rows += _engine_rows(path, native, reference, prompts, tokens, longest, seed)
+    elif reference is not None:  # the fallback the run would use: transformers' generate (engine.backend=hf)
+        rows += _engine_rows(path, reference, None, prompts, tokens, longest, seed, fallback=True)
     else:
         for name in ("engine log-probs (fp32)", "greedy continuation", "weight sync"):
-            rows.append(Row(name, "not run: the embedded engine runs registered families only", None))
+            rows.append(Row(name, "not run: no model to run (transformers cannot load this folder)", None))
     exported = native if native is not None else reference
     if exported is not None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -447,17 +463,26 @@ def _engine_rows(
     tokens: int,
     max_len: int,
     seed: int,
+    fallback: bool = False,
 ) -> list[Row]:
+    """The engine rows: the embedded engine beside the native trainer, or (``fallback``: a model of no
+    registered family, ``native`` then transformers' model) the fallback engine a run uses,
+    :class:`~reinforge.rollout.backends.hf.HFEngine` (transformers' batched ``generate``)."""
     from .models.loading import build_model, named_weights
 
     rows = []
-    engine = _engine(build_model(path, torch.float32), max_len)
+    engine = (
+        _fallback_engine(build_model(path, torch.float32))
+        if fallback
+        else _engine(build_model(path, torch.float32), max_len)
+    )
+    kind = "fallback engine (transformers generate)" if fallback else "engine"
     engine.reseed(seed)
     sampled = _sample(engine, prompts, tokens, 1.0)
     diff = max(
         (_token_log_probs(native, p, t) - torch.tensor(lp)).abs().max().item() for p, (t, lp) in zip(prompts, sampled)
     )
-    rows.append(Row("engine log-probs (fp32)", f"max |diff| trainer vs engine {diff:.2e}", diff < BOUND))
+    rows.append(Row("engine log-probs (fp32)", f"max |diff| trainer vs {kind} {diff:.2e}", diff < BOUND))
     greedy = _sample(engine, prompts[:1], tokens, 0.0)[0][0]
     ref_model = reference if reference is not None else native
     expected = _greedy(ref_model, prompts[0], tokens)

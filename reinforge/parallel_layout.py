@@ -226,7 +226,10 @@ class Layout:
             return out + [latent_attention_problem(cfg.get("model_type"))]
         heads = cfg["num_attention_heads"]
         return out + self.model_problems(
-            heads, cfg.get("num_key_value_heads") or heads, cfg["intermediate_size"], cfg["num_hidden_layers"]
+            heads,
+            cfg.get("num_key_value_heads") or heads,
+            int(cfg.get("intermediate_size") or 0),
+            cfg["num_hidden_layers"],
         )
 
 

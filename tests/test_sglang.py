@@ -276,3 +276,22 @@ def test_server_that_never_answers_times_out(tmp_path):
     with pytest.raises(SGLangError, match="did not answer /health_generate within 1 s"):
         wait_ready(server, timeout=1, poll=0.2)
     server.process.kill()
+
+
+def test_update_weights_in_the_checkpoints_layout(fakes, tmp_path):
+    """The sync sends what the model's checkpoints hold: a GPT-OSS's stacked experts whole (its hub layout),
+    a Qwen3-MoE's per expert."""
+    import json
+
+    stacked = ("model.layers.0.mlp.experts.gate_up_proj", torch.arange(48.0).view(2, 4, 6))
+    for model_type, expected in [
+        ("gpt_oss", {stacked[0]}),
+        ("qwen3_moe", {f"model.layers.0.mlp.experts.{e}.{p}.weight" for e in (0, 1) for p in ("gate_proj", "up_proj")}),
+    ]:
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        fakes[0].received.clear()
+        SGLangEngine([SGLangServer(fakes[0].url)], model_source=str(folder)).update_weights([stacked], version=1)
+        assert set(fakes[0].received) == expected, model_type
+    assert torch.equal(SGLangEngine([SGLangServer(fakes[0].url)]).to_hub([stacked]).__next__()[1], stacked[1][0, :2])

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from torch import nn
 
 from .families import family_of, is_native_type, native_models
 from .moe import hub_named_tensors
+from .mxfp4 import is_mxfp4
 from .transformer import CausalLM
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,23 @@ def named_weights(model: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
         yield name, p.detach()
 
 
+def hub_layout(source: str | os.PathLike | None) -> Callable[[Iterable[tuple[str, torch.Tensor]]], Iterable]:
+    """The function that turns a model's (name, tensor) pairs into the layout of the hub checkpoints of the
+    model in folder ``source``, for an engine that loads weights as checkpoints name them (the weight sync to
+    vLLM / SGLang): a registered family's ``to_hub`` (without copying the checkpoint's untrained tensors: a
+    GPT-OSS's stacked experts stay whole, a multimodal checkpoint's language model takes its prefix), else
+    (``source`` None, no config.json, no family) :func:`~reinforge.models.moe.hub_named_tensors`, the experts
+    split per expert."""
+    cfg_file = Path(source) / "config.json" if source is not None else None
+    if cfg_file is None or not cfg_file.exists():
+        return hub_named_tensors
+    cfg = json.loads(cfg_file.read_text())
+    if not is_native_type(cfg.get("model_type")):
+        return hub_named_tensors
+    family = family_of(cfg)
+    return lambda named: family.to_hub(named)
+
+
 def save_hf_folder(
     model: nn.Module, out: str | os.PathLike, source: str | os.PathLike, dtype: torch.dtype | None = None
 ) -> Path:
@@ -262,12 +280,14 @@ def save_hf_state_dict(
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, out / f.name)
     saved = {t.dtype for t in state.values() if t.is_floating_point()}
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
     if len(saved) == 1:  # the dtype the weights are stored in (mixed: left as the source says)
-        cfg_path = out / "config.json"
-        cfg = json.loads(cfg_path.read_text())
         cfg["dtype"] = str(saved.pop()).removeprefix("torch.")
         cfg.pop("torch_dtype", None)
-        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    if is_mxfp4(cfg) and not any(n.endswith("_blocks") for n in state):
+        cfg.pop("quantization_config")  # (MXFP4 experts were dequantized at load: written as plain weights)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 
 

@@ -155,7 +155,11 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
 class Experts(nn.Module):
     """E SwiGLU experts as two stacked parameters: ``gate_up_proj`` [E, 2I, H] and
-    ``down_proj`` [E, H, I] (transformers 5's ``...MoeExperts``)."""
+    ``down_proj`` [E, H, I] (transformers 5's ``...MoeExperts``). :attr:`expert_params`: the parameters
+    whose first dimension is the expert (expert parallelism shards them; a family's subclass adds its
+    biases)."""
+
+    expert_params: tuple[str, ...] = ("gate_up_proj", "down_proj")
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()

@@ -22,10 +22,36 @@ class ShapeUnknown(ValueError):
     say so in one line; they never stop on it."""
 
 
+# the common size keys under the other names some families' config.json use (transformers' ``attribute_map``
+# of GPT-2, GPT-J, BLOOM, OPT, Falcon, MPT, T5-style configs): common key -> its aliases, first found wins
+SIZE_ALIASES = {
+    "hidden_size": ("n_embd", "n_embed", "d_model"),
+    "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
+    "num_attention_heads": ("n_head", "n_heads", "num_heads"),
+    "intermediate_size": ("n_inner", "ffn_dim", "ffn_hidden_size"),
+}
+
+
+def with_common_names(cfg: dict) -> dict:
+    """``cfg`` with the common size keys (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+    ``intermediate_size``) filled in from their aliases (:data:`SIZE_ALIASES`: GPT-2's ``n_embd``...)
+    where only those are set; a new dict when anything was added, else ``cfg`` itself."""
+    extra = {}
+    for key, aliases in SIZE_ALIASES.items():
+        if cfg.get(key) is None:
+            found = next(
+                (cfg[a] for a in aliases if isinstance(cfg.get(a), int) and not isinstance(cfg[a], bool)), None
+            )
+            if found is not None:
+                extra[key] = found
+    return {**cfg, **extra} if extra else cfg
+
+
 def require(cfg: dict, read, where: str = "config.json"):
-    """``read(cfg)``, a :class:`ShapeUnknown` naming the missing key instead of a bare ``KeyError``."""
+    """``read(cfg)`` (the size keys' aliases filled in: :func:`with_common_names`), a :class:`ShapeUnknown`
+    naming the missing key instead of a bare ``KeyError``."""
     try:
-        return read(cfg)
+        return read(with_common_names(cfg))
     except KeyError as e:
         raise ShapeUnknown(
             f"{where} (model_type {cfg.get('model_type')!r}) has no {e.args[0]!r}, which the size estimate reads"

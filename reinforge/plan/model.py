@@ -195,7 +195,8 @@ class Breakdown:
 
     def words(self, top: int = 4) -> str:
         big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:top]
-        return ", ".join(f"{k} {v / GIB:.1f}" for k, v in big if v >= GIB / 20) + " GiB"
+        shown = ", ".join(f"{k} {v / GIB:.1f}" for k, v in big if v >= GIB / 20)
+        return f"{shown} GiB" if shown else "every part < 0.05 GiB"
 
 
 # ----------------------------------------------------------------------------------------- memory

@@ -251,7 +251,7 @@ def apply_expert_parallel(model: nn.Module, mesh: TrainMesh, fsdp_kwargs: dict[s
     rank, ignored = ep_mesh.get_local_rank(), []
     for block in blocks:
         n = block.experts.num_experts // layout.ep
-        for name in ("gate_up_proj", "down_proj"):
+        for name in block.experts.expert_params:  # (the matrices, and a family's expert biases)
             p = getattr(block.experts, name)
             local = p.detach()[rank * n : (rank + 1) * n].clone()
             dt = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
@@ -260,7 +260,7 @@ def apply_expert_parallel(model: nn.Module, mesh: TrainMesh, fsdp_kwargs: dict[s
         if layout.edp > 1:
             fully_shard(block.experts, mesh=mesh.mesh["edp"], **fsdp_kwargs)
         else:
-            ignored += [block.experts.gate_up_proj, block.experts.down_proj]
+            ignored += [getattr(block.experts, name) for name in block.experts.expert_params]
     return ignored
 
 

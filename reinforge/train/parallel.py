@@ -351,7 +351,14 @@ def parallelize(
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of ``model`` (a policy, a critic's / reward model's backbone, a LoRA-wrapped
-    policy); with pipeline parallelism those of this rank's stages."""
+    policy); with pipeline parallelism those of this rank's stages. A transformers model of another
+    layout (the fallback for a model of no registered family: GPT-2's ``transformer.h``...) gives the
+    modules of the classes its ``_no_split_modules`` names (its blocks, as accelerate's FSDP wrapping
+    reads them).
+
+    Raises:
+        ValueError: neither layout is found.
+    """
     for path in ("model.layers", "backbone.model.layers", "model.model.layers"):
         obj: Any = model
         try:
@@ -360,7 +367,14 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
         except AttributeError:
             continue
         return list(obj.values()) if isinstance(obj, nn.ModuleDict) else list(obj)
-    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
+    blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
+    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    if layers:
+        return layers
+    raise ValueError(
+        f"cannot find the decoder layers of {type(model).__name__} to shard (no model.layers, and no module of "
+        f"the classes its _no_split_modules names)"
+    )
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -94,6 +94,13 @@ FAMILIES.register(
     title="DeepSeek-V3/R1 / Kimi-K2 / Moonlight (multi-head latent attention, MoE)",
 )
 
+FAMILIES.register(
+    "gpt_oss",
+    "reinforge.models.families.gpt_oss:FAMILY",
+    moe=True,
+    title="GPT-OSS (gpt-oss-20b, gpt-oss-120b: sinks, sliding-window layers, MXFP4 experts)",
+)
+
 
 def model_type_of(config: Any) -> str | None:
     """``model_type`` of a ``config.json`` dict or a ``transformers`` config (a multimodal

@@ -8,15 +8,19 @@ import torch
 from torch import nn
 
 from ...models.loading import build_model, copy_weights_
-from ...records import FinishReason, GenerateRequest, GenerateResult
+from ...records import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 
 
 class HFEngine:
     """Implements ``RolloutEngine`` with batched ``model.generate`` (left padding).
 
-    For architectures the embedded engine does not implement; requests are run in batches
-    of ``batch_size`` sequences that share sampling parameters. Stop strings are not
-    supported (use stop token ids).
+    For architectures the embedded engine does not implement. One :meth:`generate` call runs its
+    requests' ``n`` completions each in batches of up to ``batch_size`` sequences
+    (``engine.max_num_seqs``): the sequences whose sampling parameters are equal in value (every field
+    but ``max_new_tokens``) share one ``model.generate`` of the longest ``max_new_tokens`` among them,
+    each cut at its own (a completion's tokens and log-probs do not depend on how long the others run).
+    So the many requests of an agent rollout, each with its own parameters object, still go in a few
+    batches. Stop strings are not supported (use stop token ids).
     """
 
     def __init__(self, model: nn.Module, pad_token_id: int, batch_size: int = 64, seed: int = 0):
@@ -29,23 +33,30 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, requests: list[GenerateRequest]) -> list[list[GenerateResult]]:
-        rows = [(i, r) for i, r in enumerate(requests) for _ in range(r.n)]
+        """``requests[i].n`` results for each request, in order (see the class docstring for the batching).
+
+        Raises:
+            ValueError: a request has stop strings (``SamplingParams.stop``).
+        """
+        for r in requests:
+            if r.params.stop:
+                raise ValueError("the hf backend does not support stop strings; use rollout_stop_token_ids")
+        by_params: dict[tuple, list[tuple[int, GenerateRequest]]] = {}
+        for i, r in enumerate(requests):
+            by_params.setdefault(batch_key(r.params), []).extend((i, r) for _ in range(r.n))
         out: list[list[GenerateResult]] = [[] for _ in requests]
         torch.manual_seed(self.seed)
-        for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start : start + self.batch_size]
-            by_params: dict[int, list[tuple[int, GenerateRequest]]] = {}
-            for i, r in chunk:
-                by_params.setdefault(id(r.params), []).append((i, r))
-            for group in by_params.values():
-                for (i, _), res in zip(group, self._run([r for _, r in group])):
+        for rows in by_params.values():
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start : start + self.batch_size]
+                for (i, _), res in zip(chunk, self._run([r for _, r in chunk])):
                     out[i].append(res)
         return out
 
     def _run(self, reqs: list[GenerateRequest]) -> list[GenerateResult]:
+        """One ``model.generate`` over ``reqs`` (equal :func:`batch_key`), each cut at its ``max_new_tokens``."""
         p = reqs[0].params
-        if p.stop:
-            raise ValueError("the hf backend does not support stop strings; use rollout_stop_token_ids")
+        longest = max(r.params.max_new_tokens for r in reqs)
         width = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -57,8 +68,8 @@ class HFEngine:
         gen = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            max_new_tokens=p.max_new_tokens,
-            min_new_tokens=p.max_new_tokens if p.ignore_eos else None,
+            max_new_tokens=longest,
+            min_new_tokens=longest if p.ignore_eos else None,
             do_sample=not greedy,
             temperature=None if greedy else p.temperature,
             top_p=p.top_p if p.top_p < 1 else None,
@@ -72,8 +83,8 @@ class HFEngine:
         temp = 1.0 if greedy else p.temperature
         logps = torch.stack([torch.log_softmax(l.float() / temp, -1) for l in gen.logits], 1).cpu()  # [B, T, V]
         results = []
-        for row in range(len(reqs)):
-            toks = seqs[row].tolist()
+        for row, r in enumerate(reqs):
+            toks = seqs[row, : r.params.max_new_tokens].tolist()
             n, reason = len(toks), FinishReason.LENGTH
             for t, tok in enumerate(toks):
                 if tok in stop:
@@ -108,6 +119,19 @@ class HFEngine:
 
     def shutdown(self) -> None:
         pass
+
+
+def batch_key(params: SamplingParams) -> tuple:
+    """The sampling parameters that must be equal for two sequences to share one ``model.generate``:
+    every field of :class:`~reinforge.records.SamplingParams` but ``max_new_tokens``."""
+    return (
+        params.temperature,
+        params.top_p,
+        params.top_k,
+        tuple(params.stop),
+        tuple(params.stop_token_ids),
+        params.ignore_eos,
+    )
 
 
 def from_spec(spec) -> HFEngine:

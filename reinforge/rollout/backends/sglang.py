@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 
-from ...models.moe import hub_named_tensors
 from ...records import FinishReason, GenerateRequest, GenerateResult
 from ...utils import seeds, stall
 from ...weights.broadcast import send_each
@@ -312,6 +311,9 @@ class SGLangEngine:
     ):
         self.servers, self.router_url = servers, router_url
         self.weight_update, self.model_source, self.tp_size = weight_update, model_source, tp_size
+        from ..models.loading import hub_layout
+
+        self.to_hub = hub_layout(model_source)  # the names and expert layout SGLang's loader reads
         self.seed, self.weight_version = seed, 0
         self.bucket_bytes = bucket_bytes
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sglang")
@@ -357,7 +359,7 @@ class SGLangEngine:
             return list(self.pool.map(one, range(len(requests))))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        named = [(n, t.detach()) for n, t in hub_named_tensors(named_tensors)]  # MoE experts: per expert
+        named = [(n, t.detach()) for n, t in self.to_hub(named_tensors)]  # the checkpoints' layout
         if self.weight_update == "tensor":
             for bucket in bucket_by_bytes(named, self.bucket_bytes):
                 # one serialization per server and TP rank: a CPU tensor's shared-memory handle

