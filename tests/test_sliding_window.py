@@ -7,7 +7,7 @@ import torch
 
 from reinforge.models.args import layer_windows
 from reinforge.models.packing import PackedAttention
-from reinforge.models.transformer import causal_mask, sdpa
+from reinforge.models.sdpa import causal_mask, sdpa
 
 
 def reference_attention(q, k, v, window=0, sinks=None, scale=None, q_pos=None, k_pos=None):

@@ -26,7 +26,7 @@ chunked prefill and a preempted sequence's recompute give the values of one pass
 Attention kinds: every context's ``attend`` takes the layer's ``window`` (sliding window in tokens, 0:
 full), ``sinks`` ([H] logits or None) and ``scale`` (None: ``1/sqrt(D)``) as keywords
 (:meth:`~reinforge.models.transformer.Attention.attention_kind`): prefill masks the band
-(:func:`~reinforge.models.transformer.window_mask`), the padded decode paths add a per-window bias
+(:func:`~reinforge.models.sdpa.window_mask`), the padded decode paths add a per-window bias
 (-inf before ``pos - window + 1``), the kernel starts each sequence's loop at ``max(0, len - window)``;
 sinks join every softmax's denominator.
 """
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.transformer import sdpa, window_mask
+from ..models.sdpa import sdpa, window_mask
 from .kv_cache import cache_read, cache_write, to_cache
 from .mla_decode import mla_decode_attention_triton
 from .paged_attention import gather_blocks, masked_decode_attention, paged_decode_attention_triton

@@ -28,7 +28,7 @@ class ModelArgs:
     ``intermediate_size``); ``shared_expert_intermediate_size``: the width of a shared expert every
     token goes through (0: none).
 
-    Attention kinds (see :func:`~reinforge.models.transformer.sdpa`): ``layer_windows`` gives each
+    Attention kinds (see :func:`~reinforge.models.sdpa.sdpa`): ``layer_windows`` gives each
     decoder layer's sliding window in tokens, 0 for full attention (``()``: every layer full): a
     query at position ``i`` sees the keys at positions ``j`` with ``i - window < j <= i`` (the
     query's own and the ``window - 1`` before it: transformers' ``sliding_window_overlay``,

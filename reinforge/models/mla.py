@@ -46,7 +46,8 @@ import torch
 from torch import nn
 
 from .args import ModelArgs, rope_parameters
-from .transformer import AttentionContext, RMSNorm, apply_rope, sdpa
+from .sdpa import sdpa
+from .transformer import AttentionContext, RMSNorm, apply_rope
 
 # DeepSeek's latent norms use RMSNorm's default epsilon, not rms_norm_eps (transformers' DeepseekV3RMSNorm(dim))
 LATENT_NORM_EPS = 1e-6

@@ -23,7 +23,7 @@ Attention kinds (``attend``'s keywords, :meth:`reinforge.models.transformer.Atte
 a sliding ``window`` is flash attention's ``window_size=(window - 1, 0)`` (bottom-right aligned like its
 causal mask, so a response's query sees the last ``window`` positions of prompt-then-itself) or, masked,
 the band of each position's distance within its sequence (:attr:`PackedAttention.positions`); a
-``scale`` goes to either kernel; attention ``sinks`` run masked (:func:`~reinforge.models.transformer.sdpa`),
+``scale`` goes to either kernel; attention ``sinks`` run masked (:func:`~reinforge.models.sdpa.sdpa`),
 as the varlen kernel has no sink term.
 """
 
@@ -211,7 +211,7 @@ class PackedAttention:
             o = varlen_attn(q.reshape(B * T, H, D), k, v, cu, cu_k, longest, longest_k, **causal, **extra)
             return o.view(B, T, H, D)
         if sinks is not None or scale is not None:
-            from .transformer import sdpa
+            from .sdpa import sdpa
 
             return sdpa(q, k, v, self.window_mask(window)[:, None], scale=scale, sinks=sinks)
         o = F.scaled_dot_product_attention(

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from ..utils.triton import triton_available
@@ -37,6 +36,7 @@ from .args import STATIC_ROPE_TYPES, ModelArgs, rope_parameters, rotary_dim
 from .context import context_window
 from .families import family_of
 from .moe import Routing, SparseMoeBlock
+from .sdpa import causal_mask, sdpa
 
 __all__ = [
     "AttentionContext",
@@ -45,9 +45,6 @@ __all__ = [
     "STATIC_ROPE_TYPES",
     "rope_parameters",
     "rope_tables",
-    "sdpa",
-    "causal_mask",
-    "window_mask",
     "RMSNorm",
     "apply_rope",
     "Attention",
@@ -67,7 +64,8 @@ class AttentionContext(Protocol):
 
         A layer that is not plain full attention (:meth:`Attention.attention_kind`) calls it with the
         keywords ``window`` (int, 0: full), ``sinks`` ([H] or None) and ``scale`` (float or None), as
-        :func:`sdpa` and :func:`window_mask` define them; the engine's and the packing contexts take them."""
+        :func:`~reinforge.models.sdpa.sdpa` and :func:`~reinforge.models.sdpa.window_mask` define them; the
+        engine's and the packing contexts take them."""
         ...
 
 
@@ -185,84 +183,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def apply_rope_qk(q, k, cos, sin):
     """:func:`apply_rope` of the queries and the keys (eager; ``fused.rope_qk`` is the kernel)."""
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-
-
-# SDPA's backends on a GPU: every one but cuDNN's, which builds an execution plan at each new shape
-# (~45 ms of host time on an H200, torch 2.11: bench/prefill_sdpa.py) while the GPU idles, and the engine's
-# prompt batches and `packing: none` micro-batches take a new width at almost every rollout
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    scale: float | None = None,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention of q [B, T, H, D] over k, v [B, S, KVH, D] (H a multiple of KVH: grouped-query),
-    causal when ``mask`` is None, else under ``mask`` ([T, S] or broadcastable to [B, H, T, S]; True:
-    attend). Returns [B, T, H, D] in q's dtype. ``F.scaled_dot_product_attention`` without its cuDNN
-    backend on a GPU (:data:`SDPA_BACKENDS`).
-
-    ``scale``: the factor on q.k (None: ``D ** -0.5``); v may be narrower than q and k (multi-head latent
-    attention's value heads). ``sinks``: [H] logits, one per query head, that
-    join each softmax's denominator and attend to nothing (GPT-OSS's attention sinks: the weights of a
-    row are ``exp(s_j) / (sum_j exp(s_j) + exp(sink_h))``). They run as one more key per row, visible
-    to every query, of value 0 whose score is the head's sink: the queries get an extra dimension
-    holding ``sink_h / scale`` and that key a 1 there, the other keys 0 (so SDPA's memory-efficient
-    kernels and autograd, gradient to ``sinks`` included, apply unchanged; the extra dimensions are
-    padded to 8 for the kernels' alignment).
-    """
-    if sinks is not None:
-        return _sdpa_sinks(q, k, v, mask, scale, sinks)
-    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2], scale=scale)
-    if not q.is_cuda:
-        return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
-    with sdpa_kernel(SDPA_BACKENDS):
-        return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
-
-
-SINK_DIMS = 8  # the extra query/key dimensions that carry the sink logits (one used, padded for alignment)
-
-
-def _sdpa_sinks(q, k, v, mask, scale, sinks):
-    B, T, H, D = q.shape
-    S, KVH = k.shape[1], k.shape[2]
-    if sinks.shape != (H,):
-        raise ValueError(f"attention sinks of shape {tuple(sinks.shape)}, expected [{H}] (one per query head)")
-    scale = D**-0.5 if scale is None else scale
-    sink_q = (sinks.to(q.dtype) / scale).view(1, 1, H, 1).expand(B, T, H, 1)
-    q = torch.cat([q, F.pad(sink_q, (0, SINK_DIMS - 1))], dim=-1)
-    sink_k = torch.zeros(B, 1, KVH, D + SINK_DIMS, dtype=k.dtype, device=k.device)
-    sink_k[..., D] = 1.0
-    k = torch.cat([F.pad(k, (0, SINK_DIMS)), sink_k], dim=1)
-    v = torch.cat([v, v.new_zeros(B, 1, KVH, v.shape[-1])], dim=1)
-    if mask is None:
-        mask = causal_mask(T, S, q.device)
-    mask = torch.cat([mask, torch.ones_like(mask[..., :1]).expand(*mask.shape[:-1], 1)], dim=-1)
-    return sdpa(q, k, v, mask, scale=scale)
-
-
-def causal_mask(T: int, S: int, device: torch.device | str | None = None, window: int = 0) -> torch.Tensor:
-    """[T, S] bool, True where query ``i`` (position ``i``, top-left aligned as SDPA's ``is_causal``)
-    sees key ``j``: ``j <= i``, and with a sliding ``window`` > 0 also ``j > i - window``."""
-    i = torch.arange(T, device=device)[:, None]
-    j = torch.arange(S, device=device)[None, :]
-    return window_mask(i, j, window)
-
-
-def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
-    """Causal visibility of keys at positions ``k_pos`` from queries at ``q_pos`` (broadcast against
-    each other): ``k_pos <= q_pos``, and with ``window`` > 0 also ``k_pos > q_pos - window`` (the last
-    ``window`` positions, the query's own included: transformers' sliding-window mask)."""
-    visible = k_pos <= q_pos
-    if window:
-        visible = visible & (k_pos > q_pos - window)
-    return visible
 
 
 class Attention(nn.Module):
