@@ -120,7 +120,7 @@ class Family:
         return DecoderLayer(args, layer, self, cfg)
 
     def embedding(self, args: ModelArgs) -> nn.Embedding:
-        """The token embedding (``model.embed_tokens``): a plain ``nn.Embedding``."""
+        """The token embedding (parameters ``embed_tokens.*`` of the decoder): a plain ``nn.Embedding``."""
         return nn.Embedding(args.vocab_size, args.hidden_size)
 
     def rope_tables(
