@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..config import ConfigError
 from ..config.distill import DistillConfig
 from ..records import Sample, Status
 from ..rollout.infra_guard import mark_failed
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 FAILURE_KIND = "teacher"
 
 
-class TeacherEndpointError(RuntimeError):
-    """An endpoint teacher that cannot be used: unreachable at start, no prompt log-probs, another tokenizer."""
+class TeacherEndpointError(ConfigError):
+    """An endpoint teacher that cannot be used: unreachable, no prompt log-probs, another tokenizer (at start:
+    the run is refused in one line, as a configuration error; during the run: its samples counted failed)."""
 
 
 def _post(url: str, body: dict[str, Any], d: DistillConfig) -> Any:
