@@ -379,8 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     md.add_argument(
         "kind",
-        choices=["pairs", "kto", "sft", "tool-sft", "swe"],
+        choices=["pairs", "kto", "sft", "tool-sft", "kd", "swe"],
         help="tool-sft: tool-use conversations (call, tool output, answer) written from the task's data; "
+        "kd: model.path (a teacher) samples rollout.n_samples_per_prompt answers per prompt, written as SFT chats "
+        "(sequence-level distillation); "
         "swe: synthetic Python repositories with one injected bug each, for agent.environment=swe "
         "(--num-prompts of them, --seed; no config or model)",
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -123,3 +124,184 @@ def test_a_row_naming_an_unknown_teacher_is_refused_in_words():
         check_teacher_names([{"teacher": "math"}, {"teacher": "code"}], d)
     with pytest.raises(ConfigError, match="names no teacher"):
         check_teacher_names([{}], d)
+
+
+# ------------------------------------------------------------------------------ endpoint teachers
+
+
+class StubTeacher:
+    """A local HTTP server speaking vLLM's OpenAI completions API with ``prompt_logprobs`` (or SGLang's
+    ``/generate`` with ``return_logprob``): the log-prob of the token at position j is ``-0.01 * (j + tok % 7)``.
+    ``mode``: ``ok``, ``no_logprobs`` (an endpoint that ignores prompt_logprobs), ``other_tokenizer`` (decodes ids
+    differently), ``down`` (HTTP 503 on every request)."""
+
+    def __init__(self, tokenizer, mode="ok"):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        stub = self
+        self.tokenizer, self.mode, self.requests = tokenizer, mode, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(200, {"data": [{"id": "stub-teacher"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append((self.path, body))
+                if stub.mode == "down":
+                    return self._send(503, {"error": "overloaded"})
+                if self.path.endswith("/generate"):
+                    return self._send(200, [stub.sglang(ids) for ids in body["input_ids"]])
+                return self._send(200, {"choices": [stub.vllm(i, ids) for i, ids in enumerate(body["prompt"])]})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def logprob(j, tok):
+        return -0.01 * (j + tok % 7)
+
+    def vllm(self, index, ids):
+        if self.mode == "no_logprobs":
+            return {"index": index, "text": "x", "prompt_logprobs": None}
+        decode = (lambda t: "zz") if self.mode == "other_tokenizer" else (lambda t: self.tokenizer.decode([t]))
+        entries = [None] + [
+            {str(t): {"logprob": self.logprob(j, t), "rank": 1, "decoded_token": decode(t)}}
+            for j, t in enumerate(ids)
+            if j > 0
+        ]
+        return {"index": index, "text": "x", "prompt_logprobs": entries}
+
+    def sglang(self, ids):
+        entries = [[None, ids[0], "x"]] + [[self.logprob(j, t), t, "x"] for j, t in enumerate(ids) if j > 0]
+        return {"text": "", "meta_info": {"input_token_logprobs": entries}}
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def tok(smollm2_tokenizer_path):
+    from reinforge.models.loading import load_tokenizer
+
+    return load_tokenizer(smollm2_tokenizer_path)
+
+
+def _sample(tokens, response_length, teacher=None):
+    return Sample(
+        prompt="p",
+        tokens=tokens,
+        response_length=response_length,
+        loss_mask=[1] * response_length,
+        rollout_log_probs=[-1.0] * response_length,
+        metadata={"teacher": teacher} if teacher else {},
+        status=Status.COMPLETED,
+    )
+
+
+@pytest.mark.parametrize("api", ["vllm", "sglang"])
+def test_an_endpoint_teacher_scores_the_response_tokens_in_batches(tok, api):
+    from reinforge.distill.endpoint import EndpointTeachers
+    from reinforge.distill.teachers import TEACHER_LOG_PROBS
+
+    stub = StubTeacher(tok)
+    try:
+        url = stub.url if api == "vllm" else stub.url.removesuffix("/v1")
+        d = DistillConfig(teacher_path=url, teacher_api=api, batch_size=2, retries=0)
+        teachers = EndpointTeachers(d, tok)
+        groups = [[_sample([5, 6, 7, 8, 9], 2), _sample([5, 6, 10], 1)], [_sample([3, 4, 11, 12], 3)]]
+        metrics = teachers.score(groups)
+    finally:
+        stub.close()
+    assert metrics["distill/teacher_failed_samples"] == 0
+    got = [s.metadata[TEACHER_LOG_PROBS] for g in groups for s in g]
+    assert got[0] == pytest.approx([StubTeacher.logprob(3, 8), StubTeacher.logprob(4, 9)])
+    assert got[1] == pytest.approx([StubTeacher.logprob(2, 10)])
+    assert got[2] == pytest.approx([StubTeacher.logprob(j, t) for j, t in ((1, 4), (2, 11), (3, 12))])
+    scoring = [b for path, b in stub.requests[1:] if path.endswith(("/completions", "/generate"))]
+    if api == "vllm":  # (after the start-up probe and the tokenizer check) two batches: 2 samples and 1 (concurrent)
+        assert sorted(len(b["prompt"]) for b in scoring[-2:]) == [1, 2] and scoring[-1]["prompt_logprobs"] == 0
+        assert scoring[-1]["model"] == "stub-teacher"
+
+
+def test_an_endpoint_without_prompt_logprobs_or_with_another_tokenizer_is_refused_at_start(tok):
+    from reinforge.distill.endpoint import EndpointTeachers, TeacherEndpointError
+
+    for mode, words in (("no_logprobs", "returned no prompt_logprobs"), ("other_tokenizer", "tokenizer differs")):
+        stub = StubTeacher(tok, mode)
+        try:
+            with pytest.raises(TeacherEndpointError, match=words):
+                EndpointTeachers(DistillConfig(teacher_path=stub.url, retries=0), tok)
+        finally:
+            stub.close()
+
+
+def test_a_failing_endpoint_marks_its_samples_failed_and_counts_them(tok):
+    from reinforge.distill.endpoint import EndpointTeachers
+    from reinforge.rollout.infra_guard import InfraGuard
+
+    stub = StubTeacher(tok)
+    try:
+        teachers = EndpointTeachers(DistillConfig(teacher_path=stub.url, retries=1, timeout=5), tok)
+        stub.mode = "down"
+        groups = [[_sample([5, 6, 7], 1), _sample([5, 6, 8], 1)]]
+        metrics = teachers.score(groups)
+    finally:
+        stub.close()
+    assert metrics["distill/teacher_failed_samples"] == 2
+    flat = groups[0]
+    assert all(s.status == Status.FAILED and s.loss_mask == [0] for s in flat)
+    assert "HTTP 503" in flat[0].metadata["infra_failure"] and flat[0].metadata["infra_failure_kind"] == "teacher"
+    assert InfraGuard().observe(0, flat)["rollout/infra_failed/teacher"] == 2
+    assert len(stub.requests) >= 2 + 2  # start-up probe + check, then the batch tried twice (one retry)
+
+
+def test_a_checkpoint_teacher_with_another_tokenizer_is_refused_in_words(tmp_path, tok, smollm2_tokenizer_path):
+    import shutil
+
+    from reinforge.distill.teachers import check_tokenizers
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in smollm2_tokenizer_path.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "config.json"):
+            shutil.copy2(f, other / f.name)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    check_tokenizers(DistillConfig(teacher_path=str(smollm2_tokenizer_path)), tok, "student")
+    with pytest.raises(ConfigError, match="distill.teacher_path=.*tokenizer differs from the student's"):
+        check_tokenizers(DistillConfig(teacher_path=str(other)), tok, "student")
+
+
+def test_the_planner_counts_a_checkpoint_teachers_memory_and_time(smollm2_path):
+    from reinforge.config import load_config
+    from reinforge.plan import GPUS
+    from reinforge.plan import model as M
+    from reinforge.plan.planner import read_arch, workload
+
+    arch, _ = read_arch(smollm2_path)
+    plain = workload(load_config(None, [f"model.path={smollm2_path}"]), arch, GPUS["h100"], 128)
+    cfg = load_config(None, [f"model.path={smollm2_path}", f"distill.teacher_path={smollm2_path}"])
+    w = workload(cfg, arch, GPUS["h100"], 128)
+    assert w.teacher_params == arch.num_params and plain.teacher_params == 0
+    assert M.trainer_resident(w)["teachers"] == 2 * arch.num_params  # bf16 on one rank, as the reference
+    assert "teachers" not in M.trainer_resident(plain)
+    assert M.logprob_seconds(w) > M.logprob_seconds(plain)
+    assert "teachers" in next(b for b in M.memory_plan(w) if b.phase == "log-probs").parts
