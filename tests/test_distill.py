@@ -305,3 +305,23 @@ def test_the_planner_counts_a_checkpoint_teachers_memory_and_time(smollm2_path):
     assert "teachers" not in M.trainer_resident(plain)
     assert M.logprob_seconds(w) > M.logprob_seconds(plain)
     assert "teachers" in next(b for b in M.memory_plan(w) if b.phase == "log-probs").parts
+
+
+def test_make_data_kd_writes_the_teachers_finished_completions_as_sft_chats(tmp_path, tiny_model_path):
+    from reinforge.cli import main
+
+    out = tmp_path / "kd.jsonl"
+    args = [
+        f"model.path={tiny_model_path}",
+        "data.prompt_data=reasoning_gym:basic_arithmetic",
+        "data.num_prompts=8",
+        "rollout.n_samples_per_prompt=2",
+        "rollout.rollout_max_response_len=12",
+        "rollout.rollout_stop=[e, a, o, i, ' ']",  # (a random model's completions end early)
+    ]
+    assert main(["make-data", "kd", "--out", str(out), "--num-prompts", "4", *args]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 0 < len(rows) <= 8
+    for r in rows:
+        assert set(r) == {"messages"} and r["messages"][0]["role"] == "user"
+        assert r["messages"][-1]["role"] == "assistant" and isinstance(r["messages"][-1]["content"], str)
