@@ -325,3 +325,63 @@ def test_make_data_kd_writes_the_teachers_finished_completions_as_sft_chats(tmp_
     for r in rows:
         assert set(r) == {"messages"} and r["messages"][0]["role"] == "user"
         assert r["messages"][-1]["role"] == "assistant" and isinstance(r["messages"][-1]["content"], str)
+
+
+# ------------------------------------------------------------------------------ a run on the CPU
+
+
+def _scaled_copy(src, out, scale):
+    """A copy of the model at ``src`` whose final norm's weight is multiplied by ``scale``: its logits are
+    ``scale`` times the original's (0: every logit 0, the uniform distribution over its vocabulary)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, out / f.name)
+    for f in src.glob("*.safetensors"):
+        state = load_file(f)
+        state["model.norm.weight"] = state["model.norm.weight"] * scale
+        save_file(state, out / f.name, metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("teacher", ["student", "uniform"])
+def test_opd_through_the_cli_scores_the_students_samples_with_the_teacher(tmp_path, tiny_model_path, teacher):
+    """OPD alone (no task reward) through the CLI on a tiny model whose logits are doubled (a peaked
+    student). A teacher identical to the student gives reverse KL 0 (its pass is aligned with the engine's
+    log-probs token by token); a uniform teacher (logits zeroed) gives ``log V - H(student)`` on the
+    student's own samples, and that advantage reaches the policy loss unchanged (``pg_loss`` at ratio 1 is
+    minus the mean advantage). The teacher's pass is timed."""
+    from reinforge.cli import main
+    from tests.test_integration import read_metrics, tiny_overrides
+
+    student = _scaled_copy(tiny_model_path, tmp_path / "student", 2.0)
+    teacher_path = student if teacher == "student" else _scaled_copy(tiny_model_path, tmp_path / "teacher", 0.0)
+    out = tmp_path / "run"
+    overrides = tiny_overrides(
+        student,
+        out,
+        **{
+            "distill.teacher_path": teacher_path,
+            "distill.use_task_reward": "false",
+            "rollout.n_samples_per_prompt": 2,
+            "rollout.rollout_max_response_len": 8,
+            "rollout.rollout_batch_size": 4,
+            "train.num_rollout": 1,
+            "data.n_eval_prompts": 0,
+            "run.save_final": "false",
+        },
+    )
+    assert main(["train", *overrides]) == 0
+    (m,) = [m for m in read_metrics(out) if "distill/reverse_kl" in m]
+    assert m["distill/teacher_seconds"] > 0
+    if teacher == "student":
+        assert abs(m["distill/reverse_kl"]) < 1e-4 and abs(m["rollout/advantage_mean"]) < 1e-4
+        return
+    expected = math.log(49152) - m["train/entropy"]  # E_student[log s - log(1/V)] = log V - H(s)
+    assert m["distill/reverse_kl"] == pytest.approx(expected, rel=0.2)
+    assert m["train/pg_loss"] == pytest.approx(m["distill/reverse_kl"], rel=1e-4)
+    assert m["rollout/advantage_mean"] == pytest.approx(-m["distill/reverse_kl"], rel=1e-4)
