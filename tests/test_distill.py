@@ -385,3 +385,57 @@ def test_opd_through_the_cli_scores_the_students_samples_with_the_teacher(tmp_pa
     assert m["distill/reverse_kl"] == pytest.approx(expected, rel=0.2)
     assert m["train/pg_loss"] == pytest.approx(m["distill/reverse_kl"], rel=1e-4)
     assert m["rollout/advantage_mean"] == pytest.approx(-m["distill/reverse_kl"], rel=1e-4)
+
+
+def test_each_sample_goes_to_the_teacher_its_row_names():
+    from reinforge.distill.teachers import TEACHER_LOG_PROBS, rank_teacher_log_probs
+
+    class Actor:  # records which checkpoint teacher scored which samples
+        teachers = {"": object(), "math": object()}
+        calls: list = []
+
+        def compute_log_probs(self, samples, owned, teacher):
+            self.calls.append((teacher, list(owned)))
+            out = [None] * len(samples)
+            for i in owned:
+                out[i] = torch.full((samples[i].response_length,), -1.0 if teacher == "math" else -2.0)
+            return out
+
+    samples = [_sample([1, 2, 3], 1, "math"), _sample([1, 2, 3], 1), _sample([1, 2, 3, 4], 2, "code")]
+    samples[2].metadata[TEACHER_LOG_PROBS] = [-3.0, -4.0]  # scored by the endpoint teacher "code" already
+    d = DistillConfig(teacher_path="/base", teachers={"math": "/math", "code": "http://h:1/v1"})
+    actor = Actor()
+    got = rank_teacher_log_probs(actor, samples, [0, 1, 2], d)
+    assert [g.tolist() for g in got] == [[-1.0], [-2.0], [-3.0, -4.0]]
+    assert actor.calls == [("", [1]), ("math", [0])]  # every checkpoint teacher runs, in one order on every rank
+    assert rank_teacher_log_probs(actor, samples, [], d) == [] and actor.calls[-2:] == [("", []), ("math", [])]
+    samples[2].metadata.pop(TEACHER_LOG_PROBS)
+    with pytest.raises(RuntimeError, match="is an endpoint but the sample carries no log-probs"):
+        rank_teacher_log_probs(actor, samples, [2], d)
+
+
+def test_an_endpoint_teacher_through_the_cli(tmp_path, tiny_model_path, tok):
+    """The loop scores each rollout with the endpoint before the trainer ranks see it; an endpoint that is
+    down at start is refused in one line (exit status 2)."""
+    from reinforge.cli import main
+    from tests.test_integration import read_metrics, tiny_overrides
+
+    stub = StubTeacher(tok)
+    try:
+        extra = {
+            "distill.teacher_path": stub.url,
+            "distill.retries": 0,
+            "rollout.n_samples_per_prompt": 2,
+            "rollout.rollout_max_response_len": 6,
+            "train.num_rollout": 1,
+            "data.n_eval_prompts": 0,
+            "run.save_final": "false",
+        }
+        assert main(["train", *tiny_overrides(tiny_model_path, tmp_path / "run", **extra)]) == 0
+        (m,) = [m for m in read_metrics(tmp_path / "run") if "distill/reverse_kl" in m]
+        assert m["distill/teacher_failed_samples"] == 0 and m["distill/teacher_endpoint_seconds"] > 0
+        assert math.isfinite(m["distill/reverse_kl"]) and "distill/teacher_seconds" in m
+        stub.mode = "down"
+        assert main(["train", *tiny_overrides(tiny_model_path, tmp_path / "run2", **extra)]) == 2
+    finally:
+        stub.close()
