@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..config.distill import TEACHER_KEY, DistillConfig
+from ..config.distill import TEACHER_KEY, DistillConfig, is_endpoint
 from ..records import Sample, Status
 
 TEACHER_LOG_PROBS = "teacher_log_probs"
@@ -143,3 +143,25 @@ def _config_vocab_size(path: Any) -> int | None:
     c = json.loads(f.read_text())
     v = c.get("vocab_size", (c.get("text_config") or {}).get("vocab_size"))
     return int(v) if v is not None else None
+
+
+def gkd_teacher_path(cfg: Any) -> Any:
+    """The teacher folder of ``offline.method: gkd``: ``distill.teacher_path``, a checkpoint (its logits are needed,
+    which an endpoint does not give), with the student's tokenizer.
+
+    Raises:
+        ConfigError: no teacher, an endpoint, or another tokenizer (in words).
+    """
+    from ..models.hub import resolve_model_path
+    from ..models.loading import load_tokenizer
+
+    where = cfg.distill.teacher_path
+    if not where or is_endpoint(where):
+        raise ConfigError(
+            f"offline.method=gkd needs a checkpoint teacher in distill.teacher_path (a Hugging Face folder or hub "
+            f"name; got {where!r}): GKD matches the teacher's whole next-token distribution, which an endpoint does "
+            f"not return"
+        )
+    student = resolve_model_path(cfg.model.path)
+    check_tokenizers(DistillConfig(teacher_path=where), load_tokenizer(student), str(student))
+    return resolve_model_path(where)
