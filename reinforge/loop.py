@@ -124,6 +124,9 @@ class RLLoop:
             tools.system_text,
             reward=None if r.rollout_function_path or r.custom_generate_function_path else cfg.reward,
         )
+        from .distill.start import start_teachers  # on-policy distillation: teachers checked before anything runs
+
+        self.endpoint_teachers = start_teachers(cfg, self.tokenizer, str(self.base_path), self.train_data.prompts)
         self.start_rollout = 0
         self.weight_version = 0
         self.data_digest = prompts_digest(self.train_data.prompts)
@@ -355,6 +358,7 @@ class RLLoop:
         From the trainer ranks only metrics come back to this process."""
         cl = self.cluster
         rollout = self.source.take(rollout_id)
+        teachers = self.endpoint_teachers.score(rollout.groups) if self.endpoint_teachers else {}  # (distill)
         infra = self.infra.observe(rollout_id, [s for g in rollout.generated for s in g])  # all failed: stop
         flat = [s for g in rollout.groups for s in g]
         filtered = apply_overlong_filter(self.cfg.algo, flat)
@@ -375,7 +379,7 @@ class RLLoop:
         timings["time/train"] = training.seconds - timings.get("time/train_critic", 0.0)
         timings["time/sync"] = sync.pop("time/sync")
         timings["time/offload"] = sleeping.seconds + waking.seconds
-        metrics = {**scored, **trained, **sync, **infra, "rollout/overlong_filtered": float(filtered)}
+        metrics = {**scored, **trained, **sync, **infra, **teachers, "rollout/overlong_filtered": float(filtered)}
         return self._step_metrics(rollout, flat, metrics, timings), rollout.generated
 
     def _step_metrics(

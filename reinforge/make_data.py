@@ -6,6 +6,10 @@
 * ``kto``: every scored completion with ``label`` = correct (unpaired data for KTO);
 * ``sft``: the prompt with the task's reference answer written in the answer format
   (``--answer-format``, e.g. ``<answer>{answer}</answer>``), no sampling (SFT data);
+* ``kd``: sequence-level knowledge distillation (Kim & Rush 2016): ``rollout.n_samples_per_prompt``
+  completions per prompt sampled from ``model.path`` (the teacher), each written as an SFT chat
+  (prompt + the teacher's answer), not scored; ``reinforge offline offline.method=sft`` on that file trains
+  the student on the teacher's samples (docs/distillation.md);
 * ``tool-sft``: a tool-use conversation (call the tool, read its output, answer) written by the
   program from the task's expression and answer (:mod:`reinforge.tool_traces`), for SFT before
   agentic RL.
@@ -31,7 +35,7 @@ from .utils.device import resolve_device
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pairs", "kto", "sft", "tool-sft")
+KINDS = ("pairs", "kto", "sft", "tool-sft", "kd")
 
 
 def _messages(prompt: str | list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
@@ -111,9 +115,17 @@ def make_data(
             for start in range(0, len(prompts), batch_prompts):
                 chunk = prompts[start : start + batch_prompts]
                 groups = generate_groups(ctx, chunk, r.n_samples_per_prompt, ctx.sampling_params())
-                reward.score([s for g in groups for s in g])
+                if kind != "kd":
+                    reward.score([s for g in groups for s in g])
                 for p, g in zip(chunk, groups):
                     msgs = _messages(p.prompt, system)
+                    if kind == "kd":  # the teacher's completions as SFT targets (truncated ones left out)
+                        for s in g:
+                            if s.status.value != "truncated":
+                                f.write(json.dumps({"messages": msgs + [{"role": "assistant", "content": s.response}]}))
+                                f.write("\n")
+                                counts["examples"] += 1
+                        continue
                     if kind == "kto":
                         for s in g:
                             f.write(

@@ -172,6 +172,7 @@ def test_evaluation_reports_accuracy_over_scored_samples_and_the_failed_count(to
     row = json.loads((tmp_path / "eval.jsonl").read_text())
     assert row["eval/failed_samples"] == 3 and row["eval/greedy_accuracy"] == 1.0
     written = [json.loads(x) for x in (tmp_path / "eval" / "after.jsonl").read_text().splitlines()]
+    assert [w["greedy"] for w in written] == [True] * 4 + [False] * 8  # (reinforge compare pairs the greedy ones)
     failed = [w for w in written if w["status"] == "failed"]
     assert len(failed) == 3 and all(w["reward"] is None and w["infra_failure_kind"] == "environment" for w in failed)
     assert all("the simulator went away" in w["infra_failure"] for w in failed)

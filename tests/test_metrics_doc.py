@@ -24,6 +24,7 @@ PREFIXES = (
     "perf",
     "plan",
     "sync",
+    "distill",
 )
 LITERAL = re.compile(r"[\"']((?:" + "|".join(PREFIXES) + r")/[A-Za-z0-9_@]+(?:/[A-Za-z0-9_@]+)*)[\"']")
 

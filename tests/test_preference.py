@@ -84,6 +84,6 @@ def test_sequence_logps_sum_and_mean():
 
 
 def test_registry_properties():
-    assert OFFLINE_METHODS.names() == ["sft", "rm", "dpo", "ipo", "cpo", "simpo", "orpo", "kto"]
+    assert OFFLINE_METHODS.names() == ["sft", "rm", "dpo", "ipo", "cpo", "simpo", "orpo", "kto", "gkd"]
     assert {m for m in OFFLINE_METHODS if OFFLINE_METHODS.info(m).get("reference")} == {"dpo", "ipo", "kto"}
     assert {m for m in OFFLINE_METHODS if OFFLINE_METHODS.info(m).get("length_normalized")} == {"ipo", "simpo", "orpo"}

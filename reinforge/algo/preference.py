@@ -13,6 +13,7 @@ offline trainer):
 * ``data``: ``messages`` (SFT), ``pairs`` (prompt / chosen / rejected) or ``unpaired`` (KTO);
 * ``model``: ``policy`` (a causal LM) or ``reward`` (a scalar head);
 * ``reference``: needs reference log-probs (DPO, IPO, KTO);
+* ``teacher``: needs a teacher's logits (GKD: ``distill.teacher_path``);
 * ``length_normalized``: sequence log-probs are token means.
 """
 
@@ -231,6 +232,7 @@ class OfflineBatch:
     margin: torch.Tensor | None = None
     desirable: torch.Tensor | None = None
     kl: torch.Tensor | None = None
+    divergence: torch.Tensor | None = None  # [B] GKD: each row's summed per-token generalized JSD to the teacher
 
 
 def pair_stats(
@@ -253,6 +255,17 @@ def pair_stats(
 def sft_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """SFT: the token-mean NLL of the responses over the step."""
     return b.token_nll.sum() / max(b.nll_tokens, 1.0), {"nll": float(b.token_nll.detach().sum())}
+
+
+def gkd_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """GKD with the dataset's responses (TRL ``GKDTrainer`` with ``lmbda`` 0): the token mean over the step of
+    the generalized JSD between the teacher's and the student's next-token distributions
+    (:func:`~reinforge.algo.distill.generalized_jsd`, ``offline.gkd_beta``), as TRL's ``batchmean``."""
+    assert b.divergence is not None, "the GKD objective needs OfflineBatch.divergence"
+    return b.divergence.sum() / max(b.nll_tokens, 1.0), {
+        "nll": float(b.token_nll.detach().sum()),
+        "jsd": float(b.divergence.detach().sum()),
+    }
 
 
 def reward_model_objective(b: OfflineBatch, o: Any) -> tuple[torch.Tensor, dict[str, float]]:

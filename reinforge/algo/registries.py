@@ -59,3 +59,4 @@ OFFLINE_METHODS.register("cpo", _PREF + "cpo_objective", data="pairs", model="po
 OFFLINE_METHODS.register("simpo", _PREF + "simpo_objective", data="pairs", model="policy", length_normalized=True)
 OFFLINE_METHODS.register("orpo", _PREF + "orpo_objective", data="pairs", model="policy", length_normalized=True)
 OFFLINE_METHODS.register("kto", _PREF + "kto_objective", data="unpaired", model="policy", reference=True)
+OFFLINE_METHODS.register("gkd", _PREF + "gkd_objective", data="messages", model="policy", teacher=True)

@@ -344,6 +344,14 @@ class OfflineConfig(Section):
         "(attention stays within each example)",
     )
     shuffle: bool = opt(True, "shuffle the examples every epoch (seeded: `data.seed + epoch`)")
+    gkd_beta: float = opt(
+        0.5,
+        "GKD (`method: gkd`, the teacher `distill.teacher_path`): the generalized JSD's beta, 0 the forward KL "
+        "KL(teacher || student), 1 the reverse KL (TRL `GKDConfig.beta`)",
+        ge=0,
+        le=1,
+    )
+    gkd_temperature: float = opt(1.0, "GKD: both distributions softened by it (TRL `GKDConfig.temperature`)", gt=0)
 
 
 @dataclass

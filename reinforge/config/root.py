@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import AgentConfig
+from .distill import DistillConfig
 from .fields import ConfigError, registry
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
 from .sections import (
@@ -31,6 +32,7 @@ SECTIONS: dict[str, type] = {
     "agent": AgentConfig,
     "algo": AlgoConfig,
     "critic": CriticConfig,
+    "distill": DistillConfig,
     "offline": OfflineConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
@@ -58,6 +60,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     offline: OfflineConfig = field(default_factory=OfflineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -160,7 +163,12 @@ class Config:
             )
         from ..algo.registries import ADV_ESTIMATORS
 
-        if ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based") and r.n_samples_per_prompt < 2:
+        task_advantage = not self.distill.enabled or self.distill.use_task_reward  # OPD alone: no group needed
+        if (
+            ADV_ESTIMATORS.info(a.advantage_estimator).get("group_based")
+            and r.n_samples_per_prompt < 2
+            and task_advantage
+        ):
             raise ConfigError(
                 f"algo.advantage_estimator={a.advantage_estimator} compares samples of one prompt: "
                 f"it needs rollout.n_samples_per_prompt >= 2"

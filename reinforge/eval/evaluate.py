@@ -84,6 +84,11 @@ class EvalProgress:
         log.info("evaluated %d completions in %.1f s", self.total, time.perf_counter() - self.start)
 
 
+GREEDY_KEY = "eval_greedy"
+"""``sample.metadata`` key of an evaluation's completion: True for the greedy one of its prompt, False for a
+sampled one (written as ``greedy`` in ``eval/<label>.jsonl``)."""
+
+
 def evaluate(ctx: RolloutContext, prompts: list[Prompt], label: str = "") -> tuple[dict[str, float], list[Sample]]:
     """Evaluate the engine's current policy on ``prompts`` (``label``: the evaluation's name in the
     start line that :class:`EvalProgress` prints, with a progress bar, while it runs).
@@ -114,6 +119,9 @@ def evaluate(ctx: RolloutContext, prompts: list[Prompt], label: str = "") -> tup
         sampled = generate_groups(ctx, prompts, n, ctx.sampling_params(evaluation=True)) if n > 0 else []
         progress.done(len(prompts) * (1 + n))
         flat = [s for g in greedy + sampled for s in g]
+        for g, is_greedy in ((greedy, True), (sampled, False)):
+            for s in (s for group in g for s in group):
+                s.metadata[GREEDY_KEY] = is_greedy
         unscored = [s for s in flat if s.reward is None]  # an environment's episodes come with their reward
         counts = ctx.reward.score(unscored) if unscored else {}
     thr = cfg.reward.correct_threshold
@@ -197,6 +205,7 @@ def write_eval(out_dir: Path, label: str, metrics: dict[str, float], samples: li
             f.write(
                 json.dumps(
                     {
+                        "greedy": s.metadata.get(GREEDY_KEY),  # (reinforge compare pairs problems by it)
                         "prompt": s.prompt,
                         "response": s.response,
                         "label": s.label,

@@ -131,6 +131,9 @@ class Workload:
         train_bf16: the trainer's forward runs under bf16 autocast (``model.train_dtype``); with ``lora``
             the frozen base is held in bf16 (:func:`~reinforge.models.lora.hold_frozen_weights`).
         logprob_passes: forward passes without gradient before training (old, reference log-probs).
+        teacher_params, teacher_flop_params: on-policy distillation's checkpoint teachers (``distill``),
+            summed: their parameters (held frozen like the reference) and their matmul parameters per token
+            (their log-prob passes, before training); 0 without.
         steps_per_rollout: optimizer steps per rollout.
         prefill_tokens: ``engine.max_prefill_tokens``.
     """
@@ -163,6 +166,8 @@ class Workload:
     optimizer_offload: bool = False
     fsdp_offload: bool = False
     logprob_passes: int = 0
+    teacher_params: int = 0
+    teacher_flop_params: int = 0
     steps_per_rollout: int = 1
     prefill_tokens: int = 16384
     ray: bool = False
@@ -221,6 +226,8 @@ def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
         out["reference"] = (4 * p / w.shards) if w.shards > 1 else 2 * p
     if w.critic:
         out["critic"] = 16 * p / w.shards
+    if w.teacher_params:  # placed as the reference is (Actor._frozen): bf16 on one rank, fp32 shards under FSDP
+        out["teachers"] = (4 * w.teacher_params / w.shards) if w.shards > 1 else 2 * w.teacher_params
     return out
 
 
@@ -346,7 +353,7 @@ def memory_plan(w: Workload) -> list[Breakdown]:
     """Every phase's peak (the sharded trainer's start, generation, log-probs when run, training)."""
     setup = setup_breakdown(w)
     out = ([setup] if setup is not None else []) + [generation_breakdown(w)]
-    if w.logprob_passes:
+    if w.logprob_passes or w.teacher_params:
         out.append(logprob_breakdown(w))
     out.append(train_breakdown(w))
     return out
@@ -468,7 +475,9 @@ def logprob_seconds(w: Workload, lengths: list[int] | None = None) -> float | No
     if not w.gpu.knows_speed:
         return None
     compute = forward_flops(w, lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.shards)
-    return w.logprob_passes * max(compute, host_copy_seconds(w, 1, lengths))
+    # the teachers' passes: the same tokens through their matmuls (attention's share scaled alike)
+    teachers = compute * w.teacher_flop_params / max(w.arch.flop_params, 1)
+    return w.logprob_passes * max(compute, host_copy_seconds(w, 1, lengths)) + teachers
 
 
 def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None:

@@ -118,6 +118,21 @@ def read_arch(folder: Path) -> tuple[M.Arch, bool]:
     return M.Arch.from_config(config), is_native_type(config.get("model_type"))
 
 
+def teacher_sizes(cfg: Config) -> dict[str, int]:
+    """``teacher_params`` and ``teacher_flop_params`` of :class:`~.model.Workload`: the checkpoint teachers of
+    ``distill`` summed (read from their config.json; a teacher not found counts 0 and the run's start says why)."""
+    from ..models.hub import resolve_model_path
+
+    params = flops = 0
+    for where in cfg.distill.local_teachers().values():
+        try:
+            arch, _ = read_arch(resolve_model_path(where))
+        except FileNotFoundError:
+            continue
+        params, flops = params + arch.num_params, flops + arch.flop_params
+    return {"teacher_params": params, "teacher_flop_params": flops}
+
+
 def workload(
     cfg: Config, arch: M.Arch, gpu: GPU, prompt_len: int, native: bool = True, offline: bool = False
 ) -> M.Workload:
@@ -165,6 +180,7 @@ def workload(
         optimizer_offload=t.optimizer_offload,
         fsdp_offload=t.fsdp_cpu_offload,
         logprob_passes=int(cfg.needs_old_log_probs) + int(a.needs_reference),  # as the loop runs them
+        **({} if offline else teacher_sizes(cfg)),
         steps_per_rollout=t.num_steps_per_rollout,
         prefill_tokens=e.max_prefill_tokens,
     )

@@ -37,7 +37,7 @@ class InfraFailing(RuntimeError):
 
 def failure_kind(sample: Sample) -> str | None:
     """The kind of infrastructure failure of ``sample`` (``environment``, ``sandbox``, ``mcp_server``,
-    ``judge``, ``other``), or None when its status is not ``failed``."""
+    ``judge``, ``teacher``, ``other``), or None when its status is not ``failed``."""
     if sample.status != Status.FAILED:
         return None
     return str(sample.metadata.get(KIND_KEY) or OTHER)
@@ -60,6 +60,7 @@ def _hint(kinds: Counter[str]) -> str:
         "sandbox": "check that bubblewrap runs here (docs/agents.md, the python sandbox)",
         "mcp_server": "check the MCP servers of agent.mcp_servers (their stderr is logged at DEBUG)",
         "judge": "check the judge (reward.judge_url / reward.judge_model, or reward.judge_model_path)",
+        "teacher": "check the distillation teacher's endpoint (distill.teacher_path / distill.teachers)",
     }.get(top, "see sample.metadata['infra_failure'] (run.dump_rollouts=true writes it)")
 
 

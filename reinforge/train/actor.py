@@ -16,6 +16,7 @@ from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
 from ..config.sections import DEFAULT_LORA_TARGETS
 from ..models.families import moe_models, native_models
+from ..models.hub import resolve_model_path
 from ..models.loading import build_model, is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.moe import Routing
@@ -109,10 +110,21 @@ class Actor(ModelTrainer):
         # with LoRA the reference model is the base model: the policy with its adapters off
         self.has_reference = a.needs_reference
         if a.needs_reference and not has_lora(model):
-            sharded = self.parallel.distributed
-            ref_dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
-            ref = build_model(ref_path or model_path, ref_dtype, device, random_init=m.random_init, seed=t.seed)
-            self.ref = (self.shard(ref) if sharded else ref).eval().requires_grad_(False)
+            self.ref = self._frozen(ref_path or model_path, random_init=m.random_init)
+        # on-policy distillation: the checkpoint teachers, frozen and placed as the reference model is
+        self.teachers: dict[str, nn.Module] = {
+            name: self._frozen(resolve_model_path(path)) for name, path in cfg.distill.local_teachers().items()
+        }
+
+    def _frozen(self, path: str | Path, random_init: bool = False) -> nn.Module:
+        """A frozen model of this trainer (the reference, a teacher): bf16 when the forward pass runs in bf16
+        on one rank; with several ranks (or ``train.fsdp_cpu_offload``) fp32 sharded by FSDP, its compute in
+        bf16 through FSDP's mixed precision and its shards on the CPU with ``train.fsdp_cpu_offload``."""
+        sharded = self.parallel.distributed
+        dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
+        t = self.cfg.train
+        model = build_model(path, dtype, self.device, random_init=random_init, seed=t.seed)
+        return (self.shard(model) if sharded else model).eval().requires_grad_(False)
 
     def named_weights(self):
         """(Hugging Face name, full tensor) pairs of the current policy (for weight sync); LoRA
@@ -135,10 +147,12 @@ class Actor(ModelTrainer):
         state = {n: t.detach().cpu() for n, t in self.named_weights()}
         return state if self.parallel.rank == 0 else {}
 
-    def _head(self, with_entropy: bool = False) -> Head:
-        """The log-prob head: log pi(token) [n] at the rollout temperature and, ``with_entropy``, the
-        entropy [n] (:func:`~reinforge.algo.logprobs.token_log_probs`: fused kernels, or chunks of tokens)."""
-        temperature, chunk = self.cfg.rollout.rollout_temperature, self.settings.log_prob_chunk_size
+    def _head(self, with_entropy: bool = False, temperature: float | None = None) -> Head:
+        """The log-prob head: log pi(token) [n] at the rollout temperature (or ``temperature``: a teacher's
+        distribution is its own, at 1) and, ``with_entropy``, the entropy [n]
+        (:func:`~reinforge.algo.logprobs.token_log_probs`: fused kernels, or chunks of tokens)."""
+        chunk = self.settings.log_prob_chunk_size
+        temperature = self.cfg.rollout.rollout_temperature if temperature is None else temperature
         fused = self.settings.fused_kernels
 
         def head(logits: torch.Tensor, targets: torch.Tensor):
@@ -148,27 +162,44 @@ class Actor(ModelTrainer):
 
     @torch.no_grad()
     def compute_log_probs(
-        self, samples: list[Sample], reference: bool = False, owned: list[int] | None = None
+        self, samples: list[Sample], reference: bool = False, owned: list[int] | None = None, teacher: str | None = None
     ) -> list[torch.Tensor]:
-        """Per-sample response log-probs (fp32, CPU) under the policy or the reference model (with
-        LoRA: the policy with its adapters off). ``owned`` None: every sample's, computed by the
+        """Per-sample response log-probs (fp32, CPU) under the policy, the reference model (with
+        LoRA: the policy with its adapters off) or the checkpoint teacher named ``teacher``
+        (``distill``; ``""``: ``distill.teacher_path``). ``owned`` None: every sample's, computed by the
         data-parallel ranks in shares and gathered on every rank; a list: the samples this rank
         holds (:class:`~reinforge.train.rollout_share.RolloutShare`), computed here and kept here
         (None at the other entries; with pipeline parallelism shared over this rank's pipeline)."""
         if reference and not self.has_reference:
             raise RuntimeError("no reference model (neither algo.use_kl_loss nor algo.use_kl_in_reward)")
+        if teacher is not None and teacher not in self.teachers:
+            raise RuntimeError(f"no checkpoint teacher {teacher!r} (distill.teacher_path / distill.teachers)")
+        if teacher is not None:
+            return self._log_probs_of(self.teachers[teacher], samples, owned, contextlib.nullcontext(), "teacher")
         model = self.ref if (reference and self.ref is not None) else self.model
         base = adapters_disabled(model) if reference and self.ref is None else contextlib.nullcontext()
+        return self._log_probs_of(model, samples, owned, base, "reference" if reference else "policy")
+
+    def _log_probs_of(
+        self, model: nn.Module, samples: list[Sample], owned: list[int] | None, base, which: str
+    ) -> list[torch.Tensor]:
+        """:meth:`compute_log_probs` with ``model`` (``which``: policy, reference or teacher; only the
+        policy's forward pass replays the rollout's experts)."""
+        reference = which != "policy"
         was_training = model.training
         model.eval()
         out: list[torch.Tensor | None] = [None] * len(samples)
         mbs, _ = self.rank_micro_batches(
             samples, list(range(len(samples))) if owned is None else owned, split=owned is None
         )
-        with base, self._out_of_memory_in("reference log-prob pass" if reference else "log-prob pass"):
+        with base, self._out_of_memory_in(f"{which} log-prob pass" if reference else "log-prob pass"):
             # the reference model's router decides (no replay)
             values = forward_only(
-                self, model, mbs, self._head(), routing=self._routing_fn(samples, replay=not reference)
+                self,
+                model,
+                mbs,
+                self._head(temperature=1.0 if which == "teacher" else None),
+                routing=self._routing_fn(samples, replay=not reference),
             )
         for mb, v in zip(mbs, values):
             if v is not None:  # (pipeline parallelism: the last stage's)

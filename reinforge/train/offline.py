@@ -117,6 +117,13 @@ class OfflineTrainer(ModelTrainer):
         if self.info.get("reference") and not o.precompute_ref_log_probs and not has_lora(self.model):
             ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
             self.ref = (self.shard(ref) if self.parallel.distributed else ref).eval().requires_grad_(False)
+        self.teacher: nn.Module | None = None
+        if self.info.get("teacher"):  # GKD: a frozen teacher whose logits the student matches
+            from ..distill.teachers import gkd_teacher_path
+
+            path = gkd_teacher_path(cfg)
+            teacher = build_model(path, torch.float32, device, seed=t.seed)
+            self.teacher = (self.shard(teacher) if self.parallel.distributed else teacher).eval().requires_grad_(False)
 
     @property
     def needs_reference(self) -> bool:
@@ -231,21 +238,22 @@ class OfflineTrainer(ModelTrainer):
         batches = self._batches(examples, ids)
 
         def loss_fn(i: int, mb: MicroBatch, values) -> tuple[torch.Tensor, dict[str, float]]:
-            return self._micro_batch_loss(mb, batches[i][1], examples, ref, kl, counts, data, values[0])
+            out = values if self.teacher is not None else values[0]
+            return self._micro_batch_loss(mb, batches[i][1], examples, ref, kl, counts, data, out)
 
-        keys = self._stat_keys(data, self.is_reward)
+        keys = self._stat_keys(data, self.is_reward) + (["jsd"] if self.teacher is not None else [])
         mbs = [mb for mb, _ in batches]
-        sums = forward_backward(
-            self, self.model, mbs, None if self.is_reward else self._head, loss_fn, keys, backward=train
-        )
+        head = None if self.is_reward else self._logits_head if self.teacher is not None else self._head
+        sums = forward_backward(self, self.model, mbs, head, loss_fn, keys, backward=train)
         loss_sum = sums.pop("loss")
         sums = self.parallel.sum_floats(sums)
         if train:
             grad_norm, _ = self.optimizer_step(loss_sum, bool(batches))  # a rank of dummies holds FSDP's shards too
         metrics = {k: v / max(counts["examples"], 1.0) for k, v in sums.items()}
         metrics["loss"] = self.parallel.sum_floats({"l": loss_sum})["l"]
-        if "nll" in metrics:
-            metrics["nll"] = sums["nll"] / max(counts["nll_tokens"], 1.0)
+        for k in ("nll", "jsd"):
+            if k in metrics:
+                metrics[k] = sums[k] / max(counts["nll_tokens"], 1.0)
         if kl is not None:
             metrics["kl"] = float(kl)
             for k in ("desirable", "undesirable"):
@@ -255,6 +263,26 @@ class OfflineTrainer(ModelTrainer):
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
             metrics["skipped_steps"] = float(self.skipped_steps)
         return metrics
+
+    def _logits_head(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GKD: (the student's logits [n, V] of the response tokens, their log-probs [n])."""
+        s = self.settings
+        lp, _ = token_log_probs(logits, targets, 1.0, s.log_prob_chunk_size, fused=False)
+        return logits, lp
+
+    def _divergence(self, mb: MicroBatch, student_logits: torch.Tensor) -> torch.Tensor:
+        """[B] each row's generalized JSD to the teacher summed over its loss-mask tokens (GKD)."""
+        from ..algo.distill import generalized_jsd
+        from .step import forward
+
+        assert self.teacher is not None
+        with torch.no_grad():
+            (teacher_logits,) = forward(self, self.teacher, mb, lambda logits, targets: (logits,))
+        v = min(student_logits.shape[-1], teacher_logits.shape[-1])  # (padded vocabularies: the real ids are shared)
+        jsd = generalized_jsd(
+            student_logits[:, :v], teacher_logits[:, :v].float(), self.o.gkd_beta, self.o.gkd_temperature
+        )
+        return (self.to_grid(mb, jsd) * mb.loss_mask).sum(-1)
 
     @staticmethod
     def _stat_keys(data: str, reward_model: bool) -> list[str]:
@@ -311,6 +339,12 @@ class OfflineTrainer(ModelTrainer):
                 b.margin = torch.tensor([examples[i].margin for i, k in rows if k == 0], device=b.rewards.device)
             return self.loss_fn(b, o)
         mean = bool(self.info.get("length_normalized"))
+        if self.teacher is not None:  # GKD: the student's logits, then its log-probs
+            student_logits, out = out
+            if rows:
+                b.divergence = self._divergence(mb, student_logits)
+            else:
+                out = out + student_logits.sum() * 0.0  # (a dummy micro-batch: the logits join the graph)
         grid = self.to_grid(mb, out)
         if not rows:
             return grid.sum() * 0.0, {}

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from ..algo.advantages import ADV_ESTIMATORS, AdvantageInputs, BatchSum, place_turn_rewards, turn_discounts
+from ..algo.distill import distill_advantages
 from ..algo.losses import kl_penalty
 from ..config import AlgoConfig
+from ..config.distill import DistillConfig
 from ..records import Sample, Status
 from ..utils.ragged import prefix_mask, right_padded, unpad_rows
 
@@ -74,6 +76,7 @@ class Advantages:
     advantages: list[torch.Tensor]  # per sample, per response token
     returns: list[torch.Tensor] | None = None  # estimators with a critic only
     rewards: torch.Tensor | None = None  # shaped [num_groups, n], of every group
+    reverse_kl: tuple[float, float] | None = None  # distillation: (sum of log p_student - log p_teacher, tokens)
 
 
 def compute_advantages(
@@ -87,6 +90,9 @@ def compute_advantages(
     turn_discount: float | None = None,
     owned: list[int] | None = None,
     batch_sum: BatchSum | None = None,
+    distill: DistillConfig | None = None,
+    teacher_log_probs: list[torch.Tensor] | None = None,
+    student_log_probs: list[torch.Tensor] | None = None,
 ) -> Advantages:
     """Advantages of every sample of ``groups`` (flattened group-major) for ``algo.advantage_estimator``.
 
@@ -110,9 +116,17 @@ def compute_advantages(
     clipping or normalisation) at the response's last token, and returns are discounted by it
     from one turn to the next.
 
+    On-policy distillation (``distill`` enabled, ``teacher_log_probs`` and ``student_log_probs`` given, one
+    [response_length] tensor per sample like ``values``): each token's advantage gains ``distill.kl_coef *``
+    :func:`~reinforge.algo.distill.distill_advantages` (``log p_teacher - log p_student``, discounted by
+    ``distill.discount``) on the tokens with loss mask 1 of the valid samples; with ``distill.use_task_reward``
+    false it is the whole advantage. ``Advantages.reverse_kl`` then holds (sum, count) of
+    ``log p_student - log p_teacher`` over those tokens.
+
     Raises:
         ValueError: an estimator that needs a critic without ``values``, KL in the reward without
-            log-probs, or ``turn_discount`` with an estimator that is not token-level.
+            log-probs, ``turn_discount`` with an estimator that is not token-level, or distillation
+            without both log-probs.
     """
     all_rewards = shaped_rewards(a, groups, max_response_len)
     rewards = all_rewards
@@ -143,10 +157,28 @@ def compute_advantages(
         inputs.valid = valid
         inputs.loss_mask = inputs.loss_mask * valid.flatten()[:, None].to(inputs.loss_mask.dtype)
     adv, returns = ADV_ESTIMATORS.get(a.advantage_estimator)(inputs, a)
-
+    reverse_kl = None
+    if distill is not None and distill.enabled:
+        if teacher_log_probs is None or student_log_probs is None:
+            raise ValueError("distill: the teacher's and the student's log-probs are needed for the advantages")
+        width = inputs.mask.shape[1]
+        teacher, student = _grid(teacher_log_probs, width), _grid(student_log_probs, width)
+        opd = distill_advantages(teacher, student, inputs.mask, inputs.loss_mask, distill.discount)
+        adv = (adv if distill.use_task_reward else torch.zeros_like(adv)) + distill.kl_coef * opd
+        policy = (inputs.mask != 0) & (inputs.loss_mask != 0)
+        reverse_kl = (float((student - teacher)[policy].sum()), float(policy.sum()))
     return Advantages(
-        unpad_rows(adv, lengths), unpad_rows(returns, lengths) if returns is not None else None, all_rewards
+        unpad_rows(adv, lengths), unpad_rows(returns, lengths) if returns is not None else None, all_rewards, reverse_kl
     )
+
+
+def _grid(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """[N, width] float32, right-padded with 0 (``right_padded`` to exactly ``width`` columns)."""
+    out = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        r = torch.as_tensor(r, dtype=torch.float32).flatten()[:width]
+        out[i, : r.numel()] = r
+    return out
 
 
 TURN_REWARDS = "turn_rewards"

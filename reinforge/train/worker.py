@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..config import Config
+from ..distill.teachers import rank_teacher_log_probs, student_log_probs
 from ..models.loading import save_hf_state_dict
 from ..models.lora import adapter_state_dict, has_lora, save_adapter
 from ..parallel_layout import Layout
@@ -96,7 +97,9 @@ class TrainWorker:
 
         Returns:
             ``rollout/advantage_{mean,std,abs_mean}`` over every sample's tokens and
-            ``rollout/shaped_reward_mean`` (the same on every rank).
+            ``rollout/shaped_reward_mean`` (the same on every rank); when distilling
+            ``distill/reverse_kl`` (mean of ``log p_student - log p_teacher`` over the student's tokens of the
+            rollout) and ``distill/teacher_seconds`` (this rank's seconds in the teachers' pass).
         """
         cfg, p = self.cfg, self.parallel
         share = RolloutShare.take(batch, p.dp_rank, p.dp_size, shared_prompt=cfg.train.packing == "shared_prompt")
@@ -110,6 +113,11 @@ class TrainWorker:
         if self.critic is not None:
             with trace.span("values", "train"):
                 share.values = self.critic.compute_values(samples, owned=owned)
+        teacher = student = None
+        if cfg.distill.enabled:  # on-policy distillation: the teachers score the student's own tokens
+            with trace.span("teacher_log_probs", "train") as teaching:
+                teacher = rank_teacher_log_probs(self.actor, samples, owned, cfg.distill)
+            student = student_log_probs(samples, owned, share.old_log_probs)
         several = p.dp_size > 1
         with trace.span("advantages", "train"):
             adv = compute_advantages(
@@ -122,11 +130,19 @@ class TrainWorker:
                 turn_discount=cfg.agent.turn_discount if cfg.agent.turn_reward == "discounted" else None,
                 owned=share.groups,
                 batch_sum=p.sum_tensor if several else None,
+                distill=cfg.distill,
+                teacher_log_probs=teacher,
+                student_log_probs=student,
             )
         share.advantages, share.returns = share.spread(adv.advantages), share.spread(adv.returns)
         self.rollout = share
         metrics = advantage_metrics(adv.advantages, p.sum_floats if several else None)
         metrics["rollout/shaped_reward_mean"] = float(adv.rewards.mean())
+        if adv.reverse_kl is not None:
+            kl = {"sum": adv.reverse_kl[0], "n": adv.reverse_kl[1]}
+            kl = p.sum_floats(kl) if several else kl
+            metrics["distill/reverse_kl"] = kl["sum"] / max(kl["n"], 1.0)
+            metrics["distill/teacher_seconds"] = teaching.seconds
         return metrics
 
     def train(self, rollout_id: int) -> dict[str, float]:
