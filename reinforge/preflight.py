@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .config.fields import ConfigError
+from .config.fields import ConfigError, unplanned
 from .models.context import ContextWindow, context_window
 from .reward.judge_engine import judge_problems
 
@@ -275,7 +275,7 @@ def context_problems(cfg: Config, window: ContextWindow | None, n: Lengths, mode
 
 def budget_problems(cfg: Config, n: Lengths) -> list[str]:
     """``train.max_tokens_per_gpu`` against one whole training sequence."""
-    budget = cfg.train.max_tokens_per_gpu
+    budget = unplanned(cfg.train).max_tokens_per_gpu
     if n.train_response is None or budget >= n.prompt + n.train_response:
         return []
     need = n.prompt + n.train_response
@@ -288,7 +288,7 @@ def budget_problems(cfg: Config, n: Lengths) -> list[str]:
 
 def slot_problems(cfg: Config, plan: KVCachePlan, n: Lengths, device: torch.device) -> list[str]:
     """A prompt's samples against the engine's slots, and ``engine.num_kv_blocks`` against one sequence."""
-    r, out = cfg.engine, []
+    r, out = unplanned(cfg.engine), []
     if r.num_kv_blocks and r.num_kv_blocks < plan.blocks_per_seq:
         out.append(
             f"engine.num_kv_blocks={r.num_kv_blocks} holds less than one sequence of {n.max_model_len} "
@@ -334,7 +334,7 @@ def memory_problems(
     response_key: str = "rollout.rollout_max_response_len",
 ) -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
-    r = cfg.engine
+    r = unplanned(cfg.engine)
     elem = plan.elem_bytes
     per_token = (
         f"{plan.bytes_per_token} bytes per token (2 x {plan.num_layers} layers x {plan.num_kv_heads} KV "
@@ -588,7 +588,7 @@ def check_offline(cfg: Config, model_folder: Path, longest: int) -> None:
             f"({window.source}): set offline.max_length to at most {window.tokens} (longer examples are "
             f"dropped, or cut with offline.truncation=truncate)"
         )
-    budget = cfg.train.max_tokens_per_gpu
+    budget = unplanned(cfg.train).max_tokens_per_gpu
     if budget < longest:
         problems.append(
             f"train.max_tokens_per_gpu={budget} cannot hold the longest example's sequence of {longest} "
