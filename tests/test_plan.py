@@ -725,6 +725,8 @@ def test_the_kv_cache_share_is_the_largest_that_fits_every_phase(tmp_path):
     assert any(b.total > limit for b in M.memory_plan(bigger)) or M.kv_pool(bigger) <= M.kv_pool(w)
     _, kept = resolve_config(load_config(None, [*base, "cluster.offload_rollout=false"]), path, gpu=H100, prompt_len=30)
     assert M.kv_pool(kept.workload) < M.kv_pool(w) and training_problems(kept, 30) == []
+    kw = kept.workload  # no rollout trains (`reinforge eval`): only generation bounds the cache
+    assert largest_kv_fraction(kw, limit, trains=False) > largest_kv_fraction(kw, limit)
     why = {c.key: c.reason for c in plan.choices}
     assert "largest cache that fits beside every other phase" in why["engine.kv_cache_memory_fraction"]
     # explicit values win

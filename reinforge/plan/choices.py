@@ -174,14 +174,16 @@ def _slots_choice(cfg: Config, w: M.Workload) -> Choice:
     )
 
 
-def largest_kv_fraction(w: M.Workload, limit: float) -> float | None:
+def largest_kv_fraction(w: M.Workload, limit: float, trains: bool = True) -> float | None:
     """The largest ``engine.kv_cache_memory_fraction`` of :data:`KV_FRACTIONS` with which every phase
     of ``w`` fits ``limit`` bytes (the cache beside the trainer's state while generating, and beside
     the training step unless ``offload_rollout`` frees it), lowered to the least that gives the slots'
-    full-length need (a larger share allocates nothing more); None when even 0.05 does not fit."""
+    full-length need (a larger share allocates nothing more); None when even 0.05 does not fit.
+    ``trains`` False (``reinforge eval``: no rollout trains): the generation phase alone."""
+    phases = ("generation", "log-probs", "training") if trains else ("generation",)
     for f in KV_FRACTIONS:
         v = M.with_(w, kv_fraction=f)
-        if all(b.total <= limit for b in M.memory_plan(v) if b.phase != "setup"):
+        if all(b.total <= limit for b in M.memory_plan(v) if b.phase in phases):
             need = M.kv_need(v)
             while f > KV_FRACTIONS[-1] and M.kv_pool(M.with_(v, kv_fraction=round(f - 0.01, 2))) >= need:
                 f = round(f - 0.01, 2)
@@ -189,9 +191,9 @@ def largest_kv_fraction(w: M.Workload, limit: float) -> float | None:
     return None
 
 
-def _kv_choice(w: M.Workload, limit: float, offload_words: str) -> tuple[float, str]:
+def _kv_choice(w: M.Workload, limit: float, offload_words: str, trains: bool) -> tuple[float, str]:
     """``engine.kv_cache_memory_fraction=auto`` on ``w`` (its other keys resolved): the value, the reason."""
-    f = largest_kv_fraction(w, limit)
+    f = largest_kv_fraction(w, limit, trains)
     if f is None:
         return DEFAULTS[KV_KEY], "no share fits beside the other phases: today's default (refused below)"
     v = M.with_(w, kv_fraction=f)
@@ -250,7 +252,7 @@ def choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dic
         if not kv_auto:
             return fit, M.kv_pool(v)
         v = M.with_(v, recompute=fit.recompute, micro_tokens=fit.tokens)
-        f = largest_kv_fraction(v, limit)
+        f = largest_kv_fraction(v, limit, cfg.train.num_rollout > 0)
         return fit, M.kv_pool(M.with_(v, kv_fraction=f)) if f is not None else 0.0
 
     if "cluster.offload_rollout" in keys:
@@ -290,7 +292,7 @@ def choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dic
         freed = (
             ", the cache freed while training (cluster.offload_rollout)" if w.offload_rollout and w.colocated else ""
         )
-        f, why = _kv_choice(w, limit, freed)
+        f, why = _kv_choice(w, limit, freed, cfg.train.num_rollout > 0)
         changes[KV_KEY] = f
         out.append(Choice(KV_KEY, f, why))
         w = M.with_(w, kv_fraction=f)
