@@ -101,20 +101,10 @@ def _resolved(cfg, offline: bool = False):
 
 
 def _plan(args: argparse.Namespace) -> int:
-    """Print the plan of a config: each phase's peak memory and predicted time, and the value chosen
-    for each ``auto`` key with its reason; exit 1 when the training step cannot fit (the refusal
-    ``reinforge train`` would give)."""
-    cfg = load_config(args.config, list(args.overrides))
-    from .models.hub import resolve_model_path
-    from .plan import format_plan, named, resolve_config, training_problems
+    """``reinforge plan`` (:func:`reinforge.plan.command.plan_command`)."""
+    from .plan.command import plan_command
 
-    gpu = named(args.gpu) if args.gpu else "detect"
-    _, plan = resolve_config(cfg, resolve_model_path(cfg.model.path), gpu=gpu, prompt_len=args.prompt_len)
-    print(format_plan(plan))
-    problems = training_problems(plan)
-    for p in problems:
-        print(f"refused: {p}")
-    return 1 if problems else 0
+    return plan_command(load_config(args.config, list(args.overrides)), args)
 
 
 def offline_config(args: argparse.Namespace):
@@ -484,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="the longest prompt in tokens (default: data.rollout_max_prompt_len; the datasets are not read)",
     )
+    pl.add_argument(
+        "--gpus",
+        type=int,
+        help="plan the layout over this many GPUs (Ray: colocated or disaggregated, docs/planner.md)",
+    )
+    pl.add_argument("--nodes", type=int, default=1, help="with --gpus: nodes the GPUs are spread over")
     pl.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_tokens_per_gpu=auto")
     pl.set_defaults(func=_plan)
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .config.fields import ConfigError
+from .config.fields import ConfigError, unplanned
 from .models.args import kv_cache_words
 from .models.context import ContextWindow, context_window
 from .plan.kv_plan import KVCachePlan
@@ -237,7 +237,7 @@ def context_problems(cfg: Config, window: ContextWindow | None, n: Lengths, mode
 
 def budget_problems(cfg: Config, n: Lengths) -> list[str]:
     """``train.max_tokens_per_gpu`` against one whole training sequence."""
-    budget = cfg.train.max_tokens_per_gpu
+    budget = unplanned(cfg.train).max_tokens_per_gpu
     if n.train_response is None or budget >= n.prompt + n.train_response:
         return []
     need = n.prompt + n.train_response
@@ -250,7 +250,7 @@ def budget_problems(cfg: Config, n: Lengths) -> list[str]:
 
 def slot_problems(cfg: Config, plan: KVCachePlan, n: Lengths, device: torch.device) -> list[str]:
     """A prompt's samples against the engine's slots, and ``engine.num_kv_blocks`` against one sequence."""
-    r, out = cfg.engine, []
+    r, out = unplanned(cfg.engine), []
     if r.num_kv_blocks and r.num_kv_blocks < plan.blocks_per_seq:
         out.append(
             f"engine.num_kv_blocks={r.num_kv_blocks} holds less than one sequence of {n.max_model_len} "
@@ -296,7 +296,7 @@ def memory_problems(
     response_key: str = "rollout.rollout_max_response_len",
 ) -> list[str]:
     """The embedded engine's KV cache against the memory of ``device`` (see the module doc)."""
-    r = cfg.engine
+    r = unplanned(cfg.engine)
     per_token = (
         f"{plan.bytes_per_token} bytes per token ({kv_cache_words(plan)} x {plan.elem_bytes} bytes, {plan.kv_dtype}; "
         f"engine.dtype={r.dtype}, engine.kv_cache_dtype={r.kv_cache_dtype})"
@@ -548,7 +548,7 @@ def check_offline(cfg: Config, model_folder: Path, longest: int) -> None:
             f"({window.source}): set offline.max_length to at most {window.tokens} (longer examples are "
             f"dropped, or cut with offline.truncation=truncate)"
         )
-    budget = cfg.train.max_tokens_per_gpu
+    budget = unplanned(cfg.train).max_tokens_per_gpu
     if budget < longest:
         problems.append(
             f"train.max_tokens_per_gpu={budget} cannot hold the longest example's sequence of {longest} "

@@ -412,6 +412,7 @@ def test_trainer_offload_makes_a_full_parameter_8b_fit_one_h200(tmp_path, monkey
     base = [
         f"model.path={path}",
         "model.gradient_checkpointing=true",
+        "model.recompute_num_layers=null",  # every layer in both (its default, `auto`, would differ between them)
         "rollout.rollout_batch_size=8",
         "rollout.n_samples_per_prompt=8",
         "rollout.rollout_max_response_len=8192",
@@ -667,3 +668,156 @@ def test_auto_choices_are_judged_at_the_resolved_micro_batch_and_the_kv_cache_na
     assert "bottleneck: time: training" in out and "memory: training peaks at" in out
     assert main(["plan", f"model.path={big}"]) == 0  # no GPU here: the --gpu flag is named
     assert "reinforge plan --gpu h100" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ `auto` by default (issue 56)
+
+NO_KNOBS = [  # the issue's run with no performance key written (bench/grpo_long.py's workload, 1.39B)
+    "rollout.rollout_batch_size=16",
+    "rollout.n_samples_per_prompt=8",
+]
+
+
+def test_with_no_performance_key_written_every_key_is_auto_and_the_plan_fits(tmp_path):
+    """Issue 56: the four `auto` keys together were refused (`recompute_num_layers=0 needs
+    gradient_checkpointing=true`); now they, the KV cache's share and the packing are the defaults,
+    the result validates and fits, and the cache takes what offload_rollout frees."""
+    path = folder(tmp_path, M139)
+    for length in (2048, 8192, 16384):
+        cfg = load_config(None, [f"model.path={path}", *NO_KNOBS, f"rollout.rollout_max_response_len={length}"])
+        assert auto_keys(cfg) == [
+            "train.packing",
+            "engine.max_num_seqs",
+            "engine.kv_cache_memory_fraction",
+            "cluster.offload_rollout",
+            "model.recompute_num_layers",
+            "train.max_tokens_per_gpu",
+        ]
+        resolved, plan = resolve_config(cfg, path, gpu=H100, prompt_len=30)
+        assert auto_keys(resolved) == [] and resolved.validate() and training_problems(plan, 30) == []
+        e, m = resolved.engine, resolved.model
+        assert resolved.train.packing == "sequences" and resolved.cluster.offload_rollout is True
+        w = plan.workload  # the cache holds every sequence at full length, or is larger than today's 0.3 share
+        assert M.kv_pool(w) >= M.kv_need(w) or e.kv_cache_memory_fraction > 0.3
+        assert e.max_num_seqs == 128  # every sequence at once
+        assert m.gradient_checkpointing == (m.recompute_num_layers > 0)  # 0 allowed, checkpointing follows
+        assert all(b.total <= plan.workload.usable for b in plan.memory())
+    assert resolved.model.recompute_num_layers > 0  # 16k: some recomputation, the cache as large as fits
+    # the recomputation chosen as 0 is accepted by the model code, without gradient checkpointing
+    from reinforge.models.loading import set_gradient_checkpointing
+
+    model = types.SimpleNamespace(gradient_checkpointing_enable=lambda: pytest.fail("HF checkpointing turned on"))
+    set_gradient_checkpointing(model, False, 0)
+
+
+def test_the_kv_cache_share_is_the_largest_that_fits_every_phase(tmp_path):
+    """`engine.kv_cache_memory_fraction=auto`: 0.01 more would not fit (or would allocate nothing
+    more); without offload_rollout the cache stays beside the training step and is smaller."""
+    from reinforge.plan.planner import AUTO_HEADROOM, largest_kv_fraction
+
+    path = folder(tmp_path, M139)
+    base = [f"model.path={path}", *NO_KNOBS, "rollout.rollout_max_response_len=16384"]
+    _, plan = resolve_config(load_config(None, base), path, gpu=H100, prompt_len=30)
+    w, limit = plan.workload, plan.workload.usable * AUTO_HEADROOM
+    f = plan.cfg.engine.kv_cache_memory_fraction
+    assert largest_kv_fraction(w, limit) == f
+    bigger = M.with_(w, kv_fraction=f + 0.01)
+    assert any(b.total > limit for b in M.memory_plan(bigger)) or M.kv_pool(bigger) <= M.kv_pool(w)
+    _, kept = resolve_config(load_config(None, [*base, "cluster.offload_rollout=false"]), path, gpu=H100, prompt_len=30)
+    assert M.kv_pool(kept.workload) < M.kv_pool(w) and training_problems(kept, 30) == []
+    kw = kept.workload  # no rollout trains (`reinforge eval`): only generation bounds the cache
+    assert largest_kv_fraction(kw, limit, trains=False) > largest_kv_fraction(kw, limit)
+    why = {c.key: c.reason for c in plan.choices}
+    assert "largest cache that fits beside every other phase" in why["engine.kv_cache_memory_fraction"]
+    # explicit values win
+    _, given = resolve_config(
+        load_config(None, [*base, "engine.kv_cache_memory_fraction=0.5"]), path, gpu=H100, prompt_len=30
+    )
+    assert given.cfg.engine.kv_cache_memory_fraction == 0.5 and "engine.kv_cache_memory_fraction" not in {
+        c.key for c in given.choices
+    }
+
+
+def test_without_a_planned_gpu_every_auto_key_is_todays_value_and_says_so(tmp_path):
+    """A CPU run and a GPU the planner does not know keep today's values, each named with its reason."""
+    path = folder(tmp_path, M139)
+    cfg = load_config(None, [f"model.path={path}", *NO_KNOBS])
+    today = {
+        "train.packing": "none",
+        "engine.max_num_seqs": 256,
+        "engine.kv_cache_memory_fraction": 0.3,
+        "cluster.offload_rollout": False,
+        "model.recompute_num_layers": None,
+        "train.max_tokens_per_gpu": 8192,
+    }
+    unknown = M.GPU("Some GPU", 80 * 10**9, None, None, source="torch only")
+    for gpu, words in ((None, "no GPU to plan for"), (unknown, "Some GPU is not in the planner's table")):
+        resolved, plan = resolve_config(cfg, path, gpu=gpu, prompt_len=30)
+        assert {c.key: c.value for c in plan.choices} == today
+        assert all(c.reason == f"{words}: today's default" for c in plan.choices)
+        assert resolved.validate() and not resolved.model.gradient_checkpointing
+        assert all(f"auto {k}={v}" in format_plan(plan) for k, v in today.items())
+    assert "`auto` keys take today's defaults" in format_plan(plan)
+
+
+def test_components_built_without_a_plan_take_the_unplanned_values():
+    """An engine or trainer built from an unresolved section (tests, benches) runs as before `auto`."""
+    from reinforge.config import EngineConfig
+    from reinforge.config.fields import unplanned
+    from reinforge.config.sections import ClusterConfig, ModelConfig, TrainConfig
+    from reinforge.train.model_trainer import TrainSettings
+
+    e = unplanned(EngineConfig())
+    assert (e.max_num_seqs, e.kv_cache_memory_fraction) == (256, 0.3)
+    assert unplanned(ClusterConfig()).offload_rollout is False
+    s = TrainSettings.from_config(ModelConfig(), TrainConfig())
+    assert (s.max_tokens_per_gpu, s.packing, s.recompute_num_layers) == (8192, "none", None)
+    given = EngineConfig(max_num_seqs=8)
+    assert unplanned(given).max_num_seqs == 8 and unplanned(unplanned(given)) == unplanned(given)
+
+
+def test_a_hugging_face_model_is_not_packed(tmp_path):
+    path = folder(tmp_path, {**M139, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    try:
+        _, plan = resolve_config(load_config(None, [f"model.path={path}", *NO_KNOBS]), path, gpu=H100, prompt_len=30)
+    except Exception as e:  # noqa: BLE001  (a family the planner cannot read: nothing planned)
+        pytest.skip(f"not planned: {e}")
+    why = {c.key: (c.value, c.reason) for c in plan.choices}
+    assert why["train.packing"][0] == "none" and "Hugging Face" in why["train.packing"][1]
+
+
+def test_an_explicit_kv_share_that_leaves_no_room_to_train_is_refused_with_the_one_that_fits(tmp_path):
+    path = folder(tmp_path, M139)
+    base = [f"model.path={path}", *NO_KNOBS, "rollout.rollout_max_response_len=16384", "cluster.offload_rollout=false"]
+    cfg = load_config(None, [*base, "engine.kv_cache_memory_fraction=0.9", "train.max_tokens_per_gpu=16640"])
+    (msg,) = problems(cfg, path)
+    f = float(msg.split("set engine.kv_cache_memory_fraction=")[1].split(" ")[0])
+    assert 0 < f < 0.9
+    fixed = load_config(None, [*base, f"engine.kv_cache_memory_fraction={f}", "train.max_tokens_per_gpu=16640"])
+    assert problems(fixed, path) == []
+
+
+def test_the_plan_names_what_fp8_would_buy_and_keeps_the_users_dtype(tmp_path):
+    """Issue 56, 2: the KV dtype stays bf16 unless set; the plan predicts the step with an fp8 cache,
+    fp8 weights and both (each re-planned), with the mismatch caveat and algo.use_tis."""
+    path = folder(tmp_path, M139)
+    base = [f"model.path={path}", *NO_KNOBS, "rollout.rollout_max_response_len=16384"]
+    resolved, plan = resolve_config(load_config(None, base), path, gpu=H100, prompt_len=30)
+    assert resolved.engine.kv_cache_dtype == "auto" and resolved.engine.quantization is None
+    (line,) = [n for n in plan.notes if n.startswith("fp8 would buy")]
+    steps = dict(re.findall(r"(engine\.[a-z_]+=fp8|both) ([\d.]+) s", line))
+    now = sum(s for s in plan.times().values() if s is not None)
+    cache, weights, both = (float(steps[k]) for k in ("engine.kv_cache_dtype=fp8", "engine.quantization=fp8", "both"))
+    assert both < cache < now and weights < now  # at 16k the cache's bytes dominate the decode
+    _, fp8 = resolve_config(load_config(None, [*base, "engine.kv_cache_dtype=fp8"]), path, gpu=H100, prompt_len=30)
+    assert sum(s for s in fp8.times().values() if s is not None) == pytest.approx(cache, abs=0.1)
+    assert "algo.use_tis=true" in line and "mismatch" in line and f"now {now:.1f} s" in line
+    _, tis = resolve_config(load_config(None, [*base, "algo.use_tis=true"]), path, gpu=H100, prompt_len=30)
+    assert "algo.use_tis corrects (on)" in format_plan(tis)
+    _, none = resolve_config(
+        load_config(None, [*base, "engine.kv_cache_dtype=fp8", "engine.quantization=fp8"]),
+        path,
+        gpu=H100,
+        prompt_len=30,
+    )
+    assert not any(n.startswith("fp8 would buy") for n in none.notes)

@@ -29,7 +29,7 @@ class LocalCluster:
             engine_spec(cfg, spec.base_path, spec.tokenizer, resolve_device(cfg.train.device), spec.max_model_len)
         )
         self.cluster_cfg = cfg.cluster
-        self.offload_rollout = cfg.cluster.offload_rollout
+        self.offload_rollout = cfg.cluster.offload_rollout is True  # (`auto` unresolved: off, its unplanned value)
         self.offload_engine_weights = cfg.cluster.offload_engine_weights
         self.has_reference = self.worker.has_reference
         self.has_critic = self.worker.critic is not None

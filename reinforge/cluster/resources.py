@@ -68,7 +68,10 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
     full = FP32 * p
     ref = FP32 * p if cfg.algo.needs_reference else 0
     critic = state if cfg.algo.needs_critic else 0
-    logits = cfg.train.max_tokens_per_gpu * shape.vocab_size * FP32
+    from ..config.fields import unplanned
+
+    tokens = unplanned(cfg.train).max_tokens_per_gpu  # (`auto` here: no GPU planned it, its CPU value)
+    logits = tokens * shape.vocab_size * FP32
     trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
     from ..rollout.backends import engine_config_for
 
@@ -85,7 +88,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
         f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
         + (f", the reference model {g(ref)}" if ref else "")
         + (f", the critic {g(critic)}" if critic else "")
-        + f", logits of train.max_tokens_per_gpu={cfg.train.max_tokens_per_gpu} tokens {g(logits)}"
+        + f", logits of train.max_tokens_per_gpu={tokens} tokens {g(logits)}"
     )
     eparts = (
         f"weights {g(full)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="

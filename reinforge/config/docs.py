@@ -76,6 +76,8 @@ def _meaning(f: dataclasses.Field, tp: Any) -> str:
     bounds = bounds_text(f.metadata)
     if bounds:
         extras.append(bounds)
+    if "unplanned" in f.metadata:  # what `auto` is where no planner chose (a CPU run, a GPU not in its table)
+        extras.append(f"`auto` without a plan (a CPU run, an unknown GPU): `{_literal(f.metadata['unplanned'])}`")
     return text + (f" ({'; '.join(extras)})" if extras else "")
 
 

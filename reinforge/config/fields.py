@@ -30,6 +30,7 @@ def opt(
     le: float | None = None,
     lt: float | None = None,
     choices: Callable[[], Iterable[str]] | None = None,
+    unplanned: Any = ...,
 ) -> Any:
     """A dataclass field with its documentation and checks.
 
@@ -39,11 +40,37 @@ def opt(
         ge, gt, le, lt: numeric bounds (a ``None`` value is not checked: optional keys).
         choices: a function returning the allowed names (a registry's keys), called at
             validation time so that registries filled by plug-ins are seen.
+        unplanned: for a key that accepts ``auto``: the value ``auto`` stands for where no planner
+            chose one (a CPU run, a GPU the planner does not know, a component built without a run:
+            :func:`unplanned`); the key's value before ``auto`` became its default.
     """
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    if unplanned is not ...:
+        meta["unplanned"] = unplanned
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+AUTO = "auto"
+
+
+def unplanned(section: Any) -> Any:
+    """``section`` (a config section dataclass) with each key left at ``auto`` replaced by its
+    declared ``unplanned`` value (:func:`opt`): what a component built from a config the planner
+    (:func:`reinforge.plan.resolve_config`) did not resolve runs with. The same object when no key
+    is ``auto``."""
+    changes = {
+        f.name: f.metadata["unplanned"]
+        for f in dataclasses.fields(section)
+        if getattr(section, f.name) == AUTO and "unplanned" in f.metadata
+    }
+    return dataclasses.replace(section, **changes) if changes else section
+
+
+def unplanned_values(section: Any) -> dict[str, Any]:
+    """``{key: unplanned value}`` of the keys of ``section`` (a dataclass or its class) declared with one."""
+    return {f.name: f.metadata["unplanned"] for f in dataclasses.fields(section) if "unplanned" in f.metadata}
 
 
 def bounds_text(meta: Mapping[str, Any]) -> str:

@@ -108,10 +108,10 @@ class Config:
                 f"by train.num_steps_per_rollout={t.num_steps_per_rollout}: each optimizer step needs the same "
                 f"global batch size"
             )
-        if self.model.recompute_num_layers not in (None, "auto") and not self.model.gradient_checkpointing:
+        if self.model.recompute_num_layers not in (None, 0, "auto") and not self.model.gradient_checkpointing:
             raise ConfigError(
                 f"model.recompute_num_layers={self.model.recompute_num_layers} applies with "
-                f"model.gradient_checkpointing=true: set that, or model.recompute_num_layers=null"
+                f"model.gradient_checkpointing=true: set that, or model.recompute_num_layers=null (or 0: none)"
             )
         if c.offload_rollout is True and (c.mode != "local" or r.max_staleness > 0):
             raise ConfigError(

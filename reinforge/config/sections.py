@@ -45,13 +45,12 @@ class ModelConfig(Section):
         False, "recompute layer activations in the backward pass (less memory, ~30% more compute)"
     )
     recompute_num_layers: int | Literal["auto"] | None = opt(
-        None,
-        "with `gradient_checkpointing`: recompute only the first N decoder layers and keep the others' "
-        "activations (Megatron-LM's `--recompute-method block --recompute-num-layers`): less compute for more "
-        "memory; `null`: every layer; `auto`: the fewest layers with which the micro-batch fits the GPU (the "
-        "planner, [planner.md](planner.md); sets `gradient_checkpointing`; a CPU run: `null`); reinforge's own "
-        "model code only",
+        "auto",
+        "with `gradient_checkpointing`: recompute the first N decoder layers, keep the others' activations "
+        "(Megatron-LM's `--recompute-num-layers`; reinforge's own model code); `null`: every layer; `0`: none; "
+        "`auto`: the fewest that fit, `gradient_checkpointing` following ([planner.md](planner.md))",
         ge=0,
+        unplanned=None,
     )
     torch_compile: bool = opt(
         False,
@@ -247,20 +246,23 @@ class EngineConfig(Section):
         "trainer's (`algo.use_tis` corrects for it). Embedded, vLLM and SGLang engines ([engines.md](engines.md))",
     )
     max_num_seqs: int | Literal["auto"] = opt(
-        256,
+        "auto",
         "engine slots: sequences decoded at once (vLLM: `max_num_seqs`), at most; an engine is built with no "
         "more slots than the run holds at once (one rollout, `rollout_batch_size * n_samples_per_prompt`, or one "
         "evaluation pass, `n_eval_prompts * max(1, n_samples_per_eval_prompt)`; `reinforge generate`: `--n`), so "
-        "the embedded engine's KV cache is sized by the run; `auto`: those sequences, capped at what the KV cache "
-        "holds at prompt + 3/4 of the response each (the planner, [planner.md](planner.md); a CPU run: 256)",
+        "the embedded engine's KV cache is sized by the run; `auto`: those, capped at what the cache holds at "
+        "prompt + 3/4 of the response ([planner.md](planner.md))",
         ge=1,
+        unplanned=256,
     )
-    kv_cache_memory_fraction: float = opt(
-        0.3,
+    kv_cache_memory_fraction: float | Literal["auto"] = opt(
+        "auto",
         "GPU: share of free memory the KV cache may take (vLLM: `gpu_memory_utilization`; SGLang: "
-        "`--mem-fraction-static`)",
+        "`--mem-fraction-static`); `auto`: the embedded engine's largest cache that fits beside every other "
+        "phase, counting what `cluster.offload_rollout` frees ([planner.md](planner.md); other backends: 0.3)",
         gt=0,
         lt=1,
+        unplanned=0.3,
     )
     max_prefill_tokens: int = opt(
         16384,
@@ -324,19 +326,19 @@ class TrainConfig(Section):
     num_rollout: int = opt(10, "rollouts (RL iterations) to run", ge=0)
     num_steps_per_rollout: int = opt(1, "optimizer steps per rollout", ge=1)
     max_tokens_per_gpu: int | Literal["auto"] = opt(
-        8192,
+        "auto",
         "tokens per micro-batch (with padding for `packing: none` and `shared_prompt`; real tokens for "
         "`sequences`); `auto`: the largest that fits the GPU's memory beside everything else, at most 32768 and at "
-        "least one sequence (the planner, [planner.md](planner.md); a CPU run: 8192). A value that cannot fit is "
-        "refused at start with the one that does",
+        "least one sequence ([planner.md](planner.md)). A value that cannot fit is refused with the one that does",
         ge=1,
+        unplanned=8192,
     )
-    packing: Literal["none", "sequences", "shared_prompt"] = opt(
-        "none",
-        "layout of the RL trainer's forward pass (docs/packing.md): `none` one right-padded row per sample "
-        "(any model); `sequences` samples side by side without padding (varlen attention on the GPU); "
-        "`shared_prompt` one row per prompt group, its prompt computed once for all its responses. The last two need "
-        "a Llama / Qwen2 / Qwen3 (or -MoE) model (reinforge's own model code) and compute the same log-probs",
+    packing: Literal["none", "sequences", "shared_prompt", "auto"] = opt(
+        "auto",
+        "the RL trainer's forward pass (docs/packing.md): `none` a padded row per sample (any model); `sequences` "
+        "samples side by side, no padding; `shared_prompt` a row per prompt group, its prompt once. The last two: "
+        "reinforge's own model code, same log-probs; `auto`: `sequences` for it in bf16 on a GPU",
+        unplanned="none",
     )
     log_prob_chunk_size: int = opt(
         2048,
@@ -479,11 +481,11 @@ class ClusterConfig(Section):
         "the embedded engine moves them to host memory instead)",
     )
     offload_rollout: bool | Literal["auto"] = opt(
-        False,
-        "local mode: the engine frees its KV cache while the trainer trains (slime's `--offload-rollout`): the "
-        "memory goes to the trainer's activations (e.g. fewer `model.recompute_num_layers`), at the cost of "
-        "reallocating the cache and recapturing its CUDA graphs each rollout; Ray `colocate` engines always do this; "
-        "`auto`: on where it lets the trainer keep more (the planner, [planner.md](planner.md); a CPU run: off)",
+        "auto",
+        "local mode: the engine frees its KV cache while the trainer trains (slime's `--offload-rollout`), for the "
+        "trainer's activations, at the cost of reallocating the cache and its CUDA graphs each rollout (Ray `colocate` "
+        "engines always do); `auto`: on where the trainer keeps more or the cache grows ([planner.md](planner.md))",
+        unplanned=False,
     )
     memory_check: Literal["error", "warn", "off"] = opt(
         "error",

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..config.fields import unplanned
 from ..config.sections import EngineConfig
 from ..models.loading import copy_weights_, free_weight_storage, restore_weight_storage
 from ..models.transformer import CausalLM, Variant
@@ -94,7 +95,7 @@ class EmbeddedEngine:
             raise TypeError("EmbeddedEngine needs a reinforge CausalLM; use HFEngine for other models")
         self.model = model.eval().requires_grad_(False)
         self.kernels = self.model.set_variant(Variant.for_inference()).fused_kernels
-        self.config = config or EngineConfig()
+        self.config = unplanned(config or EngineConfig())  # `auto` keys no planner resolved: their unplanned values
         # engine.quantization=fp8: the linear layers' weights in fp8 from here on, synced weights too
         # (before the KV cache is sized: the bf16 weights' memory is free then)
         self.fp8 = quantize_model(self.model, self.config.quantization)

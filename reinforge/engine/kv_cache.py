@@ -271,6 +271,9 @@ def plan_kv_layout(
         MemoryError: the free CUDA memory share holds less than one sequence of ``max_model_len``.
         ValueError: ``num_kv_blocks`` holds less than one sequence of ``max_model_len``.
     """
+    from ..config.fields import unplanned
+
+    cfg = unplanned(cfg)  # `auto` keys no planner resolved (a CPU run, an engine built outside a run)
     L, bs = max_model_len, cfg.kv_block_size
     if bs <= 0:
         bs = 16 if kernel else L

@@ -69,10 +69,15 @@ def set_gradient_checkpointing(model: nn.Module, enabled: bool, recompute_num_la
     ``--recompute-method block --recompute-num-layers``: the rest keep their activations, less
     compute for more memory); other models use transformers' ``gradient_checkpointing_enable``.
 
+    ``recompute_num_layers=0`` recomputes nothing, with or without ``enabled`` (the planner's
+    ``auto`` may choose it: docs/planner.md).
+
     Raises:
-        ValueError: ``recompute_num_layers`` without ``enabled``, or for a model that is not
-            reinforge's own (a registered family).
+        ValueError: ``recompute_num_layers`` (other than 0) without ``enabled``, or for a model that is
+            not reinforge's own (a registered family).
     """
+    if recompute_num_layers == 0:
+        enabled, recompute_num_layers = False, None
     if recompute_num_layers is not None and not enabled:
         raise ValueError(f"model.recompute_num_layers={recompute_num_layers} needs model.gradient_checkpointing=true")
     if is_native(model):

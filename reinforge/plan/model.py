@@ -136,6 +136,9 @@ class Workload:
             (their log-prob passes, before training); 0 without.
         steps_per_rollout: optimizer steps per rollout.
         prefill_tokens: ``engine.max_prefill_tokens``.
+        engine_fp8: the engine's attention and MLP projections in fp8, 1 B / parameter
+            (``engine.quantization=fp8``; embeddings, LM head, norms and routed experts stay
+            ``engine_elem_bytes``: :func:`fp8_saved_bytes`).
     """
 
     arch: Arch
@@ -172,6 +175,7 @@ class Workload:
     prefill_tokens: int = 16384
     ray: bool = False
     engines: int = 1
+    engine_fp8: bool = False
 
     @property
     def seq_len(self) -> int:
@@ -231,8 +235,18 @@ def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
     return out
 
 
+def fp8_saved_bytes(w: Workload) -> float:
+    """Engine weight bytes ``engine.quantization=fp8`` saves: its layers' projections at 1 B instead of
+    ``engine_elem_bytes`` (routed MoE experts, embeddings, the LM head and norms are not quantized)."""
+    if not w.engine_fp8:
+        return 0.0
+    a = w.arch
+    routed = a.moe_layers * a.experts * 3 * a.hidden * a.moe_intermediate
+    return (a.layers_params - routed) * (w.engine_elem_bytes - 1) / w.tp
+
+
 def engine_weights(w: Workload) -> float:
-    return w.arch.num_params * w.engine_elem_bytes / w.tp
+    return w.arch.num_params * w.engine_elem_bytes / w.tp - fp8_saved_bytes(w)
 
 
 def kv_need(w: Workload) -> float:
@@ -411,10 +425,10 @@ def decode_weight_bytes(w: Workload, batch: int) -> float:
     a = w.arch
     b = w.engine_elem_bytes
     if not a.moe_layers:
-        return a.num_params * b / w.tp
+        return a.num_params * b / w.tp - fp8_saved_bytes(w)
     used = a.experts * (1 - (1 - a.experts_per_tok / a.experts) ** batch)
     expert = 3 * a.hidden * a.moe_intermediate
-    return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp
+    return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp - fp8_saved_bytes(w)
 
 
 def generation_seconds(

@@ -6,24 +6,32 @@
 (:func:`reinforge.preflight.check_rl`). The model is :mod:`reinforge.plan.model`; docs/planner.md
 describes the choices.
 
-Keys that accept ``auto`` (:data:`AUTO_KEYS`), resolved in this order:
+Keys that accept ``auto`` (:data:`AUTO_KEYS`; all of them by default, issue 56), chosen by
+:func:`.choices.choose` in this order:
 
+0. ``train.packing``: ``sequences`` for reinforge's own model code trained in bf16, else ``none``;
 1. ``engine.max_num_seqs``: the sequences the run holds at once (rollout or evaluation), capped at
    what the KV cache (``engine.kv_cache_memory_fraction`` of the free memory) holds at a footprint
-   of prompt + 3/4 of the response each, never below ``rollout.n_samples_per_prompt``;
+   of prompt + 3/4 of the response each, never below ``rollout.n_samples_per_prompt`` (chosen last,
+   after 4, when the share is ``auto``);
 2. ``cluster.offload_rollout``: true when it changes 3's choice for the better (fewer recomputed layers,
-   a larger micro-batch, a step that fits only with it; local mode, synchronous), else false, the reason
-   naming the KV cache the training step then holds;
+   a larger micro-batch, a step that fits only with it) or lets 4's cache grow by more than 5% (local
+   mode, synchronous), else false, the reason naming the KV cache the training step then holds;
 3. ``model.recompute_num_layers`` and ``train.max_tokens_per_gpu``: the micro-batch is at least one
    whole sequence and at least 8192 tokens (today's default) when that fits, the fewest recomputed
-   layers with which it fits; ``max_tokens_per_gpu`` alone: the largest micro-batch that fits, at most
-   :data:`MAX_AUTO_TOKENS` (or one sequence when longer). The recomputation's reason names the resolved
-   micro-batch.
+   layers with which it fits (0 allowed: ``gradient_checkpointing`` follows); ``max_tokens_per_gpu``
+   alone: the largest micro-batch that fits, at most ``MAX_AUTO_TOKENS`` (or one sequence when longer).
+   The recomputation's reason names the resolved micro-batch;
+4. ``engine.kv_cache_memory_fraction`` (the embedded engine): the largest share with which every phase
+   fits (:func:`.choices.largest_kv_fraction`), no more than the slots need at full length.
+
+Below the choices, :func:`fp8_line` predicts what ``engine.kv_cache_dtype=fp8`` and
+``engine.quantization=fp8`` would buy (the dtype stays the user's).
 
 A refusal names the levers with which the step fits, each re-planned (:mod:`.levers`).
 
-Without a GPU the planner cannot size anything: ``auto`` becomes today's default (:data:`DEFAULTS`)
-and the plan says so.
+Without a GPU the planner cannot size anything, nor choose on a GPU not in its table: ``auto`` becomes
+today's default (:data:`DEFAULTS`) and the plan says so.
 """
 
 from __future__ import annotations
@@ -37,37 +45,46 @@ from typing import TYPE_CHECKING, Any
 from ..config.fields import ConfigError
 from ..utils.triton import liger_available
 from . import model as M
+from .choices import (
+    AUTO,
+    AUTO_HEADROOM,
+    AUTO_KEYS,
+    DEFAULTS,
+    KV_KEY,
+    MIN_AUTO_TOKENS,
+    Choice,
+    _set,
+    auto_keys,
+    choose,
+    largest_kv_fraction,
+)
 from .hardware import GPU, detect
 
 if TYPE_CHECKING:
     from ..config import Config
 
 log = logging.getLogger(__name__)
-
-AUTO = "auto"
-AUTO_KEYS = ("engine.max_num_seqs", "cluster.offload_rollout", "model.recompute_num_layers", "train.max_tokens_per_gpu")
-DEFAULTS: dict[str, Any] = {
-    "engine.max_num_seqs": 256,
-    "cluster.offload_rollout": False,
-    "model.recompute_num_layers": None,
-    "train.max_tokens_per_gpu": 8192,
-}
-MIN_AUTO_TOKENS = 8192  # today's default micro-batch: auto keeps at least this where it fits
-MAX_AUTO_TOKENS = 32768  # larger micro-batches gain little speed (docs/benchmarks.md) and risk fragmentation
-TOKEN_MULTIPLE = 256
-AUTO_HEADROOM = 0.92  # auto choices fill at most this share of what a refusal allows: the planner errs on the safe side
+__all__ = [  # (the choices' names are read from here too: reinforge.plan, report.py, the tests)
+    "AUTO",
+    "AUTO_HEADROOM",
+    "AUTO_KEYS",
+    "DEFAULTS",
+    "Choice",
+    "Plan",
+    "TrainingOutOfMemory",
+    "auto_keys",
+    "format_plan",
+    "largest_kv_fraction",
+    "out_of_memory",
+    "resolve_config",
+    "training_problems",
+    "workload",
+]
 
 
 class TrainingOutOfMemory(ConfigError):
     """A CUDA out-of-memory error in the trainer, in words: the phase, the micro-batch and the keys
     to change. A usage error (exit status 2, not relaunched: the same settings would fail again)."""
-
-
-@dataclass
-class Choice:
-    key: str
-    value: Any
-    reason: str
 
 
 @dataclass
@@ -85,24 +102,6 @@ class Plan:
 
     def times(self, lengths: list[int] | None = None) -> dict[str, float | None]:
         return M.times(self.workload, lengths) if self.workload is not None else {}
-
-
-def _get(cfg: Config, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-def _set(cfg: Config, changes: dict[str, Any]) -> Config:
-    by_section: dict[str, dict[str, Any]] = {}
-    for key, value in changes.items():
-        section, name = key.split(".")
-        by_section.setdefault(section, {})[name] = value
-    return dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **v) for s, v in by_section.items()})
-
-
-def auto_keys(cfg: Config) -> list[str]:
-    """The keys of ``cfg`` left at ``auto``."""
-    return [k for k in AUTO_KEYS if _get(cfg, k) == AUTO]
 
 
 def read_arch(folder: Path) -> tuple[M.Arch, bool]:
@@ -160,7 +159,7 @@ def workload(
         recompute=recompute,
         kv_elem_bytes=1 if e.kv_cache_dtype.startswith("fp8") else (4 if e.dtype == "fp32" else 2),
         engine_elem_bytes=4 if e.dtype == "fp32" else 2,
-        kv_fraction=e.kv_cache_memory_fraction,
+        kv_fraction=e.kv_cache_memory_fraction if e.kv_cache_memory_fraction != AUTO else DEFAULTS[KV_KEY],
         num_kv_blocks=e.num_kv_blocks,
         log_prob_chunk=t.log_prob_chunk_size,
         colocated=colocated,
@@ -183,150 +182,8 @@ def workload(
         **({} if offline else teacher_sizes(cfg)),
         steps_per_rollout=t.num_steps_per_rollout,
         prefill_tokens=e.max_prefill_tokens,
+        engine_fp8=e.quantization == "fp8",
     )
-
-
-def _round_down(n: int) -> int:
-    return max(TOKEN_MULTIPLE, n // TOKEN_MULTIPLE * TOKEN_MULTIPLE)
-
-
-def _round_up(n: int) -> int:
-    return -(-n // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
-
-
-@dataclass(order=True)
-class MicroFit:
-    """What the ``auto`` recomputation and micro-batch come to on a workload, ordered by how good it is:
-    the step fits, fewer layers recomputed, more tokens."""
-
-    fits: bool
-    fewer_recomputed: int
-    tokens: int
-
-    @property
-    def recompute(self) -> int:
-        return -self.fewer_recomputed
-
-    def words(self, without: MicroFit, layers: int) -> str:
-        """What this fit gains over ``without``, in words."""
-        if not without.fits:
-            return "the step fits only with it"
-        if self.recompute < without.recompute:
-            return f"{self.recompute} of {layers} layers recomputed instead of {without.recompute}"
-        return f"a micro-batch of {self.tokens} tokens instead of {without.tokens}"
-
-
-def _micro_batch(
-    cfg: Config, w: M.Workload, native: bool, rec_auto: bool, tok_auto: bool, limit: float, offline: bool
-) -> tuple[tuple[dict[str, Any], list[Choice]], MicroFit]:
-    """The ``auto`` recomputed layers and micro-batch on ``w`` (module doc, 3): (their changes and
-    choices, how good the result is). The recomputation's reason is judged at the resolved micro-batch."""
-    changes: dict[str, Any] = {}
-    out: list[Choice] = []
-    L = w.arch.num_layers
-    one_seq = _round_up(w.seq_len)
-    floor = max(one_seq, MIN_AUTO_TOKENS)
-    target: int | None = w.micro_tokens if not tok_auto else floor
-    k = w.recompute
-    if rec_auto:
-        found = M.min_recompute_that_fits(w, target, limit) if target is not None else None
-        if found is None and tok_auto:  # not even with every layer: the largest micro-batch that fits then
-            found, target = L, None
-        k = L if found is None else found
-        all_or_none = not native and 0 < k < L
-        if all_or_none:
-            k = L
-        changes["model.recompute_num_layers"] = k if native else None
-        changes["model.gradient_checkpointing"] = k > 0 or (native and cfg.model.gradient_checkpointing)
-        w = M.with_(w, recompute=k)
-    n = w.micro_tokens
-    if tok_auto:
-        fit = M.max_tokens_that_fit(w, limit=limit)
-        cap = max(MAX_AUTO_TOKENS, one_seq)
-        n = min(fit, cap)
-        if n < one_seq:
-            n = one_seq
-            why = f"one whole sequence ({w.seq_len} tokens) is the least a micro-batch holds; only {fit} fit"
-            why += " (refused below)"
-        else:
-            why = (
-                f"the largest micro-batch that fits ({fit} tokens)"
-                if n == fit
-                else f"{cap} tokens (the cap; {fit} would fit)"
-            )
-            n = _round_down(n)
-        if offline:
-            why += "; offline.max_length is not read here: one example must fit"
-        changes["train.max_tokens_per_gpu"] = n
-        out.append(Choice("train.max_tokens_per_gpu", n, why))
-    if rec_auto:
-        if not M.fits(w, n, k, limit) and target is not None:
-            why = f"even every layer recomputed leaves no room for {n} tokens (refused below)"
-        elif all_or_none:
-            why = "this model's code recomputes all layers or none: all"
-        elif target is None:
-            why = "every layer: the micro-batch is what memory limits"
-        elif k == 0:
-            why = f"no recomputation needed: the micro-batch ({n} tokens) fits without it"
-        elif tok_auto:
-            why = f"the fewest of {L} layers with which {floor} tokens fit (the least `auto` keeps); with them {n} do"
-        else:
-            why = f"the fewest of {L} layers with which {n} tokens fit"
-        out.insert(0, Choice("model.recompute_num_layers", k if native else ("all" if k else "none"), why))
-    return (changes, out), MicroFit(M.fits(w, n, k, limit), -k, n)
-
-
-def _choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dict[str, Any], list[Choice]]:
-    """The values of the ``auto`` keys of ``cfg`` on workload ``w`` (module doc)."""
-    keys, changes, out = auto_keys(cfg), {}, []
-    a, L = w.arch, w.arch.num_layers
-    limit = w.usable * AUTO_HEADROOM
-    if "engine.max_num_seqs" in keys:
-        footprint = a.kv_bytes_per_token(w.kv_elem_bytes) * (w.prompt_len + 0.75 * w.response_len)
-        footprint += a.state_bytes_per_seq(w.engine_elem_bytes)
-        share = M.per_engine(w)[0].num_seqs  # the sequences one engine gets
-        pool = M.kv_pool(M.with_(w, slots=share))
-        held = int(pool // max(footprint, 1))
-        n = max(min(share, held), min(cfg.rollout.n_samples_per_prompt, share))
-        changes["engine.max_num_seqs"] = n
-        out.append(
-            Choice(
-                "engine.max_num_seqs",
-                n,
-                f"{'all ' if n == share else ''}{n} of {M.share_text(w)} "
-                f"at once: the KV cache ({pool / M.GIB:.1f} GiB, engine.kv_cache_memory_fraction="
-                f"{w.kv_fraction:g}) holds {held} at prompt + 3/4 of the response",
-            )
-        )
-        w = M.with_(w, slots=n)
-    rec_auto, tok_auto = "model.recompute_num_layers" in keys, "train.max_tokens_per_gpu" in keys
-    if "cluster.offload_rollout" in keys:
-        can = w.colocated and cfg.cluster.mode == "local" and cfg.rollout.max_staleness == 0
-        on = M.with_(w, offload_rollout=True)
-        kv = M.kv_pool(w, after_training=False) / M.GIB
-        off_fit, on_fit = (_micro_batch(cfg, v, native, rec_auto, tok_auto, limit, offline)[1] for v in (w, on))
-        gain = can and on_fit.fits and on_fit > off_fit  # the KV cache comes back smaller, beside AdamW: not free
-        changes["cluster.offload_rollout"] = gain
-        if not can:
-            why = "needs cluster.mode=local, rollout.max_staleness=0"
-        elif not on_fit.fits:
-            why = (
-                f"would free the {kv:.1f} GiB KV cache the training step holds, but the step does not fit either "
-                f"way (refused below)"
-            )
-        elif gain:
-            why = f"frees the {kv:.1f} GiB KV cache while training: {on_fit.words(off_fit, L)}"
-        else:
-            why = (
-                f"not needed: the {kv:.1f} GiB KV cache stays while training and the micro-batch is the same "
-                f"without it ({off_fit.tokens} tokens, {off_fit.recompute} of {L} layers recomputed)"
-            )
-        out.append(Choice("cluster.offload_rollout", gain, why))
-        w = on if gain else w
-    micro, _ = _micro_batch(cfg, w, native, rec_auto, tok_auto, limit, offline)
-    changes.update(micro[0])
-    out += micro[1]
-    return changes, out
 
 
 def resolve_config(
@@ -378,20 +235,69 @@ def resolve_config(
             ],
         )
     else:
-        w = workload(cfg, arch, gpu, prompt, native, offline)
-        changes, choices = _choose(cfg, w, native, offline)
+        if gpu.knows_speed:
+            changes, choices = choose(cfg, workload(cfg, arch, gpu, prompt, native, offline), native, offline)
+        else:  # its memory is read, but nothing the `auto` choices rest on was measured on it
+            changes = {k: DEFAULTS[k] for k in keys}
+            choices = [
+                Choice(k, v, f"{gpu.name} is not in the planner's table: today's default") for k, v in changes.items()
+            ]
         resolved = _set(cfg, changes)
         plan = Plan(resolved, gpu, workload(resolved, arch, gpu, prompt, native, offline), choices)
+        if gpu.knows_speed and not offline:
+            line = fp8_line(cfg, plan, arch, native)
+            if line:
+                plan.notes.append(line)
         if not gpu.knows_speed:
             plan.notes.append(
-                f"{gpu.name} is not in the planner's table (reinforge/plan/hardware.py): memory is "
-                f"planned from its {gpu.memory / M.GIB:.0f} GiB, time is not"
+                f"{gpu.name} is not in the planner's table (reinforge/plan/hardware.py): `auto` keys take today's "
+                f"defaults; memory is checked from its {gpu.memory / M.GIB:.0f} GiB, time is not predicted"
             )
         if prompt_len is None:
             plan.notes.append(f"prompts assumed {prompt} tokens (data.rollout_max_prompt_len)")
     if log_plan:
         log.info("plan:\n%s", format_plan(plan))
     return plan.cfg, plan
+
+
+def fp8_line(cfg: Config, plan: Plan, arch: M.Arch, native: bool) -> str | None:
+    """What fp8 would buy this run, predicted: the step with ``engine.kv_cache_dtype=fp8``, with
+    ``engine.quantization=fp8`` and with both (each re-planned: its ``auto`` keys chosen again, e.g. twice
+    the sequences in the cache), against this plan's step; None when both are set already or time is
+    not predicted. The dtype stays the user's: fp8 makes the engine's log-probs differ more from the
+    trainer's, which ``algo.use_tis`` corrects for."""
+    w = plan.workload
+    if w is None or cfg.train.num_rollout == 0:
+        return None
+    base = sum(s for s in plan.times().values() if s is not None)
+    e = cfg.engine
+    options = {}
+    if not e.kv_cache_dtype.startswith("fp8"):
+        options["engine.kv_cache_dtype=fp8"] = {"engine.kv_cache_dtype": "fp8"}
+    if e.quantization != "fp8" and e.backend != "hf" and native:
+        options["engine.quantization=fp8"] = {"engine.quantization": "fp8"}
+    if len(options) == 2:
+        options["both"] = {"engine.kv_cache_dtype": "fp8", "engine.quantization": "fp8"}
+    if not options or base <= 0:
+        return None
+    said = []
+    for name, change in options.items():
+        alt = _set(cfg, change)
+        changes, _ = choose(alt, workload(alt, arch, w.gpu, w.prompt_len, native), native, False)
+        v = workload(_set(alt, changes), arch, w.gpu, w.prompt_len, native)
+        t = M.times(v)
+        step, gen = sum(s for s in t.values() if s is not None), t.get("generation")
+        said.append(f"{name} {step:.1f} s ({step / base - 1:+.0%}; generation {gen:.1f} s)")
+    tis = "on" if cfg.algo.use_tis else "off: set algo.use_tis=true with it"
+    return (
+        f"fp8 would buy (predicted step, now {base:.1f} s): {', '.join(said)}; it makes the engine's log-probs "
+        f"differ more from the trainer's (the rollout-training mismatch), which algo.use_tis corrects ({tis})"
+    )
+
+
+def _g(x: Any) -> str:
+    """A number as ``:g`` formats it; ``auto`` (or any other word) as it is."""
+    return f"{x:g}" if isinstance(x, (int, float)) else str(x)
 
 
 def _gib(b: float) -> str:
@@ -442,6 +348,10 @@ def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
             f"set model.recompute_num_layers={k}"
             + ("" if cfg.model.gradient_checkpointing else " with model.gradient_checkpointing=true")
         )
+    if "KV cache" in peak.parts:  # the cache stays beside the training step: a smaller share of memory
+        f = largest_kv_fraction(w, w.usable)
+        if f is not None and f < w.kv_fraction:
+            fixes.append(f"set engine.kv_cache_memory_fraction={f:g} (or auto)")
     from .levers import training_levers
 
     only = ("cluster.offload_rollout",) if fixes else None  # the micro-batch or recomputation fits: short
@@ -480,7 +390,7 @@ def out_of_memory(cfg: Config, phase: str, tokens: int, rows: int, error: BaseEx
     return TrainingOutOfMemory(
         f"CUDA out of memory in the {phase} (a micro-batch of {tokens} tokens in {rows} row(s); "
         f"train.max_tokens_per_gpu={t.max_tokens_per_gpu}, recomputed: {rec}, cluster.offload_rollout="
-        f"{cfg.cluster.offload_rollout}, engine.kv_cache_memory_fraction={cfg.engine.kv_cache_memory_fraction:g}): "
+        f"{cfg.cluster.offload_rollout}, engine.kv_cache_memory_fraction={_g(cfg.engine.kv_cache_memory_fraction)}): "
         f"lower train.max_tokens_per_gpu (or set it to auto), set model.gradient_checkpointing=true and "
         f"model.recompute_num_layers (or auto), cluster.offload_rollout=true, or lower "
         f"engine.kv_cache_memory_fraction; `reinforge plan -c CONFIG` shows what fits. No checkpoint was written "

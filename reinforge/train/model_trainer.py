@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..config.fields import unplanned
 from ..models.lora import has_lora, hold_frozen_weights
 from ..models.transformer import CausalLM, Variant
 from ..records import Sample
@@ -97,6 +98,9 @@ class TrainSettings:
 
     @classmethod
     def from_config(cls, m: ModelConfig, t: TrainConfig) -> TrainSettings:
+        """The settings of ``m`` and ``t``; keys left at ``auto`` (no planner resolved them: a trainer
+        built outside a run) take their unplanned values (:func:`~reinforge.config.fields.unplanned`)."""
+        m, t = unplanned(m), unplanned(t)
         return cls(
             train_dtype=m.train_dtype,
             max_tokens_per_gpu=t.max_tokens_per_gpu,

@@ -81,6 +81,11 @@ class EngineSpec:
     init_seed: int = 0
     record_routes: bool = False
 
+    def __post_init__(self) -> None:
+        from ..config.fields import unplanned
+
+        self.engine = unplanned(self.engine)  # `auto` keys no planner resolved: their unplanned values
+
 
 def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``engine.dtype``: ``auto`` is bf16 on CUDA and fp32 elsewhere."""
@@ -120,8 +125,10 @@ def engine_config_for(cfg: Config, max_seqs: int | None = None) -> EngineConfig:
     what the run can use, not the configured ceiling. Never raises the slots; ``None`` (unknown)
     keeps them. The engine queues requests beyond its slots, so a lower cap costs speed, not
     correctness."""
+    from ..config.fields import unplanned
+
     need = run_max_seqs(cfg) if max_seqs is None else max(1, max_seqs)
-    e = cfg.engine
+    e = unplanned(cfg.engine)  # `auto` keys no planner resolved (the run resolves them first: RLLoop, the CLI)
     if need is None or need >= e.max_num_seqs:
         return e
     return dataclasses.replace(e, max_num_seqs=need)
