@@ -78,9 +78,7 @@ class ModelConfig(Section):
     )
     lora_alpha: float = opt(16.0, "LoRA alpha (the update is scaled by alpha / r)", gt=0)
     lora_dropout: float = opt(0.0, "dropout on the adapters' input", ge=0, lt=1)
-    lora_target_modules: list[str] = opt(
-        DEFAULT_LORA_TARGETS, "PEFT's target_modules (the default adds a family's own)"
-    )
+    lora_target_modules: list[str] = opt(DEFAULT_LORA_TARGETS, "PEFT's target_modules (default: + a family's own)")
 
     @property
     def trains_fused_kernels(self) -> bool:
