@@ -82,7 +82,7 @@ class EngineSpec:
     record_routes: bool = False
 
     def __post_init__(self) -> None:
-        from ..config.fields import unplanned
+        from ...config.fields import unplanned
 
         self.engine = unplanned(self.engine)  # `auto` keys no planner resolved: their unplanned values
 
@@ -125,7 +125,7 @@ def engine_config_for(cfg: Config, max_seqs: int | None = None) -> EngineConfig:
     what the run can use, not the configured ceiling. Never raises the slots; ``None`` (unknown)
     keeps them. The engine queues requests beyond its slots, so a lower cap costs speed, not
     correctness."""
-    from ..config.fields import unplanned
+    from ...config.fields import unplanned
 
     need = run_max_seqs(cfg) if max_seqs is None else max(1, max_seqs)
     e = unplanned(cfg.engine)  # `auto` keys no planner resolved (the run resolves them first: RLLoop, the CLI)

@@ -311,7 +311,7 @@ class SGLangEngine:
     ):
         self.servers, self.router_url = servers, router_url
         self.weight_update, self.model_source, self.tp_size = weight_update, model_source, tp_size
-        from ..models.loading import hub_layout
+        from ...models.loading import hub_layout
 
         self.to_hub = hub_layout(model_source)  # the names and expert layout SGLang's loader reads
         self.seed, self.weight_version = seed, 0
