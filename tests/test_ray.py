@@ -38,6 +38,27 @@ def test_resource_check_reports_shortfall_in_words():
         check_resources(cfg, {"CPU": 2})
 
 
+def test_a_ray_the_run_starts_runs_its_workers_at_the_drivers_priority(monkeypatch, tmp_path):
+    """Ray's default worker niceness is 15: the trainer and engine actors then waited behind every other
+    process of a shared machine (minutes to start on the loaded 2-core test machine)."""
+    from reinforge.cluster import ray_cluster
+    from reinforge.cluster.base import ClusterSpec
+
+    class Started(Exception):
+        pass
+
+    def init(**kwargs):
+        raise Started(kwargs)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_cluster, "check_resources", lambda *a, **k: True)
+    cfg = load_config(None, ["cluster.mode=ray", "cluster.actor_num_gpus_per_node=1", "cluster.rollout_num_gpus=1"])
+    with pytest.raises(Started) as e:
+        ray_cluster.RayCluster(cfg, ClusterSpec(tmp_path, None, None, 0, 64))
+    assert e.value.args[0]["_system_config"] == {"worker_niceness": 0}
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
