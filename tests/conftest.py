@@ -19,6 +19,16 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 from reinforge.check_model import TOKENIZER_FILES  # noqa: E402,F401 (the files a tiny model copies; tests import it here)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by its folder: ``unit`` (tests/unit/: in one process) or ``integration``
+    (tests/integration/: a whole training loop, Ray, spawned ranks or subprocesses); ``-m unit`` selects."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(here).parts
+        if parts[0] in ("unit", "integration"):
+            item.add_marker(parts[0])
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     from reinforge.models.hub import resolve_model_path
