@@ -13,7 +13,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs 2 workers on 2 cor
     torch.set_num_threads(1)
 # Ray's workers at the tests' priority, also in the Ray instances tests start themselves (ray.init in a test);
 # at Ray's default niceness 15 they wait behind every other process of the machine
-# (reinforge.cluster.ray_cluster.LOCAL_RAY_SYSTEM_CONFIG for the Ray a run starts)
+# (reinforge/cluster/ray_cluster.py starts its own Ray with worker_niceness 0 likewise)
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 from reinforge.check_model import TOKENIZER_FILES  # noqa: E402,F401 (the files a tiny model copies; tests import it here)

@@ -386,13 +386,6 @@ class EnginePool:
                 pass
 
 
-# Ray starts its worker processes at niceness 15 (its `worker_niceness` default). Here those workers are the
-# run itself (trainer ranks, engines) while the driver waits at niceness 0, so on a machine with other work
-# they ran at a thirtieth of its share: on the shared 2-core test machine two trainer actors took minutes to
-# start. A Ray this run starts runs them at the driver's priority.
-LOCAL_RAY_SYSTEM_CONFIG = {"worker_niceness": 0}
-
-
 class RayCluster:
     """Implements :class:`~reinforge.cluster.base.Cluster` with Ray actors: creates the placement
     group, trainer and engine actors, and owns their lifetime."""
@@ -412,12 +405,10 @@ class RayCluster:
                 ray.init(address=c.ray_address, log_to_driver=True)
             else:
                 bundles = p["trainers"] + (0 if c.colocate else p["engines"])
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
-                    include_dashboard=False,
-                    log_to_driver=True,
-                    _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-                )
+                cpus = max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1)
+                # the workers (trainer ranks, engines: the run) at the driver's priority, not Ray's default
+                nice = {"worker_niceness": 0}  # niceness 15: on a busy machine they waited minutes to start
+                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True, _system_config=nice)
             self._started_ray = True
         self.use_gpu = check_resources(cfg, ray.cluster_resources(), spec.base_path, spec.max_model_len)
         gpu = 1 if self.use_gpu else 0
@@ -440,11 +431,8 @@ class RayCluster:
         share = 0.5 if (gpu and c.colocate) else float(gpu)
 
         def on(bundle: int, num_gpus: float, cls, **options: Any):
-            # The actors join the stall doctor's reports (run.stall_timeout_s): the workers of a Ray this run
-            # started inherit its environment; those of a cluster started before the run get it as a
-            # runtime_env (only there: an actor with one cannot take one of Ray's pre-started workers)
-            if not self._started_ray:
-                options.update(stall.ray_options())
+            if not self._started_ray:  # (a Ray this run started: its workers inherit the environment)
+                options.update(stall.ray_options())  # the actors join the stall doctor's reports
             return ray.remote(cls).options(
                 num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1),
                 num_gpus=num_gpus,
