@@ -485,8 +485,11 @@ def test_ray_shutdown_mid_generation_ends_thread_and_actors(tmp_path, tiny_model
         loop.close()
         assert time.perf_counter() - t < 120
         assert not any(th.name == "rollout-producer" for th in threading.enumerate())
-        for h in engines:
+        for h in engines:  # ray.kill is asynchronous: a call right after it can still reach the actor
+            deadline = time.monotonic() + 60
             with pytest.raises(ray.exceptions.RayActorError):
-                ray.get(h.reseed.remote(0), timeout=60)
+                while time.monotonic() < deadline:
+                    ray.get(h.reseed.remote(0), timeout=60)
+                    time.sleep(0.5)
     finally:
         ray.shutdown()
