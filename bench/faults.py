@@ -1,9 +1,9 @@
 """Measure the fault-injection suite and print the table of docs/reliability.md.
 
-    PYTHONPATH=. python bench/faults.py                 # runs tests/test_faults.py, prints the table
+    PYTHONPATH=. python bench/faults.py                 # runs tests/integration/test_faults.py, prints the table
     PYTHONPATH=. python bench/faults.py --from run.jsonl  # only format recorded measurements
 
-Each scenario of tests/test_faults.py appends one JSON line (fault, how it was injected, what
+Each scenario of tests/integration/test_faults.py appends one JSON line (fault, how it was injected, what
 happened, rollouts and samples lost, seconds to recover) to the file named by
 ``REINFORGE_FAULT_REPORT``; this script sets it, runs pytest and formats the lines as Markdown.
 """
@@ -53,7 +53,7 @@ def main() -> int:
             "REINFORGE_FAULT_REPORT": str(path),
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         }
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_faults.py"]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_faults.py"]
         if args.k:
             cmd += ["-k", args.k]
         code = subprocess.call(cmd, cwd=REPO, env=env)

@@ -10,7 +10,7 @@ export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG="$OUT/gpu_8b_offload.log"
 source scripts/device_liger.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$LOG"
-timeout 60 python -m pytest -q -p no:cacheprovider tests/test_offload.py -k "adamw" 2>&1 | tail -2 | tee -a "$LOG"
+timeout 60 python -m pytest -q -p no:cacheprovider tests/unit/test_offload.py -k "adamw" 2>&1 | tail -2 | tee -a "$LOG"
 timeout "${T8B:-420}" python bench/grpo_long.py --arch qwen3-8b --own-vocab --lengths ${LENGTHS:-4096} \
     --seqs "${SEQS:-64}" --n 8 --steps "${STEPS:-2}" --max-tokens 8192 --kv-fraction 0.6 --kv-cache-dtypes fp8 \
     --tokenizer .device/cache/models/smollm2-135m-instruct \

@@ -6,6 +6,6 @@
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" REINFORGE_CACHE="$PWD/.device/cache" PYTHONUNBUFFERED=1
 out=${OUT:-.}
-timeout 300 python -m pytest -q -p no:cacheprovider tests/test_paged_attention.py tests/test_kv_cache.py \
-    tests/test_fused.py tests/test_engine.py 2>&1 | tee "$out/gpu_tests.log" | tail -25
+timeout 300 python -m pytest -q -p no:cacheprovider tests/unit/test_paged_attention.py tests/unit/test_kv_cache.py \
+    tests/unit/test_fused.py tests/unit/test_engine.py 2>&1 | tee "$out/gpu_tests.log" | tail -25
 timeout 240 python bench/decode_attention.py 2>&1 | grep -v Warning | tee "$out/decode_attention.log" | tail -40

@@ -17,8 +17,8 @@ parts=${PARTS:-tests kernel decode16}
 out=${OUT:-.}
 source scripts/device_liger.sh
 if [[ $parts == *tests* ]]; then
-  timeout 300 python -m pytest -q -p no:cacheprovider tests/test_paged_attention.py tests/test_fp8_kv_cache.py \
-      tests/test_kv_cache.py tests/test_engine.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/unit/test_paged_attention.py tests/unit/test_fp8_kv_cache.py \
+      tests/unit/test_kv_cache.py tests/unit/test_engine.py 2>&1 | tee "$out/gpu_tests.log" | tail -8
 fi
 if [[ $parts == *kernel* ]]; then
   timeout 240 python bench/decode_attention.py --no-flex --no-flashinfer ${TUNE:+--tune $TUNE} ${BASELINE:+--baseline $BASELINE} 2>&1 | grep -v Warning \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device run (issue 36 item 5): fp8 rollout weights (engine.quantization=fp8) against the bf16 engine, in the same call.
 # PARTS selects (default "tests bench"):
-#   tests   tests/test_fp8_weights.py (its CUDA test prints which matmul the probe chose: block-scaled
+#   tests   tests/unit/test_fp8_weights.py (its CUDA test prints which matmul the probe chose: block-scaled
 #           torch._scaled_mm expected on an H100 / H200) and the engine tests beside it
 #   bench   bench/fp8_weights.py: decode tok/s at 16 / 64 / 128 / 256 sequences, Qwen2.5-1.5B and -7B shapes with
 #           random weights, bf16 vs fp8, with the weights-read limits; trainer-vs-engine log-prob mismatch on random
@@ -14,8 +14,8 @@ parts=${PARTS:-tests bench}
 out=${OUT:-.}
 real=.device/cache/models/smollm2-135m-instruct
 if [[ $parts == *tests* ]]; then
-  timeout 300 python -m pytest -q -s -p no:cacheprovider tests/test_fp8_weights.py tests/test_fp8_kv_cache.py \
-      tests/test_engine.py 2>&1 | tee "$out/gpu_tests_fp8_weights.log" | grep -e select_kernel -e passed -e failed -e Error | tail -12
+  timeout 300 python -m pytest -q -s -p no:cacheprovider tests/unit/test_fp8_weights.py tests/unit/test_fp8_kv_cache.py \
+      tests/unit/test_engine.py 2>&1 | tee "$out/gpu_tests_fp8_weights.log" | grep -e select_kernel -e passed -e failed -e Error | tail -12
 fi
 if [[ $parts == *bench* ]]; then
   extra=()

@@ -14,8 +14,8 @@ moe=qwen3-moe-2.6b-a0.5b
 source scripts/device_liger.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
 if [[ $parts == *tests* ]]; then
-  REINFORGE_CACHE=$PWD/.device/cache python -m pytest -q -p no:cacheprovider tests/test_algo.py tests/test_moe.py \
-      tests/test_fused.py -k "log_probs or permutation or grouped or engine or fused" 2>&1 | tail -5 > "$OUT/tests.log"
+  REINFORGE_CACHE=$PWD/.device/cache python -m pytest -q -p no:cacheprovider tests/unit/test_algo.py tests/integration/test_moe.py \
+      tests/unit/test_fused.py -k "log_probs or permutation or grouped or engine or fused" 2>&1 | tail -5 > "$OUT/tests.log"
 fi
 if [[ $parts == *logprobs* ]]; then
   python bench/logprobs.py --tokens 8192 16384 > "$OUT/logprobs.log" 2>&1

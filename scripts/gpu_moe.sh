@@ -11,8 +11,8 @@ parts=${PARTS:-tests engine train grpo}
 moe=qwen3-moe-2.6b-a0.5b dense=qwen3-dense-0.5b
 source scripts/device_liger.sh
 if [[ $parts == *tests* ]]; then
-  REINFORGE_CACHE=$PWD/.device/cache python -m pytest -q tests/test_moe.py tests/test_fused.py \
-      tests/test_routing_replay.py -k "not grpo" 2>&1 | tail -4 | tee "$OUT/tests.log"
+  REINFORGE_CACHE=$PWD/.device/cache python -m pytest -q tests/integration/test_moe.py tests/unit/test_fused.py \
+      tests/integration/test_routing_replay.py -k "not grpo" 2>&1 | tail -4 | tee "$OUT/tests.log"
 fi
 if [[ $parts == *engine* ]]; then
   python bench/rollout.py --models $moe,$dense --num-prompts 32 --n 8 --max-new-tokens 512 --skip-baselines \

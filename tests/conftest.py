@@ -11,8 +11,22 @@ import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs 2 workers on 2 cores: one thread each, not 2 x 2
     torch.set_num_threads(1)
+# Ray's workers at the tests' priority, also in the Ray instances tests start themselves (ray.init in a test);
+# at Ray's default niceness 15 they wait behind every other process of the machine
+# (reinforge/cluster/ray_cluster.py starts its own Ray with worker_niceness 0 likewise)
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 from reinforge.check_model import TOKENIZER_FILES  # noqa: E402,F401 (the files a tiny model copies; tests import it here)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by its folder: ``unit`` (tests/unit/: in one process) or ``integration``
+    (tests/integration/: a whole training loop, Ray, spawned ranks or subprocesses); ``-m unit`` selects."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(here).parts
+        if parts[0] in ("unit", "integration"):
+            item.add_marker(parts[0])
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A small MCP server for tests/test_mcp.py, run over stdio: ``python tests/mcp_server.py``.
+"""A small MCP server for tests/integration/test_mcp.py, run over stdio: ``python tests/mcp_server.py``.
 
 Tools: ``add`` and ``echo`` (the two ordinary ones), ``calls`` (how many calls of ``add`` / ``echo``
 this process has served), ``pid``, ``crash`` (the process exits at once), ``slow`` (sleeps without

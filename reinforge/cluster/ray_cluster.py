@@ -379,11 +379,10 @@ class RayCluster:
                 ray.init(address=c.ray_address, log_to_driver=True)
             else:
                 bundles = p["trainers"] + (0 if c.colocate else p["engines"])
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1),
-                    include_dashboard=False,
-                    log_to_driver=True,
-                )
+                cpus = max(os.cpu_count() or 1, int(bundles * c.num_cpus_per_worker) + 1)
+                # the workers (trainer ranks, engines: the run) at the driver's priority, not Ray's default
+                nice = {"worker_niceness": 0}  # niceness 15: on a busy machine they waited minutes to start
+                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True, _system_config=nice)
             self._started_ray = True
         self.use_gpu = check_resources(cfg, ray.cluster_resources(), spec.base_path, spec.max_model_len)
         gpu = 1 if self.use_gpu else 0
@@ -406,7 +405,8 @@ class RayCluster:
         share = 0.5 if (gpu and c.colocate) else float(gpu)
 
         def on(bundle: int, num_gpus: float, cls, **options: Any):
-            options.update(stall.ray_options())  # the actors join the stall doctor's reports (run.stall_timeout_s)
+            if not self._started_ray:  # (a Ray this run started: its workers inherit the environment)
+                options.update(stall.ray_options())  # the actors join the stall doctor's reports
             return ray.remote(cls).options(
                 num_cpus=c.num_cpus_per_worker / (2 if c.colocate else 1),
                 num_gpus=num_gpus,

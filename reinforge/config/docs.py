@@ -1,6 +1,6 @@
 """Generate ``docs/config.md`` from the sections' declarations: ``python -m reinforge.config.docs``.
 
-The page is never edited by hand; ``tests/test_config.py`` fails when it differs from what this
+The page is never edited by hand; ``tests/unit/test_config.py`` fails when it differs from what this
 module writes (run the command above to refresh it).
 """
 

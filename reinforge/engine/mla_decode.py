@@ -16,7 +16,7 @@ Bytes per decode step and layer: ``(R + DR) x dtype`` per cached token, read onc
 ``BLOCK_H = 16``; the second and later reads mostly hit L2 when the blocks run together).
 
 The reference: :class:`~.attention.GatherDecode` / :class:`~.attention.SlotDecode` over the same cache
-(``tests/test_deepseek_v3.py``).
+(``tests/integration/test_deepseek_v3.py``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Two sources, one function per operation:
 
 Precision: every kernel computes in fp32 and rounds once on store, where eager PyTorch under bf16
 rounds after each bf16 op; bf16 results differ from the eager path in the last bits, fp32 results
-by ~1e-7 (``tests/test_fused.py``).
+by ~1e-7 (``tests/unit/test_fused.py``).
 
 Turned on per model by :meth:`reinforge.models.transformer.CausalLM.set_variant`.
 """

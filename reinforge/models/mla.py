@@ -1,6 +1,6 @@
 """Multi-head latent attention (MLA; DeepSeek-V2 paper, Sec. 2.1: arXiv 2405.04434), as DeepSeek-V3/R1,
 Kimi-K2 and Moonlight use it. Formulas: ``transformers/models/deepseek_v3/modeling_deepseek_v3.py``
-(``DeepseekV3Attention``; fp32 logits agree: ``tests/test_deepseek_v3.py``).
+(``DeepseekV3Attention``; fp32 logits agree: ``tests/integration/test_deepseek_v3.py``).
 
 For x [B, T, hidden] and H heads (the names are the config's):
 

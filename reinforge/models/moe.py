@@ -13,7 +13,7 @@ flattened, row-major) and E experts of intermediate size I, each picking its top
   ``sigmoid(x @ shared_expert_gate.weight.T)``.
 
 The formulas follow ``transformers/models/qwen3_moe/modeling_qwen3_moe.py`` and
-``qwen2_moe/modeling_qwen2_moe.py`` (fp32 logits agree with them, ``tests/test_moe.py``).
+``qwen2_moe/modeling_qwen2_moe.py`` (fp32 logits agree with them, ``tests/integration/test_moe.py``).
 
 Parameters (transformers 5's in-memory names and shapes; the same in 5.17 and 5.23), under the
 decoder layer's ``mlp.``:
@@ -84,7 +84,7 @@ class Routing:
     A plain class on purpose, not a dataclass: FSDP2 rebuilds dataclass arguments of a unit's
     forward (``dataclasses.replace``: its input cast under mixed precision, and, in torch 2.13, its
     gradient hooks on the tensors inside dataclasses), so the blocks of later layers would fill a
-    copy and the caller's ``stats`` / ``experts`` would miss them (``tests/test_expert_parallel.py``).
+    copy and the caller's ``stats`` / ``experts`` would miss them (``tests/integration/test_expert_parallel.py``).
 
     Attributes:
         replay: layer -> [N, k] integer expert ids that override the router (N = the tokens of the

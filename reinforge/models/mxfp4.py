@@ -9,7 +9,7 @@ exponent bias 127) per block of 32 elements. Element ``32 g + 2 b`` of a row is 
 trained weights is far inside bf16's).
 
 This is transformers' ``convert_moe_packed_tensors`` (``transformers/integrations/mxfp4.py``) as a small
-function of ours (the same values: ``tests/test_gpt_oss.py``), so that loading does not depend on where that
+function of ours (the same values: ``tests/integration/test_gpt_oss.py``), so that loading does not depend on where that
 private helper lives in the installed transformers. reinforge trains and samples in bf16 / fp32 from the
 dequantized weights; an export writes them dequantized (no ``quantization_config``).
 """

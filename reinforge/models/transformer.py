@@ -2,7 +2,7 @@
 
 One model code path serves both sides of RL post-training, so that the log-probs the engine
 reports for a sampled token and the log-probs the trainer recomputes for it come from the same
-arithmetic (in fp32 they agree to ~1e-6; see ``tests/test_engine.py``).
+arithmetic (in fp32 they agree to ~1e-6; see ``tests/unit/test_engine.py``).
 
 The architectures it runs are the registered model families (:mod:`.families`, one file each:
 ``llama``, ``qwen2``, ``qwen3``, ``qwen3_moe``, ``qwen2_moe``, ``glm4_moe``, ...). A family maps its

@@ -32,7 +32,7 @@ Memory (bytes), per phase of a colocated RL step on one GPU:
   Calibrated against docs/benchmarks.md (bench/liger_train.py, Qwen2.5-1.5B's shape, 151,936
   vocabulary, peak of parameters + gradients + activations): every layer recomputed 23.9 / 30.0 /
   42.1 GiB at 8k / 16k / 32k tokens, none 44.0 / 67.7 GiB at 8k / 16k; this model gives 23.8 / 30.0 /
-  42.2 and 43.9 / 67.6 (tests/test_plan.py). The log-prob pass (no gradient) holds the logits and
+  42.2 and 43.9 / 67.6 (tests/unit/test_plan.py). The log-prob pass (no gradient) holds the logits and
   :data:`LOGIT_CHUNK_TEMPS_FORWARD` chunks: 8.1 GiB above the weights at 16k, as measured.
 * **engine**: its weights (``engine.dtype``: 2 B / parameter on a GPU), its KV cache: 2 x layers x
   kv_heads x head_dim x dtype bytes per token, in blocks of 16, for ``slots`` sequences of
@@ -75,7 +75,7 @@ DECODE_STEP_HOST_S = 1.0e-3  # host work per decode step: scheduling, sampling, 
 # Fit to the recorded rollouts of docs/benchmarks.md (H100, 1.39B, 64-128 sequences, 2k-16k responses, bf16 and fp8
 # caches): one efficiency for every length left 2k at 1.53x its prediction and 16k at 0.92x (the host's share falls
 # with length); with the per-step term every recorded rollout is within 0.93-1.14x, 2k at 1.23x (one-step runs: the
-# first step's compilation and graph capture, ~2 s, are in it). tests/test_plan.py holds the points.
+# first step's compilation and graph capture, ~2 s, are in it). tests/unit/test_plan.py holds the points.
 FORWARD_MFU = 0.35  # log-prob pass
 TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
 BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)

@@ -18,7 +18,7 @@ A :class:`MicroBatch` has two views of its sequences:
   losses never see the layout. ``logit_rows`` / ``logit_cols`` name the model-input position
   whose logits predict each response token, in the grid's row-major order.
 
-The layouts compute the same log-probs up to floating-point reassociation (tests/test_packing.py).
+The layouts compute the same log-probs up to floating-point reassociation (tests/unit/test_packing.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``deepseek_v3`` family: DeepSeek-V3 / R1 / V3.1, Kimi-K2, Moonlight-16B-A3B. Formulas:
 ``transformers/models/deepseek_v3/modeling_deepseek_v3.py`` (fp32 logits agree with
-``DeepseekV3ForCausalLM``: ``tests/test_deepseek_v3.py``).
+``DeepseekV3ForCausalLM``: ``tests/integration/test_deepseek_v3.py``).
 
 Differences from the Llama defaults (:class:`~reinforge.models.families.base.Family`):
 

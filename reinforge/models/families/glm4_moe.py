@@ -1,6 +1,6 @@
 """The ``glm4_moe`` family: GLM-4.5 / GLM-4.5-Air / GLM-4.6 (zai-org), the mixture-of-experts
 family slime trains. Formulas: ``transformers/models/glm4_moe/modeling_glm4_moe.py`` (fp32 logits
-agree with ``Glm4MoeForCausalLM``: ``tests/test_glm4_moe.py``).
+agree with ``Glm4MoeForCausalLM``: ``tests/integration/test_glm4_moe.py``).
 
 Differences from the Llama / Qwen defaults (:class:`~reinforge.models.families.base.Family`):
 

@@ -1,6 +1,6 @@
 """The ``gpt_oss`` family: OpenAI's GPT-OSS (gpt-oss-20b, gpt-oss-120b). Formulas:
 ``transformers/models/gpt_oss/modeling_gpt_oss.py`` (fp32 logits agree with ``GptOssForCausalLM``:
-``tests/test_gpt_oss.py``).
+``tests/integration/test_gpt_oss.py``).
 
 Differences from the Llama / Qwen defaults (:class:`~reinforge.models.families.base.Family`):
 

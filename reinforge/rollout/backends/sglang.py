@@ -24,7 +24,7 @@ requests are spread over them here.
 What was run for real: nothing of SGLang itself (it does not run on these CPU-only machines).
 The client, the launch command line, port allocation, readiness errors and the weight-update
 payloads are tested against a loopback fake server that follows SGLang's documented API
-(``tests/test_sglang.py``), including a real gloo broadcast for the distributed update.
+(``tests/unit/test_sglang.py``), including a real gloo broadcast for the distributed update.
 """
 
 from __future__ import annotations
