@@ -136,7 +136,7 @@ def no_checkpoint_reason(run_dir: str | Path) -> str:
 
 def next_steps(run_dir: Path, command: str, checkpoint: Path | None, more_key: str, policy: bool = True) -> str:
     """One line with the commands that resume, evaluate and export the run in ``run_dir``; each
-    is a command line ``reinforge`` accepts (``tests/test_summary.py`` parses every one with
+    is a command line ``reinforge`` accepts (``tests/integration/test_cli_help.py`` parses every one with
     :func:`reinforge.cli.build_parser`), separated by ``  |  `` after a ``what:`` label.
 
     Args:
