@@ -20,8 +20,6 @@ from typing import Any
 import torch
 
 from ..config import Config
-from ..models.loading import save_hf_state_dict
-from ..models.lora import adapter_state_dict, has_lora, save_adapter
 from ..parallel_layout import Layout
 from ..records import Sample
 from ..utils import trace
@@ -29,7 +27,9 @@ from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData
 from .critic import Critic
-from .parallel import ParallelContext, full_tensor
+from .export import write_trainers
+from .model_trainer import ModelTrainer
+from .parallel import ParallelContext
 from .rollout_advantages import compute_advantages
 from .rollout_share import RolloutBatch, RolloutShare, advantage_metrics
 
@@ -186,19 +186,10 @@ class TrainWorker:
         PEFT adapter folder) and ``trainer_state.pt``. When ``model/`` holds every trained weight as
         trained (full-parameter training, :attr:`~ModelTrainer.hf_folder_holds_weights`), ``dcp/actor``
         names it instead of holding a second copy."""
-        d = Path(directory)
-        weights_in = "../../model" if self.actor.hf_folder_holds_weights else None  # relative to dcp/actor
-        state = {"actor": self.actor.save(str(d / "dcp" / "actor"), optimizer, weights_in=weights_in)}
+        trainers: dict[str, ModelTrainer] = {"actor": self.actor}
         if self.critic is not None:
-            state["critic"] = self.critic.save(str(d / "dcp" / "critic"), optimizer)
-        full = self.actor.hf_state_dict()
-        adapter = adapter_state_dict(self.actor.model, full_tensor) if has_lora(self.actor.model) else None
-        if self.parallel.rank == 0:
-            save_hf_state_dict(full, d / "model", self.base_path)
-            if adapter is not None:
-                save_adapter(adapter, self.actor.model.lora_config, d / "adapter", self.base_path)
-            torch.save(state, d / "trainer_state.pt")
-        self.parallel.barrier()
+            trainers["critic"] = self.critic
+        write_trainers(directory, trainers, self.base_path, optimizer, share_hf_weights=True)
 
     def load(self, directory: str) -> list[str]:
         """Inverse of :meth:`save`. Returns the models whose optimizer state the checkpoint does not
