@@ -153,20 +153,12 @@ class TrainWorker:
                 metrics.update(self.actor.train(data, rollout_id))
         return metrics
 
-    # ------------------------------------------------------------------ every rank holds every sample
-    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
-        return self.actor.compute_log_probs(samples, reference=reference)
-
-    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        return self.critic.compute_values(samples)
-
-    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
-        return self.actor.train(data, rollout_id)
-
-    def train_critic(
-        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
-    ) -> dict[str, float]:
-        return self.critic.train(samples, returns, values, rollout_id)
+    # ------------------------------------------------------------------ the sync probe
+    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """The policy's log-probs of every sample's response tokens (each ``[response_length]``, float32,
+        on CPU), every rank holding every sample: the log-prob probe after a weight sync
+        (:mod:`reinforge.weights.probe`). Every rank must call it."""
+        return self.actor.compute_log_probs(samples)
 
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
