@@ -202,7 +202,6 @@ class RLLoop:
                 },
             ),
         )
-        self.timer = self.driver.timer  # SIGTERM / SIGINT, recover checkpoints (run.recover=auto)
 
     def _max_model_len(self) -> int:
         """Longest prompt of the datasets (or of an environment's ``reset()``) plus the longest
