@@ -104,7 +104,7 @@ class OfflineLoop:
         )
         self.start_step = 0
         self.evals: list[tuple[str, dict[str, float]]] = []
-        candidates = resume_candidates(cfg, self.base_path, "step", OFFLINE_RESUME_KEYS)
+        candidates = self._candidates()
         if candidates and cfg.run.recover != "auto":  # (auto: the method is among the keys compared)
             self._check_method(candidates[0])
         resume = load_first(cfg, candidates, self._load)
@@ -147,6 +147,14 @@ class OfflineLoop:
                 barrier=parallel.barrier,
             ),
         )
+
+    def _candidates(self) -> list[Path]:
+        """The checkpoints to resume from (:func:`~reinforge.run.resume_candidates`), chosen on rank 0
+        (which removes the leftovers of interrupted saves) and told to the other ranks."""
+        mine = resume_candidates(self.cfg, self.base_path, "step", OFFLINE_RESUME_KEYS) if self.is_main else None
+        if self.parallel.distributed:
+            mine = self.parallel.gather_objects([str(p) for p in mine] if mine is not None else None)[0]
+        return [Path(p) for p in mine or []]
 
     # ------------------------------------------------------------------ reference log-probs
     def _reference(self, dataset: OfflineDataset | None, name: str) -> RefLogps | None:
