@@ -64,7 +64,7 @@ def worker(rank, world, port, overrides, path, data, steps, device, queue, summa
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        metrics.append(w.train_actor(data, r))
+        metrics.append(w.actor.train(data, r))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)

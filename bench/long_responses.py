@@ -227,7 +227,7 @@ def bench_training(folder: Path, length: int, packing: str, args, device: torch.
     for step in range(args.train_steps):
         sync(device)
         t = time.perf_counter()
-        w.train_actor(data, step)
+        w.actor.train(data, step)
         sync(device)
         times.append(time.perf_counter() - t)
     mbs, _ = w.actor.rank_micro_batches(data.samples, list(range(len(data.samples))))
@@ -255,7 +255,7 @@ def bench_logprob_memory(folder: Path, chunk: int, args, device: torch.device) -
     base = peak_gib(device)
     reset_peak(device)
     t = time.perf_counter()
-    w.compute_log_probs(data.samples)
+    w.actor.compute_log_probs(data.samples)
     sync(device)
     out = {"peak_gib": peak_gib(device), "weights_gib": base, "s": time.perf_counter() - t}
     del w

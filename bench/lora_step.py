@@ -71,8 +71,8 @@ def run(folder: Path, lora_rank: int, args) -> dict[str, float]:
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        data.ref_log_probs = worker.compute_log_probs(data.samples, reference=True)
-        worker.train_actor(data, step)
+        data.ref_log_probs = worker.actor.compute_log_probs(data.samples, reference=True)
+        worker.actor.train(data, step)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)

@@ -101,7 +101,7 @@ def main() -> None:
         for i in range(args.steps + 3):
             lr.sync(dev)
             t = time.perf_counter()
-            w.train_actor(data, i)
+            w.actor.train(data, i)
             lr.sync(dev)
             times.append(time.perf_counter() - t)
         print(
@@ -114,7 +114,7 @@ def main() -> None:
         print("micro-batches", len(mbs), "shapes", [tuple(mb.input_ids.shape) for mb in mbs])
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
             t = time.perf_counter()
-            w.train_actor(data, 99)
+            w.actor.train(data, 99)
             lr.sync(dev)
             print("profiled step s", round(time.perf_counter() - t, 3))
         ev = p.key_averages()

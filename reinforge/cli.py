@@ -12,7 +12,6 @@ from pathlib import Path
 from .config import SECTIONS, ConfigError, load_config
 from .run_dir import check_output_dir
 from .startup import StartupInterrupted, startup
-from .supervisor import PARENT_ENV
 from .utils.logging import check_wandb
 
 log = logging.getLogger("reinforge")
@@ -20,6 +19,7 @@ log = logging.getLogger("reinforge")
 # Usage errors: exit status 2, one line, no relaunch. A ValueError / KeyError / FileNotFoundError becomes
 # one (UsageError, a ConfigError) only when raised before the run starts (reinforge/startup.py).
 USAGE_ERRORS = (ConfigError,)
+MAX_RESTARTS_HELP = "relaunch after a crash up to N times (run.max_restarts; resumes with run.recover=auto)"
 
 
 def train_config(args: argparse.Namespace):
@@ -38,18 +38,13 @@ def _train(args: argparse.Namespace) -> int:
         check_output_dir(cfg.run)
         check_wandb(cfg.run)
         _check_user_functions(cfg)  # a syntax error in a second, not after the model is built (nor at each restart)
-        if not os.environ.get(PARENT_ENV):  # once per command: a supervised relaunch resumes the line chosen here
-            from .rollback import follow_load
+        from .rollback import follow_load_once
 
-            follow_load(cfg.run)
+        follow_load_once(cfg.run)  # (a supervised relaunch resumes the line chosen here)
     if cfg.run.max_restarts > 0:
-        from .supervisor import supervise
+        from .supervisor import supervise_command
 
-        return supervise(
-            ([f"--config={args.config}"] if args.config else []) + overrides,
-            Path(cfg.run.output_dir),
-            cfg.run.max_restarts,
-        )
+        return supervise_command("train", args.config, overrides, cfg.run)
     with startup():
         _preflight_rl(cfg)
     from .loop import RLLoop
@@ -108,26 +103,35 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def offline_config(args: argparse.Namespace):
-    """The config ``reinforge offline`` runs with: ``--config``, then overrides and ``--load``."""
+    """The config ``reinforge offline`` runs with: ``--config``, then overrides, ``--load``, ``--max-restarts``."""
     overrides = list(args.overrides)
     if args.load:
         overrides.append(f"run.load={args.load}")
-    return load_config(args.config, overrides)
+    if getattr(args, "max_restarts", None) is not None:
+        overrides.append(f"run.max_restarts={args.max_restarts}")
+    return load_config(args.config, overrides), overrides
 
 
-def _offline(args: argparse.Namespace) -> None:
+def _offline(args: argparse.Namespace) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
     with startup():
-        cfg = _resolved(offline_config(args), offline=True)
+        cfg, overrides = offline_config(args)
+        cfg = _resolved(cfg, offline=True)
         check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
         if main_rank:
             check_wandb(cfg.run)
-            from .rollback import follow_load
+            from .rollback import follow_load_once
 
-            follow_load(cfg.run, "step")
+            follow_load_once(cfg.run, "step")  # (a supervised relaunch resumes the line chosen here)
+    if cfg.run.max_restarts > 0:
+        from .supervisor import supervise_command
+
+        return supervise_command("offline", args.config, overrides, cfg.run)
     from .offline_loop import OfflineLoop
+    from .supervisor import watch_parent
     from .utils.fs import lock_directory
 
+    watch_parent()  # supervised: stop (after a recover checkpoint) if the supervisor dies
     with lock_directory(Path(cfg.run.output_dir)) if main_rank else contextlib.nullcontext():
         with startup():
             loop = OfflineLoop(cfg)
@@ -340,13 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run RL training (GRPO) from a YAML config", epilog=epilog, formatter_class=fmt)
     t.add_argument("--config", "-c", help="YAML config file")
     t.add_argument("--load", help="checkpoint (or run directory) to resume from")
-    t.add_argument(
-        "--max-restarts",
-        type=int,
-        metavar="N",
-        help="relaunch after a crash up to N times, resuming from the newest checkpoint "
-        "(run.max_restarts; implies run.recover=auto)",
-    )
+    t.add_argument("--max-restarts", type=int, metavar="N", help=MAX_RESTARTS_HELP)
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-6")
     t.set_defaults(func=_train)
 
@@ -359,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add_argument("--config", "-c", help="YAML config file")
     o.add_argument("--load", help="checkpoint (or run directory) to resume from")
+    o.add_argument("--max-restarts", type=int, metavar="N", help=MAX_RESTARTS_HELP)
     o.add_argument("overrides", nargs="*", help="key=value overrides, e.g. offline.method=dpo offline.beta=0.1")
     o.set_defaults(func=_offline)
 

@@ -25,18 +25,17 @@ from .cluster.sync_probe import build_probe
 from .config import Config, ConfigError, dump_config
 from .data import load_datasets
 from .eval.evaluate import eval_plot_keys, evaluate, write_eval
-from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
 from .plan.report import PlanReport
 from .records import ReplicatedEngine, Sample, Status
-from .recover import Preempted, RecoverTimer, all_damaged, changed_settings, check_compatible, recover_candidates
 from .reward import RewardManager
 from .reward.manager import reward_info_metrics
 from .rollout.agent import env_prompt_bound, prompt_tools
 from .rollout.generate import RolloutContext, RolloutFn, default_rollout, model_stop_token_ids, rollout_stats
 from .rollout.infra_guard import InfraGuard
 from .rollout.source import AsyncRollouts, Rollout, RolloutSource, SyncRollouts
+from .run import Driver, RunSpec, load_first, read_state, resume_candidates
 from .train.rollout_advantages import apply_overlong_filter
 from .train.rollout_share import RolloutBatch
 from .utils import seeds, stall, trace
@@ -130,18 +129,8 @@ class RLLoop:
         self.start_rollout = 0
         self.weight_version = 0
         self.data_digest = prompts_digest(self.train_data.prompts)
-        self.timer = RecoverTimer(cfg.run.recover_interval_s if cfg.run.recover == "auto" else None)
         self.doctor = stall.doctor_for(cfg.run, self.out)  # before any process starts: they join its reports
-        candidates = (
-            ckpt.load_candidates(cfg.run.load, warn=log.warning, model_path=self.base_path) if cfg.run.load else []
-        )  # a run directory: its newest intact checkpoint first
-        if cfg.run.recover == "auto":
-            own = recover_candidates(self.out)  # this run's own checkpoints win over run.load
-            if own:
-                check_compatible(ckpt.load_checkpoint_state(own[0])[0]["config"], cfg, own[0])
-                candidates = own
-            elif not candidates:
-                log.info("run.recover=auto: no checkpoint in %s yet, starting from scratch", self.out / "checkpoints")
+        candidates = resume_candidates(cfg, self.base_path)  # recover=auto: the run's own; else run.load's
         self.cluster = build_cluster(
             cfg,
             ClusterSpec(
@@ -153,7 +142,7 @@ class RLLoop:
             ),
         )
         self.engine = self.cluster.engine
-        resume = self._load_first(candidates)
+        resume = load_first(cfg, candidates, self.cluster.load)  # newest first; a damaged one falls back
         self.cluster.sync_weights(self.weight_version)
         self.probe = build_probe(cfg, self.tokenizer, self.cluster)  # the log-prob probe (docs/reliability.md)
         self.reward = RewardManager(cfg.reward, pad_id=self.tokenizer.pad_token_id or 0, run=cfg)
@@ -165,6 +154,9 @@ class RLLoop:
             else default_rollout
         )
         self.history: list[dict[str, float]] = []
+        self.prompts: list[list[str]] = []  # each rollout's prompts, in order (RunResult.prompts)
+        self._data_state: dict | None = None  # the rollout source's position, written by save()
+        self._source_started = False
         self.infra = InfraGuard()  # infrastructure failures: counted, warned, and a run of nothing else stopped
         self.evals: list[tuple[str, dict[str, float]]] = []
         if resume is not None:
@@ -185,6 +177,34 @@ class RLLoop:
         if resume is not None:
             self.source.load_data_state(self._resume_data, resume)
         dump_config(cfg, self.out / "config.yaml")
+        self.driver = Driver(
+            self,
+            cfg,
+            RunSpec(
+                command="train",
+                unit="rollout",
+                position_key="rollout_id",
+                total=cfg.train.num_rollout,
+                trace_title="reinforge train",
+                progress_desc="rollouts",
+                progress_unit="rollout",
+                postfix=lambda m: {
+                    "reward": f"{m['rollout/reward_mean']:.3f}",
+                    "len": f"{m['rollout/response_len_mean']:.0f}",
+                    "step_s": f"{m['time/rollout_step']:.1f}",
+                },
+                summary={
+                    "more_key": "train.num_rollout",
+                    "curve_key": "rollout/reward_mean",
+                    "eval_keys": eval_plot_keys(cfg.reward.type),
+                    "x_label": "rollout",
+                },
+                first_row={
+                    "data/num_prompts": float(len(self.train_data)),
+                    "data/dropped_prompts": float(self.train_data.num_dropped),
+                },
+            ),
+        )
 
     def _max_model_len(self) -> int:
         """Longest prompt of the datasets (or of an environment's ``reset()``) plus the longest
@@ -198,53 +218,13 @@ class RLLoop:
         return max_prompt + max(self.cfg.rollout.rollout_max_response_len, self.cfg.eval.eval_max_response_len or 0)
 
     # ------------------------------------------------------------------ state
-    def _load_first(self, candidates: list[Path]) -> Path | None:
-        """Load the trainers' state of the first checkpoint that loads, in order (newest first);
-        with ``run.recover=auto`` a failure falls back to the next one with a warning.
-
-        Raises:
-            CheckpointError: the checkpoint of ``run.load`` does not load, or none of the
-                candidates does (the message lists why each failed).
-        """
-        errors = []
-        for path in candidates:
-            log.info("resuming from %s", path)
-            try:
-                without = self.cluster.load(path)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
-                why = ckpt.describe_load_error(e)
-                if len(candidates) == 1 and self.cfg.run.recover != "auto":
-                    raise ckpt.CheckpointError(
-                        f"run.load: checkpoint {path} does not load ({why}); it is damaged or "
-                        f"of another run: load an older checkpoint of its run, or its run "
-                        f"directory to fall back automatically"
-                    ) from e
-                errors.append(f"{path.name}: {why}")
-                log.warning("could not load checkpoint %s (%s): falling back to an older one", path, why)
-                continue
-            if without:
-                log.warning(
-                    "checkpoint %s holds no optimizer state for the %s (run.save_optimizer): AdamW's moments "
-                    "restart from zero, so the run does not continue exactly",
-                    path,
-                    " and ".join(without),
-                )
-            return path
-        if errors:
-            raise all_damaged(self.out / "checkpoints", "; ".join(errors))
-        return None
+    @property
+    def start(self) -> int:
+        """The first rollout to run (the driver's :class:`~reinforge.run.Job` protocol)."""
+        return self.start_rollout
 
     def _restore(self, path: Path) -> None:
-        state, rng = ckpt.load_checkpoint_state(path)
-        changed = changed_settings(state["config"], self.cfg)
-        if changed:
-            log.warning(
-                "resuming %s with settings that differ from the checkpoint's: %s; the run will not continue exactly",
-                path,
-                "; ".join(changed),
-            )
+        state, rng = read_state(path, self.cfg)
         saved_digest = state.get("data_digest")
         if saved_digest is not None and saved_digest != self.data_digest:
             what = (
@@ -282,37 +262,21 @@ class RLLoop:
                 state["data"]["offset"],
             )
 
-    def save(self, rollout_id: int) -> Path:
-        with trace.span("checkpoint", "io", rollout_id=rollout_id), self.timer.saving():
-            return self._save(rollout_id)
+    def save(self, directory: Path | None, rollout_id: int) -> None:
+        """Write the trainers' part of the checkpoint of rollout ``rollout_id`` into ``directory``, then
+        the rollout source's position (asynchronous: the rollouts in flight finish meanwhile and are
+        kept in ``directory``); :meth:`state` returns it."""
+        self.cluster.save(directory, optimizer=self.cfg.run.save_optimizer != "none")
+        self._data_state = self.source.data_state(rollout_id, directory)
 
-    def _save(self, rollout_id: int) -> Path:
-        state = {
-            "rollout_id": rollout_id,
+    def state(self) -> dict:
+        """``state.json``'s entries besides the rollout id, config and evaluations (after :meth:`save`)."""
+        return {
             "weight_version": self.weight_version,
-            "data": None,  # filled by write() below
-            "config": self.cfg.to_dict(),
+            "data": self._data_state,
             "history": self.history,
-            "evals": self.evals,
             "data_digest": self.data_digest,
         }
-        keep = self.cfg.run.save_optimizer
-
-        def write(d: Path) -> None:
-            self.cluster.save(d, optimizer=keep != "none")
-            # after the trainers' files (asynchronous: the rollouts in flight finish meanwhile and are kept in d)
-            state["data"] = self.source.data_state(rollout_id, d)
-
-        path = ckpt.save_checkpoint(
-            self.out / "checkpoints",
-            rollout_id,
-            write,
-            state,
-            keep_last=self.cfg.run.keep_last_n_checkpoints,
-            drop_older_optimizer=keep == "newest",
-        )
-        log.info("saved checkpoint %s (%s)", path, ckpt.size_summary(path))
-        return path
 
     # ------------------------------------------------------------------ phases
     def sync_weights(self) -> dict[str, float]:
@@ -327,6 +291,16 @@ class RLLoop:
         return out
 
     def run_eval(self, label: str, step: int, logger: MetricsLogger) -> dict[str, float] | None:
+        """:meth:`evaluate`, logged at ``step`` and kept in :attr:`evals` (``reinforge eval``)."""
+        metrics = self.evaluate(label, step)
+        if metrics is not None:
+            logger.log(step, metrics)
+            self.evals.append((label, metrics))
+        return metrics
+
+    def evaluate(self, label: str, step: int) -> dict[str, float] | None:
+        """Evaluate the policy on the evaluation prompts after ``step`` rollouts (written to
+        ``<output_dir>/eval``; the caller logs the metrics); None without evaluation prompts."""
         if self.eval_data is None:
             return None
         with trace.span("eval", "eval", label=label) as s:
@@ -336,8 +310,6 @@ class RLLoop:
         metrics["time/eval"] = s.seconds
         self.infra.observe_eval(label, samples)  # a warning per kind; reinforge eval: all failed -> exit 1
         write_eval(self.out, label, metrics, samples)
-        logger.log(step, metrics)
-        self.evals.append((label, metrics))
         return metrics
 
     def _seed_engine(self, value: int) -> None:
@@ -407,119 +379,45 @@ class RLLoop:
         out.update(self.plan_report.rollout(out, rollout.generated, flat))  # predicted vs measured
         return out
 
-    # ------------------------------------------------------------------ loop
-    def train(self) -> RunResult:
-        cfg = self.cfg
-        logger = MetricsLogger(
-            self.out,
-            cfg.run.tensorboard,
-            wandb_project=cfg.run.wandb_project,
-            wandb_group=cfg.run.wandb_group,
-            wandb_mode=cfg.run.wandb_mode,
-            config=cfg.to_dict(),
-            start_step=self.start_rollout + 1 if self.start_rollout else 0,
-        )  # drop redone rows
-        result = RunResult(self.out, self.start_rollout - 1)
-        timer = self.timer  # SIGTERM / SIGINT: a checkpoint at the end of the rollout in flight, then stop
-        timer.install()
+    # ------------------------------------------------------------------ the driver's job
+    def step(self, rollout_id: int) -> dict[str, float]:
+        """:meth:`rollout_step`, its prompts and history kept, its rollouts dumped (``run.dump_rollouts``)."""
+        if not self._source_started:  # after the evaluation before training (the producer would race it)
+            self.source.start(self.start_rollout, self.cfg.train.num_rollout)
+            self._source_started = True
+        with trace.span("rollout_step", rollout_id=rollout_id):
+            metrics, groups = self.rollout_step(rollout_id)
+        self.prompts.append([str(g[0].prompt) for g in groups])
+        metrics["rollout_id"] = float(rollout_id)
+        self.history.append({k: metrics[k] for k in ("rollout/reward_mean", "rollout/correct")})
+        if self.cfg.run.dump_rollouts:
+            self._dump(rollout_id, groups)
+        return metrics
+
+    def begin(self) -> None:
         if self.doctor is not None:
             self.doctor.start()  # no progress for run.stall_timeout_s: one line, every stack, exit
-        if cfg.run.trace:
-            trace.start_trace(self.out / trace.TRACE_FILE, "reinforge train")
-        try:
-            self.probe(self.weight_version, start=True)  # the weights at start-up (or resume), proven once
-            if self.start_rollout == 0:
-                logger.log(
-                    0,
-                    {
-                        "data/num_prompts": float(len(self.train_data)),
-                        "data/dropped_prompts": float(self.train_data.num_dropped),
-                    },
-                )
-            if cfg.eval.eval_before_train and self.start_rollout == 0:
-                self.run_eval("before", 0, logger)
-            self.source.start(self.start_rollout, cfg.train.num_rollout)
-            bar = None
-            if cfg.run.progress:
-                from tqdm.auto import tqdm
+        self.probe(self.weight_version, start=True)  # the weights at start-up (or resume), proven once
 
-                bar = tqdm(
-                    total=cfg.train.num_rollout,
-                    initial=self.start_rollout,
-                    desc="rollouts",
-                    unit="rollout",
-                    dynamic_ncols=True,
-                )
-            for rollout_id in range(self.start_rollout, cfg.train.num_rollout):
-                with trace.span("rollout_step", rollout_id=rollout_id):
-                    metrics, groups = self.rollout_step(rollout_id)
-                result.prompts.append([str(g[0].prompt) for g in groups])
-                metrics["rollout_id"] = float(rollout_id)
-                self.history.append({k: metrics[k] for k in ("rollout/reward_mean", "rollout/correct")})
-                logger.log(rollout_id + 1, metrics)
-                if cfg.run.dump_rollouts:
-                    self._dump(rollout_id, groups)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        reward=f"{metrics['rollout/reward_mean']:.3f}",
-                        len=f"{metrics['rollout/response_len_mean']:.0f}",
-                        step_s=f"{metrics['time/rollout_step']:.1f}",
-                    )
-                last = rollout_id == cfg.train.num_rollout - 1
-                e = cfg.eval.eval_interval
-                if e and (rollout_id + 1) % e == 0 and not last:
-                    self.run_eval(f"rollout_{rollout_id + 1}", rollout_id + 1, logger)
-                s = cfg.run.save_interval
-                path = None
-                if s and (rollout_id + 1) % s == 0 and not last:
-                    path = self.save(rollout_id)
-                elif not last and timer.due():
-                    path = self.save(rollout_id)  # a recover checkpoint
-                if path is not None:
-                    timer.saved()
-                    if timer.signal is not None:
-                        log.warning(
-                            "stopped after %s: checkpoint %s holds rollout %d; resume with --load %s",
-                            timer.signal,
-                            path,
-                            rollout_id,
-                            self.out,
-                        )
-                        raise Preempted(timer.signal, path)
-                result.last_rollout_id = rollout_id
-            if bar is not None:
-                bar.close()
-            self.reward.check_run()  # every reward failed: exit non-zero however short the run
-            self.infra.check_run()  # every sample failed by infrastructure: the same
-            self.source.close()
-            if self.start_rollout < cfg.train.num_rollout:
-                self.run_eval("after" if cfg.train.num_rollout else "final", cfg.train.num_rollout, logger)
-                if cfg.run.save_final:
-                    self.save(cfg.train.num_rollout - 1)
-            plan_line = self.plan_report.finish(log_line=False)  # the phase furthest from its limit (printed below)
-        finally:
-            if self.doctor is not None:
-                self.doctor.stop()
-            self.source.close()
-            trace.stop_trace()
-            timer.uninstall()
-            logger.close()
-        result.evals = list(self.evals)
-        result.history = list(self.history)
-        if plan_line:
-            print(f"\n{plan_line}", flush=True)
-        print_run_summary(
-            self.out,
-            self.evals,
-            command="train",
-            checkpoint=ckpt.latest_checkpoint(self.out),
-            more_key="train.num_rollout",
-            curve_key="rollout/reward_mean",
-            eval_keys=eval_plot_keys(cfg.reward.type),
-            x_label="rollout",
-        )
-        return result
+    def finish(self) -> str | None:
+        self.reward.check_run()  # every reward failed: exit non-zero however short the run
+        self.infra.check_run()  # every sample failed by infrastructure: the same
+        self.source.close()
+        return self.plan_report.finish(log_line=False)  # the phase furthest from its limit (printed by the driver)
+
+    def cleanup(self) -> None:
+        if self.doctor is not None:
+            self.doctor.stop()
+        self.source.close()
+
+    def train(self) -> RunResult:
+        """Run the remaining rollouts (:class:`~reinforge.run.Driver`: evaluations, checkpoints, logging,
+        the summary).
+
+        Raises:
+            Preempted: SIGTERM / SIGINT arrived; a checkpoint holds the last rollout finished."""
+        last = self.driver.run()
+        return RunResult(self.out, last, list(self.evals), list(self.history), self.prompts)
 
     def _dump(self, rollout_id: int, groups: list[list[Sample]]) -> None:
         import json

@@ -5,7 +5,9 @@ One process per trainer rank: run it directly for one rank, or under ``torchrun`
 step, FSDP2-sharded as in the RL trainer). Steps take ``offline.global_batch_size`` examples in
 a seeded order per epoch; evaluation runs on the held-out examples before training, every
 ``eval.eval_interval`` steps and at the end; checkpoints (atomic, exact resume) are written every
-``run.save_interval`` steps and at the end.
+``run.save_interval`` steps and at the end. :class:`OfflineLoop` is a job of the run driver
+(:class:`reinforge.run.Driver`: logging, progress, cadence, ``run.recover=auto`` and SIGTERM
+checkpoints, the summary); ``reinforge offline --max-restarts N`` relaunches it after a crash.
 """
 
 from __future__ import annotations
@@ -20,21 +22,20 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
-from .config import Config, dump_config
+from .config import Config, ConfigError, dump_config
 from .data.offline import OfflineDataset, load_offline_datasets
-from .eval.summary import print_run_summary
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
-from .models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
 from .models.reward_model import save_reward_model
 from .parallel_layout import Layout
 from .preflight import check_offline, longest_example
-from .recover import changed_settings
+from .recover import OFFLINE_RESUME_KEYS
+from .run import Driver, RunSpec, load_first, read_state, resume_candidates
+from .train.export import read_trainer_state, write_trainers
 from .train.offline import OfflineTrainer, RefLogps
-from .train.parallel import ParallelContext, full_tensor
+from .train.parallel import ParallelContext
 from .utils import trace
 from .utils.device import resolve_device
-from .utils.logging import MetricsLogger
 
 log = logging.getLogger(__name__)
 
@@ -103,15 +104,57 @@ class OfflineLoop:
         )
         self.start_step = 0
         self.evals: list[tuple[str, dict[str, float]]] = []
-        if cfg.run.load:
-            self._restore(
-                ckpt.load_candidates(cfg.run.load, prefix="step", warn=log.warning, model_path=self.base_path)[0]
-            )
+        candidates = self._candidates()
+        if candidates and cfg.run.recover != "auto":  # (auto: the method is among the keys compared)
+            self._check_method(candidates[0])
+        resume = load_first(cfg, candidates, self._load)
+        if resume is not None:
+            self._restore(resume)
         self.ref = self._reference(self.train_set, "train")
         self.eval_ref = self._reference(self.eval_set, "eval") if self.eval_set else None
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             dump_config(cfg, self.out / "config.yaml")
+        main, parallel = self.is_main, self.parallel
+        several = parallel.world_size > 1
+        self.driver = Driver(
+            self,
+            cfg,
+            RunSpec(
+                command="offline",
+                unit="step",
+                position_key="step",
+                total=self.total_steps,
+                trace_title=f"reinforge offline {o.method}",
+                progress_desc=o.method,
+                progress_unit="step",
+                postfix=lambda m: {"loss": f"{m['train/loss']:.4f}"},
+                summary={
+                    "more_key": "offline.num_epochs",
+                    "curve_key": "train/loss",
+                    "eval_keys": ("eval/loss", "eval/rewards/accuracy"),
+                    "x_label": "optimizer step",
+                    "policy": not self.trainer.is_reward,
+                },
+                first_row={
+                    "data/num_examples": float(len(self.train_set.examples)),
+                    **{f"data/{k}": float(v) for k, v in self.train_set.counts.items()},
+                },
+                is_main=main,
+                agree=(lambda due: parallel.sum_floats({"due": float(due)})["due"] > 0)
+                if several
+                else (lambda due: due),
+                barrier=parallel.barrier,
+            ),
+        )
+
+    def _candidates(self) -> list[Path]:
+        """The checkpoints to resume from (:func:`~reinforge.run.resume_candidates`), chosen on rank 0
+        (which removes the leftovers of interrupted saves) and told to the other ranks."""
+        mine = resume_candidates(self.cfg, self.base_path, "step", OFFLINE_RESUME_KEYS) if self.is_main else None
+        if self.parallel.distributed:
+            mine = self.parallel.gather_objects([str(p) for p in mine] if mine is not None else None)[0]
+        return [Path(p) for p in mine or []]
 
     # ------------------------------------------------------------------ reference log-probs
     def _reference(self, dataset: OfflineDataset | None, name: str) -> RefLogps | None:
@@ -153,7 +196,12 @@ class OfflineLoop:
         )
         return order[k * b : (k + 1) * b]
 
-    def evaluate(self, label: str, step: int, logger: MetricsLogger | None) -> dict[str, float] | None:
+    @property
+    def start(self) -> int:
+        """The first step to run (the driver's :class:`~reinforge.run.Job` protocol)."""
+        return self.start_step
+
+    def evaluate(self, label: str, i: int) -> dict[str, float] | None:
         """Loss and reward metrics on the held-out examples (no update), averaged over them."""
         if self.eval_set is None:
             return None
@@ -167,163 +215,73 @@ class OfflineLoop:
         metrics = {f"eval/{k}": v for k, v in totals.items()}
         metrics["eval/num_examples"] = float(n)
         metrics["time/eval"] = s.seconds
-        if logger is not None:
-            logger.log(step, metrics)
-        self.evals.append((label, metrics))
         return metrics
 
-    def train(self) -> list[tuple[str, dict[str, float]]]:
-        """Run the remaining steps; returns the evaluations (label, metrics)."""
-        cfg = self.cfg
-        r, e = cfg.run, cfg.eval
-        logger = None
-        if self.is_main:
-            logger = MetricsLogger(
-                self.out,
-                r.tensorboard,
-                wandb_project=r.wandb_project,
-                wandb_group=r.wandb_group,
-                wandb_mode=r.wandb_mode,
-                config=cfg.to_dict(),
-                start_step=self.start_step + 1 if self.start_step else 0,  # drop redone rows (and a row cut short)
-            )
-            if self.start_step == 0:
-                counts = {f"data/{k}": float(v) for k, v in self.train_set.counts.items()}
-                logger.log(0, {"data/num_examples": float(len(self.train_set.examples)), **counts})
-        bar = None
-        if r.progress and self.is_main:
-            from tqdm.auto import tqdm
+    def step(self, i: int) -> dict[str, float]:
+        """Optimizer step ``i`` on the examples of :meth:`step_ids`; its ``train/*`` metrics."""
+        with trace.span("train", "train", step=i) as s:
+            metrics = {
+                f"train/{k}": v
+                for k, v in self.trainer.step(self.train_set.examples, self.step_ids(i), self.ref).items()
+            }
+        metrics["time/step"] = s.seconds
+        metrics["epoch"] = i / self.steps_per_epoch
+        return metrics
 
-            bar = tqdm(
-                total=self.total_steps,
-                initial=self.start_step,
-                desc=cfg.offline.method,
-                unit="step",
-                dynamic_ncols=True,
-            )
-        if r.trace and self.is_main:
-            trace.start_trace(self.out / trace.TRACE_FILE, f"reinforge offline {cfg.offline.method}")
-        try:
-            if e.eval_before_train and self.start_step == 0:
-                self.evaluate("before", 0, logger)
-            for step in range(self.start_step, self.total_steps):
-                with trace.span("train", "train", step=step) as s:
-                    metrics = {
-                        f"train/{k}": v
-                        for k, v in self.trainer.step(self.train_set.examples, self.step_ids(step), self.ref).items()
-                    }
-                metrics["time/step"] = s.seconds
-                metrics["epoch"] = step / self.steps_per_epoch
-                if logger is not None:
-                    logger.log(step + 1, metrics)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-                last = step == self.total_steps - 1
-                if e.eval_interval and (step + 1) % e.eval_interval == 0 and not last:
-                    self.evaluate(f"step_{step + 1}", step + 1, logger)
-                if r.save_interval and (step + 1) % r.save_interval == 0 and not last:
-                    self.save(step)
-            if self.start_step < self.total_steps:
-                self.evaluate("after", self.total_steps, logger)
-                if r.save_final:
-                    self.save(self.total_steps - 1)
-        finally:
-            trace.stop_trace()
-            if bar is not None:
-                bar.close()
-            if logger is not None:
-                logger.close()
-        if self.is_main:
-            print_run_summary(
-                self.out,
-                self.evals,
-                command="offline",
-                checkpoint=ckpt.latest_checkpoint(self.out),
-                more_key="offline.num_epochs",
-                curve_key="train/loss",
-                eval_keys=("eval/loss", "eval/rewards/accuracy"),
-                x_label="optimizer step",
-                policy=not self.trainer.is_reward,
-            )
+    def begin(self) -> None:
+        pass
+
+    def finish(self) -> str | None:
+        return None
+
+    def cleanup(self) -> None:
+        pass
+
+    def train(self) -> list[tuple[str, dict[str, float]]]:
+        """Run the remaining steps (:class:`~reinforge.run.Driver`); returns the evaluations (label, metrics).
+
+        Raises:
+            Preempted: SIGTERM / SIGINT arrived; a checkpoint holds the last step finished."""
+        self.driver.run()
         return self.evals
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, step: int) -> Path | None:
-        """Checkpoint after optimizer step ``step`` (every rank takes part; rank 0 renames it into place)."""
-        state = {"step": step, "config": self.cfg.to_dict(), "evals": self.evals, "method": self.cfg.offline.method}
-        with trace.span("checkpoint", "io", step=step):
-            keep = self.cfg.run.save_optimizer
-            if self.is_main:
-                path = ckpt.save_checkpoint(
-                    self.out / "checkpoints",
-                    step,
-                    self._write,
-                    state,
-                    keep_last=self.cfg.run.keep_last_n_checkpoints,
-                    prefix="step",
-                    drop_older_optimizer=keep == "newest",
-                )
-                log.info("saved checkpoint %s (%s)", path, ckpt.size_summary(path))
-            else:
-                self._write(None)
-                path = None
-            self.parallel.barrier()
-        return path
-
-    def _write(self, directory: Path | None) -> None:
+    def save(self, directory: Path | None, i: int) -> None:
+        """Write this rank's part of the checkpoint of step ``i`` (``directory`` None except on rank 0,
+        which tells the others): the trainer as ``dcp/model``, the model (or reward model) folder."""
         d = Path(self.parallel.gather_objects(str(directory) if directory else None)[0])
         t = self.trainer
-        trainer_state = t.save(str(d / "dcp" / "model"), optimizer=self.cfg.run.save_optimizer != "none")
-        lora = has_lora(t.model)
-        if lora:  # the merged policy, and the adapter alone
-            full = {n: v.cpu() for n, v in merged_named_weights(t.model, full_tensor)}
-            adapter = adapter_state_dict(t.model, full_tensor)
-        else:
-            full = t.full_state_dict()
-        if self.is_main:
+
+        def write_hf(full: dict[str, torch.Tensor], folder: Path) -> None:
             if t.is_reward:
                 hf = {n.removeprefix("backbone."): v for n, v in full.items() if not n.startswith("backbone.lm_head")}
-                save_reward_model(hf, d / "model", self.base_path, self.tokenizer.pad_token_id)
+                save_reward_model(hf, folder, self.base_path, self.tokenizer.pad_token_id)
             else:
-                save_hf_state_dict(full, d / "model", self.base_path)
-            if lora:
-                save_adapter(adapter, t.model.lora_config, d / "adapter", self.base_path)
-            torch.save(trainer_state, d / "trainer_state.pt")
-        self.parallel.barrier()
+                save_hf_state_dict(full, folder, self.base_path)
+
+        write_trainers(d, {"model": t}, self.base_path, self.cfg.run.save_optimizer != "none", write_hf=write_hf)
+
+    def state(self) -> dict[str, Any]:
+        """``state.json``'s entries besides the step, config and evaluations."""
+        return {"method": self.cfg.offline.method}
+
+    def _check_method(self, path: Path) -> None:
+        saved = ckpt.load_checkpoint_state(path)[0].get("method")
+        if saved != self.cfg.offline.method:
+            raise ConfigError(
+                f"{path} is a checkpoint of offline.method={saved!r}, not {self.cfg.offline.method!r}: "
+                f"set offline.method={saved} to resume it, or choose another run.load / run.output_dir"
+            )
+
+    def _load(self, path: Path) -> list[str]:
+        """The trainer's weights, optimizer and scheduler state of checkpoint ``path``; ``["model"]``
+        when it holds no optimizer state."""
+        return [] if self.trainer.load(str(path / "dcp" / "model"), read_trainer_state(path, "model")) else ["model"]
 
     def _restore(self, path: Path) -> None:
-        state, _ = ckpt.load_checkpoint_state(path)
-        if state.get("method") != self.cfg.offline.method:
-            raise ValueError(
-                f"{path} is a checkpoint of offline.method={state.get('method')!r}, not {self.cfg.offline.method!r}"
-            )
-        changed = changed_settings(state["config"], self.cfg)  # (train.lr included: issue 38)
-        if changed:
-            log.warning(
-                "resuming %s with settings that differ from the checkpoint's: %s; the run will not continue exactly",
-                path,
-                "; ".join(changed),
-            )
-        trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-        try:
-            restored = self.trainer.load(str(path / "dcp" / "model"), trainer_state)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # a damaged shard (DCP's CheckpointException is a BaseException)
-            raise ckpt.CheckpointError(
-                f"run.load: checkpoint {path} does not load ({ckpt.describe_load_error(e)}); "
-                f"load an older checkpoint of its run"
-            ) from e
-        if not restored:
-            log.warning(
-                "checkpoint %s holds no optimizer state (run.save_optimizer): AdamW's moments restart from "
-                "zero, so the run does not continue exactly",
-                path,
-            )
+        state, _ = read_state(path, self.cfg)  # (a changed train.lr is named: issue 38)
         self.start_step = state["step"] + 1
         self.evals = [(ckpt.resumed_label(e[0], self.start_step, "step"), e[1]) for e in state.get("evals", [])]
-        self.out = Path(self.cfg.run.output_dir)
         if self.start_step >= self.total_steps:
             log.warning(
                 "checkpoint %s is at step %d of %d (offline.num_epochs=%d x %d steps): nothing left to train "

@@ -41,6 +41,13 @@ RESUME_KEYS = (
     ("model.path", "the policy's weights"),
     ("data.prompt_data", "the prompts"),
 )
+# The same for an offline run (``reinforge offline``).
+OFFLINE_RESUME_KEYS = (
+    ("offline.method", "what is trained (the checkpoint's state and loss)"),
+    ("offline.global_batch_size", "the data position and the learning-rate schedule"),
+    ("offline.train_data", "the examples"),
+    ("model.path", "the initial weights"),
+)
 
 
 class Preempted(SystemExit):
@@ -60,16 +67,17 @@ def _value(cfg: dict[str, Any], key: str) -> Any:
     return c.get(name)
 
 
-def check_compatible(saved: dict[str, Any], cfg: Config, path: Path) -> None:
-    """Raise when ``cfg`` cannot continue the run saved in checkpoint ``path`` (config ``saved``).
+def check_compatible(
+    saved: dict[str, Any], cfg: Config, path: Path, keys: tuple[tuple[str, str], ...] = RESUME_KEYS
+) -> None:
+    """Raise when ``cfg`` cannot continue the run saved in checkpoint ``path`` (config ``saved``):
+    a key of ``keys`` (:data:`RESUME_KEYS`, :data:`OFFLINE_RESUME_KEYS`) changed.
 
     Raises:
         ConfigError: naming each changed key, its old and new value, and the ways out.
     """
     now = cfg.to_dict()
-    changed = [
-        (k, why, _value(saved, k), _value(now, k)) for k, why in RESUME_KEYS if _value(saved, k) != _value(now, k)
-    ]
+    changed = [(k, why, _value(saved, k), _value(now, k)) for k, why in keys if _value(saved, k) != _value(now, k)]
     if changed:
         what = "; ".join(f"{k} changed from {a!r} to {b!r} ({why})" for k, why, a, b in changed)
         raise ConfigError(
@@ -99,9 +107,9 @@ def changed_settings(saved: dict[str, Any], cfg: Config) -> list[str]:
     return out
 
 
-def recover_candidates(output_dir: Path) -> list[Path]:
-    """Complete checkpoints of ``output_dir/checkpoints`` to try, newest first (empty: no checkpoint
-    was ever written, start from scratch). Damaged ones are skipped with a warning; leftovers of
+def recover_candidates(output_dir: Path, prefix: str = "rollout") -> list[Path]:
+    """Complete checkpoints (``<prefix>_NNNNNN``) of ``output_dir/checkpoints`` to try, newest first
+    (empty: no checkpoint was ever written, start from scratch). Damaged ones are skipped with a warning; leftovers of
     interrupted saves removed.
 
     Raises:
@@ -113,8 +121,8 @@ def recover_candidates(output_dir: Path) -> list[Path]:
     gone = ckpt.remove_partial_saves(root)
     if gone:
         log.warning("removed %d interrupted checkpoint save(s) in %s: %s", len(gone), root, ", ".join(gone))
-    found = ckpt.find_resumable(root, warn=log.warning)
-    if not found and ckpt.list_checkpoints(root):
+    found = ckpt.find_resumable(root, prefix, warn=log.warning)
+    if not found and ckpt.list_checkpoints(root, prefix):
         raise all_damaged(root)
     return found
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import checkpoint as ckpt
 from .checkpoint_line import ABANDONED, RETIRING, finish_retiring
-from .utils.fs import atomic_write_text
+from .utils.fs import SUPERVISOR_PID_ENV, atomic_write_text
 
 __all__ = ["ABANDONED", "RETIRING", "finish_retiring", "follow_load", "retire_newer"]
 
@@ -115,3 +116,9 @@ def follow_load(run: RunConfig, prefix: str = "rollout") -> list[Path]:
             chosen.name,
         )
     return moved
+
+
+def follow_load_once(run: RunConfig, prefix: str = "rollout") -> list[Path]:
+    """:func:`follow_load` once per command: not in a relaunch by the supervisor (``--max-restarts``,
+    ``REINFORGE_SUPERVISOR_PID`` set), which resumes the line chosen when the command started."""
+    return [] if os.environ.get(SUPERVISOR_PID_ENV) else follow_load(run, prefix)

@@ -1,6 +1,7 @@
-"""Restarts after a crash (``reinforge train --max-restarts N`` / ``run.max_restarts``).
+"""Restarts after a crash (``reinforge train --max-restarts N``, ``reinforge offline --max-restarts N``
+/ ``run.max_restarts``).
 
-:func:`supervise` runs the training as a child process (``python -m reinforge train ...``
+:func:`supervise` runs the training as a child process (``python -m reinforge train ...``, or ``offline``
 with ``run.recover=auto``) and relaunches it when it dies: killed by a signal (OOM killer,
 SIGKILL), a crashed trainer rank or engine that ended the run, any non-zero exit other than a
 usage error. Each relaunch resumes from the newest complete checkpoint of the same
@@ -40,6 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from .utils.failures import FAILURE_ENV, record_failure  # noqa: F401 (re-exported: the CLI records through here)
 from .utils.fs import SUPERVISOR_PID_ENV
@@ -120,15 +122,42 @@ def _describe(code: int) -> str:
     return f"exit status {code}"
 
 
-def supervise(train_args: list[str], output_dir: Path, max_restarts: int, command: list[str] | None = None) -> int:
-    """Run ``reinforge train <train_args> run.recover=auto run.max_restarts=0 run.overwrite=false`` and relaunch it
-    after each crash, at most ``max_restarts`` times.
+def supervise_command(subcommand: str, config: str | None, overrides: list[str], run: Any) -> int:
+    """:func:`supervise` for ``reinforge <subcommand> [--config config] <overrides>`` of run section ``run``
+    (``output_dir``, ``max_restarts``).
+
+    Raises:
+        ConfigError: under torchrun (``WORLD_SIZE`` > 1): the supervisor runs one process; torchrun
+            relaunches its ranks itself (its ``--max-restarts``, with ``run.recover=auto``).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        from .config import ConfigError
+
+        raise ConfigError(
+            f"run.max_restarts={run.max_restarts} (--max-restarts) supervises one process; under torchrun "
+            f"(WORLD_SIZE={world}) use torchrun's own --max-restarts with run.recover=auto"
+        )
+    args = ([f"--config={config}"] if config else []) + overrides
+    return supervise(args, Path(run.output_dir), run.max_restarts, subcommand=subcommand)
+
+
+def supervise(
+    train_args: list[str],
+    output_dir: Path,
+    max_restarts: int,
+    command: list[str] | None = None,
+    subcommand: str = "train",
+) -> int:
+    """Run ``reinforge <subcommand> <train_args> run.recover=auto run.max_restarts=0 run.overwrite=false`` and
+    relaunch it after each crash, at most ``max_restarts`` times.
 
     Args:
-        train_args: the ``train`` command's arguments (config file option and overrides).
+        train_args: the command's arguments (config file option and overrides).
         output_dir: the run directory (``restarts.jsonl`` goes there).
         max_restarts: relaunches allowed (0: run once).
-        command: the child's command line instead of ``reinforge train`` (tests).
+        command: the child's command line instead of ``reinforge <subcommand>`` (tests).
+        subcommand: ``train`` (RL) or ``offline``.
     Returns:
         the exit status to end with: 0 when an attempt finished, else the last attempt's
         (128 + signal number when it was killed by a signal).
@@ -137,7 +166,7 @@ def supervise(train_args: list[str], output_dir: Path, max_restarts: int, comman
         sys.executable,
         "-m",
         "reinforge",
-        "train",
+        subcommand,
         *train_args,
         "run.recover=auto",
         "run.max_restarts=0",

@@ -63,7 +63,7 @@ class LocalCluster:
 
     def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
         """The policy's log-probs of the samples' response tokens (the sync probe, :mod:`reinforge.weights.probe`)."""
-        return self.worker.compute_log_probs(samples)
+        return self.worker.probe_log_probs(samples)
 
     def diagnose_weights(self) -> str | None:
         """The first tensor the engine holds differently from the policy's current weights (one

@@ -547,7 +547,7 @@ class RayCluster:
         return transport_name(self.cfg.cluster.colocate, self.use_gpu)
 
     def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:  # (the sync probe; every rank runs it)
-        return self._on_every_rank("compute_log_probs", samples)
+        return self._on_every_rank("probe_log_probs", samples)
 
     def save(self, directory: Path, optimizer: bool = True) -> None:
         self._on_every_rank("save", str(directory), optimizer)

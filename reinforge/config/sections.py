@@ -580,13 +580,13 @@ class RunConfig(Section):
     recover_interval_s: float = opt(
         600.0,
         "`recover: auto`: seconds between recover checkpoints (written at the "
-        "end of the first rollout past the interval)",
+        "end of the first rollout, offline: optimizer step, past the interval)",
         gt=0,
     )
     max_restarts: int = opt(
         0,
         "relaunch training after a crash up to this many times, resuming with "
-        "`recover: auto` (`--max-restarts` on the CLI); 0: no supervisor",
+        "`recover: auto` (`--max-restarts` of `reinforge train` and `reinforge offline`); 0: no supervisor",
         ge=0,
     )
     stall_timeout_s: float | None = opt(1800.0, "seconds without progress before the stall doctor acts", gt=0)

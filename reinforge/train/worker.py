@@ -21,8 +21,6 @@ import torch
 
 from ..config import Config
 from ..distill.teachers import rank_teacher_log_probs, student_log_probs
-from ..models.loading import save_hf_state_dict
-from ..models.lora import adapter_state_dict, has_lora, save_adapter
 from ..parallel_layout import Layout
 from ..records import Sample
 from ..utils import trace
@@ -30,7 +28,9 @@ from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData
 from .critic import Critic
-from .parallel import ParallelContext, full_tensor
+from .export import write_trainers
+from .model_trainer import ModelTrainer
+from .parallel import ParallelContext
 from .rollout_advantages import compute_advantages
 from .rollout_share import RolloutBatch, RolloutShare, advantage_metrics
 
@@ -169,20 +169,12 @@ class TrainWorker:
                 metrics.update(self.actor.train(data, rollout_id))
         return metrics
 
-    # ------------------------------------------------------------------ every rank holds every sample
-    def compute_log_probs(self, samples: list[Sample], reference: bool = False) -> list[torch.Tensor]:
-        return self.actor.compute_log_probs(samples, reference=reference)
-
-    def compute_values(self, samples: list[Sample]) -> list[torch.Tensor]:
-        return self.critic.compute_values(samples)
-
-    def train_actor(self, data: TrainData, rollout_id: int) -> dict[str, float]:
-        return self.actor.train(data, rollout_id)
-
-    def train_critic(
-        self, samples: list[Sample], returns: list[torch.Tensor], values: list[torch.Tensor], rollout_id: int
-    ) -> dict[str, float]:
-        return self.critic.train(samples, returns, values, rollout_id)
+    # ------------------------------------------------------------------ the sync probe
+    def probe_log_probs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """The policy's log-probs of every sample's response tokens (each ``[response_length]``, float32,
+        on CPU), every rank holding every sample: the log-prob probe after a weight sync
+        (:mod:`reinforge.weights.probe`). Every rank must call it."""
+        return self.actor.compute_log_probs(samples)
 
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -202,19 +194,10 @@ class TrainWorker:
         PEFT adapter folder) and ``trainer_state.pt``. When ``model/`` holds every trained weight as
         trained (full-parameter training, :attr:`~ModelTrainer.hf_folder_holds_weights`), ``dcp/actor``
         names it instead of holding a second copy."""
-        d = Path(directory)
-        weights_in = "../../model" if self.actor.hf_folder_holds_weights else None  # relative to dcp/actor
-        state = {"actor": self.actor.save(str(d / "dcp" / "actor"), optimizer, weights_in=weights_in)}
+        trainers: dict[str, ModelTrainer] = {"actor": self.actor}
         if self.critic is not None:
-            state["critic"] = self.critic.save(str(d / "dcp" / "critic"), optimizer)
-        full = self.actor.hf_state_dict()
-        adapter = adapter_state_dict(self.actor.model, full_tensor) if has_lora(self.actor.model) else None
-        if self.parallel.rank == 0:
-            save_hf_state_dict(full, d / "model", self.base_path)
-            if adapter is not None:
-                save_adapter(adapter, self.actor.model.lora_config, d / "adapter", self.base_path)
-            torch.save(state, d / "trainer_state.pt")
-        self.parallel.barrier()
+            trainers["critic"] = self.critic
+        write_trainers(directory, trainers, self.base_path, optimizer, share_hf_weights=True)
 
     def load(self, directory: str) -> list[str]:
         """Inverse of :meth:`save`. Returns the models whose optimizer state the checkpoint does not

@@ -44,7 +44,7 @@ def _worker(rank, world, port, cfg, path, data, steps, save_dir, queue):
     from reinforge.train.worker import TrainWorker
 
     w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
-    metrics = [w.train_actor(data, r) for r in range(steps)]
+    metrics = [w.actor.train(data, r) for r in range(steps)]
     weights = {
         n: t.detach().float().cpu().numpy().copy() for n, t in w.named_weights()
     }  # numpy: no shared-memory handles (bf16: as fp32)
@@ -64,7 +64,7 @@ def run_single(cfg, path, data, steps=1):
     from reinforge.train.worker import TrainWorker
 
     w = TrainWorker(cfg, path)
-    metrics = [w.train_actor(data, r) for r in range(steps)]
+    metrics = [w.actor.train(data, r) for r in range(steps)]
     return metrics, {n: t.detach().cpu().clone() for n, t in w.named_weights()}, w
 
 
@@ -96,7 +96,7 @@ def assert_resumes_on_one_process(path, cfg, data, ckpt) -> dict[str, torch.Tens
     for k in weights:
         assert torch.equal(weights[k], loaded[k]), k
         assert torch.equal(weights[k], hf[k].detach()), k
-    m = w.train_actor(data, 1)
+    m = w.actor.train(data, 1)
     assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
     for k, v in w.named_weights():
         assert torch.allclose(v, single_weights[k], atol=2e-5, rtol=1e-4), k
@@ -143,7 +143,7 @@ def test_dcp_saved_on_two_ranks_loads_on_one(tiny_model_path, tmp_path):
     assert w.actor.scheduler.last_epoch == 1 and len(w.actor.optimizer.state) > 0
     # a second step from the loaded state equals a second step of an uninterrupted run
     single_metrics, _, single = run_single(cfg, tiny_model_path, data, steps=2)
-    m = w.train_actor(data, 1)
+    m = w.actor.train(data, 1)
     assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
     # the Hugging Face folder written by rank 0 holds the same weights
     from reinforge.models.loading import build_model
@@ -158,7 +158,7 @@ def _resume_worker(rank, world, port, cfg, path, data, ckpt, queue):
 
     w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
     w.load(ckpt)
-    m = w.train_actor(data, 1)
+    m = w.actor.train(data, 1)
     weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}
     if rank == 0:
         queue.put((m, weights))

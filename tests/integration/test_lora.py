@@ -260,6 +260,6 @@ def test_lora_rollout_step_with_bf16_autocast_holds_the_base_in_bf16(tmp_path, t
     loop.rollout_step(0)  # GRPO step, then weight sync of the merged weights
     after = dict(actor.named_weights())
     assert any(not torch.equal(after[n].float(), before[n]) for n in after), "the step changed nothing"
-    ckpt = loop.save(0)
+    ckpt = loop.driver.save(0)
     assert json.loads((ckpt / "adapter" / "adapter_config.json").read_text())["r"] == 4
     loop.close()

@@ -2,6 +2,7 @@
 trace of such a run holds every process's own track (reinforge/cluster/ray_trace.py)."""
 
 import json
+import operator
 
 import pytest
 import torch
@@ -244,8 +245,9 @@ def test_the_rollout_moves_once_and_trains_as_the_driver_hub_did(tmp_path, tiny_
         actor.twin = TrainWorker(cfg, path, rank=rank, world_size=world)
 
     def on_twins(method, *args, **kwargs):  # the loop before: the same call, by value, to every rank
+        call = operator.attrgetter(method)  # ("actor.train": the worker's actor's method)
         return ray.get(
-            [w.__ray_call__.remote(lambda a, *x, **k: getattr(a.twin, method)(*x, **k), *args, **kwargs) for w in ranks]
+            [w.__ray_call__.remote(lambda a, *x, **k: call(a.twin)(*x, **k), *args, **kwargs) for w in ranks]
         )[0]
 
     def weights(attr):
@@ -264,9 +266,9 @@ def test_the_rollout_moves_once_and_trains_as_the_driver_hub_did(tmp_path, tiny_
             groups = hub_rollout(rollout_id)
             flat = [s for g in groups for s in g]
             # before: the driver as the hub of per-token data
-            old = on_twins("compute_log_probs", flat)
-            ref = on_twins("compute_log_probs", flat, reference=True) if cluster.has_reference else None
-            values = on_twins("compute_values", flat) if cluster.has_critic else None
+            old = on_twins("actor.compute_log_probs", flat)
+            ref = on_twins("actor.compute_log_probs", flat, reference=True) if cluster.has_reference else None
+            values = on_twins("critic.compute_values", flat) if cluster.has_critic else None
             adv = compute_advantages(cfg.algo, groups, 12, values=values, old_log_probs=old, ref_log_probs=ref)
             every = torch.cat(adv.advantages)
             before = {
@@ -276,8 +278,8 @@ def test_the_rollout_moves_once_and_trains_as_the_driver_hub_did(tmp_path, tiny_
                 "rollout/shaped_reward_mean": float(adv.rewards.mean()),
             }
             if cluster.has_critic:
-                before.update(on_twins("train_critic", flat, adv.returns, values, rollout_id))
-            before.update(on_twins("train_actor", TrainData(flat, adv.advantages, old, ref), rollout_id))
+                before.update(on_twins("critic.train", flat, adv.returns, values, rollout_id))
+            before.update(on_twins("actor.train", TrainData(flat, adv.advantages, old, ref), rollout_id))
             # after: the rollout moves once
             after = cluster.score(RolloutBatch(groups, rollout_id))
             after.update(cluster.train(rollout_id))

@@ -43,7 +43,7 @@ def _config_of(argv: list[str]):
     if args.func is cli._eval:
         return cli.eval_config(args)
     if args.func is cli._offline:
-        return cli.offline_config(args)
+        return cli.offline_config(args)[0]
     assert args.func is cli._convert
     return None
 
