@@ -20,7 +20,7 @@ from reinforge.utils import faults
 from reinforge.utils.logging import read_metrics
 from tests.integration.test_offline import offline_overrides, write_data
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(model, out, data, **extra) -> list[str]:

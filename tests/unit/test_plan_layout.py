@@ -14,7 +14,7 @@ from reinforge.plan import GPUS
 from reinforge.plan.layout import _plan_one, candidates, format_layouts, plan_layouts
 
 H200 = GPUS["h200"]
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def model(tmp_path: Path, arch: str) -> Path:
