@@ -116,8 +116,8 @@ def _offline(args: argparse.Namespace) -> int:
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun every rank runs this; rank 0 deletes, locks
     with startup():
         cfg, overrides = offline_config(args)
+        check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))  # (before the model is looked for)
         cfg = _resolved(cfg, offline=True)
-        check_output_dir(cfg.run, rank=int(os.environ.get("RANK", "0")))
         if main_rank:
             check_wandb(cfg.run)
             from .rollback import follow_load_once

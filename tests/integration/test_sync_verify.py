@@ -129,6 +129,7 @@ def test_drop_lora_merge_is_caught_by_the_probe_naming_the_tensor(tmp_path, tiny
 def test_vllm_side_checksums_in_the_worker_with_a_stand_in_llm():
     """VLLMEngine's path without vLLM installed: collective_rpc reaches the worker extension, which
     checksums what arrives before vLLM's reload (the real engine: tests/integration/test_vllm.py)."""
+    from reinforge.models.loading import hub_layout
     from reinforge.rollout.backends.vllm import ReinforgeWorkerExtension, VLLMEngine
 
     class Worker(ReinforgeWorkerExtension):
@@ -159,6 +160,7 @@ def test_vllm_side_checksums_in_the_worker_with_a_stand_in_llm():
         engine.tied, engine.in_process, engine.weight_version = True, True, 0
         engine.weight_dtype, engine._arrived, engine._converted = torch.bfloat16, {}, set()
         engine.llm = LLM(damage)
+        engine.to_hub = hub_layout(None)  # (no folder: the default layout, dense names unchanged)
         sent = SentSums(engine.weight_dtype)
         engine.update_weights(sent.stream([named]), version=1)
         if not damage:

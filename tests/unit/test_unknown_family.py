@@ -30,7 +30,7 @@ GPT_OSS = dict(  # transformers' AutoConfig.for_model("gpt_oss", ...) at tiny si
     max_position_embeddings=4096,
     tie_word_embeddings=False,
 )
-OWN_KEYS = dict(model_type="weird", n_embd=64, n_layer=2, n_head=4, vocab_size=256)
+OWN_KEYS = dict(model_type="weird", width=64, depth=2, heads=4, vocab_size=256)  # (no alias of SIZE_ALIASES)
 
 
 def folder(tmp_path: Path, cfg: dict) -> Path:
