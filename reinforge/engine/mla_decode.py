@@ -25,12 +25,11 @@ import torch
 
 from ..utils.triton import num_sms, tl, triton
 from .kv_cache import FP8_DTYPES
-from .paged_attention import MIN_KEYS_PER_SPLIT, RESCALE_LOG2, decode_splits
+from .paged_attention import MIN_KEYS_PER_SPLIT, RESCALE_LOG2, combine_splits, decode_splits, split_partials
 
 BLOCK_H = 16  # query heads per program (tl.dot's smallest M)
 
 if triton is not None:
-    from .paged_attention import _combine_splits_kernel
 
     @triton.jit
     def _mla_decode_kernel(
@@ -197,12 +196,7 @@ def mla_decode_attention_triton(
     block_n = block_n or (32 if R >= 256 else 64)
     fp8 = cache.dtype in FP8_DTYPES
     out = torch.empty(B, H, R, device=q.device, dtype=q.dtype)
-    if num_splits == 1:
-        pm = pl = pacc = out
-    else:
-        pm = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
-        pl = torch.empty_like(pm)
-        pacc = torch.empty(B, H, num_splits, R, device=q.device, dtype=torch.float32)
+    pm, pl, pacc = split_partials(out, num_splits)
     _mla_decode_kernel[(B, head_blocks, num_splits)](
         q,
         latent_new,
@@ -239,18 +233,5 @@ def mla_decode_attention_triton(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits > 1:
-        _combine_splits_kernel[(B, H)](
-            pm,
-            pl,
-            pacc,
-            out,
-            out.stride(0),
-            out.stride(1),
-            H=H,
-            D=R,
-            SPLITS=num_splits,
-            S_PAD=max(2, triton.next_power_of_2(num_splits)),
-            num_warps=4,
-        )
+    combine_splits(pm, pl, pacc, out)
     return out

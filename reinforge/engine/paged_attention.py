@@ -387,12 +387,7 @@ def paged_decode_attention_triton(
     block_n = block_n or (64 if small else 128 if fp8 or num_splits <= BLOCK_N_128_MAX_SPLITS else 64)
     num_warps = num_warps or (2 if small else 4)
     out = torch.empty_like(q)
-    if num_splits == 1:
-        pm = pl = pacc = out  # unused
-    else:
-        pm = torch.empty(B, H, num_splits, device=q.device, dtype=torch.float32)
-        pl = torch.empty_like(pm)
-        pacc = torch.empty(B, H, num_splits, D, device=q.device, dtype=torch.float32)
+    pm, pl, pacc = split_partials(out, num_splits)
     _paged_decode_kernel[(B, KVH, num_splits)](
         q,
         k_new,
@@ -442,18 +437,35 @@ def paged_decode_attention_triton(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits > 1:
-        _combine_splits_kernel[(B, H)](
-            pm,
-            pl,
-            pacc,
-            out,
-            out.stride(0),
-            out.stride(1),
-            H=H,
-            D=D,
-            SPLITS=num_splits,
-            S_PAD=max(2, triton.next_power_of_2(num_splits)),
-            num_warps=4,
-        )
+    combine_splits(pm, pl, pacc, out)
     return out
+
+
+def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-split partial results of a split decode into ``out`` [B, H, D]: running max and sum [B, H, S]
+    and accumulator [B, H, S, D] in fp32 (``out`` itself, unused, for one split)."""
+    if num_splits == 1:
+        return out, out, out
+    B, H, D = out.shape
+    pm = torch.empty(B, H, num_splits, device=out.device, dtype=torch.float32)
+    return pm, torch.empty_like(pm), torch.empty(B, H, num_splits, D, device=out.device, dtype=torch.float32)
+
+
+def combine_splits(pm: torch.Tensor, pl: torch.Tensor, pacc: torch.Tensor, out: torch.Tensor) -> None:
+    """Merge the splits' partials (:func:`split_partials`) into ``out`` [B, H, D] (nothing for one split)."""
+    if pacc is out:
+        return
+    B, H, num_splits, D = pacc.shape
+    _combine_splits_kernel[(B, H)](
+        pm,
+        pl,
+        pacc,
+        out,
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        D=D,
+        SPLITS=num_splits,
+        S_PAD=max(2, triton.next_power_of_2(num_splits)),
+        num_warps=4,
+    )
