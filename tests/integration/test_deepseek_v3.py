@@ -177,34 +177,10 @@ def test_unsupported_fields_are_refused_by_name(field, value):
 def test_grpo_trains_deepseek_v3_natively_with_routing_replay(tmp_path, moe_folder, caplog):
     """One GRPO rollout and two steps on the native model (no transformers fallback), the engine's latent cache,
     packed trainer rows and routes replayed in the trainer: trainer and engine log-probs agree."""
-    from reinforge.config import load_config
-    from reinforge.loop import run_training
-    from tests.integration.test_integration import read_metrics, tiny_overrides
+    from tests.integration.test_integration import native_grpo_rollout
 
-    out = tmp_path / "run"
-    cfg = load_config(
-        None,
-        tiny_overrides(
-            moe_folder,
-            out,
-            **{
-                "algo.use_rollout_routing_replay": "true",
-                "train.packing": "sequences",
-                "model.train_dtype": "fp32",
-                "engine.dtype": "fp32",
-                "reward.type": "custom",
-                "reward.function_path": "tests.reward_fns:even_first_token",
-                "data.n_eval_prompts": 0,
-                "eval.eval_before_train": "false",
-                "train.num_rollout": 1,
-                "train.num_steps_per_rollout": 2,
-            },
-        ),
-    )
-    with caplog.at_level("WARNING"):
-        run_training(cfg)
-    assert "not implemented natively" not in caplog.text
-    (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    extra = {"algo.use_rollout_routing_replay": "true", "train.num_steps_per_rollout": 2}
+    m = native_grpo_rollout(moe_folder, tmp_path / "run", caplog, **extra)
     assert m["train/logprob_abs_diff"] < 1e-4 and m["train/grad_norm"] > 0
 
 

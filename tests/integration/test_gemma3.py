@@ -148,32 +148,9 @@ def test_unsupported_fields_are_refused_by_name(changes, field):
 
 
 def test_grpo_trains_gemma3_natively(tmp_path, gemma3_path, caplog):
-    from reinforge.config import load_config
-    from reinforge.loop import run_training
-    from tests.integration.test_integration import read_metrics, tiny_overrides
+    from tests.integration.test_integration import native_grpo_rollout
 
-    out = tmp_path / "run"
-    cfg = load_config(
-        None,
-        tiny_overrides(
-            gemma3_path,
-            out,
-            **{
-                "model.train_dtype": "fp32",
-                "engine.dtype": "fp32",
-                "train.packing": "sequences",
-                "reward.type": "custom",
-                "reward.function_path": "tests.reward_fns:even_first_token",
-                "data.n_eval_prompts": 0,
-                "eval.eval_before_train": "false",
-                "train.num_rollout": 1,
-            },
-        ),
-    )
-    with caplog.at_level("WARNING"):
-        run_training(cfg)
-    assert "not implemented natively" not in caplog.text
-    (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    m = native_grpo_rollout(gemma3_path, tmp_path / "run", caplog)
     assert m["train/logprob_abs_diff"] < 1e-4  # packed trainer (windowed band) == engine
 
 

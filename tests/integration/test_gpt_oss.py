@@ -277,29 +277,15 @@ def test_mxfp4_checkpoint_loads_dequantized(tmp_path, gpt_oss_path):
 def test_grpo_trains_gpt_oss_natively(tmp_path, smollm2_tokenizer_path, caplog):
     """One GRPO rollout of a tiny GPT-OSS on reinforge's own code (no fallback): the packed trainer's
     log-probs equal the engine's (sliding windows and sinks on both sides), routing replay on."""
-    from reinforge.config import load_config
-    from reinforge.loop import run_training
-    from tests.integration.test_integration import read_metrics, tiny_overrides
+    from tests.integration.test_integration import native_grpo_rollout
 
     path = write_tiny_gpt_oss(tmp_path / "model", smollm2_tokenizer_path, vocab_size=49152)
-    out = tmp_path / "run"
-    overrides = {
-        "model.train_dtype": "fp32",
-        "engine.dtype": "fp32",
-        "train.packing": "sequences",
-        "reward.type": "custom",
-        "reward.function_path": "tests.reward_fns:even_first_token",
-        "data.n_eval_prompts": 0,
-        "eval.eval_before_train": "false",
-        "train.num_rollout": 1,
+    extra = {
         "rollout.rollout_batch_size": 2,
         "rollout.n_samples_per_prompt": 2,
         "algo.use_rollout_routing_replay": "true",
     }
-    with caplog.at_level("WARNING"):
-        run_training(load_config(None, tiny_overrides(path, out, **overrides)))
-    assert "not implemented natively" not in caplog.text and "falling back" not in caplog.text
-    (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    m = native_grpo_rollout(path, tmp_path / "run", caplog, **extra)
     assert m["train/logprob_abs_diff"] < 1e-4
 
 

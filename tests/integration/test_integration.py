@@ -40,6 +40,32 @@ def read_metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+NATIVE_GRPO = {
+    "model.train_dtype": "fp32",
+    "engine.dtype": "fp32",
+    "train.packing": "sequences",
+    "reward.type": "custom",
+    "reward.function_path": "tests.reward_fns:even_first_token",
+    "data.n_eval_prompts": 0,
+    "eval.eval_before_train": "false",
+    "train.num_rollout": 1,
+}
+
+
+def native_grpo_rollout(model_path, out, caplog, **extra) -> dict:
+    """One GRPO rollout of a model family in fp32 with packed trainer rows (the families' "trains natively"
+    test): asserts no transformers fallback was taken and returns the trained step's metrics row, whose
+    ``train/logprob_abs_diff`` the caller bounds (packed trainer against the engine)."""
+    from reinforge.config import load_config
+    from reinforge.loop import run_training
+
+    with caplog.at_level("WARNING"):
+        run_training(load_config(None, tiny_overrides(model_path, out, **{**NATIVE_GRPO, **extra})))
+    assert "not implemented natively" not in caplog.text and "falling back" not in caplog.text
+    (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    return m
+
+
 # seconds, rates and the planner's measured-vs-predicted: not reproducible
 WALL_CLOCK = ("time/", "perf/", "plan/", "sync/verify_seconds", "sync/probe_seconds")
 

@@ -127,32 +127,9 @@ def test_engine_chunked_prefill_and_shared_prompts_match_the_trainer(hybrid_path
 
 
 def test_grpo_trains_the_hybrid_natively(tmp_path, hybrid_path, caplog):
-    from reinforge.config import load_config
-    from reinforge.loop import run_training
-    from tests.integration.test_integration import read_metrics, tiny_overrides
+    from tests.integration.test_integration import native_grpo_rollout
 
-    out = tmp_path / "run"
-    cfg = load_config(
-        None,
-        tiny_overrides(
-            hybrid_path,
-            out,
-            **{
-                "model.train_dtype": "fp32",
-                "engine.dtype": "fp32",
-                "train.packing": "sequences",
-                "reward.type": "custom",
-                "reward.function_path": "tests.reward_fns:even_first_token",
-                "data.n_eval_prompts": 0,
-                "eval.eval_before_train": "false",
-                "train.num_rollout": 1,
-            },
-        ),
-    )
-    with caplog.at_level("WARNING"):
-        run_training(cfg)
-    assert "not implemented natively" not in caplog.text
-    (m,) = [m for m in read_metrics(out) if "train/loss" in m]
+    m = native_grpo_rollout(hybrid_path, tmp_path / "run", caplog)
     assert m["train/logprob_abs_diff"] < 1e-4  # packed trainer == engine, linear layers included
 
 
