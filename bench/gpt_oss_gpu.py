@@ -157,6 +157,36 @@ def logprob_mismatch(model, dev: torch.device, prompt: int = 300, new: int = 64)
     return {"logprob_diff_mean": diff.mean().item(), "logprob_diff_max": diff.max().item()}
 
 
+def profile_decode(model, seqs: int, context: int, new: int) -> None:
+    """The CUDA kernels and host calls of ``new`` decode steps (after a warm-up), top 20 by self CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from reinforge.config import EngineConfig
+    from reinforge.engine import EmbeddedEngine
+    from reinforge.records import GenerateRequest, SamplingParams
+
+    engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=seqs), max_model_len=context + 2 * new + 8)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, model.args.vocab_size, (context,), generator=g).tolist() for _ in range(seqs)]
+
+    def gen(n: int) -> None:
+        p = SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True)
+        engine.generate([GenerateRequest(x, p) for x in prompts])
+        torch.cuda.synchronize()
+
+    gen(new)  # warm-up: graphs captured, kernels compiled
+    t0 = time.perf_counter()
+    gen(1)
+    t1 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        gen(new)
+    t2 = time.perf_counter()
+    print(f"profile: {seqs} x {context}: prefill + 1 token {t1 - t0:.3f} s, prefill + {new} tokens {t2 - t1:.3f} s")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    engine.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8, help="decoder layers kept of the 24 (half sliding, half full)")
@@ -166,6 +196,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 layers, 16/64 sequences x 4k, 32 new tokens")
     ap.add_argument("--tiny", action="store_true", help="a width-64 model (smoke test of the script)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile", action="store_true", help="then profile 32 decode steps of 16 x 1024 (CUDA)")
     args = ap.parse_args()
     if args.quick:
         args.layers, args.seqs, args.context, args.new_tokens = 4, [16, 64], [4096], 32
@@ -193,6 +224,8 @@ def main() -> None:
                         flush=True,
                     )
         print("bf16 engine vs trainer:", logprob_mismatch(model, dev), flush=True)
+        if args.profile:
+            profile_decode(model, 16, 1024, 32)
 
 
 if __name__ == "__main__":

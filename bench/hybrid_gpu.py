@@ -175,7 +175,7 @@ def sweep(folder: Path, settings: list[tuple[int, int]], steps: int, torch_at_fi
         for kind in kinds:
             if engine.runner.linear is not None:
                 engine.runner.linear.fla_decode = kind == "fla"
-                engine.runner._graphs.clear()
+                engine.runner.drop_graphs()
             rate = decode_rate(engine, prompts, new, steps)
             limit = step_limit(model, engine, seqs, context + 4 * steps, bandwidth)
             rows.append(

@@ -223,10 +223,15 @@ class ModelRunner:
             return self.ring_table, self.ring_sink
         return self.block_table, self.layout.sink_block
 
-    def free(self) -> None:
-        """Drop the KV cache and the buffers (and the graphs that point into them)."""
+    def drop_graphs(self) -> None:
+        """Forget the captured decode graphs and their memory pool (a graph captured again into the pool of
+        freed graphs trips PyTorch's caching allocator: ``use_count > 0`` at capture_begin)."""
         self._graphs.clear()
         self._graph_pool = None
+
+    def free(self) -> None:
+        """Drop the KV cache and the buffers (and the graphs that point into them)."""
+        self.drop_graphs()
         names = ("k_cache", "v_cache", "k_pool", "v_pool", "k_ring", "v_ring", "ring_table", "block_table")
         for name in (*names, "out_tokens", "out_logprobs", "out_routes", "linear"):
             setattr(self, name, None)

@@ -89,6 +89,7 @@ def kernel_case(
     back in fp32; ``v_in_qkv``: the new value a view of a packed [B, H + 2 KVH, D] projection output
     while the new key is its own tensor, as after QK-norm or eager RoPE). Returns (out, ref,
     cache_after, cache_ref)."""
+    sinks = None if sinks is None else sinks.to(device)
     q, k, v, table, lens, mb = _paged_case(
         B=37, H=H, KVH=KVH, D=D, BS=BS, dtype=dtype, device=device, seed=seed, lens=lens
     )
@@ -111,20 +112,7 @@ def kernel_case(
     cache_write(v_ref, (w_blk, slice(None), w_off), vn)
     keys, values = gather_blocks(k_ref, table, mb, torch.float32), gather_blocks(v_ref, table, mb, torch.float32)
     ref = masked_decode_attention(q.float(), keys, values, _bias(lens, keys.shape[2], window), sinks=sinks)
-    out = paged_decode_attention_triton(
-        q,
-        kn,
-        vn,
-        k,
-        v,
-        table,
-        lens,
-        w_blk,
-        w_off,
-        window=window,
-        sinks=None if sinks is None else sinks.to(device),
-        **kw,
-    )
+    out = paged_decode_attention_triton(q, kn, vn, k, v, table, lens, w_blk, w_off, window=window, sinks=sinks, **kw)
     return out.float(), ref, (k, v), (k_ref, v_ref)
 
 

@@ -98,7 +98,9 @@ class ScaledEmbedding(nn.Embedding):
         self.scale = scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return super().forward(ids) * torch.tensor(self.scale, dtype=self.weight.dtype, device=self.weight.device)
+        # a Python number (the scale rounded to the weight's dtype), not a tensor: no host-to-device copy, so
+        # the engine's decode step can be captured in a CUDA graph
+        return super().forward(ids) * float(torch.tensor(self.scale, dtype=self.weight.dtype))
 
 
 class GemmaAttention(Attention):
