@@ -7,10 +7,10 @@
 Prints one row per (sequences, context): the engine's decode tokens/s (bf16, CUDA graphs, Triton paged decode
 with the sliding window, the local layers' keys in per-slot rings) and the bandwidth limit beside it: the bytes
 one decode step must read (weights once, plus each sequence's keys and values: the global layers' whole context,
-the local layers' last ``window`` tokens) over the GPU's HBM bandwidth (reinforge.plan.hardware). Decode time is
-measured as the difference of two runs of the same prompts with 8 and 8 + ``--decode`` new tokens (the prefill
-cancels out). Rows whose KV cache does not fit are skipped and said so. Then the bf16 engine-vs-trainer
-log-prob difference and trainer forward+backward tokens/s, native against the transformers fallback.
+the local layers' last ``window`` tokens) over the GPU's HBM bandwidth (reinforge.plan.hardware). Decode is timed
+in the steady state, about ``--decode`` tokens per sequence (bench/decode_timing.py: every sequence prefilled, the
+graphs captured, engine steps timed alone). Rows whose KV cache does not fit are skipped and said so. Then the bf16
+engine-vs-trainer log-prob difference and trainer forward+backward tokens/s, native against the transformers fallback.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode_timing import steady_decode_rate
 
 # Gemma-3-12B's text config (google/gemma-3-12b-pt), layers cut by --layers
 GEMMA3_12B = dict(
@@ -65,32 +66,20 @@ def step_bytes(model, seqs: int, context: float) -> float:
 def decode_row(model, seqs: int, context: int, decode: int, bandwidth: float) -> dict:
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
-    from reinforge.records import GenerateRequest, SamplingParams
 
     try:
-        engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=seqs), max_model_len=context + decode + 16)
+        engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=seqs), max_model_len=context + decode + 72)
     except (MemoryError, ValueError, torch.OutOfMemoryError) as e:
         return {"skipped": str(e)[:120]}
     if engine.runner.layout.num_slots < seqs or engine.runner.layout.num_blocks * engine.runner.layout.block_size < (
-        seqs * (context + decode + 8)
+        seqs * (context + decode + 72)
     ):
         del engine
         torch.cuda.empty_cache()
         return {"skipped": "the KV pool holds fewer sequences at this context"}
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 200000, (context,), generator=g).tolist() for _ in range(seqs)]
-
-    def run(engine, new: int) -> float:
-        params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        engine.generate([GenerateRequest(p, params) for p in prompts])
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    run(engine, 8 + decode)  # warm-up: kernels and CUDA graphs of every shape the timed runs meet
-    t_short, t_long = run(engine, 8), run(engine, 8 + decode)
-    tok_s = seqs * decode / max(t_long - t_short, 1e-9)
+    tok_s = steady_decode_rate(engine, prompts, decode + 64, max(1, decode // 8))
     limit = seqs / (step_bytes(model, seqs, context + 8 + decode / 2) / bandwidth)
     del engine
     torch.cuda.empty_cache()

@@ -11,8 +11,9 @@ heads and 8 key-value heads of 64, 32 experts of width 2880 (4 per token, biased
 201088, YaRN RoPE. The published experts are MXFP4; here they are bf16 (as reinforge loads them: dequantized).
 
 Decode speed: each (sequences, context) point prefills ``context - 1`` random prompt tokens per sequence, then
-times ``--new-tokens`` decode steps as the difference between a run of ``--new-tokens`` and a run of 1 (the same
-prefill in both). The limit beside it is the bytes one decode step must read from HBM over the GPU's bandwidth
+times about ``--new-tokens`` decode tokens per sequence in the steady state (bench/decode_timing.py: every sequence
+prefilled, graphs captured, engine steps timed alone). The limit beside it is the bytes one decode step must read
+from HBM over the GPU's bandwidth
 (reinforge.plan.hardware): the non-expert weights (LM head included, the embedding's rows not), the share of the
 experts a step touches (``1 - (1 - k/E)^sequences`` of them), and each sequence's KV cache: the full layers'
 whole context, the sliding layers' last ``sliding_window`` positions. Points whose KV cache does not fit are
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode_timing import steady_decode_rate
 
 GPT_OSS_20B = dict(
     model_type="gpt_oss",
@@ -99,29 +101,16 @@ def step_bytes(model, seqs: int, context: float) -> float:
 def decode_point(model, seqs: int, context: int, new: int, dev: torch.device) -> dict:
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
-    from reinforge.records import GenerateRequest, SamplingParams
 
     cfg = EngineConfig(max_num_seqs=seqs, kv_cache_memory_fraction=0.9)
     try:
-        engine = EmbeddedEngine(model, cfg, max_model_len=context + new + 8)
+        engine = EmbeddedEngine(model, cfg, max_model_len=context + new + 72)
     except (RuntimeError, ValueError) as e:  # the KV cache does not fit
         return {"skipped": str(e)[:160]}
     g = torch.Generator().manual_seed(seqs * 7 + context)
     prompts = [torch.randint(10, model.args.vocab_size, (context - 1,), generator=g).tolist() for _ in range(seqs)]
-
-    def run(engine, n: int) -> float:
-        params = SamplingParams(max_new_tokens=n, temperature=1.0, ignore_eos=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        engine.generate([GenerateRequest(p, params) for p in prompts])
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
     try:
-        run(engine, 2)  # warm-up (CUDA graphs, Triton)
-        t1, tn = run(engine, 1), run(engine, new)
+        tok_s = steady_decode_rate(engine, prompts, new + 64, max(1, new // 8))
     except torch.OutOfMemoryError as e:
         return {"skipped": f"out of memory: {str(e)[:120]}"}
     finally:
@@ -129,13 +118,12 @@ def decode_point(model, seqs: int, context: int, new: int, dev: torch.device) ->
         engine = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    tok_s = seqs * (new - 1) / max(tn - t1, 1e-9)
     from reinforge.plan.hardware import detect
 
     gpu = detect(dev) if dev.type == "cuda" else None
     bandwidth = gpu.bandwidth if gpu is not None and gpu.bandwidth else 3.35e12  # (unknown: an H100's)
     limit = seqs / (step_bytes(model, seqs, context + new / 2) / bandwidth)
-    return {"decode_tok_s": tok_s, "limit_tok_s": limit, "of_limit": tok_s / limit, "prefill_s": t1}
+    return {"decode_tok_s": tok_s, "limit_tok_s": limit, "of_limit": tok_s / limit}
 
 
 def logprob_mismatch(model, dev: torch.device, prompt: int = 300, new: int = 64) -> dict:

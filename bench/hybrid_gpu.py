@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode_timing import steady_decode_rate
 
 # the text towers' shapes (config.json of the published checkpoints' text_config, as transformers' defaults)
 QWEN3_5_9B = dict(
@@ -133,28 +134,6 @@ def step_limit(model, engine, seqs: int, context: float, bandwidth: float) -> fl
     return seqs / ((weight + kv + 2 * states) / bandwidth)
 
 
-def decode_rate(engine, prompts: list[list[int]], new: int, steps: int) -> float:
-    """Generated tokens/s of the steady state: every prompt admitted and prefilled, then ``steps`` engine steps."""
-    from reinforge.records import GenerateRequest, SamplingParams
-
-    params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
-    requests = [GenerateRequest(p, params) for p in prompts]
-    for r in requests:
-        engine.add_request(r)
-    while engine.scheduler.waiting:
-        engine.step()
-    for _ in range(2):  # (graphs of this shape captured)
-        engine.step()
-    torch.cuda.synchronize()
-    n0, t0 = int(engine.runner.gen_lens.sum()), time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    n1, t1 = int(engine.runner.gen_lens.sum()), time.perf_counter()
-    engine.abort(*[r.request_id for r in requests])
-    return (n1 - n0) / (t1 - t0)
-
-
 def sweep(folder: Path, settings: list[tuple[int, int]], steps: int, torch_at_first: bool) -> list[dict]:
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
@@ -176,7 +155,7 @@ def sweep(folder: Path, settings: list[tuple[int, int]], steps: int, torch_at_fi
             if engine.runner.linear is not None:
                 engine.runner.linear.fla_decode = kind == "fla"
                 engine.runner.drop_graphs()
-            rate = decode_rate(engine, prompts, new, steps)
+            rate = steady_decode_rate(engine, prompts, new, steps)
             limit = step_limit(model, engine, seqs, context + 4 * steps, bandwidth)
             rows.append(
                 dict(seqs=seqs, context=context, decode=kind, tok_s=rate, limit_tok_s=limit, of_limit=rate / limit)

@@ -111,8 +111,9 @@ class Activity:
         progress()
 
     def close(self) -> None:
-        """It ended (whatever the outcome); closing twice is harmless."""
-        if _open.pop(id(self), None) is not None:
+        """It ended (whatever the outcome); closing twice is harmless (and so is closing at interpreter exit,
+        when the module's globals are already None)."""
+        if _open is not None and _open.pop(id(self), None) is not None:
             progress()
 
     def __enter__(self) -> Activity:
