@@ -8,7 +8,8 @@ whether it is the kernels' or only bf16's.
 
 Columns: ``logits_vs_hf`` max |logit diff| native vs transformers (same dtype, same GPU); ``engine_vs_trainer``
 mean and max |log-prob diff| of the engine's sampled tokens against the trainer's forward of the same text (the
-prompt longer than the windows, so the ring caches wrap).
+prompt longer than the windows, so the ring caches wrap); ``replayed_*`` the same with the engine's experts replayed
+in the trainer (mixture-of-experts families): a difference that replay removes is routing near ties, not kernels.
 """
 
 from __future__ import annotations
@@ -48,24 +49,48 @@ def check(folder: Path, dtype: torch.dtype, prompt: int, new: int, dev: torch.de
     with torch.no_grad():
         hf_diff = (model_logits(native, ids).float() - ref(input_ids=ids, use_cache=False).logits.float()).abs().max()
     del ref
-    engine = EmbeddedEngine(native, EngineConfig(max_num_seqs=seqs), max_model_len=prompt + 3 * seqs + new + 8)
+    moe = list(native.args.moe_layers or ())
+    engine = EmbeddedEngine(
+        native, EngineConfig(max_num_seqs=seqs), max_model_len=prompt + 3 * seqs + new + 8, record_routes=bool(moe)
+    )
     params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
     results = engine.generate([GenerateRequest(p, params) for p in prompts])
     engine.shutdown()
-    diffs = []
+    diffs, replayed = [], []
     with torch.no_grad():
         for p, (r,) in zip(prompts, results):
             toks = torch.tensor([p + list(r.token_ids)], device=dev)
+            target = torch.tensor(r.token_ids, device=dev)[:, None]
+            engine_lp = torch.tensor(r.log_probs)
             logits = model_logits(native, toks)[0, len(p) - 1 : -1].float()
-            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids, device=dev)[:, None])[:, 0]
-            diffs.append((lp.cpu() - torch.tensor(r.log_probs)).abs())
+            diffs.append((torch.log_softmax(logits, -1).gather(-1, target)[:, 0].cpu() - engine_lp).abs())
+            if moe:  # the trainer with the engine's experts (rollout routing replay): what is left is not routing
+                logits = native(toks, routing=replay_of(r.routed_experts, len(p), toks.shape[1], moe))[0]
+                logits = logits[len(p) - 1 : -1].float()
+                replayed.append((torch.log_softmax(logits, -1).gather(-1, target)[:, 0].cpu() - engine_lp).abs())
     d = torch.cat(diffs)
-    return dict(
+    row = dict(
         dtype=str(dtype).removeprefix("torch."),
         logits_vs_hf=float(hf_diff),
         engine_vs_trainer_mean=float(d.mean()),
         engine_vs_trainer_max=float(d.max()),
     )
+    if replayed:
+        row.update(replayed_mean=float(torch.cat(replayed).mean()), replayed_max=float(torch.cat(replayed).max()))
+    return row
+
+
+def replay_of(routes: torch.Tensor, prompt: int, total: int, moe_layers: list[int]):
+    """``Routing(replay=...)`` for one sequence of ``total`` tokens: the engine's experts ``routes``
+    [response, layers, k] at the positions that predicted each response token, -1 (the router decides) elsewhere."""
+    from reinforge.models.moe import Routing
+
+    replay = {}
+    for i, layer in enumerate(moe_layers):
+        ids = torch.full((total, routes.shape[-1]), -1, dtype=torch.long)
+        ids[prompt - 1 : prompt - 1 + routes.shape[0]] = routes[:, i].long()
+        replay[layer] = ids
+    return Routing(replay=replay)
 
 
 def main() -> None:

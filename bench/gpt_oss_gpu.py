@@ -127,22 +127,33 @@ def decode_point(model, seqs: int, context: int, new: int, dev: torch.device) ->
 
 
 def logprob_mismatch(model, dev: torch.device, prompt: int = 300, new: int = 64) -> dict:
-    """bf16 engine log-probs vs the trainer's forward on the same text (past the sliding window)."""
+    """bf16 engine log-probs vs the trainer's forward on the same text (past the sliding window), and the same with
+    the engine's experts replayed in the trainer (what replay removes is routing near ties)."""
+    from families_gpu_check import replay_of
+
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.transformer import Variant
     from reinforge.records import GenerateRequest, SamplingParams
 
-    engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=4), max_model_len=prompt + new + 8)
+    engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=4), max_model_len=prompt + new + 8, record_routes=True)
     p = torch.randint(10, model.args.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     ((r,),) = engine.generate([GenerateRequest(p, SamplingParams(max_new_tokens=new, ignore_eos=True))])
     del engine
     model.set_variant(Variant())
+    ids = torch.tensor([p + r.token_ids], device=dev)
+    target = torch.tensor(r.token_ids, device=dev)[:, None]
+    out = {}
     with torch.no_grad():
-        logits = model(torch.tensor([p + r.token_ids], device=dev))[0, len(p) - 1 : -1].float()
-    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids, device=dev)[:, None])[:, 0].cpu()
-    diff = (ref - torch.tensor(r.log_probs)).abs()
-    return {"logprob_diff_mean": diff.mean().item(), "logprob_diff_max": diff.max().item()}
+        for name, routing in (
+            ("", None),
+            ("replayed_", replay_of(r.routed_experts, len(p), ids.shape[1], list(model.args.moe_layers))),
+        ):
+            logits = model(ids, routing=routing)[0, len(p) - 1 : -1].float()
+            ref = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].cpu()
+            diff = (ref - torch.tensor(r.log_probs)).abs()
+            out.update({f"{name}logprob_diff_mean": diff.mean().item(), f"{name}logprob_diff_max": diff.max().item()})
+    return out
 
 
 def profile_decode(model, seqs: int, context: int, new: int) -> None:
