@@ -156,6 +156,30 @@ def logprob_mismatch(model, dev: torch.device, prompt: int = 300, new: int = 64)
     return out
 
 
+def sdpa_backends(model, tokens: int = 1024) -> None:
+    """Which SDPA backends accept the prefill's attention with sinks (models/sdpa.py: the sinks as one more key
+    and query dimension, a bool mask): torch's own checks with ``debug=True`` print why one is refused."""
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+
+    from reinforge.models.sdpa import SINK_DIMS, causal_mask
+
+    a, dev = model.args, torch.device("cuda")
+    D, H, KVH = a.head_dim, a.num_heads, a.num_kv_heads
+    q = torch.randn(1, H, tokens, D + SINK_DIMS, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, KVH, tokens + 1, D + SINK_DIMS, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(1, KVH, tokens + 1, D, device=dev, dtype=torch.bfloat16)
+    mask = causal_mask(tokens, tokens, dev)
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+    params = SDPAParams(q, k, v, mask, 0.0, False, H != KVH)
+    print(
+        "sdpa with sinks: flash",
+        can_use_flash_attention(params, True),
+        "efficient",
+        can_use_efficient_attention(params, True),
+        flush=True,
+    )
+
+
 def profile_decode(model, seqs: int, context: int, new: int) -> None:
     """The CUDA kernels and host calls of ``new`` decode steps (after a warm-up), top 20 by self CUDA time."""
     from torch.profiler import ProfilerActivity, profile
@@ -224,6 +248,7 @@ def main() -> None:
                     )
         print("bf16 engine vs trainer:", logprob_mismatch(model, dev), flush=True)
         if args.profile:
+            sdpa_backends(model)
             profile_decode(model, 16, 1024, 32)
 
 
