@@ -1,10 +1,12 @@
 """Configuration: one dataclass per concern (``sections.py``: how a run runs;
-``learning.py``: reward, algorithm, offline methods, critic; ``agent.py``), composed into :class:`Config` (``root.py``),
+``learning.py``: reward, algorithm, offline methods, critic; ``judge.py``, ``agent.py``, ``sandbox.py``),
+composed into :class:`Config` (``root.py``),
 read from YAML plus ``key=value`` overrides (``loader.py``); every key's help and bounds sit
 beside its field (``fields.opt``) and ``docs/config.md`` is generated from them (``docs.py``)."""
 
 from .agent import AgentConfig
 from .fields import ConfigError
+from .judge import JudgeConfig
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
 from .loader import (
     config_dict,
@@ -17,6 +19,7 @@ from .loader import (
     unused_keys,
 )
 from .root import SECTIONS, Config
+from .sandbox import SandboxConfig
 from .sections import (
     ClusterConfig,
     DataConfig,
@@ -47,10 +50,12 @@ __all__ = [
     "DataConfig",
     "EngineConfig",
     "EvalConfig",
+    "JudgeConfig",
     "ModelConfig",
     "OfflineConfig",
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",
+    "SandboxConfig",
     "TrainConfig",
 ]

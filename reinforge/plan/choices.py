@@ -233,8 +233,8 @@ def choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dic
         f"engine.backend={cfg.engine.backend} sizes its own cache from this share; the planner sizes the embedded "
         f"engine's"
         if cfg.engine.backend != "embedded"
-        else "a judge engine (reward.judge_model_path) takes this share too, beside the policy's"
-        if cfg.reward.judge_model_path
+        else "a judge engine (judge.model_path) takes this share too, beside the policy's"
+        if cfg.judge.model_path
         else None
     )
     if kv_auto and other:
