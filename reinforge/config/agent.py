@@ -1,7 +1,6 @@
 """The ``agent`` section: multi-turn rollouts with tools and environments (docs/agents.md).
 
-Kept apart from :mod:`.sections` (which holds the other sections) so that each module stays short;
-its registries are read by name, as the other sections' are: the config sits below ``tools`` and
+Its registries are read by name, as the other sections' are: the config sits below ``tools`` and
 ``envs`` and imports neither.
 """
 
@@ -11,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..utils.registry import did_you_mean
-from .fields import ConfigError, opt, registered
+from .fields import ConfigError, Section, check_function_path, opt, registered
 from .mcp import parse_server_specs, require_sdk
-from .sections import Section, _check_function_path
 
 TOOL_CALL_FORMATS = registered("reinforge.tools.formats:TOOL_CALL_FORMATS")
 ENVIRONMENTS = registered("reinforge.envs.base:ENVIRONMENTS")
@@ -111,7 +109,7 @@ class AgentConfig(Section):
     def check(self) -> None:
         for i, spec in enumerate(self.tools):
             if ":" in spec:
-                _check_function_path(f"agent.tools[{i}]", spec)
+                check_function_path(f"agent.tools[{i}]", spec)
             elif spec not in TOOLS():
                 raise ConfigError(
                     f"agent.tools[{i}]: unknown tool {spec!r}{did_you_mean(spec, list(TOOLS()))}; registered: "
@@ -132,7 +130,7 @@ class AgentConfig(Section):
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         if ":" in self.environment:
-            _check_function_path("agent.environment", self.environment)
+            check_function_path("agent.environment", self.environment)
         elif self.environment not in ENVIRONMENTS():
             raise ConfigError(
                 f"agent.environment: unknown environment {self.environment!r}"

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fields import ConfigError, opt
-from .sections import Section
+from .fields import ConfigError, Section, opt
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The configuration sections of what is learned: the reward, the RL algorithm, the offline methods and
-the critic (one dataclass each; the sections of how a run runs are in :mod:`.sections`).
+the critic (one dataclass each; the sections of how a run runs have a module each).
 
 Key names follow slime's command-line flags where slime has one (``eps_clip``, ``kl_coef``...).
 ``docs/config.md`` is generated from these declarations.
@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .fields import ConfigError, opt, registered, registry
-from .sections import Section, _check_function_path
+from .fields import ConfigError, Section, check_function_path, opt, registered, registry
 
 ESTIMATORS = registered("reinforge.algo.registries:ADV_ESTIMATORS")
 POLICY_LOSSES = registered("reinforge.algo.registries:POLICY_LOSSES")
@@ -118,7 +117,7 @@ class RewardConfig(Section):
             raise ConfigError(
                 f"reward.function_path is set but reward.type={self.type!r}; use type {users('takes_function_path')}"
             )
-        _check_function_path("reward.function_path", self.function_path)
+        check_function_path("reward.function_path", self.function_path)
 
 
 @dataclass

@@ -9,21 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import AgentConfig
+from .cluster import ClusterConfig
+from .data import DataConfig
 from .distill import DistillConfig
+from .engine import EngineConfig
+from .eval import EvalConfig
 from .fields import ConfigError, registry
 from .judge import JudgeConfig, check_judge
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
+from .model import ModelConfig
+from .rollout import RolloutConfig
+from .run import RunConfig
 from .sandbox import SandboxConfig
-from .sections import (
-    ClusterConfig,
-    DataConfig,
-    EngineConfig,
-    EvalConfig,
-    ModelConfig,
-    RolloutConfig,
-    RunConfig,
-    TrainConfig,
-)
+from .train import TrainConfig
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,

@@ -14,7 +14,7 @@ from ..algo.logprobs import token_log_probs
 from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
-from ..config.sections import DEFAULT_LORA_TARGETS
+from ..config.model import DEFAULT_LORA_TARGETS
 from ..models.families import moe_models, native_models
 from ..models.hub import resolve_model_path
 from ..models.loading import build_model, is_native, named_weights

@@ -22,7 +22,7 @@ from torch import nn
 from ..algo.logprobs import token_log_probs
 from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
-from ..config.sections import DEFAULT_LORA_TARGETS
+from ..config.model import DEFAULT_LORA_TARGETS
 from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora

@@ -516,7 +516,7 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
 
 def test_messages_name_only_keys_that_exist():
     """Every `section.key` in the messages (those the tests above collected, and every one the module's source
-    can write) is a key of reinforge/config/sections.py (module paths such as `.cluster.resources` are not
+    can write) is a key of a section under reinforge/config/ (module paths such as `.cluster.resources` are not
     keys: a dot before)."""
     keys = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     pattern = re.compile(r"(?<![\w.])(" + "|".join(SECTIONS) + r")\.([a-z_][a-z0-9_]*)")

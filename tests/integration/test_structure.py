@@ -238,6 +238,20 @@ NOT_KEYS = {
 }  # the last: the derived trainer world size, compared on resume (recover.py)
 
 
+def test_each_config_section_has_a_module_of_its_own():
+    """Issue 54: the config is split by concept, one module per section (``reinforge/config/engine.py`` holds
+    ``EngineConfig``), except the sections of what is learned, one close group in ``learning.py``."""
+    from reinforge.config import SECTIONS
+
+    grouped = {"reward", "algo", "critic", "offline"}  # learning.py
+    wrong = {
+        name: cls.__module__
+        for name, cls in SECTIONS.items()
+        if cls.__module__ != f"reinforge.config.{'learning' if name in grouped else name}"
+    }
+    assert not wrong, wrong
+
+
 def test_config_keys_named_in_messages_exist():
     """Every ``section.key`` that the package's strings (messages, help texts, docstrings) name is a
     real key, or the old spelling of a moved one: an error never names a key that does not exist."""
