@@ -24,8 +24,8 @@ from ..records import Sample
 from ..utils import faults, seeds, trace
 from ..utils.ragged import flat_tensor, split_owned
 from .batching import MicroBatch
+from .collectives import ParallelContext, full_tensor
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
-from .parallel import ParallelContext, full_tensor
 from .rollout_share import move_rows
 from .routing_replay import replay_experts
 from .step import Head, RoutingFn, forward_backward, forward_only

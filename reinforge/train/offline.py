@@ -28,8 +28,8 @@ from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
+from .collectives import ParallelContext, partition_by_tokens
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
-from .parallel import ParallelContext, partition_by_tokens
 from .step import forward_backward, forward_only
 
 Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # (example, response) of each sequence

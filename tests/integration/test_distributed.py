@@ -6,7 +6,7 @@ import torch
 from reinforge.config import load_config
 from reinforge.records import Sample
 from reinforge.train.actor import TrainData
-from reinforge.train.parallel import partition_by_tokens
+from reinforge.train.collectives import partition_by_tokens
 from tests.ranks import spawn_ranks
 
 
