@@ -27,20 +27,25 @@ from tests.ranks import spawn_ranks  # noqa: E402
 
 
 def make_data(n: int, vocab: int, seed: int = 0):
-    """``n`` samples: 64-128-token prompts, 32-256-token responses, one advantage per sample."""
+    """``n`` scored samples in groups of 2: 64-128-token prompts, 32-256-token responses, random rewards."""
     from reinforge.records import Sample
-    from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(seed)
-    samples, adv = [], []
+    samples = []
     for _ in range(n):
         P, R = int(torch.randint(64, 129, (1,), generator=g)), int(torch.randint(32, 257, (1,), generator=g))
         tokens = torch.randint(100, vocab - 100, (P + R,), generator=g).tolist()
         samples.append(
-            Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R, rollout_log_probs=[-1.0] * R)
+            Sample(
+                prompt="p",
+                tokens=tokens,
+                response_length=R,
+                loss_mask=[1] * R,
+                rollout_log_probs=[-1.0] * R,
+                reward=float(torch.randn(1, generator=g)),
+            )
         )
-        adv.append(torch.full((R,), float(torch.randn(1, generator=g))))
-    return TrainData(samples, adv)
+    return [samples[i : i + 2] for i in range(0, n, 2)]
 
 
 def weight_norm(name: str, t: torch.Tensor) -> float:
@@ -48,10 +53,11 @@ def weight_norm(name: str, t: torch.Tensor) -> float:
 
 
 def worker(rank, world, port, overrides, path, data, steps, device, queue, summarize=weight_norm):
-    """One trainer rank: ``steps`` training steps of ``data``; rank 0 puts (last metrics, median
-    step seconds, {name: summarize(name, full weight)}, every rank's peak GPU memory in GiB (nan on
-    a CPU)) on ``queue``."""
+    """One trainer rank: ``steps`` training steps of ``data`` (scored groups; each step's score and train
+    timed together); rank 0 puts (last metrics, median step seconds, {name: summarize(name, full weight)},
+    every rank's peak GPU memory in GiB (nan on a CPU)) on ``queue``."""
     from reinforge.config import load_config
+    from reinforge.train.rollout_share import RolloutBatch
     from reinforge.train.worker import TrainWorker
 
     cuda = device == "cuda"
@@ -64,7 +70,8 @@ def worker(rank, world, port, overrides, path, data, steps, device, queue, summa
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        metrics.append(w.actor.train(data, r))
+        w.score(RolloutBatch(data, r))
+        metrics.append(w.train(r))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)

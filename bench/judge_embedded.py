@@ -1,11 +1,11 @@
-"""The embedded LLM judge (``reward.judge_model_path``, docs/agents.md#llm-as-judge-rewards) on a few
+"""The embedded LLM judge (``judge.model_path``, docs/agents.md#llm-as-judge-rewards) on a few
 hand-written samples: what the judge answers, what the score parser reads, how many parse.
 
 Eight arithmetic questions, each with a right and a wrong response (16 samples), are scored through the
 reward manager as a run scores them: one batched engine call, greedy, the judge's chat template. Prints a
 table (question, response, label, the end of the judge's answer, the score or the failure kind), the
 counts and the wall time; scoring the same samples again shows the cache (no engine call). Overrides of
-the ``reward`` section follow the options (``reward.judge_template=...``).
+the ``reward`` and ``judge`` sections follow the options (``judge.template=...``).
 
     python bench/judge_embedded.py                       # SmolLM2-135M-Instruct on this machine's device
     python bench/judge_embedded.py --judge ~/models/Qwen3-0.6B train.device=cuda
@@ -57,11 +57,11 @@ def cell(text: str, n: int = 60) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--judge", default="smollm2-135m-instruct", help="reward.judge_model_path")
-    ap.add_argument("overrides", nargs="*", help="config overrides (reward.*, train.device, engine.*)")
+    ap.add_argument("--judge", default="smollm2-135m-instruct", help="judge.model_path")
+    ap.add_argument("overrides", nargs="*", help="config overrides (reward.*, judge.*, train.device, engine.*)")
     args = ap.parse_args()
     cfg = load_config(
-        None, ["reward.type=judge", f"reward.judge_model_path={args.judge}", "data.n_eval_prompts=0", *args.overrides]
+        None, ["reward.type=judge", f"judge.model_path={args.judge}", "data.n_eval_prompts=0", *args.overrides]
     )
     t = time.perf_counter()
     mgr = RewardManager(cfg.reward, run=cfg)

@@ -189,18 +189,24 @@ def spread(n: int, length: int) -> list[int]:
 
 
 def rollout(lengths: list[int], prompt_len: int, vocab: int, seed: int = 0):
+    """Scored samples of these response lengths in groups of 2, random tokens and rewards."""
     from reinforge.records import Sample
-    from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(seed)
-    samples, adv = [], []
+    samples = []
     for R in lengths:
         tokens = torch.randint(10, vocab - 10, (prompt_len + R,), generator=g).tolist()
         samples.append(
-            Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R, rollout_log_probs=[-1.0] * R)
+            Sample(
+                prompt="p",
+                tokens=tokens,
+                response_length=R,
+                loss_mask=[1] * R,
+                rollout_log_probs=[-1.0] * R,
+                reward=float(torch.randn(1, generator=g)),
+            )
         )
-        adv.append(torch.full((R,), float(torch.randn(1, generator=g)) or 1.0))
-    return TrainData(samples, adv)
+    return [samples[i : i + 2] for i in range(0, len(samples), 2)]
 
 
 def worker(folder: Path, device: torch.device, args, **overrides):
@@ -221,16 +227,20 @@ def worker(folder: Path, device: torch.device, args, **overrides):
 def bench_training(folder: Path, length: int, packing: str, args, device: torch.device) -> dict[str, float]:
     reset_peak(device)
     w = worker(folder, device, args, **{"train.packing": packing})
-    data = rollout(spread(args.train_samples, length), args.prompt_len, ARCHS[args.arch_now]["vocab_size"])
-    tokens = sum(len(s.tokens) for s in data.samples)
+    from reinforge.train.rollout_share import RolloutBatch
+
+    groups = rollout(spread(args.train_samples, length), args.prompt_len, ARCHS[args.arch_now]["vocab_size"])
+    samples = [s for g in groups for s in g]
+    tokens = sum(len(s.tokens) for s in samples)
     times = []
     for step in range(args.train_steps):
         sync(device)
         t = time.perf_counter()
-        w.actor.train(data, step)
+        w.score(RolloutBatch(groups, step))
+        w.train(step)
         sync(device)
         times.append(time.perf_counter() - t)
-    mbs, _ = w.actor.rank_micro_batches(data.samples, list(range(len(data.samples))))
+    mbs, _ = w.actor.rank_micro_batches(samples, list(range(len(samples))))
     padded = sum(mb.input_ids.numel() for mb in mbs)
     out = {
         "step_s": min(times[1:] or times),
@@ -251,11 +261,11 @@ def bench_logprob_memory(folder: Path, chunk: int, args, device: torch.device) -
         args,
         **{"train.log_prob_chunk_size": chunk, "train.max_tokens_per_gpu": args.logprob_tokens + args.prompt_len},
     )
-    data = rollout([args.logprob_tokens], args.prompt_len, ARCHS[args.arch_now]["vocab_size"])
+    (sample, _), *_ = rollout([args.logprob_tokens, 1], args.prompt_len, ARCHS[args.arch_now]["vocab_size"])
     base = peak_gib(device)
     reset_peak(device)
     t = time.perf_counter()
-    w.actor.compute_log_probs(data.samples)
+    w.actor.compute_log_probs([sample])
     sync(device)
     out = {"peak_gib": peak_gib(device), "weights_gib": base, "s": time.perf_counter() - t}
     del w

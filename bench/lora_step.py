@@ -23,11 +23,11 @@ from archs import ARCHS, write_random_model
 
 
 def make_rollout(n: int, prompt_len: int, response_len: int, vocab: int):
+    """``n`` scored samples in groups of 2, random tokens and rewards (the trainer computes the advantages)."""
     from reinforge.records import Sample
-    from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(0)
-    samples, adv = [], []
+    samples = []
     for _ in range(n):
         tokens = torch.randint(10, vocab - 10, (prompt_len + response_len,), generator=g).tolist()
         samples.append(
@@ -37,10 +37,10 @@ def make_rollout(n: int, prompt_len: int, response_len: int, vocab: int):
                 response_length=response_len,
                 loss_mask=[1] * response_len,
                 rollout_log_probs=[-1.0] * response_len,
+                reward=float(torch.randn(1, generator=g)),
             )
         )
-        adv.append(torch.full((response_len,), float(torch.randn(1, generator=g))))
-    return TrainData(samples, adv)
+    return [samples[i : i + 2] for i in range(0, n, 2)]
 
 
 def run(folder: Path, lora_rank: int, args) -> dict[str, float]:
@@ -65,14 +65,16 @@ def run(folder: Path, lora_rank: int, args) -> dict[str, float]:
         torch.cuda.reset_peak_memory_stats()
     worker = TrainWorker(cfg, folder)
     trainable = sum(p.numel() for p in worker.actor.model.parameters() if p.requires_grad)
-    data = make_rollout(args.samples, args.prompt_len, args.response_len, ARCHS[args.arch]["vocab_size"])
+    from reinforge.train.rollout_share import RolloutBatch
+
+    groups = make_rollout(args.samples, args.prompt_len, args.response_len, ARCHS[args.arch]["vocab_size"])
     times = []
     for step in range(args.steps):
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        data.ref_log_probs = worker.actor.compute_log_probs(data.samples, reference=True)
-        worker.actor.train(data, step)
+        worker.score(RolloutBatch(groups, step))  # the reference's log-probs (KL loss), the advantages
+        worker.train(step)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> list[tuple]:
         args.arch, folder, **({**tiny_overrides(args.arch), "num_hidden_layers": 4} if args.tiny else {})
     )
     data = make_data(args.samples, ARCHS[args.arch]["vocab_size"])
-    tokens = sum(len(s.tokens) for s in data.samples)
+    tokens = sum(len(s.tokens) for group in data for s in group)
     base = [
         f"model.path={folder}",
         "train.lr=1e-5",

@@ -47,14 +47,15 @@ def label_phases() -> None:
 
 
 def grouped_rollout(prompts: int, n: int, prompt_len: int, max_len: int, vocab: int):
-    """``prompts`` x ``n`` samples; the samples of a prompt share its tokens; lengths spread over [max/8, max]."""
+    """``prompts`` groups of ``n`` scored samples (random rewards); the samples of a prompt share its tokens;
+    lengths spread over [max/8, max]."""
     from reinforge.records import Sample
-    from reinforge.train.actor import TrainData
 
     g = torch.Generator().manual_seed(0)
     lengths = lr.spread(prompts * n, max_len)
-    samples, adv = [], []
+    groups = []
     for p in range(prompts):
+        samples = []
         prompt = torch.randint(10, vocab - 10, (prompt_len,), generator=g).tolist()
         for j in range(n):
             R = lengths[(p * n + j) * 7919 % len(lengths)]
@@ -67,10 +68,11 @@ def grouped_rollout(prompts: int, n: int, prompt_len: int, max_len: int, vocab: 
                     loss_mask=[1] * R,
                     rollout_log_probs=[-1.0] * R,
                     group_index=p,
+                    reward=float(torch.randn(1, generator=g)),
                 )
             )
-            adv.append(torch.full((R,), float(torch.randn(1, generator=g)) or 1.0))
-    return TrainData(samples, adv)
+        groups.append(samples)
+    return groups
 
 
 def main() -> None:
@@ -96,12 +98,16 @@ def main() -> None:
         }
         over.update(kv.split("=", 1) for kv in args.overrides)
         w = lr.worker(folder, dev, args, **over)
-        data = grouped_rollout(args.prompts, 8, args.prompt_len, 256, 49152)
+        from reinforge.train.rollout_share import RolloutBatch
+
+        groups = grouped_rollout(args.prompts, 8, args.prompt_len, 256, 49152)
+        samples = [s for g in groups for s in g]
         times = []
         for i in range(args.steps + 3):
             lr.sync(dev)
             t = time.perf_counter()
-            w.actor.train(data, i)
+            w.score(RolloutBatch(groups, i))
+            w.train(i)
             lr.sync(dev)
             times.append(time.perf_counter() - t)
         print(
@@ -110,11 +116,12 @@ def main() -> None:
             f"median of last 3 {sorted(times[-3:])[1]:.3f}",
             flush=True,
         )
-        mbs, _ = w.actor.rank_micro_batches(data.samples, list(range(len(data.samples))))
+        mbs, _ = w.actor.rank_micro_batches(samples, list(range(len(samples))))
         print("micro-batches", len(mbs), "shapes", [tuple(mb.input_ids.shape) for mb in mbs])
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
             t = time.perf_counter()
-            w.actor.train(data, 99)
+            w.score(RolloutBatch(groups, 99))
+            w.train(99)
             lr.sync(dev)
             print("profiled step s", round(time.perf_counter() - t, 3))
         ev = p.key_averages()

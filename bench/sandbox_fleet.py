@@ -6,7 +6,7 @@ concurrency, and the largest fleet that holds its limits.
    a git base's first extraction and a cached lookup.
 2. Episodes: workspace over the 2,000-file base + one edit + one sandbox run of a trivial program
    that reads the edit through the merged, read-only view + close, ``--episodes`` of them through
-   ``c`` slots (``agent.max_concurrent_sandboxes``) for each ``--concurrency``. One episode in
+   ``c`` slots (``sandbox.max_concurrent``) for each ``--concurrency``. One episode in
    ``--hog-every`` runs a memory hog instead: two children of ``--hog-mb`` MiB each under a
    ``--memory-mb`` limit (the sandbox's whole group may hold ``memory_mb + disk_mb``; each child
    alone is within the per-process limit): the sandbox's cgroup must kill one. A level **holds its

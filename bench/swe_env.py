@@ -15,6 +15,7 @@ import time
 from reinforge.config import load_config
 from reinforge.envs import EnvContext, Turn, load_environment
 from reinforge.envs.swe_data import generate_repos
+from reinforge.sandbox import Sandboxes
 from reinforge.tools import ToolCall, ToolSet
 
 
@@ -61,8 +62,8 @@ def main() -> None:
     t = time.perf_counter()
     rows = generate_repos(args.episodes, seed=0)
     print(f"generator: {args.episodes / (time.perf_counter() - t):.0f} verified repositories/s")
-    cfg = load_config(None, ["agent.environment=swe", f"agent.python_sandbox={args.sandbox}"]).agent
-    ctx = EnvContext(cfg, ToolSet([]), {})
+    cfg = load_config(None, ["agent.environment=swe", f"sandbox.backend={args.sandbox}"])
+    ctx = EnvContext(cfg.agent, ToolSet([]), {}, Sandboxes.from_config(cfg.sandbox, cfg.agent.tool_timeout))
     for c in (1, args.concurrency):
         times, eps = asyncio.run(run(rows, ctx, c))
         parts = [

@@ -513,7 +513,7 @@ def _lora_row(model: nn.Module | None, targets: list[str] | None) -> Row:
     if model is None:
         return Row("LoRA targets", "not run: no model", None)
     if targets is None:
-        from .config.sections import ModelConfig
+        from .config.model import ModelConfig
         from .models.lora import with_family_targets
 
         targets = with_family_targets(model, ModelConfig().lora_target_modules)

@@ -115,7 +115,7 @@ class RLLoop:
         if cfg.reward.properties.get("judge"):  # the judge endpoint answers, before the policy is built
             from .reward.judge import check_endpoint
 
-            check_endpoint(cfg.reward)
+            check_endpoint(cfg.judge, cfg.reward.timeout)
         self.train_data, self.eval_data = load_datasets(  # (a custom rollout may score samples itself)
             cfg.data,
             self.tokenizer,

@@ -107,7 +107,7 @@ def make_data(
             max_seqs=min(batch_prompts, len(prompts)) * r.n_samples_per_prompt,
         )
     )  # the work
-    reward = RewardManager(cfg.reward, pad_id=tok.pad_token_id or 0)
+    reward = RewardManager(cfg.reward, pad_id=tok.pad_token_id or 0, judge=cfg.judge)
     ctx = RolloutContext(cfg, engine, tok, reward, model_stop_token_ids(tok, str(path), r.rollout_stop_token_ids))
     thr = cfg.reward.correct_threshold
     try:

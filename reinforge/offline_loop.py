@@ -31,9 +31,9 @@ from .parallel_layout import Layout
 from .preflight import check_offline, longest_example
 from .recover import OFFLINE_RESUME_KEYS
 from .run import Driver, RunSpec, load_first, read_state, resume_candidates
+from .train.collectives import ParallelContext
 from .train.export import read_trainer_state, write_trainers
 from .train.offline import OfflineTrainer, RefLogps
-from .train.parallel import ParallelContext
 from .utils import trace
 from .utils.device import resolve_device
 

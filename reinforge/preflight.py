@@ -464,7 +464,7 @@ def check_rl(
         cfg.cluster.mode == "local",
         "rollout.rollout_max_response_len",
     )
-    problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # reward.judge_model_path
+    problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # judge.model_path
     from .sandbox import sandbox_problems
 
     problems += sandbox_problems(cfg)  # the python tool's sandbox, before any model is built

@@ -17,7 +17,7 @@ run)  # arguments after `run` are overrides for every pipeline step
   for f in .device/debs/*.deb; do dpkg -x "$f" /; done; ldconfig
   SANDBOX=""
   if ! python3 -c "from reinforge.tools.sandbox import check_sandbox; check_sandbox()" >> "$OUT/setup.txt" 2>&1; then
-    SANDBOX="agent.python_sandbox=none"   # this throwaway GPU box cannot make the sandbox (said in the results)
+    SANDBOX="sandbox.backend=none"   # this throwaway GPU box cannot make the sandbox (said in the results)
     echo "sandbox unavailable here: running with $SANDBOX" | tee -a "$OUT/setup.txt"
   fi
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/setup.txt"

@@ -1,10 +1,17 @@
-"""Configuration: one dataclass per concern (``sections.py``: how a run runs;
-``learning.py``: reward, algorithm, offline methods, critic; ``agent.py``), composed into :class:`Config` (``root.py``),
-read from YAML plus ``key=value`` overrides (``loader.py``); every key's help and bounds sit
-beside its field (``fields.opt``) and ``docs/config.md`` is generated from them (``docs.py``)."""
+"""Configuration: one dataclass per concern, a module per section (``model.py``, ``data.py``, ``rollout.py``,
+``engine.py``, ``judge.py``, ``agent.py``, ``sandbox.py``, ``distill.py``, ``train.py``, ``eval.py``,
+``cluster.py``, ``run.py``; ``learning.py``: reward, algorithm, offline methods, critic), each a
+:class:`~.fields.Section`, composed into :class:`Config` (``root.py``), read from YAML plus ``key=value``
+overrides (``loader.py``); every key's help and bounds sit beside its field (``fields.opt``) and
+``docs/config.md`` is generated from them (``docs.py``)."""
 
 from .agent import AgentConfig
+from .cluster import ClusterConfig
+from .data import DataConfig
+from .engine import EngineConfig
+from .eval import EvalConfig
 from .fields import ConfigError
+from .judge import JudgeConfig
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
 from .loader import (
     config_dict,
@@ -16,17 +23,12 @@ from .loader import (
     parse_override,
     unused_keys,
 )
+from .model import ModelConfig
+from .rollout import RolloutConfig
 from .root import SECTIONS, Config
-from .sections import (
-    ClusterConfig,
-    DataConfig,
-    EngineConfig,
-    EvalConfig,
-    ModelConfig,
-    RolloutConfig,
-    RunConfig,
-    TrainConfig,
-)
+from .run import RunConfig
+from .sandbox import SandboxConfig
+from .train import TrainConfig
 
 __all__ = [
     "ConfigError",
@@ -47,10 +49,12 @@ __all__ = [
     "DataConfig",
     "EngineConfig",
     "EvalConfig",
+    "JudgeConfig",
     "ModelConfig",
     "OfflineConfig",
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",
+    "SandboxConfig",
     "TrainConfig",
 ]

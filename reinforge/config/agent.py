@@ -1,7 +1,6 @@
 """The ``agent`` section: multi-turn rollouts with tools and environments (docs/agents.md).
 
-Kept apart from :mod:`.sections` (which holds the other sections) so that each module stays short;
-its registries are read by name, as the other sections' are: the config sits below ``tools`` and
+Its registries are read by name, as the other sections' are: the config sits below ``tools`` and
 ``envs`` and imports neither.
 """
 
@@ -11,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..utils.registry import did_you_mean
-from .fields import ConfigError, opt, registered
+from .fields import ConfigError, Section, check_function_path, opt, registered
 from .mcp import parse_server_specs, require_sdk
-from .sections import Section, _check_function_path
 
 TOOL_CALL_FORMATS = registered("reinforge.tools.formats:TOOL_CALL_FORMATS")
 ENVIRONMENTS = registered("reinforge.envs.base:ENVIRONMENTS")
@@ -91,36 +89,6 @@ class AgentConfig(Section):
         "(each in a thread of its own; one abandoned at `agent.env_timeout` frees its place)",
         ge=1,
     )
-    python_memory_mb: int = opt(
-        1024,
-        "`python` tool: address-space limit of each of its processes (MiB); with its "
-        "64 MiB scratch disk, the memory of the whole sandbox",
-        ge=64,
-    )
-    python_sandbox: Literal["bwrap", "none"] = opt(
-        "bwrap",
-        "`python` tool isolation: `bwrap` (a bubblewrap sandbox; the tool refuses to start without it) or "
-        "`none` (unsafe: a plain subprocess that can read and change your files)",
-    )
-    python_sandbox_uid: int = opt(
-        990000,
-        "`python` tool: the host uid and gid the sandbox runs as when the trainer "
-        "is root (the trainer drops to it before bubblewrap starts, so nothing inside is "
-        "root on the host); pick one no account or other service uses",
-        ge=1,
-        lt=2**32 - 1,
-    )
-    python_sandbox_uids: int = opt(
-        1024,
-        "`python` tool, trainer run as root: sandboxes running at once each take a host uid (and gid) of "
-        "their own among `python_sandbox_uid` .. `python_sandbox_uid` + this - 1, so that per-uid kernel "
-        "quotas (inotify instances, keys, message queues, processes) are not shared; one uid for all: 1 "
-        "([agents.md](agents.md#threat-model))",
-        ge=1,
-    )
-    python_max_open_files: int = opt(
-        1024, "`python` tool: descriptors each process of the sandbox may hold open at once (`RLIMIT_NOFILE`)", ge=16
-    )
     turn_reward: Literal["sum", "discounted"] = opt(
         "sum",
         "how an environment's per-turn rewards reach the advantage estimator: `sum` (added into the "
@@ -137,17 +105,11 @@ class AgentConfig(Section):
         "the rollout; each on its own track: generation, environment step, tool calls); 0: none",
         ge=0,
     )
-    max_concurrent_sandboxes: int | None = opt(
-        None,
-        "`python` tool: sandboxes running at once across all samples (a call waits for a slot before its time "
-        "limit starts); `null`: half the memory available at start / (`python_memory_mb` + 64 MiB of disk)",
-        ge=1,
-    )
 
     def check(self) -> None:
         for i, spec in enumerate(self.tools):
             if ":" in spec:
-                _check_function_path(f"agent.tools[{i}]", spec)
+                check_function_path(f"agent.tools[{i}]", spec)
             elif spec not in TOOLS():
                 raise ConfigError(
                     f"agent.tools[{i}]: unknown tool {spec!r}{did_you_mean(spec, list(TOOLS()))}; registered: "
@@ -161,11 +123,6 @@ class AgentConfig(Section):
             )
         if not self.tool_role.strip():
             raise ConfigError("agent.tool_role must be `auto` or a role name")
-        if self.python_sandbox_uid + self.python_sandbox_uids > 2**32 - 1:
-            raise ConfigError(
-                f"agent.python_sandbox_uid={self.python_sandbox_uid} + agent.python_sandbox_uids="
-                f"{self.python_sandbox_uids} passes the last uid (2**32 - 2): lower either"
-            )
         if self.mcp_servers:
             try:
                 parse_server_specs(self.mcp_servers)
@@ -173,7 +130,7 @@ class AgentConfig(Section):
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         if ":" in self.environment:
-            _check_function_path("agent.environment", self.environment)
+            check_function_path("agent.environment", self.environment)
         elif self.environment not in ENVIRONMENTS():
             raise ConfigError(
                 f"agent.environment: unknown environment {self.environment!r}"

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .fields import ConfigError, opt
-from .sections import Section
+from .fields import ConfigError, Section, opt
 
 TEACHER_KEY = "teacher"
 """``sample.metadata`` key (a data row's ``metadata.teacher``) naming the teacher of ``distill.teachers``

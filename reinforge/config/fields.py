@@ -145,3 +145,26 @@ def registry(path: str) -> Callable[[], Any]:
         return getattr(importlib.import_module(module), attr)
 
     return get
+
+
+class Section:
+    """Base of the sections: field checks from the declarations, then ``check()``."""
+
+    name = ""
+
+    def validate(self) -> None:
+        check_fields(self.name, self)
+        self.check()
+
+    def check(self) -> None:
+        """Combinations of this section's keys (override in sections that have them)."""
+
+
+def check_function_path(key: str, path: str | None) -> None:
+    """Refuse a ``module:function`` key's value without the colon (``path`` None: unset, accepted).
+
+    Raises:
+        ConfigError: naming ``key`` and the form it needs.
+    """
+    if path is not None and ":" not in path:
+        raise ConfigError(f"{key}={path!r} must look like 'package.module:function'")

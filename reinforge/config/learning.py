@@ -1,5 +1,5 @@
 """The configuration sections of what is learned: the reward, the RL algorithm, the offline methods and
-the critic (one dataclass each; the sections of how a run runs are in :mod:`.sections`).
+the critic (one dataclass each; the sections of how a run runs have a module each).
 
 Key names follow slime's command-line flags where slime has one (``eps_clip``, ``kl_coef``...).
 ``docs/config.md`` is generated from these declarations.
@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .fields import ConfigError, opt, registered, registry
-from .sections import Section, _check_function_path
+from .fields import ConfigError, Section, check_function_path, opt, registered, registry
 
 ESTIMATORS = registered("reinforge.algo.registries:ADV_ESTIMATORS")
 POLICY_LOSSES = registered("reinforge.algo.registries:POLICY_LOSSES")
@@ -39,8 +38,9 @@ class RewardConfig(Section):
     type: str = opt(
         "auto",
         "`auto` (reasoning-gym scorer for reasoning-gym prompts, else math-verify), `reasoning_gym`, `math`, "
-        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`), `judge` (an LLM judge: "
-        "[agents.md](agents.md#llm-as-judge-rewards)); registered in `reinforge.reward.registry:REWARDS`",
+        "`exact_match`, `custom`, `model` (a trained reward model, `reward.model_path`), `judge` (an LLM judge, "
+        "the `judge` section: [agents.md](agents.md#llm-as-judge-rewards)); registered in "
+        "`reinforge.reward.registry:REWARDS`",
         choices=REWARD_TYPES,
     )
     function_path: str | None = opt(
@@ -85,43 +85,6 @@ class RewardConfig(Section):
     )
     model_device: str = opt("auto", "`type: model`: where the reward model runs (`auto`: the trainer's device)")
     model_batch_size: int = opt(64, "`type: model`: samples scored per forward pass", ge=1)
-    judge_url: str | None = opt(None, "`type: judge`: an OpenAI-compatible base URL (`http://127.0.0.1:8000/v1`)")
-    judge_model: str | None = opt(None, "`type: judge`: the model name sent to the judge at `judge_url`")
-    judge_model_path: str | None = opt(
-        None,
-        "`type: judge` without `judge_url`: a judge run by the embedded engine in the trainer's process, on its "
-        "device, asleep except while it scores: a Hugging Face folder or a known name (`smollm2-135m-instruct`)",
-    )
-    judge_max_num_seqs: int = opt(
-        16, "embedded judge: answers generated at once (its engine's slots; capped at one rollout's samples)", ge=1
-    )
-    judge_max_len: int = opt(
-        0,
-        "embedded judge: tokens of one judge prompt (chat template applied) + its answer; a longer prompt is a "
-        "judge error (counted). 0: the judge model's context window, at most 2048",
-        ge=0,
-    )
-    judge_max_new_tokens: int = opt(256, "embedded judge: tokens of its answer at most (greedy)", ge=1)
-    judge_offload_weights: bool = opt(
-        False, "embedded judge on a GPU: its weights wait on the CPU while it sleeps (freed GPU memory, slower wake)"
-    )
-    judge_template: str | None = opt(
-        None,
-        "`type: judge`: prompt with `{question}`, `{response}`, `{label}` (unset: "
-        "asks for a score from 0 to 10 on the last line)",
-    )
-    judge_score_regex: str | None = opt(
-        None, "`type: judge`: the last match is the score (its last group, if any); unset: the last number"
-    )
-    judge_max_score: float = opt(10.0, "`type: judge`: the score is divided by this (in [0, 1])", gt=0)
-    judge_verdicts: dict[str, float] = opt(
-        {},
-        "`type: judge`: scores of verdict words the regex may capture instead of a number, matched without case: "
-        "`{'yes': 1, 'no': 0}` (quoted: YAML reads yes / no as booleans) with "
-        '`judge_score_regex: "(?i)\\b(yes|no)\\b"` and `judge_max_score: 1`',
-    )
-    judge_retries: int = opt(2, "`type: judge`: retries of a failed request (error, timeout, HTTP 429 / 5xx)", ge=0)
-    judge_cache_size: int = opt(4096, "`type: judge`: scores kept in memory (same question/response/label)", ge=0)
     worker_max_memory_mb: int = opt(
         4096,
         "`isolation: process`: a reward worker whose resident memory (RSS) is past this many MiB once its calls are "
@@ -154,39 +117,7 @@ class RewardConfig(Section):
             raise ConfigError(
                 f"reward.function_path is set but reward.type={self.type!r}; use type {users('takes_function_path')}"
             )
-        _check_function_path("reward.function_path", self.function_path)
-        if self.judge_model_path and not kind.get("judge"):
-            raise ConfigError(
-                f"reward.judge_model_path is set but reward.type={self.type!r}; use type {users('judge')}"
-            )
-        if not kind.get("judge"):
-            return
-        if self.judge_url and self.judge_model_path:
-            raise ConfigError(
-                "reward.judge_url and reward.judge_model_path are both set: a judge is either an endpoint "
-                "(judge_url + judge_model) or the embedded engine with its own model (judge_model_path); unset one"
-            )
-        if not self.judge_model_path and not (self.judge_url and self.judge_model):
-            raise ConfigError(
-                "reward.type=judge needs reward.judge_url (OpenAI-compatible) and reward.judge_model, or "
-                "reward.judge_model_path (a judge model run by the embedded engine)"
-            )
-        if any(not isinstance(k, str) for k in self.judge_verdicts):
-            raise ConfigError(
-                f"reward.judge_verdicts={self.judge_verdicts}: its keys must be words; YAML reads yes, no, on, off, "
-                f"true and false unquoted as booleans: quote them ({{'yes': 1, 'no': 0}})"
-            )
-        bad = {k: v for k, v in self.judge_verdicts.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
-        if bad or any(not 0 <= v <= self.judge_max_score for v in self.judge_verdicts.values()):
-            raise ConfigError(
-                f"reward.judge_verdicts={self.judge_verdicts}: each verdict's score must be a number in "
-                f"[0, reward.judge_max_score={self.judge_max_score:g}]"
-            )
-        if self.judge_template is not None and "{response}" not in self.judge_template:
-            raise ConfigError(
-                "reward.judge_template has no {response}: the judge would not see what it grades; put {response} "
-                "(and {question}, {label}) in the template"
-            )
+        check_function_path("reward.function_path", self.function_path)
 
 
 @dataclass

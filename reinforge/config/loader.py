@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from pathlib import Path
@@ -21,6 +22,8 @@ import yaml
 
 from .fields import ConfigError
 from .root import SECTIONS, Config
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- loading
 
@@ -128,38 +131,78 @@ def _section_fields(section: str) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-# Keys that moved to another section: their old spelling is still read (user configs, the
-# config.yaml of older runs and checkpoints). (old section, key) -> new section.
-MOVED_KEYS: dict[tuple[str, str], str] = {
-    ("rollout", name): "engine"
-    for name in (
-        "backend",
-        "dtype",
-        "max_num_seqs",
-        "kv_cache_memory_fraction",
-        "max_prefill_tokens",
-        "sync_interval",
-        "overlap_schedule",
-        "cuda_graph",
-        "kv_block_size",
-        "num_kv_blocks",
-        "sglang_urls",
-        "sglang_server_args",
-        "sglang_router",
-        "sglang_weight_update",
-        "sglang_host",
-        "sglang_port_base",
-        "sglang_launch_timeout",
-    )
+# Keys that moved to another section (and maybe a new name): their old spelling is still read (user
+# configs, the config.yaml of older runs and checkpoints), with a warning naming the new key.
+# (old section, old name) -> (new section, new name).
+MOVED_KEYS: dict[tuple[str, str], tuple[str, str]] = {
+    **{
+        ("rollout", name): ("engine", name)
+        for name in (
+            "backend",
+            "dtype",
+            "max_num_seqs",
+            "kv_cache_memory_fraction",
+            "max_prefill_tokens",
+            "sync_interval",
+            "overlap_schedule",
+            "cuda_graph",
+            "kv_block_size",
+            "num_kv_blocks",
+            "sglang_urls",
+            "sglang_server_args",
+            "sglang_router",
+            "sglang_weight_update",
+            "sglang_host",
+            "sglang_port_base",
+            "sglang_launch_timeout",
+        )
+    },
+    **{
+        ("reward", f"judge_{name}"): ("judge", name)
+        for name in (
+            "url",
+            "model",
+            "model_path",
+            "max_num_seqs",
+            "max_len",
+            "max_new_tokens",
+            "offload_weights",
+            "template",
+            "score_regex",
+            "max_score",
+            "verdicts",
+            "retries",
+            "cache_size",
+        )
+    },
+    ("agent", "python_sandbox"): ("sandbox", "backend"),
+    ("agent", "python_memory_mb"): ("sandbox", "memory_mb"),
+    ("agent", "python_max_open_files"): ("sandbox", "max_open_files"),
+    ("agent", "python_sandbox_uid"): ("sandbox", "uid"),
+    ("agent", "python_sandbox_uids"): ("sandbox", "num_uids"),
+    ("agent", "max_concurrent_sandboxes"): ("sandbox", "max_concurrent"),
 }
+_warned_moved: set[str] = set()
+
+
+def _moved(old: str, new: tuple[str, str]) -> tuple[str, str]:
+    """``new``, the place of the old spelling ``old``; the first use of each old spelling logs a warning."""
+    if old not in _warned_moved:
+        _warned_moved.add(old)
+        log.warning(
+            f"config key {old} is now written {'.'.join(new)} (docs/config.md#{new[0]}); the old spelling is "
+            f"still read for now: rename it"
+        )
+    return new
 
 
 def _locate(key: str) -> tuple[str, str]:
     """'rollout.n_samples_per_prompt' or a bare unique 'n_samples_per_prompt' -> (section, name).
-    A key's old spelling (:data:`MOVED_KEYS`) gives its new place."""
+    A key's old spelling (:data:`MOVED_KEYS`, dotted or bare) gives its new place, with a warning."""
     if "." in key:
         section, name = key.split(".", 1)
-        section = MOVED_KEYS.get((section, name), section)
+        if (section, name) in MOVED_KEYS:
+            return _moved(key, MOVED_KEYS[(section, name)])
         if section not in SECTIONS:
             raise ConfigError(
                 f"unknown config section {section!r} in {key!r}; sections: {', '.join(SECTIONS)}"
@@ -171,6 +214,9 @@ def _locate(key: str) -> tuple[str, str]:
     owners = [s for s in SECTIONS if key in _section_fields(s)]
     if len(owners) == 1:
         return owners[0], key
+    moved = [old for old in MOVED_KEYS if old[1] == key]
+    if not owners and len(moved) == 1:
+        return _moved(".".join(moved[0]), MOVED_KEYS[moved[0]])
     if len(owners) > 1:
         raise ConfigError(f"config key {key!r} is ambiguous: write one of {', '.join(f'{s}.{key}' for s in owners)}")
     every = {f"{s}.{n}" for s in SECTIONS for n in _section_fields(s)}
@@ -237,13 +283,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     values: dict[tuple[str, str], tuple[Any, str]] = {}
     if path is not None:
         _read_yaml(Path(path), values, seen=())
+    spelled: dict[tuple[str, str], str] = {}  # how the command line wrote each key
     for text in overrides or []:
         key, value = parse_override(text)
         try:
-            values[_locate(key)] = (value, "command line")
+            located = _locate(key)
         except ConfigError as e:
             raise ConfigError(f"command line: {e}") from None
+        first = spelled.setdefault(located, key)
+        if _is_old_spelling(first, located) != _is_old_spelling(key, located):
+            raise ConfigError(
+                f"command line: {'.'.join(located)} is given twice (as {first!r} and as {key!r}, its old spelling); "
+                f"only one value can hold: delete one of them"
+            )
+        values[located] = (value, "command line")
     return config_from_values(values)
+
+
+def _is_old_spelling(key: str, located: tuple[str, str]) -> bool:
+    """Whether ``key`` (dotted or bare) names ``located`` by an old spelling of :data:`MOVED_KEYS`."""
+    return key not in (".".join(located), located[1])
 
 
 def read_utf8(path: Path) -> str:

@@ -9,19 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent import AgentConfig
+from .cluster import ClusterConfig
+from .data import DataConfig
 from .distill import DistillConfig
+from .engine import EngineConfig
+from .eval import EvalConfig
 from .fields import ConfigError, registry
+from .judge import JudgeConfig, check_judge
 from .learning import AlgoConfig, CriticConfig, OfflineConfig, RewardConfig
-from .sections import (
-    ClusterConfig,
-    DataConfig,
-    EngineConfig,
-    EvalConfig,
-    ModelConfig,
-    RolloutConfig,
-    RunConfig,
-    TrainConfig,
-)
+from .model import ModelConfig
+from .rollout import RolloutConfig
+from .run import RunConfig
+from .sandbox import SandboxConfig
+from .train import TrainConfig
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -29,7 +29,9 @@ SECTIONS: dict[str, type] = {
     "rollout": RolloutConfig,
     "engine": EngineConfig,
     "reward": RewardConfig,
+    "judge": JudgeConfig,
     "agent": AgentConfig,
+    "sandbox": SandboxConfig,
     "algo": AlgoConfig,
     "critic": CriticConfig,
     "distill": DistillConfig,
@@ -57,7 +59,9 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -99,6 +103,7 @@ class Config:
         """
         for name in SECTIONS:
             getattr(self, name).validate()
+        check_judge(self.reward, self.judge)
         r, t, a, c = self.rollout, self.train, self.algo, self.cluster
         pp = t.pipeline_model_parallel_size
         samples = r.rollout_batch_size * r.n_samples_per_prompt

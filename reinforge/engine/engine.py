@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from ..config.engine import EngineConfig
 from ..config.fields import unplanned
-from ..config.sections import EngineConfig
 from ..models.loading import copy_weights_, free_weight_storage, restore_weight_storage
 from ..models.transformer import CausalLM, Variant
 from ..records import FinishReason, GenerateRequest, GenerateResult

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ..config.sections import EngineConfig
+    from ..config.engine import EngineConfig
 
 
 # engine.kv_cache_dtype -> storage dtype ("auto": the model's); vLLM's names

@@ -87,16 +87,16 @@ class EnvContext:
     """What the run gives every episode: the ``agent`` config section, the run's :class:`ToolSet`
     (``agent.tools``), ``kwargs`` (``agent.environment_kwargs``) and the run's
     :class:`~reinforge.sandbox.Sandboxes` (limits and slots shared by all episodes and the ``python``
-    tool; None: made from ``agent``)."""
+    tool; None: the defaults of the ``sandbox`` section with ``agent.tool_timeout``)."""
 
     agent: AgentConfig
     tools: ToolSet
     kwargs: dict[str, Any] = field(default_factory=dict)
-    sandboxes: Sandboxes = None  # type: ignore[assignment]  # None -> Sandboxes.from_agent(agent)
+    sandboxes: Sandboxes = None  # type: ignore[assignment]  # None -> the defaults
 
     def __post_init__(self) -> None:
         if self.sandboxes is None:
-            self.sandboxes = Sandboxes.from_agent(self.agent)
+            self.sandboxes = Sandboxes.from_config(None, self.agent.tool_timeout)
 
 
 class Environment:

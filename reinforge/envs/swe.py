@@ -13,11 +13,11 @@ row's ``files`` are written and every edit goes; a row may give a base, files, o
   relative to the workspace, and any that leaves it (absolute, ``..``, through a link) is refused;
   the test files are read-only;
 * ``run_tests()``: the repository's tests, run in the run's sandboxes (``EnvContext.sandboxes``,
-  :class:`reinforge.sandbox.Sandboxes`: ``agent.python_sandbox``, ``python_memory_mb``,
-  ``python_sandbox_uid``) with the workspace's layers shown merged and read-only in its working
+  :class:`reinforge.sandbox.Sandboxes`: the ``sandbox`` section: ``sandbox.backend``,
+  ``memory_mb``, ``uid``) with the workspace's layers shown merged and read-only in its working
   directory, at most
   ``test_timeout`` seconds (default ``agent.tool_timeout``); the sandboxes of all episodes and the
-  ``python`` tool share the ``agent.max_concurrent_sandboxes`` slots.
+  ``python`` tool share the ``sandbox.max_concurrent`` slots.
 
 Tools of ``agent.tools`` are offered too. A turn without a call ends the episode; so does
 ``agent.max_turns``. The reward (:meth:`reward`) is 1.0 when every test of the row passes in a

@@ -1,7 +1,7 @@
 """The ``auto`` keys' values on a workload (:func:`choose`), each with its reason: the packing, the
 engine's slots and KV-cache share, ``cluster.offload_rollout``, the recomputation and the micro-batch
 (the order and the rules: :mod:`.planner`'s doc, docs/planner.md "`auto` keys"). Without a plan each key
-is :data:`DEFAULTS` (its declared ``unplanned`` value, ``reinforge/config/sections.py``)."""
+is :data:`DEFAULTS` (its declared ``unplanned`` value, the sections under ``reinforge/config/``)."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ AUTO_KEYS = (
 
 
 def _unplanned() -> dict[str, Any]:
+    from ..config import ClusterConfig, EngineConfig, ModelConfig, TrainConfig
     from ..config.fields import unplanned_values
-    from ..config.sections import ClusterConfig, EngineConfig, ModelConfig, TrainConfig
 
     sections = {"engine": EngineConfig, "cluster": ClusterConfig, "model": ModelConfig, "train": TrainConfig}
     return {f"{s}.{k}": v for s, cls in sections.items() for k, v in unplanned_values(cls).items()}
 
 
-DEFAULTS: dict[str, Any] = _unplanned()  # what `auto` is without a plan (each key's `unplanned`, config/sections.py)
+DEFAULTS: dict[str, Any] = _unplanned()  # what `auto` is without a plan (each key's `unplanned`, reinforge/config/)
 KV_FRACTIONS = [round(0.95 - 0.01 * i, 2) for i in range(91)]  # engine.kv_cache_memory_fraction=auto tries these
 KV_KEY = "engine.kv_cache_memory_fraction"
 MIN_AUTO_TOKENS = 8192  # today's default micro-batch: auto keeps at least this where it fits
@@ -233,8 +233,8 @@ def choose(cfg: Config, w: M.Workload, native: bool, offline: bool) -> tuple[dic
         f"engine.backend={cfg.engine.backend} sizes its own cache from this share; the planner sizes the embedded "
         f"engine's"
         if cfg.engine.backend != "embedded"
-        else "a judge engine (reward.judge_model_path) takes this share too, beside the policy's"
-        if cfg.reward.judge_model_path
+        else "a judge engine (judge.model_path) takes this share too, beside the policy's"
+        if cfg.judge.model_path
         else None
     )
     if kv_auto and other:

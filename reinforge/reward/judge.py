@@ -1,20 +1,20 @@
 """LLM-as-judge rewards (``reward.type: judge``): an OpenAI-compatible endpoint, or the embedded engine.
 
-Two transports, one way of scoring: the judge is either an endpoint (``reward.judge_url``, below) or a
-model run by the embedded engine in this process (``reward.judge_model_path``:
+Two transports, one way of scoring: the judge is either an endpoint (``judge.url``, below) or a
+model run by the embedded engine in this process (``judge.model_path``:
 :class:`~reinforge.reward.judge_engine.EngineJudge`, which answers a whole scoring call in one batched
 generation, :meth:`JudgeReward.judge_many`). The template, the score's parsing, the cache and the failure
 kinds are this module's for both.
 
-Each sample's question, response and label fill ``reward.judge_template``; the filled prompt is sent
-to ``POST {reward.judge_url}/chat/completions`` (``reward.judge_model``, temperature 0); the score is
-parsed from the answer (``reward.judge_score_regex``, default the last number; a verdict word it captures
-is scored by ``reward.judge_verdicts``) and divided by
-``reward.judge_max_score``. Samples are judged concurrently by the reward manager's threads
+Each sample's question, response and label fill ``judge.template``; the filled prompt is sent
+to ``POST {judge.url}/chat/completions`` (``judge.model``, temperature 0); the score is
+parsed from the answer (``judge.score_regex``, default the last number; a verdict word it captures
+is scored by ``judge.verdicts``) and divided by
+``judge.max_score``. Samples are judged concurrently by the reward manager's threads
 (``reward.concurrency`` requests in flight). A failed request (connection error, timeout, HTTP 429 or
-5xx) is retried ``reward.judge_retries`` times; each request waits at most ``reward.timeout`` s.
+5xx) is retried ``judge.retries`` times; each request waits at most ``reward.timeout`` s.
 
-A judge that cannot be reached or answers something without a score in ``[0, judge_max_score]``
+A judge that cannot be reached or answers something without a score in ``[0, judge.max_score]``
 raises :class:`JudgeFailure`: the manager counts it (``reward/judge_errors``,
 ``reward/judge_unparseable``) and leaves the sample out of its group's statistics and of the loss
 (status ``failed``), instead of scoring it 0 as if the model were wrong.
@@ -24,7 +24,7 @@ short request, so a judge that is down or a wrong model name is said in one line
 the first rollout.
 
 Successful scores are cached in memory (the same question, response and label are not judged
-twice; at most ``reward.judge_cache_size`` entries, least recently used dropped first). An API key, if
+twice; at most ``judge.cache_size`` entries, least recently used dropped first). An API key, if
 the endpoint needs one, is read from the environment variable ``REINFORGE_JUDGE_API_KEY``.
 """
 
@@ -231,12 +231,12 @@ class JudgeReward:
         except ValueError:
             verdict = self.verdicts.get(text.strip().lower())
             if verdict is None:
-                known = f" nor a verdict of reward.judge_verdicts {sorted(self.verdicts)}" if self.verdicts else ""
+                known = f" nor a verdict of judge.verdicts {sorted(self.verdicts)}" if self.verdicts else ""
                 raise JudgeFailure("judge_unparseable", f"judge score {text!r} is not a number{known}") from None
             value = verdict
         if not 0.0 <= value <= self.max_score:
             raise JudgeFailure(
-                "judge_unparseable", f"judge score {value:g} outside [0, reward.judge_max_score={self.max_score:g}]"
+                "judge_unparseable", f"judge score {value:g} outside [0, judge.max_score={self.max_score:g}]"
             )
         return value / self.max_score
 
@@ -270,26 +270,27 @@ class JudgeReward:
         return content
 
 
-def judge_from_config(cfg: Any, engine: Any = None) -> JudgeReward:
-    """A :class:`JudgeReward` from a ``RewardConfig``; ``engine``: the embedded judge's
-    :class:`~reinforge.reward.judge_engine.EngineJudge` (``reward.judge_model_path``), else the endpoint."""
+def judge_from_config(judge: Any, timeout: float, engine: Any = None) -> JudgeReward:
+    """A :class:`JudgeReward` from a ``JudgeConfig`` (the ``judge`` section) and ``reward.timeout`` (seconds
+    per request); ``engine``: the embedded judge's :class:`~reinforge.reward.judge_engine.EngineJudge`
+    (``judge.model_path``), else the endpoint."""
     return JudgeReward(
-        cfg.judge_url,
-        cfg.judge_model,
-        cfg.judge_template,
-        cfg.judge_score_regex,
-        cfg.judge_max_score,
-        cfg.timeout,
-        cfg.judge_retries,
-        cfg.judge_cache_size,
+        judge.url,
+        judge.model,
+        judge.template,
+        judge.score_regex,
+        judge.max_score,
+        timeout,
+        judge.retries,
+        judge.cache_size,
         engine=engine,
-        verdicts=cfg.judge_verdicts,
+        verdicts=judge.verdicts,
     )
 
 
 class JudgeUnreachable(InfraFailing):
     """The judge endpoint did not answer the start-up request (connection refused, timeouts, HTTP 429 /
-    5xx after ``reward.judge_retries`` retries): the run does not start (exit status 1)."""
+    5xx after ``judge.retries`` retries): the run does not start (exit status 1)."""
 
 
 def _api_headers() -> dict[str, str]:
@@ -334,39 +335,39 @@ def post_retrying(
     return None, last, 0.0
 
 
-def check_endpoint(cfg: Any) -> float:
-    """Check the judge endpoint of ``reward`` section ``cfg`` when the run starts: one chat completion of
-    at most one token for ``reward.judge_model`` at ``reward.judge_url``, tried as a scoring request is
-    (``reward.timeout`` s each, ``reward.judge_retries`` retries of a connection error, timeout or HTTP
-    429 / 5xx). Logs one line when it answers. Does nothing without ``judge_url`` (the embedded judge
+def check_endpoint(cfg: Any, timeout: float) -> float:
+    """Check the endpoint of the ``judge`` section ``cfg`` (``timeout``: ``reward.timeout``) when the run
+    starts: one chat completion of at most one token for ``judge.model`` at ``judge.url``, tried as a scoring request is
+    (``reward.timeout`` s each, ``judge.retries`` retries of a connection error, timeout or HTTP
+    429 / 5xx). Logs one line when it answers. Does nothing without ``judge.url`` (the embedded judge
     is checked by :func:`reinforge.preflight.check_rl`).
 
     Returns:
         the seconds the answer took (0.0 when there is no endpoint to check).
     Raises:
-        JudgeUnreachable: no answer (the message names ``reward.judge_url`` and the last error).
-        ValueError: an answer that refuses the request (HTTP 4xx: a wrong ``reward.judge_model`` or API
+        JudgeUnreachable: no answer (the message names ``judge.url`` and the last error).
+        ValueError: an answer that refuses the request (HTTP 4xx: a wrong ``judge.model`` or API
             key) or is not an OpenAI-compatible chat completion.
     """
-    if not getattr(cfg, "judge_url", None):
+    if not cfg.url:
         return 0.0
     import requests
 
-    url = cfg.judge_url.rstrip("/") + "/chat/completions"
+    url = cfg.url.rstrip("/") + "/chat/completions"
     body = {
-        "model": cfg.judge_model,
+        "model": cfg.model,
         "messages": [{"role": "user", "content": "Reply with the number 1."}],
         "max_tokens": 1,
         "temperature": 0,
     }
-    where = f"reward.judge_url={cfg.judge_url} (reward.judge_model={cfg.judge_model!r})"
-    tries = cfg.judge_retries + 1
-    r, last, seconds = post_retrying(requests.post, url, body, cfg.timeout, cfg.judge_retries)
+    where = f"judge.url={cfg.url} (judge.model={cfg.model!r})"
+    tries = cfg.retries + 1
+    r, last, seconds = post_retrying(requests.post, url, body, timeout, cfg.retries)
     if r is not None:
         if r.status_code != 200:
             raise ValueError(
                 f"{where}: the judge refused the start-up request with HTTP {r.status_code}: {r.text[:200]}. "
-                f"Set reward.judge_model to the name the server serves (GET {cfg.judge_url.rstrip('/')}/models "
+                f"Set judge.model to the name the server serves (GET {cfg.url.rstrip('/')}/models "
                 f"lists them) and REINFORGE_JUDGE_API_KEY if it needs a key"
             )
         try:
@@ -374,12 +375,12 @@ def check_endpoint(cfg: Any) -> float:
         except (ValueError, KeyError, IndexError, TypeError):
             raise ValueError(
                 f"{where}: POST {url} answered, but not with an OpenAI chat completion ({r.text[:200]!r}): "
-                f"reward.judge_url is the base URL of an OpenAI-compatible server (its /v1)"
+                f"judge.url is the base URL of an OpenAI-compatible server (its /v1)"
             ) from None
         log.info("reward: the judge answers at %s (%.2f s)", where, seconds)
         return seconds
     raise JudgeUnreachable(
         f"{where}: the judge does not answer ({tries} {'try' if tries == 1 else 'tries'} of reward.timeout="
-        f"{cfg.timeout:g} s; last: {last}). "
-        f"Start the judge server (e.g. `vllm serve <model>`) or fix reward.judge_url; nothing was built yet"
+        f"{timeout:g} s; last: {last}). "
+        f"Start the judge server (e.g. `vllm serve <model>`) or fix judge.url; nothing was built yet"
     )

@@ -1,27 +1,27 @@
-"""The judge of ``reward.type: judge`` run by the embedded engine with its own model (``reward.judge_model_path``).
+"""The judge of ``reward.type: judge`` run by the embedded engine with its own model (``judge.model_path``).
 
 The judge model (a Hugging Face folder or a known name) gets an :class:`~reinforge.engine.EmbeddedEngine` of
 its own in the trainer's process, on the trainer's device (``train.device``), colocated with the trainer
-and the policy's engine. It **sleeps** (KV cache freed; with ``reward.judge_offload_weights`` its weights
+and the policy's engine. It **sleeps** (KV cache freed; with ``judge.offload_weights`` its weights
 on the CPU) except while it scores: :meth:`EngineJudge.answer` wakes it, generates every answer of one
 scoring call (one rollout's samples, or one evaluation's) as one batched ``generate`` (greedy, at most
-``reward.judge_max_new_tokens`` tokens, the judge model's chat template around each prompt, its EOS ids as
+``judge.max_new_tokens`` tokens, the judge model's chat template around each prompt, its EOS ids as
 stop tokens) and puts it back to sleep. So it holds no KV cache while the trainer trains or the policy
 generates (in asynchronous mode, ``rollout.max_staleness`` > 0, scoring overlaps training: the judge's
 cache then coexists with the trainer's memory).
 
-Its engine is sized to its work: ``reward.judge_max_num_seqs`` slots (capped at the sequences one rollout
-or evaluation holds, :func:`~reinforge.rollout.backends.run_max_seqs`) of ``reward.judge_max_len`` tokens
+Its engine is sized to its work: ``judge.max_num_seqs`` slots (capped at the sequences one rollout
+or evaluation holds, :func:`~reinforge.rollout.backends.run_max_seqs`) of ``judge.max_len`` tokens
 (prompt + answer; 0: the judge model's context window, at most :data:`DEFAULT_MAX_LEN`); the other
 ``engine.*`` settings (dtype, KV block size, CUDA graphs) are the policy engine's. :func:`judge_problems`
 checks it before anything is built (:func:`reinforge.preflight.check_rl`): the path, the model family, the
 length against the judge's context window, and its memory beside the policy's engine.
 
 Parsing, the cache and the failure counts are :class:`~reinforge.reward.judge.JudgeReward`'s, the same as
-for an endpoint (``reward.judge_url``); this module is only the transport. A prompt longer than
-``reward.judge_max_len`` allows, or an engine error, is a judge error (counted, the sample left out), never a
+for an endpoint (``judge.url``); this module is only the transport. A prompt longer than
+``judge.max_len`` allows, or an engine error, is a judge error (counted, the sample left out), never a
 score of 0. Greedy decoding is deterministic, so nothing is retried, and the answer length is bounded, so no
-timeout applies (``reward.timeout`` and ``reward.judge_retries`` are the endpoint's).
+timeout applies (``reward.timeout`` and ``judge.retries`` are the endpoint's).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_LEN = 2048  # reward.judge_max_len=0: the judge's context window, at most this many tokens
+DEFAULT_MAX_LEN = 2048  # judge.max_len=0: the judge's context window, at most this many tokens
 GIB, MIB = 1 << 30, 1 << 20
 
 
@@ -72,18 +72,18 @@ class JudgeSpec:
 
 
 def resolve_judge_path(name: str) -> Path:
-    """``reward.judge_model_path`` as a local folder (as ``model.path`` is resolved: a folder, a known
+    """``judge.model_path`` as a local folder (as ``model.path`` is resolved: a folder, a known
     name converted on first use, a Hugging Face id in the local cache).
 
     Raises:
-        ConfigError: not found (the message names ``reward.judge_model_path`` and where it looked).
+        ConfigError: not found (the message names ``judge.model_path`` and where it looked).
     """
     from ..models.hub import resolve_model_path
 
     try:
         return resolve_model_path(name)
     except FileNotFoundError as e:
-        raise ConfigError(str(e).replace("model.path", "reward.judge_model_path")) from None
+        raise ConfigError(str(e).replace("model.path", "judge.model_path")) from None
 
 
 def _window(path: Path) -> tuple[dict[str, Any], Any]:
@@ -97,22 +97,22 @@ def judge_spec(cfg: Config) -> JudgeSpec:
     """The judge engine's :class:`JudgeSpec` for a run's config.
 
     Raises:
-        ConfigError: ``reward.judge_model_path`` not found.
+        ConfigError: ``judge.model_path`` not found.
     """
     from ..rollout.backends import engine_dtype, run_max_seqs
     from ..utils.device import resolve_device
 
-    r = cfg.reward
-    path = resolve_judge_path(str(r.judge_model_path))
+    j = cfg.judge
+    path = resolve_judge_path(str(j.model_path))
     device = resolve_device(cfg.train.device)
     need = run_max_seqs(cfg)
-    slots = min(r.judge_max_num_seqs, need) if need else r.judge_max_num_seqs
+    slots = min(j.max_num_seqs, need) if need else j.max_num_seqs
     # the policy engine's settings, but never its fp8 weights (a judge's scores are not the policy's to trade)
     engine = dataclasses.replace(cfg.engine, max_num_seqs=slots, num_kv_blocks=0, quantization=None)
     _, window = _window(path)
-    max_len = r.judge_max_len or min(DEFAULT_MAX_LEN, window.tokens if window else DEFAULT_MAX_LEN)
+    max_len = j.max_len or min(DEFAULT_MAX_LEN, window.tokens if window else DEFAULT_MAX_LEN)
     dtype = engine_dtype(cfg.engine.dtype, device)
-    return JudgeSpec(path, engine, device, dtype, max_len, r.judge_max_new_tokens, r.judge_offload_weights)
+    return JudgeSpec(path, engine, device, dtype, max_len, j.max_new_tokens, j.offload_weights)
 
 
 def _size(b: float) -> str:
@@ -144,51 +144,51 @@ def judge_problems(
 ) -> list[str]:
     """What stops the embedded judge of ``cfg`` from running, in words (empty: none, or no embedded judge).
 
-    Checked: ``cluster.mode=local`` (a Ray run is refused: serve the judge and set ``reward.judge_url``);
-    ``reward.judge_model_path`` resolves to a model of a registered family; ``reward.judge_max_len`` within
-    the judge's context window and above ``reward.judge_max_new_tokens``; memory: on a CPU the judge's
-    weights and its whole KV cache (slots x ``judge_max_len`` x 2 x layers x kv_heads x head_dim x dtype
+    Checked: ``cluster.mode=local`` (a Ray run is refused: serve the judge and set ``judge.url``);
+    ``judge.model_path`` resolves to a model of a registered family; ``judge.max_len`` within
+    the judge's context window and above ``judge.max_new_tokens``; memory: on a CPU the judge's
+    weights and its whole KV cache (slots x ``judge.max_len`` x 2 x layers x kv_heads x head_dim x dtype
     bytes), beside the policy's embedded engine (weights + cache at ``policy_max_len``), against
     ``memory`` (default: MemAvailable); on a GPU its weights and one sequence's cache against the free
     memory (its engine takes at most ``engine.kv_cache_memory_fraction`` of what is free when it wakes).
     """
     from ..models.families import is_native_type, native_models
 
-    r = cfg.reward
-    if not r.properties.get("judge") or not r.judge_model_path:
+    r, j = cfg.reward, cfg.judge
+    if not r.properties.get("judge") or not j.model_path:
         return []
     if cfg.cluster.mode != "local":
         return [
-            f"reward.judge_model_path={r.judge_model_path} (a judge run by the embedded engine in the trainer's "
+            f"judge.model_path={j.model_path} (a judge run by the embedded engine in the trainer's "
             f"process) needs cluster.mode=local; with cluster.mode={cfg.cluster.mode} serve the judge model with "
-            f"vLLM or SGLang and set reward.judge_url and reward.judge_model instead"
+            f"vLLM or SGLang and set judge.url and judge.model instead"
         ]
     try:
         spec = judge_spec(cfg)
     except ConfigError as e:
         return [str(e)]
     config, window = _window(spec.path)
-    key = f"reward.judge_model_path={r.judge_model_path}"
+    key = f"judge.model_path={j.model_path}"
     if not is_native_type(config.get("model_type")):
         return [
             f"{key}: model_type {config.get('model_type')!r} is not one the embedded engine runs (it needs "
-            f"{native_models()}): serve this judge with vLLM or SGLang and set reward.judge_url"
+            f"{native_models()}): serve this judge with vLLM or SGLang and set judge.url"
         ]
     if window is not None and spec.max_len > window.tokens:
         return [
-            f"reward.judge_max_len={spec.max_len} but the judge model {spec.path.name} holds {window.tokens} "
-            f"positions ({window.source}): set reward.judge_max_len to at most {window.tokens} (0: its window)"
+            f"judge.max_len={spec.max_len} but the judge model {spec.path.name} holds {window.tokens} "
+            f"positions ({window.source}): set judge.max_len to at most {window.tokens} (0: its window)"
         ]
     if spec.max_new_tokens >= spec.max_len:
         return [
-            f"reward.judge_max_new_tokens={spec.max_new_tokens} leaves no room for the judge's prompt in "
-            f"reward.judge_max_len={spec.max_len}: raise reward.judge_max_len or lower judge_max_new_tokens"
+            f"judge.max_new_tokens={spec.max_new_tokens} leaves no room for the judge's prompt in "
+            f"judge.max_len={spec.max_len}: raise judge.max_len or lower judge.max_new_tokens"
         ]
     kv, weights, per_slot = engine_bytes(spec.path, spec.engine, spec.max_len, spec.device)
     slots = spec.engine.max_num_seqs
     what = (
         f"the embedded judge ({key}) needs its weights {_size(weights)} plus "
-        f"{{cache}} ({slots} slots of reward.judge_max_len={spec.max_len} tokens, {_size(per_slot)} each)"
+        f"{{cache}} ({slots} slots of judge.max_len={spec.max_len} tokens, {_size(per_slot)} each)"
     )
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -196,7 +196,7 @@ def judge_problems(
             return []
         return [
             what.format(cache=f"one sequence's KV cache {_size(per_slot)}")
-            + f", but {_size(free)} are free on {device}: lower reward.judge_max_len or use a smaller judge"
+            + f", but {_size(free)} are free on {device}: lower judge.max_len or use a smaller judge"
         ]
     if memory is None:
         from ..utils.machine import machine_resources
@@ -214,9 +214,9 @@ def judge_problems(
         return []
     fit = int((memory - other - weights) // per_slot) - 1
     fix = (
-        f"lower reward.judge_max_num_seqs to at most {fit} or reward.judge_max_len"
+        f"lower judge.max_num_seqs to at most {fit} or judge.max_len"
         if fit >= 1
-        else "lower reward.judge_max_len, or use a smaller judge or policy"
+        else "lower judge.max_len, or use a smaller judge or policy"
     )
     return [
         what.format(cache=f"its KV cache {_size(kv)}")
@@ -234,7 +234,7 @@ class EngineJudge:
 
     Raises:
         ConfigError: the model is not of a registered family, or its KV cache does not fit in the
-            memory (names ``reward.judge_max_num_seqs`` / ``reward.judge_max_len``).
+            memory (names ``judge.max_num_seqs`` / ``judge.max_len``).
     """
 
     def __init__(self, spec: JudgeSpec):
@@ -248,15 +248,15 @@ class EngineJudge:
         model = build_model(spec.path, spec.dtype, spec.device)
         if not is_native(model):
             raise ConfigError(
-                f"reward.judge_model_path={spec.path}: the embedded engine needs {native_models()}; serve this "
-                f"judge with vLLM or SGLang and set reward.judge_url"
+                f"judge.model_path={spec.path}: the embedded engine needs {native_models()}; serve this "
+                f"judge with vLLM or SGLang and set judge.url"
             )
         try:
             self.engine = EmbeddedEngine(model, spec.engine, max_model_len=spec.max_len, tokenizer=self.tokenizer)
         except (MemoryError, torch.OutOfMemoryError) as e:
             raise ConfigError(
-                f"the embedded judge's KV cache (reward.judge_model_path={spec.path}) does not fit: {e}; lower "
-                f"reward.judge_max_num_seqs or reward.judge_max_len"
+                f"the embedded judge's KV cache (judge.model_path={spec.path}) does not fit: {e}; lower "
+                f"judge.max_num_seqs or judge.max_len"
             ) from None
         self.stop_ids = model_stop_token_ids(self.tokenizer, str(spec.path), [])
         self.engine.sleep(offload_weights=spec.offload_weights)
@@ -290,7 +290,7 @@ class EngineJudge:
 
     def answer(self, prompts: list[str]) -> list[str | JudgeFailure]:
         """The judge's answer to each prompt (decoded text), in order, or a :class:`JudgeFailure`
-        (``judge_errors``) for a prompt too long for ``reward.judge_max_len`` or an engine error."""
+        (``judge_errors``) for a prompt too long for ``judge.max_len`` or an engine error."""
         from ..records import GenerateRequest, SamplingParams
         from ..utils import trace
 
@@ -304,9 +304,9 @@ class EngineJudge:
             if len(ids) > room:
                 out[i] = JudgeFailure(
                     "judge_errors",
-                    f"the judge prompt has {len(ids)} tokens (its chat template applied) but reward.judge_max_len="
-                    f"{s.max_len} leaves {room} beside reward.judge_max_new_tokens={s.max_new_tokens}: raise "
-                    f"reward.judge_max_len, or shorten reward.judge_template or the responses",
+                    f"the judge prompt has {len(ids)} tokens (its chat template applied) but judge.max_len="
+                    f"{s.max_len} leaves {room} beside judge.max_new_tokens={s.max_new_tokens}: raise "
+                    f"judge.max_len, or shorten judge.template or the responses",
                 )
                 continue
             requests.append(GenerateRequest(ids, params, request_id=f"judge-{i}"))
@@ -323,7 +323,7 @@ class EngineJudge:
                     for i in where:
                         out[i] = JudgeFailure("judge_errors", msg)
                     return out  # type: ignore[return-value]
-                finally:  # asleep until the next call, its weights where reward.judge_offload_weights keeps them
+                finally:  # asleep until the next call, its weights where judge.offload_weights keeps them
                     self.engine.sleep(offload_weights=s.offload_weights)
             self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
             for i, res in zip(where, results):
@@ -335,10 +335,10 @@ class EngineJudge:
         self.engine.shutdown()
 
 
-def build_engine_judge(reward: Any, run: Config | None = None) -> EngineJudge:
-    """The embedded judge of ``reward`` (a ``RewardConfig`` with ``judge_model_path``), built now and asleep,
+def build_engine_judge(judge: Any, run: Config | None = None) -> EngineJudge:
+    """The embedded judge of ``judge`` (a ``JudgeConfig`` with ``model_path``), built now and asleep,
     placed by ``run``, the run's whole config (trainer's device, ``engine`` section, rollout size; ``None``:
-    the defaults of a config with this reward section).
+    the defaults of a config with this judge section).
 
     Raises:
         ConfigError: the judge model is not found, not one the engine runs, or its cache does not fit.
@@ -346,5 +346,5 @@ def build_engine_judge(reward: Any, run: Config | None = None) -> EngineJudge:
     if run is None:
         from ..config import Config
 
-        run = Config(reward=reward)
+        run = Config(judge=judge)
     return EngineJudge(judge_spec(run))

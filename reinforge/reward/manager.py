@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..config import RewardConfig
+from ..config import JudgeConfig, RewardConfig
 from ..records import Sample
 from ..rollout.infra_guard import mark_failed
 from ..utils.imports import load_function
@@ -129,8 +129,9 @@ class RewardManager:
     trained reward model in batches (:class:`~reinforge.reward.model_reward.ModelReward`); ``judge`` asks an
     LLM judge at an OpenAI-compatible endpoint, or run by the embedded engine with its own model (one batched
     call per :meth:`score`, :mod:`~reinforge.reward.judge_engine`; ``run``: the run's whole config, which
-    places it) (:class:`~reinforge.reward.judge.JudgeReward`: a judge that
-    fails (a timeout included: never ``reward/timeouts``) or answers without a score is counted in
+    places it; ``judge``: the ``judge`` section, default the one of ``run``)
+    (:class:`~reinforge.reward.judge.JudgeReward`: a judge that fails (a timeout included: never
+    ``reward/timeouts``) or answers without a score is counted in
     ``reward/judge_errors`` / ``reward/judge_unparseable`` and ``reward/errors``, and the sample is left
     out of its group's statistics and of the loss, status ``failed``); ``custom`` loads
     ``reward.function_path`` = ``"module:function"``, a function ``fn(sample) -> float | dict``
@@ -158,13 +159,19 @@ class RewardManager:
     shorter run whose every reward failed.
 
     Raises:
-        ValueError: (constructor) ``reward.function_path`` cannot be imported or is not a function.
+        ValueError: (constructor) ``reward.function_path`` cannot be imported or is not a function; a judge
+            reward without ``judge`` or ``run``.
     """
 
     ALL_FAILED_LIMIT = 3
 
-    def __init__(self, cfg: RewardConfig, pad_id: int = 0, run: Any = None):
+    def __init__(self, cfg: RewardConfig, pad_id: int = 0, run: Any = None, judge: JudgeConfig | None = None):
         self.cfg = cfg
+        if judge is None and run is None and cfg.properties.get("judge"):
+            raise ValueError(
+                f"RewardManager: reward.type={cfg.type} is scored by the judge section: pass judge=cfg.judge or run=cfg"
+            )
+        self.judge_cfg = judge or (run.judge if run is not None else JudgeConfig())
         self.custom: Callable[..., Any] | None = None
         self.pool = None
         if cfg.function_path and cfg.isolation == "process":
@@ -186,11 +193,11 @@ class RewardManager:
             from .judge import judge_from_config
 
             engine = None
-            if cfg.judge_model_path:  # the embedded engine, placed by the run's config
+            if self.judge_cfg.model_path:  # the embedded engine, placed by the run's config
                 from .judge_engine import build_engine_judge
 
-                engine = build_engine_judge(cfg, run)
-            self.judge = judge_from_config(cfg, engine)
+                engine = build_engine_judge(self.judge_cfg, run)
+            self.judge = judge_from_config(self.judge_cfg, cfg.timeout, engine)
         self._logged: set[str] = set()
         self._workers = DaemonWorkers()
         self._abandoned: list[Job] = []  # calls that timed out, still running on their workers
@@ -394,8 +401,8 @@ class RewardManager:
 
     def _hint(self, example: str) -> str:
         if self.judge is not None:
-            where = self.cfg.judge_url or self.cfg.judge_model_path
-            return f"check the judge ({where}: reward.judge_url / reward.judge_model, or reward.judge_model_path)"
+            where = self.judge_cfg.url or self.judge_cfg.model_path
+            return f"check the judge ({where}: judge.url / judge.model, or judge.model_path)"
         if "reward.timeout" in example:
             return "make the function faster or raise reward.timeout"
         if self.cfg.function_path:

@@ -185,7 +185,8 @@ class Agent:
         self.cfg = cfg.agent
         self.tokenizer = tokenizer
         self.env_class = load_environment(self.cfg.environment)
-        self.sandboxes = Sandboxes.from_agent(self.cfg)  # the run's: the python tool's and the environment's
+        # the run's: the python tool's and the environment's
+        self.sandboxes = Sandboxes.from_config(cfg.sandbox, self.cfg.tool_timeout)
         self.tools = ToolSet.from_config(self.cfg, self.sandboxes)
         self.env_ctx = EnvContext(self.cfg, self.tools, dict(self.cfg.environment_kwargs), self.sandboxes)
         self.format: ToolCallFormat = get_format(self.cfg.tool_call_format)

@@ -59,7 +59,7 @@ def _hint(kinds: Counter[str]) -> str:
         "environment": "fix the environment (agent.environment) or raise agent.env_timeout",
         "sandbox": "check that bubblewrap runs here (docs/agents.md, the python sandbox)",
         "mcp_server": "check the MCP servers of agent.mcp_servers (their stderr is logged at DEBUG)",
-        "judge": "check the judge (reward.judge_url / reward.judge_model, or reward.judge_model_path)",
+        "judge": "check the judge (judge.url / judge.model, or judge.model_path)",
         "teacher": "check the distillation teacher's endpoint (distill.teacher_path / distill.teachers)",
     }.get(top, "see sample.metadata['infra_failure'] (run.dump_rollouts=true writes it)")
 

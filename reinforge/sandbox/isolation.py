@@ -15,7 +15,7 @@ input of the model's) does, in this order:
 2. when the trainer is root and a folder to bind is not reachable by the sandbox's uid (an
    interpreter under ``/root``): makes a private mount namespace of its own and binds those folders
    at ``STAGE/<i>``, a path any uid can traverse (nothing of it is visible on the host);
-3. when the trainer is root: drops to ``agent.python_sandbox_uid`` (uid and gid, no supplementary
+3. when the trainer is root: drops to ``sandbox.uid`` (uid and gid, no supplementary
    groups), so that the user namespace ``bwrap`` makes maps the sandbox to that unprivileged host
    uid, not to root (which would let the program write host-wide ``/proc/sys`` settings);
 4. when a folder is shown as layers (a copy-on-write workspace: a shared base and the episode's
@@ -247,7 +247,7 @@ _warned_uids: list[bool] = []
 def uid_lock_dir() -> str | None:
     """The folder of the uid leases' lock files (``/run/lock/reinforge-sandbox-uids``, else under
     ``/run``), made by root, mode 0700; None where none can be made or it is not root's alone (then
-    every sandbox shares ``agent.python_sandbox_uid``, with a warning)."""
+    every sandbox shares ``sandbox.uid``, with a warning)."""
     for parent in ("/run/lock", "/run"):
         if not os.path.isdir(parent):
             continue
@@ -291,7 +291,7 @@ def lease_uid(base: int, count: int) -> tuple[int, int | None]:
         _warned_uids.append(True)
         log.warning(
             "python sandbox: no host uid of its own for a sandbox (%s): sandboxes share uid %d and its kernel "
-            "quotas; raise agent.python_sandbox_uids or lower agent.max_concurrent_sandboxes",
+            "quotas; raise sandbox.num_uids or lower sandbox.max_concurrent",
             f"all {count} of {base}..{base + count - 1} are in use" if folder else "no lock folder under /run",
             base,
         )

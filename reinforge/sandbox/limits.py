@@ -1,5 +1,5 @@
 """What one sandbox run may use and what it did: :class:`SandboxLimits`, :class:`SandboxResult`, and the
-bound on sandboxes running at once (:class:`SandboxSlots`, ``agent.max_concurrent_sandboxes``)."""
+bound on sandboxes running at once (:class:`SandboxSlots`, ``sandbox.max_concurrent``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ from dataclasses import dataclass
 
 from .prelude import NETWORK_DENIED
 
-DEFAULT_SANDBOX_UID = (
-    990_000  # = agent.python_sandbox_uid's default (the sandbox sits below config: a test keeps them equal)
-)
-DEFAULT_SANDBOX_UIDS = 1024  # = agent.python_sandbox_uids' default
-DEFAULT_MAX_OPEN_FILES = 1024  # = agent.python_max_open_files' default
+DEFAULT_SANDBOX_UID = 990_000  # = sandbox.uid's default (the sandbox sits below config: a test keeps them equal)
+DEFAULT_SANDBOX_UIDS = 1024  # = sandbox.num_uids' default
+DEFAULT_MAX_OPEN_FILES = 1024  # = sandbox.max_open_files' default
 
 
 @dataclass
@@ -70,7 +68,7 @@ class SandboxResult:
 
 
 def default_max_sandboxes(limits: SandboxLimits) -> int:
-    """Sandboxes at once when ``agent.max_concurrent_sandboxes`` is null: half the memory the
+    """Sandboxes at once when ``sandbox.max_concurrent`` is null: half the memory the
     machine has available now (``MemAvailable``) divided by one sandbox's memory limit
     (``memory_mb + disk_mb``), at least 1."""
     try:
@@ -83,7 +81,7 @@ def default_max_sandboxes(limits: SandboxLimits) -> int:
 
 class SandboxSlots:
     """The bound on sandboxes running at once, across every sample and tool call of a run
-    (``agent.max_concurrent_sandboxes``). A call waits for a slot before its time limit starts.
+    (``sandbox.max_concurrent``). A call waits for a slot before its time limit starts.
     One semaphore per event loop (asyncio primitives belong to one loop; a run has one)."""
 
     def __init__(self, limit: int):

@@ -2,7 +2,7 @@
 
 How the sandbox is built, and what the program can and cannot reach, is in
 :mod:`reinforge.sandbox.isolation` and docs/agents.md#threat-model. In short: nothing inside is
-root anywhere (the trainer, if root, drops to the unprivileged ``agent.python_sandbox_uid``
+root anywhere (the trainer, if root, drops to the unprivileged ``sandbox.uid``
 before ``bwrap`` makes the user namespace); every namespace is new; a seccomp filter denies the
 kernel keyrings, ptrace, bpf, perf, io_uring, mounts and namespaces; the program sees the system
 folders and the interpreter read-only, an empty ``/proc/cmdline``, and its own scratch ``tmpfs``;
@@ -20,11 +20,11 @@ own user namespace, also where no cgroup can be made), ``RLIMIT_NOFILE`` = ``max
 ``RLIMIT_MSGQUEUE`` and ``RLIMIT_SIGPENDING`` (:data:`MSGQUEUE_BYTES`, :data:`SIGPENDING`), no core
 dumps; per uid (a root trainer): a host uid of its own per sandbox running at once; all files together at most
 ``disk_mb`` (the tmpfs sizes); the wall-clock ``timeout`` kills the sandbox. How many sandboxes run
-at once is bounded by :class:`SandboxSlots` (``agent.max_concurrent_sandboxes``).
+at once is bounded by :class:`SandboxSlots` (``sandbox.max_concurrent``).
 
 Without bubblewrap (or where it cannot make namespaces, e.g. a container that forbids user
 namespaces) the ``python`` tool refuses to start (:func:`check_sandbox`), unless the config opts
-out with ``agent.python_sandbox=none``: a plain subprocess with the per-process limits only,
+out with ``sandbox.backend=none``: a plain subprocess with the per-process limits only,
 which does **not** contain hostile code.
 """
 
@@ -79,13 +79,13 @@ from .metrics import record
 from .prelude import MSGQUEUE_BYTES, NETWORK_DENIED, PRELUDE, SIGPENDING  # noqa: F401 (the limits: re-exported)
 
 if TYPE_CHECKING:
-    from ..config.agent import AgentConfig
+    from ..config.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "none")
 LAUNCHERS = ("server", "exec")
-OPT_OUT = "agent.python_sandbox=none"
+OPT_OUT = "sandbox.backend=none"
 
 __all__ = [
     "ISOLATIONS",
@@ -113,7 +113,7 @@ def check_sandbox(isolation: str = "bwrap", sandbox_uid: int = DEFAULT_SANDBOX_U
         ValueError: ``isolation`` is not one of ``bwrap``, ``none``.
     """
     if isolation not in ISOLATIONS:
-        raise ValueError(f"agent.python_sandbox: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
+        raise ValueError(f"sandbox.backend: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
     if isolation == "bwrap":
         problem = _bwrap_problem(bwrap_path(), sandbox_uid)
         if problem:
@@ -184,7 +184,7 @@ async def run_python(
 
     Args:
         isolation: ``bwrap`` (the sandbox) or ``none`` (a plain subprocess: per-process limits
-            only, unsafe; ``agent.python_sandbox=none``).
+            only, unsafe; ``sandbox.backend=none``).
         checked: skip :func:`check_sandbox` (it calls this for its trial run).
         binds: host folders the program sees read-only in its working directory, ``{name: host
             path}`` (an episode's workspace: ``name/...``; it must be readable by the sandbox's uid),
@@ -409,15 +409,15 @@ def _kill(
 def sandbox_problems(cfg: Any) -> list[str]:
     """The start-up check of the python tool's sandbox (``reinforge.preflight.check_rl``), when the run gives
     the model code to run (``python`` in ``agent.tools``, or ``agent.environment: swe``) in a sandbox
-    (``agent.python_sandbox: bwrap``): a trial sandbox must run here (:func:`check_sandbox`: bubblewrap on
+    (``sandbox.backend: bwrap``): a trial sandbox must run here (:func:`check_sandbox`: bubblewrap on
     ``PATH`` or ``$REINFORGE_BWRAP``, libseccomp, user namespaces), checked once per process; else one problem
     in one line saying what is wrong and what to do (issue 57: found at start, not as a traceback at the
     first rollout). ``cfg``: the root config."""
-    a = cfg.agent
-    if a.python_sandbox == "none" or not ("python" in a.tools or a.environment == "swe"):
+    a, s = cfg.agent, cfg.sandbox
+    if s.backend == "none" or not ("python" in a.tools or a.environment == "swe"):
         return []
     try:
-        check_sandbox(a.python_sandbox, a.python_sandbox_uid)
+        check_sandbox(s.backend, s.uid)
     except SandboxUnavailable as e:
         return [str(e)]
     return []
@@ -425,14 +425,13 @@ def sandbox_problems(cfg: Any) -> list[str]:
 
 class Sandboxes:
     """The sandboxes of one run, and what the run learns once for all of them. The agent loop makes
-    one per run (:class:`reinforge.rollout.agent.Agent`, from the ``agent`` section:
-    :meth:`from_agent`); the ``python`` tool and an environment's test runs (``EnvContext.sandboxes``)
+    one per run (:class:`reinforge.rollout.agent.Agent`, from the ``sandbox`` section:
+    :meth:`from_config`); the ``python`` tool and an environment's test runs (``EnvContext.sandboxes``)
     run through it (:meth:`run`), so that they share:
 
     - ``limits`` and ``isolation``: the ``python`` tool's (``agent.tool_timeout``,
-      ``agent.python_memory_mb``, ``python_max_open_files``, ``python_sandbox``, ``python_sandbox_uid``,
-      ``python_sandbox_uids``);
-    - ``slots``: the bound on sandboxes running at once (``agent.max_concurrent_sandboxes``; null:
+      ``sandbox.memory_mb``, ``max_open_files``, ``backend``, ``uid``, ``num_uids``);
+    - ``slots``: the bound on sandboxes running at once (``sandbox.max_concurrent``; null:
       :func:`default_max_sandboxes`);
     - ``checked``: the (isolation, uid) pairs whose trial sandbox ran (:meth:`check`, once per run);
     - ``overlays``: per sandbox uid, whether a layered bind can be an overlay mount here (a trial
@@ -455,7 +454,7 @@ class Sandboxes:
         self, limits: SandboxLimits | None = None, isolation: str = "bwrap", max_concurrent: int | None = None
     ):
         if isolation not in ISOLATIONS:
-            raise ValueError(f"agent.python_sandbox: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
+            raise ValueError(f"sandbox.backend: {isolation!r} is not one of {', '.join(ISOLATIONS)}")
         self.limits = limits or SandboxLimits()
         self.isolation = isolation
         self.slots = SandboxSlots(max_concurrent or default_max_sandboxes(self.limits))
@@ -465,26 +464,28 @@ class Sandboxes:
         self.warned: set[str] = set()
 
     @classmethod
-    def from_agent(cls, agent: AgentConfig | None) -> Sandboxes:
-        """The sandboxes of a run with the ``agent`` section (None: the defaults of
-        :class:`SandboxLimits`, bubblewrap, slots for half the available memory)."""
-        if agent is None:
-            return cls()
-        limits = SandboxLimits(
-            timeout=agent.tool_timeout,
-            memory_mb=agent.python_memory_mb,
-            max_open_files=agent.python_max_open_files,
-            sandbox_uid=agent.python_sandbox_uid,
-            sandbox_uids=agent.python_sandbox_uids,
+    def from_config(cls, sandbox: SandboxConfig | None, timeout: float | None = None) -> Sandboxes:
+        """The sandboxes of a run with the ``sandbox`` section and ``timeout`` (seconds per run,
+        ``agent.tool_timeout``; None: :class:`SandboxLimits`'s). ``sandbox`` None: the defaults of
+        :class:`SandboxLimits`, bubblewrap, slots for half the available memory."""
+        limits = SandboxLimits() if timeout is None else SandboxLimits(timeout=timeout)
+        if sandbox is None:
+            return cls(limits)
+        limits = dataclasses.replace(
+            limits,
+            memory_mb=sandbox.memory_mb,
+            max_open_files=sandbox.max_open_files,
+            sandbox_uid=sandbox.uid,
+            sandbox_uids=sandbox.num_uids,
         )
-        return cls(limits, agent.python_sandbox, agent.max_concurrent_sandboxes)
+        return cls(limits, sandbox.backend, sandbox.max_concurrent)
 
     def check(self) -> None:
         """:func:`check_sandbox` for this run's isolation and uid, once per run (blocking: a trial
         sandbox the first time).
 
         Raises:
-            SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
+            SandboxUnavailable: the sandbox cannot run here (the message names ``sandbox.backend``).
         """
         key = (self.isolation, self.limits.sandbox_uid)
         if key not in self.checked:

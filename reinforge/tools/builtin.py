@@ -121,18 +121,18 @@ async def python(code: str) -> str:
 
 def make_python(agent: AgentConfig | None, sandboxes: Sandboxes | None = None) -> Callable[..., Any]:
     """The ``python`` tool of a run: its programs run in the run's ``sandboxes`` (their limits:
-    ``agent.tool_timeout``, ``python_memory_mb``, ``python_max_open_files``, ``python_sandbox``,
-    ``python_sandbox_uid``, ``python_sandbox_uids``; their ``max_concurrent_sandboxes`` slots,
-    shared with the environment's sandboxes); None: sandboxes of its own, made from ``agent``
-    (:meth:`Sandboxes.from_agent`; the defaults of :class:`SandboxLimits` and bubblewrap without one).
+    ``agent.tool_timeout`` and the ``sandbox`` section; their ``sandbox.max_concurrent`` slots,
+    shared with the environment's sandboxes); None: sandboxes of its own with the ``sandbox`` section's
+    defaults and ``agent.tool_timeout`` (:meth:`Sandboxes.from_config`; the defaults of
+    :class:`SandboxLimits` without ``agent``).
 
     The tool bounds its own time (``self_timed``): a call first waits for a slot, then runs at most
     ``tool_timeout`` seconds.
 
     Raises:
-        SandboxUnavailable: the sandbox cannot run here (the message names ``agent.python_sandbox``).
+        SandboxUnavailable: the sandbox cannot run here (the message names ``sandbox.backend``).
     """
-    sandboxes = sandboxes or Sandboxes.from_agent(agent)
+    sandboxes = sandboxes or Sandboxes.from_config(None, agent.tool_timeout if agent else None)
     sandboxes.check()
 
     async def python(code: str) -> str:

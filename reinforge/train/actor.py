@@ -14,7 +14,7 @@ from ..algo.logprobs import token_log_probs
 from ..algo.mismatch import mismatch_stats, token_log_ratios
 from ..algo.objective import STAT_KEYS, ObjectiveInputs, policy_objective
 from ..config import Config
-from ..config.sections import DEFAULT_LORA_TARGETS
+from ..config.model import DEFAULT_LORA_TARGETS
 from ..models.families import moe_models, native_models
 from ..models.hub import resolve_model_path
 from ..models.loading import build_model, is_native, named_weights
@@ -24,8 +24,8 @@ from ..records import Sample
 from ..utils import faults, seeds, trace
 from ..utils.ragged import flat_tensor, split_owned
 from .batching import MicroBatch
+from .collectives import ParallelContext, full_tensor
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
-from .parallel import ParallelContext, full_tensor
 from .rollout_share import move_rows
 from .routing_replay import replay_experts
 from .step import Head, RoutingFn, forward_backward, forward_only
@@ -35,26 +35,24 @@ __all__ = ["Actor", "TrainData"]
 
 @dataclass
 class TrainData:
-    """What one rollout hands to the trainer.
+    """What one rollout hands to the trainer: this rank's share of it once scored
+    (:meth:`~reinforge.train.worker.TrainWorker.score`, which :meth:`~reinforge.train.worker.TrainWorker.train`
+    passes on; the one way in: RolloutBatch -> score -> train).
 
-    ``advantages[i]`` has one entry per response token of ``samples[i]``; ``old_log_probs``
-    and ``ref_log_probs`` likewise when they were computed already (else the actor computes what
-    it needs).
-
-    ``owner`` None: every rank holds every sample's per-token data. A list: ``owner[i]`` is the
-    data-parallel rank that holds sample ``i``'s per-token data (it scored its group:
-    :class:`~reinforge.train.rollout_share.RolloutShare`); this rank's entries are present, the
-    others may be None. Either way each optimizer step splits its samples over the ranks the same
-    way (token-balanced, :meth:`~reinforge.train.model_trainer.ModelTrainer.rank_shares`): with
-    ``owner`` the rows a rank needs are moved to it from their holders first
-    (:func:`~reinforge.train.rollout_share.move_rows`), rank to rank.
+    ``owner[i]`` is the data-parallel rank that holds sample ``i``'s per-token data (it scored its
+    group: :class:`~reinforge.train.rollout_share.RolloutShare`); this rank's entries of
+    ``advantages`` (one per response token of ``samples[i]``), ``old_log_probs`` (when
+    ``Config.needs_old_log_probs``) and ``ref_log_probs`` (with a reference model) are present, the
+    others may be None. Each optimizer step splits its samples over the ranks token-balanced
+    (:meth:`~reinforge.train.model_trainer.ModelTrainer.rank_shares`); the rows a rank needs are moved
+    to it from their holders first (:func:`~reinforge.train.rollout_share.move_rows`), rank to rank.
     """
 
     samples: list[Sample]
-    advantages: list[torch.Tensor]
-    old_log_probs: list[torch.Tensor] | None = None
-    ref_log_probs: list[torch.Tensor] | None = None
-    owner: list[int] | None = None
+    advantages: list[torch.Tensor | None]
+    old_log_probs: list[torch.Tensor | None] | None
+    ref_log_probs: list[torch.Tensor | None] | None
+    owner: list[int]
 
 
 class Actor(ModelTrainer):
@@ -246,9 +244,9 @@ class Actor(ModelTrainer):
     def train(self, data: TrainData, rollout_id: int) -> dict[str, float]:
         """Run ``train.num_steps_per_rollout`` optimizer steps over the rollout's samples.
 
-        Old log-probs come from ``data`` or are recomputed by the trainer before the first
-        step; with one step per rollout and none given they equal the log-probs of that
-        step's forward pass (detached), which saves a forward pass. The importance weight
+        Old log-probs come from ``data`` (computed when it was scored, ``Config.needs_old_log_probs``);
+        with one step per rollout and none needed they equal the log-probs of that step's forward
+        pass (detached), which saves a forward pass. The importance weight
         ``exp(old - rollout)`` between trainer and engine is reported, and applied when
         ``algo.use_tis`` (:func:`~reinforge.algo.losses.importance_correction`): ``tis_mode:
         truncate`` caps it at ``tis_clip`` (TIS, Yao et al. 2025, "Your Efficient RL Framework
@@ -265,10 +263,24 @@ class Actor(ModelTrainer):
             metrics averaged over the optimizer steps (``train/...``), and the tail of the trainer-vs-engine
             mismatch (:func:`~reinforge.algo.mismatch.mismatch_stats`) over every rank's tokens: those of all
             samples when the old log-probs were computed first, else those of the samples the step ran.
+
+        Raises:
+            ValueError: ``data`` lacks the old log-probs (``Config.needs_old_log_probs``) or the reference's
+                (``algo.use_kl_loss``) that scoring computes: score the rollout first.
         """
         cfg, p = self.cfg, self.parallel
         samples, owner = data.samples, data.owner
-        owned = None if owner is None else [i for i, r in enumerate(owner) if r == p.dp_rank]
+        owned = [i for i, r in enumerate(owner) if r == p.dp_rank]
+        use_kl = self.has_reference and cfg.algo.use_kl_loss
+        for missing, key, why in (
+            (cfg.needs_old_log_probs and data.old_log_probs is None, "old_log_probs", "Config.needs_old_log_probs"),
+            (use_kl and data.ref_log_probs is None, "ref_log_probs", "algo.use_kl_loss"),
+        ):
+            if missing:
+                raise ValueError(
+                    f"Actor.train: TrainData.{key} is None but {why} needs them: score the rollout first "
+                    f"(TrainWorker.score computes them, TrainWorker.train passes them on)"
+                )
         per_token: dict[str, list[torch.Tensor]] = {
             "advantages": data.advantages,
             "rollout_log_probs": split_owned(
@@ -279,14 +291,8 @@ class Actor(ModelTrainer):
         steps = cfg.train.num_steps_per_rollout
         if data.old_log_probs is not None:
             per_token["old_log_probs"] = data.old_log_probs
-        elif cfg.needs_old_log_probs:
-            per_token["old_log_probs"] = self.compute_log_probs(samples, owned=owned)
-        if self.has_reference and cfg.algo.use_kl_loss:
-            per_token["ref_log_probs"] = (
-                data.ref_log_probs
-                if data.ref_log_probs is not None
-                else self.compute_log_probs(samples, reference=True, owned=owned)
-            )
+        if use_kl:
+            per_token["ref_log_probs"] = data.ref_log_probs
         batches = shuffled_steps(len(samples), steps, seeds.derive(cfg.train.seed, seeds.ACTOR_SHUFFLE, rollout_id))
         # a sample whose advantages are all zero adds nothing to the policy-gradient loss or its gradient, so
         # without KL / entropy / MoE load-balancing terms it is not run at all (early in training most GRPO groups
@@ -294,35 +300,31 @@ class Actor(ModelTrainer):
         nonzero = None
         if "ref_log_probs" not in per_token and cfg.algo.entropy_coef == 0 and cfg.train.moe_aux_loss_coeff == 0:
             nonzero = self._nonzero(per_token["advantages"], owned)
-        held = per_token
-        if owner is not None:  # each step's share of every rank, as with every sample everywhere: rows moved there
-            dest = self.step_ranks(samples, [_running(step, nonzero) for step in batches])
-            moving = {k: v for k, v in per_token.items() if k != "rollout_log_probs"}
-            moved = move_rows(p, moving, [s.response_length for s in samples], owner, dest)
-            per_token = {**moved, "rollout_log_probs": held["rollout_log_probs"]}
+        held = per_token  # each step's share of every rank: its rows moved there from their holders
+        dest = self.step_ranks(samples, [_running(step, nonzero) for step in batches])
+        moving = {k: v for k, v in per_token.items() if k != "rollout_log_probs"}
+        moved = move_rows(p, moving, [s.response_length for s in samples], owner, dest)
+        per_token = {**moved, "rollout_log_probs": held["rollout_log_probs"]}
         ratios: list[torch.Tensor] | None = None if "old_log_probs" in per_token else []
         with self._out_of_memory_in("training step"):
             metrics = mean_metrics([self._train_step(samples, step, per_token, ratios, nonzero) for step in batches])
-        if ratios is None:  # the old log-probs of every sample: on every rank, or each on the rank that holds it
-            rows = range(len(samples)) if owned is None else owned
+        if ratios is None:  # the old log-probs of every sample, each on the rank that holds it
             log_ratio = token_log_ratios(
-                [held["old_log_probs"][i] for i in rows],
-                [held["rollout_log_probs"][i] for i in rows],
-                [samples[i].loss_mask for i in rows],
+                [held["old_log_probs"][i] for i in owned],
+                [held["rollout_log_probs"][i] for i in owned],
+                [samples[i].loss_mask for i in owned],
             )
-            if owned is not None:  # each model replica's share (from the rank that reports), gathered
-                log_ratio = torch.cat(p.gather_objects(log_ratio if p.reports else log_ratio[:0]))
+            # each model replica's share (from the rank that reports), gathered
+            log_ratio = torch.cat(p.gather_objects(log_ratio if p.reports else log_ratio[:0]))
         else:  # the step's forward pass gave them: each model replica's tokens (from the rank that reports), gathered
             mine = torch.cat(ratios) if ratios and p.reports else torch.zeros(0)
             log_ratio = torch.cat(p.gather_objects(mine))
         metrics.update({f"train/{k}": v for k, v in mismatch_stats(log_ratio).items()})
         return metrics
 
-    def _nonzero(self, advantages: list[torch.Tensor], owned: list[int] | None) -> list[bool]:
-        """Whether each sample has a non-zero advantage: from every sample's advantages, or (``owned``)
-        from this rank's, the flags summed over the data-parallel ranks."""
-        if owned is None:
-            return [bool(a.any()) for a in advantages]
+    def _nonzero(self, advantages: list[torch.Tensor | None], owned: list[int]) -> list[bool]:
+        """Whether each sample has a non-zero advantage: from the advantages of the samples this rank
+        holds (``owned``), the flags summed over the data-parallel ranks."""
         flags = torch.zeros(len(advantages))
         for i in owned:
             flags[i] = float(bool(advantages[i].any()))

@@ -14,8 +14,8 @@ from ..models.loading import build_model, is_native
 from ..records import Sample
 from ..utils import seeds
 from .batching import MicroBatch
+from .collectives import ParallelContext
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, mean_metrics, shuffled_steps
-from .parallel import ParallelContext
 from .rollout_share import move_rows
 from .step import forward_backward, forward_only
 

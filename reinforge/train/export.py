@@ -25,8 +25,8 @@ import torch
 
 from ..models.loading import save_hf_state_dict
 from ..models.lora import adapter_state_dict, has_lora, merged_named_weights, save_adapter
+from .collectives import full_tensor
 from .model_trainer import ModelTrainer
-from .parallel import full_tensor
 
 HfWriter = Callable[[dict[str, torch.Tensor], Path], None]  # (full state dict, folder) -> None
 

@@ -22,10 +22,11 @@ from ..utils import faults
 from ..utils.ragged import split_owned
 from ..utils.triton import liger_available
 from .batching import MicroBatch, build, plan_rows, prompt_groups, row_length
+from .collectives import ParallelContext, full_tensor, partition_by_tokens
 from .context_parallel import SequenceShard
 from .mesh import clip_grads, sum_tensor_parallel_grads
 from .offload import build_adamw
-from .parallel import ParallelContext, full_tensor, parallelize, partition_by_tokens
+from .parallelize import parallelize
 from .pipeline import Pipeline
 from .schedule import lr_multiplier
 
@@ -180,7 +181,7 @@ class ModelTrainer:
         if has_lora(model) and self.compute_dtype() is not None:  # the frozen base in bf16: half its memory
             hold_frozen_weights(model, torch.bfloat16)  # (a no-op where build_model made them so)
         # the mesh's layout: pipeline stages, tensor / context / expert parallelism, recompute, compile,
-        # FSDP2 over dp x cp (train/parallel.py)
+        # FSDP2 over dp x cp (train/parallelize.py)
         self._pipelines: dict[int, Pipeline] = {}
         sharded = self._parallelize(
             model, (settings.gradient_checkpointing, settings.recompute_num_layers), compile_layers

@@ -22,14 +22,14 @@ from torch import nn
 from ..algo.logprobs import token_log_probs
 from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
-from ..config.sections import DEFAULT_LORA_TARGETS
+from ..config.model import DEFAULT_LORA_TARGETS
 from ..data.offline import OfflineExample
 from ..models.loading import build_model, is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
+from .collectives import ParallelContext, partition_by_tokens
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
-from .parallel import ParallelContext, partition_by_tokens
 from .step import forward_backward, forward_only
 
 Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # (example, response) of each sequence

@@ -45,7 +45,7 @@ from .batching import MicroBatch
 
 if TYPE_CHECKING:
     from ..models.transformer import CausalLM
-    from .parallel import ParallelContext
+    from .collectives import ParallelContext
 
 
 @dataclass(frozen=True)

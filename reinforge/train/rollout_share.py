@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..records import Sample
-from .parallel import ParallelContext, partition_by_tokens
+from .collectives import ParallelContext, partition_by_tokens
 
 
 @dataclass
@@ -34,7 +34,7 @@ class RolloutBatch:
 
 def group_shares(groups: list[list[Sample]], dp_size: int, shared_prompt: bool = False) -> list[list[int]]:
     """The indices of the groups each data-parallel rank of ``dp_size`` holds (ascending): whole groups,
-    balanced by tokens (:func:`~reinforge.train.parallel.partition_by_tokens`; deterministic, so every
+    balanced by tokens (:func:`~reinforge.train.collectives.partition_by_tokens`; deterministic, so every
     rank computes the same disjoint shares covering every group). A group's tokens: its samples' prompts
     and responses, with ``shared_prompt`` (``train.packing``) its prompt once. A rank may hold none when
     there are fewer groups than ranks."""
@@ -169,7 +169,7 @@ def advantage_metrics(
     """``rollout/advantage_{mean,std,abs_mean}`` over every response token of the rollout (the
     standard deviation unbiased; all 0 with no token), from this rank's samples' advantages and
     ``total`` summing a dict of floats over the data-parallel ranks
-    (:meth:`~reinforge.train.parallel.ParallelContext.sum_floats`; two collectives) or None when
+    (:meth:`~reinforge.train.collectives.ParallelContext.sum_floats`; two collectives) or None when
     they are every sample's. Sums in float64: equal to the statistics of the concatenated
     tokens up to rounding."""
     total = total or (lambda d: d)

@@ -27,10 +27,10 @@ from ..utils import trace
 from ..utils.device import resolve_device
 from ..weights.buckets import bucket_by_bytes
 from .actor import Actor, TrainData
+from .collectives import ParallelContext
 from .critic import Critic
 from .export import write_trainers
 from .model_trainer import ModelTrainer
-from .parallel import ParallelContext
 from .rollout_advantages import compute_advantages
 from .rollout_share import RolloutBatch, RolloutShare, advantage_metrics
 

@@ -92,7 +92,7 @@ class ScriptedEngine:
 
 def agent_ctx(tok, engine, *overrides):
     # without bubblewrap the python tool refuses to start: these tests then use the opt-out (their code is fixed)
-    no_bwrap = ["agent.python_sandbox=none"] if bwrap_path() is None else []
+    no_bwrap = ["sandbox.backend=none"] if bwrap_path() is None else []
     cfg = load_config(
         None,
         [

@@ -5,9 +5,9 @@ import torch
 
 from reinforge.config import load_config
 from reinforge.records import Sample
-from reinforge.train.actor import TrainData
-from reinforge.train.parallel import partition_by_tokens
+from reinforge.train.collectives import partition_by_tokens
 from tests.ranks import spawn_ranks
+from tests.unit.test_packing import train_rollout
 
 
 def make_cfg(tiny_model_path, **extra):
@@ -26,25 +26,35 @@ def make_cfg(tiny_model_path, **extra):
     return load_config(None, o + [f"{k}={v}" for k, v in extra.items()])
 
 
-def make_data(n: int, seed: int = 0, lengths=None) -> TrainData:
+def make_data(n: int, seed: int = 0, lengths=None, equal_rewards: bool = False) -> list[list[Sample]]:
+    """A scored rollout of ``n`` samples (rounded up to even) in groups of 2 (``rollout.n_samples_per_prompt``
+    of :func:`make_cfg`) with random rewards (``equal_rewards``: 0.5 each, every GRPO advantage 0)."""
     g = torch.Generator().manual_seed(seed)
-    samples, adv = [], []
-    for i in range(n):
+    samples = []
+    for i in range(n + n % 2):
         P = 3 + i % 4
         R = lengths[i] if lengths else 2 + (i * 5) % 9
         tokens = torch.randint(10, 40000, (P + R,), generator=g).tolist()
+        reward = 0.5 if equal_rewards else float(torch.randn(1, generator=g))
         samples.append(
-            Sample(prompt="p", tokens=tokens, response_length=R, loss_mask=[1] * R, rollout_log_probs=[-1.0] * R)
+            Sample(
+                prompt="p",
+                tokens=tokens,
+                response_length=R,
+                loss_mask=[1] * R,
+                rollout_log_probs=[-1.0] * R,
+                group_index=i // 2,
+                reward=reward,
+            )
         )
-        adv.append(torch.full((R,), float(torch.randn(1, generator=g))))
-    return TrainData(samples, adv)
+    return [samples[i : i + 2] for i in range(0, len(samples), 2)]
 
 
 def _worker(rank, world, port, cfg, path, data, steps, save_dir, queue):
     from reinforge.train.worker import TrainWorker
 
     w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
-    metrics = [w.actor.train(data, r) for r in range(steps)]
+    metrics = [train_rollout(w, data, r) for r in range(steps)]
     weights = {
         n: t.detach().float().cpu().numpy().copy() for n, t in w.named_weights()
     }  # numpy: no shared-memory handles (bf16: as fp32)
@@ -64,7 +74,7 @@ def run_single(cfg, path, data, steps=1):
     from reinforge.train.worker import TrainWorker
 
     w = TrainWorker(cfg, path)
-    metrics = [w.actor.train(data, r) for r in range(steps)]
+    metrics = [train_rollout(w, data, r) for r in range(steps)]
     return metrics, {n: t.detach().cpu().clone() for n, t in w.named_weights()}, w
 
 
@@ -96,7 +106,7 @@ def assert_resumes_on_one_process(path, cfg, data, ckpt) -> dict[str, torch.Tens
     for k in weights:
         assert torch.equal(weights[k], loaded[k]), k
         assert torch.equal(weights[k], hf[k].detach()), k
-    m = w.actor.train(data, 1)
+    m = train_rollout(w, data, 1)
     assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
     for k, v in w.named_weights():
         assert torch.allclose(v, single_weights[k], atol=2e-5, rtol=1e-4), k
@@ -120,10 +130,10 @@ def test_two_ranks_match_one_process(tiny_model_path):
 
 
 def test_uneven_data_per_rank_completes(tiny_model_path):
-    # 3 samples: one long one lands alone on a rank, the short ones share the other; the token
-    # budget gives the ranks different micro-batch counts. Then a single sample: one rank has none.
+    # 2 groups: the long one on one rank, the short one on the other; the token budget gives the ranks
+    # different micro-batch counts. Then a single group: one rank has none.
     cfg = make_cfg(tiny_model_path, **{"train.max_tokens_per_gpu": 24})
-    data = make_data(3, seed=1, lengths=[14, 2, 3])
+    data = make_data(4, seed=1, lengths=[14, 2, 3, 2])
     assert_same(run_single(cfg, tiny_model_path, data)[:2], run_ranks(2, cfg, tiny_model_path, data))
     data = make_data(1, seed=2)
     assert_same(run_single(cfg, tiny_model_path, data)[:2], run_ranks(2, cfg, tiny_model_path, data))
@@ -143,7 +153,7 @@ def test_dcp_saved_on_two_ranks_loads_on_one(tiny_model_path, tmp_path):
     assert w.actor.scheduler.last_epoch == 1 and len(w.actor.optimizer.state) > 0
     # a second step from the loaded state equals a second step of an uninterrupted run
     single_metrics, _, single = run_single(cfg, tiny_model_path, data, steps=2)
-    m = w.actor.train(data, 1)
+    m = train_rollout(w, data, 1)
     assert m["train/loss"] == pytest.approx(single_metrics[1]["train/loss"], rel=1e-4, abs=1e-6)
     # the Hugging Face folder written by rank 0 holds the same weights
     from reinforge.models.loading import build_model
@@ -158,7 +168,7 @@ def _resume_worker(rank, world, port, cfg, path, data, ckpt, queue):
 
     w = TrainWorker(cfg, path, rank=rank, world_size=world, master_port=port)
     w.load(ckpt)
-    m = w.actor.train(data, 1)
+    m = train_rollout(w, data, 1)
     weights = {n: t.detach().cpu().numpy().copy() for n, t in w.named_weights()}
     if rank == 0:
         queue.put((m, weights))
@@ -185,9 +195,9 @@ def test_a_one_process_checkpoint_resumes_on_two_fsdp_ranks(tiny_model_path, tmp
 def test_two_ranks_shared_prompt_match_one_padded_process(tiny_model_path):
     """Shared-prompt rows split by whole prompt groups over 2 ranks give the update of one
     process with padded rows."""
-    from tests.unit.test_packing import group_data
+    from tests.unit.test_packing import group_rollout
 
-    data = group_data(prompts=3, group=4, seed=5)
+    data = group_rollout(prompts=3, group=4, seed=5)
     padded = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
     shared = run_ranks(2, make_cfg(tiny_model_path, **{"train.packing": "shared_prompt"}), tiny_model_path, data)
     assert_same(padded[:2], shared)

@@ -89,9 +89,7 @@ def test_a_run_or_an_evaluation_of_nothing_but_failures_ends_in_error():
         guard.check_run()
     evaluation = InfraGuard()  # reinforge eval: no rollouts
     assert evaluation.observe_eval("eval", [_sample(0, failed="judge"), _sample(1, failed="judge")]) == 2
-    with pytest.raises(
-        InfraFailing, match=r"every sample of this run's evaluations failed .* judge 2.*reward\.judge_url"
-    ):
+    with pytest.raises(InfraFailing, match=r"every sample of this run's evaluations failed .* judge 2.*judge\.url"):
         evaluation.check_run()
 
 
@@ -225,15 +223,15 @@ def test_evaluation_with_a_judge_that_fails_on_half_reports_the_scored_half(tok)
             None,
             [
                 "reward.type=judge",
-                f"reward.judge_url={judge.url}",
-                "reward.judge_model=m",
+                f"judge.url={judge.url}",
+                "judge.model=m",
                 "eval.n_samples_per_eval_prompt=0",
                 "eval.pass_k=[1]",
                 "rollout.rollout_max_response_len=8",
             ],
         )
         engine = ScriptedEngine(tok, lambda prompt, turn: "4")
-        ctx = RolloutContext(cfg, engine, tok, RewardManager(cfg.reward), [IM_END])
+        ctx = RolloutContext(cfg, engine, tok, RewardManager(cfg.reward, run=cfg), [IM_END])
         prompts = [make_prompt(ctx, q) for q in ("2 + 2?", "1 + 3?", "broken 1?", "broken 2?")]
         metrics, samples = evaluate(ctx, prompts)
     finally:

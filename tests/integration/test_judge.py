@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from reinforge.config import RewardConfig
+from reinforge.config import JudgeConfig, RewardConfig, load_config
 from reinforge.config.fields import ConfigError
 from reinforge.records import Sample, Status
 from reinforge.reward.judge import JudgeFailure, JudgeReward
@@ -71,8 +71,9 @@ def _sample(response="4", label="4", prompt="What is 2 + 2?", i=0):
     )
 
 
-def _mgr(url, **kw):
-    return RewardManager(RewardConfig(type="judge", judge_url=url, judge_model="judge-m", **kw))
+def _mgr(url, timeout=10.0, **kw):
+    """A judge reward's manager: ``kw`` are keys of the ``judge`` section."""
+    return RewardManager(RewardConfig(type="judge", timeout=timeout), judge=JudgeConfig(url=url, model="judge-m", **kw))
 
 
 def test_score_parsed_and_normalised(judge):
@@ -94,14 +95,14 @@ def test_template_gets_question_response_label(judge):
             prompt=[{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2 + 2?"}],
         )
     ]
-    _mgr(judge.url, judge_template="Q={question} R={response} L={label} {braces}").score(s)
+    _mgr(judge.url, template="Q={question} R={response} L={label} {braces}").score(s)
     assert judge.bodies[0]["messages"][-1]["content"] == "Q=What is 2 + 2? R=four L=4 {braces}"
 
 
 def test_score_regex_and_max_score(judge):
     judge.reply = lambda p: "VERDICT: 1 of 1 (checked 3 steps)"
     s = [_sample()]
-    _mgr(judge.url, judge_score_regex=r"VERDICT: (\d+)", judge_max_score=1).score(s)
+    _mgr(judge.url, score_regex=r"VERDICT: (\d+)", max_score=1).score(s)
     assert s[0].reward == 1.0
 
 
@@ -123,7 +124,7 @@ def test_timeout_is_retried_then_counted():
     try:
         s = [_sample()]
         t0 = time.monotonic()
-        counts = _mgr(j.url, timeout=0.3, judge_retries=1).score(s)
+        counts = _mgr(j.url, timeout=0.3, retries=1).score(s)
         assert time.monotonic() - t0 < 4
         assert len(j.bodies) == 2  # the first try and one retry
         assert counts["reward/judge_errors"] == 1 and counts["reward/errors"] == 1
@@ -133,7 +134,7 @@ def test_timeout_is_retried_then_counted():
 
 
 def test_unreachable_judge_is_an_error_not_a_zero():
-    mgr = _mgr("http://127.0.0.1:9/v1", timeout=0.5, judge_retries=0)
+    mgr = _mgr("http://127.0.0.1:9/v1", timeout=0.5, retries=0)
     s = [_sample()]
     counts = mgr.score(s)
     assert counts["reward/judge_errors"] == 1 and s[0].status == Status.FAILED
@@ -165,34 +166,31 @@ def test_parse():
 
 
 def test_config_needs_url_and_model():
-    with pytest.raises(ConfigError, match="judge_url"):
-        RewardConfig(type="judge").check()
-    RewardConfig(type="judge", judge_url="http://127.0.0.1:8000/v1", judge_model="m").check()
+    with pytest.raises(ConfigError, match="needs judge.url"):
+        load_config(None, ["reward.type=judge"])
+    load_config(None, ["reward.type=judge", "judge.url=http://127.0.0.1:8000/v1", "judge.model=m"])
 
 
 def test_a_verdict_word_is_scored_by_judge_verdicts(judge):
     judge.reply = lambda p: "The response matches.\nVerdict: Yes" if "Response:\n4\n" in p else "No, it does not match."
     s = [_sample(), _sample(response="5", i=1)]
-    kw = dict(judge_score_regex=r"(?i)\b(yes|no)\b", judge_max_score=1, judge_verdicts={"yes": 1, "no": 0})
+    kw = dict(score_regex=r"(?i)\b(yes|no)\b", max_score=1, verdicts={"yes": 1, "no": 0})
     counts = _mgr(judge.url, **kw).score(s)
     assert [x.reward for x in s] == [1.0, 0.0] and counts["reward/judge_unparseable"] == 0
     jr = JudgeReward("http://127.0.0.1:1/v1", "m", score_regex=r"(\w+)$", max_score=1, verdicts={"yes": 1})
-    with pytest.raises(JudgeFailure, match=r"'maybe' is not a number nor a verdict of reward.judge_verdicts \['yes'\]"):
+    with pytest.raises(JudgeFailure, match=r"'maybe' is not a number nor a verdict of judge.verdicts \['yes'\]"):
         jr.parse("maybe")
 
 
 def test_config_refuses_verdicts_out_of_range():
     for verdicts in ({"yes": 2.0}, {"yes": "1"}, {True: 1}):
-        with pytest.raises(ConfigError, match="judge_verdicts"):
-            RewardConfig(
-                type="judge", judge_url="http://x/v1", judge_model="m", judge_max_score=1, judge_verdicts=verdicts
-            ).check()
-    from reinforge.config import load_config
+        with pytest.raises(ConfigError, match="judge.verdicts"):
+            JudgeConfig(url="http://x/v1", model="m", max_score=1, verdicts=verdicts).validate()
 
     with pytest.raises(ConfigError, match="quote them"):  # YAML 1.1: unquoted yes / no are booleans
-        load_config(None, ["reward.type=judge", "reward.judge_model_path=x", "reward.judge_verdicts={yes: 1, no: 0}"])
-    cfg = load_config(None, ["reward.type=judge", "reward.judge_model_path=x", "reward.judge_verdicts={'yes': 1}"])
-    assert cfg.reward.judge_verdicts == {"yes": 1}
+        load_config(None, ["reward.type=judge", "judge.model_path=x", "judge.verdicts={yes: 1, no: 0}"])
+    cfg = load_config(None, ["reward.type=judge", "judge.model_path=x", "judge.verdicts={'yes': 1}"])
+    assert cfg.judge.verdicts == {"yes": 1}
 
 
 # ---------------------------------------------------------------------- the start-up check (issue 57)
@@ -203,12 +201,12 @@ def test_the_judge_endpoint_is_checked_at_start(judge, caplog):
 
     from reinforge.reward.judge import check_endpoint
 
-    cfg = RewardConfig(type="judge", judge_url=judge.url, judge_model="judge-m")
+    cfg = JudgeConfig(url=judge.url, model="judge-m")
     with caplog.at_level(logging.INFO, logger="reinforge.reward.judge"):
-        assert check_endpoint(cfg) >= 0
+        assert check_endpoint(cfg, timeout=10.0) >= 0
     (body,) = judge.bodies
     assert body["path"] == "/v1/chat/completions" and body["model"] == "judge-m" and body["max_tokens"] == 1
-    assert f"the judge answers at reward.judge_url={judge.url} (reward.judge_model='judge-m')" in caplog.text
+    assert f"the judge answers at judge.url={judge.url} (judge.model='judge-m')" in caplog.text
 
 
 def test_a_judge_that_refuses_the_model_name_is_a_usage_error():
@@ -216,9 +214,9 @@ def test_a_judge_that_refuses_the_model_name_is_a_usage_error():
 
     j = Judge(status=404)
     try:
-        cfg = RewardConfig(type="judge", judge_url=j.url, judge_model="no-such-model")
-        with pytest.raises(ValueError, match=r"reward.judge_model='no-such-model'.*HTTP 404.*Set reward.judge_model"):
-            check_endpoint(cfg)
+        cfg = JudgeConfig(url=j.url, model="no-such-model")
+        with pytest.raises(ValueError, match=r"judge.model='no-such-model'.*HTTP 404.*Set judge.model"):
+            check_endpoint(cfg, timeout=10.0)
     finally:
         j.close()
 
@@ -239,15 +237,15 @@ def test_a_judge_that_is_down_stops_the_run_before_the_policy_is_built(tmp_path,
         tmp_path / "run",
         **{
             "reward.type": "judge",
-            "reward.judge_url": "http://127.0.0.1:9/v1",
-            "reward.judge_model": "judge-m",
+            "judge.url": "http://127.0.0.1:9/v1",
+            "judge.model": "judge-m",
             "reward.timeout": 0.5,
-            "reward.judge_retries": 0,
+            "judge.retries": 0,
         },
     )
     assert cli.main(["train", *overrides]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("reinforge train: error: reward.judge_url=http://127.0.0.1:9/v1")
+    assert len(err) == 1 and err[0].startswith("reinforge train: error: judge.url=http://127.0.0.1:9/v1")
     assert "the judge does not answer (1 try of reward.timeout=0.5 s; last: ConnectionError" in err[0]
 
 
@@ -259,7 +257,7 @@ def test_a_judge_timeout_is_a_judge_error_left_out_not_a_scored_zero(caplog):
 
     j = Judge(delay=1.5)
     try:
-        mgr = _mgr(j.url, timeout=5.0, judge_retries=0)
+        mgr = _mgr(j.url, timeout=5.0, retries=0)
         mgr.judge.budget = lambda: 0.3
         s = [_sample()]
         with caplog.at_level(logging.WARNING, logger="reinforge.reward.manager"):

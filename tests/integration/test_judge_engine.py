@@ -1,4 +1,4 @@
-"""reward.type=judge with reward.judge_model_path: the judge model run by the embedded engine in the
+"""reward.type=judge with judge.model_path: the judge model run by the embedded engine in the
 trainer's process (reinforge/reward/judge_engine.py), asleep except while it scores."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.config import Config, RewardConfig, load_config
+from reinforge.config import Config, JudgeConfig, RewardConfig, load_config
 from reinforge.config.fields import ConfigError
 from reinforge.preflight import PreflightError, check_rl
 from reinforge.records import Sample, Status
@@ -52,12 +52,13 @@ def _sample(response="4", label="4", prompt="What is 2 + 2?", i=0):
 
 
 def _mgr(path, **kw) -> RewardManager:
-    kw.setdefault("judge_max_new_tokens", 4)
-    return RewardManager(RewardConfig(type="judge", judge_model_path=str(path), **kw))
+    """An embedded judge reward's manager: ``kw`` are keys of the ``judge`` section."""
+    kw.setdefault("max_new_tokens", 4)
+    return RewardManager(RewardConfig(type="judge"), judge=JudgeConfig(model_path=str(path), **kw))
 
 
 def test_scores_parsed_in_one_engine_call_and_cached(sevens_judge):
-    mgr = _mgr(sevens_judge, judge_score_regex="(7)")
+    mgr = _mgr(sevens_judge, score_regex="(7)")
     judge = mgr.judge
     awake = []
     generate = judge.engine.engine.generate
@@ -66,7 +67,7 @@ def test_scores_parsed_in_one_engine_call_and_cached(sevens_judge):
     assert judge.engine.asleep  # built asleep
     counts = mgr.score(s)
     assert [x.reward for x in s] == [0.7] * 4 and all(x.status != Status.FAILED for x in s)
-    assert s[0].reward_info["judge_answer"] == "7777"  # greedy, judge_max_new_tokens=4
+    assert s[0].reward_info["judge_answer"] == "7777"  # greedy, judge.max_new_tokens=4
     assert counts["reward/errors"] == 0 and counts["reward/judge_unparseable"] == 0
     assert judge.engine.calls == 1 and judge.requests == 2  # one batched call; each distinct sample once
     assert awake == [True] and judge.engine.asleep  # awake to score, asleep again after
@@ -92,8 +93,8 @@ def test_unparseable_answer_is_counted_and_left_out(sevens_judge):
 def test_a_judge_that_cannot_wake_counts_the_call_as_judge_errors_and_sleeps_again(sevens_judge, monkeypatch):
     """A KV cache that does not fit at wake-up (the policy's engine holding memory) fails the call like
     any engine error: counted, the samples left out, the judge asleep again with its weights where
-    reward.judge_offload_weights keeps them; the next call wakes it normally."""
-    mgr = _mgr(sevens_judge, judge_score_regex="(7)", judge_offload_weights=True)
+    judge.offload_weights keeps them; the next call wakes it normally."""
+    mgr = _mgr(sevens_judge, score_regex="(7)", offload_weights=True)
     engine = mgr.judge.engine.engine
     wake, sleeps = engine.wake_up, []
     sleep = engine.sleep
@@ -115,16 +116,16 @@ def test_a_judge_that_cannot_wake_counts_the_call_as_judge_errors_and_sleeps_aga
 
 
 def test_a_prompt_past_judge_max_len_is_a_judge_error(sevens_judge):
-    mgr = _mgr(sevens_judge, judge_score_regex="(7)", judge_max_len=160)
+    mgr = _mgr(sevens_judge, score_regex="(7)", max_len=160)
     s = [_sample(), _sample(response="word " * 300, i=1)]
     counts = mgr.score(s)
     assert s[0].reward == 0.7 and counts["reward/judge_errors"] == 1 and s[1].status == Status.FAILED
-    assert "reward.judge_max_len=160" in s[1].reward_info["reward_failure"]
+    assert "judge.max_len=160" in s[1].reward_info["reward_failure"]
     mgr.close()
 
 
 def test_the_judge_sees_its_chat_template(sevens_judge):
-    mgr = _mgr(sevens_judge, judge_template="R={response}")
+    mgr = _mgr(sevens_judge, template="R={response}")
     ids = mgr.judge.engine.encode("R=4")
     text = mgr.judge.engine.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>") and text.rstrip().endswith("<|im_start|>assistant")
@@ -134,15 +135,14 @@ def test_the_judge_sees_its_chat_template(sevens_judge):
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(judge_template="grade {question}"), "has no {response}"),
-        (dict(judge_url="http://127.0.0.1:1/v1", judge_model="m"), "both set"),
-        (dict(type="math"), "judge_model_path is set but reward.type='math'"),
+        (["judge.template='grade {question}'"], "has no {response}"),
+        (["judge.url=http://127.0.0.1:1/v1", "judge.model=m"], "both set"),
+        (["reward.type=math"], "judge.model_path is set but reward.type='math'"),
     ],
 )
 def test_config_refuses(kw, match):
-    kw = {"type": "judge", "judge_model_path": "smollm2-135m-instruct", **kw}
     with pytest.raises(ConfigError, match=match):
-        RewardConfig(**kw).check()
+        load_config(None, ["reward.type=judge", "judge.model_path=smollm2-135m-instruct", *kw])
 
 
 def _cfg(policy, judge, *extra) -> Config:
@@ -151,7 +151,7 @@ def _cfg(policy, judge, *extra) -> Config:
         [
             f"model.path={policy}",
             "reward.type=judge",
-            f"reward.judge_model_path={judge}",
+            f"judge.model_path={judge}",
             "rollout.rollout_max_response_len=16",
             "rollout.rollout_batch_size=2",
             "rollout.n_samples_per_prompt=4",
@@ -163,10 +163,10 @@ def _cfg(policy, judge, *extra) -> Config:
 
 def test_preflight_refuses_in_one_line(tmp_path, tiny_model_path, sevens_judge):
     cpu = torch.device("cpu")
-    with pytest.raises(PreflightError, match=r"reward.judge_model_path='/nowhere/judge' not found"):
+    with pytest.raises(PreflightError, match=r"judge.model_path='/nowhere/judge' not found"):
         check_rl(_cfg(tiny_model_path, "/nowhere/judge"), tiny_model_path, device=cpu)
-    with pytest.raises(PreflightError, match="reward.judge_max_len=4096 but the judge model"):
-        check_rl(_cfg(tiny_model_path, sevens_judge, "reward.judge_max_len=4096"), tiny_model_path, device=cpu)
+    with pytest.raises(PreflightError, match="judge.max_len=4096 but the judge model"):
+        check_rl(_cfg(tiny_model_path, sevens_judge, "judge.max_len=4096"), tiny_model_path, device=cpu)
     with pytest.raises(PreflightError, match="needs cluster.mode=local"):
         check_rl(_cfg(tiny_model_path, sevens_judge, "cluster.mode=ray"), tiny_model_path, device=cpu)
     cfg = _cfg(tiny_model_path, sevens_judge)
@@ -179,8 +179,8 @@ def test_preflight_refuses_in_one_line(tmp_path, tiny_model_path, sevens_judge):
     p_kv, p_w, _ = engine_bytes(tiny_model_path, engine_config_for(cfg), 17, cpu)
     memory = p_kv + p_w + weights + 3 * per_slot  # the policy's engine fits, the judge's 9 blocks do not
     (line,) = judge_problems(cfg, tiny_model_path, 17, cpu, memory)
-    assert "lower reward.judge_max_num_seqs to at most 2" in line and "\n" not in line
-    with pytest.raises(PreflightError, match="reward.judge_max_num_seqs"):
+    assert "lower judge.max_num_seqs to at most 2" in line and "\n" not in line
+    with pytest.raises(PreflightError, match="judge.max_num_seqs"):
         check_rl(cfg, tiny_model_path, memory=memory, device=cpu)
     assert judge_problems(cfg, tiny_model_path, 17, cpu, memory + 6 * per_slot) == []
 
@@ -221,9 +221,9 @@ def test_train_with_an_embedded_judge_asleep_while_training_and_generating(
     overrides = [o for o in tiny_overrides(tiny_model_path, out) if o not in TASK] + [
         f"data.prompt_data={data}",
         "reward.type=judge",
-        f"reward.judge_model_path={sevens_judge}",
-        "reward.judge_score_regex=(7)",
-        "reward.judge_max_new_tokens=3",
+        f"judge.model_path={sevens_judge}",
+        "judge.score_regex=(7)",
+        "judge.max_new_tokens=3",
         "reward.correct_threshold=0.5",
         "run.save_final=false",
         "eval.eval_before_train=false",

@@ -410,27 +410,29 @@ def test_model_shape_counts_the_experts_of_a_folder_without_weights(tmp_path):
 def test_aux_loss_counts_every_sample_when_some_advantages_are_zero(qwen3_moe_path):
     """Issue 51 B1: the samples of zero advantage are skipped only when no other term needs them; the
     load-balancing loss covers every token of the step, so its weight must not shrink with the fraction of
-    tokens whose advantage is non-zero (group 1 of ``group_data`` has all-zero advantages)."""
+    tokens whose advantage is non-zero (group 1 of ``group_rollout`` has equal rewards: all-zero advantages;
+    rewards 0 and 1e-30 there instead give it advantages of +-5e-31, without GRPO's std normalization)."""
     from reinforge.config import load_config
-    from reinforge.train.actor import Actor, TrainData
-    from tests.unit.test_packing import group_data
+    from reinforge.train.worker import TrainWorker
+    from tests.unit.test_packing import group_rollout, train_rollout
 
-    def step_metrics(data: TrainData) -> dict[str, float]:
+    def step_metrics(groups) -> dict[str, float]:
         overrides = {
             "model.path": qwen3_moe_path,
             "model.train_dtype": "fp32",
             "train.device": "cpu",
             "train.moe_aux_loss_coeff": 0.5,
             "algo.entropy_coef": 0.0,
+            "algo.grpo_std_normalization": "false",
         }
         cfg = load_config(None, [f"{k}={v}" for k, v in overrides.items()])
-        torch.manual_seed(0)
-        return Actor(cfg, qwen3_moe_path, torch.device("cpu")).train(data, 0)
+        return train_rollout(TrainWorker(cfg, qwen3_moe_path), groups)
 
-    data = group_data()
-    assert any(not a.any() for a in data.advantages)
-    tiny = TrainData(data.samples, [a if a.any() else torch.full_like(a, 1e-30) for a in data.advantages])
-    skipped, kept = step_metrics(data), step_metrics(tiny)
+    def rewards(tiny: bool):
+        return lambda p, k: (1e-30 * (k % 2) if tiny else 0.0) if p == 1 else float(p + k % 3)
+
+    skipped = step_metrics(group_rollout(rewards=rewards(False)))
+    kept = step_metrics(group_rollout(rewards=rewards(True)))
     assert skipped["train/loss"] == pytest.approx(kept["train/loss"], rel=1e-5, abs=1e-7)
     assert skipped["train/moe_aux_loss"] == pytest.approx(kept["train/moe_aux_loss"], rel=1e-5)
     assert skipped["train/trained_token_fraction"] == 1.0

@@ -137,8 +137,7 @@ def test_interleaved_stages_with_a_reference_model_match_one_process(four_layer_
 def test_a_step_whose_every_advantage_is_zero_runs_on_two_stages(tiny_model_path):
     """Every sample dropped (zero advantages, common early in GRPO): no micro-batch on any stage; the
     step applies a zero gradient as one process does, instead of running the schedule on dummies."""
-    data = make_data(4, seed=16)
-    data.advantages = [torch.zeros_like(a) for a in data.advantages]
+    data = make_data(4, seed=16, equal_rewards=True)
     single = run_single(make_cfg(tiny_model_path), tiny_model_path, data)
     assert_same(single[:2], run_ranks(2, pp_cfg(tiny_model_path), tiny_model_path, data))
 

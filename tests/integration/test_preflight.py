@@ -477,7 +477,7 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
     """Issue 57: a broken python sandbox was found only at the first rollout, as a traceback, and
     taking bwrap off PATH did not disable it. Now `reinforge train` with the `python` tool exits 2 before
     any model is built, with one line saying what is wrong and what to do: bwrap missing from PATH, or
-    the bubblewrap that `$REINFORGE_BWRAP` names failing its trial run. `agent.python_sandbox=none`
+    the bubblewrap that `$REINFORGE_BWRAP` names failing its trial run. `sandbox.backend=none`
     (the opt-out the line names) is not checked."""
     from reinforge import cli
     from reinforge.sandbox import sandbox_problems
@@ -495,7 +495,7 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("reinforge train: error: this run cannot start: the python tool runs"), err
-    assert "no `bwrap` on PATH" in err and "agent.python_sandbox=none" in err, err
+    assert "no `bwrap` on PATH" in err and "sandbox.backend=none" in err, err
     assert err.strip().count("\n") == 0 and "Traceback" not in err, err
     MESSAGES.append(err)
     reachable = Path(tempfile.mkdtemp())  # the sandbox's uid runs it: a folder any uid can enter
@@ -511,12 +511,12 @@ def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "fails here (bwrap: setting up uid map: Permission denied;" in err, err
     assert err.strip().count("\n") == 0 and "Traceback" not in err, err
-    assert sandbox_problems(rl_cfg(*agent, "agent.python_sandbox=none")) == []
+    assert sandbox_problems(rl_cfg(*agent, "sandbox.backend=none")) == []
 
 
 def test_messages_name_only_keys_that_exist():
     """Every `section.key` in the messages (those the tests above collected, and every one the module's source
-    can write) is a key of reinforge/config/sections.py (module paths such as `.cluster.resources` are not
+    can write) is a key of a section under reinforge/config/ (module paths such as `.cluster.resources` are not
     keys: a dot before)."""
     keys = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     pattern = re.compile(r"(?<![\w.])(" + "|".join(SECTIONS) + r")\.([a-z_][a-z0-9_]*)")

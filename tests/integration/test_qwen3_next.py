@@ -218,7 +218,7 @@ def test_a_gpu_without_fla_is_told_the_install_command(monkeypatch):
 
 
 def test_lora_by_default_also_adapts_the_linear_attention_projections(hybrid_path):
-    from reinforge.config.sections import ModelConfig
+    from reinforge.config import ModelConfig
     from reinforge.models.loading import build_model
     from reinforge.models.lora import apply_lora
 

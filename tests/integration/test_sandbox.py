@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import reinforge
-from reinforge.sandbox import SandboxLimits, SandboxUnavailable, bwrap_path, check_sandbox, run_python
+from reinforge.sandbox import Sandboxes, SandboxLimits, SandboxUnavailable, bwrap_path, check_sandbox, run_python
 from reinforge.sandbox import runner as sb
 from reinforge.tools import ToolCall, ToolSet, load_tools
 from reinforge.tools.builtin import calculator, make_python
@@ -378,7 +378,7 @@ def test_refuses_to_start_without_bwrap(monkeypatch):
     sb._bwrap_problem.cache_clear()
     try:
         with pytest.raises(
-            SandboxUnavailable, match=r"not installed.*apt-get install bubblewrap.*agent.python_sandbox=none"
+            SandboxUnavailable, match=r"not installed.*apt-get install bubblewrap.*sandbox.backend=none"
         ):
             make_python(None)
         with pytest.raises(SandboxUnavailable):
@@ -387,10 +387,12 @@ def test_refuses_to_start_without_bwrap(monkeypatch):
         sb._bwrap_problem.cache_clear()
     from reinforge.config import load_config
 
-    cfg = load_config(None, ["agent.python_sandbox=none"]).agent
-    ts = ToolSet(load_tools(["python"], cfg), timeout=5)  # the opt-out runs without bwrap
+    cfg = load_config(None, ["sandbox.backend=none"])
+    ts = ToolSet(
+        load_tools(["python"], cfg.agent, Sandboxes.from_config(cfg.sandbox)), timeout=5
+    )  # the opt-out runs without bwrap
     assert asyncio.run(ts.call(ToolCall("python", {"code": "print(6 * 7)"}))).output == "42"
-    with pytest.raises(ValueError, match="python_sandbox"):
+    with pytest.raises(ValueError, match="sandbox.backend"):
         check_sandbox("docker")
 
 
@@ -444,7 +446,7 @@ def syscall_numbers(*names: str) -> dict[str, int]:
 def test_the_program_is_not_root_on_the_host():
     """The escape of issue 34: bwrap started by root mapped the sandbox's uid to host root, so the
     program could write host-wide sysctls (``kernel.core_pattern`` -> code run as root on the host).
-    Now the host sees the program's process as the unprivileged ``agent.python_sandbox_uid`` (the
+    Now the host sees the program's process as the unprivileged ``sandbox.uid`` (the
     trainer's own uid when it is not root), with no capabilities, and ``/proc/sys`` is not writable
     inside. The write attempt writes the value the host already has, so nothing changes if it held."""
     token = uuid.uuid4().hex
@@ -625,13 +627,14 @@ print(json.dumps(out))
 
 @needs_bwrap
 def test_sandboxes_at_once_are_bounded():
-    """Twelve calls of one turn (``asyncio.gather``) with ``agent.max_concurrent_sandboxes=2``: at most
+    """Twelve calls of one turn (``asyncio.gather``) with ``sandbox.max_concurrent=2``: at most
     two programs run at any moment (their start / end times, on the host's monotonic clock), and
     waiting for a slot does not count against ``agent.tool_timeout``."""
     from reinforge.config import load_config
 
-    cfg = load_config(None, ["agent.max_concurrent_sandboxes=2", "agent.tool_timeout=3"]).agent
-    ts = ToolSet(load_tools(["python"], cfg), timeout=cfg.tool_timeout)
+    cfg = load_config(None, ["sandbox.max_concurrent=2", "agent.tool_timeout=3"])
+    run = Sandboxes.from_config(cfg.sandbox, cfg.agent.tool_timeout)
+    ts = ToolSet(load_tools(["python"], cfg.agent, run), timeout=cfg.agent.tool_timeout)
     code = "import time\na = time.monotonic()\ntime.sleep(0.4)\nprint(a, time.monotonic())"
 
     async def many():
@@ -711,9 +714,9 @@ def test_a_sandbox_that_cannot_start_is_an_infrastructure_failure(monkeypatch):
 
 
 def test_the_sandbox_uid_default_is_the_configs():
-    from reinforge.config import AgentConfig
+    from reinforge.config import SandboxConfig
 
-    assert sb.DEFAULT_SANDBOX_UID == AgentConfig().python_sandbox_uid
+    assert sb.DEFAULT_SANDBOX_UID == SandboxConfig().uid
     assert sb.SandboxLimits().sandbox_uid == sb.DEFAULT_SANDBOX_UID
-    assert sb.SandboxLimits().sandbox_uids == sb.DEFAULT_SANDBOX_UIDS == AgentConfig().python_sandbox_uids
-    assert sb.SandboxLimits().max_open_files == sb.DEFAULT_MAX_OPEN_FILES == AgentConfig().python_max_open_files
+    assert sb.SandboxLimits().sandbox_uids == sb.DEFAULT_SANDBOX_UIDS == SandboxConfig().num_uids
+    assert sb.SandboxLimits().max_open_files == sb.DEFAULT_MAX_OPEN_FILES == SandboxConfig().max_open_files

@@ -268,7 +268,7 @@ print(json.dumps({"opened": n, "errno": err, "child": int(child.stdout or -1),
 def test_open_files_are_bounded_per_process():
     """E3: RLIMIT_NOFILE was the trainer's (20000 here) and never lowered: one sandbox held 160,044
     open files (half the host's file table) for 46 MiB of its cgroup. Now each process of the sandbox
-    may hold ``max_open_files`` (``agent.python_max_open_files``, default 1024), its children too, and
+    may hold ``max_open_files`` (``sandbox.max_open_files``, default 1024), its children too, and
     the other per-uid counters of that class are bounded per process (message-queue bytes, queued
     signals). Opening /dev/null in a loop stops at the limit with EMFILE."""
     res = report(run(OPEN_FILES))
@@ -282,11 +282,11 @@ def test_open_files_are_bounded_per_process():
 
 @needs_bwrap
 def test_the_python_tool_takes_its_open_files_from_the_config():
-    """``agent.python_max_open_files`` reaches the sandbox through the ``python`` tool."""
-    from reinforge.config import AgentConfig
+    """``sandbox.max_open_files`` reaches the sandbox through the ``python`` tool."""
+    from reinforge.config import SandboxConfig
     from reinforge.tools.builtin import make_python
 
-    tool = make_python(AgentConfig(python_max_open_files=100))
+    tool = make_python(None, sb.Sandboxes.from_config(SandboxConfig(max_open_files=100)))
     out = asyncio.run(tool("import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"))
     assert out == "(100, 100)", out
 
@@ -310,7 +310,7 @@ def test_one_sandbox_cannot_take_another_sandboxes_per_uid_quota():
     uid (``fs.inotify.max_user_instances``, counted per host uid across user namespaces) and the
     next sandboxes could not make one (the same for the key quota of their session keyrings and the
     message-queue bytes). Now each sandbox running at once has a host uid of its own (a lease on
-    ``agent.python_sandbox_uid + slot``): while one sandbox holds every instance its uid may have,
+    ``sandbox.uid + slot``): while one sandbox holds every instance its uid may have,
     another still makes one, and the two run as different host uids."""
     token = uuid.uuid4().hex
 
@@ -358,7 +358,7 @@ def test_uid_leases_are_exclusive_and_given_back(caplog, monkeypatch):
     try:
         assert sorted(u for u, _ in held) == [base, base + 1, base + 2] and all(fd is not None for _, fd in held)
         assert lease_uid(base, 3) == (base, None)
-        assert "all 3 of" in caplog.text and "agent.python_sandbox_uids" in caplog.text, caplog.text
+        assert "all 3 of" in caplog.text and "sandbox.num_uids" in caplog.text, caplog.text
         os.close(held[1][1])
         again = lease_uid(base, 3)
         assert again[0] == held[1][0] and again[1] is not None
@@ -410,11 +410,11 @@ def test_the_host_kills_pid_1_only_while_it_is_bwraps_child():
 
 
 def test_a_uid_range_past_the_last_uid_is_refused():
-    """``agent.python_sandbox_uid + agent.python_sandbox_uids`` must stay below 2**32 - 1 (the kernel's
+    """``sandbox.uid + sandbox.num_uids`` must stay below 2**32 - 1 (the kernel's
     invalid uid); the message names both keys."""
     from reinforge.config import load_config
     from reinforge.config.fields import ConfigError
 
-    with pytest.raises(ConfigError, match="agent.python_sandbox_uid=4294967000 \\+ agent.python_sandbox_uids=1024"):
-        load_config(None, ["agent.python_sandbox_uid=4294967000"])
-    assert load_config(None, ["agent.python_sandbox_uid=4294967000", "agent.python_sandbox_uids=100"])
+    with pytest.raises(ConfigError, match="sandbox.uid=4294967000 \\+ sandbox.num_uids=1024"):
+        load_config(None, ["sandbox.uid=4294967000"])
+    assert load_config(None, ["sandbox.uid=4294967000", "sandbox.num_uids=100"])

@@ -13,12 +13,13 @@ from reinforge.sandbox import OUTSIDE_RUNS, Sandboxes
 from reinforge.tools import ToolSet
 from reinforge.tools.builtin import make_python
 
-NONE = ["agent.python_sandbox=none", "agent.tools=[python]", "agent.max_concurrent_sandboxes=1"]
+NONE = ["sandbox.backend=none", "agent.tools=[python]", "sandbox.max_concurrent=1"]
 
 
 def test_the_python_tool_and_the_environment_share_the_runs_sandboxes():
-    agent = load_config(None, NONE + ["agent.tool_timeout=7"]).agent
-    run = Sandboxes.from_agent(agent)
+    cfg = load_config(None, NONE + ["agent.tool_timeout=7"])
+    agent = cfg.agent
+    run = Sandboxes.from_config(cfg.sandbox, agent.tool_timeout)
     assert (run.isolation, run.limits.timeout, run.slots.limit) == ("none", 7, 1)
     tools = ToolSet.from_config(agent, run)
     ctx = EnvContext(agent, tools, {}, run)
@@ -31,21 +32,22 @@ def test_the_python_tool_and_the_environment_share_the_runs_sandboxes():
         return out, r.stdout.strip()
 
     assert asyncio.run(both()) == ("42", "2")
-    assert run.checked == {("none", agent.python_sandbox_uid)}  # the trial ran once, for the run
+    assert run.checked == {("none", cfg.sandbox.uid)}  # the trial ran once, for the run
     assert next(run.numbers) == 2  # both runs were the run's, numbered 0 and 1
     assert next(OUTSIDE_RUNS.numbers) == outside + 1  # none counted outside the run
     tools.close()
 
 
-def test_a_context_without_sandboxes_makes_them_from_its_agent_section():
-    agent = load_config(None, NONE).agent
+def test_a_context_without_sandboxes_makes_its_own_with_the_agents_timeout():
+    agent = load_config(None, NONE + ["agent.tool_timeout=7"]).agent
     a, b = EnvContext(agent, ToolSet([])), EnvContext(agent, ToolSet([]))
-    assert a.sandboxes is not b.sandboxes and a.sandboxes.isolation == "none"
+    assert a.sandboxes is not b.sandboxes and a.sandboxes.limits.timeout == 7
 
 
 def test_one_slot_makes_the_tool_and_the_environment_take_turns():
-    agent = load_config(None, NONE).agent
-    run = Sandboxes.from_agent(agent)
+    cfg = load_config(None, NONE)
+    agent = cfg.agent
+    run = Sandboxes.from_config(cfg.sandbox, agent.tool_timeout)
     python = make_python(agent, run)
     nap = "import time\ntime.sleep(0.4)\nprint('up')"
 

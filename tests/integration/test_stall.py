@@ -143,7 +143,7 @@ def test_a_hung_engine_is_named(tmp_path, tiny_model_path):
 def _hung_collective_rank(rank: int, world: int, port: int, ready) -> None:
     import torch
 
-    from reinforge.train.parallel import ParallelContext
+    from reinforge.train.collectives import ParallelContext
 
     pc = ParallelContext.init(rank, world, "127.0.0.1", port, torch.device("cpu"), timeout_s=120)
     ready.put(rank)

@@ -238,6 +238,34 @@ NOT_KEYS = {
 }  # the last: the derived trainer world size, compared on resume (recover.py)
 
 
+def test_each_config_section_has_a_module_of_its_own():
+    """Issue 54: the config is split by concept, one module per section (``reinforge/config/engine.py`` holds
+    ``EngineConfig``), except the sections of what is learned, one close group in ``learning.py``."""
+    from reinforge.config import SECTIONS
+
+    grouped = {"reward", "algo", "critic", "offline"}  # learning.py
+    wrong = {
+        name: cls.__module__
+        for name, cls in SECTIONS.items()
+        if cls.__module__ != f"reinforge.config.{'learning' if name in grouped else name}"
+    }
+    assert not wrong, wrong
+
+
+def test_the_trainers_collectives_and_parallelize_are_apart():
+    """Issue 54: ``train/parallel.py`` split on its seam: ``collectives.py`` talks between the ranks and places no
+    model; ``parallelize.py`` places a model on the mesh and issues no collective of its own."""
+    import inspect
+    import re
+
+    from reinforge.train import collectives, parallelize
+
+    talks, places = inspect.getsource(collectives), inspect.getsource(parallelize)
+    assert "fully_shard" not in talks and "def parallelize" not in talks
+    assert not re.search(r"dist\.(all_reduce|all_gather|all_to_all|barrier|broadcast)", places)
+    assert parallelize.parallelize.__module__ == "reinforge.train.parallelize"
+
+
 def test_config_keys_named_in_messages_exist():
     """Every ``section.key`` that the package's strings (messages, help texts, docstrings) name is a
     real key, or the old spelling of a moved one: an error never names a key that does not exist."""

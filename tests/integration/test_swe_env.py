@@ -18,7 +18,7 @@ from reinforge.loop import run_training
 from reinforge.records import Status
 from reinforge.rollout.agent import prompt_tools
 from reinforge.rollout.generate import generate_groups
-from reinforge.sandbox import SandboxResult
+from reinforge.sandbox import Sandboxes, SandboxResult
 from reinforge.tools import ToolCall, ToolSet
 from tests.integration.test_agent import ScriptedEngine, agent_ctx, tok  # noqa: F401
 from tests.integration.test_integration import read_metrics
@@ -80,9 +80,10 @@ def test_a_looping_mutant_is_stopped_by_the_time_limit():
 
 
 def _env(row, *overrides, **kwargs):
-    no_bwrap = ["agent.python_sandbox=none"] if not _has_bwrap() else []
-    cfg = load_config(None, ["agent.environment=swe", *no_bwrap, *overrides]).agent
-    return load_environment("swe")(row, EnvContext(cfg, ToolSet([]), kwargs))
+    no_bwrap = ["sandbox.backend=none"] if not _has_bwrap() else []
+    cfg = load_config(None, ["agent.environment=swe", *no_bwrap, *overrides])
+    sandboxes = Sandboxes.from_config(cfg.sandbox, cfg.agent.tool_timeout)
+    return load_environment("swe")(row, EnvContext(cfg.agent, ToolSet([]), kwargs, sandboxes))
 
 
 def _has_bwrap():
@@ -333,7 +334,7 @@ def test_smollm2_trains_in_the_swe_environment(tmp_path):
         f"run.output_dir={out}",
     ]
     if not _has_bwrap():
-        overrides.append("agent.python_sandbox=none")
+        overrides.append("sandbox.backend=none")
     result = run_training(load_config(os.path.join(EXAMPLES, "agent_swe.yaml"), overrides))
     assert result.last_rollout_id == 0
     (row,) = [m for m in read_metrics(out) if "train/loss" in m]

@@ -260,7 +260,7 @@ def test_probe_tolerance_follows_the_lowest_precision():
 def test_fp8_engine_checks_quantized_layers_before_quantization(tiny_model_path, monkeypatch):
     """engine.quantization=fp8: the quantized layers' tensors are checksummed as they arrive (cast to the
     engine's dtype, before quantization), the others where they landed; a damaged one is named."""
-    from reinforge.config.sections import EngineConfig
+    from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import build_model
     from reinforge.weights.tensor import sync_in_process

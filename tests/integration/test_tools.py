@@ -7,7 +7,7 @@ import time
 import pytest
 
 from reinforge.config import ConfigError, load_config
-from reinforge.sandbox import SandboxLimits, run_python
+from reinforge.sandbox import Sandboxes, SandboxLimits, run_python
 from reinforge.tools import (
     TOOLS,
     ToolArgumentError,
@@ -172,8 +172,8 @@ def test_load_tools_names_the_key():
 
 # ---------------------------------------------------------------- sandbox
 def python_tool(timeout=5.0, memory_mb=256):
-    cfg = load_config(None, [f"agent.tool_timeout={timeout}", f"agent.python_memory_mb={memory_mb}"]).agent
-    return ToolSet(load_tools(["python"], cfg), timeout=timeout)
+    cfg = load_config(None, [f"agent.tool_timeout={timeout}", f"sandbox.memory_mb={memory_mb}"])
+    return ToolSet(load_tools(["python"], cfg.agent, Sandboxes.from_config(cfg.sandbox, timeout)), timeout=timeout)
 
 
 @needs_bwrap

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reinforge.envs import EnvContext, Turn, load_environment
-from reinforge.sandbox import SandboxLimits, SandboxResult, bwrap_path, run_python
+from reinforge.sandbox import Sandboxes, SandboxLimits, SandboxResult, bwrap_path, run_python
 from reinforge.sandbox import runner as sb
 from reinforge.sandbox.workspace import PREFIX, PathRefused, Workspace, git_base, remove_stale
 from reinforge.tools import ToolCall, ToolSet
@@ -210,9 +210,10 @@ def test_layers_without_isolation_are_a_copy(tmp_path):
 def _env(row, *overrides, **kwargs):
     from reinforge.config import load_config
 
-    no_bwrap = ["agent.python_sandbox=none"] if bwrap_path() is None else []
-    cfg = load_config(None, ["agent.environment=swe", *no_bwrap, *overrides]).agent
-    return load_environment("swe")(row, EnvContext(cfg, ToolSet([]), kwargs))
+    no_bwrap = ["sandbox.backend=none"] if bwrap_path() is None else []
+    cfg = load_config(None, ["agent.environment=swe", *no_bwrap, *overrides])
+    sandboxes = Sandboxes.from_config(cfg.sandbox, cfg.agent.tool_timeout)
+    return load_environment("swe")(row, EnvContext(cfg.agent, ToolSet([]), kwargs, sandboxes))
 
 
 async def _calls(env, *calls):

@@ -156,3 +156,50 @@ def test_every_key_is_documented():
     for section, cls in SECTIONS.items():
         part = doc.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
         assert all(f"| `{f.name}` |" in part for f in dataclasses.fields(cls))
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("reward.judge_model=judge-m", "judge.model=judge-m"),
+        ("reward.judge_max_len=512", "judge.max_len=512"),
+        ("judge_retries=5", "judge.retries=5"),  # a bare old key too
+        ("agent.python_max_open_files=100", "sandbox.max_open_files=100"),
+        ("agent.python_sandbox=none", "sandbox.backend=none"),
+        ("agent.max_concurrent_sandboxes=3", "sandbox.max_concurrent=3"),
+    ],
+)
+def test_a_moved_keys_old_spelling_gives_the_same_config_with_a_warning(old, new, caplog, tmp_path):
+    """Issue 54: the ``judge`` and ``sandbox`` sections took over ``reward.judge_*`` and the agent's sandbox
+    keys; the old spellings still read (command line and YAML), each with a warning naming the new key."""
+    import logging
+
+    from reinforge.config import loader
+
+    loader._warned_moved.clear()
+    with caplog.at_level(logging.WARNING, logger="reinforge.config.loader"):
+        from_old = load_config(None, [old])
+    assert f"is now written {new.split('=')[0]}" in caplog.text, caplog.text
+    assert from_old == load_config(None, [new]) != load_config()
+    section, key = old.split("=")[0].split(".") if "." in old.split("=")[0] else ("reward", old.split("=")[0])
+    yaml_old = write(tmp_path, f"{section}:\n  {key}: {old.split('=')[1]}\n")
+    assert load_config(yaml_old) == from_old
+
+
+def test_a_moved_key_given_in_both_spellings_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"command line: judge.model is given twice .*'reward.judge_model'"):
+        load_config(None, ["judge.model=a", "reward.judge_model=b"])
+    p = write(tmp_path, "reward:\n  judge_model: a\njudge:\n  model: b\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: judge.model is given twice \(as 'reward.judge_model' and as"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"sandbox.memory_mb is given twice"):
+        load_config(None, ["agent.python_memory_mb=512", "sandbox.memory_mb=256"])
+    # a later source still overrides an earlier one, whatever its spelling
+    p = write(tmp_path, "reward:\n  judge_model: a\n")
+    assert load_config(p, ["judge.model=b"]).judge.model == "b"
+
+
+def test_a_saved_config_with_old_spellings_loads():
+    """The config.yaml of a run from before the move (``config_from_dict``: resuming a checkpoint)."""
+    cfg = config_from_dict({"reward": {"type": "judge", "judge_url": "http://x/v1", "judge_model": "m"}})
+    assert (cfg.judge.url, cfg.judge.model, cfg.reward.type) == ("http://x/v1", "m", "judge")

@@ -10,16 +10,20 @@ from reinforge.models.packing import PackedAttention, shared_prompt_keys
 from reinforge.records import Sample
 from reinforge.train.actor import Actor, TrainData
 from reinforge.train.batching import build, plan_rows, row_length
+from reinforge.train.rollout_share import RolloutBatch
+from reinforge.train.worker import TrainWorker
 
 LAYOUTS = ["none", "sequences", "shared_prompt"]
 
 
-def group_data(prompts: int = 3, group: int = 4, seed: int = 0) -> TrainData:
-    """``prompts`` groups of ``group`` samples with the same prompt, responses of 1-9 tokens, a
-    tool-output span (loss mask 0) in some, and advantages that are zero for one whole group."""
+def group_rollout(prompts: int = 3, group: int = 4, seed: int = 0, rewards=None) -> list[list[Sample]]:
+    """``prompts`` groups of ``group`` scored samples with the same prompt, responses of 1-9 tokens, a
+    tool-output span (loss mask 0) in some, and equal rewards in group 1 (zero GRPO advantages);
+    ``rewards(p, k)`` instead: sample ``k`` of group ``p``'s reward."""
     g = torch.Generator().manual_seed(seed)
-    samples, adv = [], []
+    groups: list[list[Sample]] = []
     for p in range(prompts):
+        samples: list[Sample] = []
         prompt = torch.randint(10, 40000, (3 + 2 * p,), generator=g).tolist()
         for k in range(group):
             R = 1 + (p * 5 + k * 3) % 9
@@ -35,11 +39,22 @@ def group_data(prompts: int = 3, group: int = 4, seed: int = 0) -> TrainData:
                     loss_mask=mask,
                     rollout_log_probs=[-1.0] * R,
                     group_index=p,
+                    reward=rewards(p, k) if rewards else 0.5 if p == 1 else float(torch.randn(1, generator=g)),
                 )
             )
-            a = 0.0 if p == 1 else float(torch.randn(1, generator=g))
-            adv.append(torch.full((R,), a))
-    return TrainData(samples, adv)
+        groups.append(samples)
+    return groups
+
+
+def flat(groups: list[list[Sample]]) -> list[Sample]:
+    return [s for group in groups for s in group]
+
+
+def train_rollout(worker: TrainWorker, groups: list[list[Sample]], rollout_id: int = 0) -> dict[str, float]:
+    """The trainer's one way in: the rollout scored on the worker's ranks, then its optimizer steps
+    (:meth:`TrainWorker.score`, :meth:`TrainWorker.train`); the ``train/*`` metrics."""
+    worker.score(RolloutBatch(groups, rollout_id))
+    return worker.train(rollout_id)
 
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -61,18 +76,35 @@ def make_actor(path, layout: str, device: torch.device = torch.device("cpu"), **
     return Actor(cfg, path, device)
 
 
+def make_worker(path, layout: str, **extra) -> TrainWorker:
+    """A one-process trainer on the CPU with :func:`make_actor`'s settings."""
+    o = {
+        "model.path": path,
+        "model.train_dtype": "fp32",
+        "train.device": "cpu",
+        "train.lr": 1e-2,
+        "train.max_tokens_per_gpu": 40,
+        "train.packing": layout,
+        "train.adam_eps": 1e-3,
+        "train.clip_grad": 1e9,
+        "algo.entropy_coef": 0.01,
+        **extra,
+    }
+    return TrainWorker(load_config(None, [f"{k}={v}" for k, v in o.items()]), path)
+
+
 def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
-    data = group_data()
+    groups = group_rollout()
     results = {}
     for layout in LAYOUTS:
-        actor = make_actor(tiny_model_path, layout, **{"algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.1})
-        lp = actor.compute_log_probs(data.samples)
-        ref = actor.compute_log_probs(data.samples, reference=True)
-        metrics = actor.train(data, 0)
-        weights = {n: t.clone() for n, t in actor.named_weights()}
+        worker = make_worker(tiny_model_path, layout, **{"algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.1})
+        lp = worker.actor.compute_log_probs(flat(groups))
+        ref = worker.actor.compute_log_probs(flat(groups), reference=True)
+        metrics = train_rollout(worker, groups)
+        weights = {n: t.clone() for n, t in worker.named_weights()}
         results[layout] = (lp, ref, metrics, weights)
     lp0, ref0, m0, w0 = results["none"]
-    assert all(len(x) == s.response_length for x, s in zip(lp0, data.samples))
+    assert all(len(x) == s.response_length for x, s in zip(lp0, flat(groups)))
     for layout in LAYOUTS[1:]:
         lp, ref, m, w = results[layout]
         for a, b in zip(lp0 + ref0, lp + ref):
@@ -82,6 +114,17 @@ def test_layouts_give_the_same_log_probs_and_update(tiny_model_path):
         for n in w0:
             assert torch.allclose(w0[n], w[n], atol=1e-5), (layout, n)
     assert any(not torch.equal(w0[n], make_actor(tiny_model_path, "none").model.state_dict()[n]) for n in w0)
+
+
+def test_the_actor_trains_a_scored_rollout_only(tiny_model_path):
+    """Issue 54 item 3: ``Actor.train`` no longer computes missing log-probs itself (a path only tests and
+    benches took); the rollout is scored first (``TrainWorker.score``), and data without the old log-probs
+    that several optimizer steps need is refused in words."""
+    worker = make_worker(tiny_model_path, "none", **{"train.num_steps_per_rollout": 2})
+    samples = flat(group_rollout())
+    data = TrainData(samples, [torch.ones(s.response_length) for s in samples], None, None, [0] * len(samples))
+    with pytest.raises(ValueError, match=r"TrainData.old_log_probs is None but Config.needs_old_log_probs.*score"):
+        worker.actor.train(data, 0)
 
 
 def test_engine_and_every_layout_agree_in_fp32(tiny_model_path):
@@ -116,21 +159,21 @@ def test_engine_and_every_layout_agree_in_fp32(tiny_model_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="varlen flash attention runs on CUDA in bf16")
 def test_varlen_attention_matches_padded_in_bf16(tiny_model_path):
-    data = group_data(prompts=4, group=6)
+    samples = flat(group_rollout(prompts=4, group=6))
     ref = make_actor(tiny_model_path, "none", DEVICE, **{"model.train_dtype": "bf16"})
-    a = torch.cat(ref.compute_log_probs(data.samples))
+    a = torch.cat(ref.compute_log_probs(samples))
     for layout in ("sequences", "shared_prompt"):
         packed = make_actor(tiny_model_path, layout, DEVICE, **{"model.train_dtype": "bf16"})
-        mb, _ = packed.rank_micro_batches(data.samples, list(range(len(data.samples))))
+        mb, _ = packed.rank_micro_batches(samples, list(range(len(samples))))
         assert mb[0].to(DEVICE).attention().use_varlen
-        b = torch.cat(packed.compute_log_probs(data.samples))
+        b = torch.cat(packed.compute_log_probs(samples))
         assert (a - b).abs().mean() < 2e-2 and (a - b).abs().max() < 0.25, layout
 
 
 def test_plan_rows_budget_and_cover():
-    data = group_data(prompts=4, group=5)
-    tokens = [s.tokens for s in data.samples]
-    rlen = [s.response_length for s in data.samples]
+    samples = flat(group_rollout(prompts=4, group=5))
+    tokens = [s.tokens for s in samples]
+    rlen = [s.response_length for s in samples]
     idx = list(range(len(tokens)))
     for layout in LAYOUTS:
         plans = plan_rows(tokens, rlen, idx, layout, 30)
@@ -144,12 +187,12 @@ def test_plan_rows_budget_and_cover():
                 assert len(mb) * max(lengths) <= 30 or len(mb) == 1
             if shared:  # every row holds one prompt's samples
                 for row in mb:
-                    assert len({data.samples[i].group_index for i in row}) == 1
+                    assert len({samples[i].group_index for i in row}) == 1
     # shared prompt: each group's prompt once
     plans = plan_rows(tokens, rlen, idx, "shared_prompt", 10_000)
     assert sum(row_length(tokens, rlen, row, True) for mb in plans for row in mb) == sum(rlen) + sum(
-        len(data.samples[g[0]].tokens) - data.samples[g[0]].response_length
-        for g in ([i for i in idx if data.samples[i].group_index == p] for p in range(4))
+        len(samples[g[0]].tokens) - samples[g[0]].response_length
+        for g in ([i for i in idx if samples[i].group_index == p] for p in range(4))
     )
 
 
@@ -266,14 +309,14 @@ def test_hugging_face_model_refuses_packing(tmp_path, tiny_model_path):
 @pytest.mark.slow
 def test_compiled_layers_give_the_same_log_probs_and_update(tiny_model_path):
     """model.torch_compile: the same log-probs, loss and weights as eager (fp32), names unchanged."""
-    data = group_data()
+    groups = group_rollout()
     out = {}
     for compiled in (False, True):
-        actor = make_actor(tiny_model_path, "none", **{"model.torch_compile": str(compiled).lower()})
-        assert (actor.model.model.layers[0]._compiled_call_impl is not None) == compiled
-        lp = actor.compute_log_probs(data.samples)
-        metrics = actor.train(data, 0)
-        out[compiled] = (lp, metrics, {n: t.clone() for n, t in actor.named_weights()})
+        worker = make_worker(tiny_model_path, "none", **{"model.torch_compile": str(compiled).lower()})
+        assert (worker.actor.model.model.layers[0]._compiled_call_impl is not None) == compiled
+        lp = worker.actor.compute_log_probs(flat(groups))
+        metrics = train_rollout(worker, groups)
+        out[compiled] = (lp, metrics, {n: t.clone() for n, t in worker.named_weights()})
     (lp0, m0, w0), (lp1, m1, w1) = out[False], out[True]
     assert list(w0) == list(w1)
     for a, b in zip(lp0, lp1):

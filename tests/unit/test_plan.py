@@ -762,9 +762,8 @@ def test_without_a_planned_gpu_every_auto_key_is_todays_value_and_says_so(tmp_pa
 
 def test_components_built_without_a_plan_take_the_unplanned_values():
     """An engine or trainer built from an unresolved section (tests, benches) runs as before `auto`."""
-    from reinforge.config import EngineConfig
+    from reinforge.config import ClusterConfig, EngineConfig, ModelConfig, TrainConfig
     from reinforge.config.fields import unplanned
-    from reinforge.config.sections import ClusterConfig, ModelConfig, TrainConfig
     from reinforge.train.model_trainer import TrainSettings
 
     e = unplanned(EngineConfig())

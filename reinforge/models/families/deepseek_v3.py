@@ -24,7 +24,7 @@ Refused at start (``ValueError`` naming the field): DeepSeek sparse attention's 
 checkpoints (``model.layers.{num_hidden_layers}.*``) are not built: loading logs them as ignored.
 
 Parallelism: FSDP, expert parallelism (``train.expert_model_parallel_size``) and routing replay as the other
-MoE families; tensor and context parallelism above 1 are refused at start (``train/parallel.py``: MLA's shared
+MoE families; tensor and context parallelism above 1 are refused at start (``train/parallelize.py``: MLA's shared
 latent projections would need their own gradient reduction, left for later). :meth:`DeepseekV3.tp_plan` names
 a dense layer's MLP only (the attention and a sparse layer's MLP would stay whole).
 """
