@@ -27,7 +27,7 @@ the limit:
   (:func:`reinforge.sandbox.sandbox_problems`);
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape ``[layers, blocks +
   1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU, its slots (``engine.max_num_seqs``
-  capped at the sequences the run holds at once, :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for
+  capped at the sequences the run holds at once, :func:`reinforge.plan.sequences.run_max_seqs`; ``--n`` for
   ``reinforge generate``) x ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x dtype bytes), plus the
   engine's weights, against the available memory (/proc/meminfo MemAvailable); on a GPU, one sequence's cache
   against ``engine.kv_cache_memory_fraction`` of the free memory (``torch.cuda.mem_get_info``; the engine then takes
@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config.fields import ConfigError, unplanned
-from .models.args import kv_cache_words
 from .models.context import ContextWindow, context_window
+from .plan.kv import kv_cache_words
 from .plan.kv_plan import KVCachePlan
 from .reward.judge_engine import judge_problems
 
@@ -149,7 +149,7 @@ def kv_cache_plan(
     """The embedded engine's KV cache for ``max_model_len`` tokens per sequence on ``device``.
 
     Its slots are those the engine is built with: ``engine.max_num_seqs`` capped at what the run
-    holds at once (``max_seqs``, default :func:`reinforge.rollout.backends.run_max_seqs`).
+    holds at once (``max_seqs``, default :func:`reinforge.plan.sequences.run_max_seqs`).
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
     of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """

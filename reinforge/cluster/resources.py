@@ -18,7 +18,7 @@ the reference model (4 bytes per parameter) when KL needs it, a critic like the 
 logits of one micro-batch (``train.max_tokens_per_gpu`` x vocabulary x 4 bytes); an engine holds
 its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len`` x
 ``engine.max_num_seqs`` (capped at what the run holds at once,
-:func:`reinforge.rollout.backends.run_max_seqs`) x 4 bytes); every process adds about 0.5 GiB (Python, torch).
+:func:`reinforge.plan.sequences.run_max_seqs`) x 4 bytes); every process adds about 0.5 GiB (Python, torch).
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
     from ..rollout.backends import engine_config_for
 
     slots = engine_config_for(cfg).max_num_seqs  # engine.max_num_seqs capped at what the run holds at once
-    from ..models.args import kv_cache_values
+    from ..plan.kv import kv_bytes_per_token, shape_state_bytes
 
-    values = kv_cache_values(shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, shape.kv_lora_rank)
-    kv = values * max_model_len * slots * FP32
-    kv += shape.state_bytes_per_seq(FP32) * slots  # a hybrid model's linear-attention states
+    per_token = kv_bytes_per_token(shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, FP32, shape.kv_lora_rank)
+    kv = int(per_token) * max_model_len * slots
+    kv += int(shape_state_bytes(shape, FP32)) * slots  # a hybrid model's linear-attention states
     engine = PROCESS_OVERHEAD + full + kv
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     tparts = (

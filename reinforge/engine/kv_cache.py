@@ -204,11 +204,12 @@ class KVLayout:
 def bytes_per_block(
     num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, kv_lora_rank: int = 0
 ) -> int:
-    """Bytes of keys and values of one block over all layers (a multi-head latent attention model's
-    latent rows with ``kv_lora_rank``: :func:`~reinforge.models.args.kv_cache_values`)."""
-    from ..models.args import kv_cache_values
+    """Bytes of keys and values of one block over ``num_layers`` layers (a multi-head latent attention model's
+    latent rows with ``kv_lora_rank``): the planner's per-token count, :func:`reinforge.plan.kv.kv_bytes_per_token`,
+    x ``block_size``."""
+    from ..plan.kv import kv_bytes_per_token
 
-    return kv_cache_values(num_layers, num_kv_heads, head_dim, kv_lora_rank) * block_size * dtype.itemsize
+    return int(kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype.itemsize, kv_lora_rank)) * block_size
 
 
 def ring_plan(args: Any, block_size: int, max_model_len: int, paged: bool) -> tuple[tuple[int, ...], int]:

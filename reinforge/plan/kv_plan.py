@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models.args import kv_cache_values
+from .kv import kv_values_per_token
 
 
 @dataclass
@@ -43,8 +43,11 @@ class KVCachePlan:
 
     @property
     def bytes_per_token(self) -> int:
-        """2 (keys and values) x layers x kv_heads x head_dim (or a latent: ``kv_cache_values``) x dtype bytes."""
-        return kv_cache_values(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
+        """2 (keys and values) x layers x kv_heads x head_dim (or a latent) x dtype bytes
+        (:func:`.kv.kv_values_per_token`)."""
+        return (
+            kv_values_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
+        )
 
     @property
     def bytes(self) -> int:

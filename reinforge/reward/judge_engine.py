@@ -11,7 +11,7 @@ generates (in asynchronous mode, ``rollout.max_staleness`` > 0, scoring overlaps
 cache then coexists with the trainer's memory).
 
 Its engine is sized to its work: ``reward.judge_max_num_seqs`` slots (capped at the sequences one rollout
-or evaluation holds, :func:`~reinforge.rollout.backends.run_max_seqs`) of ``reward.judge_max_len`` tokens
+or evaluation holds, :func:`~reinforge.plan.sequences.run_max_seqs`) of ``reward.judge_max_len`` tokens
 (prompt + answer; 0: the judge model's context window, at most :data:`DEFAULT_MAX_LEN`); the other
 ``engine.*`` settings (dtype, KV block size, CUDA graphs) are the policy engine's. :func:`judge_problems`
 checks it before anything is built (:func:`reinforge.preflight.check_rl`): the path, the model family, the
@@ -99,7 +99,8 @@ def judge_spec(cfg: Config) -> JudgeSpec:
     Raises:
         ConfigError: ``reward.judge_model_path`` not found.
     """
-    from ..rollout.backends import engine_dtype, run_max_seqs
+    from ..plan.sequences import run_max_seqs
+    from ..rollout.backends import engine_dtype
     from ..utils.device import resolve_device
 
     r = cfg.reward
