@@ -37,9 +37,10 @@ the limit:
   :func:`reinforge.utils.device.device_problems`); ``run.output_dir`` (or the folder it would be created in) must be
   writable (:func:`reinforge.run_dir.output_dir_problems`).
 
-Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one token: only what
-fails for every prompt is refused, in a second. The exact check runs once the datasets are loaded, from
-:func:`reinforge.cluster.resources.check_placement`, before the trainer and the engine are built.
+Where the prompts are not loaded yet (the CLI's check, :func:`check_rl`), the longest prompt counts as one token:
+only what fails for every prompt is refused, in a second. The checks that depend on the prompts run again once the
+datasets are loaded (:func:`check_lengths`, from :class:`reinforge.loop.RLLoop`), before the trainer and the engine
+are built. The ``auto`` keys are resolved once: ``reinforge train`` hands the plan it checked to the run.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from .reward.judge_engine import judge_problems
 if TYPE_CHECKING:
     from .config import Config
     from .plan.hardware import GPU
+    from .plan.planner import Plan
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -420,6 +422,7 @@ def check_rl(
     memory: float | None = None,
     device: torch.device | None = None,
     gpu: GPU | None = None,
+    plan: Plan | None = None,
 ) -> Lengths:
     """Every check of an RL run (``reinforge train``, ``reinforge eval``) before anything is built.
 
@@ -427,13 +430,15 @@ def check_rl(
         cfg: the run's config.
         model_folder: Hugging Face folder of the policy (``model.path`` resolved).
         max_prompt_tokens: the longest prompt of the datasets; None before they are loaded
-            (then a lower bound of 1 token).
+            (then a lower bound of 1 token; :func:`check_lengths` checks again once they are).
         memory: bytes available for a CPU engine (default: this machine's MemAvailable).
         device: where the engine runs (default ``train.device``). The KV-cache memory is checked
             in ``cluster.mode=local`` only (Ray engines run elsewhere).
         gpu: the GPU whose memory the training step is checked against (:mod:`reinforge.plan`;
-            default: the CUDA device of ``device``, none on a CPU). ``auto`` keys are resolved as
-            :func:`reinforge.plan.resolve_config` resolves them for the run.
+            default: the CUDA device of ``device``, none on a CPU). Ignored with ``plan``.
+        plan: the run's plan, its ``auto`` keys resolved once by the caller
+            (:func:`reinforge.plan.resolve_config`: ``reinforge train`` hands the same plan to the run);
+            None: resolved here as the run resolves them.
     Returns:
         the lengths checked.
     Raises:
@@ -442,36 +447,70 @@ def check_rl(
     """
     from .plan.planner import resolve_config, training_problems
     from .run_dir import output_dir_problems
+    from .sandbox import sandbox_problems
     from .utils.device import device_problems, resolve_device
 
     _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))
     model_config = read_model_config(model_folder)
     device = device or resolve_device(cfg.train.device)
-    cfg, plan = resolve_config(
-        cfg, model_folder, gpu=gpu if gpu is not None else "detect" if device.type == "cuda" else None
-    )  # `auto` keys as the run resolves them
+    if plan is None:
+        _, plan = resolve_config(
+            cfg, model_folder, gpu=gpu if gpu is not None else "detect" if device.type == "cuda" else None
+        )  # `auto` keys as the run resolves them
+    cfg = plan.cfg
     n = rl_lengths(cfg, max_prompt_tokens)
-    name = Path(model_folder).name
-    problems = context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
-    problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))
-    problems += _engine_problems(
-        cfg,
-        Path(model_folder),
-        model_config,
-        n,
-        device,
-        memory,
-        cfg.cluster.mode == "local",
-        "rollout.rollout_max_response_len",
-    )
-    problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # reward.judge_model_path
-    from .sandbox import sandbox_problems
-
+    folder = Path(model_folder)
+    problems = _window_problems(cfg, model_config, n, folder.name)
+    problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))  # (the prompts change nothing here)
+    problems += _memory_problems(plan, folder, model_config, n, device, memory)
     problems += sandbox_problems(cfg)  # the python tool's sandbox, before any model is built
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
         problems += training_problems(plan, n.prompt)
     _raise(problems)
     return n
+
+
+def check_lengths(
+    plan: Plan,
+    model_folder: Path,
+    max_prompt_tokens: int,
+    *,
+    memory: float | None = None,
+    device: torch.device | None = None,
+) -> Lengths:
+    """The checks of :func:`check_rl` that depend on the longest prompt, again once the datasets are loaded
+    (``max_prompt_tokens`` measured on them), after :func:`check_rl` passed with its lower bound: the context
+    window, ``train.max_tokens_per_gpu``, the engine's slots and KV cache, the embedded judge beside it, the
+    training step's memory. The ``auto`` keys are not resolved again (``plan.cfg`` is the run's).
+
+    Raises:
+        PreflightError: every problem found, in one message.
+    """
+    from .plan.planner import training_problems
+    from .utils.device import resolve_device
+
+    cfg, folder, model_config = plan.cfg, Path(model_folder), read_model_config(model_folder)
+    device = device or resolve_device(cfg.train.device)
+    n = rl_lengths(cfg, max_prompt_tokens)
+    problems = _window_problems(cfg, model_config, n, folder.name)
+    problems += _memory_problems(plan, folder, model_config, n, device, memory)
+    _raise(problems or training_problems(plan, n.prompt))
+    return n
+
+
+def _window_problems(cfg: Config, model_config: dict, n: Lengths, name: str) -> list[str]:
+    """The lengths ``n`` against the model's context window and ``train.max_tokens_per_gpu``."""
+    return context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
+
+
+def _memory_problems(
+    plan: Plan, folder: Path, model_config: dict, n: Lengths, device: torch.device, memory: float | None
+) -> list[str]:
+    """The embedded engine's slots and KV cache (its memory in ``cluster.mode=local``), and the embedded judge's."""
+    cfg = plan.cfg
+    local = cfg.cluster.mode == "local"
+    problems = _engine_problems(cfg, folder, model_config, n, device, memory, local, "rollout.rollout_max_response_len")
+    return problems + judge_problems(cfg, folder, n.max_model_len, device, memory)  # reward.judge_model_path
 
 
 def check_generate(

@@ -1,7 +1,7 @@
 """Resource checks in words, before any process or actor starts.
 
 (Lengths, token budgets and the embedded engine's KV cache are :mod:`reinforge.preflight`'s
-checks; :func:`check_placement` runs them first.)
+checks, run once before any placement.)
 
 :func:`check_placement` compares what a placement asks for with what exists (this machine, or
 a running Ray cluster) and raises :class:`ClusterError` listing every shortfall, what exists,
@@ -130,26 +130,15 @@ def check_placement(
     bytes; a missing ``memory`` skips the memory check). ``max_model_len`` defaults to
     ``rollout_max_response_len`` (a lower bound: prompts are not known yet).
 
-    With ``model_folder``, the lengths, token budgets, engine slots and (local mode) the engine's
-    KV-cache memory are checked first (:func:`reinforge.preflight.check_rl`; the longest prompt is
-    ``max_model_len`` less the response limits, unknown without it).
+    With ``model_folder``, the memory of every process is estimated in CPU mode (:func:`estimate_memory`).
+    (The lengths, token budgets, engine slots and the engine's KV cache are :mod:`reinforge.preflight`'s, checked
+    once by ``reinforge train`` and :class:`reinforge.loop.RLLoop` before any placement.)
 
     Returns:
         whether the run uses GPUs.
     Raises:
-        PreflightError: a sequence longer than the model's context window or a token budget, more
-            samples per prompt than engine slots, a KV cache larger than the memory.
         ClusterError: every shortfall in one message, with the settings to change.
     """
-    if model_folder is not None:
-        from ..preflight import check_rl, prompt_tokens_of
-
-        check_rl(
-            cfg,
-            model_folder,
-            prompt_tokens_of(cfg, max_model_len) if max_model_len else None,
-            memory=resources.get("memory"),
-        )
     c, n = cfg.cluster, placement_counts(cfg)
     have_gpus, have_cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
     mode = (

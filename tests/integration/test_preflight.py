@@ -421,9 +421,11 @@ def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypa
 # ----------------------------------------------------------------------------- wiring
 
 
-def test_check_placement_runs_the_exact_check(tiny_model_path):
-    """The loop's engine length (longest prompt + response) reaches the check before anything is built."""
-    from reinforge.cluster.resources import check_placement
+def test_check_lengths_runs_the_exact_check_on_the_runs_plan(tiny_model_path):
+    """The loop's engine length (longest prompt + response) reaches the check before anything is built, on the
+    plan the run resolved (no second resolution)."""
+    from reinforge.plan import resolve_config
+    from reinforge.preflight import check_lengths
 
     cfg = load_config(
         None,
@@ -434,9 +436,42 @@ def test_check_placement_runs_the_exact_check(tiny_model_path):
             "rollout.rollout_max_response_len=1000",
         ],
     )
-    msg = refused(check_placement, cfg, {"CPU": 2, "GPU": 0, "memory": 1e12}, tiny_model_path, 1000 + 37)
+    _, plan = resolve_config(cfg, tiny_model_path)
+    msg = refused(check_lengths, plan, tiny_model_path, 37, memory=1e12)
     assert "the longest prompt (37 tokens) + rollout.rollout_max_response_len=1000" in msg
     assert "holds 1024 positions" in msg
+
+
+def test_train_resolves_auto_keys_and_runs_the_rl_check_once(tmp_path, tiny_model_path, monkeypatch):
+    """Issue 54: one `reinforge train` resolved the `auto` keys three times (the CLI's check_rl, RLLoop,
+    LocalCluster's check_placement -> check_rl) and ran check_rl twice. Now the CLI's plan is handed to the run:
+    one resolution, one check_rl, and the prompt-dependent checks once more at the datasets' longest prompt."""
+    from collections import Counter
+
+    import reinforge.plan as plan_package
+    from reinforge import cli
+    from reinforge.loop import RLLoop
+    from reinforge.plan import planner
+    from tests.integration.test_integration import tiny_overrides
+
+    calls: Counter = Counter()
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    resolve = counted("resolve_config", planner.resolve_config)
+    monkeypatch.setattr(planner, "resolve_config", resolve)
+    monkeypatch.setattr(plan_package, "resolve_config", resolve)
+    monkeypatch.setattr(preflight, "check_rl", counted("check_rl", preflight.check_rl))
+    monkeypatch.setattr(preflight, "check_lengths", counted("check_lengths", preflight.check_lengths))
+    monkeypatch.setattr(RLLoop, "train", lambda self: None)  # built (datasets, engine, trainer), not run
+    overrides = tiny_overrides(tiny_model_path, tmp_path / "run", **{"train.max_tokens_per_gpu": "auto"})
+    assert cli.main(["train", *overrides]) == 0
+    assert calls == {"resolve_config": 1, "check_rl": 1, "check_lengths": 1}
 
 
 def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_path, monkeypatch):
