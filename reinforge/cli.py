@@ -76,18 +76,12 @@ def _check_user_functions(cfg) -> None:
 
 
 def _preflight_rl(cfg):
-    """Resolve the ``auto`` keys once (reinforge/plan) and check lengths, budgets and memory in a second, before
-    datasets load (reinforge/preflight.py); returns the :class:`~reinforge.plan.Plan`, handed to ``RLLoop`` so the
-    run neither resolves nor checks again (it re-checks what the datasets' longest prompt changes)."""
+    """The ``auto`` keys resolved once and every up-front check in a second, before datasets load
+    (:func:`reinforge.preflight.plan_rl`); the plan it returns is handed to ``RLLoop``."""
     from .models.hub import resolve_model_path
-    from .plan import resolve_config
-    from .preflight import check_rl
-    from .utils.device import device_problems
+    from .preflight import plan_rl
 
-    folder = resolve_model_path(cfg.model.path)
-    plan = None if device_problems(cfg.train.device) else resolve_config(cfg, folder)[1]
-    check_rl(cfg, folder, plan=plan)  # (a train.device this machine lacks: refused there, in words)
-    return plan
+    return plan_rl(cfg, resolve_model_path(cfg.model.path))
 
 
 def _resolved(cfg, offline: bool = False):

@@ -45,7 +45,6 @@ are built. The ``auto`` keys are resolved once: ``reinforge train`` hands the pl
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -155,43 +154,20 @@ def kv_cache_plan(
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
     of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """
+    from .engine import kv_cache as kv
     from .engine.fp8 import check_quantization
-    from .engine.kv_cache import kv_cache_dtype, plan_kv_layout
     from .models.shape import model_shape
     from .rollout.backends import engine_config_for
-    from .utils.triton import triton_available
 
     shape = model_shape(folder)
     weight_dtype = _engine_dtype(cfg, device)
     try:
-        dtype = kv_cache_dtype(cfg.engine.kv_cache_dtype, weight_dtype, device)
+        kv.kv_cache_dtype(cfg.engine.kv_cache_dtype, weight_dtype, device)
         check_quantization(cfg.engine.quantization, device)  # fp8 weights: compute capability 8.9+
     except ValueError as e:
         raise PreflightError(f"this run cannot start: {e}") from None
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
-    kernel = triton_available(device.type)
-    engine = engine_config_for(cfg, max_seqs)
-    try:
-        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), engine, max_model_len, kernel)
-    except ValueError:  # engine.num_kv_blocks below one sequence: slot_problems says so in words
-        uncapped = dataclasses.replace(engine, num_kv_blocks=0)
-        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
-    return KVCachePlan(
-        layout.num_slots,
-        layout.num_blocks,
-        layout.block_size,
-        layout.blocks_per_seq,
-        shape.num_kv_layers,
-        shape.num_kv_heads,
-        shape.head_dim,
-        dtype.itemsize,
-        weight_dtype.itemsize,
-        shape.num_params,
-        str(dtype).removeprefix("torch."),
-        shape.kv_lora_rank,
-        len(layout.ring_layers),
-        layout.ring_blocks,
-    )
+    return kv.kv_cache_plan(shape, engine_config_for(cfg, max_seqs), max_model_len, device, weight_dtype)
 
 
 def _size(b: float) -> str:
@@ -319,11 +295,11 @@ def memory_problems(
             f"a GPU with more memory"
         ]
     memory = available_memory() if memory is None else memory
-    weights = plan.num_params * plan.weight_elem_bytes
-    need = plan.bytes + weights
+    weights = plan.weight_bytes
+    need = plan.total  # the cache, a hybrid's linear-attention states, the weights
     if need <= memory:
         return []
-    fit = max(0, int((memory - weights) // plan.bytes_per_slot) - 1)
+    fit = max(0, int((memory - weights) // (plan.bytes_per_slot + plan.state_bytes // plan.slots)) - 1)
     slots = (
         f"{plan.slots} slots (engine.max_num_seqs={r.max_num_seqs}"
         + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "")
@@ -353,7 +329,8 @@ def memory_problems(
         )
     return [
         f"the embedded engine's KV cache needs {_size(plan.bytes)} ({slots} x {length} x {per_token}) plus "
-        f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"
+        + (f"its linear-attention states {_size(plan.state_bytes)} and " if plan.state_bytes else "")
+        + f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"
     ]
 
 
@@ -412,6 +389,25 @@ def _engine_problems(
     if check_memory and not out:
         out += memory_problems(cfg, plan, n, device, memory, response_key)
     return out
+
+
+def plan_rl(cfg: Config, model_folder: Path) -> Plan:
+    """``reinforge train`` / ``eval``'s up-front step: the ``auto`` keys resolved once
+    (:func:`reinforge.plan.resolve_config`) and :func:`check_rl` on that plan, prompts not loaded yet. The plan
+    returned is the run's (:class:`reinforge.loop.RLLoop` takes it as it is; :func:`check_lengths` checks it
+    again at the datasets' longest prompt).
+
+    Raises:
+        PreflightError: as :func:`check_rl` (a ``train.device`` this machine lacks: before the planner reads it).
+    """
+    from .plan.planner import resolve_config
+    from .utils.device import device_problems
+
+    if device_problems(cfg.train.device):
+        _raise(device_problems(cfg.train.device))
+    _, plan = resolve_config(cfg, model_folder)
+    check_rl(cfg, model_folder, plan=plan)
+    return plan
 
 
 def check_rl(

@@ -16,9 +16,10 @@ message: a trainer rank holds fp32 weights, gradients and two AdamW moments (16 
 parameter, sharded over the ranks) plus one full fp32 copy (weight sync / checkpoint gather),
 the reference model (4 bytes per parameter) when KL needs it, a critic like the policy, and the
 logits of one micro-batch (``train.max_tokens_per_gpu`` x vocabulary x 4 bytes); an engine holds
-its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len`` x
-``engine.max_num_seqs`` (capped at what the run holds at once,
-:func:`reinforge.plan.sequences.run_max_seqs`) x 4 bytes); every process adds about 0.5 GiB (Python, torch).
+its weights and its KV cache as the up-front checks count them (:func:`reinforge.engine.kv_cache.kv_cache_plan`:
+``max_model_len`` x ``engine.max_num_seqs`` (capped at what the run holds at once,
+:func:`reinforge.plan.sequences.run_max_seqs`) x the bytes per token of :mod:`reinforge.plan.kv`, the sink block
+and a hybrid's states included, at ``engine.dtype``); every process adds about 0.5 GiB (Python, torch).
 """
 
 from __future__ import annotations
@@ -73,15 +74,15 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
     tokens = unplanned(cfg.train).max_tokens_per_gpu  # (`auto` here: no GPU planned it, its CPU value)
     logits = tokens * shape.vocab_size * FP32
     trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
-    from ..rollout.backends import engine_config_for
+    import torch
 
-    slots = engine_config_for(cfg).max_num_seqs  # engine.max_num_seqs capped at what the run holds at once
-    from ..plan.kv import kv_bytes_per_token, shape_state_bytes
+    from ..engine.kv_cache import kv_cache_plan
+    from ..rollout.backends import engine_config_for, engine_dtype
 
-    per_token = kv_bytes_per_token(shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, FP32, shape.kv_lora_rank)
-    kv = int(per_token) * max_model_len * slots
-    kv += int(shape_state_bytes(shape, FP32)) * slots  # a hybrid model's linear-attention states
-    engine = PROCESS_OVERHEAD + full + kv
+    cpu = torch.device("cpu")  # (CPU mode: the engine's one-block layout, its sink block and states included)
+    eng = kv_cache_plan(shape, engine_config_for(cfg), max_model_len, cpu, engine_dtype(cfg.engine.dtype, cpu))
+    slots, kv = eng.slots, eng.bytes + eng.state_bytes  # engine.max_num_seqs capped at what the run holds at once
+    engine = PROCESS_OVERHEAD + eng.total
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     tparts = (
         f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
@@ -91,7 +92,7 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
         + f", logits of train.max_tokens_per_gpu={tokens} tokens {g(logits)}"
     )
     eparts = (
-        f"weights {g(full)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
+        f"weights {g(eng.weight_bytes)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
         f"{cfg.engine.max_num_seqs}, capped at what the run holds at once) of {max_model_len} tokens"
     )
     return MemoryEstimate(trainer, engine, tparts, eparts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kv import kv_values_per_token
+from .kv import kv_values_per_token, state_bytes_per_seq
 
 
 @dataclass
@@ -24,6 +24,8 @@ class KVCachePlan:
         num_params: the model's parameters (the engine's weights).
         ring_layers, ring_blocks: the sliding-window layers kept in per-slot rings and each ring's blocks
             (:func:`~reinforge.engine.kv_cache.ring_plan`; 0: none): the pool holds the other layers.
+        conv_state_elems, rec_state_elems: a hybrid model's linear-attention states per slot
+            (:func:`.kv.state_bytes_per_seq`; 0: none).
     """
 
     slots: int
@@ -40,6 +42,8 @@ class KVCachePlan:
     kv_lora_rank: int = 0  # multi-head latent attention: one latent row of kv_lora_rank + head_dim per token-layer
     ring_layers: int = 0
     ring_blocks: int = 0
+    conv_state_elems: int = 0
+    rec_state_elems: int = 0
 
     @property
     def bytes_per_token(self) -> int:
@@ -59,4 +63,22 @@ class KVCachePlan:
 
     @property
     def bytes_per_slot(self) -> int:
+        """Bytes of one sequence of ``blocks_per_seq`` blocks (every layer holding every token)."""
         return self.blocks_per_seq * self.block_size * self.bytes_per_token
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the slots' linear-attention states (0 unless hybrid), at the engine's dtype."""
+        return self.slots * int(
+            state_bytes_per_seq(self.conv_state_elems, self.rec_state_elems, self.weight_elem_bytes)
+        )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the engine's weights (``num_params`` x ``weight_elem_bytes``)."""
+        return self.num_params * self.weight_elem_bytes
+
+    @property
+    def total(self) -> int:
+        """Everything the engine allocates up front: the KV cache, the states, the weights."""
+        return self.bytes + self.state_bytes + self.weight_bytes

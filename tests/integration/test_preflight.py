@@ -418,6 +418,25 @@ def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypa
         assert "needs 3.5 GiB" in refused(check_rl, fits, folder, 100, device=torch.device("cuda"))
 
 
+def test_policy_judge_and_placement_count_one_engine_memory(tmp_path):
+    """Issue 54: the CPU engine's memory was counted three ways (preflight's KV-cache plan, the judge's
+    engine_bytes without rings or states, resources.estimate_memory at fp32 without the engine's sink block);
+    now all three read the engine's own plan (engine.kv_cache.kv_cache_plan) and agree to the byte."""
+    from reinforge.cluster.resources import PROCESS_OVERHEAD, estimate_memory
+    from reinforge.models.shape import model_shape
+    from reinforge.reward.judge_engine import engine_plan
+    from reinforge.rollout.backends import engine_config_for
+
+    folder = write_config(tmp_path / "m")
+    cfg = load_config(None, ["train.device=cpu", "engine.max_num_seqs=4", "rollout.rollout_max_response_len=100"])
+    cpu = torch.device("cpu")
+    plan = kv_cache_plan(cfg, folder, 130, cpu)
+    assert plan.bytes == (4 + 1) * 130 * 2 * 28 * 2 * 128 * 4  # 4 slots and the sink block, fp32 on a CPU
+    assert engine_plan(folder, engine_config_for(cfg), 130, cpu) == plan  # the judge's count of an engine
+    estimate = estimate_memory(cfg, model_shape(folder), 130, 1)
+    assert estimate.engine - PROCESS_OVERHEAD == plan.total  # the placement's (was 4 slots: no sink block)
+
+
 # ----------------------------------------------------------------------------- wiring
 
 

@@ -821,3 +821,27 @@ def test_the_plan_names_what_fp8_would_buy_and_keeps_the_users_dtype(tmp_path):
         prompt_len=30,
     )
     assert not any(n.startswith("fp8 would buy") for n in none.notes)
+
+
+def test_kv_bytes_are_one_function_for_the_planner_the_checks_and_the_engine():
+    """Issue 54: the KV bytes per token (keys and values, an MLA latent, sliding-window means) and a hybrid's
+    state bytes are plan.kv's functions; the planner's Arch, the checks' KVCachePlan and the engine's blocks
+    read them, and KVCachePlan counts a hybrid's states and the weights (the CPU check left the states out)."""
+    from reinforge.engine.kv_cache import bytes_per_block
+    from reinforge.plan import kv
+    from reinforge.plan.arch import Arch
+    from reinforge.plan.kv_plan import KVCachePlan
+
+    gqa = Arch(1000, 256, 4, 8, 2, 32, 512, windowed_layers=2, window=64)
+    assert gqa.kv_bytes_per_token(2) == kv.kv_bytes_per_token(4, 2, 32, 2) == 2 * 4 * 2 * 32 * 2
+    assert gqa.kv_bytes_per_token(2, 256) == kv.kv_bytes_per_token(4, 2, 32, 2, windows=(64, 64), tokens=256)
+    assert gqa.kv_bytes_per_token(2, 256) == 2 * 2 * 32 * 2 * (2 * 256 + 2 * 64) / 256  # rings hold 64 tokens
+    mla = Arch(1000, 256, 3, 8, 8, 48, 512, mla=(0, 128, 16, 32))
+    assert mla.kv_bytes_per_token(1) == kv.kv_bytes_per_token(3, 1, 16, 1, kv_lora_rank=128) == 3 * (128 + 16)
+    assert bytes_per_block(4, 2, 32, 16, torch.bfloat16) == 16 * kv.kv_bytes_per_token(4, 2, 32, 2)
+    hybrid = Arch(1000, 256, 4, 8, 2, 32, 512, kv_layers=1, conv_state_elems=100, rec_state_elems=10)
+    assert hybrid.state_bytes_per_seq(2) == kv.state_bytes_per_seq(100, 10, 2) == 100 * 2 + 4 * 10
+    plan = KVCachePlan(3, 6, 16, 2, 1, 2, 32, 2, 2, 1000, "bfloat16", conv_state_elems=100, rec_state_elems=10)
+    assert plan.bytes_per_token == kv.kv_bytes_per_token(1, 2, 32, 2)
+    assert plan.state_bytes == 3 * (100 * 2 + 4 * 10) and plan.weight_bytes == 2000
+    assert plan.total == plan.bytes + plan.state_bytes + plan.weight_bytes
