@@ -63,17 +63,28 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_size: int) -> MemoryEstimate:
-    """Host memory of one trainer rank and one engine process in CPU mode (see the module doc)."""
-    p = shape.num_params
-    state = TRAIN_BYTES_PER_PARAM * p // max(world_size, 1)
-    full = FP32 * p
-    ref = FP32 * p if cfg.algo.needs_reference else 0
-    critic = state if cfg.algo.needs_critic else 0
+    """Host memory of one trainer rank and one engine process in CPU mode (see the module doc): the trainer's
+    state as the planner counts it (:func:`reinforge.plan.model.trainer_state`), the engine's as the up-front
+    checks do (:func:`reinforge.engine.kv_cache.kv_cache_plan`)."""
     from ..config.fields import unplanned
+    from ..plan.model import trainer_state
+    from ..plan.planner import teacher_sizes
 
+    p, m = shape.num_params, cfg.model
+    parts = trainer_state(
+        p,
+        max(world_size, 1),
+        lora=m.lora_rank > 0,
+        bf16=m.train_dtype == "bf16",  # (`auto` is fp32 on a CPU)
+        reference=cfg.algo.needs_reference,
+        critic=cfg.algo.needs_critic,
+        teacher_params=teacher_sizes(cfg)["teacher_params"],
+    )
+    frozen = {k: int(parts.pop(k)) for k in ("reference", "critic", "teachers") if k in parts}
+    state, full = int(sum(parts.values())), FP32 * p
     tokens = unplanned(cfg.train).max_tokens_per_gpu  # (`auto` here: no GPU planned it, its CPU value)
     logits = tokens * shape.vocab_size * FP32
-    trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
+    trainer = PROCESS_OVERHEAD + state + full + sum(frozen.values()) + logits
     import torch
 
     from ..engine.kv_cache import kv_cache_plan
@@ -85,10 +96,14 @@ def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_si
     engine = PROCESS_OVERHEAD + eng.total
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     tparts = (
-        f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
-        f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
-        + (f", the reference model {g(ref)}" if ref else "")
-        + (f", the critic {g(critic)}" if critic else "")
+        f"{p / 1e6:.0f}M parameters "
+        + (
+            f"x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW)"
+            if set(parts) == {"weights fp32", "AdamW", "gradients"}
+            else f"({', '.join(parts)})"  # LoRA: the base's weights, the adapters' state negligible
+        )
+        + f" / {world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
+        + "".join(f", the {k}{' model' if k == 'reference' else ''} {g(b)}" for k, b in frozen.items())
         + f", logits of train.max_tokens_per_gpu={tokens} tokens {g(logits)}"
     )
     eparts = (

@@ -437,6 +437,27 @@ def test_policy_judge_and_placement_count_one_engine_memory(tmp_path):
     assert estimate.engine - PROCESS_OVERHEAD == plan.total  # the placement's (was 4 slots: no sink block)
 
 
+def test_cpu_placement_counts_the_trainer_as_the_planner_does(tmp_path):
+    """Issue 54: the CPU placement's trainer estimate was a second trainer-memory model (16 B / parameter, a
+    reference of 4 B / parameter on every rank); now it is the planner's trainer_state: the reference sharded
+    over the ranks like the policy, fp32 on a CPU (Actor._frozen)."""
+    from reinforge.cluster.resources import FP32, PROCESS_OVERHEAD, estimate_memory
+    from reinforge.models.shape import model_shape
+    from reinforge.plan.model import trainer_state
+
+    folder = write_config(tmp_path / "m")
+    shape = model_shape(folder)
+    cfg = load_config(
+        None, ["train.device=cpu", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.01", "train.max_tokens_per_gpu=100"]
+    )
+    p = shape.num_params
+    estimate = estimate_memory(cfg, shape, 130, 4)
+    state = trainer_state(p, 4, bf16=False, reference=True)
+    assert state["reference"] == 4 * p / 4  # (was 4 * p on each of the 4 ranks)
+    assert estimate.trainer == int(PROCESS_OVERHEAD + sum(state.values()) + FP32 * p + 100 * shape.vocab_size * FP32)
+    assert "the reference model" in estimate.trainer_parts
+
+
 # ----------------------------------------------------------------------------- wiring
 
 

@@ -845,3 +845,27 @@ def test_kv_bytes_are_one_function_for_the_planner_the_checks_and_the_engine():
     assert plan.bytes_per_token == kv.kv_bytes_per_token(1, 2, 32, 2)
     assert plan.state_bytes == 3 * (100 * 2 + 4 * 10) and plan.weight_bytes == 2000
     assert plan.total == plan.bytes + plan.state_bytes + plan.weight_bytes
+
+
+def test_a_frozen_model_is_held_as_the_trainer_holds_it():
+    """trainer_state (the planner's and the CPU estimate's trainer): a reference or teacher is bf16 on one rank
+    only when the forward runs in bf16, else fp32 (sharded over the ranks), as Actor._frozen builds it; the
+    planner counted 2 B / parameter for an fp32 trainer on one rank."""
+    from reinforge.plan.model import trainer_state
+
+    assert trainer_state(100, 1, reference=True, teacher_params=10) == {
+        "weights fp32": 400,
+        "AdamW": 800,
+        "gradients": 400,
+        "reference": 200,
+        "teachers": 20,
+    }
+    assert trainer_state(100, 1, bf16=False, reference=True)["reference"] == 400
+    assert trainer_state(100, 4, reference=True, critic=True) == {
+        "weights fp32": 100,
+        "AdamW": 200,
+        "gradients": 100,
+        "reference": 100,
+        "critic": 400,
+    }
+    assert trainer_state(100, 1, lora=True, reference=True) == {"weights bf16": 200, "AdamW": 0, "gradients": 0}
