@@ -209,6 +209,15 @@ class Arch:
             self.num_kv_layers, self.num_kv_heads, self.head_dim, elem_bytes, windows=windows, tokens=tokens
         )
 
+    def seq_kv_bytes(self, tokens: float, kv_elem_bytes: float, state_elem_bytes: float) -> float:
+        """The engine's bytes for one sequence holding ``tokens``: its KV cache (:meth:`kv_bytes_per_token`, the
+        windowed layers' rings counted) and a hybrid's fixed states (:meth:`state_bytes_per_seq`)."""
+        return self.kv_bytes_per_token(kv_elem_bytes, tokens) * tokens + self.state_bytes_per_seq(state_elem_bytes)
+
+    def weight_bytes(self, elem_bytes: float, tp: int = 1) -> float:
+        """Bytes of every parameter at ``elem_bytes`` each, split over ``tp`` tensor-parallel ranks."""
+        return self.num_params * elem_bytes / tp
+
     def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:
         """Activation bytes per token one decoder layer keeps for its backward pass (module doc);
         the head- and column-split parts divided by the tensor-parallel size ``tp``."""

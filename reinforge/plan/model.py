@@ -276,7 +276,8 @@ def fp8_saved_bytes(w: Workload) -> float:
 
 
 def engine_weights(w: Workload) -> float:
-    return w.arch.num_params * w.engine_elem_bytes / w.tp - fp8_saved_bytes(w)
+    """The engine's weights on one GPU: every parameter at ``engine_elem_bytes`` over ``tp``, less fp8's saving."""
+    return w.arch.weight_bytes(w.engine_elem_bytes, w.tp) - fp8_saved_bytes(w)
 
 
 def kv_need(w: Workload) -> float:
@@ -444,8 +445,7 @@ def engine_slots(w: Workload, lengths: list[int] | None = None) -> int:
     an H200, docs/benchmarks.md: a pool of 60 full-length sequences decoded 64 in one wave)."""
     mean = sum(lengths) / len(lengths) if lengths else w.response_len
     held = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK
-    footprint = held * w.arch.kv_bytes_per_token(w.kv_elem_bytes, held)
-    footprint += w.arch.state_bytes_per_seq(w.engine_elem_bytes)
+    footprint = w.arch.seq_kv_bytes(held, w.kv_elem_bytes, w.engine_elem_bytes)
     return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // footprint)))
 
 
@@ -455,7 +455,7 @@ def decode_weight_bytes(w: Workload, batch: int) -> float:
     a = w.arch
     b = w.engine_elem_bytes
     if not a.moe_layers:
-        return a.num_params * b / w.tp - fp8_saved_bytes(w)
+        return engine_weights(w)
     used = a.experts * (1 - (1 - a.experts_per_tok / a.experts) ** batch)
     expert = 3 * a.hidden * a.moe_intermediate
     return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp - fp8_saved_bytes(w)
