@@ -55,7 +55,7 @@ import torch
 
 from .config.fields import ConfigError, unplanned
 from .models.context import ContextWindow, context_window
-from .plan.kv import kv_cache_words
+from .plan.kv import kv_cache_words, pool_fit
 from .plan.kv_plan import KVCachePlan
 from .reward.judge_engine import judge_problems
 
@@ -283,7 +283,7 @@ def memory_problems(
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         share = int(free * r.kv_cache_memory_fraction)
-        fit = share // (plan.block_size * plan.bytes_per_token) - 1
+        _, fit = pool_fit(share, plan.block_bytes, plan.ring_bytes, plan.slots, plan.state_bytes_per_slot)
         if fit >= plan.blocks_per_seq:
             return []
         need = plan.bytes_per_slot + plan.block_size * plan.bytes_per_token

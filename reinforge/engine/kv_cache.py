@@ -337,11 +337,9 @@ def plan_kv_layout(
     ring_bytes = bytes_per_block(len(rings), args.num_kv_heads, args.head_dim, bs, dtype) * (slots * ring_blocks + 1)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * cfg.kv_cache_memory_fraction) - ring_bytes
-        if state_bytes:
-            slots = max(1, min(slots, budget // 2 // state_bytes))
-            budget -= slots * state_bytes
-        fit = budget // per_block - 1
+        from ..plan.kv import pool_fit
+
+        slots, fit = pool_fit(int(free * cfg.kv_cache_memory_fraction), per_block, ring_bytes, slots, state_bytes)
         if fit < per_seq:
             raise MemoryError(
                 f"the KV cache for one sequence of {L} tokens (prompt + rollout.rollout_max_response_len) needs "

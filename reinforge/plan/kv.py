@@ -75,6 +75,22 @@ def shape_state_bytes(shape: Any, elem_bytes: float) -> float:
     return state_bytes_per_seq(getattr(shape, "conv_state_elems", 0), getattr(shape, "rec_state_elems", 0), elem_bytes)
 
 
+def pool_fit(
+    share: int, block_bytes: int, ring_bytes: int = 0, slots: int = 1, state_bytes: int = 0
+) -> tuple[int, int]:
+    """``(slots, blocks)`` a KV pool of ``share`` bytes (``engine.kv_cache_memory_fraction`` of the free GPU
+    memory) holds: first the sliding-window layers' rings (``ring_bytes``), then the slots' fixed states
+    (``state_bytes`` each, at most half of what is left: fewer slots where ``slots`` would take more), then blocks
+    of ``block_bytes``, one of them the engine's sink block. The engine's allocation
+    (:func:`reinforge.engine.kv_cache.plan_kv_layout`) and the up-front check
+    (:func:`reinforge.preflight.memory_problems`) both decide with it; blocks may be below 0 (nothing fits)."""
+    budget = share - ring_bytes
+    if state_bytes:
+        slots = max(1, min(slots, budget // 2 // state_bytes))
+        budget -= slots * state_bytes
+    return slots, budget // max(1, block_bytes) - 1  # (a pool of no layers: bookkeeping blocks of no bytes)
+
+
 def kv_cache_words(shape: Any) -> str:
     """:func:`kv_values_per_token` of ``shape`` (anything with ``num_layers``, ``num_kv_heads``, ``head_dim`` and
     ``kv_lora_rank``) in words, for messages: ``2 x 30 layers x 3 KV heads x 64 head dim`` or ``27 layers x a

@@ -54,12 +54,20 @@ class KVCachePlan:
         )
 
     @property
+    def block_bytes(self) -> int:
+        """Bytes of one block of the pool (the layers not kept in rings)."""
+        return self.block_size * (self.num_layers - self.ring_layers) * (self.bytes_per_token // self.num_layers)
+
+    @property
+    def ring_bytes(self) -> int:
+        """Bytes of the sliding-window layers' rings: every slot's and their sink block (0: no rings)."""
+        per_layer = self.bytes_per_token // self.num_layers
+        return (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
+
+    @property
     def bytes(self) -> int:
         """Bytes of the keys and values, the sink block included (and the rings' sink block)."""
-        per_layer = self.bytes_per_token // self.num_layers
-        pool = (self.blocks + 1) * self.block_size * (self.num_layers - self.ring_layers) * per_layer
-        rings = (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
-        return pool + (rings if self.ring_layers else 0)
+        return (self.blocks + 1) * self.block_bytes + self.ring_bytes
 
     @property
     def bytes_per_slot(self) -> int:
@@ -67,11 +75,14 @@ class KVCachePlan:
         return self.blocks_per_seq * self.block_size * self.bytes_per_token
 
     @property
+    def state_bytes_per_slot(self) -> int:
+        """Bytes of one slot's linear-attention states (0 unless hybrid), at the engine's dtype."""
+        return int(state_bytes_per_seq(self.conv_state_elems, self.rec_state_elems, self.weight_elem_bytes))
+
+    @property
     def state_bytes(self) -> int:
-        """Bytes of the slots' linear-attention states (0 unless hybrid), at the engine's dtype."""
-        return self.slots * int(
-            state_bytes_per_seq(self.conv_state_elems, self.rec_state_elems, self.weight_elem_bytes)
-        )
+        """Bytes of the slots' linear-attention states."""
+        return self.slots * self.state_bytes_per_slot
 
     @property
     def weight_bytes(self) -> int:
