@@ -46,7 +46,7 @@ def _train(args: argparse.Namespace) -> int:
 
         return supervise_command("train", args.config, overrides, cfg.run)
     with startup():
-        _preflight_rl(cfg)
+        plan = _preflight_rl(cfg)
     from .loop import RLLoop
     from .supervisor import watch_parent
     from .utils.fs import lock_directory
@@ -54,7 +54,7 @@ def _train(args: argparse.Namespace) -> int:
     watch_parent()  # supervised: stop (after a recover checkpoint) if the supervisor dies
     with lock_directory(Path(cfg.run.output_dir)):
         with startup():  # datasets, model, engine, the checkpoint to resume: a bad input is a usage error
-            loop = RLLoop(cfg)
+            loop = RLLoop(cfg, plan=plan)
         try:  # the run: an error is a fault or a bug (traceback, relaunched by the supervisor)
             loop.train()
         finally:
@@ -75,13 +75,13 @@ def _check_user_functions(cfg) -> None:
         check_function_source(path, key)
 
 
-def _preflight_rl(cfg) -> None:
-    """Lengths, budgets and engine memory in a second, before datasets load (reinforge/preflight.py);
-    the exact check, with the datasets' longest prompt, runs before the trainer and engine are built."""
+def _preflight_rl(cfg):
+    """The ``auto`` keys resolved once and every up-front check in a second, before datasets load
+    (:func:`reinforge.preflight.plan_rl`); the plan it returns is handed to ``RLLoop``."""
     from .models.hub import resolve_model_path
-    from .preflight import check_rl
+    from .preflight import plan_rl
 
-    check_rl(cfg, resolve_model_path(cfg.model.path))
+    return plan_rl(cfg, resolve_model_path(cfg.model.path))
 
 
 def _resolved(cfg, offline: bool = False):
@@ -187,13 +187,13 @@ def _eval(args: argparse.Namespace) -> None:
     with startup():
         cfg = eval_config(args)
         _check_user_functions(cfg)
-        _preflight_rl(cfg)
+        plan = _preflight_rl(cfg)
     from .eval.evaluate import format_table, model_label
     from .loop import RLLoop
     from .utils.logging import MetricsLogger
 
     with startup():
-        loop = RLLoop(cfg)
+        loop = RLLoop(cfg, plan=plan)
     try:
         if loop.eval_data is None:
             raise ConfigError(

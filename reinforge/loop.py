@@ -27,6 +27,7 @@ from .data import load_datasets
 from .eval.evaluate import eval_plot_keys, evaluate, write_eval
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer
+from .plan.planner import Plan
 from .plan.report import PlanReport
 from .records import ReplicatedEngine, Sample, Status
 from .reward import RewardManager
@@ -97,19 +98,26 @@ class RunResult:
 class RLLoop:
     """Owns the components of one run and drives the loop (docs/design.md)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, plan: Plan | None = None):
+        """``plan``: the plan ``reinforge train`` resolved and checked (:func:`reinforge.preflight.check_rl`),
+        taken as it is; None: the ``auto`` keys are resolved here and every check runs once the datasets load."""
         self.cfg = cfg
         r = cfg.rollout
         self.out = Path(cfg.run.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
-        from .plan import resolve_config  # `auto` keys chosen for this GPU, and the plan logged (docs/planner.md)
+        from .plan import format_plan, resolve_config  # `auto` keys chosen for this GPU (docs/planner.md)
 
-        cfg, self.plan = resolve_config(cfg, self.base_path, log_plan=True)
+        checked = plan is not None
+        if plan is None:
+            cfg, self.plan = resolve_config(cfg, self.base_path, log_plan=True)
+        else:
+            cfg, self.plan = plan.cfg, plan
+            log.info("plan:\n%s", format_plan(plan))
         self.cfg, self.plan_report = cfg, PlanReport(self.plan)  # plan/* metrics, the end line
-        if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts (local: LocalCluster checks)
-            check_placement(cfg, machine_resources(), self.base_path)  # prompt lengths unknown: a lower bound
+        if _starts_ray_here(cfg):  # fail fast, before datasets load or Ray starts
+            check_placement(cfg, machine_resources(), self.base_path)
         self.tokenizer = load_tokenizer(self.base_path)
         tools = prompt_tools(cfg, self.tokenizer)  # MCP servers: started once, listed, stopped (docs/agents.md)
         if cfg.reward.properties.get("judge"):  # the judge endpoint answers, before the policy is built
@@ -123,6 +131,7 @@ class RLLoop:
             tools.system_text,
             reward=None if r.rollout_function_path or r.custom_generate_function_path else cfg.reward,
         )
+        self._check_lengths(checked)  # the datasets' longest prompt, before anything is built
         from .distill.start import start_teachers  # on-policy distillation: teachers checked before anything runs
 
         self.endpoint_teachers = start_teachers(cfg, self.tokenizer, str(self.base_path), self.train_data.prompts)
@@ -205,6 +214,17 @@ class RLLoop:
                 },
             ),
         )
+
+    def _check_lengths(self, checked: bool) -> None:
+        """The up-front checks at the datasets' longest prompt (reinforge/preflight.py): those that depend on it
+        when ``reinforge train`` checked the rest (``checked``), else all of them, on the run's plan (resolved once)."""
+        from .preflight import check_lengths, check_rl, prompt_tokens_of
+
+        prompt = prompt_tokens_of(self.cfg, self._max_model_len())
+        if checked:
+            check_lengths(self.plan, self.base_path, prompt)
+        else:
+            check_rl(self.cfg, self.base_path, prompt, plan=self.plan)
 
     def _max_model_len(self) -> int:
         """Longest prompt of the datasets (or of an environment's ``reset()``) plus the longest

@@ -27,7 +27,7 @@ the limit:
   (:func:`reinforge.sandbox.sandbox_problems`);
 * **KV-cache memory** (embedded engine, which allocates its whole cache when it is built, shape ``[layers, blocks +
   1, kv_heads, block_size, head_dim]`` twice, for keys and values): on a CPU, its slots (``engine.max_num_seqs``
-  capped at the sequences the run holds at once, :func:`reinforge.rollout.backends.run_max_seqs`; ``--n`` for
+  capped at the sequences the run holds at once, :func:`reinforge.plan.sequences.run_max_seqs`; ``--n`` for
   ``reinforge generate``) x ``max_model_len`` tokens x (2 x layers x kv_heads x head_dim x dtype bytes), plus the
   engine's weights, against the available memory (/proc/meminfo MemAvailable); on a GPU, one sequence's cache
   against ``engine.kv_cache_memory_fraction`` of the free memory (``torch.cuda.mem_get_info``; the engine then takes
@@ -37,14 +37,14 @@ the limit:
   :func:`reinforge.utils.device.device_problems`); ``run.output_dir`` (or the folder it would be created in) must be
   writable (:func:`reinforge.run_dir.output_dir_problems`).
 
-Where the prompts are not loaded yet (the CLI's first check), the longest prompt counts as one token: only what
-fails for every prompt is refused, in a second. The exact check runs once the datasets are loaded, from
-:func:`reinforge.cluster.resources.check_placement`, before the trainer and the engine are built.
+Where the prompts are not loaded yet (the CLI's check, :func:`check_rl`), the longest prompt counts as one token:
+only what fails for every prompt is refused, in a second. The checks that depend on the prompts run again once the
+datasets are loaded (:func:`check_lengths`, from :class:`reinforge.loop.RLLoop`), before the trainer and the engine
+are built. The ``auto`` keys are resolved once: ``reinforge train`` hands the plan it checked to the run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,14 +54,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config.fields import ConfigError, unplanned
-from .models.args import kv_cache_words
 from .models.context import ContextWindow, context_window
+from .plan.kv import kv_cache_words, pool_fit
 from .plan.kv_plan import KVCachePlan
 from .reward.judge_engine import judge_problems
 
 if TYPE_CHECKING:
     from .config import Config
     from .plan.hardware import GPU
+    from .plan.planner import Plan
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -149,47 +150,24 @@ def kv_cache_plan(
     """The embedded engine's KV cache for ``max_model_len`` tokens per sequence on ``device``.
 
     Its slots are those the engine is built with: ``engine.max_num_seqs`` capped at what the run
-    holds at once (``max_seqs``, default :func:`reinforge.rollout.backends.run_max_seqs`).
+    holds at once (``max_seqs``, default :func:`reinforge.plan.sequences.run_max_seqs`).
     On a GPU the blocks are not fixed here (the engine takes what ``engine.kv_cache_memory_fraction``
     of the free memory holds): ``blocks`` is then what the slots' full sequences take.
     """
+    from .engine import kv_cache as kv
     from .engine.fp8 import check_quantization
-    from .engine.kv_cache import kv_cache_dtype, plan_kv_layout
     from .models.shape import model_shape
     from .rollout.backends import engine_config_for
-    from .utils.triton import triton_available
 
     shape = model_shape(folder)
     weight_dtype = _engine_dtype(cfg, device)
     try:
-        dtype = kv_cache_dtype(cfg.engine.kv_cache_dtype, weight_dtype, device)
+        kv.kv_cache_dtype(cfg.engine.kv_cache_dtype, weight_dtype, device)
         check_quantization(cfg.engine.quantization, device)  # fp8 weights: compute capability 8.9+
     except ValueError as e:
         raise PreflightError(f"this run cannot start: {e}") from None
     # the engine's own planning, without its free-memory cap (checked in words by memory_problems)
-    kernel = triton_available(device.type)
-    engine = engine_config_for(cfg, max_seqs)
-    try:
-        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), engine, max_model_len, kernel)
-    except ValueError:  # engine.num_kv_blocks below one sequence: slot_problems says so in words
-        uncapped = dataclasses.replace(engine, num_kv_blocks=0)
-        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
-    return KVCachePlan(
-        layout.num_slots,
-        layout.num_blocks,
-        layout.block_size,
-        layout.blocks_per_seq,
-        shape.num_kv_layers,
-        shape.num_kv_heads,
-        shape.head_dim,
-        dtype.itemsize,
-        weight_dtype.itemsize,
-        shape.num_params,
-        str(dtype).removeprefix("torch."),
-        shape.kv_lora_rank,
-        len(layout.ring_layers),
-        layout.ring_blocks,
-    )
+    return kv.kv_cache_plan(shape, engine_config_for(cfg, max_seqs), max_model_len, device, weight_dtype)
 
 
 def _size(b: float) -> str:
@@ -305,7 +283,7 @@ def memory_problems(
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         share = int(free * r.kv_cache_memory_fraction)
-        fit = share // (plan.block_size * plan.bytes_per_token) - 1
+        _, fit = pool_fit(share, plan.block_bytes, plan.ring_bytes, plan.slots, plan.state_bytes_per_slot)
         if fit >= plan.blocks_per_seq:
             return []
         need = plan.bytes_per_slot + plan.block_size * plan.bytes_per_token
@@ -317,11 +295,11 @@ def memory_problems(
             f"a GPU with more memory"
         ]
     memory = available_memory() if memory is None else memory
-    weights = plan.num_params * plan.weight_elem_bytes
-    need = plan.bytes + weights
+    weights = plan.weight_bytes
+    need = plan.total  # the cache, a hybrid's linear-attention states, the weights
     if need <= memory:
         return []
-    fit = max(0, int((memory - weights) // plan.bytes_per_slot) - 1)
+    fit = max(0, int((memory - weights) // (plan.bytes_per_slot + plan.state_bytes // plan.slots)) - 1)
     slots = (
         f"{plan.slots} slots (engine.max_num_seqs={r.max_num_seqs}"
         + (f", engine.num_kv_blocks={r.num_kv_blocks}" if r.num_kv_blocks else "")
@@ -351,7 +329,8 @@ def memory_problems(
         )
     return [
         f"the embedded engine's KV cache needs {_size(plan.bytes)} ({slots} x {length} x {per_token}) plus "
-        f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"
+        + (f"its linear-attention states {_size(plan.state_bytes)} and " if plan.state_bytes else "")
+        + f"its weights {_size(weights)}, but this machine has {_size(memory)} of memory available: {fix}"
     ]
 
 
@@ -412,6 +391,25 @@ def _engine_problems(
     return out
 
 
+def plan_rl(cfg: Config, model_folder: Path) -> Plan:
+    """``reinforge train`` / ``eval``'s up-front step: the ``auto`` keys resolved once
+    (:func:`reinforge.plan.resolve_config`) and :func:`check_rl` on that plan, prompts not loaded yet. The plan
+    returned is the run's (:class:`reinforge.loop.RLLoop` takes it as it is; :func:`check_lengths` checks it
+    again at the datasets' longest prompt).
+
+    Raises:
+        PreflightError: as :func:`check_rl` (a ``train.device`` this machine lacks: before the planner reads it).
+    """
+    from .plan.planner import resolve_config
+    from .utils.device import device_problems
+
+    if device_problems(cfg.train.device):
+        _raise(device_problems(cfg.train.device))
+    _, plan = resolve_config(cfg, model_folder)
+    check_rl(cfg, model_folder, plan=plan)
+    return plan
+
+
 def check_rl(
     cfg: Config,
     model_folder: Path,
@@ -420,6 +418,7 @@ def check_rl(
     memory: float | None = None,
     device: torch.device | None = None,
     gpu: GPU | None = None,
+    plan: Plan | None = None,
 ) -> Lengths:
     """Every check of an RL run (``reinforge train``, ``reinforge eval``) before anything is built.
 
@@ -427,13 +426,15 @@ def check_rl(
         cfg: the run's config.
         model_folder: Hugging Face folder of the policy (``model.path`` resolved).
         max_prompt_tokens: the longest prompt of the datasets; None before they are loaded
-            (then a lower bound of 1 token).
+            (then a lower bound of 1 token; :func:`check_lengths` checks again once they are).
         memory: bytes available for a CPU engine (default: this machine's MemAvailable).
         device: where the engine runs (default ``train.device``). The KV-cache memory is checked
             in ``cluster.mode=local`` only (Ray engines run elsewhere).
         gpu: the GPU whose memory the training step is checked against (:mod:`reinforge.plan`;
-            default: the CUDA device of ``device``, none on a CPU). ``auto`` keys are resolved as
-            :func:`reinforge.plan.resolve_config` resolves them for the run.
+            default: the CUDA device of ``device``, none on a CPU). Ignored with ``plan``.
+        plan: the run's plan, its ``auto`` keys resolved once by the caller
+            (:func:`reinforge.plan.resolve_config`: ``reinforge train`` hands the same plan to the run);
+            None: resolved here as the run resolves them.
     Returns:
         the lengths checked.
     Raises:
@@ -442,36 +443,70 @@ def check_rl(
     """
     from .plan.planner import resolve_config, training_problems
     from .run_dir import output_dir_problems
+    from .sandbox import sandbox_problems
     from .utils.device import device_problems, resolve_device
 
     _raise((device_problems(cfg.train.device) if device is None else []) + output_dir_problems(cfg.run.output_dir))
     model_config = read_model_config(model_folder)
     device = device or resolve_device(cfg.train.device)
-    cfg, plan = resolve_config(
-        cfg, model_folder, gpu=gpu if gpu is not None else "detect" if device.type == "cuda" else None
-    )  # `auto` keys as the run resolves them
+    if plan is None:
+        _, plan = resolve_config(
+            cfg, model_folder, gpu=gpu if gpu is not None else "detect" if device.type == "cuda" else None
+        )  # `auto` keys as the run resolves them
+    cfg = plan.cfg
     n = rl_lengths(cfg, max_prompt_tokens)
-    name = Path(model_folder).name
-    problems = context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
-    problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))
-    problems += _engine_problems(
-        cfg,
-        Path(model_folder),
-        model_config,
-        n,
-        device,
-        memory,
-        cfg.cluster.mode == "local",
-        "rollout.rollout_max_response_len",
-    )
-    problems += judge_problems(cfg, Path(model_folder), n.max_model_len, device, memory)  # judge.model_path
-    from .sandbox import sandbox_problems
-
+    folder = Path(model_folder)
+    problems = _window_problems(cfg, model_config, n, folder.name)
+    problems += parallel_problems(cfg, model_config, trainer_ranks(cfg))  # (the prompts change nothing here)
+    problems += _memory_problems(plan, folder, model_config, n, device, memory)
     problems += sandbox_problems(cfg)  # the python tool's sandbox, before any model is built
     if not problems:  # the training step's memory (reinforge/plan): only where lengths and budgets hold
         problems += training_problems(plan, n.prompt)
     _raise(problems)
     return n
+
+
+def check_lengths(
+    plan: Plan,
+    model_folder: Path,
+    max_prompt_tokens: int,
+    *,
+    memory: float | None = None,
+    device: torch.device | None = None,
+) -> Lengths:
+    """The checks of :func:`check_rl` that depend on the longest prompt, again once the datasets are loaded
+    (``max_prompt_tokens`` measured on them), after :func:`check_rl` passed with its lower bound: the context
+    window, ``train.max_tokens_per_gpu``, the engine's slots and KV cache, the embedded judge beside it, the
+    training step's memory. The ``auto`` keys are not resolved again (``plan.cfg`` is the run's).
+
+    Raises:
+        PreflightError: every problem found, in one message.
+    """
+    from .plan.planner import training_problems
+    from .utils.device import resolve_device
+
+    cfg, folder, model_config = plan.cfg, Path(model_folder), read_model_config(model_folder)
+    device = device or resolve_device(cfg.train.device)
+    n = rl_lengths(cfg, max_prompt_tokens)
+    problems = _window_problems(cfg, model_config, n, folder.name)
+    problems += _memory_problems(plan, folder, model_config, n, device, memory)
+    _raise(problems or training_problems(plan, n.prompt))
+    return n
+
+
+def _window_problems(cfg: Config, model_config: dict, n: Lengths, name: str) -> list[str]:
+    """The lengths ``n`` against the model's context window and ``train.max_tokens_per_gpu``."""
+    return context_problems(cfg, context_window(model_config), n, name) + budget_problems(cfg, n)
+
+
+def _memory_problems(
+    plan: Plan, folder: Path, model_config: dict, n: Lengths, device: torch.device, memory: float | None
+) -> list[str]:
+    """The embedded engine's slots and KV cache (its memory in ``cluster.mode=local``), and the embedded judge's."""
+    cfg = plan.cfg
+    local = cfg.cluster.mode == "local"
+    problems = _engine_problems(cfg, folder, model_config, n, device, memory, local, "rollout.rollout_max_response_len")
+    return problems + judge_problems(cfg, folder, n.max_model_len, device, memory)  # judge.model_path
 
 
 def check_generate(

@@ -1,7 +1,7 @@
 """Resource checks in words, before any process or actor starts.
 
 (Lengths, token budgets and the embedded engine's KV cache are :mod:`reinforge.preflight`'s
-checks; :func:`check_placement` runs them first.)
+checks, run once before any placement.)
 
 :func:`check_placement` compares what a placement asks for with what exists (this machine, or
 a running Ray cluster) and raises :class:`ClusterError` listing every shortfall, what exists,
@@ -16,9 +16,10 @@ message: a trainer rank holds fp32 weights, gradients and two AdamW moments (16 
 parameter, sharded over the ranks) plus one full fp32 copy (weight sync / checkpoint gather),
 the reference model (4 bytes per parameter) when KL needs it, a critic like the policy, and the
 logits of one micro-batch (``train.max_tokens_per_gpu`` x vocabulary x 4 bytes); an engine holds
-its weights and its KV cache (2 x layers x kv_heads x head_dim x ``max_model_len`` x
-``engine.max_num_seqs`` (capped at what the run holds at once,
-:func:`reinforge.rollout.backends.run_max_seqs`) x 4 bytes); every process adds about 0.5 GiB (Python, torch).
+its weights and its KV cache as the up-front checks count them (:func:`reinforge.engine.kv_cache.kv_cache_plan`:
+``max_model_len`` x ``engine.max_num_seqs`` (capped at what the run holds at once,
+:func:`reinforge.plan.sequences.run_max_seqs`) x the bytes per token of :mod:`reinforge.plan.kv`, the sink block
+and a hybrid's states included, at ``engine.dtype``); every process adds about 0.5 GiB (Python, torch).
 """
 
 from __future__ import annotations
@@ -62,36 +63,51 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Config, shape: ModelShape, max_model_len: int, world_size: int) -> MemoryEstimate:
-    """Host memory of one trainer rank and one engine process in CPU mode (see the module doc)."""
-    p = shape.num_params
-    state = TRAIN_BYTES_PER_PARAM * p // max(world_size, 1)
-    full = FP32 * p
-    ref = FP32 * p if cfg.algo.needs_reference else 0
-    critic = state if cfg.algo.needs_critic else 0
+    """Host memory of one trainer rank and one engine process in CPU mode (see the module doc): the trainer's
+    state as the planner counts it (:func:`reinforge.plan.model.trainer_state`), the engine's as the up-front
+    checks do (:func:`reinforge.engine.kv_cache.kv_cache_plan`)."""
     from ..config.fields import unplanned
+    from ..plan.model import trainer_state
+    from ..plan.planner import teacher_sizes
 
+    p, m = shape.num_params, cfg.model
+    parts = trainer_state(
+        p,
+        max(world_size, 1),
+        lora=m.lora_rank > 0,
+        bf16=m.train_dtype == "bf16",  # (`auto` is fp32 on a CPU)
+        reference=cfg.algo.needs_reference,
+        critic=cfg.algo.needs_critic,
+        teacher_params=teacher_sizes(cfg)["teacher_params"],
+    )
+    frozen = {k: int(parts.pop(k)) for k in ("reference", "critic", "teachers") if k in parts}
+    state, full = int(sum(parts.values())), FP32 * p
     tokens = unplanned(cfg.train).max_tokens_per_gpu  # (`auto` here: no GPU planned it, its CPU value)
     logits = tokens * shape.vocab_size * FP32
-    trainer = PROCESS_OVERHEAD + state + full + ref + critic + logits
-    from ..rollout.backends import engine_config_for
+    trainer = PROCESS_OVERHEAD + state + full + sum(frozen.values()) + logits
+    import torch
 
-    slots = engine_config_for(cfg).max_num_seqs  # engine.max_num_seqs capped at what the run holds at once
-    from ..models.args import kv_cache_values
+    from ..engine.kv_cache import kv_cache_plan
+    from ..rollout.backends import engine_config_for, engine_dtype
 
-    values = kv_cache_values(shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, shape.kv_lora_rank)
-    kv = values * max_model_len * slots * FP32
-    kv += shape.state_bytes_per_seq(FP32) * slots  # a hybrid model's linear-attention states
-    engine = PROCESS_OVERHEAD + full + kv
+    cpu = torch.device("cpu")  # (CPU mode: the engine's one-block layout, its sink block and states included)
+    eng = kv_cache_plan(shape, engine_config_for(cfg), max_model_len, cpu, engine_dtype(cfg.engine.dtype, cpu))
+    slots, kv = eng.slots, eng.bytes + eng.state_bytes  # engine.max_num_seqs capped at what the run holds at once
+    engine = PROCESS_OVERHEAD + eng.total
     g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     tparts = (
-        f"{p / 1e6:.0f}M parameters x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW) / "
-        f"{world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
-        + (f", the reference model {g(ref)}" if ref else "")
-        + (f", the critic {g(critic)}" if critic else "")
+        f"{p / 1e6:.0f}M parameters "
+        + (
+            f"x {TRAIN_BYTES_PER_PARAM} bytes (fp32 weights, gradients, AdamW)"
+            if set(parts) == {"weights fp32", "AdamW", "gradients"}
+            else f"({', '.join(parts)})"  # LoRA: the base's weights, the adapters' state negligible
+        )
+        + f" / {world_size} rank(s) = {g(state)}, a full fp32 copy {g(full)}"
+        + "".join(f", the {k}{' model' if k == 'reference' else ''} {g(b)}" for k, b in frozen.items())
         + f", logits of train.max_tokens_per_gpu={tokens} tokens {g(logits)}"
     )
     eparts = (
-        f"weights {g(full)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
+        f"weights {g(eng.weight_bytes)}, KV cache {g(kv)} for {slots} sequences (engine.max_num_seqs="
         f"{cfg.engine.max_num_seqs}, capped at what the run holds at once) of {max_model_len} tokens"
     )
     return MemoryEstimate(trainer, engine, tparts, eparts)
@@ -130,26 +146,15 @@ def check_placement(
     bytes; a missing ``memory`` skips the memory check). ``max_model_len`` defaults to
     ``rollout_max_response_len`` (a lower bound: prompts are not known yet).
 
-    With ``model_folder``, the lengths, token budgets, engine slots and (local mode) the engine's
-    KV-cache memory are checked first (:func:`reinforge.preflight.check_rl`; the longest prompt is
-    ``max_model_len`` less the response limits, unknown without it).
+    With ``model_folder``, the memory of every process is estimated in CPU mode (:func:`estimate_memory`).
+    (The lengths, token budgets, engine slots and the engine's KV cache are :mod:`reinforge.preflight`'s, checked
+    once by ``reinforge train`` and :class:`reinforge.loop.RLLoop` before any placement.)
 
     Returns:
         whether the run uses GPUs.
     Raises:
-        PreflightError: a sequence longer than the model's context window or a token budget, more
-            samples per prompt than engine slots, a KV cache larger than the memory.
         ClusterError: every shortfall in one message, with the settings to change.
     """
-    if model_folder is not None:
-        from ..preflight import check_rl, prompt_tokens_of
-
-        check_rl(
-            cfg,
-            model_folder,
-            prompt_tokens_of(cfg, max_model_len) if max_model_len else None,
-            memory=resources.get("memory"),
-        )
     c, n = cfg.cluster, placement_counts(cfg)
     have_gpus, have_cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
     mode = (

@@ -34,6 +34,7 @@ every layer in the slot's block.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ import torch
 
 if TYPE_CHECKING:
     from ..config.engine import EngineConfig
+    from ..plan.kv_plan import KVCachePlan
 
 
 # engine.kv_cache_dtype -> storage dtype ("auto": the model's); vLLM's names
@@ -204,11 +206,12 @@ class KVLayout:
 def bytes_per_block(
     num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, kv_lora_rank: int = 0
 ) -> int:
-    """Bytes of keys and values of one block over all layers (a multi-head latent attention model's
-    latent rows with ``kv_lora_rank``: :func:`~reinforge.models.args.kv_cache_values`)."""
-    from ..models.args import kv_cache_values
+    """Bytes of keys and values of one block over ``num_layers`` layers (a multi-head latent attention model's
+    latent rows with ``kv_lora_rank``): the planner's per-token count, :func:`reinforge.plan.kv.kv_bytes_per_token`,
+    x ``block_size``."""
+    from ..plan.kv import kv_bytes_per_token
 
-    return kv_cache_values(num_layers, num_kv_heads, head_dim, kv_lora_rank) * block_size * dtype.itemsize
+    return int(kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype.itemsize, kv_lora_rank)) * block_size
 
 
 def ring_plan(args: Any, block_size: int, max_model_len: int, paged: bool) -> tuple[tuple[int, ...], int]:
@@ -226,6 +229,50 @@ def ring_plan(args: Any, block_size: int, max_model_len: int, paged: bool) -> tu
     if blocks >= -(-max_model_len // block_size):
         return (), 0
     return layers, blocks
+
+
+def kv_cache_plan(
+    shape: Any, engine: EngineConfig, max_model_len: int, device: torch.device, weight_dtype: torch.dtype
+) -> KVCachePlan:
+    """The embedded engine's KV cache, linear-attention states and weights on a model of ``shape`` (a
+    :class:`~reinforge.models.shape.ModelShape`) built with the ``engine`` section for ``max_model_len`` tokens
+    per sequence on ``device`` with weights in ``weight_dtype``, as the planner counts them
+    (:class:`reinforge.plan.kv_plan.KVCachePlan`): the layout :func:`plan_kv_layout` chooses, without the GPU's
+    free-memory cap (on a GPU, ``blocks`` is then what the slots' full sequences take). The up-front checks of
+    the policy's engine (:mod:`reinforge.preflight`), of the judge's (:mod:`reinforge.reward.judge_engine`) and
+    the CPU placement's estimate (:mod:`reinforge.cluster.resources`) all read it.
+
+    Raises:
+        ValueError: an unknown ``engine.kv_cache_dtype`` (``engine.num_kv_blocks`` below one sequence is counted
+            without the cap: :func:`reinforge.preflight.slot_problems` refuses it in words).
+    """
+    from ..plan.kv_plan import KVCachePlan
+    from ..utils.triton import triton_available
+
+    dtype, kernel = kv_cache_dtype(engine.kv_cache_dtype, weight_dtype, device), triton_available(device.type)
+    try:
+        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), engine, max_model_len, kernel)
+    except ValueError:  # engine.num_kv_blocks below one sequence: counted uncapped (the checks refuse it in words)
+        uncapped = dataclasses.replace(engine, num_kv_blocks=0)
+        layout = plan_kv_layout(shape, dtype, torch.device("cpu"), uncapped, max_model_len, kernel)
+    return KVCachePlan(
+        layout.num_slots,
+        layout.num_blocks,
+        layout.block_size,
+        layout.blocks_per_seq,
+        shape.num_kv_layers,
+        shape.num_kv_heads,
+        shape.head_dim,
+        dtype.itemsize,
+        weight_dtype.itemsize,
+        shape.num_params,
+        str(dtype).removeprefix("torch."),
+        shape.kv_lora_rank,
+        len(layout.ring_layers),
+        layout.ring_blocks,
+        shape.conv_state_elems,
+        shape.rec_state_elems,
+    )
 
 
 def ring_table(slots: int, ring_blocks: int, width: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -290,11 +337,9 @@ def plan_kv_layout(
     ring_bytes = bytes_per_block(len(rings), args.num_kv_heads, args.head_dim, bs, dtype) * (slots * ring_blocks + 1)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = int(free * cfg.kv_cache_memory_fraction) - ring_bytes
-        if state_bytes:
-            slots = max(1, min(slots, budget // 2 // state_bytes))
-            budget -= slots * state_bytes
-        fit = budget // per_block - 1
+        from ..plan.kv import pool_fit
+
+        slots, fit = pool_fit(int(free * cfg.kv_cache_memory_fraction), per_block, ring_bytes, slots, state_bytes)
         if fit < per_seq:
             raise MemoryError(
                 f"the KV cache for one sequence of {L} tokens (prompt + rollout.rollout_max_response_len) needs "

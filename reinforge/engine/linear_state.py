@@ -42,7 +42,8 @@ def linear_layers(model: torch.nn.Module) -> dict[int, GatedDeltaNet]:
 
 def state_bytes_per_slot(layers: dict[int, GatedDeltaNet], dtype: torch.dtype) -> int:
     """Bytes of one slot's states over ``layers``: the convolution states in ``dtype``, the recurrent ones in fp32
-    (what :class:`LinearStates` allocates per slot; the planner's count is ``ConfigShape.state_bytes_per_seq``)."""
+    (what :class:`LinearStates` allocates per slot; the planner's count:
+    :func:`reinforge.plan.kv.state_bytes_per_seq`)."""
     return sum(
         m.conv_dim * (m.conv_kernel - 1) * dtype.itemsize + 4 * m.num_v_heads * m.head_k_dim * m.head_v_dim
         for m in layers.values()

@@ -89,11 +89,6 @@ class ModelArgs:
         """The dimensions of each head that RoPE rotates (``head_dim`` unless partial)."""
         return self.rotary_dim or self.head_dim
 
-    @property
-    def kv_cache_values(self) -> int:
-        """Values the engine's KV cache holds per token, all layers (:func:`kv_cache_values`)."""
-        return kv_cache_values(self.num_kv_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank)
-
     @classmethod
     def from_hf_config(cls, cfg: Any) -> ModelArgs:
         """Build from a ``transformers.PretrainedConfig`` through its family's config mapping
@@ -111,25 +106,6 @@ class ModelArgs:
     def with_(self, **changes: Any) -> ModelArgs:
         """A copy with ``changes`` (``dataclasses.replace``)."""
         return replace(self, **changes)
-
-
-def kv_cache_values(num_layers: int, num_kv_heads: int, head_dim: int, kv_lora_rank: int = 0) -> int:
-    """Values a KV cache holds per token over all layers: keys and values, ``2 x num_layers x
-    num_kv_heads x head_dim``; with multi-head latent attention (``kv_lora_rank`` > 0) one latent row
-    serving as both, ``num_layers x (kv_lora_rank + head_dim)`` (``head_dim``: the RoPE key's width,
-    ``qk_rope_head_dim``; DeepSeek-V3: 61 x 576 against 2 x 61 x 128 x 128 for its 128 heads expanded)."""
-    if kv_lora_rank:
-        return num_layers * (kv_lora_rank + head_dim)
-    return 2 * num_layers * num_kv_heads * head_dim
-
-
-def kv_cache_words(shape: Any) -> str:
-    """:func:`kv_cache_values` of ``shape`` (anything with ``num_layers``, ``num_kv_heads``, ``head_dim`` and
-    ``kv_lora_rank``) in words, for messages: ``2 x 30 layers x 3 KV heads x 64 head dim`` or ``27 layers x a
-    latent of 512 + 64``."""
-    if getattr(shape, "kv_lora_rank", 0):
-        return f"{shape.num_layers} layers x a latent of {shape.kv_lora_rank} + {shape.head_dim}"
-    return f"2 x {shape.num_layers} layers x {shape.num_kv_heads} KV heads x {shape.head_dim} head dim"
 
 
 def check_common(

@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .families.base import ConfigShape
+from .families.base import ConfigShape
 
 
 class ShapeUnknown(ValueError):
@@ -58,29 +56,14 @@ def require(cfg: dict, read, where: str = "config.json"):
         ) from None
 
 
-@dataclass
-class ModelShape:
-    """What the estimate needs from a Hugging Face folder."""
+@dataclass(frozen=True)
+class ModelShape(ConfigShape):
+    """A model folder's :class:`~reinforge.models.families.base.ConfigShape` (its family's reading of
+    config.json: the KV-cache shape, experts, MLP width, linear-attention states, sliding windows) and what
+    the folder adds: ``num_params`` (from the safetensors headers) and ``vocab_size``."""
 
-    num_params: int
-    vocab_size: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    kv_layers: int | None = None  # layers with keys and values (None: all; see ConfigShape)
-    conv_state_elems: int = 0
-    rec_state_elems: int = 0
-    kv_lora_rank: int = 0  # multi-head latent attention: the cache's latent rank (ConfigShape)
-    layer_windows: tuple[int, ...] = ()  # sliding windows a native family runs (ConfigShape.layer_windows)
-
-    @property
-    def num_kv_layers(self) -> int:
-        """The layers that cache keys and values."""
-        return self.num_layers if self.kv_layers is None else self.kv_layers
-
-    def state_bytes_per_seq(self, elem_bytes: int) -> int:
-        """A hybrid model's fixed state per sequence (``ConfigShape.state_bytes_per_seq``); 0 otherwise."""
-        return self.conv_state_elems * elem_bytes + 4 * self.rec_state_elems
+    num_params: int = 0
+    vocab_size: int = 0
 
 
 def model_shape(folder: Path) -> ModelShape:
@@ -109,16 +92,7 @@ def model_shape(folder: Path) -> ModelShape:
             1 if cfg.get("tie_word_embeddings", True) else 2
         )
     return ModelShape(
-        params,
-        vocab,
-        shape.num_layers,
-        shape.num_kv_heads,
-        shape.head_dim,
-        shape.kv_layers,
-        shape.conv_state_elems,
-        shape.rec_state_elems,
-        shape.kv_lora_rank,
-        shape.layer_windows,
+        **{f.name: getattr(shape, f.name) for f in fields(ConfigShape)}, num_params=params, vocab_size=vocab
     )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .kv import kv_bytes_per_token, state_bytes_per_seq
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -135,8 +137,9 @@ class Arch:
         return self.num_layers - self.num_kv_layers
 
     def state_bytes_per_seq(self, elem_bytes: float) -> float:
-        """A sequence's fixed linear-attention state in the engine (0 unless hybrid)."""
-        return self.conv_state_elems * elem_bytes + 4 * self.rec_state_elems
+        """A sequence's fixed linear-attention state in the engine (0 unless hybrid;
+        :func:`.kv.state_bytes_per_seq`)."""
+        return state_bytes_per_seq(self.conv_state_elems, self.rec_state_elems, elem_bytes)
 
     def _mixers_delta(self) -> int:
         """The family's count of its token mixers (``mixer_params``) against Llama's attention in every layer."""
@@ -195,17 +198,25 @@ class Arch:
         return active + self.head_params
 
     def kv_bytes_per_token(self, elem_bytes: float, tokens: float | None = None) -> float:
-        """2 (K and V) x layers with attention x kv_heads x head_dim x dtype bytes; multi-head latent attention's
-        engine caches layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes. With ``tokens``, the mean per
-        token of a sequence that long: its sliding-window layers hold only ``min(tokens, window)`` tokens (the
-        engine's rings, :mod:`reinforge.engine.kv_cache`)."""
+        """The engine's KV-cache bytes per token (:func:`.kv.kv_bytes_per_token`): 2 (K and V) x layers with
+        attention x kv_heads x head_dim x dtype bytes; multi-head latent attention's engine caches layers x
+        (kv_lora_rank + qk_rope_head_dim) x dtype bytes. With ``tokens``, the mean per token of a sequence that
+        long: its sliding-window layers hold only ``min(tokens, window)`` tokens (the engine's rings)."""
         if self.mla[1]:
-            return self.num_layers * (self.mla[1] + self.mla[2]) * elem_bytes
-        if not self.windowed_layers or not tokens:
-            return 2 * self.num_kv_layers * self.kv_dim * elem_bytes
-        full = self.num_kv_layers - self.windowed_layers
-        held = full * tokens + self.windowed_layers * min(tokens, self.window)
-        return 2 * held / tokens * self.kv_dim * elem_bytes
+            return kv_bytes_per_token(self.num_layers, 1, self.mla[2], elem_bytes, kv_lora_rank=self.mla[1])
+        windows = (self.window,) * self.windowed_layers
+        return kv_bytes_per_token(
+            self.num_kv_layers, self.num_kv_heads, self.head_dim, elem_bytes, windows=windows, tokens=tokens
+        )
+
+    def seq_kv_bytes(self, tokens: float, kv_elem_bytes: float, state_elem_bytes: float) -> float:
+        """The engine's bytes for one sequence holding ``tokens``: its KV cache (:meth:`kv_bytes_per_token`, the
+        windowed layers' rings counted) and a hybrid's fixed states (:meth:`state_bytes_per_seq`)."""
+        return self.kv_bytes_per_token(kv_elem_bytes, tokens) * tokens + self.state_bytes_per_seq(state_elem_bytes)
+
+    def weight_bytes(self, elem_bytes: float, tp: int = 1) -> float:
+        """Bytes of every parameter at ``elem_bytes`` each, split over ``tp`` tensor-parallel ranks."""
+        return self.num_params * elem_bytes / tp
 
     def kept_layer_bytes(self, sparse: bool = False, tp: int = 1) -> float:
         """Activation bytes per token one decoder layer keeps for its backward pass (module doc);

@@ -161,8 +161,7 @@ def _slots_choice(cfg: Config, w: M.Workload) -> Choice:
     """``engine.max_num_seqs=auto`` on ``w`` (module doc, 1)."""
     a = w.arch
     held_tokens = w.prompt_len + 0.75 * w.response_len
-    footprint = a.kv_bytes_per_token(w.kv_elem_bytes, held_tokens) * held_tokens
-    footprint += a.state_bytes_per_seq(w.engine_elem_bytes)  # a hybrid's linear-attention states
+    footprint = a.seq_kv_bytes(held_tokens, w.kv_elem_bytes, w.engine_elem_bytes)  # a hybrid's states included
     share = M.per_engine(w)[0].num_seqs  # the sequences one engine gets
     pool = M.kv_pool(M.with_(w, slots=share))
     held = int(pool // max(footprint, 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models.args import kv_cache_values
+from .kv import kv_values_per_token, state_bytes_per_seq
 
 
 @dataclass
@@ -24,6 +24,8 @@ class KVCachePlan:
         num_params: the model's parameters (the engine's weights).
         ring_layers, ring_blocks: the sliding-window layers kept in per-slot rings and each ring's blocks
             (:func:`~reinforge.engine.kv_cache.ring_plan`; 0: none): the pool holds the other layers.
+        conv_state_elems, rec_state_elems: a hybrid model's linear-attention states per slot
+            (:func:`.kv.state_bytes_per_seq`; 0: none).
     """
 
     slots: int
@@ -40,20 +42,54 @@ class KVCachePlan:
     kv_lora_rank: int = 0  # multi-head latent attention: one latent row of kv_lora_rank + head_dim per token-layer
     ring_layers: int = 0
     ring_blocks: int = 0
+    conv_state_elems: int = 0
+    rec_state_elems: int = 0
 
     @property
     def bytes_per_token(self) -> int:
-        """2 (keys and values) x layers x kv_heads x head_dim (or a latent: ``kv_cache_values``) x dtype bytes."""
-        return kv_cache_values(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
+        """2 (keys and values) x layers x kv_heads x head_dim (or a latent) x dtype bytes
+        (:func:`.kv.kv_values_per_token`)."""
+        return (
+            kv_values_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_lora_rank) * self.elem_bytes
+        )
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block of the pool (the layers not kept in rings)."""
+        return self.block_size * (self.num_layers - self.ring_layers) * (self.bytes_per_token // self.num_layers)
+
+    @property
+    def ring_bytes(self) -> int:
+        """Bytes of the sliding-window layers' rings: every slot's and their sink block (0: no rings)."""
+        per_layer = self.bytes_per_token // self.num_layers
+        return (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
 
     @property
     def bytes(self) -> int:
         """Bytes of the keys and values, the sink block included (and the rings' sink block)."""
-        per_layer = self.bytes_per_token // self.num_layers
-        pool = (self.blocks + 1) * self.block_size * (self.num_layers - self.ring_layers) * per_layer
-        rings = (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
-        return pool + (rings if self.ring_layers else 0)
+        return (self.blocks + 1) * self.block_bytes + self.ring_bytes
 
     @property
     def bytes_per_slot(self) -> int:
+        """Bytes of one sequence of ``blocks_per_seq`` blocks (every layer holding every token)."""
         return self.blocks_per_seq * self.block_size * self.bytes_per_token
+
+    @property
+    def state_bytes_per_slot(self) -> int:
+        """Bytes of one slot's linear-attention states (0 unless hybrid), at the engine's dtype."""
+        return int(state_bytes_per_seq(self.conv_state_elems, self.rec_state_elems, self.weight_elem_bytes))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the slots' linear-attention states."""
+        return self.slots * self.state_bytes_per_slot
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the engine's weights (``num_params`` x ``weight_elem_bytes``)."""
+        return self.num_params * self.weight_elem_bytes
+
+    @property
+    def total(self) -> int:
+        """Everything the engine allocates up front: the KV cache, the states, the weights."""
+        return self.bytes + self.state_bytes + self.weight_bytes

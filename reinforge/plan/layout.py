@@ -165,7 +165,7 @@ def _engine_tp(cfg: Config, folder: Path, gpu: GPU) -> int:
     arch, _ = read_arch(folder)
     usable = (gpu.memory - M.CUDA_CONTEXT) * M.USABLE_FRACTION
     tp = 1
-    while arch.num_params * 2 / tp > usable / 2 and tp < 8:
+    while arch.weight_bytes(2, tp) > usable / 2 and tp < 8:
         tp *= 2
     return tp
 

@@ -211,28 +211,58 @@ class Breakdown:
 # ----------------------------------------------------------------------------------------- memory
 
 
+def trainer_state(
+    params: float,
+    shards: int = 1,
+    *,
+    lora: bool = False,
+    bf16: bool = True,
+    optimizer: bool = True,
+    grads: bool = True,
+    reference: bool = False,
+    critic: bool = False,
+    teacher_params: float = 0,
+) -> dict[str, float]:
+    """A trainer rank's memory outside a forward pass, bytes by part, each divided by the FSDP ``shards``: fp32
+    weights (LoRA under bf16 autocast, ``bf16``: the frozen base in bf16), AdamW's two fp32 moments of the trained
+    parameters (``optimizer``), their fp32 gradients (``grads``), a frozen reference (none with LoRA: the base is
+    it) and checkpoint teachers held as ``Actor._frozen`` holds them (bf16 on one rank when the forward runs in
+    bf16, else fp32 shards), a critic like the policy. The planner (:func:`trainer_resident`) and the CPU
+    placement's estimate (:func:`reinforge.cluster.resources.estimate_memory`) both count with it."""
+    p, trained = params, 0 if lora else params  # adapters: negligible here
+    out = {"weights bf16": 2 * p / shards} if lora and bf16 else {"weights fp32": 4 * p / shards}
+    if optimizer:
+        out["AdamW"] = 8 * trained / shards
+    if grads:
+        out["gradients"] = 4 * trained / shards
+    frozen = lambda n: 2 * n if bf16 and shards == 1 else 4 * n / shards  # noqa: E731
+    if reference and not lora:
+        out["reference"] = frozen(p)
+    if critic:
+        out["critic"] = 16 * p / shards
+    if teacher_params:
+        out["teachers"] = frozen(teacher_params)
+    return out
+
+
 def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
-    """The trainer's memory outside a forward pass: fp32 weights, gradients (``grads``), AdamW, reference.
-    ``fsdp_offload``: none of it (it is all in host memory; the layers in flight are
-    :func:`train_breakdown`'s); ``optimizer_offload``: no AdamW (its step brings a chunk of moments
+    """The trainer's memory outside a forward pass (:func:`trainer_state`): fp32 weights, gradients (``grads``),
+    AdamW, reference, critic, teachers. ``fsdp_offload``: none of it (it is all in host memory; the layers in
+    flight are :func:`train_breakdown`'s); ``optimizer_offload``: no AdamW (its step brings a chunk of moments
     at a time, after the activations are freed)."""
     if w.fsdp_offload:
         return {}
-    p = w.arch.num_params
-    trained = p if not w.lora else 0  # adapters: negligible here
-    # LoRA under bf16 autocast: the frozen base in bf16 (its embedding and norms, ~1-2%, stay fp32)
-    out = {"weights bf16": 2 * p / w.shards} if w.lora and w.train_bf16 else {"weights fp32": 4 * p / w.shards}
-    if not w.optimizer_offload:
-        out["AdamW"] = 8 * trained / w.shards
-    if grads:
-        out["gradients"] = 4 * trained / w.shards
-    if w.reference and not w.lora:
-        out["reference"] = (4 * p / w.shards) if w.shards > 1 else 2 * p
-    if w.critic:
-        out["critic"] = 16 * p / w.shards
-    if w.teacher_params:  # placed as the reference is (Actor._frozen): bf16 on one rank, fp32 shards under FSDP
-        out["teachers"] = (4 * w.teacher_params / w.shards) if w.shards > 1 else 2 * w.teacher_params
-    return out
+    return trainer_state(
+        w.arch.num_params,
+        w.shards,
+        lora=w.lora,
+        bf16=w.train_bf16,
+        optimizer=not w.optimizer_offload,
+        grads=grads,
+        reference=w.reference,
+        critic=w.critic,
+        teacher_params=w.teacher_params,
+    )
 
 
 def fp8_saved_bytes(w: Workload) -> float:
@@ -246,7 +276,8 @@ def fp8_saved_bytes(w: Workload) -> float:
 
 
 def engine_weights(w: Workload) -> float:
-    return w.arch.num_params * w.engine_elem_bytes / w.tp - fp8_saved_bytes(w)
+    """The engine's weights on one GPU: every parameter at ``engine_elem_bytes`` over ``tp``, less fp8's saving."""
+    return w.arch.weight_bytes(w.engine_elem_bytes, w.tp) - fp8_saved_bytes(w)
 
 
 def kv_need(w: Workload) -> float:
@@ -414,8 +445,7 @@ def engine_slots(w: Workload, lengths: list[int] | None = None) -> int:
     an H200, docs/benchmarks.md: a pool of 60 full-length sequences decoded 64 in one wave)."""
     mean = sum(lengths) / len(lengths) if lengths else w.response_len
     held = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK
-    footprint = held * w.arch.kv_bytes_per_token(w.kv_elem_bytes, held)
-    footprint += w.arch.state_bytes_per_seq(w.engine_elem_bytes)
+    footprint = w.arch.seq_kv_bytes(held, w.kv_elem_bytes, w.engine_elem_bytes)
     return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // footprint)))
 
 
@@ -425,7 +455,7 @@ def decode_weight_bytes(w: Workload, batch: int) -> float:
     a = w.arch
     b = w.engine_elem_bytes
     if not a.moe_layers:
-        return a.num_params * b / w.tp - fp8_saved_bytes(w)
+        return engine_weights(w)
     used = a.experts * (1 - (1 - a.experts_per_tok / a.experts) ** batch)
     expert = 3 * a.hidden * a.moe_intermediate
     return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp - fp8_saved_bytes(w)

@@ -137,7 +137,7 @@ def workload(
 ) -> M.Workload:
     """The :class:`~.model.Workload` of ``cfg`` (``auto`` keys at a placeholder: resolve them first for
     anything but the choices). ``offline``: a trainer without engine (``reinforge offline``)."""
-    from ..rollout.backends import run_max_seqs
+    from .sequences import run_max_seqs
 
     r, e, t, m, c, a = cfg.rollout, cfg.engine, cfg.train, cfg.model, cfg.cluster, cfg.algo
     seqs = r.rollout_batch_size * r.n_samples_per_prompt if t.num_rollout > 0 else (run_max_seqs(cfg) or 1)

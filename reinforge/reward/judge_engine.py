@@ -11,7 +11,7 @@ generates (in asynchronous mode, ``rollout.max_staleness`` > 0, scoring overlaps
 cache then coexists with the trainer's memory).
 
 Its engine is sized to its work: ``judge.max_num_seqs`` slots (capped at the sequences one rollout
-or evaluation holds, :func:`~reinforge.rollout.backends.run_max_seqs`) of ``judge.max_len`` tokens
+or evaluation holds, :func:`~reinforge.plan.sequences.run_max_seqs`) of ``judge.max_len`` tokens
 (prompt + answer; 0: the judge model's context window, at most :data:`DEFAULT_MAX_LEN`); the other
 ``engine.*`` settings (dtype, KV block size, CUDA graphs) are the policy engine's. :func:`judge_problems`
 checks it before anything is built (:func:`reinforge.preflight.check_rl`): the path, the model family, the
@@ -41,6 +41,7 @@ from .judge import JudgeFailure
 
 if TYPE_CHECKING:
     from ..config import Config, EngineConfig
+    from ..plan.kv_plan import KVCachePlan
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ def judge_spec(cfg: Config) -> JudgeSpec:
     Raises:
         ConfigError: ``judge.model_path`` not found.
     """
-    from ..rollout.backends import engine_dtype, run_max_seqs
+    from ..plan.sequences import run_max_seqs
+    from ..rollout.backends import engine_dtype
     from ..utils.device import resolve_device
 
     j = cfg.judge
@@ -119,24 +121,16 @@ def _size(b: float) -> str:
     return f"{b / GIB:.1f} GiB" if b >= GIB else f"{b / MIB:.0f} MiB"
 
 
-def engine_bytes(folder: Path, engine: EngineConfig, max_len: int, device: torch.device) -> tuple[int, int, int]:
-    """``(KV-cache bytes, weight bytes, bytes per slot)`` of an embedded engine on ``folder``'s model built
-    with ``engine`` for ``max_len`` tokens per sequence: the engine's own layout
-    (:func:`~reinforge.engine.kv_cache.plan_kv_layout`, without the GPU's free-memory cap), sink block
-    included; weights at ``engine.dtype``."""
-    from ..engine.kv_cache import bytes_per_block, kv_cache_dtype, plan_kv_layout
+def engine_plan(folder: Path, engine: EngineConfig, max_len: int, device: torch.device) -> KVCachePlan:
+    """The memory of an embedded engine on ``folder``'s model built with ``engine`` for ``max_len`` tokens per
+    sequence (:func:`reinforge.engine.kv_cache.kv_cache_plan`, the count the policy's up-front check reads:
+    the engine's own layout without the GPU's free-memory cap, the sink block, sliding-window rings and a
+    hybrid's states included; weights at ``engine.dtype``)."""
+    from ..engine.kv_cache import kv_cache_plan
     from ..models.shape import model_shape
     from ..rollout.backends import engine_dtype
-    from ..utils.triton import triton_available
 
-    shape = model_shape(folder)
-    wdtype = engine_dtype(engine.dtype, device)
-    dtype = kv_cache_dtype(engine.kv_cache_dtype, wdtype, device)
-    layout = plan_kv_layout(shape, dtype, torch.device("cpu"), engine, max_len, triton_available(device.type))
-    block = bytes_per_block(
-        shape.num_kv_layers, shape.num_kv_heads, shape.head_dim, layout.block_size, dtype, shape.kv_lora_rank
-    )
-    return (layout.num_blocks + 1) * block, shape.num_params * wdtype.itemsize, layout.blocks_per_seq * block
+    return kv_cache_plan(model_shape(folder), engine, max_len, device, engine_dtype(engine.dtype, device))
 
 
 def judge_problems(
@@ -184,7 +178,8 @@ def judge_problems(
             f"judge.max_new_tokens={spec.max_new_tokens} leaves no room for the judge's prompt in "
             f"judge.max_len={spec.max_len}: raise judge.max_len or lower judge.max_new_tokens"
         ]
-    kv, weights, per_slot = engine_bytes(spec.path, spec.engine, spec.max_len, spec.device)
+    plan = engine_plan(spec.path, spec.engine, spec.max_len, spec.device)
+    kv, weights, per_slot = plan.bytes + plan.state_bytes, plan.weight_bytes, plan.bytes_per_slot
     slots = spec.engine.max_num_seqs
     what = (
         f"the embedded judge ({key}) needs its weights {_size(weights)} plus "
@@ -208,8 +203,7 @@ def judge_problems(
     ):
         from ..rollout.backends import engine_config_for
 
-        p_kv, p_weights, _ = engine_bytes(policy_folder, engine_config_for(cfg), policy_max_len, device)
-        other = p_kv + p_weights
+        other = engine_plan(policy_folder, engine_config_for(cfg), policy_max_len, device).total
     if weights + kv + other <= memory:
         return []
     fit = int((memory - other - weights) // per_slot) - 1

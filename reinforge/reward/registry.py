@@ -12,7 +12,7 @@ Properties (absent: False / None):
 - ``needs``: the ``reward`` key it cannot run without (``function_path``, ``model_path``);
 - ``takes_function_path``: ``reward.function_path`` may be set (``custom``; ``auto``: the function
   replaces the built-in scorers);
-- ``judge``: an LLM judge (the ``reward.judge_*`` keys; its endpoint is checked before the policy
+- ``judge``: an LLM judge (the ``judge`` section; its endpoint is checked before the policy
   is built);
 - ``preference``: its scores measure a preference, not correctness (a reward model): the evaluation
   names its shares ``score_above_threshold``, not ``accuracy``.

@@ -152,7 +152,9 @@ def test_cache_sizing_counts_latent_bytes():
     args = ModelArgs(
         "deepseek_v3", 1000, 64, 128, 61, 4, 1, 64, 1e-6, 512, False, False, False, False, kv_lora_rank=512
     )
-    assert args.kv_cache_values == 61 * 576
+    from reinforge.plan.kv import shape_kv_bytes_per_token
+
+    assert shape_kv_bytes_per_token(args, 1) == 61 * 576  # the planner's count, on the engine's model args
     layout = plan_kv_layout(args, torch.bfloat16, torch.device("cpu"), EngineConfig(max_num_seqs=2), 100, False)
     assert layout.num_blocks == 2 and layout.block_size == 100
     # DeepSeek-V3's whole shape: 671B parameters

@@ -46,7 +46,7 @@ class FakeLoop:
     fail_train: BaseException | None = None
     closed = False
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, plan=None):
         if FakeLoop.fail_init is not None:
             raise FakeLoop.fail_init
 

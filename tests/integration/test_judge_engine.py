@@ -13,7 +13,7 @@ from reinforge.config import Config, JudgeConfig, RewardConfig, load_config
 from reinforge.config.fields import ConfigError
 from reinforge.preflight import PreflightError, check_rl
 from reinforge.records import Sample, Status
-from reinforge.reward.judge_engine import EngineJudge, engine_bytes, judge_problems, judge_spec
+from reinforge.reward.judge_engine import EngineJudge, engine_plan, judge_problems, judge_spec
 from reinforge.reward.manager import RewardManager
 from tests.conftest import make_tiny_model
 from tests.integration.test_integration import TASK, tiny_overrides
@@ -172,12 +172,13 @@ def test_preflight_refuses_in_one_line(tmp_path, tiny_model_path, sevens_judge):
     cfg = _cfg(tiny_model_path, sevens_judge)
     spec = judge_spec(cfg)
     assert spec.engine.max_num_seqs == 8 and spec.max_len == 1024  # one rollout's samples; the tiny window
-    kv, weights, per_slot = engine_bytes(spec.path, spec.engine, spec.max_len, cpu)
+    judge = engine_plan(spec.path, spec.engine, spec.max_len, cpu)
+    kv, weights, per_slot = judge.bytes, judge.weight_bytes, judge.bytes_per_slot
     assert kv == (8 + 1) * per_slot and per_slot == 2 * 2 * 2 * 16 * 1024 * 4  # the sink block: one slot here
     from reinforge.rollout.backends import engine_config_for
 
-    p_kv, p_w, _ = engine_bytes(tiny_model_path, engine_config_for(cfg), 17, cpu)
-    memory = p_kv + p_w + weights + 3 * per_slot  # the policy's engine fits, the judge's 9 blocks do not
+    policy = engine_plan(tiny_model_path, engine_config_for(cfg), 17, cpu)
+    memory = policy.total + weights + 3 * per_slot  # the policy's engine fits, the judge's 9 blocks do not
     (line,) = judge_problems(cfg, tiny_model_path, 17, cpu, memory)
     assert "lower judge.max_num_seqs to at most 2" in line and "\n" not in line
     with pytest.raises(PreflightError, match="judge.max_num_seqs"):

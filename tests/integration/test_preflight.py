@@ -418,12 +418,54 @@ def test_gpu_kv_cache_of_one_sequence_against_the_free_memory(tmp_path, monkeypa
         assert "needs 3.5 GiB" in refused(check_rl, fits, folder, 100, device=torch.device("cuda"))
 
 
+def test_policy_judge_and_placement_count_one_engine_memory(tmp_path):
+    """Issue 54: the CPU engine's memory was counted three ways (preflight's KV-cache plan, the judge's
+    engine_bytes without rings or states, resources.estimate_memory at fp32 without the engine's sink block);
+    now all three read the engine's own plan (engine.kv_cache.kv_cache_plan) and agree to the byte."""
+    from reinforge.cluster.resources import PROCESS_OVERHEAD, estimate_memory
+    from reinforge.models.shape import model_shape
+    from reinforge.reward.judge_engine import engine_plan
+    from reinforge.rollout.backends import engine_config_for
+
+    folder = write_config(tmp_path / "m")
+    cfg = load_config(None, ["train.device=cpu", "engine.max_num_seqs=4", "rollout.rollout_max_response_len=100"])
+    cpu = torch.device("cpu")
+    plan = kv_cache_plan(cfg, folder, 130, cpu)
+    assert plan.bytes == (4 + 1) * 130 * 2 * 28 * 2 * 128 * 4  # 4 slots and the sink block, fp32 on a CPU
+    assert engine_plan(folder, engine_config_for(cfg), 130, cpu) == plan  # the judge's count of an engine
+    estimate = estimate_memory(cfg, model_shape(folder), 130, 1)
+    assert estimate.engine - PROCESS_OVERHEAD == plan.total  # the placement's (was 4 slots: no sink block)
+
+
+def test_cpu_placement_counts_the_trainer_as_the_planner_does(tmp_path):
+    """Issue 54: the CPU placement's trainer estimate was a second trainer-memory model (16 B / parameter, a
+    reference of 4 B / parameter on every rank); now it is the planner's trainer_state: the reference sharded
+    over the ranks like the policy, fp32 on a CPU (Actor._frozen)."""
+    from reinforge.cluster.resources import FP32, PROCESS_OVERHEAD, estimate_memory
+    from reinforge.models.shape import model_shape
+    from reinforge.plan.model import trainer_state
+
+    folder = write_config(tmp_path / "m")
+    shape = model_shape(folder)
+    cfg = load_config(
+        None, ["train.device=cpu", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.01", "train.max_tokens_per_gpu=100"]
+    )
+    p = shape.num_params
+    estimate = estimate_memory(cfg, shape, 130, 4)
+    state = trainer_state(p, 4, bf16=False, reference=True)
+    assert state["reference"] == 4 * p / 4  # (was 4 * p on each of the 4 ranks)
+    assert estimate.trainer == int(PROCESS_OVERHEAD + sum(state.values()) + FP32 * p + 100 * shape.vocab_size * FP32)
+    assert "the reference model" in estimate.trainer_parts
+
+
 # ----------------------------------------------------------------------------- wiring
 
 
-def test_check_placement_runs_the_exact_check(tiny_model_path):
-    """The loop's engine length (longest prompt + response) reaches the check before anything is built."""
-    from reinforge.cluster.resources import check_placement
+def test_check_lengths_runs_the_exact_check_on_the_runs_plan(tiny_model_path):
+    """The loop's engine length (longest prompt + response) reaches the check before anything is built, on the
+    plan the run resolved (no second resolution)."""
+    from reinforge.plan import resolve_config
+    from reinforge.preflight import check_lengths
 
     cfg = load_config(
         None,
@@ -434,9 +476,42 @@ def test_check_placement_runs_the_exact_check(tiny_model_path):
             "rollout.rollout_max_response_len=1000",
         ],
     )
-    msg = refused(check_placement, cfg, {"CPU": 2, "GPU": 0, "memory": 1e12}, tiny_model_path, 1000 + 37)
+    _, plan = resolve_config(cfg, tiny_model_path)
+    msg = refused(check_lengths, plan, tiny_model_path, 37, memory=1e12)
     assert "the longest prompt (37 tokens) + rollout.rollout_max_response_len=1000" in msg
     assert "holds 1024 positions" in msg
+
+
+def test_train_resolves_auto_keys_and_runs_the_rl_check_once(tmp_path, tiny_model_path, monkeypatch):
+    """Issue 54: one `reinforge train` resolved the `auto` keys three times (the CLI's check_rl, RLLoop,
+    LocalCluster's check_placement -> check_rl) and ran check_rl twice. Now the CLI's plan is handed to the run:
+    one resolution, one check_rl, and the prompt-dependent checks once more at the datasets' longest prompt."""
+    from collections import Counter
+
+    import reinforge.plan as plan_package
+    from reinforge import cli
+    from reinforge.loop import RLLoop
+    from reinforge.plan import planner
+    from tests.integration.test_integration import tiny_overrides
+
+    calls: Counter = Counter()
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    resolve = counted("resolve_config", planner.resolve_config)
+    monkeypatch.setattr(planner, "resolve_config", resolve)
+    monkeypatch.setattr(plan_package, "resolve_config", resolve)
+    monkeypatch.setattr(preflight, "check_rl", counted("check_rl", preflight.check_rl))
+    monkeypatch.setattr(preflight, "check_lengths", counted("check_lengths", preflight.check_lengths))
+    monkeypatch.setattr(RLLoop, "train", lambda self: None)  # built (datasets, engine, trainer), not run
+    overrides = tiny_overrides(tiny_model_path, tmp_path / "run", **{"train.max_tokens_per_gpu": "auto"})
+    assert cli.main(["train", *overrides]) == 0
+    assert calls == {"resolve_config": 1, "check_rl": 1, "check_lengths": 1}
 
 
 def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_path, monkeypatch):

@@ -820,3 +820,51 @@ def test_the_plan_names_what_fp8_would_buy_and_keeps_the_users_dtype(tmp_path):
         prompt_len=30,
     )
     assert not any(n.startswith("fp8 would buy") for n in none.notes)
+
+
+def test_kv_bytes_are_one_function_for_the_planner_the_checks_and_the_engine():
+    """Issue 54: the KV bytes per token (keys and values, an MLA latent, sliding-window means) and a hybrid's
+    state bytes are plan.kv's functions; the planner's Arch, the checks' KVCachePlan and the engine's blocks
+    read them, and KVCachePlan counts a hybrid's states and the weights (the CPU check left the states out)."""
+    from reinforge.engine.kv_cache import bytes_per_block
+    from reinforge.plan import kv
+    from reinforge.plan.arch import Arch
+    from reinforge.plan.kv_plan import KVCachePlan
+
+    gqa = Arch(1000, 256, 4, 8, 2, 32, 512, windowed_layers=2, window=64)
+    assert gqa.kv_bytes_per_token(2) == kv.kv_bytes_per_token(4, 2, 32, 2) == 2 * 4 * 2 * 32 * 2
+    assert gqa.kv_bytes_per_token(2, 256) == kv.kv_bytes_per_token(4, 2, 32, 2, windows=(64, 64), tokens=256)
+    assert gqa.kv_bytes_per_token(2, 256) == 2 * 2 * 32 * 2 * (2 * 256 + 2 * 64) / 256  # rings hold 64 tokens
+    mla = Arch(1000, 256, 3, 8, 8, 48, 512, mla=(0, 128, 16, 32))
+    assert mla.kv_bytes_per_token(1) == kv.kv_bytes_per_token(3, 1, 16, 1, kv_lora_rank=128) == 3 * (128 + 16)
+    assert bytes_per_block(4, 2, 32, 16, torch.bfloat16) == 16 * kv.kv_bytes_per_token(4, 2, 32, 2)
+    hybrid = Arch(1000, 256, 4, 8, 2, 32, 512, kv_layers=1, conv_state_elems=100, rec_state_elems=10)
+    assert hybrid.state_bytes_per_seq(2) == kv.state_bytes_per_seq(100, 10, 2) == 100 * 2 + 4 * 10
+    plan = KVCachePlan(3, 6, 16, 2, 1, 2, 32, 2, 2, 1000, "bfloat16", conv_state_elems=100, rec_state_elems=10)
+    assert plan.bytes_per_token == kv.kv_bytes_per_token(1, 2, 32, 2)
+    assert plan.state_bytes == 3 * (100 * 2 + 4 * 10) and plan.weight_bytes == 2000
+    assert plan.total == plan.bytes + plan.state_bytes + plan.weight_bytes
+
+
+def test_a_frozen_model_is_held_as_the_trainer_holds_it():
+    """trainer_state (the planner's and the CPU estimate's trainer): a reference or teacher is bf16 on one rank
+    only when the forward runs in bf16, else fp32 (sharded over the ranks), as Actor._frozen builds it; the
+    planner counted 2 B / parameter for an fp32 trainer on one rank."""
+    from reinforge.plan.model import trainer_state
+
+    assert trainer_state(100, 1, reference=True, teacher_params=10) == {
+        "weights fp32": 400,
+        "AdamW": 800,
+        "gradients": 400,
+        "reference": 200,
+        "teachers": 20,
+    }
+    assert trainer_state(100, 1, bf16=False, reference=True)["reference"] == 400
+    assert trainer_state(100, 4, reference=True, critic=True) == {
+        "weights fp32": 100,
+        "AdamW": 200,
+        "gradients": 100,
+        "reference": 100,
+        "critic": 400,
+    }
+    assert trainer_state(100, 1, lora=True, reference=True) == {"weights bf16": 200, "AdamW": 0, "gradients": 0}

@@ -40,11 +40,12 @@ class ConfigShape:
     every layer counted sparse: an upper bound). A hybrid family (linear-attention layers) caches keys and
     values in ``kv_layers`` of its layers only (None: all) and keeps a fixed state per sequence in the others:
     ``conv_state_elems`` elements in the engine's dtype and ``rec_state_elems`` fp32 elements
-    (:meth:`state_bytes_per_seq`). ``mixer_params``: the parameters of every layer's token mixer (attention or
-    linear attention, the layer norms not included) where the family counts them itself; 0: Llama's attention in
-    every layer, counted by the planner (``plan/arch.py``). ``kv_lora_rank`` > 0: multi-head latent attention,
+    (their bytes: :func:`reinforge.plan.kv.state_bytes_per_seq`). ``mixer_params``: the parameters of every
+    layer's token mixer (attention or linear attention, the layer norms not included) where the family counts
+    them itself; 0: Llama's attention in every layer, counted by the planner (``plan/arch.py``). ``kv_lora_rank``
+    > 0: multi-head latent attention,
     whose cache holds ``kv_lora_rank + head_dim`` values per token and layer
-    (:func:`~reinforge.models.args.kv_cache_values`). ``layer_windows``: each layer's sliding window (0: full;
+    (:func:`reinforge.plan.kv.kv_values_per_token`). ``layer_windows``: each layer's sliding window (0: full;
     ``()``: none) in a family that runs them, so the engine's estimate counts their rings
     (:func:`reinforge.engine.kv_cache.ring_plan`).
     """
@@ -65,11 +66,6 @@ class ConfigShape:
     def num_kv_layers(self) -> int:
         """The layers that cache keys and values (every layer unless the family says otherwise)."""
         return self.num_layers if self.kv_layers is None else self.kv_layers
-
-    def state_bytes_per_seq(self, elem_bytes: int) -> int:
-        """Bytes of one sequence's fixed states (0 for a model without linear-attention layers), the
-        convolution states in a dtype of ``elem_bytes`` bytes."""
-        return self.conv_state_elems * elem_bytes + 4 * self.rec_state_elems
 
 
 class Family:

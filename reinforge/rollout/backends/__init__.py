@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...plan.sequences import run_max_seqs
 from ...records import RolloutEngine
 from ...utils.registry import Registry
 
@@ -96,31 +97,10 @@ def engine_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if dtype == "bf16" else torch.float32
 
 
-def run_max_seqs(cfg: Config) -> int | None:
-    """The most sequences a run asks its engine(s) to hold at once, or ``None`` when that is not
-    known (a custom ``rollout.rollout_function_path`` makes its own requests).
-
-    The larger of one rollout, ``rollout_batch_size * n_samples_per_prompt`` (0 when
-    ``train.num_rollout`` is 0, as in ``reinforge eval``), and one evaluation pass,
-    ``data.n_eval_prompts * max(1, eval.n_samples_per_eval_prompt)`` (the greedy pass holds one
-    sequence per prompt, the sampled pass ``n_samples_per_eval_prompt``). The rule holds for the
-    loop's other ways of generating: a dynamic-sampling round (``algo.dynamic_sampling``) is one
-    rollout's worth of prompts, rounds run one after another; an agent
-    (``rollout.custom_generate_function_path``) has one request in flight per sample; the
-    asynchronous producer (``rollout.max_staleness``) generates one rollout at a time and
-    evaluation pauses it.
-    """
-    r = cfg.rollout
-    if r.rollout_function_path:
-        return None
-    rollout = r.rollout_batch_size * r.n_samples_per_prompt if cfg.train.num_rollout > 0 else 0
-    evaluation = cfg.data.n_eval_prompts * max(1, cfg.eval.n_samples_per_eval_prompt)
-    return max(rollout, evaluation, 1)
-
-
 def engine_config_for(cfg: Config, max_seqs: int | None = None) -> EngineConfig:
     """The ``engine`` section an engine of this run is built with: ``engine.max_num_seqs`` lowered
-    to ``max_seqs`` (default :func:`run_max_seqs`) where that is smaller, so the embedded engine's
+    to ``max_seqs`` (default :func:`~reinforge.plan.sequences.run_max_seqs`) where that is smaller, so
+    the embedded engine's
     KV cache (allocated whole when it is built: slots x ``max_model_len`` tokens on a CPU) holds
     what the run can use, not the configured ceiling. Never raises the slots; ``None`` (unknown)
     keeps them. The engine queues requests beyond its slots, so a lower cap costs speed, not
@@ -145,7 +125,7 @@ def engine_spec(
 ) -> EngineSpec:
     """The :class:`EngineSpec` of engine ``index`` of a run; its ``engine.max_num_seqs`` is capped
     by :func:`engine_config_for` (``max_seqs``: the most sequences the caller will submit at once,
-    default :func:`run_max_seqs`)."""
+    default :func:`~reinforge.plan.sequences.run_max_seqs`)."""
     e, c = engine_config_for(cfg, max_seqs), cfg.cluster
     return EngineSpec(
         engine=e,
