@@ -104,18 +104,17 @@ class Critic(ModelTrainer):
         returns: list[torch.Tensor],
         old_values: list[torch.Tensor],
         rollout_id: int,
-        owner: list[int] | None = None,
+        owner: list[int],
     ) -> dict[str, float]:
         """``train.num_steps_per_rollout`` steps of the clipped value loss (token mean). ``owner``: the
         data-parallel rank holding each sample's returns and values (:attr:`TrainData.owner`; they are
-        moved to the ranks that run them first), None: every rank holds all."""
+        moved to the ranks that run them first)."""
         per_token = {"returns": returns, "old_values": old_values}
         batches = shuffled_steps(
             len(samples), self.num_steps, seeds.derive(self.seed, seeds.CRITIC_SHUFFLE, rollout_id)
         )
-        if owner is not None:
-            dest = self.step_ranks(samples, batches)
-            per_token = move_rows(self.parallel, per_token, [s.response_length for s in samples], owner, dest)
+        dest = self.step_ranks(samples, batches)
+        per_token = move_rows(self.parallel, per_token, [s.response_length for s in samples], owner, dest)
         return mean_metrics([self._train_step(samples, idx, per_token) for idx in batches])
 
     def _train_step(

@@ -277,9 +277,9 @@ def test_the_rollout_moves_once_and_trains_as_the_driver_hub_did(tmp_path, tiny_
                 "rollout/advantage_abs_mean": float(every.abs().mean()),
                 "rollout/shaped_reward_mean": float(adv.rewards.mean()),
             }
-            if cluster.has_critic:
-                before.update(on_twins("critic.train", flat, adv.returns, values, rollout_id))
             hub = [0] * len(flat)  # data-parallel rank 0 holds every sample's rows, as the driver did
+            if cluster.has_critic:
+                before.update(on_twins("critic.train", flat, adv.returns, values, rollout_id, hub))
             before.update(on_twins("actor.train", TrainData(flat, adv.advantages, old, ref, hub), rollout_id))
             # after: the rollout moves once
             after = cluster.score(RolloutBatch(groups, rollout_id))
