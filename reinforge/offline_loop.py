@@ -93,7 +93,6 @@ class OfflineLoop:
         torch.manual_seed(cfg.train.seed)
         self.base_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(self.base_path)
-        self.stop_ids = model_stop_token_ids(self.tokenizer, str(self.base_path), [])  # (GKD's student samples)
         d = cfg.data
         self.train_set, self.eval_set = load_offline_datasets(
             o, self.tokenizer, d.system_prompt, d.seed, d.apply_chat_template
@@ -106,6 +105,7 @@ class OfflineLoop:
             cfg, self.base_path, self.device, self.total_steps, self.parallel, pad_id=self.tokenizer.pad_token_id or 0
         )
         self.start_step = 0
+        self.stop_ids: list[int] | None = None  # the model's EOS ids, when GKD first samples the student
         self.evals: list[tuple[str, dict[str, float]]] = []
         candidates = self._candidates()
         if candidates and cfg.run.recover != "auto":  # (auto: the method is among the keys compared)
@@ -227,6 +227,8 @@ class OfflineLoop:
         o, seed = self.cfg.offline, self.cfg.data.seed
         on_policy = self.trainer.teacher is not None and is_on_policy_step(o.gkd_lmbda, seed, i)
         if on_policy:
+            if self.stop_ids is None:
+                self.stop_ids = model_stop_token_ids(self.tokenizer, str(self.base_path), [])
             with trace.span("student_samples", "train", step=i):
                 examples = student_examples(
                     self.trainer, examples, ids, o.gkd_max_new_tokens, o.gkd_temperature, self.stop_ids, seed + i
