@@ -24,12 +24,14 @@ import torch
 from . import checkpoint as ckpt
 from .config import Config, ConfigError, dump_config
 from .data.offline import OfflineDataset, load_offline_datasets
+from .distill.on_policy import is_on_policy_step, student_examples
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
 from .models.reward_model import save_reward_model
 from .parallel_layout import Layout
 from .preflight import check_offline, longest_example
 from .recover import OFFLINE_RESUME_KEYS
+from .rollout.generate import model_stop_token_ids
 from .run import Driver, RunSpec, load_first, read_state, resume_candidates
 from .train.collectives import ParallelContext
 from .train.export import read_trainer_state, write_trainers
@@ -103,6 +105,7 @@ class OfflineLoop:
             cfg, self.base_path, self.device, self.total_steps, self.parallel, pad_id=self.tokenizer.pad_token_id or 0
         )
         self.start_step = 0
+        self.stop_ids: list[int] | None = None  # the model's EOS ids, when GKD first samples the student
         self.evals: list[tuple[str, dict[str, float]]] = []
         candidates = self._candidates()
         if candidates and cfg.run.recover != "auto":  # (auto: the method is among the keys compared)
@@ -218,12 +221,23 @@ class OfflineLoop:
         return metrics
 
     def step(self, i: int) -> dict[str, float]:
-        """Optimizer step ``i`` on the examples of :meth:`step_ids`; its ``train/*`` metrics."""
+        """Optimizer step ``i`` on the examples of :meth:`step_ids` (GKD's on-policy steps, ``offline.gkd_lmbda``:
+        on the student's samples for their prompts); its ``train/*`` metrics."""
+        examples, ids = self.train_set.examples, self.step_ids(i)
+        o, seed = self.cfg.offline, self.cfg.data.seed
+        on_policy = self.trainer.teacher is not None and is_on_policy_step(o.gkd_lmbda, seed, i)
+        if on_policy:
+            if self.stop_ids is None:
+                self.stop_ids = model_stop_token_ids(self.tokenizer, str(self.base_path), [])
+            with trace.span("student_samples", "train", step=i):
+                examples = student_examples(
+                    self.trainer, examples, ids, o.gkd_max_new_tokens, o.gkd_temperature, self.stop_ids, seed + i
+                )
+            ids = list(range(len(examples)))
         with trace.span("train", "train", step=i) as s:
-            metrics = {
-                f"train/{k}": v
-                for k, v in self.trainer.step(self.train_set.examples, self.step_ids(i), self.ref).items()
-            }
+            metrics = {f"train/{k}": v for k, v in self.trainer.step(examples, ids, self.ref).items()}
+        if self.trainer.teacher is not None:
+            metrics["train/on_policy"] = float(on_policy)
         metrics["time/step"] = s.seconds
         metrics["epoch"] = i / self.steps_per_epoch
         return metrics

@@ -282,7 +282,28 @@ class OfflineConfig(Section):
         ge=0,
         le=1,
     )
-    gkd_temperature: float = opt(1.0, "GKD: both distributions softened by it (TRL `GKDConfig.temperature`)", gt=0)
+    gkd_temperature: float = opt(
+        1.0,
+        "GKD: both distributions softened by it, and the student's samples drawn at it (TRL `GKDConfig.temperature`)",
+        gt=0,
+    )
+    gkd_lmbda: float = opt(
+        0.0,
+        "GKD: the share of optimizer steps whose responses the student samples itself (on-policy; a seeded draw per "
+        "step), the rest using the dataset's (TRL `GKDConfig.lmbda`, there 0.5 by default); 0: the dataset's only",
+        ge=0,
+        le=1,
+    )
+    gkd_max_new_tokens: int = opt(
+        128, "GKD with `gkd_lmbda` > 0: most tokens of a student sample (TRL `GKDConfig.max_new_tokens`)", ge=1
+    )
+
+    def check(self) -> None:
+        if self.gkd_lmbda > 0 and self.method != "gkd":
+            raise ConfigError(
+                f"offline.gkd_lmbda={self.gkd_lmbda} applies to offline.method=gkd only (got {self.method!r}): "
+                f"set offline.gkd_lmbda=0 or offline.method=gkd"
+            )
 
 
 @dataclass

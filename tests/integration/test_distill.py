@@ -496,3 +496,96 @@ def test_gkd_needs_a_checkpoint_teacher(tmp_path, tiny_model_path):
     cfg.distill.teacher_path = "http://h:8000/v1"
     with pytest.raises(ConfigError, match="an endpoint does not return"):
         gkd_teacher_path(cfg)
+
+
+def test_gkd_lmbda_trains_on_the_students_own_samples(tmp_path, tiny_model_path, monkeypatch):
+    """``offline.gkd_lmbda`` (TRL ``GKDConfig.lmbda``): 1 replaces every step's responses with the student's own
+    samples for the same prompts (drawn token by token from the student at ``gkd_temperature``: the same tokens an
+    independent sampler over the Hugging Face model draws with the same generator), 0 uses only the dataset's."""
+    from transformers import AutoModelForCausalLM
+
+    import reinforge.offline_loop as loop_module
+    from reinforge.config import load_config
+    from reinforge.offline_loop import run_offline
+    from tests.integration.test_integration import read_metrics
+    from tests.integration.test_offline import offline_overrides, write_data
+
+    files = write_data(tmp_path, n=8)
+    teacher = _scaled_copy(tiny_model_path, tmp_path / "teacher", 2.0)
+    seen = []
+    real = loop_module.student_examples
+
+    def spy(trainer, examples, ids, max_new, temperature, stops, seed):
+        if not seen:  # the first step: the student is still the initial model, sample it independently
+            hf = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+            gen, prompts = torch.Generator().manual_seed(seed), [examples[i].prompt_ids for i in ids]
+            want, active = [[] for _ in ids], list(range(len(ids)))
+            with torch.no_grad():
+                for _ in range(max_new):
+                    if not active:
+                        break
+                    logits = torch.stack([hf(torch.tensor([prompts[i] + want[i]])).logits[0, -1] for i in active])
+                    drawn = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)[:, 0]
+                    for i, t in zip(active, drawn.tolist()):
+                        want[i].append(t)
+                    active = [i for i in active if want[i][-1] not in stops]
+            seen.append(want)
+        out = real(trainer, examples, ids, max_new, temperature, stops, seed)
+        seen.append((ids, [examples[i] for i in ids], out))
+        return out
+
+    monkeypatch.setattr(loop_module, "student_examples", spy)
+    common = {"offline.global_batch_size": 4, "offline.gkd_max_new_tokens": 5, "distill.teacher_path": teacher}
+    cfg = offline_overrides(tiny_model_path, tmp_path / "on", files["sft"], "gkd", **common, **{"offline.gkd_lmbda": 1})
+    run_offline(load_config(None, cfg))
+    rows = [m for m in read_metrics(tmp_path / "on") if "train/on_policy" in m]
+    assert len(rows) == 2 and all(m["train/on_policy"] == 1.0 for m in rows)
+    want, steps = seen[0], seen[1:]
+    assert len(steps) == 2
+    for ids, given, got in steps:
+        assert [e.prompt_ids for e in got] == [e.prompt_ids for e in given]  # the same prompts
+        assert all(1 <= len(e.responses[0]) <= 5 and e.loss_masks == [[1] * len(e.responses[0])] for e in got)
+        assert all(e.responses[0] != g.responses[0] for e, g in zip(got, given))  # not the dataset's answers
+    assert [e.responses[0] for e in steps[0][2]] == want  # the student's own samples
+    seen.clear()
+    cfg = offline_overrides(
+        tiny_model_path, tmp_path / "off", files["sft"], "gkd", **common, **{"offline.gkd_lmbda": 0}
+    )
+    run_offline(load_config(None, cfg))
+    assert seen == [] and all(
+        m["train/on_policy"] == 0.0 for m in read_metrics(tmp_path / "off") if "train/on_policy" in m
+    )
+
+
+def test_gkd_lmbda_draws_its_share_of_steps_and_is_for_gkd_only():
+    from reinforge.config import ConfigError, load_config
+    from reinforge.distill.on_policy import is_on_policy_step
+
+    assert all(is_on_policy_step(1.0, 3, i) for i in range(200))
+    assert not any(is_on_policy_step(0.0, 3, i) for i in range(200))
+    draws = [is_on_policy_step(0.3, 3, i) for i in range(2000)]
+    assert 0.25 < sum(draws) / 2000 < 0.35 and draws == [is_on_policy_step(0.3, 3, i) for i in range(2000)]
+    with pytest.raises(ConfigError, match="offline.gkd_lmbda=0.5 applies to offline.method=gkd only"):
+        load_config(None, ["offline.method=sft", "offline.gkd_lmbda=0.5"])
+
+
+def test_gkd_lmbda_on_two_ranks_equals_one_process(tmp_path, tiny_model_path):
+    """The student's samples under FSDP: every rank samples every prompt alike and the ranks agree on when the
+    samples end, so two ranks train on the same samples as one process (same losses and weights)."""
+    from reinforge.config import load_config
+    from reinforge.offline_loop import run_offline
+    from tests.integration.test_offline import EQ, _weights, offline_overrides, run_ranks, write_data
+
+    files = write_data(tmp_path, n=7)
+    teacher = _scaled_copy(tiny_model_path, tmp_path / "teacher", 2.0)
+    extra = {**EQ, "distill.teacher_path": teacher, "offline.gkd_lmbda": 1, "offline.gkd_max_new_tokens": 4}
+    run_offline(load_config(None, offline_overrides(tiny_model_path, tmp_path / "one", files["sft"], "gkd", **extra)))
+    run_ranks(2, offline_overrides(tiny_model_path, tmp_path / "two", files["sft"], "gkd", **extra))
+    losses = [
+        [json.loads(line).get("train/loss") for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        for d in ("one", "two")
+    ]
+    assert [x for x in losses[0] if x is not None] == pytest.approx([x for x in losses[1] if x is not None], rel=1e-4)
+    w1, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=2e-5), name
