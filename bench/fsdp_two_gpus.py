@@ -22,30 +22,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from archs import write_random_model  # noqa: E402
+from scored import random_groups  # noqa: E402
 
 from tests.ranks import spawn_ranks  # noqa: E402
 
 
 def make_data(n: int, vocab: int, seed: int = 0):
     """``n`` scored samples in groups of 2: 64-128-token prompts, 32-256-token responses, random rewards."""
-    from reinforge.records import Sample
-
     g = torch.Generator().manual_seed(seed)
-    samples = []
-    for _ in range(n):
-        P, R = int(torch.randint(64, 129, (1,), generator=g)), int(torch.randint(32, 257, (1,), generator=g))
-        tokens = torch.randint(100, vocab - 100, (P + R,), generator=g).tolist()
-        samples.append(
-            Sample(
-                prompt="p",
-                tokens=tokens,
-                response_length=R,
-                loss_mask=[1] * R,
-                rollout_log_probs=[-1.0] * R,
-                reward=float(torch.randn(1, generator=g)),
-            )
-        )
-    return [samples[i : i + 2] for i in range(0, n, 2)]
+    shapes = [
+        (int(torch.randint(64, 129, (1,), generator=g)), int(torch.randint(32, 257, (1,), generator=g)))
+        for _ in range(n)
+    ]
+    return random_groups(shapes, vocab, seed)
 
 
 def weight_norm(name: str, t: torch.Tensor) -> float:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from archs import ARCHS, write_random_model
+from scored import random_groups
 
 
 def sync(device: torch.device) -> None:
@@ -190,23 +191,7 @@ def spread(n: int, length: int) -> list[int]:
 
 def rollout(lengths: list[int], prompt_len: int, vocab: int, seed: int = 0):
     """Scored samples of these response lengths in groups of 2, random tokens and rewards."""
-    from reinforge.records import Sample
-
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for R in lengths:
-        tokens = torch.randint(10, vocab - 10, (prompt_len + R,), generator=g).tolist()
-        samples.append(
-            Sample(
-                prompt="p",
-                tokens=tokens,
-                response_length=R,
-                loss_mask=[1] * R,
-                rollout_log_probs=[-1.0] * R,
-                reward=float(torch.randn(1, generator=g)),
-            )
-        )
-    return [samples[i : i + 2] for i in range(0, len(samples), 2)]
+    return random_groups([(prompt_len, R) for R in lengths], vocab, seed)
 
 
 def worker(folder: Path, device: torch.device, args, **overrides):

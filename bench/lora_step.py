@@ -20,27 +20,12 @@ from pathlib import Path
 
 import torch
 from archs import ARCHS, write_random_model
+from scored import random_groups
 
 
 def make_rollout(n: int, prompt_len: int, response_len: int, vocab: int):
     """``n`` scored samples in groups of 2, random tokens and rewards (the trainer computes the advantages)."""
-    from reinforge.records import Sample
-
-    g = torch.Generator().manual_seed(0)
-    samples = []
-    for _ in range(n):
-        tokens = torch.randint(10, vocab - 10, (prompt_len + response_len,), generator=g).tolist()
-        samples.append(
-            Sample(
-                prompt="p",
-                tokens=tokens,
-                response_length=response_len,
-                loss_mask=[1] * response_len,
-                rollout_log_probs=[-1.0] * response_len,
-                reward=float(torch.randn(1, generator=g)),
-            )
-        )
-    return [samples[i : i + 2] for i in range(0, n, 2)]
+    return random_groups([(prompt_len, response_len)] * n, vocab)
 
 
 def run(folder: Path, lora_rank: int, args) -> dict[str, float]:
