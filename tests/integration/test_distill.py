@@ -572,20 +572,9 @@ def test_gkd_lmbda_draws_its_share_of_steps_and_is_for_gkd_only():
 def test_gkd_lmbda_on_two_ranks_equals_one_process(tmp_path, tiny_model_path):
     """The student's samples under FSDP: every rank samples every prompt alike and the ranks agree on when the
     samples end, so two ranks train on the same samples as one process (same losses and weights)."""
-    from reinforge.config import load_config
-    from reinforge.offline_loop import run_offline
-    from tests.integration.test_offline import EQ, _weights, offline_overrides, run_ranks, write_data
+    from tests.integration.test_offline import EQ, assert_two_ranks_equal_one, write_data
 
     files = write_data(tmp_path, n=7)
     teacher = _scaled_copy(tiny_model_path, tmp_path / "teacher", 2.0)
     extra = {**EQ, "distill.teacher_path": teacher, "offline.gkd_lmbda": 1, "offline.gkd_max_new_tokens": 4}
-    run_offline(load_config(None, offline_overrides(tiny_model_path, tmp_path / "one", files["sft"], "gkd", **extra)))
-    run_ranks(2, offline_overrides(tiny_model_path, tmp_path / "two", files["sft"], "gkd", **extra))
-    losses = [
-        [json.loads(line).get("train/loss") for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-        for d in ("one", "two")
-    ]
-    assert [x for x in losses[0] if x is not None] == pytest.approx([x for x in losses[1] if x is not None], rel=1e-4)
-    w1, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "two")
-    for name in w1:
-        assert torch.allclose(w1[name], w2[name], atol=2e-5), name
+    assert_two_ranks_equal_one(tmp_path, tiny_model_path, files["sft"], "gkd", **extra)

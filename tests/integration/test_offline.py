@@ -308,10 +308,13 @@ EQ = {
 )
 def test_two_ranks_equal_one_process(tmp_path, tiny_model_path, method, extra):
     files = write_data(tmp_path, n=7)
-    one = offline_overrides(tiny_model_path, tmp_path / "one", data_for(method, files), method, **EQ, **extra)
-    two = offline_overrides(tiny_model_path, tmp_path / "two", data_for(method, files), method, **EQ, **extra)
-    run_offline(load_config(None, one))
-    run_ranks(2, two)
+    assert_two_ranks_equal_one(tmp_path, tiny_model_path, data_for(method, files), method, **EQ, **extra)
+
+
+def assert_two_ranks_equal_one(tmp_path, model_path, data, method, **overrides):
+    """The run on one process (``tmp_path/one``) and on two ranks (``tmp_path/two``): the same losses and weights."""
+    run_offline(load_config(None, offline_overrides(model_path, tmp_path / "one", data, method, **overrides)))
+    run_ranks(2, offline_overrides(model_path, tmp_path / "two", data, method, **overrides))
     losses = [
         [json.loads(line).get("train/loss") for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
         for d in ("one", "two")
