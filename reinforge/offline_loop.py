@@ -24,7 +24,6 @@ import torch
 from . import checkpoint as ckpt
 from .config import Config, ConfigError, dump_config
 from .data.offline import OfflineDataset, load_offline_datasets
-from .distill.on_policy import is_on_policy_step, student_examples
 from .models.hub import resolve_model_path
 from .models.loading import load_tokenizer, save_hf_state_dict
 from .models.reward_model import save_reward_model
@@ -36,6 +35,7 @@ from .run import Driver, RunSpec, load_first, read_state, resume_candidates
 from .train.collectives import ParallelContext
 from .train.export import read_trainer_state, write_trainers
 from .train.offline import OfflineTrainer, RefLogps
+from .train.on_policy import is_on_policy_step, student_examples
 from .utils import trace
 from .utils.device import resolve_device
 

@@ -559,7 +559,7 @@ def test_gkd_lmbda_trains_on_the_students_own_samples(tmp_path, tiny_model_path,
 
 def test_gkd_lmbda_draws_its_share_of_steps_and_is_for_gkd_only():
     from reinforge.config import ConfigError, load_config
-    from reinforge.distill.on_policy import is_on_policy_step
+    from reinforge.train.on_policy import is_on_policy_step
 
     assert all(is_on_policy_step(1.0, 3, i) for i in range(200))
     assert not any(is_on_policy_step(0.0, 3, i) for i in range(200))

@@ -137,8 +137,13 @@ def test_ep2_dummy_micro_batch_with_aux_loss(qwen3_moe_path):
     the same update as one process), with the load-balancing loss on: its statistics come from each
     rank's own router before the dispatch, and every MoE layer's reach the trainer through FSDP's
     hooks (a dataclass Routing lost those of the layers after the first)."""
-    aux = {"train.moe_aux_loss_coeff": 0.01}
-    data = make_data(1, seed=2)
+    # one group of one sample (REINFORCE++: no group to compare it with)
+    aux = {
+        "train.moe_aux_loss_coeff": 0.01,
+        "rollout.n_samples_per_prompt": 1,
+        "algo.advantage_estimator": "reinforce_plus_plus",
+    }
+    data = [make_data(1, seed=2)[0][:1]]
     single = run_single(make_cfg(qwen3_moe_path, **aux), qwen3_moe_path, data)
     metrics, weights = run_ranks(2, ep_cfg(qwen3_moe_path, 2, **aux), qwen3_moe_path, data)
     assert metrics[0]["train/moe_aux_loss"] == pytest.approx(single[0][0]["train/moe_aux_loss"], rel=1e-5)

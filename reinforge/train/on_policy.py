@@ -61,8 +61,8 @@ def sample_responses(
     Raises:
         ValueError: ``max_new_tokens`` < 1 or ``temperature`` <= 0.
     """
-    from ..train.batching import build
-    from ..train.step import forward
+    from .batching import build
+    from .step import forward
 
     if max_new_tokens < 1 or temperature <= 0:
         raise ValueError(
