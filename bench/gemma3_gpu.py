@@ -8,7 +8,7 @@ Prints one row per (sequences, context): the engine's decode tokens/s (bf16, CUD
 with the sliding window, the local layers' keys in per-slot rings) and the bandwidth limit beside it: the bytes
 one decode step must read (weights once, plus each sequence's keys and values: the global layers' whole context,
 the local layers' last ``window`` tokens) over the GPU's HBM bandwidth (reinforge.plan.hardware). Decode is timed
-in the steady state, about ``--decode`` tokens per sequence (bench/decode_timing.py: every sequence prefilled, the
+in the steady state, about ``--decode`` tokens per sequence (bench/family_timing.py: every sequence prefilled, the
 graphs captured, engine steps timed alone). Rows whose KV cache does not fit are skipped and said so. Then the bf16
 engine-vs-trainer log-prob difference and trainer forward+backward tokens/s, native against the transformers fallback.
 """
@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from decode_timing import steady_decode_rate
+from family_timing import steady_decode_rate, train_speed
 
 # Gemma-3-12B's text config (google/gemma-3-12b-pt), layers cut by --layers
 GEMMA3_12B = dict(
@@ -108,38 +107,6 @@ def logprob_mismatch(model, context: int, new: int = 64) -> dict:
     return {"logprob_diff_mean": diff.mean().item(), "logprob_diff_max": diff.max().item()}
 
 
-def train_speed(folder: Path, tokens: int) -> dict:
-    """Forward + backward tokens/s over one sequence of ``tokens``: native against transformers' Gemma3ForCausalLM."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from reinforge.models.loading import build_model, model_logits
-
-    dev = torch.device("cuda")
-    ids = torch.randint(10, 200000, (1, tokens), device=dev)
-    out = {}
-    for name in ("native", "transformers"):
-        if name == "native":
-            model = build_model(folder, torch.bfloat16, dev, random_init=True)
-        else:
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16).to(dev)
-        model.train()
-        times = []
-        for i in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model_logits(model, ids).float().logsumexp(-1).mean().backward()
-            torch.cuda.synchronize()
-            if i:
-                times.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
-        out[f"train_tok_s_{name}"] = round(tokens / min(times))
-        del model
-        torch.cuda.empty_cache()
-    out["native_over_transformers"] = round(out["train_tok_s_native"] / out["train_tok_s_transformers"], 2)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="16 and 64 sequences at 4k and 8k, 6 layers")
@@ -179,7 +146,9 @@ def main() -> None:
         del model
         torch.cuda.empty_cache()
         if args.train_tokens:
-            print(f"train ({args.train_tokens} tokens):", train_speed(folder, args.train_tokens), flush=True)
+            print(
+                f"train ({args.train_tokens} tokens):", train_speed(folder, args.train_tokens, high=200000), flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ heads and 8 key-value heads of 64, 32 experts of width 2880 (4 per token, biased
 201088, YaRN RoPE. The published experts are MXFP4; here they are bf16 (as reinforge loads them: dequantized).
 
 Decode speed: each (sequences, context) point prefills ``context - 1`` random prompt tokens per sequence, then
-times about ``--new-tokens`` decode tokens per sequence in the steady state (bench/decode_timing.py: every sequence
+times about ``--new-tokens`` decode tokens per sequence in the steady state (bench/family_timing.py: every sequence
 prefilled, graphs captured, engine steps timed alone). The limit beside it is the bytes one decode step must read
 from HBM over the GPU's bandwidth
 (reinforge.plan.hardware): the non-expert weights (LM head included, the embedding's rows not), the share of the
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from decode_timing import steady_decode_rate
+from family_timing import steady_decode_rate
 
 GPT_OSS_20B = dict(
     model_type="gpt_oss",

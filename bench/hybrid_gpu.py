@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from decode_timing import steady_decode_rate
+from family_timing import steady_decode_rate, train_speed
 
 # the text towers' shapes (config.json of the published checkpoints' text_config, as transformers' defaults)
 QWEN3_5_9B = dict(
@@ -191,42 +190,6 @@ def logprob_mismatch(folder: Path, seqs: int = 8, prompt: int = 512, new: int = 
         diffs.append((ref.cpu() - torch.tensor(r.log_probs)).abs())
     d = torch.cat(diffs)
     return {"logprob_diff_mean": d.mean().item(), "logprob_diff_p99": d.quantile(0.99).item(), "max": d.max().item()}
-
-
-def train_speed(folder: Path, tokens: int) -> dict[str, float]:
-    """Forward + backward tokens/s of one sequence, native against transformers' model (bf16)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from reinforge.models.loading import build_model, model_logits
-
-    dev = torch.device("cuda")
-    ids = torch.randint(10, 100000, (1, tokens), device=dev)
-    out = {}
-    for name in ("native", "transformers"):
-        try:
-            if name == "native":
-                model = build_model(folder, torch.bfloat16, dev, random_init=True)
-            else:
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
-                model = model.to(dev)
-            model.train()
-            times = []
-            for i in range(4):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model_logits(model, ids).float().logsumexp(-1).mean().backward()
-                torch.cuda.synchronize()
-                if i:
-                    times.append(time.perf_counter() - t0)
-                model.zero_grad(set_to_none=True)
-            out[f"train_tok_s_{name}"] = tokens / sorted(times)[1]
-        except (RuntimeError, ValueError, KeyError) as e:  # (transformers without the class; fla refusing)
-            out[f"train_error_{name}"] = f"{type(e).__name__}: {str(e)[:160]}"
-        model = None
-        torch.cuda.empty_cache()
-    if "train_tok_s_native" in out and "train_tok_s_transformers" in out:
-        out["train_ratio"] = out["train_tok_s_native"] / out["train_tok_s_transformers"]
-    return out
 
 
 def main() -> None:

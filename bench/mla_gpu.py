@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from family_timing import train_speed
 
 MOONLIGHT = dict(  # moonshotai/Moonlight-16B-A3B's config.json (the fields deepseek_v3 reads)
     model_type="deepseek_v3",
@@ -195,38 +196,6 @@ def mismatch(folder: Path, seqs: int = 8, prompt: int = 512, new: int = 128) -> 
     del trainer
     torch.cuda.empty_cache()
     return {"logprob_diff_mean": d.mean().item(), "logprob_diff_max": d.max().item(), "tokens": d.numel()}
-
-
-def train_speed(folder: Path, tokens: int) -> dict[str, float]:
-    """Forward + backward tokens/s of one sequence, native against transformers' DeepseekV3ForCausalLM (bf16)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from reinforge.models.loading import build_model, model_logits
-
-    dev = torch.device("cuda")
-    ids = torch.randint(10, 100000, (1, tokens), device=dev)
-    out: dict[str, float] = {}
-    for name in ("native", "transformers"):
-        if name == "native":
-            model = build_model(folder, torch.bfloat16, dev, random_init=True)
-        else:
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16).to(dev)
-        model.train()
-        times = []
-        for i in range(4):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model_logits(model, ids).float().logsumexp(-1).mean().backward()
-            torch.cuda.synchronize()
-            if i:
-                times.append(time.perf_counter() - t0)
-            model.zero_grad(set_to_none=True)
-        out[f"train_tok_s_{name}"] = round(tokens / sorted(times)[1])
-        del model
-        torch.cuda.empty_cache()
-    out["train_ratio"] = round(out["train_tok_s_native"] / out["train_tok_s_transformers"], 2)
-    return out
 
 
 def main() -> None:
