@@ -108,7 +108,7 @@ def test_engine_latent_cache_matches_the_trainer(moe_folder, block):
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import build_model
-    from reinforge.records import GenerateRequest, SamplingParams
+    from tests.integration.test_integration import engine_vs_trainer_worst
 
     engine = EmbeddedEngine(
         build_model(moe_folder, torch.float32),
@@ -121,15 +121,7 @@ def test_engine_latent_cache_matches_the_trainer(moe_folder, block):
     trainer = build_model(moe_folder, torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 40000, (5 + 6 * i,), generator=g).tolist() for i in range(3)]
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
-    worst = 0.0
-    for p, group in zip(prompts, engine.generate([GenerateRequest(p, params, n=3) for p in prompts])):
-        assert len(group) == 3
-        for out in group:
-            with torch.no_grad():
-                logits = trainer(torch.tensor([p + out.token_ids]))[0, len(p) - 1 : -1]
-            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
-            worst = max(worst, (ref - torch.tensor(out.log_probs)).abs().max().item())
+    worst = engine_vs_trainer_worst(engine, trainer, prompts)
     engine.shutdown()
     assert worst < 1e-4
 

@@ -82,7 +82,7 @@ def test_engine_matches_the_trainer_past_the_window(gemma3_path, block_size, num
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import build_model
-    from reinforge.records import GenerateRequest, SamplingParams
+    from tests.integration.test_integration import engine_vs_trainer_worst
 
     engine = EmbeddedEngine(
         build_model(gemma3_path, torch.float32),
@@ -96,17 +96,7 @@ def test_engine_matches_the_trainer_past_the_window(gemma3_path, block_size, num
     trainer = build_model(gemma3_path, torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 40000, (5 + 12 * i,), generator=g).tolist() for i in range(3)]
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
-    results = engine.generate([GenerateRequest(p, params, n=3) for p in prompts])
-    worst = 0.0
-    for p, group in zip(prompts, results):
-        assert len(group) == 3
-        for r in group:
-            with torch.no_grad():
-                logits = trainer(torch.tensor([p + r.token_ids]))[0, len(p) - 1 : -1]
-            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])[:, 0]
-            worst = max(worst, (ref - torch.tensor(r.log_probs)).abs().max().item())
-    assert worst < 1e-4
+    assert engine_vs_trainer_worst(engine, trainer, prompts) < 1e-4
     if num_blocks:
         assert engine.num_preemptions > 0
 

@@ -52,6 +52,23 @@ NATIVE_GRPO = {
 }
 
 
+def engine_vs_trainer_worst(engine, trainer, prompts: list[list[int]], new_tokens: int = 12, n: int = 3) -> float:
+    """The largest |log-prob difference| between the engine's sampled tokens (``n`` samples of each prompt, temperature
+    1, ``new_tokens`` each) and the trainer's forward pass over the same text: the families' engine-parity check."""
+    from reinforge.records import GenerateRequest, SamplingParams
+
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
+    worst = 0.0
+    for p, group in zip(prompts, engine.generate([GenerateRequest(p, params, n=n) for p in prompts])):
+        assert len(group) == n
+        for r in group:
+            with torch.no_grad():
+                logits = trainer(torch.tensor([p + r.token_ids]))[0, len(p) - 1 : -1]
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.token_ids)[:, None])[:, 0]
+            worst = max(worst, (ref - torch.tensor(r.log_probs)).abs().max().item())
+    return worst
+
+
 def native_grpo_rollout(model_path, out, caplog, **extra) -> dict:
     """One GRPO rollout of a model family in fp32 with packed trainer rows (the families' "trains natively"
     test): asserts no transformers fallback was taken and returns the trained step's metrics row, whose
