@@ -14,10 +14,14 @@ from pathlib import Path
 import torch
 
 
-def steady_decode_rate(engine, prompts: list[list[int]], new: int, steps: int) -> float:
+def steady_decode_rate(engine, prompts: list[list[int]], new: int, steps: int, profile: bool = False) -> float:
     """Generated tokens/s of the steady state: every prompt admitted and prefilled, two steps run (the CUDA
     graphs of this shape captured), then ``steps`` engine steps timed (``new`` must outlast them: each step
-    makes up to ``engine.config.sync_interval`` tokens per sequence). The requests are aborted afterwards."""
+    makes up to ``engine.config.sync_interval`` tokens per sequence). The requests are aborted afterwards.
+    ``profile``: the timed steps run under torch.profiler and the top 25 CUDA kernels by self time are printed
+    (kernels inside CUDA graphs included; the rate is then a little lower than unprofiled)."""
+    import contextlib
+
     from reinforge.records import GenerateRequest, SamplingParams
 
     params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
@@ -30,12 +34,22 @@ def steady_decode_rate(engine, prompts: list[list[int]], new: int, steps: int) -
         engine.step()
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
-    n0, t0 = int(engine.runner.gen_lens.sum()), time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    sync()
-    n1, t1 = int(engine.runner.gen_lens.sum()), time.perf_counter()
+    prof = contextlib.nullcontext()
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    with prof as p:
+        n0, t0 = int(engine.runner.gen_lens.sum()), time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync()
+        n1, t1 = int(engine.runner.gen_lens.sum()), time.perf_counter()
     engine.abort(*[r.request_id for r in requests])
+    if profile:
+        print(f"profile of {steps} steady decode steps, {len(prompts)} sequences, {n1 - n0} tokens, {t1 - t0:.3f} s")
+        print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
     return (n1 - n0) / (t1 - t0)
 
 

@@ -98,7 +98,7 @@ def step_bytes(model, seqs: int, context: float) -> float:
     return other + expert * touched + seqs * kv
 
 
-def decode_point(model, seqs: int, context: int, new: int, dev: torch.device) -> dict:
+def decode_point(model, seqs: int, context: int, new: int, dev: torch.device, profile: bool = False) -> dict:
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
 
@@ -110,7 +110,7 @@ def decode_point(model, seqs: int, context: int, new: int, dev: torch.device) ->
     g = torch.Generator().manual_seed(seqs * 7 + context)
     prompts = [torch.randint(10, model.args.vocab_size, (context - 1,), generator=g).tolist() for _ in range(seqs)]
     try:
-        tok_s = steady_decode_rate(engine, prompts, new + 64, max(1, new // 8))
+        tok_s = steady_decode_rate(engine, prompts, new + 64, max(1, new // 8), profile)
     except torch.OutOfMemoryError as e:
         return {"skipped": f"out of memory: {str(e)[:120]}"}
     finally:
@@ -157,20 +157,22 @@ def logprob_mismatch(model, dev: torch.device, prompt: int = 300, new: int = 64)
 
 
 def sdpa_backends(model, tokens: int = 1024) -> None:
-    """Which SDPA backends accept the prefill's attention with sinks (models/sdpa.py: the sinks as one more key
-    and query dimension, a bool mask): torch's own checks with ``debug=True`` print why one is refused."""
+    """Which SDPA backends accept the prefill's attention with sinks as models/sdpa.py passes it (the sinks as one
+    more key and query dimension, a bool mask, :func:`~reinforge.models.sdpa.kernel_args`' shapes): torch's own
+    checks with ``debug=True`` print why one is refused."""
     from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
 
-    from reinforge.models.sdpa import SINK_DIMS, causal_mask
+    from reinforge.models.sdpa import SINK_DIMS, causal_mask, kernel_args
 
     a, dev = model.args, torch.device("cuda")
     D, H, KVH = a.head_dim, a.num_heads, a.num_kv_heads
-    q = torch.randn(1, H, tokens, D + SINK_DIMS, device=dev, dtype=torch.bfloat16)
-    k = torch.randn(1, KVH, tokens + 1, D + SINK_DIMS, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(1, KVH, tokens + 1, D, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(1, tokens, H, D + SINK_DIMS, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, tokens + 1, KVH, D + SINK_DIMS, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(1, tokens + 1, KVH, D, device=dev, dtype=torch.bfloat16)
     mask = causal_mask(tokens, tokens, dev)
     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-    params = SDPAParams(q, k, v, mask, 0.0, False, H != KVH)
+    (q, k, v), gqa = kernel_args(q, k, v, mask)
+    params = SDPAParams(q, k, v, mask, 0.0, False, gqa)
     print(
         "sdpa with sinks: flash",
         can_use_flash_attention(params, True),
@@ -219,7 +221,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4 layers, 16/64 sequences x 4k, 32 new tokens")
     ap.add_argument("--tiny", action="store_true", help="a width-64 model (smoke test of the script)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--profile", action="store_true", help="then profile 32 decode steps of 16 x 1024 (CUDA)")
+    ap.add_argument("--profile", action="store_true", help="then profile prefill + 32 decode steps of 16 x 1024 (CUDA)")
+    ap.add_argument("--profile-at", default="", help="SEQSxCONTEXT: profile that sweep point's steady decode steps")
     args = ap.parse_args()
     if args.quick:
         args.layers, args.seqs, args.context, args.new_tokens = 4, [16, 64], [4096], 32
@@ -237,7 +240,8 @@ def main() -> None:
         print(f"{'seqs':>5} {'context':>8} {'decode tok/s':>13} {'limit tok/s':>12} {'of limit':>9}", flush=True)
         for context in args.context:
             for seqs in args.seqs:
-                r = decode_point(model, seqs, context, args.new_tokens, dev)
+                at = args.profile_at == f"{seqs}x{context}"
+                r = decode_point(model, seqs, context, args.new_tokens, dev, profile=at)
                 if "skipped" in r:
                     print(f"{seqs:>5} {context:>8}  skipped: {r['skipped']}", flush=True)
                 else:

@@ -133,7 +133,9 @@ def step_limit(model, engine, seqs: int, context: float, bandwidth: float) -> fl
     return seqs / ((weight + kv + 2 * states) / bandwidth)
 
 
-def sweep(folder: Path, settings: list[tuple[int, int]], steps: int, torch_at_first: bool) -> list[dict]:
+def sweep(
+    folder: Path, settings: list[tuple[int, int]], steps: int, torch_at_first: bool, profile_at: str = ""
+) -> list[dict]:
     from reinforge.config import EngineConfig
     from reinforge.engine import EmbeddedEngine
     from reinforge.models.loading import build_model
@@ -154,7 +156,7 @@ def sweep(folder: Path, settings: list[tuple[int, int]], steps: int, torch_at_fi
             if engine.runner.linear is not None:
                 engine.runner.linear.fla_decode = kind == "fla"
                 engine.runner.drop_graphs()
-            rate = steady_decode_rate(engine, prompts, new, steps)
+            rate = steady_decode_rate(engine, prompts, new, steps, kind == "fla" and profile_at == f"{seqs}x{context}")
             limit = step_limit(model, engine, seqs, context + 4 * steps, bandwidth)
             rows.append(
                 dict(seqs=seqs, context=context, decode=kind, tok_s=rate, limit_tok_s=limit, of_limit=rate / limit)
@@ -201,6 +203,7 @@ def main() -> None:
     ap.add_argument("--train-tokens", type=int, default=0, help="also time the trainer on this many tokens")
     ap.add_argument("--train-layers", type=int, default=8)
     ap.add_argument("--no-mismatch", action="store_true")
+    ap.add_argument("--profile-at", default="", help="SEQSxCONTEXT: profile that sweep point's steady decode steps")
     ap.add_argument("--tokenizer", type=Path)
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
@@ -208,7 +211,7 @@ def main() -> None:
     settings = [tuple(int(x) for x in s.split("x")) for s in args.sweep.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder(Path(tmp) / "m", MODELS[args.model], args.layers, args.tokenizer)
-        rows = sweep(folder, settings, args.decode_steps, torch_at_first=True)
+        rows = sweep(folder, settings, args.decode_steps, torch_at_first=True, profile_at=args.profile_at)
         if not args.no_mismatch:
             print("mismatch:", json.dumps(logprob_mismatch(folder)), flush=True)
         if args.train_tokens:

@@ -39,12 +39,34 @@ def sdpa(
     """
     if sinks is not None:
         return _sdpa_sinks(q, k, v, mask, scale, sinks)
-    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2], scale=scale)
     if not q.is_cuda:
+        args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        kw = dict(attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[2] != k.shape[2], scale=scale)
         return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
+    args, gqa = kernel_args(q, k, v, mask)
     with sdpa_kernel(SDPA_BACKENDS):
-        return F.scaled_dot_product_attention(*args, **kw).transpose(1, 2)
+        out = F.scaled_dot_product_attention(*args, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa, scale=scale)
+    return out[..., : v.shape[-1]].transpose(1, 2)
+
+
+def kernel_args(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], bool]:
+    """q, k, v ([B, T, H, D] as :func:`sdpa` takes them) as SDPA's fused GPU kernels accept them, [B, H, T, D],
+    and whether ``enable_gqa`` is still needed. Flash attention takes no mask and one head dim for q, k and v;
+    the memory-efficient kernel takes a mask but not ``enable_gqa`` (torch 2.11): so a narrower v is padded with
+    zero columns (the caller cuts them off the output), and under a mask grouped-query k and v are expanded
+    to the query heads. Otherwise SDPA falls to its math backend: fp32 [B, H, T, S] scores, O(T^2) memory
+    (GPT-OSS's prefill with sinks and Gemma 3's windows, seen in bench/gpt_oss_gpu.py --profile)."""
+    D, Dv = q.shape[-1], v.shape[-1]
+    if Dv < D:
+        v = F.pad(v, (0, D - Dv))
+    gqa = q.shape[2] != k.shape[2]
+    if gqa and mask is not None:
+        r = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(r, 2), v.repeat_interleave(r, 2)
+        gqa = False
+    return (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)), gqa
 
 
 SINK_DIMS = 8  # the extra query/key dimensions that carry the sink logits (one used, padded for alignment)

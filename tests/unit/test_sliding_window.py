@@ -7,7 +7,7 @@ import torch
 
 from reinforge.models.args import layer_windows
 from reinforge.models.packing import PackedAttention
-from reinforge.models.sdpa import causal_mask, sdpa
+from reinforge.models.sdpa import causal_mask, kernel_args, sdpa
 
 
 def reference_attention(q, k, v, window=0, sinks=None, scale=None, q_pos=None, k_pos=None):
@@ -64,6 +64,23 @@ def test_sdpa_window_and_sinks_equal_the_written_out_softmax(window, with_sinks)
         ref.square().sum().backward()
         torch.testing.assert_close(sinks.grad, ref_sinks.grad, atol=1e-6, rtol=1e-5)
         assert sinks.grad.abs().min() > 0
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_kernel_args_give_the_same_attention(masked):
+    """The GPU path's shapes (models/sdpa.kernel_args: a narrower v padded, grouped-query k and v expanded under
+    a mask, so SDPA's fused kernels accept them) give the attention of the plain grouped-query call."""
+    import torch.nn.functional as F
+
+    q, k, v = _qkv(D=8)
+    v = v[..., :6]  # value heads narrower than q and k (multi-head latent attention)
+    mask = causal_mask(11, 11, window=4) if masked else None
+    (qq, kk, vv), gqa = kernel_args(q, k, v, mask)
+    assert vv.shape[-1] == 8 and gqa is not masked and kk.shape[1] == (4 if masked else 2)
+    out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+    ref = sdpa(q, k, v, mask)
+    torch.testing.assert_close(out[..., :6].transpose(1, 2), ref, atol=1e-6, rtol=1e-5)
+    assert out[..., 6:].abs().max() == 0
 
 
 @pytest.mark.parametrize("with_sinks", [False, True])
