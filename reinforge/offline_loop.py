@@ -98,7 +98,8 @@ class OfflineLoop:
             o, self.tokenizer, d.system_prompt, d.seed, d.apply_chat_template
         )
         sets = [self.train_set] + ([self.eval_set] if self.eval_set else [])  # lengths and budget, before the trainer
-        check_offline(cfg, self.base_path, max(longest_example(s.examples) for s in sets))
+        sampled = o.gkd_max_new_tokens if o.method == "gkd" and o.gkd_lmbda > 0 else 0  # the student's samples
+        check_offline(cfg, self.base_path, max(longest_example(s.examples, sampled) for s in sets))
         self.steps_per_epoch = math.ceil(len(self.train_set.examples) / o.global_batch_size)
         self.total_steps = self.steps_per_epoch * o.num_epochs
         self.trainer = OfflineTrainer(

@@ -554,10 +554,12 @@ def check_generate(
     _raise(problems)
 
 
-def longest_example(examples: Iterable[Any]) -> int:
+def longest_example(examples: Iterable[Any], sampled: int = 0) -> int:
     """Tokens of the longest sequence (prompt + one response) of offline examples (objects with
-    ``prompt_ids`` and ``responses``, e.g. :class:`reinforge.data.offline.OfflineExample`); 0 for none."""
-    return max((len(e.prompt_ids) + max((len(r) for r in e.responses), default=0) for e in examples), default=0)
+    ``prompt_ids`` and ``responses``, e.g. :class:`reinforge.data.offline.OfflineExample`); 0 for none.
+    ``sampled``: a response of up to this many tokens may replace the dataset's (GKD's student samples,
+    ``offline.gkd_max_new_tokens``)."""
+    return max((len(e.prompt_ids) + max([sampled, *map(len, e.responses)]) for e in examples), default=0)
 
 
 def check_offline(cfg: Config, model_folder: Path, longest: int) -> None:

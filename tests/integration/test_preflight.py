@@ -548,6 +548,22 @@ def test_offline_refuses_examples_past_window_and_budget(tmp_path, tiny_model_pa
         run_offline(cfg)
 
 
+def test_offline_counts_gkd_student_samples():
+    """GKD with ``offline.gkd_lmbda`` > 0 trains on student samples of up to ``offline.gkd_max_new_tokens``
+    tokens in place of the dataset's responses: the length check counts the longer of the two."""
+    from types import SimpleNamespace
+
+    from reinforge.preflight import longest_example
+
+    examples = [
+        SimpleNamespace(prompt_ids=[1] * 30, responses=[[2] * 5, [2] * 9]),
+        SimpleNamespace(prompt_ids=[1] * 4, responses=[[2] * 50]),
+    ]
+    assert longest_example(examples) == 54
+    assert longest_example(examples, sampled=128) == 158
+    assert longest_example([], sampled=128) == 0
+
+
 def test_a_broken_python_sandbox_is_refused_at_start(smollm2_path, monkeypatch, capsys, tmp_path):
     """Issue 57: a broken python sandbox was found only at the first rollout, as a traceback, and
     taking bwrap off PATH did not disable it. Now `reinforge train` with the `python` tool exits 2 before
