@@ -312,21 +312,39 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.empty(self.num_v_heads).uniform_(1, 16)))
         self.norm = GatedRMSNorm(self.head_v_dim, float(cfg.rms_norm_eps))
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.fused_in: torch.Tensor | None = None  # the input projections as one matrix (fuse_projection)
+
+    def in_projs(self) -> tuple[nn.Linear, ...]:
+        """The input projections in the order of their output rows."""
+        if self.layout == "qkvz":
+            return self.in_proj_qkvz, self.in_proj_ba
+        return self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
+
+    def fuse_projection(self, on: bool) -> None:
+        """Inference: the input projections as one matmul (2 or 4 of them; the b and a projections have one
+        output per value head, matmuls far too small to use the GPU alone), their weights views into it
+        (:func:`~reinforge.models.transformer.fuse_rows`). ``on=False`` drops the fused matrix."""
+        from .transformer import fuse_rows
+
+        if on and self.fused_in is not None:
+            return
+        self.fused_in = fuse_rows(self.in_projs())[0] if on else None
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> (conv input [B, T, conv_dim] as q | k | v, z [B, T, Hv, Dv], b, a [B, T, Hv])."""
         B, T, _ = x.shape
+        projs = self.in_projs()
+        if self.fused_in is not None:
+            outs = F.linear(x, self.fused_in).split([p.weight.shape[0] for p in projs], -1)
+        else:
+            outs = tuple(p(x) for p in projs)
         if self.layout != "qkvz":
-            return (
-                self.in_proj_qkv(x),
-                self.in_proj_z(x).view(B, T, self.num_v_heads, self.head_v_dim),
-                self.in_proj_b(x),
-                self.in_proj_a(x),
-            )
+            qkv, z, b, a = outs
+            return qkv, z.reshape(B, T, self.num_v_heads, self.head_v_dim), b, a
         r = self.num_v_heads // self.num_k_heads
-        qkvz = self.in_proj_qkvz(x).view(B, T, self.num_k_heads, -1)
+        qkvz = outs[0].reshape(B, T, self.num_k_heads, -1)
         q, k, v, z = qkvz.split([self.head_k_dim, self.head_k_dim, r * self.head_v_dim, r * self.head_v_dim], -1)
-        b, a = self.in_proj_ba(x).view(B, T, self.num_k_heads, 2 * r).split([r, r], -1)
+        b, a = outs[1].reshape(B, T, self.num_k_heads, 2 * r).split([r, r], -1)
         mixed = torch.cat([q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1)], -1)
         return mixed, z.reshape(B, T, self.num_v_heads, self.head_v_dim), b.reshape(B, T, -1), a.reshape(B, T, -1)
 

@@ -218,21 +218,7 @@ class Attention(nn.Module):
         share the model keep pointing at the same matrices)."""
         if on and self.qkv is not None:
             return
-        self.qkv = None
-        if not on:
-            return
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        with torch.no_grad():
-            w = torch.cat([p.weight for p in projs])
-            b = torch.cat([p.bias for p in projs]) if self.q_proj.bias is not None else None
-        row = 0
-        for p in projs:
-            n = p.weight.shape[0]
-            p.weight.data = w[row : row + n]
-            if b is not None:
-                p.bias.data = b[row : row + n]
-            row += n
-        self.qkv = (w, b)
+        self.qkv = fuse_rows((self.q_proj, self.k_proj, self.v_proj)) if on else None
 
     @property
     def rotates_in_place(self) -> bool:
@@ -339,14 +325,7 @@ class MLP(nn.Module):
         :meth:`Attention.fuse_projection`)."""
         if on and self.gate_up is not None:
             return
-        self.gate_up = None
-        if not on:
-            return
-        with torch.no_grad():
-            w = torch.cat([self.gate_proj.weight, self.up_proj.weight])
-        n = self.gate_proj.weight.shape[0]
-        self.gate_proj.weight.data, self.up_proj.weight.data = w[:n], w[n:]
-        self.gate_up = w
+        self.gate_up = fuse_rows((self.gate_proj, self.up_proj))[0] if on else None
 
     def forward(self, x):
         if self.gate_up is not None or (self.fused and plain_linears(self.gate_proj, self.up_proj)):
@@ -368,6 +347,24 @@ def plain_linears(*layers: nn.Module) -> bool:
     gathered, nor LoRA's wrapped layers). FSDP2 hands a layer its gathered weights as plain parameters."""
     plain = (nn.Parameter, torch.Tensor)  # (fp8 rollout weights delete a layer's own weight: not plain)
     return all(type(m) is nn.Linear and type(getattr(m, "weight", None)) in plain for m in layers)
+
+
+def fuse_rows(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Inference: the weights (and biases) of ``layers`` concatenated into one matrix [sum of outputs, in]
+    whose row blocks become the layers' storage (views), so their projections run as one matmul and an
+    in-place weight copy into a parameter (weight sync) lands in the fused matrix. Returns (weight, bias or
+    None). Call again after the model moves (``.to`` copies each view on its own)."""
+    with torch.no_grad():
+        w = torch.cat([m.weight for m in layers])
+        b = torch.cat([m.bias for m in layers]) if layers[0].bias is not None else None
+    row = 0
+    for m in layers:
+        n = m.weight.shape[0]
+        m.weight.data = w[row : row + n]
+        if b is not None:
+            m.bias.data = b[row : row + n]
+        row += n
+    return w, b
 
 
 def _silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:

@@ -108,6 +108,9 @@ def test_engine_chunked_prefill_and_shared_prompts_match_the_trainer(hybrid_path
         max_model_len=64,
     )
     assert engine.runner.linear is not None and engine.runner.linear.nbytes() > 0
+    # the engine's copy runs each layer's input projections as one matmul (fuse_projection)
+    layers = engine.runner.model.model.layers
+    assert all(layer.mixer.fused_in is not None for layer in layers[:3]) and layers[3].mixer.qkv is not None
     # keys and values for the one full-attention layer (layer 3) only
     assert engine.runner.k_pool.shape[0] == 1 and engine.runner.k_cache[:3] == [None] * 3
     trainer = build_model(hybrid_path, torch.float32).eval()

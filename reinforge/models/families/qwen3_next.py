@@ -23,6 +23,7 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..args import ModelArgs, dense_args
@@ -56,16 +57,17 @@ class GatedAttention(Attention):
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps, offset=1.0)
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps, offset=1.0)
 
-    def fuse_projection(self, on: bool) -> None:
-        """No fused q/k/v matrix (the query rows interleave the gate): three matmuls."""
-        self.qkv = None
-
     def forward(self, x, cos, sin, ctx):
         B, T, _ = x.shape
         D = self.head_dim
-        q, gate = self.q_proj(x).view(B, T, -1, 2 * D).chunk(2, dim=-1)
-        k = self.k_proj(x).view(B, T, -1, D)
-        v = self.v_proj(x).view(B, T, -1, D)
+        if self.qkv is not None:  # inference: one matmul over the fused q(+gate)/k/v rows (fuse_projection)
+            w, b = self.qkv
+            sizes = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]
+            q, k, v = F.linear(x, w, b).split(sizes, -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, gate = q.view(B, T, -1, 2 * D).chunk(2, dim=-1)
+        k, v = k.view(B, T, -1, D), v.view(B, T, -1, D)
         q, k, v = self._norm_and_rope(q, k, v, cos, sin)
         o = self._attention(q, k, v, ctx).reshape(B, T, -1)
         return self.o_proj(o * torch.sigmoid(gate.reshape(B, T, -1)))
