@@ -101,7 +101,17 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=40)
     ap.add_argument("--new", type=int, default=24)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
+    ap.add_argument(
+        "--torch-rule",
+        action="store_true",
+        help="prefill and trainer through the torch chunked gated delta rule, not fla's chunk kernel (whose "
+        "fp32 dots run in TF32): whether the hybrid's fp32 engine-vs-trainer gap is that kernel's precision",
+    )
     args = ap.parse_args()
+    if args.torch_rule:
+        import reinforge.models.linear_attention as la
+
+        la._fla = lambda: None
     dev = torch.device(args.device)
     print(torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch", torch.__version__, flush=True)
     with tempfile.TemporaryDirectory() as tmp:

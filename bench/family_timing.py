@@ -28,8 +28,15 @@ def steady_decode_rate(engine, prompts: list[list[int]], new: int, steps: int, p
     requests = [GenerateRequest(p, params) for p in prompts]
     for r in requests:
         engine.add_request(r)
-    while engine.scheduler.waiting:
+    for _ in range(len(requests)):  # prefill steps until every request is admitted (or the cache is full)
+        if not engine.scheduler.waiting:
+            break
         engine.step()
+    running = sum(o is not None for o in engine.scheduler.owner)
+    if running < len(requests):
+        print(
+            f"(only {running} of {len(requests)} sequences fit in the KV cache: the rate is of {running})", flush=True
+        )
     for _ in range(2):
         engine.step()
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

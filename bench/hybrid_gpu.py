@@ -96,7 +96,22 @@ def kernel_check() -> dict[str, float]:
     kn = F.normalize(raw_k[:, 0], dim=-1, eps=1e-6).repeat_interleave(2, 1)
     gg = -A_log.exp() * F.softplus(a[:, 0] + dt_bias)
     o2, s2 = recurrent_gated_delta_rule(qn, kn, raw_v[:, 0], gg, b[:, 0].sigmoid(), state)
+    from reinforge.engine.linear_state import fla_step_kernels, recurrent_step_in_place
+    from reinforge.models.linear_attention import GatedRMSNorm
+
+    kernel, gated_norm = fla_step_kernels()
+    s3 = state.clone()
+    o3 = recurrent_step_in_place(
+        kernel, raw_q[:, 0], raw_k[:, 0], raw_v[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, s3, Dk**-0.5
+    )
+    zz = torch.randn(8 * 4, Dv, device="cuda", generator=g)
+    norm = GatedRMSNorm(Dv, 1e-6).cuda()
+    norm.weight.data.uniform_(0.5, 1.5)
+    fused_norm = gated_norm(o2.reshape(-1, Dv), zz, norm.weight, None, activation="silu", eps=1e-6)
     return {
+        "in_place_vs_torch_out": (o3 - o2).abs().max().item(),
+        "in_place_vs_torch_state": (s3 - s2).abs().max().item(),
+        "fla_gated_norm_vs_torch": (fused_norm - norm(o2.reshape(-1, Dv), zz)).abs().max().item(),
         "fla_chunk_vs_torch_out": (out.float() - ref).abs().max().item(),
         "fla_chunk_vs_torch_state": (s - s_ref).abs().max().item(),
         "fla_recurrent_vs_torch_out": (o1[:, 0] - o2).abs().max().item(),
@@ -149,7 +164,8 @@ def sweep(
     g = torch.Generator().manual_seed(0)
     new = 8 * steps + 64
     for i, (seqs, context) in enumerate(settings):
-        engine = EmbeddedEngine(model, EngineConfig(max_num_seqs=seqs, sync_interval=8), max_model_len=context + new)
+        cfg = EngineConfig(max_num_seqs=seqs, sync_interval=8, kv_cache_memory_fraction=0.9)
+        engine = EmbeddedEngine(model, cfg, max_model_len=context + new)
         prompts = [torch.randint(10, 100000, (context,), generator=g).tolist() for _ in range(seqs)]
         kinds = ["fla", "torch"] if i == 0 and torch_at_first and engine.runner.linear is not None else ["fla"]
         for kind in kinds:
@@ -203,15 +219,20 @@ def main() -> None:
     ap.add_argument("--train-tokens", type=int, default=0, help="also time the trainer on this many tokens")
     ap.add_argument("--train-layers", type=int, default=8)
     ap.add_argument("--no-mismatch", action="store_true")
+    ap.add_argument("--no-torch-step", action="store_true", help="skip the torch decode step at the first setting")
+    ap.add_argument("--no-kernel-check", action="store_true")
     ap.add_argument("--profile-at", default="", help="SEQSxCONTEXT: profile that sweep point's steady decode steps")
     ap.add_argument("--tokenizer", type=Path)
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    print("kernel:", json.dumps(kernel_check()), flush=True)
+    if not args.no_kernel_check:
+        print("kernel:", json.dumps(kernel_check()), flush=True)
     settings = [tuple(int(x) for x in s.split("x")) for s in args.sweep.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder(Path(tmp) / "m", MODELS[args.model], args.layers, args.tokenizer)
-        rows = sweep(folder, settings, args.decode_steps, torch_at_first=True, profile_at=args.profile_at)
+        rows = sweep(
+            folder, settings, args.decode_steps, torch_at_first=not args.no_torch_step, profile_at=args.profile_at
+        )
         if not args.no_mismatch:
             print("mismatch:", json.dumps(logprob_mismatch(folder)), flush=True)
         if args.train_tokens:

@@ -21,7 +21,9 @@ sequence, not per token (:meth:`LinearStates.nbytes`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,44 @@ from ..models.linear_attention import (
     gated_delta_rule,
     recurrent_gated_delta_rule,
 )
+
+
+@functools.cache
+def fla_step_kernels() -> tuple[Any, Any] | None:
+    """flash-linear-attention's one-token recurrent kernel (``fused_recurrent_gated_delta_rule_fwd_kernel``) and
+    its fused gated RMSNorm (``rms_norm_gated``, what transformers' Qwen3-Next runs), or None where fla-core lacks
+    them (then :func:`~reinforge.models.linear_attention.fla_recurrent` and the torch norm serve)."""
+    try:
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+        from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd_kernel
+    except ImportError:
+        return None
+    return fused_recurrent_gated_delta_rule_fwd_kernel, rms_norm_gated
+
+
+def recurrent_step_in_place(
+    kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """One decode token of the gated delta rule with fla's fused kernel, the state updated **in place**: q, k
+    [B, H, Dk] (raw: the kernel l2-normalises them), v [B, Hv, Dv], a, b [B, Hv] (the kernel forms
+    ``g = -exp(A_log) softplus(a + dt_bias)`` and ``beta = sigmoid(b)``), state [B, Hv, Dk, Dv] fp32 contiguous.
+    Returns o [B, Hv, Dv] in v's dtype. fla's public function writes a new final state, which the caller must
+    copy back: a second read and write of every state per step (24 of them per Qwen3.5-9B token). Each of the
+    kernel's programs loads its own state tile before the time loop and stores it after, and no two programs
+    share a tile, so passing the state as both initial and final state is safe."""
+    B, H, K = q.shape
+    HV, V = v.shape[1:]
+    BV = min(8, 1 << (V - 1).bit_length())
+    o = torch.empty_like(v)
+    kernel[(-(-V // BV) * B * HV,)](
+        q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=a.contiguous(), gk=None, gv=None,
+        beta=b.contiguous(), A_log=A_log, dt_bias=dt_bias, o=o, h0=state, ht=state, cu_seqlens=None, scale=scale,
+        T=1, H=H, HV=HV, K=K, V=V, BK=1 << (K - 1).bit_length(), BV=BV, IS_BETA_HEADWISE=True,
+        USE_QK_L2NORM_IN_KERNEL=True, APPLY_BETA_SIGMOID=True, ALLOW_NEG_EIGVAL=False, STATE_V_FIRST=False,
+        num_warps=1, num_stages=3,
+    )  # fmt: skip
+    return o
 
 
 def linear_layers(model: torch.nn.Module) -> dict[int, GatedDeltaNet]:
@@ -113,6 +153,7 @@ class LinearStates:
         own states, which the next prefill of that slot overwrites)."""
 
         fla = fla_recurrent() if self.fla_decode else None
+        step = fla_step_kernels() if self.fla_decode else None
 
         def run(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
             mixed, z, b, a = m.project(x)  # x [B, 1, hidden]
@@ -121,6 +162,26 @@ class LinearStates:
             out = F.silu((window * m.conv1d.weight[:, 0].to(window.dtype)).sum(-1)).to(mixed.dtype)  # [B, C]
             conv.copy_(window[..., 1:])
             rec = self.rec[m.layer][:B]
+            if step is not None:  # one kernel for norms, gates and the state's step in place; one for the gated norm
+                kernel, gated_norm = step
+                q, k, v = out.split([m.key_dim, m.key_dim, m.value_dim], -1)
+                o = recurrent_step_in_place(
+                    kernel,
+                    q.reshape(B, m.num_k_heads, m.head_k_dim),
+                    k.reshape(B, m.num_k_heads, m.head_k_dim),
+                    v.reshape(B, m.num_v_heads, m.head_v_dim),
+                    a.reshape(B, m.num_v_heads),
+                    b.reshape(B, m.num_v_heads),
+                    m.A_log,
+                    m.dt_bias,
+                    rec,
+                    m.head_k_dim**-0.5,
+                )
+                o = gated_norm(
+                    o.reshape(-1, m.head_v_dim).to(z.dtype), z.reshape(-1, m.head_v_dim), m.norm.weight, None,
+                    activation="silu", eps=m.norm.eps,
+                )  # fmt: skip
+                return m.out_proj(o.reshape(B, 1, -1))
             if fla is not None:  # one kernel: norms, gates and the state's step
                 q, k, v = out.split([m.key_dim, m.key_dim, m.value_dim], -1)
                 o, new = fla(
