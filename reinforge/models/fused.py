@@ -38,7 +38,17 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_kernel(
-        X, RES, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, STORE_RSTD: tl.constexpr, ADD_RESIDUAL: tl.constexpr
+        X,
+        RES,
+        W,
+        Y,
+        RSTD,
+        N,
+        eps,
+        BLOCK: tl.constexpr,
+        STORE_RSTD: tl.constexpr,
+        ADD_RESIDUAL: tl.constexpr,
+        OFFSET: tl.constexpr = 0.0,
     ):
         # normalises the rows of RES: X itself, or with ADD_RESIDUAL the residual stream RES += X
         row = tl.program_id(0).to(tl.int64)
@@ -52,9 +62,12 @@ if triton is not None:
         r = tl.rsqrt(tl.sum(x * x, 0) / N + eps)
         if STORE_RSTD:
             tl.store(RSTD + row, r)
-        y = (x * r).to(RES.dtype.element_ty).to(tl.float32)  # eager: x.to(dtype) before the weight
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + row * N + cols, (w * y).to(Y.dtype.element_ty), mask=ok)
+        if OFFSET != 0.0:  # the zero-centred norm: x * r * (offset + w) in fp32, one rounding (Qwen3-Next, Gemma)
+            tl.store(Y + row * N + cols, ((x * r) * (OFFSET + w)).to(Y.dtype.element_ty), mask=ok)
+        else:
+            y = (x * r).to(RES.dtype.element_ty).to(tl.float32)  # eager: x.to(dtype) before the weight
+            tl.store(Y + row * N + cols, (w * y).to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
     def _rms_norm_bwd_kernel(
@@ -141,9 +154,11 @@ def _rms_norm_fwd(
     dtype: torch.dtype,
     residual: torch.Tensor | None = None,
     rstd: torch.Tensor | None = None,
+    offset: float = 0.0,
 ) -> torch.Tensor:
     """The norm of the rows of ``x2`` [M, N], or with ``residual`` of ``residual += x2`` (in place); with
-    ``rstd`` ([M] fp32) each row's 1 / rms is stored there (for the backward)."""
+    ``rstd`` ([M] fp32) each row's 1 / rms is stored there (for the backward); ``offset`` (inference): the
+    zero-centred form, ``x * rsqrt(...) * (offset + weight)`` in fp32."""
     M, N = x2.shape
     y = torch.empty((M, N), dtype=dtype, device=x2.device)
     _rms_norm_kernel[(M,)](
@@ -157,6 +172,7 @@ def _rms_norm_fwd(
         BLOCK=triton.next_power_of_2(N),
         STORE_RSTD=rstd is not None,
         ADD_RESIDUAL=residual is not None,
+        OFFSET=float(offset),
     )
     return y
 
@@ -233,6 +249,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     dtype = dtype or torch.result_type(weight, x)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)
+
+
+def offset_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    dtype: torch.dtype,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The zero-centred RMSNorm of Qwen3-Next / Qwen3.5 / Gemma, ``(x * rsqrt(mean(x^2) + eps) * (offset +
+    weight)).to(dtype)`` all in fp32 (their transformers code), in one kernel; with ``residual`` (contiguous, x's
+    shape) first ``residual += x`` in place and the norm of the sum, as :func:`add_rms_norm`. Inference only.
+
+    Raises:
+        RuntimeError: gradients are being recorded (no backward kernel for this form: the trainer runs it eagerly).
+    """
+    if _needs_grad(x, weight) or (residual is not None and _needs_grad(residual)):
+        raise RuntimeError("offset_rms_norm is inference-only: call it under torch.no_grad()")
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    return _rms_norm_fwd(x2, weight, eps, dtype, residual=residual, offset=offset).view(x.shape)
 
 
 def add_rms_norm(

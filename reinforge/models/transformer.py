@@ -125,8 +125,8 @@ class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32 as Llama does.
 
     ``offset`` 1: the zero-centred form of Qwen3-Next / Qwen3.5 / Gemma, ``x_norm * (1 + weight)`` with the
-    product in fp32 before the cast (their transformers code), weight initialised to 0; it runs eagerly
-    (the fused kernels multiply by the stored weight)."""
+    product in fp32 before the cast (their transformers code), weight initialised to 0; with the fused kernels
+    on and no gradients (the engine) one kernel (:func:`~.fused.offset_rms_norm`), else eagerly."""
 
     def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
@@ -135,7 +135,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.fused = False  # one Triton kernel forward and one backward (set by CausalLM.set_variant)
 
+    def _offset_kernel(self, *tensors: torch.Tensor) -> bool:
+        """Whether the zero-centred norm runs as one kernel: fused kernels on, no gradients (the engine)."""
+        return self.fused and not (torch.is_grad_enabled() and any(t.requires_grad for t in (self.weight, *tensors)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset and self._offset_kernel(x):
+            return fused.offset_rms_norm(x, self.weight, self.eps, self.offset, x.dtype)
         if self.offset:
             dtype = x.dtype
             x = x.float()
@@ -155,6 +161,8 @@ class RMSNorm(nn.Module):
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual += x`` in place, then the norm of ``residual``, in one kernel (fused kernels on,
         no gradients: the engine's decoder, ``Variant.fused_residual``)."""
+        if self.offset and residual.is_contiguous() and residual.shape == x.shape and self._offset_kernel(x):
+            return fused.offset_rms_norm(x, self.weight, self.eps, self.offset, residual.dtype, residual=residual)
         if self.offset:
             residual += x
             return self.forward(residual)

@@ -88,3 +88,33 @@ def test_wider_norms_train_with_liger(monkeypatch):
     for n in (fused.RMS_BWD_MAX_HIDDEN, fused.RMS_BWD_MAX_HIDDEN + 1):
         fused.rms_norm(torch.ones(2, n, requires_grad=True), torch.ones(n), 1e-6)
     assert calls == ["ours", "liger"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_offset_norm_kernel_matches_the_eager_zero_centred_norm(dtype, tol, with_residual):
+    """The engine's zero-centred norm (Qwen3-Next, Qwen3.5, Gemma: ``x_norm * (1 + w)`` in fp32) as one kernel,
+    alone and after the residual add, against the model's eager code; the residual stream updated alike."""
+    for rows, hidden in [(1, 64), (9, 256), (16, 2048)]:
+        g = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE, dtype)
+        res = torch.randn(rows, hidden, generator=g).to(KERNEL_DEVICE, dtype)
+        norm = RMSNorm(hidden, 1e-6, offset=1.0).to(KERNEL_DEVICE, dtype)
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(hidden, generator=g) * 0.3)
+            res_ref, res_got = res.clone(), res.clone()
+            if with_residual:
+                res_ref += x
+                ref = norm(res_ref)
+                got = fused.offset_rms_norm(x, norm.weight, 1e-6, 1.0, dtype, residual=res_got)
+                torch.testing.assert_close(res_got, res_ref, atol=0, rtol=0)
+            else:
+                ref, got = norm(x), fused.offset_rms_norm(x, norm.weight, 1e-6, 1.0, dtype)
+            norm.fused = True  # the module itself takes the kernel with fused kernels on and no gradients
+            via_module = norm.add_forward(x, res.clone()) if with_residual else norm(x)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), ref.float(), atol=tol * ref.abs().max().item(), rtol=tol)
+        torch.testing.assert_close(via_module, got, atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        fused.offset_rms_norm(x, norm.weight.detach().requires_grad_(True), 1e-6, 1.0, dtype)
