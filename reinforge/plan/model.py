@@ -58,18 +58,16 @@ Time (seconds), at assumed efficiencies (:data:`DECODE_EFFICIENCY`, :data:`TRAIN
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
 
-from .arch import Arch
-from .hardware import GPU
+from .arch import Arch as Arch  # (re-exported: the planner's names are read from here)
+from .hardware import GPU as GPU
+from .workload import CUDA_CONTEXT, Breakdown, Workload, with_
+from .workload import GIB as GIB
+from .workload import USABLE_FRACTION as USABLE_FRACTION
 
-GIB = 1 << 30
 BLOCK = 16  # tokens per KV block on a GPU (engine.kv_block_size: 0)
 LOGIT_CHUNK_TEMPS = 5.0  # fp32 [chunk, V] buffers alive at once in the log-softmax backward (calibrated, see above)
 LOGIT_CHUNK_TEMPS_FORWARD = 3.0  # ... in the forward without gradient (the log-prob pass: 8.1 GiB at 16k, measured)
-CUDA_CONTEXT = GIB  # the CUDA context and cuBLAS / NCCL workspaces, outside the allocator's count
-USABLE_FRACTION = 0.90  # of the rest: the allocator's fragmentation (docs/results/grpo_long: 13 GiB reserved unused)
 DECODE_EFFICIENCY = 0.60  # share of the bandwidth bound the decode kernels reach, host work apart (fit below)
 DECODE_STEP_HOST_S = 1.0e-3  # host work per decode step: scheduling, sampling, graph launch (fit below)
 # Fit to the recorded rollouts of docs/benchmarks.md (H100, 1.39B, 64-128 sequences, 2k-16k responses, bf16 and fp8
@@ -99,113 +97,6 @@ EAGER_NORM_BYTES = 8
 # the term puts every recorded eager run (H100 and H200, 2k-16k) at 0.90-1.19x its prediction, from 1.07-1.55x
 # without it (docs/benchmarks.md, "Eager training's time in the plan").
 EAGER_TRAIN_BYTES = 545
-
-
-@dataclass
-class Workload:
-    """One RL step on one GPU (a trainer rank and, colocated, its engine). Lengths in tokens.
-
-    Attributes:
-        prompt_len, response_len: the longest prompt and ``rollout.rollout_max_response_len``.
-        num_seqs: sequences per rollout (``rollout_batch_size x n_samples_per_prompt``).
-        slots: the engine's ``max_num_seqs`` (capped at ``num_seqs``).
-        ray: the trainers and engines are Ray actors (``cluster.mode=ray``).
-        engines: rollout engines sharing the rollout (Ray: ``rollout_num_gpus / rollout_num_gpus_per_engine``);
-            each decodes its share (:func:`per_engine`).
-        kv_elem_bytes, engine_elem_bytes: KV cache and engine weight dtype bytes.
-        kv_fraction: ``engine.kv_cache_memory_fraction``; ``num_kv_blocks``: its cap (0: none).
-        micro_tokens: ``train.max_tokens_per_gpu``; ``recompute``: layers recomputed (0 .. layers).
-        log_prob_chunk: ``train.log_prob_chunk_size``.
-        colocated: the engine shares this GPU (local mode, Ray ``colocate``).
-        offload_rollout: the KV cache is freed while training (``cluster.offload_rollout``; Ray colocated).
-        offload_engine_weights: the engine's weights are freed too (the weight sync writes them again).
-        reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
-        dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
-        eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
-        fused_logprobs: the log-probs run as Triton kernels (``model.fused_kernels`` on a GPU,
-            ``algo/fused_logprobs.py``): no fp32 log-softmax chunks.
-        optimizer_offload: AdamW's moments in host memory (``train.optimizer_offload``).
-        fsdp_offload: weights, gradients and AdamW in host memory, a layer at a time on the GPU
-            (``train.fsdp_cpu_offload``).
-        lora: only adapters train (no gradients or AdamW state for the base).
-        train_bf16: the trainer's forward runs under bf16 autocast (``model.train_dtype``); with ``lora``
-            the frozen base is held in bf16 (:func:`~reinforge.models.lora.hold_frozen_weights`).
-        logprob_passes: forward passes without gradient before training (old, reference log-probs).
-        teacher_params, teacher_flop_params: on-policy distillation's checkpoint teachers (``distill``),
-            summed: their parameters (held frozen like the reference) and their matmul parameters per token
-            (their log-prob passes, before training); 0 without.
-        steps_per_rollout: optimizer steps per rollout.
-        prefill_tokens: ``engine.max_prefill_tokens``.
-        engine_fp8: the engine's attention and MLP projections in fp8, 1 B / parameter
-            (``engine.quantization=fp8``; embeddings, LM head, norms and routed experts stay
-            ``engine_elem_bytes``: :func:`fp8_saved_bytes`).
-    """
-
-    arch: Arch
-    gpu: GPU
-    prompt_len: int
-    response_len: int
-    num_seqs: int
-    slots: int
-    micro_tokens: int
-    recompute: int
-    kv_elem_bytes: float = 2
-    engine_elem_bytes: int = 2
-    kv_fraction: float = 0.3
-    num_kv_blocks: int = 0
-    log_prob_chunk: int = 2048
-    colocated: bool = True
-    offload_rollout: bool = False
-    offload_engine_weights: bool = False
-    reference: bool = False
-    critic: bool = False
-    dp: int = 1
-    tp: int = 1
-    cp: int = 1
-    lora: bool = False
-    train_bf16: bool = True
-    eager_norms: bool = False
-    fused_logprobs: bool = False
-    optimizer_offload: bool = False
-    fsdp_offload: bool = False
-    logprob_passes: int = 0
-    teacher_params: int = 0
-    teacher_flop_params: int = 0
-    steps_per_rollout: int = 1
-    prefill_tokens: int = 16384
-    ray: bool = False
-    engines: int = 1
-    engine_fp8: bool = False
-
-    @property
-    def seq_len(self) -> int:
-        return self.prompt_len + self.response_len
-
-    @property
-    def shards(self) -> int:
-        return self.dp * self.cp * self.tp
-
-    @property
-    def usable(self) -> float:
-        """Bytes the planner lets a phase allocate: (memory - CUDA context) x :data:`USABLE_FRACTION`."""
-        return (self.gpu.memory - CUDA_CONTEXT) * USABLE_FRACTION
-
-
-@dataclass
-class Breakdown:
-    """A phase's memory: named parts in bytes."""
-
-    phase: str
-    parts: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def total(self) -> float:
-        return sum(self.parts.values())
-
-    def words(self, top: int = 4) -> str:
-        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:top]
-        shown = ", ".join(f"{k} {v / GIB:.1f}" for k, v in big if v >= GIB / 20)
-        return f"{shown} GiB" if shown else "every part < 0.05 GiB"
 
 
 # ----------------------------------------------------------------------------------------- memory
@@ -590,8 +481,3 @@ def times(w: Workload, lengths: list[int] | None = None) -> dict[str, float | No
         "training": train_seconds(w, lengths),
         "weight sync": sync_seconds(w),
     }
-
-
-def with_(w: Workload, **changes: Any) -> Workload:
-    """A copy of ``w`` with some fields changed."""
-    return replace(w, **changes)
