@@ -34,6 +34,7 @@ class Workload:
         offload_engine_weights: the engine's weights are freed too (the weight sync writes them again).
         reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
         dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
+        ep, pp, vpp: expert / pipeline parallel sizes and model chunks per pipeline rank (:mod:`.parallel`).
         eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
         fused_logprobs: the log-probs run as Triton kernels (``model.fused_kernels`` on a GPU,
             ``algo/fused_logprobs.py``): no fp32 log-softmax chunks.
@@ -75,6 +76,9 @@ class Workload:
     dp: int = 1
     tp: int = 1
     cp: int = 1
+    ep: int = 1
+    pp: int = 1
+    vpp: int = 1
     lora: bool = False
     train_bf16: bool = True
     eager_norms: bool = False
@@ -96,7 +100,13 @@ class Workload:
 
     @property
     def shards(self) -> int:
+        """The ranks that shard one pipeline stage's state (data x context x tensor parallel)."""
         return self.dp * self.cp * self.tp
+
+    @property
+    def trainer_gpus(self) -> int:
+        """The trainer ranks sharing the training's work: :attr:`shards` x the pipeline stages ``pp``."""
+        return self.shards * self.pp
 
     @property
     def usable(self) -> float:
