@@ -89,6 +89,7 @@ KV85, KV30 = "engine.kv_cache_memory_fraction=0.85", "engine.kv_cache_memory_fra
 # bench/pipeline.py: 256 samples of 64-128 prompt and 32-256 response tokens (62,695 tokens), no checkpointing
 PIPE = dict(arch="qwen3-dense-0.5b", gpus=4, nodes=1, layout="colocated", seqs=256, length=256, mean=149, prompt=96)
 PIPE_KEYS = ["model.gradient_checkpointing=false"]
+PIPELINE_ROWS = ("fsdp (1)", "pp2 (1)", "pp2-vpp2 (1)", "pp4 (1)", "fsdp (2)", "pp2-tp2 (2)", "tp2 (2)", "tp2-sp (2)")
 
 RUNS = [
     Run(

@@ -154,6 +154,9 @@ def _plan_one(
         w = plan.workload
         assert w is not None
         t = {k: v or 0.0 for k, v in plan.times(lengths).items()}
+        if lengths:  # the same tokens without the long tail: a streaming engine's seconds (:mod:`.simulate`)
+            even = [round(sum(lengths) / len(lengths))] * len(lengths)
+            t["generation, no tail"] = M.generation_seconds(*M.per_engine(w, even)) or 0.0
         sim, k = _simulated(t, keys, candidate, staleness)
         keys = {**keys, "rollout.max_staleness": k}
         step = sim.step
@@ -171,12 +174,20 @@ SIM_STEPS, SIM_SPREAD = 64, 0.15  # steps simulated; the steps' spread of genera
 def _simulated(t: dict[str, float], keys: dict[str, Any], cfg: Config, staleness: int | None) -> tuple[SimResult, int]:
     """The layout's run of :data:`SIM_STEPS` steps and its ``max_staleness``: 0 when synchronous (equal steps);
     asynchronous (steps :func:`.simulate.jittered` by :data:`SIM_SPREAD`), ``staleness`` or else the smallest that
-    reaches the best step (:func:`.simulate.choose_staleness`), with ``rollout.partial_rollout`` as ``cfg`` sets it."""
-    base = StepPhases(t["generation"], t["log-probs"], t["training"], t["weight sync"])
+    reaches the best step (:func:`.simulate.choose_staleness`), with ``rollout.partial_rollout`` as ``cfg`` sets it
+    (with ``rollout.over_sampling_batch_size`` too: streaming, the long tail overlapped)."""
+    full = t.get("generation, no tail")
+    base = StepPhases(t["generation"], t["log-probs"], t["training"], t["weight sync"], full)
     if not keys["rollout.max_staleness"]:  # the sides take turns: uneven steps add up as even ones do
         return simulate([base] * SIM_STEPS, 0, colocated=keys["cluster.colocate"]), 0
-    k = staleness if staleness is not None else choose_staleness(base, SIM_STEPS, SIM_SPREAD)[0]
-    return simulate(jittered(base, SIM_STEPS, SIM_SPREAD), k, partial_rollout=cfg.rollout.partial_rollout), k
+    r = cfg.rollout
+    how = {
+        "partial_rollout": r.partial_rollout,
+        "streaming": r.partial_rollout and r.over_sampling_batch_size is not None,
+    }
+    if staleness is None:
+        staleness = choose_staleness(base, SIM_STEPS, SIM_SPREAD, **how)[0]
+    return simulate(jittered(base, SIM_STEPS, SIM_SPREAD), staleness, **how), staleness
 
 
 def _model_config(folder: Path) -> dict[str, Any]:
@@ -202,17 +213,24 @@ def _trainers(keys: dict[str, Any]) -> int:
 
 
 def plan_layouts(
-    cfg: Config, folder: Path | str, gpu: GPU, gpus: int, nodes: int = 1, prompt_len: int | None = None
+    cfg: Config,
+    folder: Path | str,
+    gpu: GPU,
+    gpus: int,
+    nodes: int = 1,
+    prompt_len: int | None = None,
+    lengths: list[int] | None = None,
 ) -> list[LayoutPlan]:
-    """Every candidate layout of ``cfg`` on ``gpus`` GPUs of type ``gpu`` over ``nodes`` nodes, planned,
-    best first (most generated tokens per second per GPU; those that do not fit last).
+    """Every candidate layout of ``cfg`` on ``gpus`` GPUs of type ``gpu`` over ``nodes`` nodes, planned (at the
+    response ``lengths`` when given), best first (most generated tokens per second per GPU; those that do not fit
+    last).
 
     Raises:
         ConfigError: ``gpus`` not a multiple of ``nodes``.
     """
     prompt = prompt_len or cfg.data.rollout_max_prompt_len
     tp = 1 if cfg.engine.backend in ("embedded", "hf") else _engine_tp(cfg, Path(folder), gpu)
-    out = [_plan_one(cfg, Path(folder), gpu, prompt, n, k) for n, k in candidates(gpus, nodes, tp)]
+    out = [_plan_one(cfg, Path(folder), gpu, prompt, n, k, lengths) for n, k in candidates(gpus, nodes, tp)]
     return sorted(out, key=lambda p: (p.problem is not None, -p.tok_s_gpu))
 
 

@@ -179,12 +179,12 @@ def fp8_saved_bytes(w: Workload) -> float:
         return 0.0
     a = w.arch
     routed = a.moe_layers * a.experts * 3 * a.hidden * a.moe_intermediate
-    return (a.layers_params - routed) * (w.engine_elem_bytes - 1) / w.tp
+    return (a.layers_params - routed) * (w.engine_elem_bytes - 1) / w.engine_tp
 
 
 def engine_weights(w: Workload) -> float:
     """The engine's weights on one GPU: every parameter at ``engine_elem_bytes`` over ``tp``, less fp8's saving."""
-    return w.arch.weight_bytes(w.engine_elem_bytes, w.tp) - fp8_saved_bytes(w)
+    return w.arch.weight_bytes(w.engine_elem_bytes, w.engine_tp) - fp8_saved_bytes(w)
 
 
 def kv_need(w: Workload) -> float:
@@ -194,7 +194,7 @@ def kv_need(w: Workload) -> float:
     if w.num_kv_blocks:
         blocks = min(blocks, max(w.num_kv_blocks, per_seq))
     states = w.slots * w.arch.state_bytes_per_seq(w.engine_elem_bytes)  # a hybrid's linear-attention states
-    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes, w.seq_len) + states
+    return ((blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes, w.seq_len) + states) / w.engine_tp
 
 
 def kv_pool(w: Workload, after_training: bool = True) -> float:
@@ -216,7 +216,7 @@ def engine_workspace(w: Workload) -> float:
     a = w.arch
     width = a.intermediate if not a.moe_layers else a.moe_intermediate * a.experts_per_tok + a.shared_intermediate
     return (
-        min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.tp
+        min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.engine_tp
         + 2 * w.slots * a.vocab_size * 4
     )
 
@@ -353,7 +353,7 @@ def engine_slots(w: Workload, lengths: list[int] | None = None) -> int:
     an H200, docs/benchmarks.md: a pool of 60 full-length sequences decoded 64 in one wave)."""
     mean = sum(lengths) / len(lengths) if lengths else w.response_len
     held = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK
-    footprint = w.arch.seq_kv_bytes(held, w.kv_elem_bytes, w.engine_elem_bytes)
+    footprint = w.arch.seq_kv_bytes(held, w.kv_elem_bytes, w.engine_elem_bytes) / w.engine_tp
     return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // footprint)))
 
 
@@ -366,8 +366,8 @@ def decode_weight_bytes(w: Workload, batch: int, expert_weight: float = 1.0) -> 
         return engine_weights(w)
     used = a.experts * (1 - (1 - a.experts_per_tok / a.experts) ** batch)
     expert = 3 * a.hidden * a.moe_intermediate
-    routed = a.moe_layers * used * expert * b / w.tp
-    rest = (a.num_params - a.moe_layers * a.experts * expert) * b / w.tp - fp8_saved_bytes(w)
+    routed = a.moe_layers * used * expert * b / w.engine_tp
+    rest = (a.num_params - a.moe_layers * a.experts * expert) * b / w.engine_tp - fp8_saved_bytes(w)
     return rest + routed * expert_weight
 
 
@@ -388,15 +388,17 @@ def generation_seconds(
     a = w.arch
     lengths = list(lengths) if lengths else [w.response_len] * w.num_seqs
     c = engine_slots(w, lengths)
-    kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
+    kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.engine_tp
     total = steps = 0.0
     for i in range(0, len(lengths), c):
         wave = lengths[i : i + c]
         steps += max(wave)
         total += max(wave) * decode_weight_bytes(w, len(wave), min(1.0, efficiency / EXPERT_DECODE_EFFICIENCY))
         total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
-        total += max(wave) * len(wave) * 2 * a.state_bytes_per_seq(w.engine_elem_bytes) / w.tp  # states read, written
-    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.tp)
+        total += (
+            max(wave) * len(wave) * 2 * a.state_bytes_per_seq(w.engine_elem_bytes) / w.engine_tp
+        )  # states read, written
+    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.engine_tp)
     return total / (w.gpu.bandwidth * efficiency) + steps * host_step_s + prefill
 
 

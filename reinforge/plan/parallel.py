@@ -11,8 +11,8 @@ to the step's largest; at least ``p`` micro-batches, dummies making up the count
   ``m' + (p - 1) / v`` micro-batch times (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters Using Megatron-LM", sec. 2.2: the bubble is ``(p - 1) / v`` micro-batch times; its share of the
   schedule ``(p - 1) / (v m' + p - 1)``), against ``m`` for the work itself: :func:`pipeline_time_factor`;
-* memory: the first stage holds the activations of ``min(m', p)`` micro-batches of its ``L / p`` layers at the
-  1F1B steady state, ``1 + (p - 1) / (p v)`` times that when interleaved (Korthikanti et al. 2022, "Reducing
+* memory: the first stage holds the activations of ``min(m', p)`` = ``p`` micro-batches of its ``L / p`` layers at
+  the 1F1B steady state, ``1 + (p - 1) / (p v)`` times that when interleaved (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", sec. 4.2.3): :func:`pipeline_activation_factor`, relative
   to one micro-batch through every layer; a rank's weights are its stage's layers and the embedding or the LM head
   (a tied head is a copy on the last stage): :func:`stage_params`.
@@ -59,14 +59,13 @@ def pipeline_idle_share(microbatches: int, pp: int, vpp: int = 1) -> float:
     return (pp - 1) / (vpp * m + pp - 1)
 
 
-def pipeline_activation_factor(microbatches: int, pp: int, vpp: int = 1) -> float:
-    """The decoder layers' activations the fullest stage holds, over one micro-batch's through every layer:
-    ``min(m', p) / p``, times ``1 + (p - 1) / (p v)`` when interleaved (module doc; 1 without a pipeline)."""
+def pipeline_activation_factor(pp: int, vpp: int = 1) -> float:
+    """The decoder layers' activations the fullest (first) stage holds, over one micro-batch's through every layer:
+    ``min(m', p) / p`` = 1, since the schedule runs ``m' >= p`` micro-batches (dummies of the real shape making up
+    the count), times ``1 + (p - 1) / (p v)`` when interleaved (module doc; 1 without a pipeline)."""
     if pp <= 1:
         return 1.0
-    m = microbatch_count(max(1, microbatches), pp, vpp)
-    factor = min(m, pp) / pp
-    return factor * (1 + (pp - 1) / (pp * vpp)) if vpp > 1 else factor
+    return 1 + (pp - 1) / (pp * vpp) if vpp > 1 else 1.0
 
 
 def stage_params(arch: Arch, pp: int) -> float:

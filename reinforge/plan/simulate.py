@@ -10,7 +10,8 @@ The rules are the loop's (``reinforge/loop.py``, ``reinforge/rollout/async_rollo
 * the weight sync of version ``j + 1`` follows each training and holds both sides: it waits for the engines'
   generation in flight to finish (``rollout.partial_rollout=false``: its sequences end under the weights they
   began with), or interrupts it (``partial_rollout``: the rollout resumes after the sync, ``sync`` seconds later);
-* colocated (``cluster.colocate``: one set of GPUs) the phases run one after another whatever ``k``.
+* colocated (``cluster.colocate``: one set of GPUs) the phases run one after another whatever ``k``, and the GPUs
+  idle only between them (never, here).
 
 :func:`simulate` returns the time of ``n`` steps, the steady-state step (between the weight syncs of the middle
 half of the steps: the first rollout cannot overlap anything, the last has nothing to overlap), each side's idle
@@ -32,13 +33,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StepPhases:
-    """Seconds of one rollout step's phases, each on its own side: ``generation`` (the engines), ``log_probs`` and
-    ``training`` (the trainers), ``weight_sync`` (both)."""
+    """Seconds of one rollout step's phases, each on its own side: ``generation`` (the engines, until the rollout's
+    longest response ends), ``log_probs`` and ``training`` (the trainers), ``weight_sync`` (both);
+    ``generation_full``: the engines' seconds for the same tokens with every slot busy to the end (no long tail),
+    what a streaming engine spends (None: ``generation``)."""
 
     generation: float
     log_probs: float
     training: float
     weight_sync: float
+    generation_full: float | None = None
 
     @property
     def trainer(self) -> float:
@@ -65,9 +69,16 @@ class SimResult:
 
 
 def simulate(
-    phases: Sequence[StepPhases], max_staleness: int = 0, colocated: bool = False, partial_rollout: bool = False
+    phases: Sequence[StepPhases],
+    max_staleness: int = 0,
+    colocated: bool = False,
+    partial_rollout: bool = False,
+    streaming: bool = False,
 ) -> SimResult:
-    """Run the two sides over ``phases`` (one per step) under the module's rules.
+    """Run the two sides over ``phases`` (one per step) under the module's rules; ``streaming`` (asynchronous only):
+    the engines top their slots up with the next rollout's prompts as sequences finish (partial rollouts with
+    over-sampling: ``rollout.over_sampling_batch_size``; AReaL's and verl's fully asynchronous engines), so a
+    rollout takes them ``generation_full``, its long tail overlapped.
 
     Raises:
         ValueError: no steps, a negative phase or ``max_staleness`` < 0.
@@ -76,6 +87,11 @@ def simulate(
     if n == 0 or max_staleness < 0 or any(min(p.generation, p.trainer, p.weight_sync) < 0 for p in phases):
         raise ValueError("simulate needs >= 1 step of non-negative phases and max_staleness >= 0")
     k = 0 if colocated else max_staleness
+    stream = streaming and k > 0
+
+    def gen(p: StepPhases) -> float:
+        return p.generation_full if stream and p.generation_full is not None else p.generation
+
     events: list[tuple[float, int, str, int]] = []  # (time, order, kind, step); order keeps ties first-in first-out
     order = 0
 
@@ -113,8 +129,8 @@ def simulate(
         if not engine_busy and next_gen < n and version >= next_gen - k and (not colocated or not trainer_busy):
             j, next_gen = next_gen, next_gen + 1
             started_by[j] = version
-            gen_end[j] = t + phases[j].generation
-            busy["engine"] += phases[j].generation
+            gen_end[j] = t + gen(phases[j])
+            busy["engine"] += gen(phases[j])
             engine_busy = True
             if colocated:
                 trainer_busy = True
@@ -151,7 +167,9 @@ def simulate(
     seconds = sync_ends[-1]
     q = (n - 1) // 4  # the steady state: the middle half of the syncs (the first step fills, the last drains)
     step = seconds if n == 1 else (sync_ends[n - 1 - q] - sync_ends[q]) / (n - 1 - 2 * q)
-    idle = {side: 1 - b / seconds if seconds > 0 else 0.0 for side, b in busy.items()}
+    if colocated:  # one set of GPUs, each phase in turn: both "sides" work whenever either does
+        busy = dict.fromkeys(busy, busy["engine"] + busy["trainer"] - sum(p.weight_sync for p in phases))
+    idle = {side: max(0.0, 1 - b / seconds) if seconds > 0 else 0.0 for side, b in busy.items()}
     stale = sum(j - v for j, v in started_by.items()) / n
     return SimResult(n, seconds, step, idle["engine"], idle["trainer"], stale)
 
@@ -169,17 +187,25 @@ def jittered(base: StepPhases, n: int, spread: float = 0.15, seed: int = 0) -> l
     out = []
     for _ in range(n):
         g, tr = factor(), factor()
-        out.append(StepPhases(base.generation * g, base.log_probs * tr, base.training * tr, base.weight_sync))
+        full = base.generation_full * g if base.generation_full is not None else None
+        out.append(StepPhases(base.generation * g, base.log_probs * tr, base.training * tr, base.weight_sync, full))
     return out
 
 
 def choose_staleness(
-    base: StepPhases, steps: int = 64, spread: float = 0.15, tolerance: float = 0.02, most: int = 4
+    base: StepPhases,
+    steps: int = 64,
+    spread: float = 0.15,
+    tolerance: float = 0.02,
+    most: int = 4,
+    partial_rollout: bool = False,
+    streaming: bool = False,
 ) -> tuple[int, dict[int, SimResult]]:
     """The smallest ``max_staleness`` in 1..``most`` whose steady-state step over :func:`jittered` steps is within
-    ``tolerance`` of the shortest any of them reaches, with every ``k`` simulated (disaggregated, no partial
-    rollouts): more staleness than that only makes the trained rollouts older."""
-    runs = {k: simulate(jittered(base, steps, spread), k) for k in range(1, most + 1)}
+    ``tolerance`` of the shortest any of them reaches, with every ``k`` simulated (disaggregated): more staleness
+    than that only makes the trained rollouts older."""
+    phases = jittered(base, steps, spread)
+    runs = {k: simulate(phases, k, partial_rollout=partial_rollout, streaming=streaming) for k in range(1, most + 1)}
     best = min(r.step for r in runs.values())
     return min(k for k, r in runs.items() if r.step <= best * (1 + tolerance)), runs
 

@@ -35,6 +35,8 @@ class Workload:
         reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
         dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
         ep, pp, vpp: expert / pipeline parallel sizes and model chunks per pipeline rank (:mod:`.parallel`).
+        engine_tp: GPUs per rollout engine (Ray's ``cluster.rollout_num_gpus_per_engine``; 1 in local mode): the
+            engine's weights, KV cache and decode bytes per GPU are divided by it.
         eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
         fused_logprobs: the log-probs run as Triton kernels (``model.fused_kernels`` on a GPU,
             ``algo/fused_logprobs.py``): no fp32 log-softmax chunks.
@@ -79,6 +81,7 @@ class Workload:
     ep: int = 1
     pp: int = 1
     vpp: int = 1
+    engine_tp: int = 1
     lora: bool = False
     train_bf16: bool = True
     eager_norms: bool = False
