@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'anchor':<26} {'gen s':>7} {'train s':>8} {'sync s':>7} {'step s':>7} {'idle e/t':>9} "
         f"{'pred tok/s/GPU':>15} {'published':>10} {'ratio':>6}"
     )
+    refusal = ""
     with tempfile.TemporaryDirectory() as tmp:
         for a in NEMO + VERL:
             refused, _ = plan(a, Path(tmp), shard_load=False)
@@ -187,8 +188,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{sim.engine_idle:>4.0%}/{sim.trainer_idle:.0%} {rate * p.step / sim.step:>15,.0f} "
                     f"{a.published:>10,.0f} {rate * p.step / sim.step / a.published:>6.2f}"
                 )
-            if refused.problem is not None:
-                print(f"  {'':<24} as reinforge is today: refused: {refused.problem[:150]}...")
+            if refused.problem is not None and not refusal:
+                refusal = refused.problem
         for group in (NEMO, VERL):  # what reinforge's planner would choose on those GPUs for that workload
             p, rate = plan(group[0], Path(tmp), shard_load=True, best=True)
             sim = p.sim
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{idle:>9} {rate:>15,.0f}  ({chosen})"
             )
     print("(H100; the rows assume each trainer rank loads its shard only: bench/plan_anchors.py's doc says why)")
+    if refusal:
+        print(f"as reinforge is today, every row is refused: {refusal.split(': use GPUs')[0]}")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ class Run:
 
 
 KV85, KV30 = "engine.kv_cache_memory_fraction=0.85", "engine.kv_cache_memory_fraction=0.3"
+# examples/arith_grpo.yaml: SmolLM2-135M, 32 prompts x 16 samples, ~15-token answers, 2 optimizer steps a rollout
+ARITH = ["model.gradient_checkpointing=false", "train.num_steps_per_rollout=2", "engine.max_num_seqs=1024"]
 # bench/pipeline.py: 256 samples of 64-128 prompt and 32-256 response tokens (62,695 tokens), no checkpointing
 PIPE = dict(arch="qwen3-dense-0.5b", gpus=4, nodes=1, layout="colocated", seqs=256, length=256, mean=149, prompt=96)
 PIPE_KEYS = ["model.gradient_checkpointing=false"]
@@ -145,6 +147,42 @@ RUNS = [
         1017,
         {"generation": 1.75, "trainer": 4.26, "weight sync": 0.153, "step": 6.20},
         [KV85, "engine.max_num_seqs=128"],
+    ),
+    *(
+        Run(
+            f"placement {row}",
+            "benchmarks.md 2026-11-22 (examples/arith_grpo.yaml)",
+            "smollm2",
+            2,
+            1,
+            layout,
+            512,
+            64,
+            15,
+            dict(zip(PHASES, seconds, strict=True)),
+            ARITH,
+            prompt=70,
+            n=16,
+        )
+        for row, layout, seconds in (
+            ("colocated", "colocated", (0.52, 1.37, 0.159, 2.05)),
+            ("disaggregated", "disaggregated 1+1", (0.48, 1.18, 0.021, 1.71)),
+        )
+    ),
+    Run(
+        "fsdp2 two GPUs",
+        "benchmarks.md 2026-11-23 (bench/fsdp_two_gpus.py, fused kernels off)",
+        "smollm2",
+        2,
+        1,
+        "colocated",
+        256,
+        256,
+        149,
+        {"trainer": 0.507},
+        PIPE_KEYS,
+        prompt=96,
+        trainer_only=True,
     ),
     *(
         Run(
@@ -236,7 +274,7 @@ def rows(folder: Path) -> list[tuple[Run, str, str, float, float]]:
         words = run.layout + "".join(
             f" {k.removeprefix('train.').replace('_model_parallel_size', '')}={v}"
             for k, v in plan.keys.items()
-            if k.startswith("train.") and v not in (1, False)
+            if k.startswith("train.") and "parallel" in k and v not in (1, False)
         )
         for phase in PHASES:
             if phase in run.measured:

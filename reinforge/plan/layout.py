@@ -168,6 +168,7 @@ def _plan_one(
     return LayoutPlan(name, keys, {}, float("inf"), 0.0, {}, problem)
 
 
+SMALL_STEP_S = 5.0  # below it the recorded steps were 2.5-12x their prediction (docs/benchmarks.md)
 SIM_STEPS, SIM_SPREAD = 64, 0.15  # steps simulated; the steps' spread of generation and training (assumed)
 
 
@@ -278,6 +279,12 @@ def format_layouts(plans: list[LayoutPlan], gpu: GPU, gpus: int, nodes: int) -> 
         "step: the discrete-event model of the two sides (reinforge/plan/simulate.py); idle e/t: the engines' and "
         "the trainers' idle share of it (weight syncs count as busy)"
     )
+    if best.problem is None and best.step < SMALL_STEP_S:
+        lines.append(
+            f"a step under {SMALL_STEP_S:g} s: fixed costs the model leaves out (engine wake-up, launches, "
+            "collectives, "
+            "~0.5 s a phase in the recorded runs of models <= 0.5B) dominate it; the prediction is a lower bound"
+        )
     return "\n".join(lines)
 
 

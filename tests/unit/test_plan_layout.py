@@ -86,6 +86,9 @@ MISSES = {
     ("5 di SmolLM2 2 nodes", "step"): (0.3, 0.5),
     **{(f"3 {r} 15B MoE", "weight sync"): (2.2, 3.0) for r in ("fsdp", "ep", "ep-rr")},  # not bound by bytes
     **{(f"pipeline {r}", "trainer"): (0.05, 0.3) for r in bench.PIPELINE_ROWS},  # a 0.5B model: fixed costs
+    **{("placement colocated", ph): (0.04, 0.2) for ph in ("generation", "trainer", "step")},  # 135M: fixed costs
+    **{("placement disaggregated", ph): (0.05, 0.25) for ph in ("generation", "trainer", "step")},
+    ("fsdp2 two GPUs", "trainer"): (0.15, 0.35),
     **{(f"pipeline {r}", bench.RELATIVE): (0.4, 0.65) for r in ("pp2-tp2 (2)", "tp2 (2)", "tp2-sp (2)")},  # DTensor TP
 }
 
