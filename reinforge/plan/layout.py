@@ -176,16 +176,16 @@ def _simulated(t: dict[str, float], keys: dict[str, Any], cfg: Config, staleness
     """The layout's run of :data:`SIM_STEPS` steps and its ``max_staleness``: 0 when synchronous (equal steps);
     asynchronous (steps :func:`.simulate.jittered` by :data:`SIM_SPREAD`), ``staleness`` or else the smallest that
     reaches the best step (:func:`.simulate.choose_staleness`), with ``rollout.partial_rollout`` as ``cfg`` sets it
-    (with ``rollout.over_sampling_batch_size`` too: streaming, the long tail overlapped)."""
+    (with ``rollout.over_sampling_batch_size`` too, synchronous: the long tail cut)."""
     full = t.get("generation, no tail")
     base = StepPhases(t["generation"], t["log-probs"], t["training"], t["weight sync"], full)
-    if not keys["rollout.max_staleness"]:  # the sides take turns: uneven steps add up as even ones do
-        return simulate([base] * SIM_STEPS, 0, colocated=keys["cluster.colocate"]), 0
     r = cfg.rollout
     how = {
         "partial_rollout": r.partial_rollout,
         "streaming": r.partial_rollout and r.over_sampling_batch_size is not None,
     }
+    if not keys["rollout.max_staleness"]:  # the sides take turns: uneven steps add up as even ones do
+        return simulate([base] * SIM_STEPS, 0, colocated=keys["cluster.colocate"], streaming=how["streaming"]), 0
     if staleness is None:
         staleness = choose_staleness(base, SIM_STEPS, SIM_SPREAD, **how)[0]
     return simulate(jittered(base, SIM_STEPS, SIM_SPREAD), staleness, **how), staleness

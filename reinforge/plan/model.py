@@ -436,7 +436,8 @@ def pipeline_factor(w: Workload, lengths: list[int] | None = None) -> float:
 
 def alltoall_seconds(w: Workload, passes: float, lengths: list[int] | None = None) -> float:
     """:func:`.parallel.alltoall_seconds` of a data-parallel rank's tokens of the rollout."""
-    return P.alltoall_seconds(rollout_tokens(w, lengths) / w.dp, w.arch, w.ep, passes, w.gpu.link)
+    link = P.expert_link(w.ep, w.node_gpus, w.gpu.link)
+    return P.alltoall_seconds(rollout_tokens(w, lengths) / w.dp, w.arch, w.ep, passes, link)
 
 
 def host_copy_seconds(w: Workload, passes: float, lengths: list[int] | None = None) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from ..parallel_layout import microbatch_count
 from .arch import Arch
+from .hardware import NODE_LINK_BYTES_PER_S
 
 ALLTOALL_EFFICIENCY = 0.5  # share of the link's bandwidth an NCCL all-to-all of a few MB per peer reaches (assumed)
 
@@ -105,6 +106,12 @@ def alltoall_seconds(tokens: float, arch: Arch, ep: int, passes: float, link: fl
     return passes * sent / (link * ALLTOALL_EFFICIENCY)
 
 
+def expert_link(ep: int, node_gpus: int, link: float | None) -> float | None:
+    """The bandwidth the all-to-all of ``ep`` ranks runs at: the GPUs' ``link`` within a node of ``node_gpus``,
+    the network's share per GPU (:data:`.hardware.NODE_LINK_BYTES_PER_S`) once the ranks span nodes."""
+    return link if ep <= max(1, node_gpus) else NODE_LINK_BYTES_PER_S
+
+
 def alltoall_buffer_bytes(tokens: float, arch: Arch, ep: int, elem_bytes: int = 2) -> float:
     """The all-to-all's send and receive buffers of one MoE layer for a micro-batch of ``tokens``: the ``k``
     routed copies of each hidden state, twice (0 without expert parallelism)."""
@@ -118,6 +125,7 @@ __all__ = [
     "alltoall_buffer_bytes",
     "alltoall_bytes",
     "alltoall_seconds",
+    "expert_link",
     "gathered_layer_params",
     "pipeline_activation_factor",
     "pipeline_idle_share",

@@ -174,6 +174,7 @@ def workload(
         pp=pp,
         vpp=t.virtual_pipeline_model_parallel_size,
         engine_tp=c.rollout_num_gpus_per_engine if ray and not offline else 1,
+        node_gpus=c.actor_num_gpus_per_node if ray else 8,
         ray=ray,
         engines=max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine) if ray and not offline else 1,
         lora=m.lora_rank > 0,

@@ -75,10 +75,11 @@ def simulate(
     partial_rollout: bool = False,
     streaming: bool = False,
 ) -> SimResult:
-    """Run the two sides over ``phases`` (one per step) under the module's rules; ``streaming`` (asynchronous only):
-    the engines top their slots up with the next rollout's prompts as sequences finish (partial rollouts with
-    over-sampling: ``rollout.over_sampling_batch_size``; AReaL's and verl's fully asynchronous engines), so a
-    rollout takes them ``generation_full``, its long tail overlapped.
+    """Run the two sides over ``phases`` (one per step) under the module's rules; ``streaming``: a rollout takes the
+    engines ``generation_full``, its long tail cut or overlapped: the synchronous loop's early stop with the unfinished
+    samples carried into the next rollout (``rollout.over_sampling_batch_size`` with ``rollout.partial_rollout``), or
+    engines that top their slots up with the next rollout's prompts as sequences finish (AReaL's and verl's fully
+    asynchronous rollouts; not reinforge's asynchronous loop, which generates a rollout at a time).
 
     Raises:
         ValueError: no steps, a negative phase or ``max_staleness`` < 0.
@@ -87,10 +88,9 @@ def simulate(
     if n == 0 or max_staleness < 0 or any(min(p.generation, p.trainer, p.weight_sync) < 0 for p in phases):
         raise ValueError("simulate needs >= 1 step of non-negative phases and max_staleness >= 0")
     k = 0 if colocated else max_staleness
-    stream = streaming and k > 0
 
     def gen(p: StepPhases) -> float:
-        return p.generation_full if stream and p.generation_full is not None else p.generation
+        return p.generation_full if streaming and p.generation_full is not None else p.generation
 
     events: list[tuple[float, int, str, int]] = []  # (time, order, kind, step); order keeps ties first-in first-out
     order = 0

@@ -37,6 +37,8 @@ class Workload:
         ep, pp, vpp: expert / pipeline parallel sizes and model chunks per pipeline rank (:mod:`.parallel`).
         engine_tp: GPUs per rollout engine (Ray's ``cluster.rollout_num_gpus_per_engine``; 1 in local mode): the
             engine's weights, KV cache and decode bytes per GPU are divided by it.
+        node_gpus: trainer GPUs per node (``cluster.actor_num_gpus_per_node``): expert parallelism beyond them runs
+            its all-to-all over the network (:func:`.parallel.expert_link`).
         eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
         fused_logprobs: the log-probs run as Triton kernels (``model.fused_kernels`` on a GPU,
             ``algo/fused_logprobs.py``): no fp32 log-softmax chunks.
@@ -82,6 +84,7 @@ class Workload:
     pp: int = 1
     vpp: int = 1
     engine_tp: int = 1
+    node_gpus: int = 8
     lora: bool = False
     train_bf16: bool = True
     eager_norms: bool = False
