@@ -132,7 +132,7 @@ def _plan_one(
     ``max_staleness`` for an asynchronous layout instead of the one chosen)."""
     from .planner import resolve_config, training_problems
 
-    problem = "no trainer layout fits"
+    problem, memory = "no trainer layout fits", None  # memory: FSDP's refusal, the most telling when none fits
     gpus = keys["cluster.rollout_num_gpus"] + (0 if keys["cluster.colocate"] else _trainers(keys))
     config = _model_config(folder)
     moe = bool(config.get("text_config", config).get("num_experts") or config.get("n_routed_experts"))
@@ -149,7 +149,7 @@ def _plan_one(
         resolved, plan = resolve_config(candidate, folder, gpu=gpu, prompt_len=prompt_len)
         found = training_problems(plan, prompt_len)
         if found:
-            problem = found[0]
+            problem, memory = found[0], memory or found[0]
             continue
         w = plan.workload
         assert w is not None
@@ -165,7 +165,7 @@ def _plan_one(
         if not w.colocated:  # the engines' GPUs hold the generation phase, the trainers' the rest
             peaks["engine"] = peaks.pop("generation")
         return LayoutPlan(name, {**keys, **parallel}, t, step, tokens / step / gpus, peaks, sim=sim)
-    return LayoutPlan(name, keys, {}, float("inf"), 0.0, {}, problem)
+    return LayoutPlan(name, keys, {}, float("inf"), 0.0, {}, memory or problem)
 
 
 SMALL_STEP_S = 5.0  # below it the recorded steps were 2.5-12x their prediction (docs/benchmarks.md)
