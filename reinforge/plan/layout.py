@@ -275,6 +275,13 @@ def format_layouts(plans: list[LayoutPlan], gpu: GPU, gpus: int, nodes: int) -> 
                 f"and training vary by {SIM_SPREAD:.0%}) is within 2% of the best any staleness reaches; the engines "
                 f"generate up to {k} rollout(s) ahead while the trainers train"
             )
+        sim = best.sim
+        if sim is not None and not best.keys.get("cluster.colocate") and max(sim.engine_idle, sim.trainer_idle) > 0.1:
+            side, other = ("trainers", "engines") if sim.trainer_idle > sim.engine_idle else ("engines", "trainers")
+            lines.append(
+                f"the {side} idle {max(sim.engine_idle, sim.trainer_idle):.0%} of the step: the {other}' side is "
+                f"the longer; a split with more GPUs for it (above, where one fits) would balance them"
+            )
     lines.append(
         "step: the discrete-event model of the two sides (reinforge/plan/simulate.py); idle e/t: the engines' and "
         "the trainers' idle share of it (weight syncs count as busy)"

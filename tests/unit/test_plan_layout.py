@@ -140,3 +140,17 @@ def test_the_layouts_step_is_the_simulation_and_async_chooses_max_staleness(tmp_
     assert run_async.keys["rollout.max_staleness"] >= 1 and run_async.sim is not None
     assert run_async.sim.trainer_idle > run_async.sim.engine_idle  # generation is the longer side at 8k
     assert "idle e/t" in format_layouts(list(plans.values()), H200, 2, 1)
+
+
+def test_an_async_choice_names_the_side_that_idles():
+    from reinforge.plan.layout import LayoutPlan
+    from reinforge.plan.simulate import SimResult
+
+    times = {"generation": 86.0, "log-probs": 0.0, "training": 52.0, "weight sync": 4.9}
+    keys = {"cluster.colocate": False, "rollout.max_staleness": 1}
+    plan = LayoutPlan(
+        "disaggregated 4+4 async", keys, times, 92.9, 1412.0, {}, sim=SimResult(64, 6000, 92.9, 0.01, 0.4, 1)
+    )
+    text = format_layouts([plan], H200, 8, 1)
+    assert "max_staleness=1: the smallest" in text
+    assert "the trainers idle 40% of the step: the engines' side is the longer" in text
