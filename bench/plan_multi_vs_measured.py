@@ -26,10 +26,12 @@ from plan_vs_measured import _sec  # noqa: E402
 
 from reinforge.config import load_config  # noqa: E402
 from reinforge.plan import GPUS  # noqa: E402
+from reinforge.plan import model as M  # noqa: E402
 from reinforge.plan.layout import LayoutPlan, _plan_one, candidates  # noqa: E402
 
 PHASES = ("generation", "trainer", "weight sync", "step")
 RELATIVE = "trainer, FSDP's measured + the layout's predicted difference"
+PEAK = "peak GiB (fullest rank)"
 
 
 def model(folder: Path, arch: str, own_vocab: bool = False) -> Path:
@@ -91,6 +93,7 @@ ARITH = ["model.gradient_checkpointing=false", "train.num_steps_per_rollout=2", 
 # bench/pipeline.py: 256 samples of 64-128 prompt and 32-256 response tokens (62,695 tokens), no checkpointing
 PIPE = dict(arch="qwen3-dense-0.5b", gpus=4, nodes=1, layout="colocated", seqs=256, length=256, mean=149, prompt=96)
 PIPE_KEYS = ["model.gradient_checkpointing=false"]
+PIPE_PEAKS = {"fsdp": 36.64, "pp2-tp2": 26.16, "tp2": 29.72, "tp2-sp": 27.42}  # call 2's torch peaks, GiB
 PIPELINE_ROWS = ("fsdp (1)", "pp2 (1)", "pp2-vpp2 (1)", "pp4 (1)", "fsdp (2)", "pp2-tp2 (2)", "tp2 (2)", "tp2-sp (2)")
 
 RUNS = [
@@ -210,7 +213,7 @@ RUNS = [
             f"pipeline {row} ({call})",
             f"results/pipeline/h200x4.txt call {call}",
             **PIPE,  # type: ignore[arg-type]
-            measured={"trainer": seconds},
+            measured={"trainer": seconds, **({PEAK: PIPE_PEAKS[row]} if call == 2 else {})},
             keys=[*PIPE_KEYS, *keys],
             own_vocab=True,
             trainer_only=True,
@@ -255,6 +258,8 @@ def predict(run: Run, folder: Path) -> tuple[LayoutPlan, dict[str, float]]:
         raise SystemExit(f"{run.name}: the planner says it does not fit: {p.problem}")
     t = p.times
     out = {"trainer": t["log-probs"] + t["training"]}
+    if run.trainer_only and p.workload is not None:  # the training step's peak without an engine beside it
+        out[PEAK] = M.train_breakdown(M.with_(p.workload, colocated=False)).total / M.GIB
     if not run.trainer_only:
         out.update({"generation": t["generation"], "weight sync": t["weight sync"], "step": p.step})
     return p, out
@@ -276,7 +281,7 @@ def rows(folder: Path) -> list[tuple[Run, str, str, float, float]]:
             for k, v in plan.keys.items()
             if k.startswith("train.") and "parallel" in k and v not in (1, False)
         )
-        for phase in PHASES:
+        for phase in (*PHASES, PEAK):
             if phase in run.measured:
                 out.append((run, words, phase, pred[phase], run.measured[phase]))
         if run.baseline is not None:  # the same call's FSDP run, measured, plus what the layout adds, predicted
@@ -293,10 +298,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         table = rows(Path(tmp))
     if args.markdown:
-        print("| run | layout (H200s) | phase | predicted s | measured s | predicted / measured |")
+        print("| run | layout (H200s) | phase | predicted | measured | predicted / measured |")
         print("| --- | --- | --- | ---: | ---: | ---: |")
     else:
-        print(f"{'run':<22} {'layout (H200s)':<34} {'phase':<12} {'pred s':>8} {'meas s':>8} {'ratio':>6}")
+        print(f"{'run':<22} {'layout (H200s)':<34} {'phase':<12} {'pred':>8} {'meas':>8} {'ratio':>6}")
     for run, words, phase, pred, meas in table:
         r = pred / meas
         flag = "" if 0.75 <= r <= 1.25 else " *"

@@ -66,6 +66,7 @@ class LayoutPlan:
         peaks: GiB per GPU at each phase's peak (a trainer's GPU; an engine's when disaggregated: ``engine``).
         problem: why it does not fit (None: it does).
         sim: the discrete-event model's run of the layout (:mod:`.simulate`: the step, each side's idle share).
+        workload: the trainer's :class:`~.model.Workload` as planned (None: it does not fit).
     """
 
     name: str
@@ -76,6 +77,7 @@ class LayoutPlan:
     peaks: dict[str, float]
     problem: str | None = None
     sim: SimResult | None = None
+    workload: M.Workload | None = None
 
 
 def candidates(gpus: int, nodes: int, engine_tp: int = 1) -> list[tuple[str, dict[str, Any]]]:
@@ -164,7 +166,7 @@ def _plan_one(
         peaks = {b.phase: b.total / M.GIB for b in plan.memory()}
         if not w.colocated:  # the engines' GPUs hold the generation phase, the trainers' the rest
             peaks["engine"] = peaks.pop("generation")
-        return LayoutPlan(name, {**keys, **parallel}, t, step, tokens / step / gpus, peaks, sim=sim)
+        return LayoutPlan(name, {**keys, **parallel}, t, step, tokens / step / gpus, peaks, sim=sim, workload=w)
     return LayoutPlan(name, keys, {}, float("inf"), 0.0, {}, memory or problem)
 
 

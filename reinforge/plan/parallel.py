@@ -14,8 +14,9 @@ to the step's largest; at least ``p`` micro-batches, dummies making up the count
 * memory: the first stage holds the activations of ``min(m', p)`` = ``p`` micro-batches of its ``L / p`` layers at
   the 1F1B steady state, ``1 + (p - 1) / (p v)`` times that when interleaved (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", sec. 4.2.3): :func:`pipeline_activation_factor`, relative
-  to one micro-batch through every layer; a rank's weights are its stage's layers and the embedding or the LM head
-  (a tied head is a copy on the last stage): :func:`stage_params`.
+  to one micro-batch through every layer (:mod:`.model` adds the LM head's, which only the last stage holds: an upper
+  bound, 1.17x the fullest rank's measured peak for PP2 x TP2 in docs/benchmarks.md); a rank's weights are its
+  stage's layers and the embedding or the LM head (a tied head is a copy on the last stage): :func:`stage_params`.
 
 **Experts** (``reinforge/models/moe.py``: each of the ``e`` ranks holds ``E / e`` experts of every MoE layer, FSDP
 shards them over the other ``dp / e``; tokens reach their experts by all-to-all):
