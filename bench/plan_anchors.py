@@ -10,8 +10,9 @@ of the two sides (reinforge/plan/simulate.py): no GPU needed.
 * verl, Qwen3-30B-A3B at 32k responses: 377 -> 685 tok/s/GPU (the figure issue 36 and 56 quote). Its settings were
   not found in verl's docs, recipes or issues (searched 2026-12-08): assumed below (:data:`VERL`).
 
-Every row re-plans the workload with reinforge's keys (engines of 2 GPUs need ``engine.backend=vllm``); the
-planner's efficiencies are reinforge's own engine's and trainer's. A sharded trainer builds the whole model on each
+Every row re-plans the workload with reinforge's keys (engines of 2 GPUs need ``engine.backend=vllm``; EP 8 alone,
+since reinforge does not combine expert with pipeline parallelism; no partial rollouts, which vLLM engines cannot
+do in reinforge); the planner's efficiencies are reinforge's own engine's and trainer's. A sharded trainer builds the whole model on each
 rank before sharding (113.6 GiB in fp32 here): that refuses every layout on an H100, so the rows are also planned with
 that setup phase left out (``--shard-load``: as if each rank loaded its shard only, not built yet), and the refusal
 is printed.
