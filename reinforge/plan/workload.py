@@ -24,7 +24,7 @@ class Workload:
         slots: the engine's ``max_num_seqs`` (capped at ``num_seqs``).
         ray: the trainers and engines are Ray actors (``cluster.mode=ray``).
         engines: rollout engines sharing the rollout (Ray: ``rollout_num_gpus / rollout_num_gpus_per_engine``);
-            each decodes its share (:func:`per_engine`).
+            each decodes its share (:func:`.model.per_engine`).
         kv_elem_bytes, engine_elem_bytes: KV cache and engine weight dtype bytes.
         kv_fraction: ``engine.kv_cache_memory_fraction``; ``num_kv_blocks``: its cap (0: none).
         micro_tokens: ``train.max_tokens_per_gpu``; ``recompute``: layers recomputed (0 .. layers).
@@ -39,7 +39,7 @@ class Workload:
             engine's weights, KV cache and decode bytes per GPU are divided by it.
         node_gpus: trainer GPUs per node (``cluster.actor_num_gpus_per_node``): expert parallelism beyond them runs
             its all-to-all over the network (:func:`.parallel.expert_link`).
-        eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
+        eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`.model.EAGER_NORM_BYTES` more per kept norm).
         fused_logprobs: the log-probs run as Triton kernels (``model.fused_kernels`` on a GPU,
             ``algo/fused_logprobs.py``): no fp32 log-softmax chunks.
         optimizer_offload: AdamW's moments in host memory (``train.optimizer_offload``).
@@ -56,7 +56,7 @@ class Workload:
         prefill_tokens: ``engine.max_prefill_tokens``.
         engine_fp8: the engine's attention and MLP projections in fp8, 1 B / parameter
             (``engine.quantization=fp8``; embeddings, LM head, norms and routed experts stay
-            ``engine_elem_bytes``: :func:`fp8_saved_bytes`).
+            ``engine_elem_bytes``: :func:`.model.fp8_saved_bytes`).
     """
 
     arch: Arch
