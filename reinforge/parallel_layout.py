@@ -242,6 +242,15 @@ def latent_attention_problem(model_type: str | None) -> str:
     )
 
 
+def microbatch_count(n: int, pp: int, vpp: int) -> int:
+    """The smallest count >= ``n`` micro-batches the schedule runs: at least ``pp``; interleaved
+    (``vpp`` > 1), a multiple of its rounds (``max(1, count // pp)``, torch's flexible interleaved 1F1B)."""
+    n = max(n, pp)
+    while vpp > 1 and n % max(1, n // pp):
+        n += 1
+    return n
+
+
 def train_sizes(train: Any) -> tuple[int, int, int, int, int, bool]:
     """(tp, cp, ep, pp, vpp, sp) of a ``train`` config section, in :meth:`Layout.for_world`'s order."""
     return (

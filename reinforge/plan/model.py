@@ -50,32 +50,41 @@ Time (seconds), at assumed efficiencies (:data:`DECODE_EFFICIENCY`, :data:`TRAIN
 * log-probs: ``2 x active parameters x tokens + 2 x layers x q x sum L_i^2`` FLOPs (causal attention
   forward), at the forward MFU;
 * training: 3 x that (forward and backward) plus the recomputed layers' forward again, at the
-  training MFU (Kaplan et al. 2020's 6 N FLOPs per token, attention as in bench/liger_train.py);
+  training MFU (Kaplan et al. 2020's 6 N FLOPs per token, attention as in bench/liger_train.py); a MoE model's
+  routed experts at :data:`EXPERT_MATMUL_EFFICIENCY` of it (:func:`paced_flops`);
 * weight sync: the fp32 weights read and bf16 written on the device (local / colocated), or the
   fp32 buckets over the network (disaggregated, :data:`BROADCAST_BYTES_PER_S`).
+
+Pipeline and expert parallelism (``Workload.pp`` / ``vpp`` / ``ep``) add the terms of :mod:`.parallel`: a stage's
+weights, the interleaved schedule's extra activations, the layer FSDP gathers with ``E / ep`` experts and the
+all-to-all buffers in memory; the pipeline bubble and the all-to-all's bytes over the GPUs' link in time.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
 
-from .arch import Arch
-from .hardware import GPU
+from . import parallel as P
+from .arch import Arch as Arch  # (re-exported: the planner's names are read from here)
+from .hardware import GPU as GPU
+from .workload import CUDA_CONTEXT, Breakdown, Workload, with_
+from .workload import GIB as GIB
+from .workload import USABLE_FRACTION as USABLE_FRACTION
 
-GIB = 1 << 30
 BLOCK = 16  # tokens per KV block on a GPU (engine.kv_block_size: 0)
 LOGIT_CHUNK_TEMPS = 5.0  # fp32 [chunk, V] buffers alive at once in the log-softmax backward (calibrated, see above)
 LOGIT_CHUNK_TEMPS_FORWARD = 3.0  # ... in the forward without gradient (the log-prob pass: 8.1 GiB at 16k, measured)
-CUDA_CONTEXT = GIB  # the CUDA context and cuBLAS / NCCL workspaces, outside the allocator's count
-USABLE_FRACTION = 0.90  # of the rest: the allocator's fragmentation (docs/results/grpo_long: 13 GiB reserved unused)
 DECODE_EFFICIENCY = 0.60  # share of the bandwidth bound the decode kernels reach, host work apart (fit below)
 DECODE_STEP_HOST_S = 1.0e-3  # host work per decode step: scheduling, sampling, graph launch (fit below)
 # Fit to the recorded rollouts of docs/benchmarks.md (H100, 1.39B, 64-128 sequences, 2k-16k responses, bf16 and fp8
 # caches): one efficiency for every length left 2k at 1.53x its prediction and 16k at 0.92x (the host's share falls
 # with length); with the per-step term every recorded rollout is within 0.93-1.14x, 2k at 1.23x (one-step runs: the
 # first step's compilation and graph capture, ~2 s, are in it). tests/unit/test_plan.py holds the points.
+# ... but a MoE engine's routed experts, read whole by the grouped GEMMs, stream at this share of the bandwidth. Fit
+# (2026-12-08) to the two MoE rollouts recorded (docs/benchmarks.md): the 15B-A1.8B shape on 4 H200s (14.45-14.62 s
+# against 19.5 at the dense efficiency) and Qwen3-30B-A3B on one H200 (72.8-78.1 s against 99). The 2.6B-A0.5B shape
+# (0.6-5 GB a step) stays below it: fixed per-kernel costs dominate its steps (its prediction is optimistic).
+EXPERT_DECODE_EFFICIENCY = 0.85
 FORWARD_MFU = 0.35  # log-prob pass
 TRAIN_MFU = 0.38  # forward + backward + recomputation (34-41% measured at 16k, docs/benchmarks.md)
 BROADCAST_BYTES_PER_S = 25e9  # NCCL broadcast of the weights to disaggregated engines (assumed)
@@ -99,113 +108,11 @@ EAGER_NORM_BYTES = 8
 # the term puts every recorded eager run (H100 and H200, 2k-16k) at 0.90-1.19x its prediction, from 1.07-1.55x
 # without it (docs/benchmarks.md, "Eager training's time in the plan").
 EAGER_TRAIN_BYTES = 545
-
-
-@dataclass
-class Workload:
-    """One RL step on one GPU (a trainer rank and, colocated, its engine). Lengths in tokens.
-
-    Attributes:
-        prompt_len, response_len: the longest prompt and ``rollout.rollout_max_response_len``.
-        num_seqs: sequences per rollout (``rollout_batch_size x n_samples_per_prompt``).
-        slots: the engine's ``max_num_seqs`` (capped at ``num_seqs``).
-        ray: the trainers and engines are Ray actors (``cluster.mode=ray``).
-        engines: rollout engines sharing the rollout (Ray: ``rollout_num_gpus / rollout_num_gpus_per_engine``);
-            each decodes its share (:func:`per_engine`).
-        kv_elem_bytes, engine_elem_bytes: KV cache and engine weight dtype bytes.
-        kv_fraction: ``engine.kv_cache_memory_fraction``; ``num_kv_blocks``: its cap (0: none).
-        micro_tokens: ``train.max_tokens_per_gpu``; ``recompute``: layers recomputed (0 .. layers).
-        log_prob_chunk: ``train.log_prob_chunk_size``.
-        colocated: the engine shares this GPU (local mode, Ray ``colocate``).
-        offload_rollout: the KV cache is freed while training (``cluster.offload_rollout``; Ray colocated).
-        offload_engine_weights: the engine's weights are freed too (the weight sync writes them again).
-        reference: a frozen reference model on the trainer; ``critic``: a value model like the policy.
-        dp, tp, cp: data / tensor / context parallel sizes of the trainer ranks.
-        eager_norms: the trainer's RMSNorms are eager PyTorch (:data:`EAGER_NORM_BYTES` more per kept norm).
-        fused_logprobs: the log-probs run as Triton kernels (``model.fused_kernels`` on a GPU,
-            ``algo/fused_logprobs.py``): no fp32 log-softmax chunks.
-        optimizer_offload: AdamW's moments in host memory (``train.optimizer_offload``).
-        fsdp_offload: weights, gradients and AdamW in host memory, a layer at a time on the GPU
-            (``train.fsdp_cpu_offload``).
-        lora: only adapters train (no gradients or AdamW state for the base).
-        train_bf16: the trainer's forward runs under bf16 autocast (``model.train_dtype``); with ``lora``
-            the frozen base is held in bf16 (:func:`~reinforge.models.lora.hold_frozen_weights`).
-        logprob_passes: forward passes without gradient before training (old, reference log-probs).
-        teacher_params, teacher_flop_params: on-policy distillation's checkpoint teachers (``distill``),
-            summed: their parameters (held frozen like the reference) and their matmul parameters per token
-            (their log-prob passes, before training); 0 without.
-        steps_per_rollout: optimizer steps per rollout.
-        prefill_tokens: ``engine.max_prefill_tokens``.
-        engine_fp8: the engine's attention and MLP projections in fp8, 1 B / parameter
-            (``engine.quantization=fp8``; embeddings, LM head, norms and routed experts stay
-            ``engine_elem_bytes``: :func:`fp8_saved_bytes`).
-    """
-
-    arch: Arch
-    gpu: GPU
-    prompt_len: int
-    response_len: int
-    num_seqs: int
-    slots: int
-    micro_tokens: int
-    recompute: int
-    kv_elem_bytes: float = 2
-    engine_elem_bytes: int = 2
-    kv_fraction: float = 0.3
-    num_kv_blocks: int = 0
-    log_prob_chunk: int = 2048
-    colocated: bool = True
-    offload_rollout: bool = False
-    offload_engine_weights: bool = False
-    reference: bool = False
-    critic: bool = False
-    dp: int = 1
-    tp: int = 1
-    cp: int = 1
-    lora: bool = False
-    train_bf16: bool = True
-    eager_norms: bool = False
-    fused_logprobs: bool = False
-    optimizer_offload: bool = False
-    fsdp_offload: bool = False
-    logprob_passes: int = 0
-    teacher_params: int = 0
-    teacher_flop_params: int = 0
-    steps_per_rollout: int = 1
-    prefill_tokens: int = 16384
-    ray: bool = False
-    engines: int = 1
-    engine_fp8: bool = False
-
-    @property
-    def seq_len(self) -> int:
-        return self.prompt_len + self.response_len
-
-    @property
-    def shards(self) -> int:
-        return self.dp * self.cp * self.tp
-
-    @property
-    def usable(self) -> float:
-        """Bytes the planner lets a phase allocate: (memory - CUDA context) x :data:`USABLE_FRACTION`."""
-        return (self.gpu.memory - CUDA_CONTEXT) * USABLE_FRACTION
-
-
-@dataclass
-class Breakdown:
-    """A phase's memory: named parts in bytes."""
-
-    phase: str
-    parts: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def total(self) -> float:
-        return sum(self.parts.values())
-
-    def words(self, top: int = 4) -> str:
-        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:top]
-        shown = ", ".join(f"{k} {v / GIB:.1f}" for k, v in big if v >= GIB / 20)
-        return f"{shown} GiB" if shown else "every part < 0.05 GiB"
+# The routed experts' grouped GEMMs (a few hundred to a few thousand tokens per expert a micro-batch, the tokens
+# permuted to them and back) reach this share of the dense MFU. Fit (2026-12-08) to the two MoE trainings recorded
+# (docs/benchmarks.md): Qwen3-30B-A3B with LoRA on one H200, 38.1-46.4 s measured in three runs against 23.8 s at the
+# dense MFU (41.4 with the term), and the 15B-A1.8B shape with FSDP over 4 H200s, 3.92 s against 2.13 (3.93).
+EXPERT_MATMUL_EFFICIENCY = 0.35
 
 
 # ----------------------------------------------------------------------------------------- memory
@@ -253,7 +160,7 @@ def trainer_resident(w: Workload, grads: bool = True) -> dict[str, float]:
     if w.fsdp_offload:
         return {}
     return trainer_state(
-        w.arch.num_params,
+        P.stage_params(w.arch, w.pp),
         w.shards,
         lora=w.lora,
         bf16=w.train_bf16,
@@ -272,12 +179,12 @@ def fp8_saved_bytes(w: Workload) -> float:
         return 0.0
     a = w.arch
     routed = a.moe_layers * a.experts * 3 * a.hidden * a.moe_intermediate
-    return (a.layers_params - routed) * (w.engine_elem_bytes - 1) / w.tp
+    return (a.layers_params - routed) * (w.engine_elem_bytes - 1) / w.engine_tp
 
 
 def engine_weights(w: Workload) -> float:
     """The engine's weights on one GPU: every parameter at ``engine_elem_bytes`` over ``tp``, less fp8's saving."""
-    return w.arch.weight_bytes(w.engine_elem_bytes, w.tp) - fp8_saved_bytes(w)
+    return w.arch.weight_bytes(w.engine_elem_bytes, w.engine_tp) - fp8_saved_bytes(w)
 
 
 def kv_need(w: Workload) -> float:
@@ -287,7 +194,7 @@ def kv_need(w: Workload) -> float:
     if w.num_kv_blocks:
         blocks = min(blocks, max(w.num_kv_blocks, per_seq))
     states = w.slots * w.arch.state_bytes_per_seq(w.engine_elem_bytes)  # a hybrid's linear-attention states
-    return (blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes, w.seq_len) + states
+    return ((blocks + 1) * BLOCK * w.arch.kv_bytes_per_token(w.kv_elem_bytes, w.seq_len) + states) / w.engine_tp
 
 
 def kv_pool(w: Workload, after_training: bool = True) -> float:
@@ -309,7 +216,7 @@ def engine_workspace(w: Workload) -> float:
     a = w.arch
     width = a.intermediate if not a.moe_layers else a.moe_intermediate * a.experts_per_tok + a.shared_intermediate
     return (
-        min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.tp
+        min(w.prefill_tokens, w.num_seqs * w.seq_len) * (4 * a.hidden + 3 * width) * 2 / w.engine_tp
         + 2 * w.slots * a.vocab_size * 4
     )
 
@@ -333,7 +240,7 @@ def activation_bytes_per_token(w: Workload, recompute: int | None = None) -> flo
     sparse = [a.experts > 0 and i >= a.num_layers - a.moe_layers for i in range(a.num_layers)]
     norm = EAGER_NORM_BYTES * a.hidden if w.eager_norms else 0  # per RMSNorm whose activations are kept
     layers = sum(4 * a.hidden if i < k else a.kept_layer_bytes(sparse[i], w.tp) + 2 * norm for i in range(a.num_layers))
-    return layers + 14 * a.hidden + norm + 4 * a.vocab_size
+    return layers * P.pipeline_activation_factor(w.pp, w.vpp) + 14 * a.hidden + norm + 4 * a.vocab_size
 
 
 def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | None = None) -> Breakdown:
@@ -345,7 +252,7 @@ def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | Non
         a.layer_params(a.experts > 0 and i >= a.num_layers - a.moe_layers) for i in range(k, a.num_layers)
     )
     sharded = w.shards > 1
-    bf16 = (2 * 2 * a.layers_params / a.num_layers) if sharded else 2 * (kept_params / w.tp + a.head_params)
+    bf16 = 2 * 2 * P.gathered_layer_params(a, w.ep) if sharded else 2 * (kept_params / w.tp / w.pp + a.head_params)
     copies = {"bf16 weight copies": bf16}
     if w.fsdp_offload:  # two layers (one prefetched) and the root module's embedding / head visit the GPU
         outer = a.head_params * (1 if a.tied else 2)
@@ -355,6 +262,7 @@ def train_breakdown(w: Workload, tokens: int | None = None, recompute: int | Non
         **engine_during_training(w),
         "activations": n * activation_bytes_per_token(w, k),
         **copies,
+        "all-to-all buffers": P.alltoall_buffer_bytes(n, a, w.ep),
         "log-softmax chunks": log_softmax_chunks(w, LOGIT_CHUNK_TEMPS, n),
     }
     return Breakdown("training", parts)
@@ -445,20 +353,22 @@ def engine_slots(w: Workload, lengths: list[int] | None = None) -> int:
     an H200, docs/benchmarks.md: a pool of 60 full-length sequences decoded 64 in one wave)."""
     mean = sum(lengths) / len(lengths) if lengths else w.response_len
     held = math.ceil((w.prompt_len + mean / 2) / BLOCK) * BLOCK
-    footprint = w.arch.seq_kv_bytes(held, w.kv_elem_bytes, w.engine_elem_bytes)
+    footprint = w.arch.seq_kv_bytes(held, w.kv_elem_bytes, w.engine_elem_bytes) / w.engine_tp
     return max(1, min(w.slots, w.num_seqs, int(kv_pool(w) // footprint)))
 
 
-def decode_weight_bytes(w: Workload, batch: int) -> float:
+def decode_weight_bytes(w: Workload, batch: int, expert_weight: float = 1.0) -> float:
     """Weight bytes one decode step reads: every dense weight; of a MoE layer's experts those the
-    ``batch`` tokens select in expectation, ``E (1 - (1 - k/E)^batch)``."""
+    ``batch`` tokens select in expectation, ``E (1 - (1 - k/E)^batch)``, their bytes times ``expert_weight``."""
     a = w.arch
     b = w.engine_elem_bytes
     if not a.moe_layers:
         return engine_weights(w)
     used = a.experts * (1 - (1 - a.experts_per_tok / a.experts) ** batch)
     expert = 3 * a.hidden * a.moe_intermediate
-    return (a.num_params - a.moe_layers * (a.experts - used) * expert) * b / w.tp - fp8_saved_bytes(w)
+    routed = a.moe_layers * used * expert * b / w.engine_tp
+    rest = (a.num_params - a.moe_layers * a.experts * expert) * b / w.engine_tp - fp8_saved_bytes(w)
+    return rest + routed * expert_weight
 
 
 def generation_seconds(
@@ -478,15 +388,17 @@ def generation_seconds(
     a = w.arch
     lengths = list(lengths) if lengths else [w.response_len] * w.num_seqs
     c = engine_slots(w, lengths)
-    kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
+    kv = a.kv_bytes_per_token(w.kv_elem_bytes) / w.engine_tp
     total = steps = 0.0
     for i in range(0, len(lengths), c):
         wave = lengths[i : i + c]
         steps += max(wave)
-        total += max(wave) * decode_weight_bytes(w, len(wave))
+        total += max(wave) * decode_weight_bytes(w, len(wave), min(1.0, efficiency / EXPERT_DECODE_EFFICIENCY))
         total += sum(kv * (w.prompt_len * n + n * n / 2) for n in wave)
-        total += max(wave) * len(wave) * 2 * a.state_bytes_per_seq(w.engine_elem_bytes) / w.tp  # states read, written
-    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.tp)
+        total += (
+            max(wave) * len(wave) * 2 * a.state_bytes_per_seq(w.engine_elem_bytes) / w.engine_tp
+        )  # states read, written
+    prefill = 2 * a.flop_params * w.prompt_len * len(lengths) / (w.gpu.bf16_flops * mfu * w.engine_tp)
     return total / (w.gpu.bandwidth * efficiency) + steps * host_step_s + prefill
 
 
@@ -497,6 +409,16 @@ def forward_flops(w: Workload, lengths: list[int] | None = None) -> float:
     return 2 * a.flop_params * sum(seqs) + 2 * a.num_layers * a.q_dim * sum(s * s for s in seqs)
 
 
+def paced_flops(w: Workload, lengths: list[int] | None = None) -> float:
+    """:func:`forward_flops` with the routed experts' share at :data:`EXPERT_MATMUL_EFFICIENCY` of the MFU: the
+    FLOPs a dense model would take as long for."""
+    a = w.arch
+    if not a.moe_layers:
+        return forward_flops(w, lengths)
+    routed = 2 * a.moe_layers * a.experts_per_tok * 3 * a.hidden * a.moe_intermediate * rollout_tokens(w, lengths)
+    return forward_flops(w, lengths) + routed * (1 / EXPERT_MATMUL_EFFICIENCY - 1)
+
+
 def rollout_tokens(w: Workload, lengths: list[int] | None = None) -> int:
     """Prompt and response tokens of the rollout (responses of ``lengths``, else all at the longest)."""
     return sum(w.prompt_len + n for n in lengths) if lengths else w.seq_len * w.num_seqs
@@ -505,6 +427,17 @@ def rollout_tokens(w: Workload, lengths: list[int] | None = None) -> int:
 def micro_batches(w: Workload, lengths: list[int] | None = None) -> int:
     """Micro-batches of ``micro_tokens`` one pass over the rollout takes, per trainer rank."""
     return max(1, math.ceil(rollout_tokens(w, lengths) / (w.micro_tokens * w.dp)))
+
+
+def pipeline_factor(w: Workload, lengths: list[int] | None = None) -> float:
+    """:func:`.parallel.pipeline_time_factor` of the micro-batches each optimizer step's schedule runs."""
+    return P.pipeline_time_factor(math.ceil(micro_batches(w, lengths) / w.steps_per_rollout), w.pp, w.vpp)
+
+
+def alltoall_seconds(w: Workload, passes: float, lengths: list[int] | None = None) -> float:
+    """:func:`.parallel.alltoall_seconds` of a data-parallel rank's tokens of the rollout."""
+    link = P.expert_link(w.ep, w.node_gpus, w.gpu.link)
+    return P.alltoall_seconds(rollout_tokens(w, lengths) / w.dp, w.arch, w.ep, passes, link)
 
 
 def host_copy_seconds(w: Workload, passes: float, lengths: list[int] | None = None) -> float:
@@ -518,9 +451,11 @@ def logprob_seconds(w: Workload, lengths: list[int] | None = None) -> float | No
     """The forward passes without gradient; with ``fsdp_offload`` no faster than the weights' copies in."""
     if not w.gpu.knows_speed:
         return None
-    compute = forward_flops(w, lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.shards)
+    compute = paced_flops(w, lengths) / (w.gpu.bf16_flops * FORWARD_MFU * w.trainer_gpus)
+    compute *= pipeline_factor(w, lengths)  # (the bubble: pipeline parallelism)
     # the teachers' passes: the same tokens through their matmuls (attention's share scaled alike)
     teachers = compute * w.teacher_flop_params / max(w.arch.flop_params, 1)
+    compute += alltoall_seconds(w, 1, lengths)  # (expert parallelism's dispatch and combine)
     return w.logprob_passes * max(compute, host_copy_seconds(w, 1, lengths)) + teachers
 
 
@@ -533,16 +468,17 @@ def train_seconds(w: Workload, lengths: list[int] | None = None) -> float | None
     (:data:`HOST_ADAMW_BYTES_PER_S`)."""
     if not w.gpu.knows_speed:
         return None
-    f = forward_flops(w, lengths)
+    f = paced_flops(w, lengths)
     flops = 3 * f + f * w.recompute / w.arch.num_layers
     if w.critic:
         flops *= 2
-    compute = flops / (w.gpu.bf16_flops * TRAIN_MFU * w.shards)
+    compute = flops / (w.gpu.bf16_flops * TRAIN_MFU * w.trainer_gpus)
     if w.eager_norms:
         a = w.arch
         passes = (1 + w.recompute / a.num_layers / 3) * (2 if w.critic else 1)
         per_token = EAGER_TRAIN_BYTES * a.hidden * a.num_layers * passes
-        compute += rollout_tokens(w, lengths) * per_token / (w.gpu.bandwidth * w.shards)
+        compute += rollout_tokens(w, lengths) * per_token / (w.gpu.bandwidth * w.trainer_gpus)
+    compute = compute * pipeline_factor(w, lengths) + alltoall_seconds(w, 2 + w.recompute / w.arch.num_layers, lengths)
     trained = 0 if w.lora else w.arch.num_params / w.shards
     if w.optimizer_offload:  # the moments in and out at every step, overlapped with nothing else
         compute += w.steps_per_rollout * 16 * trained / HOST_LINK_BYTES_PER_S
@@ -590,8 +526,3 @@ def times(w: Workload, lengths: list[int] | None = None) -> dict[str, float | No
         "training": train_seconds(w, lengths),
         "weight sync": sync_seconds(w),
     }
-
-
-def with_(w: Workload, **changes: Any) -> Workload:
-    """A copy of ``w`` with some fields changed."""
-    return replace(w, **changes)

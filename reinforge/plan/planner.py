@@ -145,8 +145,8 @@ def workload(
     k = m.recompute_num_layers
     recompute = 0 if not m.gradient_checkpointing else arch.num_layers if k in (None, AUTO) else min(k, arch.num_layers)
     ray = c.mode == "ray"
-    tp, cp = t.tensor_model_parallel_size, t.context_parallel_size
-    dp = max(1, c.num_trainers // (tp * cp)) if ray else 1
+    tp, cp, pp = t.tensor_model_parallel_size, t.context_parallel_size, t.pipeline_model_parallel_size
+    dp = max(1, c.num_trainers // (tp * cp * pp)) if ray else 1
     colocated = not offline and (not ray or c.colocate)
     return M.Workload(
         arch=arch,
@@ -170,6 +170,11 @@ def workload(
         dp=dp,
         tp=tp,
         cp=cp,
+        ep=t.expert_model_parallel_size,
+        pp=pp,
+        vpp=t.virtual_pipeline_model_parallel_size,
+        engine_tp=c.rollout_num_gpus_per_engine if ray and not offline else 1,
+        node_gpus=c.actor_num_gpus_per_node if ray else 8,
         ray=ray,
         engines=max(1, c.rollout_num_gpus // c.rollout_num_gpus_per_engine) if ray and not offline else 1,
         lora=m.lora_rank > 0,

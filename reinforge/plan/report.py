@@ -155,7 +155,7 @@ def predict(
         "training": 3 * f * (2 if w.critic else 1) / peak if peak else None,  # model FLOPs: MFU
         "sync": M.sync_seconds(w, bound=True),
     }
-    slots, kv = M.engine_slots(gw, per_engine), w.arch.kv_bytes_per_token(w.kv_elem_bytes) / w.tp
+    slots, kv = M.engine_slots(gw, per_engine), w.arch.kv_bytes_per_token(w.kv_elem_bytes) / w.engine_tp
     return predicted, limit, tail_share(per_engine, slots, M.decode_weight_bytes(gw, slots), kv, prompt)
 
 

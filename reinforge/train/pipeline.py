@@ -14,7 +14,7 @@ its gradient and the embedding's are summed between the first and last stage bef
 **Schedules.** One pipeline rank: ``Schedule1F1B``; several model chunks per rank:
 ``ScheduleInterleaved1F1B`` (Narayanan et al. 2021). Both need at least ``pp`` micro-batches, the
 interleaved one a multiple of its rounds: dummy micro-batches (loss weight 0) make up the count
-(:meth:`Pipeline.microbatch_count`).
+(:meth:`Pipeline.microbatch_count`, :func:`reinforge.parallel_layout.microbatch_count`).
 
 **Shapes.** The RL trainer's micro-batches differ in rows and length, but a stage receives its
 activations into buffers sized once per schedule. Every micro-batch of a step is padded to the
@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..models.loading import named_weights
+from ..parallel_layout import microbatch_count as microbatch_count  # (the rule lives with the layout)
 from .batching import MicroBatch
 
 if TYPE_CHECKING:
@@ -166,15 +167,6 @@ def pad_micro_batch(mb: MicroBatch, rows: int, length: int, pad_id: int) -> Micr
         doc_ids=F.pad(mb.doc_ids, pad, value=-1) if mb.doc_ids is not None else None,
         shared=F.pad(mb.shared, pad, value=False) if mb.shared is not None else None,
     )
-
-
-def microbatch_count(n: int, pp: int, vpp: int) -> int:
-    """The smallest count >= ``n`` micro-batches the schedule runs: at least ``pp``; interleaved
-    (``vpp`` > 1), a multiple of its rounds (``max(1, count // pp)``, torch's flexible interleaved 1F1B)."""
-    n = max(n, pp)
-    while vpp > 1 and n % max(1, n // pp):
-        n += 1
-    return n
 
 
 class Pipeline:
