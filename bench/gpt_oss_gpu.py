@@ -251,8 +251,9 @@ def main() -> None:
                         flush=True,
                     )
         print("bf16 engine vs trainer:", logprob_mismatch(model, dev), flush=True)
-        if args.profile:
+        if args.profile or args.profile_at:
             sdpa_backends(model)
+        if args.profile:
             profile_decode(model, 16, 1024, 32)
 
 
