@@ -163,6 +163,25 @@ ARCHS = {
 }
 ARCHS["qwen3-moe-15b-a1.8b"] = {**ARCHS["qwen3-moe-30b-a3b"], "num_hidden_layers": 24}
 
+# Issue 53's families for end-to-end steps: each published model's layer shape, layers cut so that full-parameter
+# training fits one GPU (about 1.5-2B parameters with SmolLM2's vocabulary): gpt-oss-20b's (2 layers: one sliding,
+# one full), Moonlight-16B-A3B's (4: the dense first layer and 3 MoE layers of 64 experts), Gemma-3-12B's (6: five
+# local, one global)
+from gemma3_gpu import GEMMA3_12B  # noqa: E402  (bench/ modules: the configs live beside their decode benches)
+from gpt_oss_gpu import GPT_OSS_20B  # noqa: E402
+from mla_gpu import MOONLIGHT  # noqa: E402
+
+for _name, _cfg, _layers in (
+    ("gpt-oss-20b-2l", GPT_OSS_20B, 2),
+    ("moonlight-16b-a3b-4l", MOONLIGHT, 4),
+    ("gemma3-12b-6l", GEMMA3_12B, 6),
+):
+    ARCHS[_name] = {
+        **{k: v for k, v in _cfg.items() if k not in ("architectures", "pad_token_id", "eos_token_id")},
+        "num_hidden_layers": _layers,
+        "max_position_embeddings": 32768,
+    }
+
 # Dry runs on CPU: each family's shape shrunk to 2 layers of width 64 (head counts divisible by 4, so tensor
 # parallelism up to 4 applies), keeping the model type (and the MoE routing)
 TINY = dict(

@@ -46,17 +46,25 @@ def write_model(
     arch: str,
     own_vocab: bool = False,
     weights: bool = True,
+    tiny: bool = False,
     **overrides,
 ) -> None:
     """A random model of ``arch`` with SmolLM2's tokenizer: its 49,152-entry vocabulary and tied
     embeddings, or (``own_vocab``) the architecture's own (ids the tokenizer lacks decode to nothing).
     ``weights`` False: config.json only (the run sets ``model.random_init``: a 30B model's 61 GB would not
-    fit the device's disk). ``overrides``: more config values (e.g. archs.tiny_overrides)."""
+    fit the device's disk). ``tiny``: check-model's tiny random model of the architecture (CPU smoke runs of any
+    family). ``overrides``: more config values (e.g. archs.tiny_overrides)."""
     from archs import hf_config, write_random_model
 
     shape = {} if own_vocab else {"vocab_size": 49152, "tie_word_embeddings": True}
     shape.update(overrides)
-    if weights:
+    if tiny:  # the family's shape shrunk by check-model's maker (width 64, 4 layers, <= 8 experts): a CPU run
+        from reinforge.check_model import write_tiny_model
+
+        src = folder.parent / f"{folder.name}-config"
+        hf_config(arch, max_position_embeddings=max_positions, **shape).save_pretrained(src)
+        write_tiny_model(src, folder, layers=4)  # (4: a hybrid keeps one attention layer in 4)
+    elif weights:
         write_random_model(arch, folder, max_position_embeddings=max_positions, **shape)
     else:
         hf_config(arch, max_position_embeddings=max_positions, **shape).save_pretrained(folder)
@@ -234,6 +242,7 @@ def main() -> None:
         action="store_true",
         help="no weights on disk: trainer and engine draw them (model.random_init; for models the disk cannot hold)",
     )
+    ap.add_argument("--tiny", action="store_true", help="the family's tiny random model (width 64, 4 layers): CPU")
     ap.add_argument(
         "--fallback",
         action="store_true",
@@ -247,6 +256,7 @@ def main() -> None:
         from reinforge.models.families import FAMILIES
 
         FAMILIES._entries.pop(ARCHS[args.arch]["model_type"])
+        args.set = ["train.packing=auto", *args.set]  # (packed sequences need a native family: auto says which)
     if args.random_init:
         args.set = [*args.set, "model.random_init=true"]
     rows = []
@@ -254,7 +264,9 @@ def main() -> None:
         tmp = Path(tmp)
         model = tmp / "model"
         positions = max(32768, max(args.lengths) + 512)
-        write_model(model, args.tokenizer, positions, args.arch, args.own_vocab, weights=not args.random_init)
+        write_model(
+            model, args.tokenizer, positions, args.arch, args.own_vocab, weights=not args.random_init, tiny=args.tiny
+        )
         write_prompts(tmp / "prompts.jsonl", 512)
         for length in args.lengths:
             seqs = args.seqs or SEQS.get(length, 64)

@@ -54,15 +54,19 @@ class KVCachePlan:
         )
 
     @property
+    def bytes_per_token_layer(self) -> int:
+        """Cache bytes of one token in one attention layer (0 for a model of linear-attention layers only)."""
+        return self.bytes_per_token // self.num_layers if self.num_layers else 0
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one block of the pool (the layers not kept in rings)."""
-        return self.block_size * (self.num_layers - self.ring_layers) * (self.bytes_per_token // self.num_layers)
+        return self.block_size * (self.num_layers - self.ring_layers) * self.bytes_per_token_layer
 
     @property
     def ring_bytes(self) -> int:
         """Bytes of the sliding-window layers' rings: every slot's and their sink block (0: no rings)."""
-        per_layer = self.bytes_per_token // self.num_layers
-        return (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * per_layer
+        return (self.slots * self.ring_blocks + 1) * self.block_size * self.ring_layers * self.bytes_per_token_layer
 
     @property
     def bytes(self) -> int:

@@ -844,6 +844,9 @@ def test_kv_bytes_are_one_function_for_the_planner_the_checks_and_the_engine():
     assert plan.bytes_per_token == kv.kv_bytes_per_token(1, 2, 32, 2)
     assert plan.state_bytes == 3 * (100 * 2 + 4 * 10) and plan.weight_bytes == 2000
     assert plan.total == plan.bytes + plan.state_bytes + plan.weight_bytes
+    # a model of linear-attention layers only (no attention layer: nothing per token) was a ZeroDivisionError
+    linear_only = KVCachePlan(3, 6, 16, 2, 0, 2, 32, 2, 2, 1000, "bfloat16", conv_state_elems=100, rec_state_elems=10)
+    assert linear_only.bytes == 0 and linear_only.total == linear_only.state_bytes + linear_only.weight_bytes
 
 
 def test_a_frozen_model_is_held_as_the_trainer_holds_it():
