@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -306,16 +307,27 @@ class Attention(nn.Module):
         contexts that know only full attention are called as before."""
         if self.plain:
             return sdpa(q, k, v) if ctx is None else ctx.attend(self.layer, q, k, v)
-        if self.sinks is not None and self.sinks.shape[0] != q.shape[2]:
-            raise NotImplementedError(
-                f"attention sinks with the heads split (tensor or context parallelism): {q.shape[2]} local heads "
-                f"of {self.sinks.shape[0]}"
-            )
+        sinks = self.local_sinks(q.shape[2])
         if ctx is None:
             T = q.shape[1]
             mask = causal_mask(T, T, q.device, self.window) if self.window else None
-            return sdpa(q, k, v, mask, scale=self.scale, sinks=self.sinks)
-        return ctx.attend(self.layer, q, k, v, **self.attention_kind())
+            return sdpa(q, k, v, mask, scale=self.scale, sinks=sinks)
+        return ctx.attend(self.layer, q, k, v, **{**self.attention_kind(), "sinks": sinks})
+
+    def local_sinks(self, heads: int) -> torch.Tensor | None:
+        """The sink logits of this rank's ``heads`` query heads: all; under tensor parallelism the local block
+        of the ``Shard(0)`` parameter (train/mesh.py); under context parallelism (Ulysses: rank ``i`` attends head
+        block ``i``) this rank's block, its gradient summed over the ranks as every parameter's. Raises
+        ValueError where the local heads are not the sinks' (a split this code does not know)."""
+        sinks = self.sinks
+        if sinks is None:
+            return None
+        sinks = sinks.to_local() if hasattr(sinks, "to_local") else sinks  # (a DTensor: tensor parallelism)
+        if sinks.shape[0] != heads and self.cp_group is not None:
+            sinks = sinks.chunk(dist.get_world_size(self.cp_group))[dist.get_rank(self.cp_group)]
+        if sinks.shape[0] != heads:
+            raise ValueError(f"attention sinks: {heads} local query heads but {sinks.shape[0]} sink logits")
+        return sinks
 
 
 class MLP(nn.Module):

@@ -149,7 +149,7 @@ def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: DeviceMesh, sequence
             colwise / rowwise, or a planned submodule that is not a plain ``nn.Linear`` (e.g.
             LoRA-wrapped projections); sequence parallelism on a mixture-of-experts layer.
     """
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -197,6 +197,10 @@ def apply_tensor_parallel(layers: list[nn.Module], tp_mesh: DeviceMesh, sequence
                 "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=whole),
             }
         parallelize_module(layer, tp_mesh, plan)
+        attn = getattr(layer, "self_attn", None)
+        if getattr(attn, "sinks", None) is not None and "self_attn.q_proj" in names:
+            # GPT-OSS's sink logits, one per query head: split with the heads (Attention.local_sinks)
+            attn.sinks = nn.Parameter(distribute_tensor(attn.sinks.data, tp_mesh, [Shard(0)]))
 
 
 def apply_sequence_parallel_ends(lm: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -303,6 +303,22 @@ def test_ep2_matches_one_process(tmp_path, smollm2_tokenizer_path):
     assert not torch.allclose(weights[bias], torch.from_numpy(_stored(path, bias)))  # (the biases were trained)
 
 
+@pytest.mark.parametrize("split", ["train.tensor_model_parallel_size", "train.context_parallel_size"])
+def test_sinks_split_with_the_heads_match_one_process(tmp_path, smollm2_tokenizer_path, split):
+    """Tensor parallelism (the sinks a ``Shard(0)`` parameter beside the column-split query heads) and context
+    parallelism (Ulysses: each rank's block of heads, and of sinks) over 2 gloo ranks give one process's loss,
+    gradient norm and updated weights, the sinks included (they were refused with the heads split)."""
+    from tests.integration.test_distributed import assert_same, make_cfg, make_data, run_ranks, run_single
+
+    path = write_tiny_gpt_oss(tmp_path / "model", smollm2_tokenizer_path, vocab_size=49152)
+    data = make_data(6, seed=7)
+    single = run_single(make_cfg(path), path, data)
+    metrics, weights = run_ranks(2, make_cfg(path, **{split: 2}), path, data)
+    assert_same(single[:2], (metrics, weights))
+    sinks = "model.layers.1.self_attn.sinks"
+    assert not torch.allclose(weights[sinks], torch.from_numpy(_stored(path, sinks)))  # (the sinks were trained)
+
+
 def _stored(path, name):
     from safetensors.numpy import load_file
 

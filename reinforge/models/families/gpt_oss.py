@@ -31,9 +31,10 @@ in bf16 / fp32 and exports the dequantized weights.
 Expert parallelism and routing replay are the shared block's (:class:`~reinforge.models.moe.SparseMoeBlock`):
 the biases are sharded with their experts; replayed experts get the softmax of their k router logits.
 The load-balancing statistics read the softmax over all experts (transformers' ``load_balancing_loss_func``).
-Not implemented: tensor parallelism of the attention (the sinks are per query head and stay whole: under
-``tp`` > 1 the first forward stops on their shape). The weight sync to vLLM / SGLang sends the stacked experts
-whole, as the bf16 checkpoints hold them (:func:`~reinforge.models.loading.hub_layout`; not run on a GPU yet).
+Tensor and context parallelism split the sinks with the query heads
+(:meth:`~reinforge.models.transformer.Attention.local_sinks`). The weight sync to vLLM / SGLang sends the
+stacked experts whole, as the bf16 checkpoints hold them (:func:`~reinforge.models.loading.hub_layout`; not run
+on a GPU yet).
 """
 
 from __future__ import annotations
