@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .collectives import ParallelContext, full_tensor
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
 from .rollout_share import move_rows
 from .routing_replay import replay_experts
+from .shard_load import load_shards, shard_wise_model
 from .step import Head, RoutingFn, forward_backward, forward_only
 
 __all__ = ["Actor", "TrainData"]
@@ -74,7 +76,18 @@ class Actor(ModelTrainer):
         t, m, a = cfg.train, cfg.model, cfg.algo
         # LoRA under bf16 autocast: the frozen base's matmul weights made in bf16 (models/lora.py: hold_frozen_weights)
         low = autocast_dtype(m.train_dtype, device) if m.lora_rank else None
-        model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed, matmul_dtype=low)
+        # several data-parallel ranks: a meta model whose shards rank 0's weights fill (train/shard_load.py)
+        ctx = parallel or ParallelContext()
+        model = shard_wise_model(model_path, ctx, lora=bool(m.lora_rank), cpu_offload=t.fsdp_cpu_offload)
+        load = None
+        if model is not None:
+            load = functools.partial(
+                load_shards, path=model_path, device=device, parallel=ctx, random_init=m.random_init, seed=t.seed
+            )
+        else:
+            model = build_model(
+                model_path, torch.float32, device, random_init=m.random_init, seed=t.seed, matmul_dtype=low
+            )
         if m.torch_compile and (not is_native(model) or m.lora_rank):  # (compiled in parallelize)
             raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false")
         if m.lora_rank:
@@ -102,6 +115,7 @@ class Actor(ModelTrainer):
             parallel=parallel,
             pad_id=pad_id,
             compile_layers=m.torch_compile,
+            load=load,
         )
         self.cfg = cfg
         self.ref: nn.Module | None = None
@@ -121,6 +135,11 @@ class Actor(ModelTrainer):
         sharded = self.parallel.distributed
         dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
         t = self.cfg.train
+        meta = shard_wise_model(path, self.parallel, cpu_offload=t.fsdp_cpu_offload)
+        if meta is not None:  # (shard-wise: placed on the mesh, then rank 0's weights fill the shards)
+            self.shard(meta)
+            load_shards(meta, path, self.device, self.parallel, random_init=random_init, seed=t.seed)
+            return meta.eval().requires_grad_(False)
         model = build_model(path, dtype, self.device, random_init=random_init, seed=t.seed)
         return (self.shard(model) if sharded else model).eval().requires_grad_(False)
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,6 +151,8 @@ class ModelTrainer:
         name: for log messages ("actor", "critic").
         parallel: this process's rank among the trainer ranks.
         compile_layers: ``torch.compile`` each decoder layer (``model.torch_compile``).
+        load: fills ``model`` once placed on the mesh, before the optimizer is built (a ``meta`` model
+            loaded shard-wise: :func:`~reinforge.train.shard_load.load_shards`); None: ``model`` has its weights.
     """
 
     _current_mb: MicroBatch | None = None  # the micro-batch running (for an out-of-memory message)
@@ -165,6 +168,7 @@ class ModelTrainer:
         parallel: ParallelContext | None = None,
         pad_id: int = 0,
         compile_layers: bool = False,
+        load: Callable[[nn.Module], None] | None = None,
     ):
         self.device, self.name, self.optim, self.settings = device, name, optim, settings
         self.parallel = parallel or ParallelContext()
@@ -187,6 +191,8 @@ class ModelTrainer:
             model, (settings.gradient_checkpointing, settings.recompute_num_layers), compile_layers
         )
         self.fsdp, self.grad_divisor, self.tp_partial = sharded.fsdp, sharded.grad_divisor, sharded.tp_partial
+        if load is not None:  # a meta model placed on the mesh: its shards filled (train/shard_load.py)
+            load(model)
         self.model = model
         self.pipeline = sharded.pipeline
         params = [p for p in model.parameters() if p.requires_grad]

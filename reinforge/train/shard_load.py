@@ -25,11 +25,12 @@ from .collectives import ParallelContext
 log = logging.getLogger(__name__)
 
 
-def shard_load_problem(parallel: ParallelContext, *, lora: bool = False) -> str | None:
+def shard_load_problem(parallel: ParallelContext, *, lora: bool = False, cpu_offload: bool = False) -> str | None:
     """Why this trainer cannot load shard-wise (None: it can).
 
     Shard-wise loading needs several ranks whose layout is data parallel only (FSDP2 / HSDP over
-    ``dp``: ``tp = cp = pp = ep = 1``) and no LoRA (whose frozen base is made in bf16 by ``build_model``).
+    ``dp``: ``tp = cp = pp = ep = 1``), no LoRA (whose frozen base is made in bf16 by ``build_model``)
+    and no ``train.fsdp_cpu_offload`` (whose shards live in CPU memory).
     """
     layout = parallel.layout
     if not parallel.distributed:
@@ -38,7 +39,24 @@ def shard_load_problem(parallel: ParallelContext, *, lora: bool = False) -> str 
         return f"the layout {layout.words()} (tensor / context / pipeline / expert parallelism)"
     if lora:
         return "LoRA (its frozen base is built in bf16 whole)"
+    if cpu_offload:
+        return "train.fsdp_cpu_offload (shards in CPU memory)"
     return None
+
+
+def shard_wise_model(
+    path: str | os.PathLike, parallel: ParallelContext, *, lora: bool = False, cpu_offload: bool = False
+) -> CausalLM | None:
+    """The :func:`meta_model` of ``path`` where this trainer loads shard-wise (then place it on the mesh
+    and call :func:`load_shards`), else None (build the whole model with ``build_model``; with several
+    ranks a log line says why)."""
+    problem = shard_load_problem(parallel, lora=lora, cpu_offload=cpu_offload)
+    model = meta_model(path) if problem is None else None
+    if problem is None and model is None:
+        problem = "not one of reinforge's own model families"
+    if model is None and parallel.distributed:
+        log.info("%s: every rank builds the whole model before FSDP shards it: %s", path, problem)
+    return model
 
 
 def meta_model(path: str | os.PathLike, max_positions: int | None = None) -> CausalLM | None:

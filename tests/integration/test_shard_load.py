@@ -11,7 +11,7 @@ import torch
 from reinforge.models.loading import build_model, model_logits
 from reinforge.parallel_layout import Layout
 from reinforge.train.collectives import ParallelContext
-from reinforge.train.shard_load import shard_load_problem
+from reinforge.train.shard_load import shard_load_problem, shard_wise_model
 from tests.ranks import spawn_ranks
 
 
@@ -93,3 +93,24 @@ def test_two_ranks_shard_wise_equal_whole_and_one_process(tiny_model_path, rando
 
 def test_problem_names_the_layouts_that_keep_the_whole_build():
     assert shard_load_problem(ParallelContext()) == "one rank (nothing to shard)"
+
+
+def test_which_trainers_load_shard_wise(tiny_model_path):
+    """The actor takes the path where shard_wise_model gives a meta model: several data-parallel ranks."""
+    two = ParallelContext(rank=1, world_size=2)
+    model = shard_wise_model(tiny_model_path, two)
+    assert model is not None and model.lm_head.weight.is_meta
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert shard_wise_model(tiny_model_path, two, lora=True) is None
+    assert shard_wise_model(tiny_model_path, two, cpu_offload=True) is None
+    assert shard_wise_model(tiny_model_path, ParallelContext()) is None
+    assert "tensor / context" in shard_load_problem(ParallelContext(rank=0, world_size=2, mesh=_mesh(Layout(2, tp=2))))
+
+
+def _mesh(layout):
+    class FakeMesh:  # (only the layout is read)
+        pass
+
+    m = FakeMesh()
+    m.layout = layout
+    return m
