@@ -63,7 +63,7 @@ def test_the_recorded_7b_run_on_four_h200s(tmp_path):
     assert p.problem is None and p.times["generation"] / 23.3 == pytest.approx(1.0, abs=0.25)
     assert p.times["weight sync"] / 0.69 == pytest.approx(1.0, abs=0.25)
     assert 1.25 < (p.times["log-probs"] + p.times["training"]) / 13.4 < 1.6  # the miss, pinned
-    assert p.peaks["setup"] < 141e9 / 2**30  # each rank builds the whole model in fp32 before sharding: fits
+    assert "setup" not in p.peaks  # plain FSDP2: each rank loads only its shard (train/shard_load.py)
 
 
 def test_reinforge_plan_gpus(tmp_path, capsys):
