@@ -330,7 +330,8 @@ def training_problems(plan: Plan, prompt_len: int | None = None) -> list[str]:
         return [
             f"each of the {w.shards} trainer ranks builds the whole model ({_gib(setup.total)}) on its GPU before "
             f"FSDP shards it, but {w.gpu.name} leaves ~{_gib(w.usable)} to allocate: {fix}; use GPUs with more "
-            f"memory, or plain data parallelism without LoRA or train.fsdp_cpu_offload (then each rank loads only its shard)"
+            f"memory, or plain data parallelism without LoRA or train.fsdp_cpu_offload (then each rank loads "
+            f"only its shard)"
         ]
     peak = M.train_breakdown(w)
     if peak.total <= w.usable:
