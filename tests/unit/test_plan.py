@@ -583,7 +583,8 @@ def test_ray_colocated_weight_sync_matches_the_two_runs_it_was_fit_to():
 def test_a_sharded_trainer_whose_whole_model_build_does_not_fit_is_refused(tmp_path, monkeypatch):
     """Under expert parallelism each trainer rank builds the whole model before FSDP shards it (run 3 on
     4 H200s, 2026-11-28: 60 GB of a 15B MoE in fp32 on every GPU at start). A 30B-A3B shape on 8 ranks:
-    122 GB in fp32 fits an H200, not an H100, where LoRA's bf16 frozen base (61 GB) would fit; the plan shows the phase."""
+    122 GB in fp32 fits an H200, not an H100, where LoRA's bf16 frozen base (61 GB) would fit; the plan shows
+    the phase."""
     path = a3b_folder(tmp_path, monkeypatch)
     ray8 = [
         f"model.path={path}",
