@@ -114,3 +114,17 @@ def _mesh(layout):
     m = FakeMesh()
     m.layout = layout
     return m
+
+
+def test_two_shard_wise_trainers_with_a_reference_and_random_init_equal_one_process(tiny_model_path):
+    """The actor and its frozen reference (KL loss) load shard-wise on two ranks, from a random
+    initialisation as from the checkpoint: the same metrics and weights as one process."""
+    from tests.integration.test_distributed import assert_same, make_cfg, make_data, run_ranks, run_single
+
+    data = make_data(8)
+    for extra in ({}, {"model.random_init": "true"}):
+        cfg = make_cfg(tiny_model_path, **{"algo.use_kl_loss": "true", "algo.kl_loss_coef": 0.1, **extra})
+        single = run_single(cfg, tiny_model_path, data)
+        two = run_ranks(2, cfg, tiny_model_path, data)
+        assert_same(single[:2], two)
+        assert "train/kl" in two[0][0] or any("kl" in k for k in two[0][0]), sorted(two[0][0])
