@@ -15,7 +15,7 @@ since reinforge does not combine expert with pipeline parallelism; no partial ro
 do in reinforge); the planner's efficiencies are reinforge's own engine's and trainer's. A sharded trainer with
 tensor / expert / pipeline parallelism builds the whole model on each rank before sharding (113.7 GiB in fp32 here):
 that refuses those layouts on an H100, so the rows are planned with that setup phase left out (as if each rank loaded
-its shard only, as plain FSDP2 / HSDP now does: train/shard_load.py), and the refusal is printed at the end.
+its shard only, as plain FSDP2 now does: train/shard_load.py), and the refusal is printed at the end.
 The last two rows are the planner's own choice of layout for each workload.
 
     PYTHONPATH=. python bench/plan_anchors.py

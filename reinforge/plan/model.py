@@ -296,7 +296,7 @@ def setup_breakdown(w: Workload) -> Breakdown | None:
     expert / pipeline parallelism) shard it (``train/actor.py``: ``build_model``, then ``ModelTrainer``'s
     parallelize), in fp32, or with LoRA under bf16 autocast its frozen matmul weights in bf16. The
     engines start after the trainers. None on one rank, where the whole model is what trains, and where
-    each rank loads only its shard (plain FSDP2 / HSDP without LoRA or ``train.fsdp_cpu_offload``:
+    each rank loads only its shard (plain FSDP2 without LoRA or ``train.fsdp_cpu_offload``:
     ``train/shard_load.py``; the shard is the training step's resident weights)."""
     shard_wise = w.tp == w.cp == w.ep == w.pp == 1 and not w.lora and not w.fsdp_offload
     if w.shards == 1 or shard_wise:

@@ -5,7 +5,7 @@ from rank 0, the one rank that reads the checkpoint into CPU memory
 broadcast_from_rank0=True``). No rank holds the whole model on its accelerator.
 
 Applies to reinforge's own models (:class:`~reinforge.models.transformer.CausalLM`) trained in fp32 over
-plain FSDP2 / HSDP data parallelism (:func:`shard_load_problem`); tensor, context, expert and pipeline
+plain FSDP2 data parallelism (:func:`shard_load_problem`); tensor, context, expert and pipeline
 parallelism and LoRA keep :func:`~reinforge.models.loading.build_model`'s whole-model build.
 """
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def shard_load_problem(parallel: ParallelContext, *, lora: bool = False, cpu_offload: bool = False) -> str | None:
     """Why this trainer cannot load shard-wise (None: it can).
 
-    Shard-wise loading needs several ranks whose layout is data parallel only (FSDP2 / HSDP over
+    Shard-wise loading needs several ranks whose layout is data parallel only (FSDP2 over
     ``dp``: ``tp = cp = pp = ep = 1``), no LoRA (whose frozen base is made in bf16 by ``build_model``)
     and no ``train.fsdp_cpu_offload`` (whose shards live in CPU memory).
     """
