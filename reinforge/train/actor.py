@@ -29,7 +29,7 @@ from .collectives import ParallelContext, full_tensor
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
 from .rollout_share import move_rows
 from .routing_replay import replay_experts
-from .shard_load import load_shards, shard_wise_model
+from .shard_load import frozen_shard_wise, load_shards, shard_wise_model
 from .step import Head, RoutingFn, forward_backward, forward_only
 
 __all__ = ["Actor", "TrainData"]
@@ -135,11 +135,9 @@ class Actor(ModelTrainer):
         sharded = self.parallel.distributed
         dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
         t = self.cfg.train
-        meta = shard_wise_model(path, self.parallel, cpu_offload=t.fsdp_cpu_offload)
-        if meta is not None:  # (shard-wise: placed on the mesh, then rank 0's weights fill the shards)
-            self.shard(meta)
-            load_shards(meta, path, self.device, self.parallel, random_init=random_init, seed=t.seed)
-            return meta.eval().requires_grad_(False)
+        frozen = frozen_shard_wise(self, path, random_init=random_init, seed=t.seed)  # (several data-parallel ranks)
+        if frozen is not None:
+            return frozen
         model = build_model(path, dtype, self.device, random_init=random_init, seed=t.seed)
         return (self.shard(model) if sharded else model).eval().requires_grad_(False)
 

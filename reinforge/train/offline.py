@@ -12,6 +12,7 @@ hit was an all-gather that not every rank issued; nothing here is conditional on
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from ..models.reward_model import build_reward_model
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
 from .collectives import ParallelContext, partition_by_tokens
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
+from .shard_load import frozen_shard_wise, load_shards, shard_wise_model
 from .step import forward_backward, forward_only
 
 Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # (example, response) of each sequence
@@ -88,10 +90,19 @@ class OfflineTrainer(ModelTrainer):
         self.o, self.info = o, OFFLINE_METHODS.info(o.method)
         self.loss_fn = OFFLINE_METHODS.get(o.method)
         self.is_reward = self.info["model"] == "reward"
+        load = None
         if self.is_reward:
             model: nn.Module = build_reward_model(model_path, torch.float32, device, m.random_init, t.seed, pad_id)
-        else:
-            model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+        else:  # several data-parallel ranks: a meta model whose shards rank 0's weights fill (train/shard_load.py)
+            ctx = parallel or ParallelContext()
+            meta = shard_wise_model(model_path, ctx, lora=bool(m.lora_rank), cpu_offload=t.fsdp_cpu_offload)
+            if meta is not None:
+                model = meta
+                load = functools.partial(
+                    load_shards, path=model_path, device=device, parallel=ctx, random_init=m.random_init, seed=t.seed
+                )
+            else:
+                model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
         if m.lora_rank:
             if self.is_reward:
                 raise ValueError(
@@ -109,21 +120,28 @@ class OfflineTrainer(ModelTrainer):
             name=o.method,
             parallel=parallel,
             pad_id=pad_id,
+            load=load,
         )
         # preference pairs on reinforge's own model: [prompt | chosen | rejected] rows (prompt computed once)
         self.shared_prefix = self.info["data"] == "pairs" and not self.is_reward and is_native(model)
         self.ref: nn.Module | None = None
         # with LoRA the reference is the base model: the policy with its adapters off (no copy)
         if self.info.get("reference") and not o.precompute_ref_log_probs and not has_lora(self.model):
-            ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-            self.ref = (self.shard(ref) if self.parallel.distributed else ref).eval().requires_grad_(False)
+            self.ref = frozen_shard_wise(self, model_path, random_init=m.random_init, seed=t.seed)
+            if self.ref is None:
+                ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+                self.ref = (self.shard(ref) if self.parallel.distributed else ref).eval().requires_grad_(False)
         self.teacher: nn.Module | None = None
         if self.info.get("teacher"):  # GKD: a frozen teacher whose logits the student matches
             from ..distill.teachers import gkd_teacher_path
 
             path = gkd_teacher_path(cfg)
-            teacher = build_model(path, torch.float32, device, seed=t.seed)
-            self.teacher = (self.shard(teacher) if self.parallel.distributed else teacher).eval().requires_grad_(False)
+            self.teacher = frozen_shard_wise(self, path, seed=t.seed)
+            if self.teacher is None:
+                teacher = build_model(path, torch.float32, device, seed=t.seed)
+                self.teacher = (
+                    (self.shard(teacher) if self.parallel.distributed else teacher).eval().requires_grad_(False)
+                )
 
     @property
     def needs_reference(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from torch import nn
 from ..models.loading import build_model, load_hf_config
 from ..models.transformer import CausalLM
 from .collectives import ParallelContext
+
+if TYPE_CHECKING:
+    from .model_trainer import ModelTrainer
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +147,18 @@ def load_shards(
     set_model_state_dict(model, full, options=options)
     del full
     log.info("%s: loaded shard-wise over %d ranks (rank 0 read the weights)", path, parallel.world_size)
+
+
+def frozen_shard_wise(
+    trainer: ModelTrainer, path: str | os.PathLike, *, random_init: bool = False, seed: int = 0
+) -> nn.Module | None:
+    """A frozen model of ``trainer`` (a reference, a teacher) loaded shard-wise: placed on its mesh as the
+    trained model (:meth:`ModelTrainer.shard`), then its shards filled by :func:`load_shards`; fp32 weights,
+    bf16 compute through FSDP's mixed precision. None where :func:`shard_wise_model` gives none (build it whole).
+    Collective: every rank of the trainer calls it."""
+    meta = shard_wise_model(path, trainer.parallel, cpu_offload=trainer.settings.fsdp_cpu_offload)
+    if meta is None:
+        return None
+    trainer.shard(meta)
+    load_shards(meta, path, trainer.device, trainer.parallel, random_init=random_init, seed=seed)
+    return meta.eval().requires_grad_(False)
