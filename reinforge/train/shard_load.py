@@ -6,7 +6,9 @@ broadcast_from_rank0=True``). No rank holds the whole model on its accelerator.
 
 Applies to reinforge's own models (:class:`~reinforge.models.transformer.CausalLM`) trained in fp32 over
 plain FSDP2 data parallelism (:func:`shard_load_problem`); tensor, context, expert and pipeline
-parallelism and LoRA keep :func:`~reinforge.models.loading.build_model`'s whole-model build.
+parallelism, LoRA, ``train.fsdp_cpu_offload``, transformers' models, PPO critics and reward models keep
+:func:`~reinforge.models.loading.build_model`'s whole-model build. Used by the actor (and its reference and
+teachers) and the offline trainers (and their reference or GKD teacher).
 """
 
 from __future__ import annotations
