@@ -54,8 +54,11 @@ def test_a_process_that_cannot_be_made_is_an_infrastructure_failure(monkeypatch)
 
 
 def test_a_program_not_started_at_the_time_limit_is_an_infrastructure_failure():
-    r, runs = recorded("print(1)", "none", timeout=0.001)  # an interpreter starts in >= 10 ms
-    assert r.timed_out and "had not started" in r.infra_error and runs.failures == 1
+    for _ in range(3):  # an interpreter starts in >= 10 ms; on a loaded machine the event loop may wake only after
+        r, runs = recorded("print(1)", "none", timeout=0.001)  # the child started or exited: then try again
+        if r.timed_out and r.infra_error:
+            break
+    assert r.timed_out and "had not started" in (r.infra_error or "") and runs.failures == 1
     r, runs = recorded("import time\ntime.sleep(30)", "none", timeout=1.0)  # started, then too slow: the program's
     assert r.timed_out and r.infra_error is None and runs.failures == 0 and len(runs.start_ms) == 1
 
