@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from ..config import Config
 from ..config.model import DEFAULT_LORA_TARGETS
 from ..models.families import moe_models, native_models
 from ..models.hub import resolve_model_path
-from ..models.loading import build_model, is_native, named_weights
+from ..models.loading import is_native, named_weights
 from ..models.lora import adapters_disabled, apply_lora, has_lora, merged_named_weights
 from ..models.moe import Routing
 from ..records import Sample
@@ -29,7 +28,7 @@ from .collectives import ParallelContext, full_tensor
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings, autocast_dtype, mean_metrics, shuffled_steps
 from .rollout_share import move_rows
 from .routing_replay import replay_experts
-from .shard_load import frozen_shard_wise, load_shards, shard_wise_model
+from .shard_load import frozen_model, trainer_model
 from .step import Head, RoutingFn, forward_backward, forward_only
 
 __all__ = ["Actor", "TrainData"]
@@ -77,17 +76,10 @@ class Actor(ModelTrainer):
         # LoRA under bf16 autocast: the frozen base's matmul weights made in bf16 (models/lora.py: hold_frozen_weights)
         low = autocast_dtype(m.train_dtype, device) if m.lora_rank else None
         # several data-parallel ranks: a meta model whose shards rank 0's weights fill (train/shard_load.py)
-        ctx = parallel or ParallelContext()
-        model = shard_wise_model(model_path, ctx, lora=bool(m.lora_rank), cpu_offload=t.fsdp_cpu_offload)
-        load = None
-        if model is not None:
-            load = functools.partial(
-                load_shards, path=model_path, device=device, parallel=ctx, random_init=m.random_init, seed=t.seed
-            )
-        else:
-            model = build_model(
-                model_path, torch.float32, device, random_init=m.random_init, seed=t.seed, matmul_dtype=low
-            )
+        model, load = trainer_model(
+            model_path, device, parallel, lora=bool(m.lora_rank), cpu_offload=t.fsdp_cpu_offload,
+            random_init=m.random_init, seed=t.seed, matmul_dtype=low,
+        )  # fmt: skip
         if m.torch_compile and (not is_native(model) or m.lora_rank):  # (compiled in parallelize)
             raise ValueError(f"model.torch_compile needs {native_models()} without LoRA: set model.torch_compile=false")
         if m.lora_rank:
@@ -134,12 +126,7 @@ class Actor(ModelTrainer):
         bf16 through FSDP's mixed precision and its shards on the CPU with ``train.fsdp_cpu_offload``."""
         sharded = self.parallel.distributed
         dtype = torch.bfloat16 if self.compute_dtype() is torch.bfloat16 and not sharded else torch.float32
-        t = self.cfg.train
-        frozen = frozen_shard_wise(self, path, random_init=random_init, seed=t.seed)  # (several data-parallel ranks)
-        if frozen is not None:
-            return frozen
-        model = build_model(path, dtype, self.device, random_init=random_init, seed=t.seed)
-        return (self.shard(model) if sharded else model).eval().requires_grad_(False)
+        return frozen_model(self, path, dtype=dtype, random_init=random_init, seed=self.cfg.train.seed)
 
     def named_weights(self):
         """(Hugging Face name, full tensor) pairs of the current policy (for weight sync); LoRA

@@ -12,7 +12,6 @@ hit was an all-gather that not every rank issued; nothing here is conditional on
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,13 @@ from ..algo.preference import OFFLINE_METHODS, OfflineBatch, sequence_logps
 from ..config import Config
 from ..config.model import DEFAULT_LORA_TARGETS
 from ..data.offline import OfflineExample
-from ..models.loading import build_model, is_native
+from ..models.loading import is_native
 from ..models.lora import adapters_disabled, apply_lora, has_lora
 from ..models.reward_model import build_reward_model
 from .batching import MicroBatch, build, plan_rows, row_length, split_by_token_budget
 from .collectives import ParallelContext, partition_by_tokens
 from .model_trainer import ModelTrainer, OptimizerSettings, TrainSettings
-from .shard_load import frozen_shard_wise, load_shards, shard_wise_model
+from .shard_load import frozen_model, trainer_model
 from .step import forward_backward, forward_only
 
 Batch = list[tuple[MicroBatch, list[tuple[int, int]]]]  # (example, response) of each sequence
@@ -94,15 +93,10 @@ class OfflineTrainer(ModelTrainer):
         if self.is_reward:
             model: nn.Module = build_reward_model(model_path, torch.float32, device, m.random_init, t.seed, pad_id)
         else:  # several data-parallel ranks: a meta model whose shards rank 0's weights fill (train/shard_load.py)
-            ctx = parallel or ParallelContext()
-            meta = shard_wise_model(model_path, ctx, lora=bool(m.lora_rank), cpu_offload=t.fsdp_cpu_offload)
-            if meta is not None:
-                model = meta
-                load = functools.partial(
-                    load_shards, path=model_path, device=device, parallel=ctx, random_init=m.random_init, seed=t.seed
-                )
-            else:
-                model = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
+            model, load = trainer_model(
+                model_path, device, parallel, lora=bool(m.lora_rank), cpu_offload=t.fsdp_cpu_offload,
+                random_init=m.random_init, seed=t.seed,
+            )  # fmt: skip
         if m.lora_rank:
             if self.is_reward:
                 raise ValueError(
@@ -127,21 +121,13 @@ class OfflineTrainer(ModelTrainer):
         self.ref: nn.Module | None = None
         # with LoRA the reference is the base model: the policy with its adapters off (no copy)
         if self.info.get("reference") and not o.precompute_ref_log_probs and not has_lora(self.model):
-            self.ref = frozen_shard_wise(self, model_path, random_init=m.random_init, seed=t.seed)
-            if self.ref is None:
-                ref = build_model(model_path, torch.float32, device, random_init=m.random_init, seed=t.seed)
-                self.ref = (self.shard(ref) if self.parallel.distributed else ref).eval().requires_grad_(False)
+            self.ref = frozen_model(self, model_path, random_init=m.random_init, seed=t.seed)
         self.teacher: nn.Module | None = None
         if self.info.get("teacher"):  # GKD: a frozen teacher whose logits the student matches
             from ..distill.teachers import gkd_teacher_path
 
             path = gkd_teacher_path(cfg)
-            self.teacher = frozen_shard_wise(self, path, seed=t.seed)
-            if self.teacher is None:
-                teacher = build_model(path, torch.float32, device, seed=t.seed)
-                self.teacher = (
-                    (self.shard(teacher) if self.parallel.distributed else teacher).eval().requires_grad_(False)
-                )
+            self.teacher = frozen_model(self, path, seed=t.seed)
 
     @property
     def needs_reference(self) -> bool:

@@ -13,8 +13,10 @@ teachers) and the offline trainers (and their reference or GKD teacher).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,16 +153,46 @@ def load_shards(
     log.info("%s: loaded shard-wise over %d ranks (rank 0 read the weights)", path, parallel.world_size)
 
 
-def frozen_shard_wise(
-    trainer: ModelTrainer, path: str | os.PathLike, *, random_init: bool = False, seed: int = 0
-) -> nn.Module | None:
-    """A frozen model of ``trainer`` (a reference, a teacher) loaded shard-wise: placed on its mesh as the
-    trained model (:meth:`ModelTrainer.shard`), then its shards filled by :func:`load_shards`; fp32 weights,
-    bf16 compute through FSDP's mixed precision. None where :func:`shard_wise_model` gives none (build it whole).
-    Collective: every rank of the trainer calls it."""
-    meta = shard_wise_model(path, trainer.parallel, cpu_offload=trainer.settings.fsdp_cpu_offload)
+def trainer_model(
+    path: str | os.PathLike,
+    device: torch.device,
+    parallel: ParallelContext | None,
+    *,
+    lora: bool = False,
+    cpu_offload: bool = False,
+    random_init: bool = False,
+    seed: int = 0,
+    **build_kw,
+) -> tuple[nn.Module, Callable[[nn.Module], None] | None]:
+    """The model a trainer trains, and the hook that fills it (``ModelTrainer``'s ``load``): where this trainer
+    loads shard-wise (:func:`shard_wise_model`) a ``meta`` model and :func:`load_shards` bound to its arguments,
+    else :func:`~reinforge.models.loading.build_model`'s whole fp32 model (``build_kw`` passed on) and None."""
+    ctx = parallel or ParallelContext()
+    meta = shard_wise_model(path, ctx, lora=lora, cpu_offload=cpu_offload)
     if meta is None:
-        return None
-    trainer.shard(meta)
-    load_shards(meta, path, trainer.device, trainer.parallel, random_init=random_init, seed=seed)
-    return meta.eval().requires_grad_(False)
+        return build_model(path, torch.float32, device, random_init=random_init, seed=seed, **build_kw), None
+    load = functools.partial(load_shards, path=path, device=device, parallel=ctx, random_init=random_init, seed=seed)
+    return meta, load
+
+
+def frozen_model(
+    trainer: ModelTrainer,
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.float32,
+    random_init: bool = False,
+    seed: int = 0,
+) -> nn.Module:
+    """A frozen model of ``trainer`` (a reference, a teacher), placed as the trained model is: with several
+    data-parallel ranks loaded shard-wise (placed on the mesh by :meth:`ModelTrainer.shard`, its shards filled by
+    :func:`load_shards`; fp32 weights, bf16 compute through FSDP's mixed precision); otherwise built whole in
+    ``dtype`` and, with several ranks, sharded. Collective where the trainer has several ranks."""
+    meta = shard_wise_model(path, trainer.parallel, cpu_offload=trainer.settings.fsdp_cpu_offload)
+    if meta is not None:
+        trainer.shard(meta)
+        load_shards(meta, path, trainer.device, trainer.parallel, random_init=random_init, seed=seed)
+        model: nn.Module = meta
+    else:
+        model = build_model(path, dtype, trainer.device, random_init=random_init, seed=seed)
+        model = trainer.shard(model) if trainer.parallel.distributed else model
+    return model.eval().requires_grad_(False)
