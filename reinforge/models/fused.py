@@ -214,9 +214,13 @@ class _RMSNormFunction(torch.autograd.Function):
         return dx.view(dy.shape), dw.sum(0).to(weight.dtype), None, None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None, offset: float = 0.0
+) -> torch.Tensor:
     """``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` over the last dim (Zhang & Sennrich
     2019, computed in fp32 as Llama does) in one kernel; differentiable in ``x`` and ``weight``.
+    ``offset`` (inference only): the zero-centred norm of Qwen3-Next / Qwen3.5 / Gemma,
+    ``x * rsqrt(mean(x^2) + eps) * (offset + weight)`` all in fp32 and rounded once (their transformers code).
 
     Without gradients: one kernel (the engine captures it in CUDA graphs). With gradients:
     :class:`_RMSNormFunction` up to ``RMS_BWD_MAX_HIDDEN`` (Liger-Kernel's arithmetic in its ``llama``
@@ -240,43 +244,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
 
     Raises:
         ImportError: gradients are needed for N > ``RMS_BWD_MAX_HIDDEN`` and Liger-Kernel is not installed.
+        RuntimeError: gradients are needed with an ``offset`` (no backward kernel for it: the trainer runs it
+            eagerly).
     """
     if _needs_grad(x, weight):
+        if offset:
+            raise RuntimeError("rms_norm with an offset is inference-only: call it under torch.no_grad()")
         if x.shape[-1] <= RMS_BWD_MAX_HIDDEN:
             return _RMSNormFunction.apply(x, weight, eps, dtype or x.dtype)
         y = _liger().LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
         return y if dtype is None else y.to(dtype)
     dtype = dtype or torch.result_type(weight, x)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    return _rms_norm_fwd(x2, weight, eps, dtype).view(x.shape)
-
-
-def offset_rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    offset: float,
-    dtype: torch.dtype,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The zero-centred RMSNorm of Qwen3-Next / Qwen3.5 / Gemma, ``(x * rsqrt(mean(x^2) + eps) * (offset +
-    weight)).to(dtype)`` all in fp32 (their transformers code), in one kernel; with ``residual`` (contiguous, x's
-    shape) first ``residual += x`` in place and the norm of the sum, as :func:`add_rms_norm`. Inference only.
-
-    Raises:
-        RuntimeError: gradients are being recorded (no backward kernel for this form: the trainer runs it eagerly).
-    """
-    if _needs_grad(x, weight) or (residual is not None and _needs_grad(residual)):
-        raise RuntimeError("offset_rms_norm is inference-only: call it under torch.no_grad()")
-    x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    return _rms_norm_fwd(x2, weight, eps, dtype, residual=residual, offset=offset).view(x.shape)
+    return _rms_norm_fwd(x2, weight, eps, dtype, offset=offset).view(x.shape)
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    dtype: torch.dtype | None = None,
+    offset: float = 0.0,
 ) -> torch.Tensor:
-    """``residual += x`` in place, then :func:`rms_norm` of the new ``residual``: a decoder layer's
-    residual add and the next norm in one kernel (vLLM's ``fused_add_rms_norm``). Inference only.
+    """``residual += x`` in place, then :func:`rms_norm` of the new ``residual`` (``offset``: its zero-centred
+    form): a decoder layer's residual add and the next norm in one kernel (vLLM's ``fused_add_rms_norm``).
+    Inference only.
 
     Args:
         x: [..., N], a sublayer's output, on CUDA.
@@ -299,7 +292,7 @@ def add_rms_norm(
         )
     dtype = dtype or torch.result_type(weight, residual)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    return _rms_norm_fwd(x2, weight, eps, dtype, residual=residual).view(x.shape)
+    return _rms_norm_fwd(x2, weight, eps, dtype, residual=residual, offset=offset).view(x.shape)
 
 
 # ------------------------------------------------------------------------------------------- RoPE

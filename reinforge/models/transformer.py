@@ -127,7 +127,7 @@ class RMSNorm(nn.Module):
 
     ``offset`` 1: the zero-centred form of Qwen3-Next / Qwen3.5 / Gemma, ``x_norm * (1 + weight)`` with the
     product in fp32 before the cast (their transformers code), weight initialised to 0; with the fused kernels
-    on and no gradients (the engine) one kernel (:func:`~.fused.offset_rms_norm`), else eagerly."""
+    on and no gradients (the engine) one kernel (:func:`~.fused.rms_norm`'s ``offset``), else eagerly."""
 
     def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
@@ -142,7 +142,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.offset and self._offset_kernel(x):
-            return fused.offset_rms_norm(x, self.weight, self.eps, self.offset, x.dtype)
+            return fused.rms_norm(x, self.weight, self.eps, x.dtype, offset=self.offset)
         if self.offset:
             dtype = x.dtype
             x = x.float()
@@ -163,7 +163,7 @@ class RMSNorm(nn.Module):
         """``residual += x`` in place, then the norm of ``residual``, in one kernel (fused kernels on,
         no gradients: the engine's decoder, ``Variant.fused_residual``)."""
         if self.offset and residual.is_contiguous() and residual.shape == x.shape and self._offset_kernel(x):
-            return fused.offset_rms_norm(x, self.weight, self.eps, self.offset, residual.dtype, residual=residual)
+            return fused.add_rms_norm(x, residual, self.weight, self.eps, residual.dtype, offset=self.offset)
         if self.offset:
             residual += x
             return self.forward(residual)

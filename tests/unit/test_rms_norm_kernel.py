@@ -107,14 +107,14 @@ def test_offset_norm_kernel_matches_the_eager_zero_centred_norm(dtype, tol, with
             if with_residual:
                 res_ref += x
                 ref = norm(res_ref)
-                got = fused.offset_rms_norm(x, norm.weight, 1e-6, 1.0, dtype, residual=res_got)
+                got = fused.add_rms_norm(x, res_got, norm.weight, 1e-6, dtype, offset=1.0)
                 torch.testing.assert_close(res_got, res_ref, atol=0, rtol=0)
             else:
-                ref, got = norm(x), fused.offset_rms_norm(x, norm.weight, 1e-6, 1.0, dtype)
+                ref, got = norm(x), fused.rms_norm(x, norm.weight, 1e-6, dtype, offset=1.0)
             norm.fused = True  # the module itself takes the kernel with fused kernels on and no gradients
             via_module = norm.add_forward(x, res.clone()) if with_residual else norm(x)
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), ref.float(), atol=tol * ref.abs().max().item(), rtol=tol)
         torch.testing.assert_close(via_module, got, atol=0, rtol=0)
     with pytest.raises(RuntimeError, match="inference-only"):
-        fused.offset_rms_norm(x, norm.weight.detach().requires_grad_(True), 1e-6, 1.0, dtype)
+        fused.rms_norm(x, norm.weight.detach().requires_grad_(True), 1e-6, dtype, offset=1.0)
