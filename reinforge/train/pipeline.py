@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..models.loading import named_weights
-from ..parallel_layout import microbatch_count as microbatch_count  # (the rule lives with the layout)
+from ..parallel_layout import microbatch_count
 from .batching import MicroBatch
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ The stage split itself is checked in one process: the stages chained give the mo
 import pytest
 import torch
 
-from reinforge.parallel_layout import Layout
+from reinforge.parallel_layout import Layout, microbatch_count
 from reinforge.train.batching import build
-from reinforge.train.pipeline import microbatch_count, pad_micro_batch, split_stages
+from reinforge.train.pipeline import pad_micro_batch, split_stages
 from tests.integration.test_distributed import (
     _resume_worker,
     assert_resumes_on_one_process,
