@@ -132,12 +132,12 @@ def _plan_one(
     response ``lengths`` when given, e.g. a recorded run's; else every response at its maximum); ``only``: that
     trainer layout (``train.*`` keys) alone. The step is :func:`_simulated`'s (``staleness``: that
     ``max_staleness`` for an asynchronous layout instead of the one chosen)."""
-    from .planner import resolve_config, training_problems
+    from .planner import read_config, resolve_config, training_problems
 
     problem, memory = "no trainer layout fits", None  # memory: FSDP's refusal, the most telling when none fits
     gpus = keys["cluster.rollout_num_gpus"] + (0 if keys["cluster.colocate"] else _trainers(keys))
-    config = _model_config(folder)
-    moe = bool(config.get("text_config", config).get("num_experts") or config.get("n_routed_experts"))
+    config = read_config(folder)
+    moe = M.Arch.from_config(config).moe_layers > 0  # (GPT-OSS's num_local_experts too)
     for parallel in [only] if only is not None else ladder(moe, keys["cluster.actor_num_gpus_per_node"]):
         try:
             candidate = _set(cfg, {**keys, **parallel}).validate()
@@ -191,13 +191,6 @@ def _simulated(t: dict[str, float], keys: dict[str, Any], cfg: Config, staleness
     if staleness is None:
         staleness = choose_staleness(base, SIM_STEPS, SIM_SPREAD, **how)[0]
     return simulate(jittered(base, SIM_STEPS, SIM_SPREAD), staleness, **how), staleness
-
-
-def _model_config(folder: Path) -> dict[str, Any]:
-    import json
-
-    path = Path(folder) / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _layout_problems(cfg: Config, model_config: dict[str, Any]) -> list[str]:

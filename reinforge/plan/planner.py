@@ -104,16 +104,25 @@ class Plan:
         return M.times(self.workload, lengths) if self.workload is not None else {}
 
 
-def read_arch(folder: Path) -> tuple[M.Arch, bool]:
-    """The model's :class:`~.model.Arch` and whether reinforge's own model code runs it."""
-    import json
+def read_config(folder: Path) -> dict[str, Any]:
+    """The model's ``config.json``.
 
-    from ..models.families import is_native_type
+    Raises:
+        FileNotFoundError: ``folder`` has no config.json.
+    """
+    import json
 
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (model.path must be a Hugging Face folder)")
-    config = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def read_arch(folder: Path) -> tuple[M.Arch, bool]:
+    """The model's :class:`~.model.Arch` and whether reinforge's own model code runs it."""
+    from ..models.families import is_native_type
+
+    config = read_config(folder)
     return M.Arch.from_config(config), is_native_type(config.get("model_type"))
 
 
